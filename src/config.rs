@@ -1,0 +1,1026 @@
+//! Configuration (DESIGN §7): `loopwarden.toml` plus `LOOPWARDEN_…` environment
+//! overrides, parsed raw (unknown keys rejected, named defaults, unit suffixes), then
+//! validated without I/O.
+//!
+//! Guarantees: every problem of a file is reported at once, each with its key path; a
+//! [`Config`] that exists is valid; resolving the policy of a tenant / agent / tool never
+//! fails. All errors here are fatal: the process refuses to start.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
+use crate::fingerprint::{BuiltinPattern, FingerprintSpec};
+use crate::policy::{DetectorKind, DetectorPolicy, Mode, Policy, MAX_BREAKER_WINDOW, WINDOW_CALLS};
+
+/// Default event-time gap after which a silent session closes.
+pub const DEFAULT_SESSION_GAP_SECS: u64 = 30 * 60;
+/// Default on-disk state directory.
+pub const DEFAULT_STATE_PATH: &str = "./loopwarden-state";
+/// Environment variables with this prefix override file keys (`__` separates levels).
+pub const ENV_PREFIX: &str = "LOOPWARDEN_";
+/// Environment variables under the prefix that are not config keys.
+pub const RESERVED_ENV: &[&str] = &["LOOPWARDEN_CONFIG", "LOOPWARDEN_LOG_FORMAT"];
+
+/// Default globs of tools that wait on something (DESIGN §3).
+pub const DEFAULT_POLL_GLOBS: &[&str] = &["*status*", "*poll*", "*wait*", "*sleep*", "process.log"];
+/// Default globs of tools whose unchanged result means an edit did not take.
+pub const DEFAULT_WRITE_GLOBS: &[&str] =
+    &["*write*", "*edit*", "*replace*", "*patch*", "*apply_diff*"];
+
+/// One problem with one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// Why a configuration was refused (always fatal).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin}: invalid TOML: {message}")]
+    Syntax { origin: String, message: String },
+    #[error("{origin}: {} error(s):\n{}", .errors.len(), .errors.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        origin: String,
+        errors: Vec<KeyError>,
+    },
+}
+
+impl ConfigError {
+    pub fn key_errors(&self) -> &[KeyError] {
+        match self {
+            ConfigError::Invalid { errors, .. } => errors,
+            _ => &[],
+        }
+    }
+}
+
+/// A threshold: a number, or `"off"`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+enum RawThreshold {
+    Number(f64),
+    Word(String),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEngine {
+    session_gap_secs: Option<u64>,
+    max_event_bytes: Option<usize>,
+    max_nesting: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawState {
+    path: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFingerprint {
+    volatile_arg_keys: Option<Vec<String>>,
+    volatile_result_keys: Option<Vec<String>>,
+    extra_volatile_arg_keys: Option<Vec<String>>,
+    extra_volatile_result_keys: Option<Vec<String>>,
+    volatile_value_patterns: Option<Vec<String>>,
+    pending_terms: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTools {
+    poll: Option<Vec<String>>,
+    write: Option<Vec<String>>,
+    retry_safe: Option<Vec<String>>,
+    ignore_args: Option<BTreeMap<String, Vec<String>>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDetector {
+    mode: Option<String>,
+    warn_at: Option<RawThreshold>,
+    critical_at: Option<RawThreshold>,
+    terminate_at: Option<RawThreshold>,
+    window_terminate_at: Option<RawThreshold>,
+    window_calls: Option<usize>,
+    min_similarity: Option<f64>,
+    chunk_chars: Option<usize>,
+    min_repeats: Option<u32>,
+    max_avg_spacing_chars: Option<usize>,
+    last_calls: Option<usize>,
+    min_ratio: Option<f64>,
+    min_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverride {
+    tenant: Option<String>,
+    agent: Option<String>,
+    tool: Option<String>,
+    mode: Option<String>,
+    #[serde(default)]
+    detectors: BTreeMap<String, toml::Value>,
+}
+
+/// Settings of the engine itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineSettings {
+    /// Event-time gap after which a silent session closes, in milliseconds.
+    pub session_gap_ms: i64,
+}
+
+/// Tool classes by glob on the tool name or on `tool.action`.
+#[derive(Debug, Clone)]
+pub struct ToolClassifier {
+    poll: GlobSet,
+    write: GlobSet,
+    retry_safe: GlobSet,
+    pub poll_globs: Vec<String>,
+    pub write_globs: Vec<String>,
+    pub retry_safe_globs: Vec<String>,
+}
+
+/// The classes one tool name belongs to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ToolClasses {
+    pub poll: bool,
+    pub write: bool,
+    pub retry_safe: bool,
+}
+
+impl ToolClassifier {
+    /// Classes of a call; `action_name` is `tool.action` when `args.action` is a string.
+    pub fn classify(&self, tool: &str, action_name: Option<&str>) -> ToolClasses {
+        let hit =
+            |set: &GlobSet| set.is_match(tool) || action_name.is_some_and(|a| set.is_match(a));
+        ToolClasses {
+            poll: hit(&self.poll),
+            write: hit(&self.write),
+            retry_safe: hit(&self.retry_safe),
+        }
+    }
+}
+
+/// A policy override for a tenant, an agent glob and/or a tool glob.
+#[derive(Debug, Clone)]
+pub struct Override {
+    pub tenant: Option<String>,
+    pub agent: Option<GlobMatcher>,
+    pub tool: Option<GlobMatcher>,
+    pub mode: Option<Mode>,
+    detectors: Vec<(DetectorKind, RawDetector)>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub engine: EngineSettings,
+    pub limits: ParseLimits,
+    pub state_path: PathBuf,
+    pub fingerprint: FingerprintSpec,
+    pub tools: ToolClassifier,
+    pub policy: Policy,
+    pub overrides: Vec<Override>,
+    /// The merged TOML this config was built from (for `check-config`).
+    effective: toml::Table,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_toml_str("", "defaults", std::iter::empty()).expect("the defaults are valid")
+    }
+}
+
+struct Errors {
+    list: Vec<KeyError>,
+}
+
+impl Errors {
+    fn push(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.list.push(KeyError {
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+}
+
+fn section<T: DeserializeOwned + Default>(
+    table: &toml::Table,
+    name: &str,
+    errors: &mut Errors,
+) -> T {
+    match table.get(name) {
+        None => T::default(),
+        Some(v) => decode(v.clone(), name, errors).unwrap_or_default(),
+    }
+}
+
+fn decode<T: DeserializeOwned>(value: toml::Value, key: &str, errors: &mut Errors) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let full = if path == "." || path.is_empty() {
+                key.to_string()
+            } else {
+                format!("{key}.{path}")
+            };
+            errors.push(full, e.inner().to_string());
+            None
+        }
+    }
+}
+
+/// Applies `LOOPWARDEN_A__B=value` as `a.b = value` on `table`.
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl Iterator<Item = (String, String)>,
+    errors: &mut Errors,
+) {
+    for (name, raw) in env {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        if RESERVED_ENV.contains(&name.as_str()) || rest.is_empty() {
+            continue;
+        }
+        let path: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
+        if path.iter().any(|p| p.is_empty()) {
+            errors.push(name.clone(), "empty key segment in environment override");
+            continue;
+        }
+        // A value that parses as TOML (number, bool, array) keeps its type; else a string.
+        let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(raw.clone()));
+        if let Err(seg) = set_path(table, &path, value) {
+            errors.push(name.clone(), format!("`{seg}` is not a table"));
+        }
+    }
+}
+
+/// Sets `path` in `table`, creating tables on the way; fails on a non-table segment.
+fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), String> {
+    let (last, parents) = path.split_last().expect("path is never empty");
+    let mut cursor = table;
+    for seg in parents {
+        let entry = cursor
+            .entry(seg.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cursor = match entry {
+            toml::Value::Table(t) => t,
+            _ => return Err(seg.clone()),
+        };
+    }
+    cursor.insert(last.clone(), value);
+    Ok(())
+}
+
+fn threshold(raw: &RawThreshold, key: &str, errors: &mut Errors) -> Option<Option<f64>> {
+    match raw {
+        RawThreshold::Number(n) if n.is_finite() && *n >= 0.0 => Some(Some(*n)),
+        RawThreshold::Number(n) => {
+            errors.push(key, format!("must be a number >= 0 or \"off\", got {n}"));
+            None
+        }
+        RawThreshold::Word(w) if w == "off" => Some(None),
+        RawThreshold::Word(w) => {
+            errors.push(
+                key,
+                format!("must be a number >= 0 or \"off\", got \"{w}\""),
+            );
+            None
+        }
+    }
+}
+
+fn mode(raw: &str, key: &str, errors: &mut Errors) -> Option<Mode> {
+    let m = Mode::parse(raw);
+    if m.is_none() {
+        errors.push(
+            key,
+            format!("unknown mode \"{raw}\" (expected enforce, warn or shadow)"),
+        );
+    }
+    m
+}
+
+/// Applies one raw detector table on `target`, reporting problems under `key`.
+fn apply_detector(
+    kind: DetectorKind,
+    raw: &RawDetector,
+    target: &mut DetectorPolicy,
+    key: &str,
+    errors: &mut Errors,
+) {
+    let k = |field: &str| format!("{key}.{field}");
+    if let Some(m) = &raw.mode {
+        if let Some(m) = mode(m, &k("mode"), errors) {
+            target.mode = m;
+        }
+    }
+    // Caps with only `terminate_at` set keep their 80 % / 90 % warnings relative to it.
+    let is_cap = kind.is_ceiling()
+        && matches!(
+            kind,
+            DetectorKind::TurnCap
+                | DetectorKind::ToolCallCap
+                | DetectorKind::TokenCap
+                | DetectorKind::CostCap
+                | DetectorKind::WallClockCap
+        );
+    if let Some(t) = &raw.terminate_at {
+        if let Some(v) = threshold(t, &k("terminate_at"), errors) {
+            target.terminate_at = v;
+            if is_cap {
+                if raw.warn_at.is_none() {
+                    target.warn_at = v.map(|x| x * 0.8);
+                }
+                if raw.critical_at.is_none() {
+                    target.critical_at = v.map(|x| x * 0.9);
+                }
+            }
+        }
+    }
+    if let Some(t) = &raw.warn_at {
+        if let Some(v) = threshold(t, &k("warn_at"), errors) {
+            target.warn_at = v;
+        }
+    }
+    if let Some(t) = &raw.critical_at {
+        if let Some(v) = threshold(t, &k("critical_at"), errors) {
+            target.critical_at = v;
+        }
+    }
+    let param = |name: &str, present: bool, errors: &mut Errors| -> bool {
+        if present && !kind.params().contains(&name) {
+            errors.push(k(name), format!("not a setting of {kind}"));
+            return false;
+        }
+        present
+    };
+    if param(
+        "window_terminate_at",
+        raw.window_terminate_at.is_some(),
+        errors,
+    ) {
+        if let Some(v) = threshold(
+            raw.window_terminate_at.as_ref().unwrap(),
+            &k("window_terminate_at"),
+            errors,
+        ) {
+            target.params.window_terminate_at = v;
+        }
+    }
+    if param("window_calls", raw.window_calls.is_some(), errors) {
+        let v = raw.window_calls.unwrap();
+        if v == 0 || v > MAX_BREAKER_WINDOW {
+            errors.push(
+                k("window_calls"),
+                format!("must be 1..={MAX_BREAKER_WINDOW}, got {v}"),
+            );
+        } else {
+            target.params.window_calls = v;
+        }
+    }
+    if param("min_similarity", raw.min_similarity.is_some(), errors) {
+        let v = raw.min_similarity.unwrap();
+        if !(v > 0.0 && v <= 1.0) {
+            errors.push(k("min_similarity"), format!("must be in (0, 1], got {v}"));
+        } else {
+            target.params.min_similarity = v;
+        }
+    }
+    if param("chunk_chars", raw.chunk_chars.is_some(), errors) {
+        let v = raw.chunk_chars.unwrap();
+        if !(8..=1000).contains(&v) {
+            errors.push(k("chunk_chars"), format!("must be 8..=1000, got {v}"));
+        } else {
+            target.params.chunk_chars = v;
+        }
+    }
+    if param("min_repeats", raw.min_repeats.is_some(), errors) {
+        let v = raw.min_repeats.unwrap();
+        if !(2..=1000).contains(&v) {
+            errors.push(k("min_repeats"), format!("must be 2..=1000, got {v}"));
+        } else {
+            target.params.min_repeats = v;
+        }
+    }
+    if param(
+        "max_avg_spacing_chars",
+        raw.max_avg_spacing_chars.is_some(),
+        errors,
+    ) {
+        target.params.max_avg_spacing_chars = raw.max_avg_spacing_chars.unwrap();
+    }
+    if param("last_calls", raw.last_calls.is_some(), errors) {
+        let v = raw.last_calls.unwrap();
+        if !(2..=WINDOW_CALLS).contains(&v) {
+            errors.push(
+                k("last_calls"),
+                format!("must be 2..={WINDOW_CALLS}, got {v}"),
+            );
+        } else {
+            target.params.last_calls = v;
+        }
+    }
+    if param("min_ratio", raw.min_ratio.is_some(), errors) {
+        let v = raw.min_ratio.unwrap();
+        if !(v > 0.0 && v <= 1.0) {
+            errors.push(k("min_ratio"), format!("must be in (0, 1], got {v}"));
+        } else {
+            target.params.min_ratio = v;
+        }
+    }
+    if param("min_tokens", raw.min_tokens.is_some(), errors) {
+        target.params.min_tokens = raw.min_tokens.unwrap();
+    }
+    let order = [target.warn_at, target.critical_at, target.terminate_at];
+    let set: Vec<f64> = order.iter().flatten().copied().collect();
+    if set.windows(2).any(|w| w[0] > w[1]) {
+        errors.push(
+            key.to_string(),
+            format!(
+                "thresholds must rise: warn_at {:?} <= critical_at {:?} <= terminate_at {:?}",
+                order[0], order[1], order[2]
+            ),
+        );
+    }
+}
+
+fn detector_tables(
+    table: &BTreeMap<String, toml::Value>,
+    prefix: &str,
+    errors: &mut Errors,
+) -> Vec<(DetectorKind, RawDetector)> {
+    let mut out = Vec::new();
+    for (name, value) in table {
+        let key = format!("{prefix}.{name}");
+        let Some(kind) = DetectorKind::from_name(name) else {
+            errors.push(
+                key,
+                format!(
+                    "unknown detector (known: {})",
+                    DetectorKind::ALL
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+            continue;
+        };
+        if let Some(raw) = decode::<RawDetector>(value.clone(), &key, errors) {
+            out.push((kind, raw));
+        }
+    }
+    out
+}
+
+fn globset(globs: &[String], key: &str, errors: &mut Errors) -> GlobSet {
+    let mut b = GlobSetBuilder::new();
+    for (i, g) in globs.iter().enumerate() {
+        match Glob::new(g) {
+            Ok(g) => {
+                b.add(g);
+            }
+            Err(e) => errors.push(format!("{key}[{i}]"), format!("bad glob: {e}")),
+        }
+    }
+    b.build().unwrap_or_else(|_| GlobSet::empty())
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "mode",
+    "engine",
+    "state",
+    "fingerprint",
+    "tools",
+    "detectors",
+    "overrides",
+];
+
+impl Config {
+    /// Reads and validates a file, then applies environment overrides.
+    pub fn load(
+        path: &Path,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_toml_str(&text, &path.display().to_string(), env)
+    }
+
+    /// Validates TOML text (`origin` names it in errors), with environment overrides.
+    pub fn from_toml_str(
+        text: &str,
+        origin: &str,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            origin: origin.to_string(),
+            message: e.message().to_string()
+                + &e.span()
+                    .map(|s| format!(" (at byte {})", s.start))
+                    .unwrap_or_default(),
+        })?;
+        let mut errors = Errors { list: Vec::new() };
+        apply_env(&mut table, env, &mut errors);
+        for key in table.keys() {
+            if !TOP_LEVEL_KEYS.contains(&key.as_str()) {
+                errors.push(
+                    key.clone(),
+                    format!("unknown key (known: {})", TOP_LEVEL_KEYS.join(", ")),
+                );
+            }
+        }
+        let engine: RawEngine = section(&table, "engine", &mut errors);
+        let state: RawState = section(&table, "state", &mut errors);
+        let fp: RawFingerprint = section(&table, "fingerprint", &mut errors);
+        let tools: RawTools = section(&table, "tools", &mut errors);
+        let global_mode: Option<String> = match table.get("mode") {
+            None => None,
+            Some(v) => decode(v.clone(), "mode", &mut errors),
+        };
+        let detectors: BTreeMap<String, toml::Value> = section(&table, "detectors", &mut errors);
+        let overrides: Vec<toml::Value> = section(&table, "overrides", &mut errors);
+
+        // engine
+        let gap = engine.session_gap_secs.unwrap_or(DEFAULT_SESSION_GAP_SECS);
+        if gap == 0 {
+            errors.push("engine.session_gap_secs", "must be > 0");
+        }
+        let limits = ParseLimits {
+            max_event_bytes: engine.max_event_bytes.unwrap_or(DEFAULT_MAX_EVENT_BYTES),
+            max_nesting: engine.max_nesting.unwrap_or(DEFAULT_MAX_NESTING),
+        };
+        if limits.max_event_bytes < 64 {
+            errors.push("engine.max_event_bytes", "must be at least 64");
+        }
+        if !(2..=128).contains(&limits.max_nesting) {
+            errors.push("engine.max_nesting", "must be 2..=128");
+        }
+
+        // fingerprint
+        let mut spec = FingerprintSpec::default();
+        if let Some(k) = fp.volatile_arg_keys {
+            spec.volatile_arg_keys = k;
+        }
+        if let Some(k) = fp.volatile_result_keys {
+            spec.volatile_result_keys = k;
+        }
+        spec.volatile_arg_keys
+            .extend(fp.extra_volatile_arg_keys.unwrap_or_default());
+        spec.volatile_result_keys
+            .extend(fp.extra_volatile_result_keys.unwrap_or_default());
+        if let Some(patterns) = fp.volatile_value_patterns {
+            spec.builtin_patterns.clear();
+            for (i, p) in patterns.iter().enumerate() {
+                if let Some(b) = BuiltinPattern::parse(p) {
+                    spec.builtin_patterns.push(b);
+                } else if let Some(re) = p.strip_prefix("re:") {
+                    match regex::bytes::Regex::new(re) {
+                        Ok(r) => spec.custom_patterns.push(r),
+                        Err(e) => errors.push(
+                            format!("fingerprint.volatile_value_patterns[{i}]"),
+                            format!("bad regex: {e}"),
+                        ),
+                    }
+                } else {
+                    errors.push(
+                        format!("fingerprint.volatile_value_patterns[{i}]"),
+                        format!("\"{p}\" is neither uuid, rfc3339 nor re:<regex>"),
+                    );
+                }
+            }
+        }
+        if let Some(t) = fp.pending_terms {
+            spec.pending_terms = t;
+        }
+        spec.ignore_args = tools
+            .ignore_args
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+
+        // tools
+        let poll_globs = tools.poll.unwrap_or_else(|| strings(DEFAULT_POLL_GLOBS));
+        let write_globs = tools.write.unwrap_or_else(|| strings(DEFAULT_WRITE_GLOBS));
+        let retry_safe_globs = tools.retry_safe.unwrap_or_default();
+        let classifier = ToolClassifier {
+            poll: globset(&poll_globs, "tools.poll", &mut errors),
+            write: globset(&write_globs, "tools.write", &mut errors),
+            retry_safe: globset(&retry_safe_globs, "tools.retry_safe", &mut errors),
+            poll_globs,
+            write_globs,
+            retry_safe_globs,
+        };
+
+        // policy
+        let mut policy = Policy::default();
+        if let Some(m) = global_mode
+            .as_deref()
+            .and_then(|m| mode(m, "mode", &mut errors))
+        {
+            for d in &mut policy.detectors {
+                d.mode = m;
+            }
+        }
+        for (kind, raw) in detector_tables(&detectors, "detectors", &mut errors) {
+            apply_detector(
+                kind,
+                &raw,
+                policy.get_mut(kind),
+                &format!("detectors.{kind}"),
+                &mut errors,
+            );
+        }
+
+        // overrides
+        let mut parsed_overrides = Vec::new();
+        for (i, value) in overrides.into_iter().enumerate() {
+            let key = format!("overrides[{i}]");
+            let Some(raw) = decode::<RawOverride>(value, &key, &mut errors) else {
+                continue;
+            };
+            if raw.tenant.is_none() && raw.agent.is_none() && raw.tool.is_none() {
+                errors.push(key.clone(), "names none of tenant, agent, tool: it would apply to everything (use the top-level settings instead)");
+            }
+            let glob =
+                |g: &Option<String>, field: &str, errors: &mut Errors| -> Option<GlobMatcher> {
+                    g.as_ref().and_then(|g| match Glob::new(g) {
+                        Ok(g) => Some(g.compile_matcher()),
+                        Err(e) => {
+                            errors.push(format!("{key}.{field}"), format!("bad glob: {e}"));
+                            None
+                        }
+                    })
+                };
+            let agent = glob(&raw.agent, "agent", &mut errors);
+            let tool = glob(&raw.tool, "tool", &mut errors);
+            let o_mode = raw
+                .mode
+                .as_deref()
+                .and_then(|m| mode(m, &format!("{key}.mode"), &mut errors));
+            let dets = detector_tables(&raw.detectors, &format!("{key}.detectors"), &mut errors);
+            for (kind, d) in &dets {
+                if raw.tool.is_some() && !kind.is_per_tool() {
+                    errors.push(format!("{key}.detectors.{kind}"), format!("{kind} is not judged per tool call; only repeat, generic_repeat, poll_no_progress, error_repeat and write_no_effect can be set per tool"));
+                }
+                // Validate against the base so threshold order errors show up now.
+                let mut probe = policy.get(*kind).clone();
+                apply_detector(
+                    *kind,
+                    d,
+                    &mut probe,
+                    &format!("{key}.detectors.{kind}"),
+                    &mut errors,
+                );
+            }
+            parsed_overrides.push(Override {
+                tenant: raw.tenant,
+                agent,
+                tool,
+                mode: o_mode,
+                detectors: dets,
+            });
+        }
+
+        if !errors.list.is_empty() {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                errors: errors.list,
+            });
+        }
+        Ok(Config {
+            engine: EngineSettings {
+                session_gap_ms: (gap as i64).saturating_mul(1000),
+            },
+            limits,
+            state_path: PathBuf::from(state.path.unwrap_or_else(|| DEFAULT_STATE_PATH.to_string())),
+            fingerprint: spec,
+            tools: classifier,
+            policy,
+            overrides: parsed_overrides,
+            effective: table,
+        })
+    }
+
+    /// Whether some override is scoped to a tool (the engine then resolves per tool).
+    pub fn has_tool_overrides(&self) -> bool {
+        self.overrides.iter().any(|o| o.tool.is_some())
+    }
+
+    /// The policy of a session: the base with every matching tenant / agent override
+    /// applied in file order.
+    pub fn policy_for(&self, tenant: Option<&str>, agent: Option<&str>) -> Policy {
+        let mut p = self.policy.clone();
+        for o in self.overrides.iter().filter(|o| o.tool.is_none()) {
+            if Self::matches_session(o, tenant, agent) {
+                Self::apply_override(o, &mut p);
+            }
+        }
+        p
+    }
+
+    /// The policy of one tool call: the session's policy with the matching tool overrides.
+    pub fn policy_for_tool(
+        &self,
+        session_policy: &Policy,
+        tenant: Option<&str>,
+        agent: Option<&str>,
+        tool: &str,
+        action_name: Option<&str>,
+    ) -> Option<Policy> {
+        let mut out: Option<Policy> = None;
+        for o in self.overrides.iter() {
+            let Some(t) = &o.tool else { continue };
+            if !(t.is_match(tool) || action_name.is_some_and(|a| t.is_match(a)))
+                || !Self::matches_session(o, tenant, agent)
+            {
+                continue;
+            }
+            let p = out.get_or_insert_with(|| session_policy.clone());
+            Self::apply_override(o, p);
+        }
+        out
+    }
+
+    fn matches_session(o: &Override, tenant: Option<&str>, agent: Option<&str>) -> bool {
+        let tenant_ok = o.tenant.as_deref().is_none_or(|t| tenant == Some(t));
+        let agent_ok = o
+            .agent
+            .as_ref()
+            .is_none_or(|g| agent.is_some_and(|a| g.is_match(a)));
+        tenant_ok && agent_ok
+    }
+
+    fn apply_override(o: &Override, p: &mut Policy) {
+        if let Some(m) = o.mode {
+            for d in &mut p.detectors {
+                d.mode = m;
+            }
+        }
+        let mut sink = Errors { list: Vec::new() };
+        for (kind, raw) in &o.detectors {
+            apply_detector(*kind, raw, p.get_mut(*kind), "", &mut sink);
+        }
+        debug_assert!(sink.list.is_empty(), "overrides are validated at load");
+    }
+
+    /// The effective configuration as TOML: every key with its value in force.
+    pub fn effective_toml(&self) -> String {
+        use toml::Value as V;
+        let arr = |v: &[String]| V::Array(v.iter().cloned().map(V::String).collect());
+        let mut root = toml::Table::new();
+        let mut engine = toml::Table::new();
+        engine.insert(
+            "session_gap_secs".into(),
+            V::Integer(self.engine.session_gap_ms / 1000),
+        );
+        engine.insert(
+            "max_event_bytes".into(),
+            V::Integer(self.limits.max_event_bytes as i64),
+        );
+        engine.insert(
+            "max_nesting".into(),
+            V::Integer(self.limits.max_nesting as i64),
+        );
+        root.insert("engine".into(), V::Table(engine));
+        let mut state = toml::Table::new();
+        state.insert(
+            "path".into(),
+            V::String(self.state_path.display().to_string()),
+        );
+        root.insert("state".into(), V::Table(state));
+        let mut fp = toml::Table::new();
+        fp.insert(
+            "volatile_arg_keys".into(),
+            arr(&self.fingerprint.volatile_arg_keys),
+        );
+        fp.insert(
+            "volatile_result_keys".into(),
+            arr(&self.fingerprint.volatile_result_keys),
+        );
+        let mut patterns: Vec<String> = self
+            .fingerprint
+            .builtin_patterns
+            .iter()
+            .map(|b| match b {
+                BuiltinPattern::Uuid => "uuid".to_string(),
+                BuiltinPattern::Rfc3339 => "rfc3339".to_string(),
+            })
+            .collect();
+        patterns.extend(
+            self.fingerprint
+                .custom_patterns
+                .iter()
+                .map(|r| format!("re:{}", r.as_str())),
+        );
+        fp.insert("volatile_value_patterns".into(), arr(&patterns));
+        fp.insert("pending_terms".into(), arr(&self.fingerprint.pending_terms));
+        root.insert("fingerprint".into(), V::Table(fp));
+        let mut tools = toml::Table::new();
+        tools.insert("poll".into(), arr(&self.tools.poll_globs));
+        tools.insert("write".into(), arr(&self.tools.write_globs));
+        tools.insert("retry_safe".into(), arr(&self.tools.retry_safe_globs));
+        let mut ignore = toml::Table::new();
+        for (tool, keys) in &self.fingerprint.ignore_args {
+            ignore.insert(tool.clone(), arr(keys));
+        }
+        tools.insert("ignore_args".into(), V::Table(ignore));
+        root.insert("tools".into(), V::Table(tools));
+        let mut dets = toml::Table::new();
+        for kind in DetectorKind::ALL {
+            let p = self.policy.get(*kind);
+            let mut t = toml::Table::new();
+            let th = |v: Option<f64>| v.map(V::Float).unwrap_or_else(|| V::String("off".into()));
+            t.insert("mode".into(), V::String(p.mode.name().into()));
+            t.insert("warn_at".into(), th(p.warn_at));
+            t.insert("critical_at".into(), th(p.critical_at));
+            t.insert("terminate_at".into(), th(p.terminate_at));
+            for param in kind.params() {
+                let v = match *param {
+                    "window_terminate_at" => th(p.params.window_terminate_at),
+                    "window_calls" => V::Integer(p.params.window_calls as i64),
+                    "min_similarity" => V::Float(p.params.min_similarity),
+                    "chunk_chars" => V::Integer(p.params.chunk_chars as i64),
+                    "min_repeats" => V::Integer(p.params.min_repeats as i64),
+                    "max_avg_spacing_chars" => V::Integer(p.params.max_avg_spacing_chars as i64),
+                    "last_calls" => V::Integer(p.params.last_calls as i64),
+                    "min_ratio" => V::Float(p.params.min_ratio),
+                    "min_tokens" => V::Integer(p.params.min_tokens as i64),
+                    _ => continue,
+                };
+                t.insert((*param).to_string(), v);
+            }
+            dets.insert(kind.name().to_string(), V::Table(t));
+        }
+        root.insert("detectors".into(), V::Table(dets));
+        if let Some(o) = self.effective.get("overrides") {
+            root.insert("overrides".into(), o.clone());
+        }
+        toml::to_string_pretty(&root).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(text, "test.toml", std::iter::empty())
+    }
+
+    #[test]
+    fn empty_file_gives_the_design_defaults() {
+        let c = cfg("").unwrap();
+        assert_eq!(c.policy, Policy::default());
+        assert_eq!(c.engine.session_gap_ms, 1_800_000);
+    }
+
+    #[test]
+    fn reports_every_error_at_once_with_its_key() {
+        let err = cfg(r#"
+            bogus = 1
+            mode = "loud"
+            [engine]
+            session_gap_secs = 0
+            [detectors.repeat]
+            warn_at = 5
+            terminate_at = 4
+            min_similarity = 0.5
+            [detectors.nope]
+            warn_at = 1
+            [tools]
+            poll = ["[bad"]
+            "#)
+        .unwrap_err();
+        let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+        for expected in [
+            "bogus",
+            "mode",
+            "engine.session_gap_secs",
+            "detectors.repeat",
+            "detectors.repeat.min_similarity",
+            "detectors.nope",
+            "tools.poll[0]",
+        ] {
+            assert!(keys.contains(&expected), "missing {expected} in {keys:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_inside_sections_are_rejected() {
+        let err = cfg("[engine]\nsession_gap = 5\n").unwrap_err();
+        assert_eq!(err.key_errors()[0].key, "engine.session_gap");
+        assert!(
+            err.key_errors()[0].message.contains("unknown field"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn env_overrides_nested_keys_with_types() {
+        let env = vec![
+            (
+                "LOOPWARDEN_DETECTORS__REPEAT__TERMINATE_AT".to_string(),
+                "6".to_string(),
+            ),
+            ("LOOPWARDEN_MODE".to_string(), "shadow".to_string()),
+            ("LOOPWARDEN_CONFIG".to_string(), "/ignored".to_string()),
+            ("OTHER".to_string(), "x".to_string()),
+        ];
+        let c = Config::from_toml_str(
+            "[detectors.repeat]\nterminate_at = 5\n",
+            "t",
+            env.into_iter(),
+        )
+        .unwrap();
+        assert_eq!(c.policy.get(DetectorKind::Repeat).terminate_at, Some(6.0));
+        assert_eq!(c.policy.get(DetectorKind::Stall).mode, Mode::Shadow);
+    }
+
+    #[test]
+    fn cap_warnings_follow_a_new_limit() {
+        let c = cfg("[detectors.turn_cap]\nterminate_at = 100\n").unwrap();
+        let p = c.policy.get(DetectorKind::TurnCap);
+        assert_eq!(
+            (p.warn_at, p.critical_at, p.terminate_at),
+            (Some(80.0), Some(90.0), Some(100.0))
+        );
+    }
+
+    #[test]
+    fn overrides_apply_by_tenant_agent_and_tool() {
+        let c = cfg(r#"
+            [[overrides]]
+            tenant = "acme"
+            agent = "coder-*"
+            mode = "warn"
+            [overrides.detectors.stall]
+            terminate_at = "off"
+
+            [[overrides]]
+            tool = "deploy*"
+            [overrides.detectors.repeat]
+            terminate_at = 10
+            "#)
+        .unwrap();
+        let p = c.policy_for(Some("acme"), Some("coder-7"));
+        assert_eq!(p.get(DetectorKind::Stall).terminate_at, None);
+        assert_eq!(p.get(DetectorKind::Repeat).mode, Mode::Warn);
+        let other = c.policy_for(Some("acme"), Some("writer"));
+        assert_eq!(other.get(DetectorKind::Stall).terminate_at, Some(5.0));
+        let tool = c
+            .policy_for_tool(&other, None, None, "deploy_app", None)
+            .unwrap();
+        assert_eq!(tool.get(DetectorKind::Repeat).terminate_at, Some(10.0));
+        assert!(c
+            .policy_for_tool(&other, None, None, "read", None)
+            .is_none());
+    }
+
+    #[test]
+    fn tool_overrides_only_take_per_tool_detectors() {
+        let err = cfg("[[overrides]]\ntool = \"x\"\n[overrides.detectors.stall]\nwarn_at = 1\n")
+            .unwrap_err();
+        assert_eq!(err.key_errors()[0].key, "overrides[0].detectors.stall");
+    }
+
+    #[test]
+    fn effective_toml_reparses_to_the_same_policy() {
+        let c = cfg("mode = \"warn\"\n[detectors.cycle]\nwarn_at = 3\n").unwrap();
+        let again = cfg(&c.effective_toml()).unwrap();
+        assert_eq!(again.policy, c.policy);
+    }
+}

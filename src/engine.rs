@@ -1,0 +1,653 @@
+//! The engine: applies validated events to session state, runs every detector, turns
+//! signals into findings (levels, episodes, modes, the termination tombstone) and closes
+//! sessions on event-time gaps and `session.completed`.
+//!
+//! Guarantees: synchronous and deterministic (time is the events' own time; the only
+//! clock is the watermark, the latest event time seen, or one injected by the caller);
+//! `terminate` is emitted at most once per session; a session's state is bounded; the
+//! per-event cost does not grow with the number of open sessions (hash map lookup plus
+//! a coalesced expiry heap). All I/O (reading input, publishing, storing) is the caller's.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
+
+use crate::config::{Config, ToolClasses};
+use crate::detectors::{describe, evaluate, Context, LlmContext, Signal, ToolContext};
+use crate::event::{format_rfc3339_ms, CallKind, Event, EventBody};
+use crate::fingerprint::Fingerprinter;
+use crate::output::{
+    finding_event_id, summary_event_id, ClosedBy, FindingEvent, Output, Stats, SummaryEvent,
+    Trigger, SCHEMA_VERSION,
+};
+use crate::policy::{DetectorKind, Level, Mode, Policy};
+use crate::state::{SessionState, ToolObservation};
+use crate::store::{StateStore, StoreBatch, StoreError};
+use crate::text::{find_chant, ChantScratch, TextSketch};
+
+/// Where an event came from, for `trigger` and for the event-time fallback.
+#[derive(Debug, Clone, Default)]
+pub struct EventMeta {
+    pub topic: Option<Arc<str>>,
+    pub partition: Option<i32>,
+    pub offset: Option<i64>,
+    /// The Kafka message timestamp, used when the event has no `timestamp`.
+    pub message_timestamp_ms: Option<i64>,
+    /// Processing time for `detected_at`; `None` uses the event time (replay).
+    pub processing_time_ms: Option<i64>,
+}
+
+/// Counters the pipeline exports as metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    pub events: u64,
+    pub duplicates: u64,
+    pub dropped_after_termination: u64,
+    pub sessions_opened: u64,
+    pub sessions_closed: u64,
+}
+
+struct Slot {
+    state: SessionState,
+    /// The deadline under which the session sits in the expiry heap.
+    scheduled: i64,
+    policy: Arc<Policy>,
+    policy_key: u64,
+}
+
+/// Detectors in the order they are judged: loop detectors before ceilings, so that when
+/// several would terminate on one event the most specific names the stop reason.
+fn evaluation_order() -> Vec<DetectorKind> {
+    let mut order: Vec<DetectorKind> = DetectorKind::ALL
+        .iter()
+        .copied()
+        .filter(|k| !k.is_ceiling())
+        .collect();
+    order.extend(DetectorKind::ALL.iter().copied().filter(|k| k.is_ceiling()));
+    order
+}
+
+/// Caps on the resolution caches; past them they are cleared (they only save work).
+const POLICY_CACHE_CAP: usize = 4096;
+const CLASS_CACHE_CAP: usize = 16_384;
+
+/// The detection engine over one stream of events (one Kafka partition, or one file).
+pub struct Engine {
+    config: Arc<Config>,
+    fingerprinter: Fingerprinter,
+    sessions: FxHashMap<String, Slot>,
+    expiry: BinaryHeap<Reverse<(i64, String)>>,
+    watermark: Option<i64>,
+    order: Vec<DetectorKind>,
+    policies: FxHashMap<u64, Arc<Policy>>,
+    tool_policies: FxHashMap<(u64, String), Option<Arc<Policy>>>,
+    classes: FxHashMap<String, ToolClasses>,
+    scratch: ChantScratch,
+    /// Sessions changed since the last flush, when a durable store is attached.
+    dirty: Option<FxHashSet<String>>,
+    closed: Vec<String>,
+    counters: EngineCounters,
+}
+
+fn hash_id(s: &str) -> u64 {
+    let mut h = FxHasher::default();
+    s.hash(&mut h);
+    h.finish()
+}
+
+fn policy_key(tenant: Option<&str>, agent: Option<&str>) -> u64 {
+    let mut h = FxHasher::default();
+    tenant.hash(&mut h);
+    agent.hash(&mut h);
+    h.finish()
+}
+
+impl Engine {
+    pub fn new(config: Arc<Config>) -> Engine {
+        Engine {
+            fingerprinter: Fingerprinter::new(&config.fingerprint),
+            config,
+            sessions: FxHashMap::default(),
+            expiry: BinaryHeap::new(),
+            watermark: None,
+            order: evaluation_order(),
+            policies: FxHashMap::default(),
+            tool_policies: FxHashMap::default(),
+            classes: FxHashMap::default(),
+            scratch: ChantScratch::default(),
+            dirty: None,
+            closed: Vec::new(),
+            counters: EngineCounters::default(),
+        }
+    }
+
+    /// An engine that resumes from a store's sessions and tracks changes for
+    /// [`Engine::flush`].
+    pub fn restore(config: Arc<Config>, store: &dyn StateStore) -> Result<Engine, StoreError> {
+        let mut engine = Engine::new(config);
+        engine.dirty = Some(FxHashSet::default());
+        for (id, state) in store.load_sessions()? {
+            engine.watermark = Some(
+                engine
+                    .watermark
+                    .map_or(state.last_event_ms, |w| w.max(state.last_event_ms)),
+            );
+            let key = policy_key(state.tenant.as_deref(), state.agent_id.as_deref());
+            let policy = engine.policy(key, state.tenant.as_deref(), state.agent_id.as_deref());
+            let deadline = state
+                .last_event_ms
+                .saturating_add(engine.config.engine.session_gap_ms);
+            engine.expiry.push(Reverse((deadline, id.clone())));
+            engine.sessions.insert(
+                id,
+                Slot {
+                    state,
+                    scheduled: deadline,
+                    policy,
+                    policy_key: key,
+                },
+            );
+        }
+        Ok(engine)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn counters(&self) -> EngineCounters {
+        self.counters
+    }
+
+    pub fn open_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// The engine's clock: the latest event time seen (or advanced by the caller).
+    pub fn watermark(&self) -> Option<i64> {
+        self.watermark
+    }
+
+    pub fn session(&self, id: &str) -> Option<&SessionState> {
+        self.sessions.get(id).map(|s| &s.state)
+    }
+
+    fn policy(&mut self, key: u64, tenant: Option<&str>, agent: Option<&str>) -> Arc<Policy> {
+        if let Some(p) = self.policies.get(&key) {
+            return p.clone();
+        }
+        if self.policies.len() >= POLICY_CACHE_CAP {
+            self.policies.clear();
+            self.tool_policies.clear();
+        }
+        let p = Arc::new(self.config.policy_for(tenant, agent));
+        self.policies.insert(key, p.clone());
+        p
+    }
+
+    fn classify(&mut self, tool: &str, action_name: Option<&str>) -> ToolClasses {
+        let key = action_name.unwrap_or(tool);
+        if let Some(c) = self.classes.get(key) {
+            return *c;
+        }
+        if self.classes.len() >= CLASS_CACHE_CAP {
+            self.classes.clear();
+        }
+        let c = self.config.tools.classify(tool, action_name);
+        self.classes.insert(key.to_string(), c);
+        c
+    }
+
+    /// Moves the clock forward (e.g. wall-clock time while a partition is idle) and closes
+    /// the sessions that have been silent for `session_gap`.
+    pub fn advance_clock(&mut self, now_ms: i64, out: &mut Vec<Output>) {
+        if self.watermark.is_none_or(|w| now_ms > w) {
+            self.watermark = Some(now_ms);
+        }
+        self.expire(out);
+    }
+
+    fn expire(&mut self, out: &mut Vec<Output>) {
+        let Some(now) = self.watermark else { return };
+        let gap = self.config.engine.session_gap_ms;
+        while let Some(Reverse((deadline, _))) = self.expiry.peek() {
+            if *deadline > now {
+                break;
+            }
+            let Reverse((deadline, id)) = self.expiry.pop().expect("peeked");
+            let Some(slot) = self.sessions.get_mut(&id) else {
+                continue;
+            };
+            if slot.scheduled != deadline {
+                continue; // a stale entry: the session was rescheduled
+            }
+            let actual = slot.state.last_event_ms.saturating_add(gap);
+            if actual > now {
+                slot.scheduled = actual;
+                self.expiry.push(Reverse((actual, id)));
+                continue;
+            }
+            self.close(&id, ClosedBy::IdleTimeout, None, out);
+        }
+    }
+
+    /// Closes every open session (end of a replay), in session-id order.
+    pub fn close_all(&mut self, closed_by: ClosedBy, out: &mut Vec<Output>) {
+        let mut ids: Vec<String> = self.sessions.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            self.close(&id, closed_by, None, out);
+        }
+        self.expiry.clear();
+    }
+
+    fn close(
+        &mut self,
+        id: &str,
+        closed_by: ClosedBy,
+        runtime_stop_reason: Option<String>,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(slot) = self.sessions.remove(id) else {
+            return;
+        };
+        let st = slot.state;
+        self.counters.sessions_closed += 1;
+        if self.dirty.is_some() {
+            self.closed.push(id.to_string());
+        }
+        let stop_reason = match (st.termination, closed_by) {
+            (Some(t), _) if !t.shadow => t.detector.name().to_string(),
+            (_, ClosedBy::Completed) => "done".to_string(),
+            (_, ClosedBy::IdleTimeout) => "idle_timeout".to_string(),
+            (_, ClosedBy::EndOfInput) => "end_of_input".to_string(),
+        };
+        let mut findings = std::collections::BTreeMap::new();
+        for f in &st.findings {
+            let kind = DetectorKind::ALL[f.detector as usize];
+            let mut per_level = std::collections::BTreeMap::new();
+            for level in Level::ALL {
+                let n = f.counts[level as usize];
+                if n > 0 {
+                    per_level.insert(level.name().to_string(), n);
+                }
+            }
+            findings.insert(kind.name().to_string(), per_level);
+        }
+        out.push(Output::Summary(Box::new(SummaryEvent {
+            kind: "session.summary".to_string(),
+            schema_version: SCHEMA_VERSION,
+            event_id: summary_event_id(id, st.first_event_ms),
+            session_id: id.to_string(),
+            run_id: st.run_id.clone(),
+            agent_id: st.agent_id.clone(),
+            tenant: st.tenant.clone(),
+            stop_reason,
+            closed_by,
+            runtime_stop_reason,
+            shadow_stop_reason: st.termination.filter(|t| t.shadow).map(|t| t.detector),
+            started_at: format_rfc3339_ms(st.first_event_ms),
+            ended_at: format_rfc3339_ms(st.last_event_ms),
+            stats: Stats::of(&st),
+            findings,
+        })));
+    }
+
+    /// Applies one event and appends what it caused (findings, summaries) to `out`.
+    pub fn process(&mut self, event: &Event, meta: &EventMeta, out: &mut Vec<Output>) {
+        self.counters.events += 1;
+        let event_ms = event
+            .timestamp_ms
+            .or(meta.message_timestamp_ms)
+            .or(self.watermark)
+            .unwrap_or(0);
+        if self.watermark.is_none_or(|w| event_ms > w) {
+            self.watermark = Some(event_ms);
+        }
+        self.expire(out);
+
+        let gap = self.config.engine.session_gap_ms;
+        if !self.sessions.contains_key(&event.session_id) {
+            let st = SessionState::new(event_ms);
+            let key = policy_key(event.tenant.as_deref(), event.agent_id.as_deref());
+            let policy = self.policy(key, event.tenant.as_deref(), event.agent_id.as_deref());
+            let deadline = event_ms.saturating_add(gap);
+            self.expiry
+                .push(Reverse((deadline, event.session_id.clone())));
+            self.sessions.insert(
+                event.session_id.clone(),
+                Slot {
+                    state: st,
+                    scheduled: deadline,
+                    policy,
+                    policy_key: key,
+                },
+            );
+            self.counters.sessions_opened += 1;
+        }
+        if let Some(d) = self.dirty.as_mut() {
+            if !d.contains(&event.session_id) {
+                d.insert(event.session_id.clone());
+            }
+        }
+        let slot = self
+            .sessions
+            .get_mut(&event.session_id)
+            .expect("inserted above");
+
+        // Reschedule lazily: only when the deadline moved by more than an eighth of the gap.
+        let new_deadline = event_ms.max(slot.state.last_event_ms).saturating_add(gap);
+        if new_deadline > slot.scheduled.saturating_add(gap / 8) {
+            slot.scheduled = new_deadline;
+            self.expiry
+                .push(Reverse((new_deadline, event.session_id.clone())));
+        }
+
+        if slot.state.is_duplicate(hash_id(&event.event_id)) {
+            self.counters.duplicates += 1;
+            return;
+        }
+        slot.state.touch(event_ms);
+        if slot.state.is_tombstone() {
+            slot.state.stats.dropped_after_termination += 1;
+            self.counters.dropped_after_termination += 1;
+            if let EventBody::SessionCompleted { stop_reason } = &event.body {
+                self.close(
+                    &event.session_id,
+                    ClosedBy::Completed,
+                    stop_reason.clone(),
+                    out,
+                );
+            }
+            return;
+        }
+        slot.state.note_identity(
+            event.run_id.as_deref(),
+            event.agent_id.as_deref(),
+            event.tenant.as_deref(),
+        );
+        if let Some(d) = event.depth {
+            slot.state.stats.max_depth = Some(slot.state.stats.max_depth.map_or(d, |m| m.max(d)));
+        }
+        let key = policy_key(slot.state.tenant.as_deref(), slot.state.agent_id.as_deref());
+        if key != slot.policy_key {
+            let (tenant, agent) = (slot.state.tenant.clone(), slot.state.agent_id.clone());
+            let p = self.policy(key, tenant.as_deref(), agent.as_deref());
+            let slot = self.sessions.get_mut(&event.session_id).expect("present");
+            slot.policy = p;
+            slot.policy_key = key;
+        }
+
+        match &event.body {
+            EventBody::LlmCall(call) => {
+                let slot = self.sessions.get_mut(&event.session_id).expect("present");
+                let policy = slot.policy.clone();
+                let is_turn = call.call_kind == CallKind::Turn;
+                let text = call.text.as_deref().filter(|t| !t.is_empty());
+                let sketch = if is_turn {
+                    text.map(TextSketch::of)
+                } else {
+                    None
+                };
+                let rt = &policy.get(DetectorKind::RepetitiveText).params;
+                let chant = text.and_then(|t| {
+                    find_chant(
+                        t,
+                        rt.chunk_chars,
+                        rt.min_repeats,
+                        rt.max_avg_spacing_chars,
+                        &mut self.scratch,
+                    )
+                });
+                slot.state.observe_llm(
+                    is_turn,
+                    call.call_kind == CallKind::Compaction,
+                    call.input_tokens,
+                    call.output_tokens,
+                    call.cache_read_tokens,
+                    call.cache_write_tokens,
+                    call.cost_usd,
+                    call.tool_calls,
+                    call.progress,
+                    sketch.as_ref(),
+                    policy.get(DetectorKind::SimilarTurns).params.min_similarity,
+                );
+                let ctx = Context::Llm(LlmContext {
+                    is_turn,
+                    is_compaction: call.call_kind == CallKind::Compaction,
+                    has_progress: call.progress.is_some(),
+                    has_tool_calls: call.tool_calls.is_some(),
+                    has_text: text.is_some(),
+                    chant,
+                });
+                self.judge(event, meta, event_ms, &ctx, &policy, out);
+            }
+            EventBody::ToolCall(call) => {
+                let action_name = match call
+                    .args
+                    .as_ref()
+                    .and_then(|a| a.get("action"))
+                    .and_then(|a| a.as_str())
+                {
+                    Some(a) => Some(format!("{}.{}", call.tool, a)),
+                    None => None,
+                };
+                let classes = self.classify(&call.tool, action_name.as_deref());
+                let action = self.fingerprinter.action(&call.tool, call.args.as_ref());
+                let result = self
+                    .fingerprinter
+                    .result(call.result.as_ref(), call.result_digest.as_deref());
+                let unknown_tool = call.error_kind.as_deref() == Some("unknown_tool");
+                let is_error = call.is_error || unknown_tool;
+                let obs = ToolObservation {
+                    action: action.short(),
+                    result: result.digest.short(),
+                    is_error,
+                    unknown_tool,
+                    poll: classes.poll || (result.pending && !is_error),
+                    retry_safe: classes.retry_safe,
+                    write: classes.write,
+                };
+                let session_policy = self.sessions[&event.session_id].policy.clone();
+                let policy = if self.config.has_tool_overrides() {
+                    self.tool_policy(&session_policy, event, &call.tool, action_name.as_deref())
+                } else {
+                    session_policy
+                };
+                let last_calls = policy.get(DetectorKind::LowNovelty).params.last_calls;
+                let slot = self.sessions.get_mut(&event.session_id).expect("present");
+                let facts = slot.state.observe_tool(&call.tool, obs, last_calls);
+                if facts.action_count >= 2
+                    && slot.state.episodes[DetectorKind::GenericRepeat.index()].subject == 0
+                {
+                    // generic_repeat follows the action that is repeating, not every call.
+                    slot.state.episodes[DetectorKind::GenericRepeat.index()].subject = obs.action;
+                }
+                let ctx = Context::Tool(ToolContext {
+                    tool: &call.tool,
+                    obs,
+                    facts,
+                });
+                self.judge(event, meta, event_ms, &ctx, &policy, out);
+            }
+            EventBody::SessionStarted => {
+                let policy = self.sessions[&event.session_id].policy.clone();
+                self.judge(event, meta, event_ms, &Context::Other, &policy, out);
+            }
+            EventBody::SessionCompleted { stop_reason } => {
+                self.close(
+                    &event.session_id,
+                    ClosedBy::Completed,
+                    stop_reason.clone(),
+                    out,
+                );
+            }
+        }
+    }
+
+    fn tool_policy(
+        &mut self,
+        session_policy: &Arc<Policy>,
+        event: &Event,
+        tool: &str,
+        action_name: Option<&str>,
+    ) -> Arc<Policy> {
+        let slot = &self.sessions[&event.session_id];
+        let key = (slot.policy_key, action_name.unwrap_or(tool).to_string());
+        if let Some(p) = self.tool_policies.get(&key) {
+            return p.clone().unwrap_or_else(|| session_policy.clone());
+        }
+        let (tenant, agent) = (slot.state.tenant.clone(), slot.state.agent_id.clone());
+        let p = self
+            .config
+            .policy_for_tool(
+                session_policy,
+                tenant.as_deref(),
+                agent.as_deref(),
+                tool,
+                action_name,
+            )
+            .map(Arc::new);
+        if self.tool_policies.len() >= POLICY_CACHE_CAP {
+            self.tool_policies.clear();
+        }
+        self.tool_policies.insert(key, p.clone());
+        p.unwrap_or_else(|| session_policy.clone())
+    }
+
+    /// Runs every detector on the updated state and emits what crosses a new level.
+    fn judge(
+        &mut self,
+        event: &Event,
+        meta: &EventMeta,
+        event_ms: i64,
+        ctx: &Context<'_>,
+        policy: &Policy,
+        out: &mut Vec<Output>,
+    ) {
+        let slot = self.sessions.get_mut(&event.session_id).expect("present");
+        let st = &mut slot.state;
+        for &kind in &self.order {
+            let dp = policy.get(kind);
+            let Some(sig) = evaluate(kind, st, ctx, dp, event.depth) else {
+                continue;
+            };
+            if sig.reset {
+                st.end_episode(kind);
+            }
+            let Some((level, threshold)) = sig.level else {
+                continue;
+            };
+            let ep = st.episodes[kind.index()];
+            // Emitted once per level per episode; a level also covers the ones below it.
+            if ep.emitted >= level.bit() {
+                continue;
+            }
+            let mode = dp.mode;
+            let effective = if level == Level::Terminate && mode == Mode::Warn {
+                Level::Critical
+            } else {
+                level
+            };
+            if level == Level::Terminate && st.termination.is_some() {
+                continue; // terminate at most once per session (a shadow one included)
+            }
+            let e = &mut st.episodes[kind.index()];
+            e.emitted |= (level.bit() << 1) - 1;
+            if kind == DetectorKind::GenericRepeat {
+                if let Context::Tool(t) = ctx {
+                    e.subject = t.obs.action;
+                }
+            }
+            let episode = e.number;
+            st.count_finding(kind, effective);
+            let terminated = effective == Level::Terminate;
+            if terminated {
+                st.termination = Some(crate::state::Termination {
+                    detector: kind,
+                    at_ms: event_ms,
+                    shadow: mode == Mode::Shadow,
+                });
+            }
+            out.push(Output::Finding(Box::new(build_finding(
+                event, meta, event_ms, st, ctx, kind, effective, &sig, threshold, episode, mode,
+            ))));
+            if terminated && mode != Mode::Shadow {
+                st.shrink_to_tombstone();
+                break;
+            }
+        }
+    }
+
+    /// Writes every changed session, closed session and the given offsets to `store` in
+    /// one atomic batch. Only engines made by [`Engine::restore`] track changes.
+    pub fn flush(
+        &mut self,
+        store: &mut dyn StateStore,
+        offsets: &[(String, i64)],
+    ) -> Result<(), StoreError> {
+        let Some(dirty) = self.dirty.as_mut() else {
+            return Ok(());
+        };
+        let mut batch = StoreBatch::default();
+        for id in dirty.drain() {
+            if let Some(slot) = self.sessions.get(&id) {
+                batch.puts.push((id, slot.state.to_bytes()));
+            }
+        }
+        batch.deletes.append(&mut self.closed);
+        batch.offsets.extend(offsets.iter().cloned());
+        store.commit(batch)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_finding(
+    event: &Event,
+    meta: &EventMeta,
+    event_ms: i64,
+    st: &SessionState,
+    ctx: &Context<'_>,
+    kind: DetectorKind,
+    level: Level,
+    sig: &Signal,
+    threshold: f64,
+    episode: u32,
+    mode: Mode,
+) -> FindingEvent {
+    let d = describe(kind, st, ctx, sig, threshold);
+    let terminated = level == Level::Terminate;
+    FindingEvent {
+        kind: if terminated {
+            "session.terminated"
+        } else {
+            "session.warning"
+        }
+        .to_string(),
+        schema_version: SCHEMA_VERSION,
+        event_id: finding_event_id(&event.session_id, kind, level, episode),
+        session_id: event.session_id.clone(),
+        run_id: st.run_id.clone(),
+        agent_id: st.agent_id.clone(),
+        tenant: st.tenant.clone(),
+        detector: kind,
+        level,
+        reason: d.reason,
+        hint: d.hint,
+        evidence: d.evidence,
+        stats: Stats::of(st),
+        trigger: Trigger {
+            topic: meta.topic.as_deref().map(str::to_string),
+            partition: meta.partition,
+            offset: meta.offset,
+            event_id: event.event_id.clone(),
+        },
+        event_time: format_rfc3339_ms(event_ms),
+        detected_at: format_rfc3339_ms(meta.processing_time_ms.unwrap_or(event_ms)),
+        mode,
+        stop_reason: terminated.then_some(kind),
+    }
+}

@@ -1,0 +1,31 @@
+//! loopwarden: a stream processor that stops runaway AI agents from the outside.
+//!
+//! It reads the events agent platforms already publish (`cost.attributed` per LLM call,
+//! `tool.called` per tool call), keeps a small bounded state per session, runs loop and
+//! runaway detectors on every event, and emits `session.warning`, `session.terminated`
+//! and `session.summary` events. See `DESIGN.md` in the repository for the contract.
+//!
+//! Layers, from the bytes in to the findings out:
+//! - [`event`]: the input contract and its validation (bad input is a [`event::BadEvent`]);
+//! - [`fingerprint`]: canonical SHA-256 digests of actions and results;
+//! - [`text`]: features of assistant text (sketches, chanting);
+//! - [`state`]: bounded per-session state;
+//! - [`policy`] and [`config`]: the detector catalogue, thresholds and overrides;
+//! - [`detectors`]: pure signal functions;
+//! - [`engine`]: levels, episodes, modes, tombstones and session expiry;
+//! - [`output`]: the output contract;
+//! - [`store`]: sled and in-memory state stores;
+//! - [`replay`] and [`eval`]: the file-driven commands.
+
+pub mod config;
+pub mod detectors;
+pub mod engine;
+pub mod eval;
+pub mod event;
+pub mod fingerprint;
+pub mod output;
+pub mod policy;
+pub mod replay;
+pub mod state;
+pub mod store;
+pub mod text;

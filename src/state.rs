@@ -1,0 +1,716 @@
+//! Per-session state (DESIGN §4): what has happened in a session, as counters, a ring of
+//! recent tool-call fingerprints, fixed-size text sketches and per-detector episode marks.
+//!
+//! Guarantees: the state is bounded whatever the session's length (every collection has
+//! a fixed cap; tool names are capped in number and length); it holds digests, never
+//! args, results or text; updating it is deterministic; it round-trips through
+//! [`SessionState::to_bytes`] / [`SessionState::from_bytes`] unchanged.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{DetectorKind, Level, DETECTOR_COUNT, WINDOW_CALLS};
+use crate::text::TextSketch;
+
+/// Tools counted by name in `stats`; further tools are counted under [`OTHER_TOOLS`].
+pub const MAX_NAMED_TOOLS: usize = 8;
+/// Name under which tools past [`MAX_NAMED_TOOLS`] are counted.
+pub const OTHER_TOOLS: &str = "(other)";
+/// Longest tool name kept (longer names are cut at a char boundary).
+pub const MAX_TOOL_NAME: usize = 64;
+/// Recent distinct results remembered for `no_new_information`.
+pub const SEEN_RESULTS: usize = 32;
+/// Recent event ids remembered to drop exact duplicates.
+pub const RECENT_EVENT_IDS: usize = 16;
+/// Poll actions tracked at once by `poll_no_progress`.
+pub const POLL_TRACKERS: usize = 4;
+/// Longest `run_id` / `agent_id` / `tenant` kept.
+pub const MAX_LABEL: usize = 128;
+/// Cycle lengths `cycle` looks for.
+pub const CYCLE_LENGTHS: [usize; 3] = [3, 4, 5];
+
+/// One tool call in the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub action: u64,
+    pub result: u64,
+    pub flags: u8,
+}
+
+impl CallRecord {
+    pub const ERROR: u8 = 1;
+    pub const POLL: u8 = 2;
+
+    pub fn is_error(&self) -> bool {
+        self.flags & Self::ERROR != 0
+    }
+
+    pub fn is_poll(&self) -> bool {
+        self.flags & Self::POLL != 0
+    }
+
+    pub fn same_pair(&self, other: &CallRecord) -> bool {
+        self.action == other.action && self.result == other.result
+    }
+}
+
+/// Calls, and calls that repeated an earlier (action, result) pair, of one tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCount {
+    pub tool: String,
+    pub calls: u64,
+    pub repeats: u64,
+}
+
+/// Session-wide counters (ceilings keep counting across runs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    pub events: u64,
+    pub llm_calls: u64,
+    pub turns: u64,
+    pub tool_calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub cost_usd: f64,
+    pub has_cost: bool,
+    pub max_depth: Option<u32>,
+    pub duplicates: u64,
+    pub dropped_after_termination: u64,
+}
+
+/// A tracked poll: the action, its last result and how often that result came back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollTracker {
+    pub action: u64,
+    pub result: u64,
+    pub unchanged: u32,
+}
+
+/// Loop-detector state of the current run (reset when `run_id` changes).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    pub window: VecDeque<CallRecord>,
+    /// Same (action, result) in a row, counting the latest call.
+    pub repeat_streak: u32,
+    pub polls: Vec<PollTracker>,
+    /// Same action failing in a row.
+    pub error_repeat_streak: u32,
+    pub unknown_tool_streak: u32,
+    pub error_streak: u32,
+    /// One bit per recent call: it repeated a pair seen in the window (newest = bit 0).
+    pub no_progress_bits: u64,
+    /// Length of the strict A,B,A,B tail with stable results.
+    pub alternation: u32,
+    /// Per cycle length k: how many trailing calls equal the call k before them.
+    pub cycle_match: [u32; 3],
+    pub stall: u32,
+    pub similar_streak: u32,
+    pub sketches: VecDeque<TextSketch>,
+    pub compaction_streak: u32,
+    pub best_progress: Option<f64>,
+    pub progress_stale: u32,
+    pub seen_results: VecDeque<u64>,
+    /// Results since the last turn: any, and all seen before.
+    pub turn_had_results: bool,
+    pub turn_all_seen: bool,
+    pub no_new_info_streak: u32,
+}
+
+/// Emission marks of one detector.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Episode {
+    /// Episode counter; part of each finding's `event_id`.
+    pub number: u32,
+    /// Levels already emitted in this episode (bits of [`Level::bit`]).
+    pub emitted: u8,
+    /// What the episode is about, for detectors that follow one action.
+    pub subject: u64,
+}
+
+/// Findings per level of one detector, for the summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FindingCounts {
+    pub detector: u8,
+    pub counts: [u32; 3],
+}
+
+/// How a session was terminated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Termination {
+    pub detector: DetectorKind,
+    pub at_ms: i64,
+    /// In shadow mode nothing was published and the session goes on.
+    pub shadow: bool,
+}
+
+/// Everything loopwarden keeps about one session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub run_id: Option<String>,
+    pub agent_id: Option<String>,
+    pub tenant: Option<String>,
+    pub first_event_ms: i64,
+    pub last_event_ms: i64,
+    pub stats: Counters,
+    pub tools: Vec<ToolCount>,
+    pub run: RunState,
+    pub recent_event_ids: VecDeque<u64>,
+    pub episodes: Vec<Episode>,
+    pub findings: Vec<FindingCounts>,
+    pub termination: Option<Termination>,
+}
+
+/// Why a stored state could not be read back (poison for that key).
+#[derive(Debug, thiserror::Error)]
+#[error("corrupt session state: {0}")]
+pub struct CorruptState(#[from] postcard::Error);
+
+fn cap_label(s: &str) -> String {
+    let mut end = s.len().min(MAX_LABEL);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) {
+    if q.len() == cap {
+        q.pop_front();
+    }
+    q.push_back(item);
+}
+
+/// What one tool call did to the window, for the detectors to judge.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ToolFacts {
+    /// Occurrences of this (action, result) pair in the window, this call included.
+    pub pair_count: u32,
+    /// Occurrences of this action in the window among non-poll calls, this call included.
+    pub action_count: u32,
+    /// Occurrences of the `generic_repeat` episode's action (non-poll calls).
+    pub subject_count: u32,
+    /// Distinct (action, result) pairs among the last `last_calls` non-poll calls, and how
+    /// many such calls there were.
+    pub recent_distinct: u32,
+    pub recent_len: u32,
+    /// Unchanged results in a row of this poll action (0 when not a poll).
+    pub poll_unchanged: u32,
+    /// The largest complete cycle: (length k, repeats).
+    pub cycle: Option<(usize, u32)>,
+}
+
+/// A tool call as the state sees it: fingerprints and classes, nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolObservation {
+    pub action: u64,
+    pub result: u64,
+    pub is_error: bool,
+    pub unknown_tool: bool,
+    /// A poll by class or a pending-looking result.
+    pub poll: bool,
+    pub retry_safe: bool,
+    pub write: bool,
+}
+
+impl SessionState {
+    pub fn new(first_event_ms: i64) -> SessionState {
+        SessionState {
+            first_event_ms,
+            last_event_ms: first_event_ms,
+            episodes: vec![Episode::default(); DETECTOR_COUNT],
+            ..SessionState::default()
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("session state always serializes")
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<SessionState, CorruptState> {
+        let mut s: SessionState = postcard::from_bytes(bytes)?;
+        s.episodes.resize(DETECTOR_COUNT, Episode::default());
+        Ok(s)
+    }
+
+    /// Records identity fields; a new `run_id` resets the loop detectors' state.
+    pub fn note_identity(
+        &mut self,
+        run_id: Option<&str>,
+        agent_id: Option<&str>,
+        tenant: Option<&str>,
+    ) -> bool {
+        if let Some(a) = agent_id {
+            if self.agent_id.as_deref() != Some(a) {
+                self.agent_id = Some(cap_label(a));
+            }
+        }
+        if let Some(t) = tenant {
+            if self.tenant.as_deref() != Some(t) {
+                self.tenant = Some(cap_label(t));
+            }
+        }
+        let Some(run) = run_id else { return false };
+        if self.run_id.as_deref() == Some(run) {
+            return false;
+        }
+        let changed = self.run_id.is_some();
+        self.run_id = Some(cap_label(run));
+        if changed {
+            self.run = RunState::default();
+            for kind in DetectorKind::ALL.iter().filter(|k| !k.is_ceiling()) {
+                self.end_episode(*kind);
+            }
+        }
+        changed
+    }
+
+    /// Returns true when `event_id` was seen recently (an exact duplicate to drop).
+    pub fn is_duplicate(&mut self, event_hash: u64) -> bool {
+        if self.recent_event_ids.contains(&event_hash) {
+            self.stats.duplicates += 1;
+            return true;
+        }
+        push_bounded(&mut self.recent_event_ids, event_hash, RECENT_EVENT_IDS);
+        false
+    }
+
+    pub fn touch(&mut self, event_ms: i64) {
+        self.stats.events += 1;
+        self.last_event_ms = self.last_event_ms.max(event_ms);
+    }
+
+    /// Applies an LLM call. Returns whether the previous turn's results were all old news
+    /// (`Some(streak)`) when this call opens a new turn.
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe_llm(
+        &mut self,
+        is_turn: bool,
+        is_compaction: bool,
+        input: u64,
+        output: u64,
+        cache_read: Option<u64>,
+        cache_write: Option<u64>,
+        cost: Option<f64>,
+        tool_calls: Option<u32>,
+        progress: Option<f64>,
+        sketch: Option<&TextSketch>,
+        min_similarity: f64,
+    ) {
+        let s = &mut self.stats;
+        s.llm_calls += 1;
+        s.input_tokens = s.input_tokens.saturating_add(input);
+        s.output_tokens = s.output_tokens.saturating_add(output);
+        s.cache_read_tokens = s.cache_read_tokens.saturating_add(cache_read.unwrap_or(0));
+        s.cache_write_tokens = s
+            .cache_write_tokens
+            .saturating_add(cache_write.unwrap_or(0));
+        if let Some(c) = cost {
+            s.cost_usd += c;
+            s.has_cost = true;
+        }
+        let r = &mut self.run;
+        if is_compaction {
+            r.compaction_streak += 1;
+        }
+        if let Some(p) = progress {
+            match r.best_progress {
+                Some(best) if p <= best => r.progress_stale += 1,
+                _ => {
+                    r.best_progress = Some(p);
+                    r.progress_stale = 0;
+                }
+            }
+        }
+        if !is_turn {
+            return;
+        }
+        s.turns += 1;
+        match tool_calls {
+            Some(0) => r.stall += 1,
+            Some(_) => r.stall = 0,
+            None => {}
+        }
+        // The turn that just ended: were all of its tool results seen before?
+        if r.turn_had_results {
+            if r.turn_all_seen {
+                r.no_new_info_streak += 1;
+            } else {
+                r.no_new_info_streak = 0;
+            }
+        }
+        r.turn_had_results = false;
+        r.turn_all_seen = true;
+        if let Some(sk) = sketch.filter(|s| !s.is_empty()) {
+            let similar = r
+                .sketches
+                .iter()
+                .any(|prev| prev.similarity(sk) >= min_similarity);
+            r.similar_streak = if similar { r.similar_streak + 1 } else { 0 };
+            push_bounded(
+                &mut r.sketches,
+                sk.clone(),
+                crate::policy::SIMILAR_TURNS_LOOKBACK,
+            );
+        }
+    }
+
+    /// Applies a tool call and returns what the detectors need to know about the window.
+    pub fn observe_tool(
+        &mut self,
+        tool: &str,
+        obs: ToolObservation,
+        last_calls: usize,
+    ) -> ToolFacts {
+        self.stats.tool_calls += 1;
+        let subject = self.episodes[DetectorKind::GenericRepeat.index()].subject;
+        let r = &mut self.run;
+        let rec = CallRecord {
+            action: obs.action,
+            result: obs.result,
+            flags: (if obs.is_error { CallRecord::ERROR } else { 0 })
+                | (if obs.poll { CallRecord::POLL } else { 0 }),
+        };
+        let mut facts = ToolFacts::default();
+
+        // One pass over the window (newest last) for every count the detectors need.
+        let mut recent: [(u64, u64); WINDOW_CALLS] = [(0, 0); WINDOW_CALLS];
+        let want_recent = last_calls.min(WINDOW_CALLS);
+        let mut recent_len = 0usize;
+        if !obs.poll && want_recent > 0 {
+            recent[0] = (rec.action, rec.result);
+            recent_len = 1;
+        }
+        let (mut pair_count, mut action_count, mut subject_count) =
+            (1u32, u32::from(!obs.poll), 0u32);
+        if !obs.poll && subject == rec.action {
+            subject_count = 1;
+        }
+        for prev in r.window.iter().rev() {
+            if prev.same_pair(&rec) {
+                pair_count += 1;
+            }
+            if !prev.is_poll() {
+                if !obs.poll && prev.action == rec.action {
+                    action_count += 1;
+                }
+                if subject != 0 && prev.action == subject {
+                    subject_count += 1;
+                }
+                if recent_len < want_recent {
+                    recent[recent_len] = (prev.action, prev.result);
+                    recent_len += 1;
+                }
+            }
+        }
+        facts.pair_count = pair_count;
+        facts.action_count = action_count;
+        facts.subject_count = subject_count;
+        facts.recent_len = recent_len as u32;
+        facts.recent_distinct = {
+            let slice = &mut recent[..recent_len];
+            slice.sort_unstable();
+            let mut distinct = 0;
+            for i in 0..slice.len() {
+                if i == 0 || slice[i] != slice[i - 1] {
+                    distinct += 1;
+                }
+            }
+            distinct
+        };
+
+        // Streaks against the previous call.
+        let last = r.window.back().copied();
+        let repeated = pair_count > 1;
+        r.repeat_streak = match last {
+            Some(l) if l.same_pair(&rec) => r.repeat_streak + 1,
+            _ => 1,
+        };
+        r.error_repeat_streak = if !obs.is_error {
+            0
+        } else {
+            match last {
+                Some(l) if l.is_error() && l.action == rec.action => r.error_repeat_streak + 1,
+                _ => 1,
+            }
+        };
+        r.error_streak = if obs.is_error { r.error_streak + 1 } else { 0 };
+        r.unknown_tool_streak = if obs.unknown_tool {
+            r.unknown_tool_streak + 1
+        } else {
+            0
+        };
+        r.no_progress_bits = (r.no_progress_bits << 1) | u64::from(repeated);
+        r.alternation = {
+            let n = r.window.len();
+            let prev1 = last;
+            let prev2 = if n >= 2 {
+                r.window.get(n - 2).copied()
+            } else {
+                None
+            };
+            match (prev1, prev2) {
+                (Some(p1), _) if p1.action == rec.action => 1,
+                (Some(_), Some(p2)) if p2.same_pair(&rec) && r.alternation >= 2 => {
+                    r.alternation + 1
+                }
+                (Some(_), _) => 2,
+                (None, _) => 1,
+            }
+        };
+        for (slot, k) in CYCLE_LENGTHS.iter().enumerate() {
+            let n = r.window.len();
+            r.cycle_match[slot] = if n >= *k && r.window[n - k].same_pair(&rec) {
+                r.cycle_match[slot] + 1
+            } else {
+                0
+            };
+        }
+
+        // Polls: per-action trackers so that interleaved pollers are each followed.
+        if obs.poll {
+            let found = r.polls.iter().position(|p| p.action == rec.action);
+            let unchanged = match found {
+                Some(i) => {
+                    let mut t = r.polls.remove(i);
+                    t.unchanged = if t.result == rec.result {
+                        t.unchanged + 1
+                    } else {
+                        0
+                    };
+                    t.result = rec.result;
+                    let u = t.unchanged;
+                    r.polls.push(t);
+                    u
+                }
+                None => {
+                    if r.polls.len() == POLL_TRACKERS {
+                        r.polls.remove(0);
+                    }
+                    r.polls.push(PollTracker {
+                        action: rec.action,
+                        result: rec.result,
+                        unchanged: 0,
+                    });
+                    0
+                }
+            };
+            facts.poll_unchanged = unchanged;
+        }
+
+        // Information gain: polls neither count as news nor as old news.
+        if !obs.poll {
+            let seen = r.seen_results.contains(&rec.result);
+            r.turn_had_results = true;
+            r.turn_all_seen &= seen;
+            if !seen {
+                push_bounded(&mut r.seen_results, rec.result, SEEN_RESULTS);
+            }
+        }
+
+        r.stall = 0;
+        r.compaction_streak = 0;
+        push_bounded(&mut r.window, rec, WINDOW_CALLS);
+
+        facts.cycle = self.longest_cycle();
+        self.count_tool(tool, repeated);
+        facts
+    }
+
+    /// The cycle (length, full repeats) at the window's tail, if its block is not itself
+    /// a shorter repetition (that is `repeat` or `ping_pong`'s business).
+    fn longest_cycle(&self) -> Option<(usize, u32)> {
+        let w = &self.run.window;
+        let mut best: Option<(usize, u32)> = None;
+        for (slot, k) in CYCLE_LENGTHS.iter().enumerate() {
+            let m = self.run.cycle_match[slot] as usize;
+            if m < *k {
+                continue;
+            }
+            let n = w.len();
+            let block: Vec<&CallRecord> = w.range(n - k..).collect();
+            let reducible = (1..*k)
+                .filter(|d| k % d == 0)
+                .any(|d| (d..*k).all(|i| block[i].same_pair(block[i - d])));
+            if reducible {
+                continue;
+            }
+            let repeats = ((m + k) / k) as u32;
+            if best.is_none_or(|(_, r)| repeats > r) {
+                best = Some((*k, repeats));
+            }
+        }
+        best
+    }
+
+    fn count_tool(&mut self, tool: &str, repeated: bool) {
+        let name = if tool.len() > MAX_TOOL_NAME {
+            let mut end = MAX_TOOL_NAME;
+            while !tool.is_char_boundary(end) {
+                end -= 1;
+            }
+            &tool[..end]
+        } else {
+            tool
+        };
+        let idx = match self.tools.iter().position(|t| t.tool == name) {
+            Some(i) => i,
+            None if self.tools.len() < MAX_NAMED_TOOLS => {
+                self.tools.push(ToolCount {
+                    tool: name.to_string(),
+                    calls: 0,
+                    repeats: 0,
+                });
+                self.tools.len() - 1
+            }
+            None => match self.tools.iter().position(|t| t.tool == OTHER_TOOLS) {
+                Some(i) => i,
+                None => {
+                    self.tools.push(ToolCount {
+                        tool: OTHER_TOOLS.to_string(),
+                        calls: 0,
+                        repeats: 0,
+                    });
+                    self.tools.len() - 1
+                }
+            },
+        };
+        let t = &mut self.tools[idx];
+        t.calls += 1;
+        t.repeats += u64::from(repeated);
+    }
+
+    /// Closes the detector's current episode, if it emitted anything.
+    pub fn end_episode(&mut self, kind: DetectorKind) {
+        let e = &mut self.episodes[kind.index()];
+        if e.emitted != 0 {
+            e.number += 1;
+            e.emitted = 0;
+        }
+        e.subject = 0;
+    }
+
+    pub fn count_finding(&mut self, kind: DetectorKind, level: Level) {
+        let d = kind.index() as u8;
+        let i = match self.findings.iter().position(|f| f.detector == d) {
+            Some(i) => i,
+            None => {
+                self.findings.push(FindingCounts {
+                    detector: d,
+                    counts: [0; 3],
+                });
+                self.findings.len() - 1
+            }
+        };
+        self.findings[i].counts[level as usize] += 1;
+    }
+
+    /// Is this session a tombstone (terminated for real, not in shadow)?
+    pub fn is_tombstone(&self) -> bool {
+        self.termination.is_some_and(|t| !t.shadow)
+    }
+
+    /// Drops what a tombstone no longer needs, keeping counters for the summary.
+    pub fn shrink_to_tombstone(&mut self) {
+        self.run = RunState::default();
+        self.recent_event_ids.clear();
+    }
+
+    pub fn wall_seconds(&self) -> f64 {
+        (self.last_event_ms - self.first_event_ms).max(0) as f64 / 1000.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(action: u64, result: u64) -> ToolObservation {
+        ToolObservation {
+            action,
+            result,
+            is_error: false,
+            unknown_tool: false,
+            poll: false,
+            retry_safe: false,
+            write: false,
+        }
+    }
+
+    #[test]
+    fn window_and_rings_stay_bounded() {
+        let mut s = SessionState::new(0);
+        for i in 0..10_000u64 {
+            s.observe_tool(&format!("tool{}", i % 50), tool(i % 7, i), 8);
+            s.is_duplicate(i);
+        }
+        assert_eq!(s.run.window.len(), WINDOW_CALLS);
+        assert!(s.tools.len() <= MAX_NAMED_TOOLS + 1);
+        assert_eq!(s.recent_event_ids.len(), RECENT_EVENT_IDS);
+        assert_eq!(s.run.seen_results.len(), SEEN_RESULTS);
+    }
+
+    #[test]
+    fn streaks_follow_the_sequence() {
+        let mut s = SessionState::new(0);
+        for _ in 0..3 {
+            s.observe_tool("read", tool(1, 1), 8);
+        }
+        assert_eq!(s.run.repeat_streak, 3);
+        let f = s.observe_tool("list", tool(2, 2), 8);
+        assert_eq!(s.run.repeat_streak, 1);
+        assert_eq!(f.pair_count, 1);
+        let f = s.observe_tool("read", tool(1, 1), 8);
+        assert_eq!(f.pair_count, 4);
+        assert_eq!(s.run.alternation, 3, "read,list,read");
+    }
+
+    #[test]
+    fn cycles_need_an_irreducible_block() {
+        let mut s = SessionState::new(0);
+        let mut last = ToolFacts::default();
+        for i in 0..12u64 {
+            last = s.observe_tool("t", tool(i % 3, i % 3), 8);
+        }
+        assert_eq!(last.cycle, Some((3, 4)));
+        let mut s = SessionState::new(0);
+        for _ in 0..12 {
+            last = s.observe_tool("t", tool(1, 1), 8);
+        }
+        assert_eq!(last.cycle, None);
+    }
+
+    #[test]
+    fn run_change_resets_loop_state_but_not_counters() {
+        let mut s = SessionState::new(0);
+        s.note_identity(Some("a"), None, None);
+        s.observe_tool("read", tool(1, 1), 8);
+        s.observe_tool("read", tool(1, 1), 8);
+        assert!(s.note_identity(Some("b"), None, None));
+        assert_eq!(s.run.window.len(), 0);
+        assert_eq!(s.stats.tool_calls, 2);
+    }
+
+    #[test]
+    fn round_trips_through_bytes() {
+        let mut s = SessionState::new(5);
+        s.observe_tool("read", tool(1, 2), 8);
+        s.observe_llm(
+            true,
+            false,
+            10,
+            5,
+            None,
+            None,
+            Some(0.5),
+            Some(0),
+            None,
+            Some(&TextSketch::of("hello there")),
+            0.85,
+        );
+        let back = SessionState::from_bytes(&s.to_bytes()).unwrap();
+        assert_eq!(back, s);
+    }
+}

@@ -1,0 +1,248 @@
+//! Session state storage (DESIGN §4): a small trait with two implementations, sled on
+//! disk and an in-memory map for `replay` and tests.
+//!
+//! Guarantees: [`StateStore::commit`] is atomic — session puts, deletes and the partition
+//! offsets of one batch are all visible after it returns, or none are — and durable for
+//! the sled store (flushed to disk before it returns), which is what lets the pipeline
+//! commit Kafka offsets afterwards. A state that cannot be decoded is reported with its
+//! key, never silently dropped.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::state::{CorruptState, SessionState};
+
+/// Storage failures. `Io` is transient (retry with backoff); `Corrupt` is poison for one
+/// key; `Open` is fatal at start.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open state store at {path}: {source}")]
+    Open { path: String, source: sled::Error },
+    #[error("state store I/O failed: {0}")]
+    Io(#[from] sled::Error),
+    #[error("session {session}: {source}")]
+    Corrupt {
+        session: String,
+        source: CorruptState,
+    },
+}
+
+/// One atomic unit of state changes.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct StoreBatch {
+    pub puts: Vec<(String, Vec<u8>)>,
+    pub deletes: Vec<String>,
+    /// Last applied offset per input partition (key: `topic/partition`).
+    pub offsets: Vec<(String, i64)>,
+}
+
+/// Where session states live between events.
+pub trait StateStore {
+    /// Every stored session (at start, or when a partition is assigned).
+    fn load_sessions(&self) -> Result<Vec<(String, SessionState)>, StoreError>;
+    /// The last applied offset of a partition.
+    fn offset(&self, partition: &str) -> Result<Option<i64>, StoreError>;
+    /// Applies a batch atomically (and durably, for on-disk stores).
+    fn commit(&mut self, batch: StoreBatch) -> Result<(), StoreError>;
+    /// Stored bytes of one session (for size measurements and tests).
+    fn session_bytes(&self, session: &str) -> Result<Option<Vec<u8>>, StoreError>;
+}
+
+fn decode(session: &str, bytes: &[u8]) -> Result<SessionState, StoreError> {
+    SessionState::from_bytes(bytes).map_err(|source| StoreError::Corrupt {
+        session: session.to_string(),
+        source,
+    })
+}
+
+/// In-memory store.
+#[derive(Debug, Default, Clone)]
+pub struct MemoryStore {
+    sessions: BTreeMap<String, Vec<u8>>,
+    offsets: BTreeMap<String, i64>,
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+}
+
+impl StateStore for MemoryStore {
+    fn load_sessions(&self) -> Result<Vec<(String, SessionState)>, StoreError> {
+        self.sessions
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), decode(k, v)?)))
+            .collect()
+    }
+
+    fn offset(&self, partition: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self.offsets.get(partition).copied())
+    }
+
+    fn commit(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+        for (k, v) in batch.puts {
+            self.sessions.insert(k, v);
+        }
+        for k in batch.deletes {
+            self.sessions.remove(&k);
+        }
+        for (p, o) in batch.offsets {
+            self.offsets.insert(p, o);
+        }
+        Ok(())
+    }
+
+    fn session_bytes(&self, session: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.sessions.get(session).cloned())
+    }
+}
+
+const SESSION_PREFIX: &[u8] = b"s/";
+const OFFSET_PREFIX: &[u8] = b"o/";
+
+fn key(prefix: &[u8], name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + name.len());
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// sled on disk: one tree, sessions under `s/`, offsets under `o/`, so a batch of both is
+/// one atomic `apply_batch`.
+pub struct SledStore {
+    db: sled::Db,
+    tree: sled::Tree,
+}
+
+impl SledStore {
+    pub fn open(path: &Path) -> Result<SledStore, StoreError> {
+        let db = sled::Config::new()
+            .path(path)
+            .open()
+            .map_err(|source| StoreError::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+        let tree = db
+            .open_tree("loopwarden")
+            .map_err(|source| StoreError::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Ok(SledStore { db, tree })
+    }
+
+    /// Bytes the database occupies on disk.
+    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.db.size_on_disk()?)
+    }
+}
+
+impl StateStore for SledStore {
+    fn load_sessions(&self) -> Result<Vec<(String, SessionState)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.tree.scan_prefix(SESSION_PREFIX) {
+            let (k, v) = item?;
+            let name = String::from_utf8_lossy(&k[SESSION_PREFIX.len()..]).into_owned();
+            let st = decode(&name, &v)?;
+            out.push((name, st));
+        }
+        Ok(out)
+    }
+
+    fn offset(&self, partition: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .tree
+            .get(key(OFFSET_PREFIX, partition))?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map(i64::from_be_bytes))
+    }
+
+    fn commit(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+        let mut b = sled::Batch::default();
+        for (k, v) in batch.puts {
+            b.insert(key(SESSION_PREFIX, &k), v);
+        }
+        for k in batch.deletes {
+            b.remove(key(SESSION_PREFIX, &k));
+        }
+        for (p, o) in batch.offsets {
+            b.insert(key(OFFSET_PREFIX, &p), o.to_be_bytes().to_vec());
+        }
+        self.tree.apply_batch(b)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn session_bytes(&self, session: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .tree
+            .get(key(SESSION_PREFIX, session))?
+            .map(|v| v.to_vec()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exercise(store: &mut dyn StateStore) {
+        let st = SessionState::new(42);
+        store
+            .commit(StoreBatch {
+                puts: vec![("a".into(), st.to_bytes()), ("b".into(), st.to_bytes())],
+                deletes: vec![],
+                offsets: vec![("t/0".into(), 7)],
+            })
+            .unwrap();
+        store
+            .commit(StoreBatch {
+                puts: vec![],
+                deletes: vec!["a".into()],
+                offsets: vec![("t/0".into(), 9)],
+            })
+            .unwrap();
+        let sessions = store.load_sessions().unwrap();
+        assert_eq!(sessions, vec![("b".to_string(), st)]);
+        assert_eq!(store.offset("t/0").unwrap(), Some(9));
+        assert_eq!(store.offset("t/1").unwrap(), None);
+    }
+
+    #[test]
+    fn memory_store_applies_batches() {
+        exercise(&mut MemoryStore::new());
+    }
+
+    #[test]
+    fn sled_store_applies_batches_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut s = SledStore::open(dir.path()).unwrap();
+            exercise(&mut s);
+        }
+        let s = SledStore::open(dir.path()).unwrap();
+        assert_eq!(s.load_sessions().unwrap().len(), 1);
+        assert_eq!(s.offset("t/0").unwrap(), Some(9));
+    }
+
+    #[test]
+    fn corrupt_state_names_the_session() {
+        let mut m = MemoryStore::new();
+        m.commit(StoreBatch {
+            puts: vec![("bad".into(), vec![0xff, 0xff, 0xff])],
+            ..Default::default()
+        })
+        .unwrap();
+        let err = m.load_sessions().unwrap_err();
+        assert!(err.to_string().contains("bad"), "{err}");
+    }
+}
