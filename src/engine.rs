@@ -70,6 +70,9 @@ fn evaluation_order() -> Vec<DetectorKind> {
     order
 }
 
+/// Store key under which the engine's clock is kept with the offsets.
+pub const WATERMARK_KEY: &str = "engine/watermark";
+
 /// Caps on the resolution caches; past them they are cleared (they only save work).
 const POLICY_CACHE_CAP: usize = 4096;
 const CLASS_CACHE_CAP: usize = 16_384;
@@ -129,6 +132,7 @@ impl Engine {
     pub fn restore(config: Arc<Config>, store: &dyn StateStore) -> Result<Engine, StoreError> {
         let mut engine = Engine::new(config);
         engine.dirty = Some(FxHashSet::default());
+        engine.watermark = store.offset(WATERMARK_KEY)?;
         for (id, state) in store.load_sessions()? {
             engine.watermark = Some(
                 engine
@@ -213,6 +217,7 @@ impl Engine {
     fn expire(&mut self, out: &mut Vec<Output>) {
         let Some(now) = self.watermark else { return };
         let gap = self.config.engine.session_gap_ms;
+        let mut due: Vec<(i64, String)> = Vec::new();
         while let Some(Reverse((deadline, _))) = self.expiry.peek() {
             if *deadline > now {
                 break;
@@ -230,6 +235,12 @@ impl Engine {
                 self.expiry.push(Reverse((actual, id)));
                 continue;
             }
+            due.push((actual, id));
+        }
+        // Close in (deadline, id) order whatever the heap's lazy history, so that a
+        // restored engine closes sessions in the same order as the one it replaced.
+        due.sort();
+        for (_, id) in due {
             self.close(&id, ClosedBy::IdleTimeout, None, out);
         }
     }
@@ -598,8 +609,17 @@ impl Engine {
                 batch.puts.push((id, slot.state.to_bytes()));
             }
         }
-        batch.deletes.append(&mut self.closed);
+        // A session that closed and reopened since the last flush is a put, not a delete.
+        let sessions = &self.sessions;
+        batch.deletes.extend(
+            self.closed
+                .drain(..)
+                .filter(|id| !sessions.contains_key(id)),
+        );
         batch.offsets.extend(offsets.iter().cloned());
+        if let Some(w) = self.watermark {
+            batch.offsets.push((WATERMARK_KEY.to_string(), w));
+        }
         store.commit(batch)
     }
 }

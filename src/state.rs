@@ -18,7 +18,7 @@ pub const MAX_NAMED_TOOLS: usize = 8;
 /// Name under which tools past [`MAX_NAMED_TOOLS`] are counted.
 pub const OTHER_TOOLS: &str = "(other)";
 /// Longest tool name kept (longer names are cut at a char boundary).
-pub const MAX_TOOL_NAME: usize = 64;
+pub const MAX_TOOL_NAME: usize = 40;
 /// Recent distinct results remembered for `no_new_information`.
 pub const SEEN_RESULTS: usize = 32;
 /// Recent event ids remembered to drop exact duplicates.
@@ -26,14 +26,63 @@ pub const RECENT_EVENT_IDS: usize = 16;
 /// Poll actions tracked at once by `poll_no_progress`.
 pub const POLL_TRACKERS: usize = 4;
 /// Longest `run_id` / `agent_id` / `tenant` kept.
-pub const MAX_LABEL: usize = 128;
+pub const MAX_LABEL: usize = 64;
+/// The serialized size every session state stays under (DESIGN §4 target).
+pub const STATE_BYTES_BOUND: usize = 2048;
+
+/// Digests are random 64-bit values: as varints they would take 10 bytes, fixed they take 8.
+mod fixed {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::VecDeque;
+
+    pub mod u64 {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+            v.to_le_bytes().serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+            Ok(u64::from_le_bytes(<[u8; 8]>::deserialize(d)?))
+        }
+    }
+
+    pub mod u64_deque {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &VecDeque<u64>, s: S) -> Result<S::Ok, S::Error> {
+            let bytes: Vec<[u8; 8]> = v.iter().map(|x| x.to_le_bytes()).collect();
+            bytes.serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<VecDeque<u64>, D::Error> {
+            Ok(Vec::<[u8; 8]>::deserialize(d)?
+                .into_iter()
+                .map(u64::from_le_bytes)
+                .collect())
+        }
+    }
+
+    pub mod u32_vec {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &[u32], s: S) -> Result<S::Ok, S::Error> {
+            let bytes: Vec<[u8; 4]> = v.iter().map(|x| x.to_le_bytes()).collect();
+            bytes.serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+            Ok(Vec::<[u8; 4]>::deserialize(d)?
+                .into_iter()
+                .map(u32::from_le_bytes)
+                .collect())
+        }
+    }
+}
+pub(crate) use fixed::u32_vec as fixed_u32_vec;
 /// Cycle lengths `cycle` looks for.
 pub const CYCLE_LENGTHS: [usize; 3] = [3, 4, 5];
 
 /// One tool call in the window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallRecord {
+    #[serde(with = "fixed::u64")]
     pub action: u64,
+    #[serde(with = "fixed::u64")]
     pub result: u64,
     pub flags: u8,
 }
@@ -84,7 +133,9 @@ pub struct Counters {
 /// A tracked poll: the action, its last result and how often that result came back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PollTracker {
+    #[serde(with = "fixed::u64")]
     pub action: u64,
+    #[serde(with = "fixed::u64")]
     pub result: u64,
     pub unchanged: u32,
 }
@@ -101,6 +152,7 @@ pub struct RunState {
     pub unknown_tool_streak: u32,
     pub error_streak: u32,
     /// One bit per recent call: it repeated a pair seen in the window (newest = bit 0).
+    #[serde(with = "fixed::u64")]
     pub no_progress_bits: u64,
     /// Length of the strict A,B,A,B tail with stable results.
     pub alternation: u32,
@@ -112,6 +164,7 @@ pub struct RunState {
     pub compaction_streak: u32,
     pub best_progress: Option<f64>,
     pub progress_stale: u32,
+    #[serde(with = "fixed::u64_deque")]
     pub seen_results: VecDeque<u64>,
     /// Results since the last turn: any, and all seen before.
     pub turn_had_results: bool,
@@ -127,7 +180,34 @@ pub struct Episode {
     /// Levels already emitted in this episode (bits of [`Level::bit`]).
     pub emitted: u8,
     /// What the episode is about, for detectors that follow one action.
+    #[serde(with = "fixed::u64")]
     pub subject: u64,
+}
+
+/// Episodes are mostly untouched: only the non-default ones are stored, with their index.
+mod sparse_episodes {
+    use super::{Episode, DETECTOR_COUNT};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[Episode], s: S) -> Result<S::Ok, S::Error> {
+        let used: Vec<(u8, Episode)> = v
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| **e != Episode::default())
+            .map(|(i, e)| (i as u8, *e))
+            .collect();
+        used.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Episode>, D::Error> {
+        let mut out = vec![Episode::default(); DETECTOR_COUNT];
+        for (i, e) in Vec::<(u8, Episode)>::deserialize(d)? {
+            if let Some(slot) = out.get_mut(i as usize) {
+                *slot = e;
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Findings per level of one detector, for the summary.
@@ -157,7 +237,9 @@ pub struct SessionState {
     pub stats: Counters,
     pub tools: Vec<ToolCount>,
     pub run: RunState,
+    #[serde(with = "fixed::u64_deque")]
     pub recent_event_ids: VecDeque<u64>,
+    #[serde(with = "sparse_episodes")]
     pub episodes: Vec<Episode>,
     pub findings: Vec<FindingCounts>,
     pub termination: Option<Termination>,

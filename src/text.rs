@@ -15,6 +15,7 @@ pub const SKETCH_K: usize = 16;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TextSketch {
     /// The smallest distinct token hashes, ascending.
+    #[serde(with = "crate::state::fixed_u32_vec")]
     pub mins: Vec<u32>,
     /// All distinct tokens are in `mins` (so similarity is exact).
     pub complete: bool,

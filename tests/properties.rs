@@ -1,0 +1,241 @@
+//! Invariants under generated input: determinism (whole, chunked through a store
+//! round-trip), bounded state for any session length, and no panic on any JSON.
+
+use std::sync::Arc;
+
+use loopwarden::config::Config;
+use loopwarden::engine::{Engine, EventMeta};
+use loopwarden::event::{parse_event, Event, ParseLimits};
+use loopwarden::output::{ClosedBy, Output};
+use loopwarden::state::STATE_BYTES_BOUND;
+use loopwarden::store::{MemoryStore, SledStore, StateStore};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
+        "[a-z0-9 _-]{0,12}".prop_map(Value::String),
+        Just(json!(
+            "2026-01-01T00:00:00Z id 123e4567-e89b-12d3-a456-426614174000 running"
+        )),
+        any::<String>().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(6, 64, 8, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map("[a-zA-Z_]{1,10}", inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// A small alphabet of actions and results so that loops actually happen.
+fn arb_event() -> impl Strategy<Value = Value> {
+    let session = prop_oneof![Just("s1"), Just("s2"), Just("s3")];
+    let run = prop_oneof![Just(None), Just(Some("r1")), Just(Some("r2"))];
+    let tool = (0u8..4, 0u8..3, 0u8..3, any::<bool>(), prop::option::of(Just("unknown_tool"))).prop_map(|(t, a, r, err, kind)| {
+        let tools = ["read", "job_status", "edit_file", "search"];
+        let mut v = json!({"type": "tool.called", "tool": tools[t as usize], "args": {"a": a}, "result": format!("r{r}"), "is_error": err});
+        if let Some(k) = kind {
+            v["error_kind"] = json!(k);
+        }
+        v
+    });
+    let llm = (0u8..3, prop::option::of(0u32..2), 0u8..3, prop::option::of(0u8..4), 0u64..5000).prop_map(|(kind, calls, text, progress, tokens)| {
+        let kinds = ["turn", "compaction", "summary"];
+        let texts = ["I will write the file now", "Let me look at the logs again", "done"];
+        let mut v = json!({"type": "cost.attributed", "input_tokens": tokens, "output_tokens": tokens / 3, "cost_usd": 0.01, "call_kind": kinds[kind as usize], "text": texts[text as usize]});
+        if let Some(c) = calls {
+            v["tool_calls"] = json!(c);
+        }
+        if let Some(p) = progress {
+            v["progress"] = json!(p as f64 / 4.0);
+        }
+        v
+    });
+    let life = prop_oneof![
+        Just(json!({"type": "session.started", "depth": 1})),
+        Just(json!({"type": "session.completed", "stop_reason": "done"}))
+    ];
+    (
+        prop_oneof![6 => tool, 3 => llm, 1 => life],
+        session,
+        run,
+        0i64..400,
+    )
+        .prop_map(|(mut v, s, r, dt)| {
+            v["session_id"] = json!(s);
+            if let Some(r) = r {
+                v["run_id"] = json!(r);
+            }
+            v["dt"] = json!(dt);
+            v
+        })
+}
+
+/// Gives the generated events increasing timestamps (with jumps that close sessions).
+fn timed(events: &[Value]) -> Vec<Event> {
+    let mut t = 1_700_000_000i64;
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let mut e = e.clone();
+            t += e["dt"].as_i64().unwrap() * 10;
+            e["event_id"] = json!(format!("e{i}"));
+            e["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(t * 1000));
+            parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap()
+        })
+        .collect()
+}
+
+fn config() -> Arc<Config> {
+    Arc::new(
+        Config::from_toml_str(
+            "[engine]\nsession_gap_secs = 1800\n",
+            "t",
+            std::iter::empty(),
+        )
+        .unwrap(),
+    )
+}
+
+fn run_whole(events: &[Event]) -> Vec<Output> {
+    let mut e = Engine::new(config());
+    let mut out = Vec::new();
+    for ev in events {
+        e.process(ev, &EventMeta::default(), &mut out);
+    }
+    e.close_all(ClosedBy::EndOfInput, &mut out);
+    out
+}
+
+fn run_chunked(events: &[Event], chunk: usize, store: &mut dyn StateStore) -> Vec<Output> {
+    let mut out = Vec::new();
+    let mut engine = Engine::restore(config(), store).unwrap();
+    for (i, part) in events.chunks(chunk.max(1)).enumerate() {
+        for ev in part {
+            engine.process(ev, &EventMeta::default(), &mut out);
+        }
+        engine
+            .flush(store, &[("p/0".to_string(), i as i64)])
+            .unwrap();
+        // A fresh engine from the stored state, as after a restart.
+        engine = Engine::restore(config(), store).unwrap();
+    }
+    engine.close_all(ClosedBy::EndOfInput, &mut out);
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn same_events_same_findings(events in prop::collection::vec(arb_event(), 1..300)) {
+        let evs = timed(&events);
+        prop_assert_eq!(run_whole(&evs), run_whole(&evs));
+    }
+
+    #[test]
+    fn chunked_replay_through_the_store_gives_the_same_outputs(events in prop::collection::vec(arb_event(), 1..200), chunk in 1usize..40) {
+        let evs = timed(&events);
+        let whole = run_whole(&evs);
+        let mut store = MemoryStore::new();
+        prop_assert_eq!(&run_chunked(&evs, chunk, &mut store), &whole);
+    }
+
+    #[test]
+    fn state_stays_under_its_bound(events in prop::collection::vec(arb_event(), 1..600)) {
+        let mut e = Engine::new(config());
+        let mut out = Vec::new();
+        for ev in timed(&events) {
+            e.process(&ev, &EventMeta::default(), &mut out);
+            if let Some(st) = e.session(&ev.session_id) {
+                let n = st.to_bytes().len();
+                prop_assert!(n <= STATE_BYTES_BOUND, "{} bytes", n);
+            }
+        }
+    }
+
+    #[test]
+    fn no_panic_on_any_json_in_args_or_result(args in arb_json(), result in arb_json(), tool in "\\PC{1,30}") {
+        let ev = json!({"type": "tool.called", "session_id": "s", "tool": tool, "args": args, "result": result});
+        let bytes = ev.to_string();
+        if let Ok(parsed) = parse_event(bytes.as_bytes(), &ParseLimits::default()) {
+            let mut e = Engine::new(config());
+            let mut out = Vec::new();
+            for _ in 0..3 {
+                e.process(&parsed, &EventMeta::default(), &mut out);
+            }
+        }
+    }
+
+    #[test]
+    fn no_panic_on_any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = parse_event(&bytes, &ParseLimits::default());
+    }
+}
+
+#[test]
+fn adversarial_long_session_stays_under_the_bound() {
+    // Maxed-out labels, many tool names, long texts, every kind of event, for 20k events.
+    let mut e = Engine::new(config());
+    let mut out = Vec::new();
+    let long = "x".repeat(500);
+    let mut max = 0;
+    for i in 0..20_000u64 {
+        let v = match i % 4 {
+            0 => {
+                json!({"type": "cost.attributed", "input_tokens": 10, "output_tokens": 10, "tool_calls": 1, "text": format!("{long} {i} {}", (0..40).map(|j| format!("w{}", (i + j) % 97)).collect::<Vec<_>>().join(" "))})
+            }
+            1 => {
+                json!({"type": "tool.called", "tool": format!("{}{}", "t".repeat(100), i % 50), "args": {"i": i}, "result": i})
+            }
+            2 => {
+                json!({"type": "tool.called", "tool": "job_status", "args": {"i": i % 7}, "result": {"status": "running", "n": i % 3}})
+            }
+            _ => {
+                json!({"type": "cost.attributed", "input_tokens": 10, "output_tokens": 10, "progress": (i % 10) as f64})
+            }
+        };
+        let mut v = v;
+        v["session_id"] = json!("s");
+        v["event_id"] = json!(format!("id-{i}"));
+        v["run_id"] = json!("r".repeat(300));
+        v["agent_id"] = json!("a".repeat(300));
+        v["tenant"] = json!("t".repeat(300));
+        v["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(
+            1_700_000_000_000 + i as i64 * 100
+        ));
+        let ev = parse_event(v.to_string().as_bytes(), &ParseLimits::default()).unwrap();
+        e.process(&ev, &EventMeta::default(), &mut out);
+        if let Some(st) = e.session("s") {
+            max = max.max(st.to_bytes().len());
+        }
+    }
+    assert!(max <= STATE_BYTES_BOUND, "state reached {max} bytes");
+}
+
+#[test]
+fn restart_from_sled_resumes_where_it_left_off() {
+    let events: Vec<Value> = (0..40)
+        .map(|i| json!({"type": "tool.called", "session_id": format!("s{}", i % 3), "tool": "read", "args": {"p": 1}, "result": "same", "dt": 5}))
+        .collect();
+    let evs = timed(&events);
+    let dir = tempfile::tempdir().unwrap();
+    let whole = run_whole(&evs);
+    let chunked = {
+        let mut store = SledStore::open(dir.path()).unwrap();
+        run_chunked(&evs, 7, &mut store)
+    };
+    assert_eq!(chunked, whole);
+    assert!(whole
+        .iter()
+        .any(|o| matches!(o, Output::Finding(f) if f.stop_reason.is_some())));
+}
