@@ -1,0 +1,241 @@
+//! The built binary, as a user runs it: replay (file, stdin, bad lines, --strict, table),
+//! eval, check-config and --help.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_loopwarden"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c.env_remove("LOOPWARDEN_CONFIG");
+    c
+}
+
+fn run_with_stdin(args: &[&str], stdin: &str) -> Output {
+    let mut child = bin()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn replay_prints_json_lines_and_a_summary_line() {
+    let out = bin()
+        .args(["replay", "examples/sessions.jsonl"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let terminated: Vec<&Value> = lines
+        .iter()
+        .filter(|v| v["type"] == "session.terminated")
+        .collect();
+    let stopped: Vec<&str> = terminated
+        .iter()
+        .map(|v| v["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(stopped, vec!["looping-2", "narrating-4"]);
+    let summaries = lines
+        .iter()
+        .filter(|v| v["type"] == "session.summary")
+        .count();
+    assert_eq!(summaries, 4, "end of input closes every session");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("replayed 41 events from 41 lines (0 bad)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn replay_reads_stdin_reports_bad_lines_and_derives_event_ids() {
+    let good =
+        r#"{"type":"tool.called","session_id":"s","tool":"read","args":{"p":1},"result":"x"}"#;
+    let input = format!(
+        "{good}\nnot json\n{good}\n{{\"type\":\"tool.called\",\"session_id\":\"s\"}}\n{good}\n"
+    );
+    let out = run_with_stdin(&["replay", "-"], &input);
+    assert!(out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("line 2: invalid JSON"), "{stderr}");
+    assert!(
+        stderr.contains("line 4: missing required field `tool`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("(2 bad)"), "{stderr}");
+    // The three good lines are the same payload: the derived event_id drops the copies.
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let summary = lines
+        .iter()
+        .find(|v| v["type"] == "session.summary")
+        .unwrap();
+    assert_eq!(summary["stats"]["duplicates_dropped"], 2);
+    assert_eq!(summary["stop_reason"], "end_of_input");
+}
+
+#[test]
+fn trigger_event_id_is_the_input_event_or_its_payload_hash() {
+    let mut input = String::new();
+    for i in 0..3 {
+        input.push_str(&format!("{{\"type\":\"tool.called\",\"session_id\":\"s\",\"tool\":\"read\",\"args\":{{}},\"result\":\"x\",\"turn\":{i}}}\n"));
+    }
+    input.push_str("{\"type\":\"tool.called\",\"session_id\":\"s\",\"tool\":\"read\",\"args\":{},\"result\":\"x\",\"event_id\":\"mine\"}\n");
+    let out = run_with_stdin(&["replay", "-"], &input);
+    let findings: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] != "session.summary")
+        .collect();
+    assert_eq!(findings.len(), 2);
+    assert!(findings[0]["trigger"]["event_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
+    assert_eq!(findings[1]["trigger"]["event_id"], "mine");
+}
+
+#[test]
+fn strict_makes_a_bad_line_fatal() {
+    let out = run_with_stdin(
+        &["replay", "-", "--strict"],
+        "{\"type\":\"session.started\",\"session_id\":\"s\"}\n{oops\n",
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("line 2"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn table_format_has_a_header_and_rows() {
+    let out = bin()
+        .args(["replay", "examples/sessions.jsonl", "--format", "table"])
+        .output()
+        .unwrap();
+    let s = text(&out.stdout);
+    assert!(s.starts_with("EVENT TIME"), "{s}");
+    assert!(
+        s.contains("session.terminated") && s.contains("stop_reason=done"),
+        "{s}"
+    );
+}
+
+#[test]
+fn eval_passes_the_corpus_and_fails_a_bad_config() {
+    let out = bin()
+        .args(["eval", "tests/fixtures/scenarios.jsonl"])
+        .output()
+        .unwrap();
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains("45 of 45 cases held"), "{s}");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("strict.toml");
+    std::fs::write(
+        &cfg,
+        "[detectors.generic_repeat]\nwarn_at = 2\ncritical_at = \"off\"\nterminate_at = 3\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["eval", "tests/fixtures/scenarios.jsonl", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("FAILED  oc-exec-changing-output-warn-only") && s.contains("false kills: "),
+        "{s}"
+    );
+}
+
+#[test]
+fn check_config_accepts_the_example_and_lists_every_error() {
+    let out = bin()
+        .args(["check-config", "loopwarden.toml"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("[detectors.repeat]"));
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[engine]\nsession_gap_secs = 0\n[detectors.stall]\nwarn_at = \"soon\"\n[detectors.nope]\n",
+    )
+    .unwrap();
+    let out = bin().args(["check-config"]).arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    for key in [
+        "engine.session_gap_secs",
+        "detectors.stall.warn_at",
+        "detectors.nope",
+    ] {
+        assert!(err.contains(key), "{key} missing from: {err}");
+    }
+}
+
+#[test]
+fn environment_overrides_apply_to_check_config() {
+    let out = bin()
+        .args(["check-config"])
+        .env("LOOPWARDEN_DETECTORS__REPEAT__TERMINATE_AT", "7")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let eff: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(
+        eff["detectors"]["repeat"]["terminate_at"].as_float(),
+        Some(7.0)
+    );
+}
+
+#[test]
+fn the_example_config_documents_the_defaults() {
+    let example = loopwarden::config::Config::load(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/loopwarden.toml")),
+        std::iter::empty(),
+    )
+    .unwrap();
+    let defaults = loopwarden::config::Config::default();
+    assert_eq!(example.effective_toml(), defaults.effective_toml());
+}
+
+#[test]
+fn help_is_there_for_every_command() {
+    for cmd in [
+        vec!["--help"],
+        vec!["replay", "--help"],
+        vec!["eval", "--help"],
+        vec!["check-config", "--help"],
+    ] {
+        let out = bin().args(&cmd).output().unwrap();
+        assert!(out.status.success());
+        assert!(text(&out.stdout).contains("Usage"), "{cmd:?}");
+    }
+}
