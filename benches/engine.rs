@@ -1,1 +1,264 @@
-fn main() {}
+//! Engine throughput on a generated fleet (DESIGN §8: ≥ 1,000,000 events/s on one core,
+//! per-event cost flat from 1k to 1M open sessions).
+//!
+//! Workload: thousands of interleaved sessions; ~60 % tool calls (args ~100 B, results
+//! 0.2–2 kB, a tenth of them polls), ~40 % LLM calls (turn text 0.2–0.8 kB); one session
+//! in ten falls into a loop (same call and result) after a healthy start.
+//! `cargo bench --bench engine` runs it; set `LOOPWARDEN_BENCH_MAX_SESSIONS` to skip the
+//! 1M-session case on small machines.
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use loopwarden::config::Config;
+use loopwarden::engine::{Engine, EventMeta};
+use loopwarden::event::{parse_event, Event, ParseLimits};
+use serde_json::json;
+
+/// Deterministic xorshift64*, so every run benchmarks the same events.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const WORDS: &[&str] = &[
+    "the", "file", "module", "test", "function", "error", "parse", "config", "update", "check",
+    "build", "result", "value", "return", "handler", "request", "session", "agent", "loop",
+    "state", "read", "write", "search", "index", "cache", "query", "table", "schema", "field",
+    "type",
+];
+
+/// Prose with a Zipf-like vocabulary: common words from `WORDS`, and a long tail of
+/// identifiers, so two texts share their function words but not their content.
+fn prose(rng: &mut Rng, bytes: usize) -> String {
+    let mut s = String::with_capacity(bytes + 16);
+    while s.len() < bytes {
+        if rng.below(3) == 0 {
+            s.push_str(WORDS[rng.below(WORDS.len() as u64) as usize]);
+        } else {
+            let spread = rng.below(50_000) + 1;
+            let tail = rng.below(spread);
+            s.push_str(&format!("ident{tail}"));
+        }
+        s.push(if rng.below(12) == 0 { '\n' } else { ' ' });
+    }
+    s
+}
+
+/// The `i`-th event of session `sid` (JSON bytes), `looping` sessions repeat from step 6.
+fn event_json(rng: &mut Rng, sid: &str, step: u64, looping: bool, ts_ms: i64) -> Vec<u8> {
+    let ts = loopwarden::event::format_rfc3339_ms(ts_ms);
+    let v = if step % 5 == 0 || step % 5 == 3 {
+        let len = 200 + rng.below(600) as usize;
+        let text = prose(rng, len);
+        json!({"type": "cost.attributed", "session_id": sid, "event_id": format!("{sid}#{step}"), "timestamp": ts, "agent_id": "coder", "tenant": "acme",
+               "input_tokens": 1500 + rng.below(3000), "output_tokens": 100 + rng.below(400), "cost_usd": 0.004, "model": "model-x", "tool_calls": 1, "text": text})
+    } else if looping && step > 6 {
+        json!({"type": "tool.called", "session_id": sid, "event_id": format!("{sid}#{step}"), "timestamp": ts, "tool": "run_tests",
+               "args": {"target": "unit", "path": "src/parser/mod.rs", "flags": ["--nocapture", "--quiet"]}, "result": {"status": "failed", "output": "test_parse failed: expected 3, got 4\n".repeat(8), "duration_ms": rng.below(500)}})
+    } else if step % 10 == 4 {
+        json!({"type": "tool.called", "session_id": sid, "event_id": format!("{sid}#{step}"), "timestamp": ts, "tool": "job_status",
+               "args": {"job": format!("build-{}", rng.below(100))}, "result": {"status": "running", "progress": format!("{}% complete", rng.below(100))}})
+    } else {
+        let len = 200 + rng.below(1800) as usize;
+        let result = prose(rng, len);
+        json!({"type": "tool.called", "session_id": sid, "event_id": format!("{sid}#{step}"), "timestamp": ts, "tool": if step % 2 == 0 { "read_file" } else { "grep" },
+               "args": {"path": format!("src/module_{}/file_{}.rs", rng.below(50), rng.below(1000)), "pattern": "fn handle_request", "context_lines": 3}, "result": result})
+    };
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// A fleet of `sessions` sessions (`warm-<n>`) that goes on across batches: every batch
+/// continues each session's steps and the event clock, so no batch repeats another.
+struct Fleet {
+    rng: Rng,
+    steps: Vec<u64>,
+    clock_ms: i64,
+}
+
+impl Fleet {
+    fn new(sessions: u64, seed: u64) -> Fleet {
+        Fleet {
+            rng: Rng(seed | 1),
+            steps: vec![0; sessions as usize],
+            clock_ms: 1_763_000_000_000,
+        }
+    }
+
+    fn raw_event(&mut self, s: u64) -> Vec<u8> {
+        let sid = format!("warm-{s:08}");
+        let step = self.steps[s as usize];
+        self.steps[s as usize] += 1;
+        self.clock_ms += 2;
+        event_json(&mut self.rng, &sid, step, s % 10 == 0, self.clock_ms)
+    }
+
+    /// `count` events, each for a session picked at random, as raw JSON lines.
+    fn raw_batch(&mut self, count: usize) -> Vec<Vec<u8>> {
+        (0..count)
+            .map(|_| {
+                let s = self.rng.below(self.steps.len() as u64);
+                self.raw_event(s)
+            })
+            .collect()
+    }
+
+    fn batch(&mut self, count: usize) -> Vec<Event> {
+        self.raw_batch(count)
+            .iter()
+            .map(|b| parse_event(b, &ParseLimits::default()).unwrap())
+            .collect()
+    }
+
+    /// An engine in which every session of the fleet is open (two events each).
+    fn warmed_engine(&mut self) -> Engine {
+        // Sessions never close and ceilings never stop them: every event does the full
+        // work of a live session (a terminated one would take the cheap tombstone path).
+        let config = Config::from_toml_str(
+            "[engine]\nsession_gap_secs = 315360000\n[detectors.turn_cap]\nterminate_at = 1e12\n[detectors.tool_call_cap]\nterminate_at = 1e12\n[detectors.token_cap]\nterminate_at = 1e15\n[detectors.cost_cap]\nterminate_at = 1e12\n",
+            "bench",
+            std::iter::empty(),
+        )
+        .unwrap();
+        let mut engine = Engine::new(Arc::new(config));
+        let mut out = Vec::new();
+        for s in 0..self.steps.len() as u64 {
+            for _ in 0..2 {
+                let ev = parse_event(&self.raw_event(s), &ParseLimits::default()).unwrap();
+                engine.process(&ev, &EventMeta::default(), &mut out);
+                out.clear();
+            }
+        }
+        engine
+    }
+}
+
+/// `LOOPWARDEN_BENCH_MANUAL=<sessions>`: generate a few batches first, then time only
+/// `process` over them (a clean target for `perf record`).
+fn manual(open: u64) {
+    let mut fleet = Fleet::new(open, open);
+    let mut engine = fleet.warmed_engine();
+    let batches: Vec<Vec<Event>> = (0..6).map(|_| fleet.batch(50_000)).collect();
+    let mut out = Vec::new();
+    let start = std::time::Instant::now();
+    let mut n = 0;
+    for b in &batches {
+        for ev in b {
+            engine.process(ev, &EventMeta::default(), &mut out);
+            out.clear();
+            n += 1;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "manual: {open} open sessions, {n} events in {secs:.3} s = {:.0} events/s",
+        n as f64 / secs
+    );
+}
+
+fn bench_engine(c: &mut Criterion) {
+    if let Some(open) = std::env::var("LOOPWARDEN_BENCH_MANUAL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        manual(open);
+        return;
+    }
+    let max_sessions: u64 = std::env::var("LOOPWARDEN_BENCH_MAX_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    const BATCH: usize = 50_000;
+    let mut sample = Fleet::new(1_000, 42);
+    let raw = sample.raw_batch(BATCH);
+    let bytes: usize = raw.iter().map(|r| r.len()).sum();
+    eprintln!(
+        "workload: {BATCH} events, {:.0} bytes/event on average",
+        bytes as f64 / BATCH as f64
+    );
+    if let Ok(path) = std::env::var("LOOPWARDEN_BENCH_DUMP") {
+        // The same events as JSON Lines, to inspect them with `loopwarden replay`.
+        let mut text = Vec::new();
+        for r in &raw {
+            text.extend_from_slice(r);
+            text.push(b'\n');
+        }
+        std::fs::write(&path, text).expect("write the workload dump");
+    }
+
+    let mut group = c.benchmark_group("engine");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.sample_size(10);
+    group.bench_function("parse_only", |b| {
+        b.iter(|| {
+            for r in &raw {
+                std::hint::black_box(parse_event(r, &ParseLimits::default()).unwrap());
+            }
+        })
+    });
+    for open in [1_000u64, 100_000, 1_000_000] {
+        if open > max_sessions {
+            continue;
+        }
+        let mut fleet = Fleet::new(open, open);
+        let mut engine = fleet.warmed_engine();
+        let mut out = Vec::new();
+        group.bench_function(format!("process/{open}_open_sessions"), |b| {
+            b.iter_batched(
+                || fleet.batch(BATCH),
+                |batch| {
+                    for ev in &batch {
+                        engine.process(ev, &EventMeta::default(), &mut out);
+                        out.clear();
+                    }
+                    batch
+                },
+                BatchSize::PerIteration,
+            )
+        });
+        let mut sizes = Vec::new();
+        let mut tombstones = 0;
+        for s in 0..open {
+            if let Some(st) = engine.session(&format!("warm-{s:08}")) {
+                sizes.push(st.to_bytes().len());
+                tombstones += usize::from(st.is_tombstone());
+            }
+        }
+        let avg = sizes.iter().sum::<usize>() as f64 / sizes.len().max(1) as f64;
+        eprintln!(
+            "{open} open sessions: {} events each on average; state bytes per session avg {avg:.0}, max {}; terminated: {tombstones}",
+            fleet.steps.iter().sum::<u64>() / open,
+            sizes.iter().max().unwrap_or(&0),
+        );
+    }
+    let mut fleet = Fleet::new(1_000, 9);
+    let mut engine = fleet.warmed_engine();
+    let mut out = Vec::new();
+    group.bench_function("parse_and_process/1000_open_sessions", |b| {
+        b.iter_batched(
+            || fleet.raw_batch(BATCH),
+            |batch| {
+                for r in &batch {
+                    let ev = parse_event(r, &ParseLimits::default()).unwrap();
+                    engine.process(&ev, &EventMeta::default(), &mut out);
+                    out.clear();
+                }
+                batch
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_engine);
+criterion_main!(benches);

@@ -437,15 +437,12 @@ impl Engine {
                 self.judge(event, meta, event_ms, &ctx, &policy, out);
             }
             EventBody::ToolCall(call) => {
-                let action_name = match call
+                let action_name = call
                     .args
                     .as_ref()
                     .and_then(|a| a.get("action"))
                     .and_then(|a| a.as_str())
-                {
-                    Some(a) => Some(format!("{}.{}", call.tool, a)),
-                    None => None,
-                };
+                    .map(|a| format!("{}.{}", call.tool, a));
                 let classes = self.classify(&call.tool, action_name.as_deref());
                 let action = self.fingerprinter.action(&call.tool, call.args.as_ref());
                 let result = self

@@ -234,7 +234,7 @@ impl Fingerprinter {
             pending: None,
         };
         match args {
-            Some(v) => walker.value(v, 0),
+            Some(v) => walker.value(v),
             None => walker.w.put(b"null"),
         }
         w.put(b"]");
@@ -262,7 +262,7 @@ impl Fingerprinter {
                 pending: self.pending.as_ref().map(|ac| (ac, &mut scan)),
             };
             match result {
-                Some(v) => walker.value(v, 0),
+                Some(v) => walker.value(v),
                 None => walker.w.put(b"null"),
             }
         }
@@ -366,7 +366,7 @@ fn reads_pending(ac: &AhoCorasick, s: &[u8]) -> bool {
 }
 
 impl Walker<'_, '_> {
-    fn value(&mut self, v: &Value, depth: usize) {
+    fn value(&mut self, v: &Value) {
         match v {
             Value::Null => self.w.put(b"null"),
             Value::Bool(true) => self.w.put(b"true"),
@@ -394,7 +394,7 @@ impl Walker<'_, '_> {
                     if i > 0 {
                         self.w.put(b",");
                     }
-                    self.value(item, depth + 1);
+                    self.value(item);
                 }
                 self.w.put(b"]");
             }
@@ -417,7 +417,7 @@ impl Walker<'_, '_> {
                             scan.status = Some(reads_pending(ac, s.as_bytes()));
                         }
                     }
-                    self.value(item, depth + 1);
+                    self.value(item);
                 }
                 self.w.put(b"}");
             }

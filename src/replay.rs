@@ -57,8 +57,8 @@ pub enum ReplayError {
 fn table_header(out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<24} {:<20} {:<18} {:<10} {:<19} {}",
-        "EVENT TIME", "SESSION", "OUTPUT", "LEVEL", "DETECTOR", "REASON"
+        "{:<24} {:<20} {:<18} {:<10} {:<19} REASON",
+        "EVENT TIME", "SESSION", "OUTPUT", "LEVEL", "DETECTOR"
     )
 }
 
