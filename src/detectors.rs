@@ -450,6 +450,15 @@ mod tests {
             .collect()
     }
 
+    /// The (index, level) findings of one detector under a config.
+    fn of_with(config: &str, events: &[Value], kind: DetectorKind) -> Vec<(usize, Level)> {
+        run_with(config, events)
+            .into_iter()
+            .filter(|f| f.1 == kind)
+            .map(|f| (f.0, f.2))
+            .collect()
+    }
+
     fn of(found: &[(usize, DetectorKind, Level)], kind: DetectorKind) -> Vec<(usize, Level)> {
         found
             .iter()
@@ -572,12 +581,11 @@ mod tests {
                 }
             })
             .collect();
-        let f = run_with("[detectors.low_novelty]\nmode = \"shadow\"\n", &evs);
-        let pp: Vec<_> = f
-            .iter()
-            .filter(|x| x.1 == DetectorKind::PingPong)
-            .map(|x| (x.0, x.2))
-            .collect();
+        let pp = of_with(
+            "[detectors.low_novelty]\nmode = \"shadow\"\n",
+            &evs,
+            DetectorKind::PingPong,
+        );
         assert_eq!(pp, vec![(5, Level::Warning), (9, Level::Terminate)]);
     }
 
@@ -860,12 +868,11 @@ mod tests {
             json!({"type": "session.started", "timestamp": "2026-01-01T04:00:00Z"}),
         ];
         // session_gap must exceed the spacing or the session closes in between.
-        let f = run_with("[engine]\nsession_gap_secs = 20000\n", &evs);
-        let w: Vec<_> = f
-            .iter()
-            .filter(|x| x.1 == DetectorKind::WallClockCap)
-            .map(|x| (x.0, x.2))
-            .collect();
+        let w = of_with(
+            "[engine]\nsession_gap_secs = 20000\n",
+            &evs,
+            DetectorKind::WallClockCap,
+        );
         assert_eq!(w, vec![(1, Level::Warning), (2, Level::Terminate)]);
     }
 
@@ -897,12 +904,11 @@ mod tests {
         let evs: Vec<Value> = (0..5)
             .map(|_| call("read", json!({"p": 1}), json!("x")))
             .collect();
-        let warn = run_with("[detectors.repeat]\nmode = \"warn\"\n", &evs);
-        let rep: Vec<_> = warn
-            .iter()
-            .filter(|x| x.1 == DetectorKind::Repeat)
-            .map(|x| (x.0, x.2))
-            .collect();
+        let rep = of_with(
+            "[detectors.repeat]\nmode = \"warn\"\n",
+            &evs,
+            DetectorKind::Repeat,
+        );
         assert_eq!(rep, vec![(2, Level::Warning), (3, Level::Critical)]);
         let shadow = run_with("mode = \"shadow\"\n", &evs);
         assert!(shadow.iter().all(|x| x.3 == Mode::Shadow));
@@ -950,12 +956,7 @@ mod tests {
         let evs: Vec<Value> = (0..6)
             .map(|_| call("slow_read", json!(1), json!(1)))
             .collect();
-        let f = run_with(cfg, &evs);
-        let rep: Vec<_> = f
-            .iter()
-            .filter(|x| x.1 == DetectorKind::Repeat)
-            .map(|x| (x.0, x.2))
-            .collect();
+        let rep = of_with(cfg, &evs, DetectorKind::Repeat);
         assert_eq!(rep, vec![(4, Level::Warning), (5, Level::Terminate)]);
     }
 
