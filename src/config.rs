@@ -341,15 +341,7 @@ fn apply_detector(
         }
     }
     // Caps with only `terminate_at` set keep their 80 % / 90 % warnings relative to it.
-    let is_cap = kind.is_ceiling()
-        && matches!(
-            kind,
-            DetectorKind::TurnCap
-                | DetectorKind::ToolCallCap
-                | DetectorKind::TokenCap
-                | DetectorKind::CostCap
-                | DetectorKind::WallClockCap
-        );
+    let is_cap = kind.is_cap();
     if let Some(t) = &raw.terminate_at {
         if let Some(v) = threshold(t, &k("terminate_at"), errors) {
             target.terminate_at = v;

@@ -77,6 +77,18 @@ impl DetectorKind {
         )
     }
 
+    /// The five budget ceilings, whose warnings default to 80 % / 90 % of `terminate_at`.
+    pub fn is_cap(self) -> bool {
+        matches!(
+            self,
+            DetectorKind::TurnCap
+                | DetectorKind::ToolCallCap
+                | DetectorKind::TokenCap
+                | DetectorKind::CostCap
+                | DetectorKind::WallClockCap
+        )
+    }
+
     /// Detectors judged on a tool call, whose thresholds can be set per tool.
     pub fn is_per_tool(self) -> bool {
         matches!(

@@ -611,11 +611,11 @@ impl SessionState {
             if m < *k {
                 continue;
             }
+            // The block is w[n-k..]; it is reducible when it repeats with a period d | k.
             let n = w.len();
-            let block: Vec<&CallRecord> = w.range(n - k..).collect();
             let reducible = (1..*k)
                 .filter(|d| k % d == 0)
-                .any(|d| (d..*k).all(|i| block[i].same_pair(block[i - d])));
+                .any(|d| (d..*k).all(|i| w[n - k + i].same_pair(&w[n - k + i - d])));
             if reducible {
                 continue;
             }
