@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use crate::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
 use crate::fingerprint::{BuiltinPattern, FingerprintSpec};
+use crate::kafka::settings::{KafkaSettings, RawKafka};
 use crate::policy::{DetectorKind, DetectorPolicy, Mode, Policy, MAX_BREAKER_WINDOW, WINDOW_CALLS};
 
 /// Default event-time gap after which a silent session closes.
@@ -201,6 +202,7 @@ pub struct Config {
     pub tools: ToolClassifier,
     pub policy: Policy,
     pub overrides: Vec<Override>,
+    pub kafka: KafkaSettings,
     /// The merged TOML this config was built from (for `check-config`).
     effective: toml::Table,
 }
@@ -516,6 +518,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "tools",
     "detectors",
     "overrides",
+    "kafka",
 ];
 
 impl Config {
@@ -564,6 +567,12 @@ impl Config {
         };
         let detectors: BTreeMap<String, toml::Value> = section(&table, "detectors", &mut errors);
         let overrides: Vec<toml::Value> = section(&table, "overrides", &mut errors);
+        let raw_kafka: RawKafka = section(&table, "kafka", &mut errors);
+        let mut kafka_errors = Vec::new();
+        let kafka = KafkaSettings::validate(raw_kafka, &mut kafka_errors);
+        for (key, message) in kafka_errors {
+            errors.push(key, message);
+        }
 
         // engine
         let gap = engine.session_gap_secs.unwrap_or(DEFAULT_SESSION_GAP_SECS);
@@ -723,6 +732,7 @@ impl Config {
             tools: classifier,
             policy,
             overrides: parsed_overrides,
+            kafka,
             effective: table,
         })
     }
@@ -878,6 +888,7 @@ impl Config {
             dets.insert(kind.name().to_string(), V::Table(t));
         }
         root.insert("detectors".into(), V::Table(dets));
+        root.insert("kafka".into(), V::Table(self.kafka.to_toml()));
         if let Some(o) = self.effective.get("overrides") {
             root.insert("overrides".into(), o.clone());
         }

@@ -121,24 +121,48 @@ fn key(prefix: &[u8], name: &str) -> Vec<u8> {
 pub struct SledStore {
     db: sled::Db,
     tree: sled::Tree,
+    /// Whether `commit` flushes the database itself (else the owner flushes it once
+    /// for the batches of several trees).
+    flush_on_commit: bool,
+}
+
+/// Opens (or creates) the sled database at `path`.
+pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+    sled::Config::new()
+        .path(path)
+        .open()
+        .map_err(|source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 impl SledStore {
     pub fn open(path: &Path) -> Result<SledStore, StoreError> {
-        let db = sled::Config::new()
-            .path(path)
-            .open()
-            .map_err(|source| StoreError::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
+        let db = open_db(path)?;
         let tree = db
             .open_tree("loopwarden")
             .map_err(|source| StoreError::Open {
                 path: path.display().to_string(),
                 source,
             })?;
-        Ok(SledStore { db, tree })
+        Ok(SledStore {
+            db,
+            tree,
+            flush_on_commit: true,
+        })
+    }
+
+    /// The store of one input partition inside a shared database: its own tree, so its
+    /// sessions and offsets commit atomically. `commit` does not flush: the pipeline
+    /// flushes the database once per batch, before it commits offsets to Kafka.
+    pub fn partition(db: &sled::Db, partition: i32) -> Result<SledStore, StoreError> {
+        let tree = db.open_tree(format!("partition/{partition}"))?;
+        Ok(SledStore {
+            db: db.clone(),
+            tree,
+            flush_on_commit: false,
+        })
     }
 
     /// Bytes the database occupies on disk.
@@ -179,7 +203,9 @@ impl StateStore for SledStore {
             b.insert(key(OFFSET_PREFIX, &p), o.to_be_bytes().to_vec());
         }
         self.tree.apply_batch(b)?;
-        self.db.flush()?;
+        if self.flush_on_commit {
+            self.db.flush()?;
+        }
         Ok(())
     }
 

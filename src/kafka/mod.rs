@@ -1,0 +1,196 @@
+//! Kafka plumbing shared by `run`, `simulate`, `demo` and the tests: client settings
+//! built from the `[kafka]` section, topic checks (existence, co-partitioning) and the
+//! embedded broker.
+//!
+//! Guarantees: every client loopwarden creates carries the user's pass-through
+//! properties, and the consumer and producer always carry the properties the delivery
+//! guarantees rest on (manual offset commits, idempotence, the range assignor).
+
+pub mod embedded;
+pub mod settings;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::client::{Client, ClientContext};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientConfig;
+
+use settings::KafkaSettings;
+
+/// A client config with the bootstrap address and the shared pass-through properties.
+pub fn client_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers);
+    for (k, v) in &settings.client {
+        c.set(k, v);
+    }
+    c
+}
+
+/// The consumer's config: manual offsets (stored state first), range assignment.
+pub fn consumer_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
+    let mut c = client_config(settings, brokers);
+    c.set("group.id", &settings.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "range");
+    for (k, v) in &settings.consumer {
+        c.set(k, v);
+    }
+    c
+}
+
+/// The producer's config: idempotent, acks from all replicas, short linger (each batch
+/// waits for its own deliveries), room for dead-lettering an oversized event whole.
+pub fn producer_config(
+    settings: &KafkaSettings,
+    brokers: &str,
+    max_event_bytes: usize,
+) -> ClientConfig {
+    let mut c = client_config(settings, brokers);
+    c.set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "1")
+        .set(
+            "message.max.bytes",
+            (max_event_bytes.saturating_mul(2) + 65_536)
+                .min(1_000_000_000)
+                .to_string(),
+        );
+    for (k, v) in &settings.producer {
+        c.set(k, v);
+    }
+    c
+}
+
+/// Errors worth retrying: the broker is away, slow or electing; everything else about
+/// the cluster's answer is taken at face value.
+pub fn is_transient(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    match e.rdkafka_error_code() {
+        Some(
+            C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::OperationTimedOut
+            | C::RequestTimedOut
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::NotCoordinator
+            | C::CoordinatorNotAvailable
+            | C::CoordinatorLoadInProgress
+            | C::NetworkException
+            | C::QueueFull
+            | C::MessageTimedOut
+            | C::NotEnoughReplicas
+            | C::NotEnoughReplicasAfterAppend
+            | C::Resolve
+            | C::WaitCache
+            | C::NoError,
+        ) => true,
+        None => matches!(e, KafkaError::MetadataFetch(_) | KafkaError::Flush(_)),
+        _ => false,
+    }
+}
+
+/// Partition count per topic as the cluster reports it (`None`: the topic is missing).
+pub fn partition_counts<C: ClientContext>(
+    client: &Client<C>,
+    topics: &[&str],
+    timeout: Duration,
+) -> Result<BTreeMap<String, Option<usize>>, KafkaError> {
+    let md = client.fetch_metadata(None, timeout)?;
+    Ok(topics
+        .iter()
+        .map(|t| {
+            let count = md
+                .topics()
+                .iter()
+                .find(|m| m.name() == *t && m.error().is_none())
+                .map(|m| m.partitions().len())
+                .filter(|n| *n > 0);
+            (t.to_string(), count)
+        })
+        .collect())
+}
+
+/// Why the topics cannot be consumed as configured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopicError {
+    #[error("topic(s) {} do not exist on {brokers}; create them (see the README) or fix the [kafka] topic names", .missing.join(", "))]
+    Missing {
+        missing: Vec<String>,
+        brokers: String,
+    },
+    #[error("input topics are not co-partitioned ({}): a session's events must land in partition p of every input topic, so all input topics need the same partition count", .counts.iter().map(|(t, n)| format!("{t}: {n}")).collect::<Vec<_>>().join(", "))]
+    NotCoPartitioned { counts: Vec<(String, usize)> },
+}
+
+/// Checks that every topic exists and that the inputs share one partition count,
+/// which it returns.
+pub fn check_topics(
+    counts: &BTreeMap<String, Option<usize>>,
+    inputs: &[String],
+    brokers: &str,
+) -> Result<usize, TopicError> {
+    let missing: Vec<String> = counts
+        .iter()
+        .filter(|(_, n)| n.is_none())
+        .map(|(t, _)| t.clone())
+        .collect();
+    if !missing.is_empty() {
+        return Err(TopicError::Missing {
+            missing,
+            brokers: brokers.to_string(),
+        });
+    }
+    let input_counts: Vec<(String, usize)> = inputs
+        .iter()
+        .map(|t| (t.clone(), counts[t].unwrap_or(0)))
+        .collect();
+    let first = input_counts[0].1;
+    if input_counts.iter().any(|(_, n)| *n != first) {
+        return Err(TopicError::NotCoPartitioned {
+            counts: input_counts,
+        });
+    }
+    Ok(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(list: &[(&str, Option<usize>)]) -> BTreeMap<String, Option<usize>> {
+        list.iter().map(|(t, n)| (t.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn co_partitioned_inputs_pass_and_others_are_named() {
+        let inputs = vec!["a".to_string(), "b".to_string()];
+        let ok = counts(&[("a", Some(4)), ("b", Some(4)), ("out", Some(1))]);
+        assert_eq!(check_topics(&ok, &inputs, "k:9092"), Ok(4));
+        let skew = counts(&[("a", Some(4)), ("b", Some(6)), ("out", Some(1))]);
+        let e = check_topics(&skew, &inputs, "k:9092").unwrap_err();
+        assert!(e.to_string().contains("a: 4, b: 6"), "{e}");
+        let missing = counts(&[("a", Some(4)), ("b", None), ("out", None)]);
+        let e = check_topics(&missing, &inputs, "k:9092").unwrap_err();
+        assert!(
+            e.to_string().contains("b, out do not exist on k:9092"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn user_properties_cannot_weaken_delivery() {
+        let mut s = KafkaSettings::default();
+        s.consumer.insert("fetch.wait.max.ms".into(), "20".into());
+        let c = consumer_config(&s, "k:9092");
+        assert_eq!(c.get("enable.auto.commit"), Some("false"));
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("20"));
+        let p = producer_config(&s, "k:9092", 1 << 20);
+        assert_eq!(p.get("enable.idempotence"), Some("true"));
+    }
+}

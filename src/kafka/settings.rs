@@ -1,0 +1,425 @@
+//! The `[kafka]` section of the configuration: topics, group, batching, shutdown and retry
+//! timing, and librdkafka properties passed through to the clients.
+//!
+//! Guarantees: validated without I/O (librdkafka parses the pass-through properties in
+//! memory, so a misspelt property is reported by `check-config`, not at 3 a.m.); the
+//! properties loopwarden owns for its delivery guarantees cannot be overridden.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Default input topics (DESIGN §1).
+pub const DEFAULT_INPUT_TOPICS: &[&str] = &["cost.attributed", "tool.called"];
+pub const DEFAULT_GROUP_ID: &str = "loopwarden";
+pub const DEFAULT_WARNING_TOPIC: &str = "session.warning";
+pub const DEFAULT_TERMINATED_TOPIC: &str = "session.terminated";
+pub const DEFAULT_SUMMARY_TOPIC: &str = "session.summary";
+pub const DEFAULT_DLQ_TOPIC: &str = "loopwarden.dlq";
+/// A batch closes at this many events…
+pub const DEFAULT_MAX_BATCH_EVENTS: usize = 20_000;
+/// …or this long after its first event, whichever comes first.
+pub const DEFAULT_MAX_BATCH_WAIT_MS: u64 = 10;
+pub const DEFAULT_SHUTDOWN_DEADLINE_SECS: u64 = 30;
+/// A partition with no events for this long has its clock advanced by wall-clock time.
+pub const DEFAULT_IDLE_AFTER_SECS: u64 = 5;
+pub const DEFAULT_RETRY_BACKOFF_MIN_MS: u64 = 100;
+pub const DEFAULT_RETRY_BACKOFF_MAX_MS: u64 = 10_000;
+/// Partitions of each topic the embedded broker creates.
+pub const DEFAULT_EMBEDDED_PARTITIONS: i32 = 4;
+
+/// librdkafka properties loopwarden sets itself, and why a user may not.
+pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "set kafka.brokers instead"),
+    ("group.id", "set kafka.group_id instead"),
+    (
+        "enable.auto.commit",
+        "offsets are committed only after state is stored (at-least-once)",
+    ),
+    (
+        "enable.auto.offset.store",
+        "offsets are stored only after state is stored (at-least-once)",
+    ),
+    (
+        "enable.idempotence",
+        "the producer is always idempotent (no duplicates from retries)",
+    ),
+    (
+        "partition.assignment.strategy",
+        "the range assignor keeps co-partitioned input topics on one instance",
+    ),
+];
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawKafka {
+    brokers: Option<String>,
+    group_id: Option<String>,
+    input_topics: Option<Vec<String>>,
+    warning_topic: Option<String>,
+    terminated_topic: Option<String>,
+    summary_topic: Option<String>,
+    dlq_topic: Option<String>,
+    max_batch_events: Option<usize>,
+    max_batch_wait_ms: Option<u64>,
+    shutdown_deadline_secs: Option<u64>,
+    idle_after_secs: Option<u64>,
+    retry_backoff_min_ms: Option<u64>,
+    retry_backoff_max_ms: Option<u64>,
+    embedded_partitions: Option<i32>,
+    client: Option<BTreeMap<String, toml::Value>>,
+    consumer: Option<BTreeMap<String, toml::Value>>,
+    producer: Option<BTreeMap<String, toml::Value>>,
+}
+
+/// Validated Kafka settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KafkaSettings {
+    /// `host:port,…`; `None` starts the embedded broker.
+    pub brokers: Option<String>,
+    pub group_id: String,
+    pub input_topics: Vec<String>,
+    pub warning_topic: String,
+    pub terminated_topic: String,
+    pub summary_topic: String,
+    pub dlq_topic: String,
+    pub max_batch_events: usize,
+    pub max_batch_wait: Duration,
+    pub shutdown_deadline: Duration,
+    pub idle_after: Duration,
+    pub retry_backoff_min: Duration,
+    pub retry_backoff_max: Duration,
+    pub embedded_partitions: i32,
+    /// Properties for every client (consumer, producer, admin), e.g. TLS and SASL.
+    pub client: BTreeMap<String, String>,
+    /// Properties for the consumer only.
+    pub consumer: BTreeMap<String, String>,
+    /// Properties for the producer only.
+    pub producer: BTreeMap<String, String>,
+}
+
+impl Default for KafkaSettings {
+    fn default() -> Self {
+        let mut errors = Vec::new();
+        let s = KafkaSettings::validate(RawKafka::default(), &mut errors);
+        debug_assert!(errors.is_empty(), "{errors:?}");
+        s
+    }
+}
+
+/// A Kafka topic name as the broker accepts it.
+fn valid_topic(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// Pass-through properties as librdkafka strings; `_` in a key stands for `.` so that
+/// environment variables (`LOOPWARDEN_KAFKA__CLIENT__SASL_PASSWORD`) can set them.
+fn properties(
+    raw: Option<BTreeMap<String, toml::Value>>,
+    section: &str,
+    errors: &mut Vec<(String, String)>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (k, v) in raw.unwrap_or_default() {
+        let key = format!("kafka.{section}.{k}");
+        let name = k.replace('_', ".");
+        if let Some((_, why)) = OWNED_PROPERTIES.iter().find(|(p, _)| *p == name) {
+            errors.push((key, format!("set by loopwarden: {why}")));
+            continue;
+        }
+        let value = match v {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            other => {
+                errors.push((
+                    key,
+                    format!(
+                        "must be a string, number or boolean, not {}",
+                        other.type_str()
+                    ),
+                ));
+                continue;
+            }
+        };
+        // librdkafka checks names and values in memory: no broker is contacted.
+        let mut probe = rdkafka::ClientConfig::new();
+        probe.set(&name, &value);
+        if let Err(e) = probe.create_native_config() {
+            errors.push((key, format!("librdkafka refuses it: {e}")));
+            continue;
+        }
+        out.insert(name, value);
+    }
+    out
+}
+
+impl KafkaSettings {
+    /// Validates the raw section; problems go to `errors` as (key, message).
+    pub(crate) fn validate(raw: RawKafka, errors: &mut Vec<(String, String)>) -> KafkaSettings {
+        let mut topic = |key: &str, value: Option<String>, default: &str| -> String {
+            let t = value.unwrap_or_else(|| default.to_string());
+            if !valid_topic(&t) {
+                errors.push((
+                    format!("kafka.{key}"),
+                    format!("`{t}` is not a valid topic name (1-249 of [a-zA-Z0-9._-])"),
+                ));
+            }
+            t
+        };
+        let warning_topic = topic("warning_topic", raw.warning_topic, DEFAULT_WARNING_TOPIC);
+        let terminated_topic = topic(
+            "terminated_topic",
+            raw.terminated_topic,
+            DEFAULT_TERMINATED_TOPIC,
+        );
+        let summary_topic = topic("summary_topic", raw.summary_topic, DEFAULT_SUMMARY_TOPIC);
+        let dlq_topic = topic("dlq_topic", raw.dlq_topic, DEFAULT_DLQ_TOPIC);
+        let input_topics = raw
+            .input_topics
+            .unwrap_or_else(|| DEFAULT_INPUT_TOPICS.iter().map(|s| s.to_string()).collect());
+        if input_topics.is_empty() {
+            errors.push((
+                "kafka.input_topics".into(),
+                "needs at least one topic".into(),
+            ));
+        }
+        for (i, t) in input_topics.iter().enumerate() {
+            if !valid_topic(t) {
+                errors.push((
+                    format!("kafka.input_topics[{i}]"),
+                    format!("`{t}` is not a valid topic name (1-249 of [a-zA-Z0-9._-])"),
+                ));
+            }
+            if input_topics[..i].contains(t) {
+                errors.push((
+                    format!("kafka.input_topics[{i}]"),
+                    format!("`{t}` is listed twice"),
+                ));
+            }
+            if [
+                &warning_topic,
+                &terminated_topic,
+                &summary_topic,
+                &dlq_topic,
+            ]
+            .contains(&t)
+            {
+                errors.push((
+                    format!("kafka.input_topics[{i}]"),
+                    format!(
+                        "`{t}` is also an output topic: loopwarden would read its own findings"
+                    ),
+                ));
+            }
+        }
+        let brokers = raw.brokers.filter(|b| !b.trim().is_empty());
+        let group_id = raw.group_id.unwrap_or_else(|| DEFAULT_GROUP_ID.to_string());
+        if group_id.is_empty() {
+            errors.push(("kafka.group_id".into(), "must not be empty".into()));
+        }
+        let max_batch_events = raw.max_batch_events.unwrap_or(DEFAULT_MAX_BATCH_EVENTS);
+        if max_batch_events == 0 {
+            errors.push(("kafka.max_batch_events".into(), "must be > 0".into()));
+        }
+        let backoff_min = raw
+            .retry_backoff_min_ms
+            .unwrap_or(DEFAULT_RETRY_BACKOFF_MIN_MS);
+        let backoff_max = raw
+            .retry_backoff_max_ms
+            .unwrap_or(DEFAULT_RETRY_BACKOFF_MAX_MS);
+        if backoff_min == 0 || backoff_min > backoff_max {
+            errors.push((
+                "kafka.retry_backoff_min_ms".into(),
+                format!("must be > 0 and <= retry_backoff_max_ms ({backoff_max})"),
+            ));
+        }
+        let shutdown = raw
+            .shutdown_deadline_secs
+            .unwrap_or(DEFAULT_SHUTDOWN_DEADLINE_SECS);
+        if shutdown == 0 {
+            errors.push(("kafka.shutdown_deadline_secs".into(), "must be > 0".into()));
+        }
+        let idle_after = raw.idle_after_secs.unwrap_or(DEFAULT_IDLE_AFTER_SECS);
+        if idle_after == 0 {
+            errors.push(("kafka.idle_after_secs".into(), "must be > 0".into()));
+        }
+        let embedded_partitions = raw
+            .embedded_partitions
+            .unwrap_or(DEFAULT_EMBEDDED_PARTITIONS);
+        if !(1..=1024).contains(&embedded_partitions) {
+            errors.push((
+                "kafka.embedded_partitions".into(),
+                "must be 1..=1024".into(),
+            ));
+        }
+        let client = properties(raw.client, "client", errors);
+        let consumer = properties(raw.consumer, "consumer", errors);
+        let producer = properties(raw.producer, "producer", errors);
+        KafkaSettings {
+            brokers,
+            group_id,
+            input_topics,
+            warning_topic,
+            terminated_topic,
+            summary_topic,
+            dlq_topic,
+            max_batch_events,
+            max_batch_wait: Duration::from_millis(
+                raw.max_batch_wait_ms.unwrap_or(DEFAULT_MAX_BATCH_WAIT_MS),
+            ),
+            shutdown_deadline: Duration::from_secs(shutdown),
+            idle_after: Duration::from_secs(idle_after),
+            retry_backoff_min: Duration::from_millis(backoff_min),
+            retry_backoff_max: Duration::from_millis(backoff_max),
+            embedded_partitions,
+            client,
+            consumer,
+            producer,
+        }
+    }
+
+    /// The output topics, in a fixed order.
+    pub fn output_topics(&self) -> [&str; 4] {
+        [
+            &self.warning_topic,
+            &self.terminated_topic,
+            &self.summary_topic,
+            &self.dlq_topic,
+        ]
+    }
+
+    /// The section as TOML, every key with its value in force (for `check-config`).
+    pub fn to_toml(&self) -> toml::Table {
+        use toml::Value as V;
+        let mut t = toml::Table::new();
+        t.insert(
+            "brokers".into(),
+            V::String(self.brokers.clone().unwrap_or_default()),
+        );
+        t.insert("group_id".into(), V::String(self.group_id.clone()));
+        t.insert(
+            "input_topics".into(),
+            V::Array(self.input_topics.iter().cloned().map(V::String).collect()),
+        );
+        t.insert(
+            "warning_topic".into(),
+            V::String(self.warning_topic.clone()),
+        );
+        t.insert(
+            "terminated_topic".into(),
+            V::String(self.terminated_topic.clone()),
+        );
+        t.insert(
+            "summary_topic".into(),
+            V::String(self.summary_topic.clone()),
+        );
+        t.insert("dlq_topic".into(), V::String(self.dlq_topic.clone()));
+        t.insert(
+            "max_batch_events".into(),
+            V::Integer(self.max_batch_events as i64),
+        );
+        t.insert(
+            "max_batch_wait_ms".into(),
+            V::Integer(self.max_batch_wait.as_millis() as i64),
+        );
+        t.insert(
+            "shutdown_deadline_secs".into(),
+            V::Integer(self.shutdown_deadline.as_secs() as i64),
+        );
+        t.insert(
+            "idle_after_secs".into(),
+            V::Integer(self.idle_after.as_secs() as i64),
+        );
+        t.insert(
+            "retry_backoff_min_ms".into(),
+            V::Integer(self.retry_backoff_min.as_millis() as i64),
+        );
+        t.insert(
+            "retry_backoff_max_ms".into(),
+            V::Integer(self.retry_backoff_max.as_millis() as i64),
+        );
+        t.insert(
+            "embedded_partitions".into(),
+            V::Integer(self.embedded_partitions as i64),
+        );
+        let props = |m: &BTreeMap<String, String>| {
+            V::Table(
+                m.iter()
+                    .map(|(k, v)| (k.clone(), V::String(v.clone())))
+                    .collect(),
+            )
+        };
+        t.insert("client".into(), props(&self.client));
+        t.insert("consumer".into(), props(&self.consumer));
+        t.insert("producer".into(), props(&self.producer));
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(text: &str) -> (KafkaSettings, Vec<(String, String)>) {
+        let raw: RawKafka = toml::from_str(text).unwrap();
+        let mut errors = Vec::new();
+        (KafkaSettings::validate(raw, &mut errors), errors)
+    }
+
+    #[test]
+    fn defaults_follow_the_design() {
+        let (s, errors) = validate("");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.input_topics, ["cost.attributed", "tool.called"]);
+        assert_eq!(s.dlq_topic, "loopwarden.dlq");
+        assert_eq!(s.brokers, None);
+    }
+
+    #[test]
+    fn pass_through_properties_are_checked_by_librdkafka() {
+        let (s, errors) = validate(
+            "[client]\n\"security.protocol\" = \"SASL_SSL\"\nsasl_mechanisms = \"PLAIN\"\n[consumer]\n\"fetch.wait.max.ms\" = 50\n",
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.client["security.protocol"], "SASL_SSL");
+        assert_eq!(s.client["sasl.mechanisms"], "PLAIN");
+        assert_eq!(s.consumer["fetch.wait.max.ms"], "50");
+        let (_, errors) =
+            validate("[client]\n\"no.such.property\" = \"x\"\n\"fetch.wait.max.ms\" = \"soon\"\n");
+        let keys: Vec<&str> = errors.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "kafka.client.fetch.wait.max.ms",
+                "kafka.client.no.such.property"
+            ]
+        );
+    }
+
+    #[test]
+    fn owned_properties_and_bad_topics_are_refused_at_once() {
+        let (_, errors) = validate(
+            "input_topics = [\"a\", \"a\", \"session.warning\", \"bad topic\"]\n[producer]\n\"enable.idempotence\" = false\n",
+        );
+        let keys: Vec<&str> = errors.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "kafka.input_topics[1]",
+                "kafka.input_topics[2]",
+                "kafka.input_topics[3]",
+                "kafka.producer.enable.idempotence"
+            ],
+            "{errors:?}"
+        );
+    }
+}

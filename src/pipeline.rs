@@ -1,0 +1,711 @@
+//! `loopwarden run`: the engine on the bus (DESIGN §6). A consumer group reads the input
+//! topics; each assigned partition number has its own [`Engine`] and its own sled tree;
+//! findings and summaries go to the output topics, bad messages to the dead-letter topic.
+//!
+//! Guarantees (at-least-once end to end), per batch and in this order:
+//! 1. apply: every polled message is applied to its partition's engine (or dead-lettered);
+//! 2. deliver: every output record of the batch is produced and acknowledged — failures
+//!    are retried with backoff, never dropped;
+//! 3. store: each changed partition writes its session states and its applied offsets in
+//!    one atomic sled batch, then the database is flushed to disk;
+//! 4. commit: the consumer group's offsets are committed.
+//!
+//! A crash between any two steps loses nothing: events after the stored offset are
+//! applied again (and re-emit findings with the same `event_id`), events at or below it
+//! are skipped, so no session counts an event twice. A revoked partition is stored before
+//! the revoke is acknowledged. Session expiry runs on a per-partition clock: the latest
+//! event time, advanced by wall-clock time while the partition is idle.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use rustc_hash::FxHashMap;
+use tracing::{debug, error, info, warn};
+
+use crate::config::Config;
+use crate::engine::{Engine, EventMeta};
+use crate::event::parse_event;
+use crate::kafka::settings::KafkaSettings;
+use crate::kafka::{check_topics, consumer_config, partition_counts, producer_config, TopicError};
+use crate::output::Output;
+use crate::shutdown::Shutdown;
+use crate::store::{open_db, SledStore, StoreError};
+
+/// Header names put on dead-lettered messages (after the message's own headers).
+pub const DLQ_SOURCE_TOPIC: &str = "loopwarden.source.topic";
+pub const DLQ_SOURCE_PARTITION: &str = "loopwarden.source.partition";
+pub const DLQ_SOURCE_OFFSET: &str = "loopwarden.source.offset";
+/// The bad-input class (`oversized`, `invalid_json`, … see [`crate::event::BadEvent`]).
+pub const DLQ_REASON: &str = "loopwarden.error.reason";
+/// The precise error, with the JSON path or byte offset where it applies.
+pub const DLQ_MESSAGE: &str = "loopwarden.error.message";
+/// Set when the broker refused the whole message and only its first bytes were kept.
+pub const DLQ_TRUNCATED_FROM: &str = "loopwarden.truncated_from_bytes";
+
+/// Bytes of an oversized dead letter kept when the broker refuses the whole message.
+const DLQ_TRUNCATE_TO: usize = 64 * 1024;
+
+/// How an error is handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// One message is bad: dead-letter it and go on.
+    Poison,
+    /// The environment is (temporarily) unable: retry with backoff.
+    Transient,
+    /// Nothing will get better by retrying: exit non-zero with the reason.
+    Fatal,
+}
+
+/// Why `run` stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("kafka client could not be created: {0}")]
+    Client(#[source] KafkaError),
+    #[error(transparent)]
+    Topics(#[from] TopicError),
+    #[error("cannot subscribe to {topics}: {source}")]
+    Subscribe { topics: String, source: KafkaError },
+    #[error("state store: {0}")]
+    Store(#[from] StoreError),
+    #[error("shutdown deadline ({secs} s) passed with {undelivered} output record(s) undelivered; nothing was stored or committed for them, so a restart processes their events again")]
+    DeadlineExceeded { secs: u64, undelivered: usize },
+}
+
+impl PipelineError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            PipelineError::Store(StoreError::Io(_)) => ErrorClass::Transient,
+            _ => ErrorClass::Fatal,
+        }
+    }
+}
+
+/// What a run did (also the demo's and the tests' view of it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunStats {
+    pub events: u64,
+    /// Events at or below a partition's stored offset (already applied before a restart).
+    pub skipped: u64,
+    pub dead_lettered: u64,
+    pub warnings: u64,
+    pub terminations: u64,
+    pub summaries: u64,
+    pub batches: u64,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Index of an output topic in [`KafkaSettings::output_topics`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sink {
+    Warning = 0,
+    Terminated = 1,
+    Summary = 2,
+    DeadLetter = 3,
+}
+
+/// One message to produce.
+struct Record {
+    sink: Sink,
+    key: Vec<u8>,
+    payload: Vec<u8>,
+    headers: Vec<(&'static str, Vec<u8>)>,
+    /// For dead letters: the source message's own headers, kept first.
+    source_headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Record {
+    fn headers(&self) -> Option<OwnedHeaders> {
+        if self.headers.is_empty() && self.source_headers.is_empty() {
+            return None;
+        }
+        let mut h = OwnedHeaders::new_with_capacity(self.headers.len() + self.source_headers.len());
+        for (k, v) in &self.source_headers {
+            h = h.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        for (k, v) in &self.headers {
+            h = h.insert(Header {
+                key: k,
+                value: Some(v.as_slice()),
+            });
+        }
+        Some(h)
+    }
+}
+
+/// Collects failed deliveries (the opaque is the record's index in the outbox).
+#[derive(Default)]
+pub struct DeliveryTracker {
+    failed: Mutex<Vec<(usize, KafkaError)>>,
+}
+
+impl ClientContext for DeliveryTracker {
+    fn error(&self, error: KafkaError, reason: &str) {
+        warn!(client = "producer", %error, reason, "kafka client error");
+    }
+}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = Box<usize>;
+    fn delivery(&self, result: &DeliveryResult<'_>, index: Box<usize>) {
+        if let Err((e, _)) = result {
+            lock(&self.failed).push((*index, e.clone()));
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One assigned partition number (partition *p* of every input topic).
+struct Partition {
+    engine: Engine,
+    store: SledStore,
+    /// Last applied offset per input topic.
+    applied: BTreeMap<Arc<str>, i64>,
+    /// Whether state or offsets changed since the last store.
+    dirty: bool,
+    /// Wall time and engine clock at the last event, for the idle clock.
+    last_event_wall: Instant,
+    clock_at_last_event: Option<i64>,
+}
+
+/// Everything a batch touches; shared between the poll loop and the rebalance callback
+/// (both run on the consumer's thread, so the lock is never contended).
+struct Worker {
+    config: Arc<Config>,
+    db: sled::Db,
+    producer: BaseProducer<DeliveryTracker>,
+    partitions: BTreeMap<i32, Partition>,
+    outbox: Vec<Record>,
+    scratch: Vec<Output>,
+    topics: FxHashMap<String, Arc<str>>,
+    shutdown: Shutdown,
+    stats: RunStats,
+    /// A fatal error raised inside a rebalance callback, for the poll loop to return.
+    fatal: Option<PipelineError>,
+}
+
+impl Worker {
+    fn settings(&self) -> &KafkaSettings {
+        &self.config.kafka
+    }
+
+    fn topic(&mut self, name: &str) -> Arc<str> {
+        if let Some(t) = self.topics.get(name) {
+            return t.clone();
+        }
+        let t: Arc<str> = Arc::from(name);
+        self.topics.insert(name.to_string(), t.clone());
+        t
+    }
+
+    /// Loads a newly assigned partition's sessions and offsets from sled.
+    fn acquire(&mut self, partition: i32) -> Result<(), PipelineError> {
+        if self.partitions.contains_key(&partition) {
+            return Ok(());
+        }
+        let store = SledStore::partition(&self.db, partition)?;
+        let engine = Engine::restore(self.config.clone(), &store)?;
+        let mut applied = BTreeMap::new();
+        for topic in self.config.kafka.input_topics.clone() {
+            if let Some(o) =
+                crate::store::StateStore::offset(&store, &format!("{topic}/{partition}"))?
+            {
+                applied.insert(self.topic(&topic), o);
+            }
+        }
+        info!(
+            partition,
+            sessions = engine.open_sessions(),
+            offsets = ?applied,
+            "partition assigned"
+        );
+        let clock = engine.watermark();
+        self.partitions.insert(
+            partition,
+            Partition {
+                engine,
+                store,
+                applied,
+                dirty: false,
+                last_event_wall: Instant::now(),
+                clock_at_last_event: clock,
+            },
+        );
+        Ok(())
+    }
+
+    /// Applies one message: an event to its engine, or a dead letter.
+    fn handle(&mut self, m: &BorrowedMessage<'_>) -> Result<(), PipelineError> {
+        let partition = m.partition();
+        if !self.partitions.contains_key(&partition) {
+            // Assignment callbacks always come first; this only guards against surprises.
+            self.acquire(partition)?;
+        }
+        let topic = self.topic(m.topic());
+        let offset = m.offset();
+        let limits = self.config.limits;
+        let p = self.partitions.get_mut(&partition).expect("acquired above");
+        if p.applied.get(&topic).is_some_and(|&last| offset <= last) {
+            self.stats.skipped += 1;
+            return Ok(());
+        }
+        p.applied.insert(topic.clone(), offset);
+        p.dirty = true;
+        let payload = m.payload().unwrap_or_default();
+        match parse_event(payload, &limits) {
+            Ok(event) => {
+                self.stats.events += 1;
+                let meta = EventMeta {
+                    topic: Some(topic),
+                    partition: Some(partition),
+                    offset: Some(offset),
+                    message_timestamp_ms: m.timestamp().to_millis(),
+                    processing_time_ms: Some(now_ms()),
+                };
+                p.engine.process(&event, &meta, &mut self.scratch);
+                p.last_event_wall = Instant::now();
+                p.clock_at_last_event = p.engine.watermark();
+                self.queue_outputs();
+            }
+            Err(bad) => {
+                self.stats.dead_lettered += 1;
+                warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %bad, "dead-lettering bad message");
+                let source_headers = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.outbox.push(Record {
+                    sink: Sink::DeadLetter,
+                    key: m.key().unwrap_or_default().to_vec(),
+                    payload: payload.to_vec(),
+                    headers: vec![
+                        (DLQ_SOURCE_TOPIC, topic.as_bytes().to_vec()),
+                        (DLQ_SOURCE_PARTITION, partition.to_string().into_bytes()),
+                        (DLQ_SOURCE_OFFSET, offset.to_string().into_bytes()),
+                        (DLQ_REASON, bad.reason().as_bytes().to_vec()),
+                        (DLQ_MESSAGE, bad.to_string().into_bytes()),
+                    ],
+                    source_headers,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the engine outputs in `scratch` to the outbox (shadow findings stay local).
+    fn queue_outputs(&mut self) {
+        for o in self.scratch.drain(..) {
+            let sink = match &o {
+                Output::Finding(f) if !o.is_published() => {
+                    debug!(session = %f.session_id, detector = f.detector.name(), "shadow finding");
+                    continue;
+                }
+                Output::Finding(f) if f.stop_reason.is_some() => {
+                    self.stats.terminations += 1;
+                    info!(session = %f.session_id, detector = f.detector.name(), mode = ?f.mode, "session terminated");
+                    Sink::Terminated
+                }
+                Output::Finding(_) => {
+                    self.stats.warnings += 1;
+                    Sink::Warning
+                }
+                Output::Summary(_) => {
+                    self.stats.summaries += 1;
+                    Sink::Summary
+                }
+            };
+            self.outbox.push(Record {
+                sink,
+                key: o.session_id().as_bytes().to_vec(),
+                payload: o.to_json().into_bytes(),
+                headers: Vec::new(),
+                source_headers: Vec::new(),
+            });
+        }
+    }
+
+    /// Advances the clock of partitions that have been idle, closing silent sessions.
+    fn tick_idle(&mut self) {
+        let idle_after = self.settings().idle_after;
+        for p in self.partitions.values_mut() {
+            let idle = p.last_event_wall.elapsed();
+            let Some(clock) = p.clock_at_last_event else {
+                continue;
+            };
+            if idle < idle_after {
+                continue;
+            }
+            let before = self.scratch.len();
+            p.engine.advance_clock(
+                clock.saturating_add(idle.as_millis() as i64),
+                &mut self.scratch,
+            );
+            if self.scratch.len() > before {
+                p.dirty = true;
+            }
+        }
+        self.queue_outputs();
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.shutdown
+            .triggered_at()
+            .is_some_and(|t| t.elapsed() >= self.settings().shutdown_deadline)
+    }
+
+    /// Waits `d` (or until shutdown, after which the deadline governs).
+    fn pause(&self, d: Duration) {
+        if !self.shutdown.is_triggered() {
+            self.shutdown.sleep(d);
+        } else {
+            std::thread::sleep(d.min(Duration::from_millis(100)));
+        }
+    }
+
+    /// Produces the outbox and waits until the broker has acknowledged every record,
+    /// retrying failures with backoff.
+    fn deliver(&mut self) -> Result<(), PipelineError> {
+        if self.outbox.is_empty() {
+            return Ok(());
+        }
+        let topics: Vec<String> = self
+            .settings()
+            .output_topics()
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        let mut pending: Vec<usize> = (0..self.outbox.len()).collect();
+        let mut backoff = self.settings().retry_backoff_min;
+        loop {
+            for &i in &pending {
+                let r = &self.outbox[i];
+                let mut record = BaseRecord::with_opaque_to(&topics[r.sink as usize], Box::new(i))
+                    .key(&r.key)
+                    .payload(&r.payload);
+                if let Some(h) = r.headers() {
+                    record = record.headers(h);
+                }
+                loop {
+                    match self.producer.send(record) {
+                        Ok(()) => break,
+                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                            self.producer.poll(Duration::from_millis(5));
+                            record = back;
+                        }
+                        Err((e, _)) => {
+                            lock(&self.producer.context().failed).push((i, e));
+                            break;
+                        }
+                    }
+                }
+            }
+            while self.producer.flush(Duration::from_millis(500)).is_err() {
+                if self.past_deadline() {
+                    return Err(self.deadline_exceeded());
+                }
+            }
+            let failed = std::mem::take(&mut *lock(&self.producer.context().failed));
+            if failed.is_empty() {
+                self.outbox.clear();
+                return Ok(());
+            }
+            let (_, first) = &failed[0];
+            warn!(failed = failed.len(), error = %first, backoff_ms = backoff.as_millis() as u64, "output delivery failed; retrying");
+            pending = failed.iter().map(|(i, _)| *i).collect();
+            for (i, e) in &failed {
+                let r = &mut self.outbox[*i];
+                let too_large = matches!(
+                    e.rdkafka_error_code(),
+                    Some(RDKafkaErrorCode::MessageSizeTooLarge)
+                );
+                if too_large && r.sink == Sink::DeadLetter && r.payload.len() > DLQ_TRUNCATE_TO {
+                    // Never lose a dead letter: keep its start, say how long it was.
+                    let len = r.payload.len();
+                    r.payload.truncate(DLQ_TRUNCATE_TO);
+                    r.headers
+                        .push((DLQ_TRUNCATED_FROM, len.to_string().into_bytes()));
+                }
+            }
+            if self.past_deadline() {
+                return Err(self.deadline_exceeded());
+            }
+            self.pause(backoff);
+            backoff = (backoff * 2).min(self.settings().retry_backoff_max);
+        }
+    }
+
+    fn deadline_exceeded(&self) -> PipelineError {
+        PipelineError::DeadlineExceeded {
+            secs: self.settings().shutdown_deadline.as_secs(),
+            undelivered: self.outbox.len(),
+        }
+    }
+
+    /// Stores every changed partition (sessions + offsets, one atomic batch each) and
+    /// flushes the database; returns the offsets to commit.
+    fn store(&mut self) -> Result<TopicPartitionList, PipelineError> {
+        let mut commit = TopicPartitionList::new();
+        let mut backoff = self.settings().retry_backoff_min;
+        for (&partition, p) in self.partitions.iter_mut().filter(|(_, p)| p.dirty) {
+            let offsets: Vec<(String, i64)> = p
+                .applied
+                .iter()
+                .map(|(t, o)| (format!("{t}/{partition}"), *o))
+                .collect();
+            loop {
+                match p.engine.flush(&mut p.store, &offsets) {
+                    Ok(()) => break,
+                    Err(StoreError::Io(e)) => {
+                        // The engine still holds the changes; trying again writes them all.
+                        error!(partition, error = %e, "state store write failed; retrying");
+                        if self.shutdown.is_triggered() {
+                            return Err(StoreError::Io(e).into());
+                        }
+                        self.shutdown.sleep(backoff);
+                        backoff = (backoff * 2).min(self.config.kafka.retry_backoff_max);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            p.dirty = false;
+            for (t, o) in &p.applied {
+                let _ = commit.add_partition_offset(t, partition, Offset::Offset(o + 1));
+            }
+        }
+        if commit.count() > 0 || !self.outbox.is_empty() {
+            self.db.flush().map_err(StoreError::Io)?;
+        }
+        Ok(commit)
+    }
+
+    /// Ends a batch: deliver, store, commit (in that order).
+    fn finish_batch(
+        &mut self,
+        consumer: &BaseConsumer<RebalanceHandler>,
+        mode: CommitMode,
+    ) -> Result<(), PipelineError> {
+        self.deliver()?;
+        let commit = self.store()?;
+        self.stats.batches += 1;
+        if commit.count() > 0 {
+            if let Err(e) = consumer.commit(&commit, mode) {
+                // sled holds the truth: a lost commit only means re-reading and skipping.
+                warn!(error = %e, "offset commit failed; the stored offsets still hold");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The consumer's context: stores revoked partitions before the revoke is acknowledged,
+/// loads assigned ones from sled.
+pub struct RebalanceHandler {
+    worker: Mutex<Worker>,
+}
+
+impl ClientContext for RebalanceHandler {
+    fn error(&self, error: KafkaError, reason: &str) {
+        warn!(client = "consumer", %error, reason, "kafka client error");
+    }
+}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<i32> {
+    let mut ps: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+    ps.sort_unstable();
+    ps.dedup();
+    ps
+}
+
+impl ConsumerContext for RebalanceHandler {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let mut w = lock(&self.worker);
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                let revoked = partitions_of(tpl);
+                if let Err(e) = w.finish_batch(consumer, CommitMode::Sync) {
+                    error!(error = %e, "cannot store the batch before the revoke");
+                    w.fatal.get_or_insert(e);
+                }
+                for p in &revoked {
+                    w.partitions.remove(p);
+                }
+                info!(partitions = ?revoked, "partitions revoked");
+            }
+            Rebalance::Assign(tpl) => {
+                for p in partitions_of(tpl) {
+                    if let Err(e) = w.acquire(p) {
+                        error!(partition = p, error = %e, "cannot load partition state");
+                        w.fatal.get_or_insert(e);
+                    }
+                }
+            }
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+        }
+    }
+}
+
+/// Waits until the topics are visible and checks them (retrying while the cluster is
+/// unreachable). Returns `None` when shutdown came first.
+fn wait_for_topics(
+    consumer: &BaseConsumer<RebalanceHandler>,
+    settings: &KafkaSettings,
+    brokers: &str,
+    shutdown: &Shutdown,
+) -> Result<Option<usize>, PipelineError> {
+    let mut topics: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
+    topics.extend(settings.output_topics());
+    let mut backoff = settings.retry_backoff_min;
+    loop {
+        match partition_counts(consumer.client(), &topics, Duration::from_secs(10)) {
+            Ok(counts) => {
+                return check_topics(&counts, &settings.input_topics, brokers)
+                    .map(Some)
+                    .map_err(Into::into)
+            }
+            Err(e) => {
+                warn!(brokers, error = %e, backoff_ms = backoff.as_millis() as u64, "cannot read cluster metadata; retrying");
+                if shutdown.sleep(backoff) {
+                    return Ok(None);
+                }
+                backoff = (backoff * 2).min(settings.retry_backoff_max);
+            }
+        }
+    }
+}
+
+/// Runs the pipeline against `brokers` until `shutdown` is triggered: then it stops
+/// fetching, finishes the batch in hand (deliver, store, commit) and returns.
+pub fn run(
+    config: Arc<Config>,
+    brokers: &str,
+    shutdown: Shutdown,
+) -> Result<RunStats, PipelineError> {
+    let settings = config.kafka.clone();
+    let db = open_db(&config.state_path)?;
+    let producer: BaseProducer<DeliveryTracker> =
+        producer_config(&settings, brokers, config.limits.max_event_bytes)
+            .create_with_context(DeliveryTracker::default())
+            .map_err(PipelineError::Client)?;
+    let worker = Worker {
+        config: config.clone(),
+        db,
+        producer,
+        partitions: BTreeMap::new(),
+        outbox: Vec::new(),
+        scratch: Vec::new(),
+        topics: FxHashMap::default(),
+        shutdown: shutdown.clone(),
+        stats: RunStats::default(),
+        fatal: None,
+    };
+    let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers)
+        .create_with_context(RebalanceHandler {
+            worker: Mutex::new(worker),
+        })
+        .map_err(PipelineError::Client)?;
+    let Some(partitions) = wait_for_topics(&consumer, &settings, brokers, &shutdown)? else {
+        return Ok(RunStats::default());
+    };
+    let inputs: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&inputs)
+        .map_err(|source| PipelineError::Subscribe {
+            topics: inputs.join(", "),
+            source,
+        })?;
+    info!(brokers, group = %settings.group_id, topics = ?inputs, partitions, state = %config.state_path.display(), "consuming");
+
+    let result = consume(&consumer, &settings, &shutdown);
+    let mut w = lock(&consumer.context().worker);
+    let result = result.and_then(|()| w.finish_batch(&consumer, CommitMode::Sync));
+    let stats = w.stats;
+    drop(w);
+    // Leaving the group runs the revoke callback (an empty batch) before the drop returns.
+    drop(consumer);
+    match &result {
+        Ok(()) => info!(?stats, "stopped"),
+        Err(e) => error!(error = %e, ?stats, "stopped with an error"),
+    }
+    result.map(|()| stats)
+}
+
+/// The poll loop: batches of up to `max_batch_events`, closed after `max_batch_wait`.
+fn consume(
+    consumer: &BaseConsumer<RebalanceHandler>,
+    settings: &KafkaSettings,
+    shutdown: &Shutdown,
+) -> Result<(), PipelineError> {
+    let idle_poll = Duration::from_millis(100);
+    while !shutdown.is_triggered() {
+        let mut in_batch = 0usize;
+        let mut started: Option<Instant> = None;
+        loop {
+            let timeout = match started {
+                None => idle_poll,
+                Some(t) => match settings.max_batch_wait.checked_sub(t.elapsed()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => break,
+                },
+            };
+            match consumer.poll(timeout) {
+                Some(Ok(m)) => {
+                    let mut w = lock(&consumer.context().worker);
+                    w.handle(&m)?;
+                    in_batch += 1;
+                    started.get_or_insert_with(Instant::now);
+                    if in_batch >= settings.max_batch_events {
+                        break;
+                    }
+                }
+                Some(Err(e)) => {
+                    warn!(error = %e, "consumer error");
+                    if in_batch > 0 {
+                        break;
+                    }
+                }
+                None => {
+                    if in_batch > 0 || shutdown.is_triggered() {
+                        break;
+                    }
+                    let mut w = lock(&consumer.context().worker);
+                    if let Some(e) = w.fatal.take() {
+                        return Err(e);
+                    }
+                    w.tick_idle();
+                    if !w.outbox.is_empty() || w.partitions.values().any(|p| p.dirty) {
+                        break;
+                    }
+                }
+            }
+        }
+        let mut w = lock(&consumer.context().worker);
+        if let Some(e) = w.fatal.take() {
+            return Err(e);
+        }
+        w.tick_idle();
+        w.finish_batch(consumer, CommitMode::Async)?;
+    }
+    Ok(())
+}
