@@ -18,10 +18,12 @@
 //! - [`replay`] and [`eval`]: the file-driven commands.
 
 pub mod config;
+pub mod demo;
 pub mod detectors;
 pub mod engine;
 pub mod eval;
 pub mod event;
+pub mod feed;
 pub mod fingerprint;
 pub mod kafka;
 pub mod output;

@@ -1,4 +1,6 @@
-//! The `loopwarden` command line: `replay`, `eval`, `check-config`.
+//! The `loopwarden` command line: `run`, `demo`, `simulate`, `replay`, `eval`,
+//! `check-config`. Exit codes: 0 done, 1 `eval` cases failed, 2 any error (the message
+//! says what and where).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -9,16 +11,38 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use loopwarden::config::Config;
+use loopwarden::demo::{demo, DemoOptions};
 use loopwarden::eval::run_corpus;
+use loopwarden::feed::{feed, write_truth, FeedProducer, Routing, Target};
+use loopwarden::kafka::{self, embedded::EmbeddedBroker};
+use loopwarden::pipeline;
 use loopwarden::replay::{replay, Format};
+use loopwarden::shutdown::Shutdown;
+use loopwarden::simulate::{Fleet, FleetSpec};
 
 /// loopwarden stops runaway AI agents: it reads agent events (LLM calls and tool calls),
 /// detects loops and runaways per session, and emits warnings, terminations and summaries.
 #[derive(Parser)]
 #[command(name = "loopwarden", version, about, long_about = None)]
 struct Cli {
+    /// Log format on stderr (`text` for people, `json` for log pipelines); the level
+    /// comes from RUST_LOG (default `info`).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "LOOPWARDEN_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Copy, Clone, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Copy, Clone, ValueEnum)]
@@ -29,6 +53,67 @@ enum FormatArg {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Consume agent events from Kafka, publish warnings, terminations and summaries.
+    ///
+    /// With `kafka.brokers` unset it starts an embedded in-memory broker (for trying it
+    /// out) and prints its address. SIGTERM / SIGINT stop it gracefully: it stops
+    /// fetching, delivers and stores what it has, commits, and exits 0 within
+    /// `kafka.shutdown_deadline_secs`.
+    Run {
+        #[arg(long, short, env = "LOOPWARDEN_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Everything in one process: embedded broker, simulated fleet, the real pipeline;
+    /// prints terminations as they happen and a stop-reason table at the end.
+    Demo {
+        #[arg(long, short, env = "LOOPWARDEN_CONFIG")]
+        config: Option<PathBuf>,
+        /// Sessions to simulate.
+        #[arg(long, default_value_t = 300)]
+        sessions: u64,
+        /// Events per second.
+        #[arg(long, default_value_t = 3000.0)]
+        rate: f64,
+        /// Share of sessions that fall into a loop (0..1).
+        #[arg(long, default_value_t = 0.3)]
+        loop_share: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Generate a realistic fleet of agent sessions (healthy ones, and looping ones that
+    /// fall into a loop after a healthy start) to a broker or a JSON Lines file.
+    ///
+    /// Example: loopwarden simulate --sessions 1000 --output fleet.jsonl --truth truth.jsonl
+    Simulate {
+        /// Configuration (its [kafka] section gives the client settings and input topics).
+        #[arg(long, short, env = "LOOPWARDEN_CONFIG")]
+        config: Option<PathBuf>,
+        /// Produce to these brokers (`host:port,…`) instead of writing a file.
+        #[arg(long, conflicts_with = "output")]
+        brokers: Option<String>,
+        /// Put every event on this topic (default: by type onto the configured input topics).
+        #[arg(long, requires = "brokers")]
+        topic: Option<String>,
+        /// JSON Lines output file (`-` for stdout).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        /// Write the ground truth (which sessions loop, how, from which event) here.
+        #[arg(long)]
+        truth: Option<PathBuf>,
+        #[arg(long, default_value_t = 1000)]
+        sessions: u64,
+        /// Sessions in flight at once.
+        #[arg(long, default_value_t = 100)]
+        concurrency: usize,
+        /// Share of sessions that fall into a loop (0..1).
+        #[arg(long, default_value_t = 0.2)]
+        loop_share: f64,
+        /// Events per second (0: as fast as possible).
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Run the detectors over a JSON Lines file of events (or `-` for stdin) and print
     /// every warning, termination and session summary as it happens.
     ///
@@ -92,8 +177,204 @@ fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
     }
 }
 
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// SIGTERM / SIGINT trigger `shutdown`; a second signal exits at once.
+fn on_signals(shutdown: Shutdown) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the signal runtime")?;
+    // Registered before returning, so no signal falls into the default (kill) action.
+    let (mut term, mut int) = rt.block_on(async {
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+        ))
+    })?;
+    std::thread::spawn(move || {
+        rt.block_on(async move {
+            for _ in 0..2 {
+                let name = tokio::select! {
+                    _ = term.recv() => "SIGTERM",
+                    _ = int.recv() => "SIGINT",
+                };
+                if shutdown.is_triggered() {
+                    tracing::warn!(signal = name, "second signal: exiting now");
+                    std::process::exit(130);
+                }
+                tracing::info!(signal = name, "shutting down");
+                shutdown.trigger();
+            }
+        })
+    });
+    Ok(())
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    init_logs(cli.log_format);
     match cli.command {
+        Command::Run { config } => {
+            let config = load_config(config.as_deref())?;
+            let shutdown = Shutdown::new();
+            on_signals(shutdown.clone())?;
+            let embedded;
+            let brokers = match &config.kafka.brokers {
+                Some(b) => b.clone(),
+                None => {
+                    let mut topics: Vec<&str> = config
+                        .kafka
+                        .input_topics
+                        .iter()
+                        .map(String::as_str)
+                        .collect();
+                    topics.extend(config.kafka.output_topics());
+                    embedded = EmbeddedBroker::start(&topics, config.kafka.embedded_partitions)?;
+                    let b = embedded.bootstrap_servers().to_string();
+                    println!(
+                        "embedded broker (in memory, for trying loopwarden out) listening on {b}"
+                    );
+                    println!(
+                        "produce events to {} with any Kafka client, e.g.",
+                        config.kafka.input_topics.join(", ")
+                    );
+                    println!("  loopwarden simulate --brokers {b} --sessions 100 --rate 500");
+                    b
+                }
+            };
+            let stats = pipeline::run(config, &brokers, shutdown)?;
+            eprintln!(
+                "processed {} events ({} skipped as already applied, {} dead-lettered): {} warnings, {} terminations, {} summaries",
+                stats.events, stats.skipped, stats.dead_lettered, stats.warnings, stats.terminations, stats.summaries
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo {
+            config,
+            sessions,
+            rate,
+            loop_share,
+            seed,
+        } => {
+            let config = load_config(config.as_deref())?;
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&loop_share),
+                "--loop-share must be within 0..=1"
+            );
+            let shutdown = Shutdown::new();
+            on_signals(shutdown.clone())?;
+            let options = DemoOptions {
+                fleet: FleetSpec {
+                    sessions,
+                    concurrency: 60,
+                    loop_share,
+                    seed,
+                },
+                rate,
+                settle: std::time::Duration::from_secs(30),
+            };
+            let stdout = std::io::stdout();
+            let report = demo(config, options, &mut stdout.lock(), shutdown)?;
+            println!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Simulate {
+            config,
+            brokers,
+            topic,
+            output,
+            truth,
+            sessions,
+            concurrency,
+            loop_share,
+            rate,
+            seed,
+        } => {
+            let config = load_config(config.as_deref())?;
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&loop_share),
+                "--loop-share must be within 0..=1"
+            );
+            anyhow::ensure!(concurrency > 0, "--concurrency must be > 0");
+            let mut fleet = Fleet::new(FleetSpec {
+                sessions,
+                concurrency,
+                loop_share,
+                seed,
+            });
+            let shutdown = Shutdown::new();
+            on_signals(shutdown.clone())?;
+            let report = match (brokers, output) {
+                (Some(brokers), _) => {
+                    let producer: FeedProducer = kafka::producer_config(
+                        &config.kafka,
+                        &brokers,
+                        config.limits.max_event_bytes,
+                    )
+                    .create_with_context(Default::default())
+                    .context("cannot create the producer")?;
+                    let routing = match topic {
+                        Some(t) => Routing::single(&t),
+                        None => Routing::for_inputs(&config.kafka.input_topics),
+                    };
+                    feed(
+                        &mut fleet,
+                        Target::Kafka {
+                            producer: &producer,
+                            routing,
+                        },
+                        rate,
+                        None,
+                        None,
+                        &shutdown,
+                    )?
+                }
+                (None, Some(path)) => {
+                    let mut w: Box<dyn Write> = if path == Path::new("-") {
+                        Box::new(std::io::BufWriter::new(std::io::stdout().lock()))
+                    } else {
+                        Box::new(std::io::BufWriter::new(
+                            std::fs::File::create(&path)
+                                .with_context(|| format!("cannot create {}", path.display()))?,
+                        ))
+                    };
+                    // Files get a synthetic clock: 2025-11-13T00:00:00Z, 20 ms per event.
+                    feed(
+                        &mut fleet,
+                        Target::Lines(&mut *w),
+                        rate,
+                        Some((1_763_000_000_000, 20)),
+                        None,
+                        &shutdown,
+                    )?
+                }
+                (None, None) => anyhow::bail!("say where the events go: --brokers or --output"),
+            };
+            if let Some(path) = truth {
+                let mut f = std::io::BufWriter::new(
+                    std::fs::File::create(&path)
+                        .with_context(|| format!("cannot create {}", path.display()))?,
+                );
+                write_truth(fleet.truths(), &mut f)?;
+            }
+            eprintln!(
+                "simulated {} events of {} sessions",
+                report.events, report.sessions
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Replay {
             input,
             config,

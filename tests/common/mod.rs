@@ -1,0 +1,365 @@
+//! Helpers for the tests that talk to a real Kafka-protocol broker (Tansu, started by
+//! `scripts/broker`, or the one named by LOOPWARDEN_TEST_BROKERS).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use loopwarden::config::Config;
+use loopwarden::engine::{Engine, EventMeta};
+use loopwarden::event::{parse_event, ParseLimits};
+use loopwarden::output::ClosedBy;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+/// The broker address, starting Tansu through `scripts/broker` when none is given.
+pub fn broker() -> String {
+    static BROKER: OnceLock<String> = OnceLock::new();
+    BROKER
+        .get_or_init(|| {
+            if let Ok(b) = std::env::var("LOOPWARDEN_TEST_BROKERS") {
+                return b;
+            }
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker");
+            let status = Command::new(&script)
+                .arg("start")
+                .status()
+                .expect("run scripts/broker");
+            assert!(status.success(), "scripts/broker start failed");
+            let port = std::env::var("LOOPWARDEN_BROKER_PORT").unwrap_or_else(|_| "19092".into());
+            format!("127.0.0.1:{port}")
+        })
+        .clone()
+}
+
+/// A name no other test (or earlier run against the same broker) uses.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+pub fn create_topics(brokers: &str, topics: &[(&str, i32)]) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let new: Vec<NewTopic> = topics
+        .iter()
+        .map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(1)))
+        .collect();
+    let results = block_on(admin.create_topics(&new, &AdminOptions::new())).unwrap();
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+}
+
+/// The topics of one pipeline under test.
+#[derive(Clone, Debug)]
+pub struct Topics {
+    pub input: String,
+    pub warning: String,
+    pub terminated: String,
+    pub summary: String,
+    pub dlq: String,
+}
+
+impl Topics {
+    pub fn create(brokers: &str, partitions: i32) -> Topics {
+        let base = unique("t");
+        let t = Topics {
+            input: format!("{base}.in"),
+            warning: format!("{base}.warning"),
+            terminated: format!("{base}.terminated"),
+            summary: format!("{base}.summary"),
+            dlq: format!("{base}.dlq"),
+        };
+        create_topics(
+            brokers,
+            &[
+                (&t.input, partitions),
+                (&t.warning, 1),
+                (&t.terminated, 1),
+                (&t.summary, 1),
+                (&t.dlq, 1),
+            ],
+        );
+        t
+    }
+}
+
+/// A config file for `loopwarden run` against `brokers`, with `extra` TOML appended.
+pub fn write_config(dir: &Path, brokers: &str, topics: &Topics, extra: &str) -> PathBuf {
+    let path = dir.join("loopwarden.toml");
+    let text = format!(
+        r#"
+[state]
+path = "{state}"
+
+[kafka]
+brokers = "{brokers}"
+group_id = "{group}"
+input_topics = ["{input}"]
+warning_topic = "{warning}"
+terminated_topic = "{terminated}"
+summary_topic = "{summary}"
+dlq_topic = "{dlq}"
+shutdown_deadline_secs = 20
+retry_backoff_max_ms = 1000
+
+[kafka.consumer]
+"session.timeout.ms" = 2000
+"heartbeat.interval.ms" = 200
+{extra}
+"#,
+        state = dir.join("state").display(),
+        group = unique("g"),
+        input = topics.input,
+        warning = topics.warning,
+        terminated = topics.terminated,
+        summary = topics.summary,
+        dlq = topics.dlq,
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A `loopwarden run` child process.
+pub struct Running {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+pub fn spawn_run(config: &Path, log: &Path) -> Running {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    Running {
+        child,
+        log: log.to_path_buf(),
+    }
+}
+
+impl Running {
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, then waits (up to `limit`) for the exit.
+    pub fn terminate(mut self, limit: Duration) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > until {
+                self.child.kill().unwrap();
+                panic!("did not exit within {limit:?}; log:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+pub fn session_of(payload: &[u8]) -> Vec<u8> {
+    serde_json::from_slice::<serde_json::Value>(payload)
+        .ok()
+        .and_then(|v| v["session_id"].as_str().map(|s| s.as_bytes().to_vec()))
+        .unwrap_or_default()
+}
+
+/// Produces messages (key = session id when the payload has one), waiting for every ack.
+pub fn produce(brokers: &str, topic: &str, payloads: &[Vec<u8>], headers: &[(&str, &str)]) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("message.max.bytes", "10000000")
+        .create()
+        .unwrap();
+    for p in payloads {
+        let key = session_of(p);
+        let mut h = OwnedHeaders::new();
+        for (k, v) in headers {
+            h = h.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let mut r = BaseRecord::to(topic).payload(p).key(&key).headers(h);
+        loop {
+            match producer.send(r) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    producer.poll(Duration::from_millis(10));
+                    r = back;
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Every message of `topic` (all partitions, from the start) once at least `min` have
+/// arrived or `limit` passed, then whatever else arrives within `quiet`.
+pub fn read_topic(
+    brokers: &str,
+    topic: &str,
+    min: usize,
+    limit: Duration,
+    quiet: Duration,
+) -> Vec<OwnedMessage> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let until = Instant::now() + limit;
+    let mut last = Instant::now();
+    loop {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                out.push(m.detach());
+                last = Instant::now();
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+        if out.len() >= min && last.elapsed() >= quiet {
+            break;
+        }
+        if Instant::now() > until {
+            break;
+        }
+    }
+    out
+}
+
+pub fn json(m: &OwnedMessage) -> serde_json::Value {
+    serde_json::from_slice(m.payload().unwrap_or_default()).unwrap()
+}
+
+pub fn header(m: &OwnedMessage, name: &str) -> Option<String> {
+    use rdkafka::message::Headers;
+    m.headers()?
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// What `replay` finds in `events` (in this order): findings and summaries as JSON.
+pub fn replay(config: Arc<Config>, events: &[Vec<u8>]) -> Vec<serde_json::Value> {
+    let mut engine = Engine::new(config.clone());
+    let mut out = Vec::new();
+    for e in events {
+        if let Ok(ev) = parse_event(e, &config.limits) {
+            engine.process(&ev, &EventMeta::default(), &mut out);
+        }
+    }
+    engine.close_all(ClosedBy::EndOfInput, &mut out);
+    out.iter()
+        .filter(|o| o.is_published())
+        .map(|o| serde_json::from_str(&o.to_json()).unwrap())
+        .collect()
+}
+
+/// The part of a finding that must not depend on how it was computed (not the trigger's
+/// Kafka position, not `detected_at`).
+pub fn finding_key(v: &serde_json::Value) -> String {
+    format!(
+        "{} {} {} {} {} {}",
+        v["event_id"],
+        v["type"],
+        v["session_id"],
+        v["detector"],
+        v["level"],
+        v["trigger"]["event_id"]
+    )
+}
+
+/// Groups JSON outputs by `event_id`.
+pub fn by_event_id(values: &[serde_json::Value]) -> BTreeMap<String, Vec<serde_json::Value>> {
+    let mut m: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
+    for v in values {
+        m.entry(v["event_id"].as_str().unwrap().to_string())
+            .or_default()
+            .push(v.clone());
+    }
+    m
+}
+
+pub fn default_limits() -> ParseLimits {
+    ParseLimits::default()
+}
+
+/// A simulated fleet as raw events (synthetic clock), with its ground truth.
+pub fn fleet(
+    sessions: u64,
+    loop_share: f64,
+    seed: u64,
+) -> (Vec<Vec<u8>>, Vec<loopwarden::simulate::Truth>) {
+    let mut f = loopwarden::simulate::Fleet::new(loopwarden::simulate::FleetSpec {
+        sessions,
+        concurrency: 40,
+        loop_share,
+        seed,
+    });
+    let mut events = Vec::new();
+    let mut t = 1_763_000_000_000;
+    while let Some(e) = f.next_event(t) {
+        events.push(e.json);
+        t += 20;
+    }
+    (events, f.truths().to_vec())
+}

@@ -1,0 +1,486 @@
+//! `loopwarden run` against a real Kafka-protocol broker (Tansu via `scripts/broker`, or
+//! LOOPWARDEN_TEST_BROKERS): end to end against `replay`, dead letters, crash safety under
+//! SIGKILL, graceful shutdown, and the embedded broker.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use loopwarden::config::Config;
+use rdkafka::Message;
+
+fn config_of(path: &std::path::Path) -> Arc<Config> {
+    Arc::new(Config::load(path, std::iter::empty()).unwrap())
+}
+
+/// Replay's expectations: findings (warnings and terminations), and the summaries of the
+/// sessions that completed (the others close by idle time in `run`, by end of input here).
+struct Expected {
+    findings: BTreeSet<String>,
+    terminations: BTreeMap<String, serde_json::Value>,
+    summaries: BTreeMap<String, serde_json::Value>,
+}
+
+fn expected(config: Arc<Config>, events: &[Vec<u8>]) -> Expected {
+    let out = replay(config, events);
+    let mut e = Expected {
+        findings: BTreeSet::new(),
+        terminations: BTreeMap::new(),
+        summaries: BTreeMap::new(),
+    };
+    for v in out {
+        let id = v["event_id"].as_str().unwrap().to_string();
+        match v["type"].as_str().unwrap() {
+            "session.summary" if v["closed_by"] == "completed" => {
+                e.summaries.insert(id, v);
+            }
+            "session.summary" => {}
+            t => {
+                e.findings.insert(finding_key(&v));
+                if t == "session.terminated" {
+                    e.terminations.insert(id, v);
+                }
+            }
+        }
+    }
+    e
+}
+
+fn values(msgs: &[rdkafka::message::OwnedMessage]) -> Vec<serde_json::Value> {
+    msgs.iter().map(json).collect()
+}
+
+/// The final "processed … events (… skipped …)" line of a run's log.
+fn processed(log: &str) -> (u64, u64) {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("processed "))
+        .unwrap_or_else(|| panic!("no stats line in log:\n{log}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (nums[0], nums[1])
+}
+
+#[test]
+fn findings_on_the_bus_match_replay() {
+    let brokers = broker();
+    let topics = Topics::create(&brokers, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &brokers, &topics, "");
+    let (mut events, _) = fleet(150, 0.4, 11);
+    let examples = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/sessions.jsonl"
+    ))
+    .unwrap();
+    events.extend(examples.lines().map(|l| l.as_bytes().to_vec()));
+    let want = expected(config_of(&cfg), &events);
+    assert!(want.terminations.len() > 40, "the fleet loops");
+
+    produce(&brokers, &topics.input, &events, &[]);
+    let run = spawn_run(&cfg, &dir.path().join("run.log"));
+    let limit = Duration::from_secs(90);
+    let terminated = read_topic(
+        &brokers,
+        &topics.terminated,
+        want.terminations.len(),
+        limit,
+        Duration::from_millis(500),
+    );
+    let summaries = read_topic(
+        &brokers,
+        &topics.summary,
+        want.summaries.len(),
+        limit,
+        Duration::from_millis(500),
+    );
+    let warnings = read_topic(&brokers, &topics.warning, 1, limit, Duration::from_secs(1));
+    let log = run.log_text();
+    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
+
+    let got: BTreeSet<String> = values(&terminated)
+        .iter()
+        .chain(values(&warnings).iter())
+        .map(finding_key)
+        .collect();
+    assert_eq!(got, want.findings, "findings differ from replay");
+    for v in values(&terminated) {
+        assert_eq!(v["trigger"]["topic"], topics.input.as_str());
+        assert!(v["trigger"]["offset"].is_i64());
+    }
+    let got_summaries = by_event_id(&values(&summaries));
+    for (id, s) in &want.summaries {
+        let copies = got_summaries
+            .get(id)
+            .unwrap_or_else(|| panic!("summary {id} missing"));
+        assert_eq!(&copies[0], s, "summary {id} differs from replay");
+    }
+}
+
+#[test]
+fn bad_messages_are_dead_lettered_with_their_reason_and_the_partition_flows_on() {
+    let brokers = broker();
+    let topics = Topics::create(&brokers, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &brokers,
+        &topics,
+        "[engine]\nmax_event_bytes = 4096\nmax_nesting = 16\n",
+    );
+    let call = |i: u32| {
+        format!(r#"{{"type":"tool.called","session_id":"dlq-s1","event_id":"e{i}","timestamp":"2025-11-18T11:00:0{i}Z","tool":"run_tests","args":{{"t":1}},"result":"fail"}}"#)
+            .into_bytes()
+    };
+    let deep = format!(
+        r#"{{"type":"tool.called","session_id":"x","tool":"t","args":{}1{}}}"#,
+        "[".repeat(40),
+        "]".repeat(40)
+    );
+    let bad: Vec<(&str, Vec<u8>)> = vec![
+        ("oversized", format!(r#"{{"type":"tool.called","session_id":"x","tool":"t","result":"{}"}}"#, "a".repeat(5000)).into_bytes()),
+        ("invalid_utf8", b"{\"type\":\"tool.called\",\"session_id\":\"\xff\xfe\"}".to_vec()),
+        ("invalid_json", b"{\"type\": \"tool.called\", ".to_vec()),
+        ("not_an_object", b"[1, 2, 3]".to_vec()),
+        ("missing_field", br#"{"type":"tool.called","session_id":"x"}"#.to_vec()),
+        ("wrong_type", br#"{"type":"cost.attributed","session_id":"x","input_tokens":"many","output_tokens":1}"#.to_vec()),
+        ("too_deep", deep.into_bytes()),
+        ("unknown_type", br#"{"type":"session.paused","session_id":"x"}"#.to_vec()),
+    ];
+    // good, bad, good, bad, … : the looping session needs all four calls to terminate.
+    let mut payloads = Vec::new();
+    let mut bad_offsets = Vec::new();
+    for (i, (_, b)) in bad.iter().enumerate() {
+        if i % 2 == 0 {
+            payloads.push(call(i as u32 / 2 + 1));
+        }
+        bad_offsets.push(payloads.len() as i64);
+        payloads.push(b.clone());
+    }
+    produce(
+        &brokers,
+        &topics.input,
+        &payloads,
+        &[("x-origin", "dlq-test")],
+    );
+
+    let run = spawn_run(&cfg, &dir.path().join("run.log"));
+    let dlq = read_topic(
+        &brokers,
+        &topics.dlq,
+        bad.len(),
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    );
+    let terminated = read_topic(
+        &brokers,
+        &topics.terminated,
+        1,
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+    );
+    let log = run.log_text();
+    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
+
+    assert_eq!(dlq.len(), bad.len(), "one dead letter per bad message");
+    for (m, ((reason, bytes), offset)) in dlq.iter().zip(bad.iter().zip(&bad_offsets)) {
+        assert_eq!(
+            header(m, "loopwarden.error.reason").as_deref(),
+            Some(*reason)
+        );
+        assert!(!header(m, "loopwarden.error.message").unwrap().is_empty());
+        assert_eq!(
+            header(m, "loopwarden.source.topic").as_deref(),
+            Some(topics.input.as_str())
+        );
+        assert_eq!(
+            header(m, "loopwarden.source.partition").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            header(m, "loopwarden.source.offset"),
+            Some(offset.to_string())
+        );
+        assert_eq!(
+            header(m, "x-origin").as_deref(),
+            Some("dlq-test"),
+            "source headers kept"
+        );
+        assert_eq!(
+            m.payload().unwrap(),
+            bytes.as_slice(),
+            "original bytes kept ({reason})"
+        );
+    }
+    assert_eq!(
+        terminated.len(),
+        1,
+        "good events around the bad ones were processed"
+    );
+    assert_eq!(json(&terminated[0])["detector"], "repeat");
+}
+
+/// Deterministic pseudo-random delays; the seed is printed so a failure can be re-run.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, lo: u64, hi: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        lo + (self.0 >> 33) % (hi - lo)
+    }
+}
+
+#[test]
+fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
+    let brokers = broker();
+    let topics = Topics::create(&brokers, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &brokers, &topics, "");
+    let (events, truths) = fleet(400, 0.4, 5);
+    let want = expected(config_of(&cfg), &events);
+    let seed = std::env::var("LOOPWARDEN_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!(
+        "crash test: {} events, {} sessions, seed {seed} (LOOPWARDEN_CRASH_SEED)",
+        events.len(),
+        truths.len()
+    );
+    let mut rng = Lcg(seed);
+
+    // The stream arrives over ~6 s while the process is killed and restarted.
+    let feeder = {
+        let (brokers, topic, events) = (brokers.clone(), topics.input.clone(), events.clone());
+        std::thread::spawn(move || {
+            for chunk in events.chunks(events.len() / 30 + 1) {
+                produce(&brokers, &topic, chunk, &[]);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    let log = dir.path().join("run.log");
+    let kills = 5;
+    let assigned = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("partition assigned")
+            .count()
+    };
+    for k in 0..kills {
+        let before = assigned();
+        let run = spawn_run(&cfg, &log);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while assigned() == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Somewhere in the middle of consuming, delivering, storing or committing.
+        let after = rng.next(50, 1500);
+        std::thread::sleep(Duration::from_millis(after));
+        eprintln!("kill -9 number {} at {after} ms after assignment", k + 1);
+        run.kill9();
+    }
+    feeder.join().unwrap();
+    let run = spawn_run(&cfg, &log);
+    let limit = Duration::from_secs(120);
+    let summaries = read_topic(
+        &brokers,
+        &topics.summary,
+        want.summaries.len(),
+        limit,
+        Duration::from_secs(2),
+    );
+    let terminated = read_topic(
+        &brokers,
+        &topics.terminated,
+        want.terminations.len(),
+        limit,
+        Duration::from_secs(1),
+    );
+    assert!(run.terminate(Duration::from_secs(30)).success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    // Each restart resumes from what the killed run stored: the stored offsets must have
+    // moved between restarts, or the kills did not land mid-stream.
+    let resumed: BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.contains("partition assigned"))
+        .filter_map(|l| l.split("offsets=").nth(1))
+        .collect();
+    eprintln!("stored offsets seen at assignment: {resumed:?}");
+    assert!(resumed.len() >= 3, "kills landed mid-stream:\n{text}");
+
+    let got = by_event_id(&values(&terminated));
+    let missing: Vec<&String> = want
+        .terminations
+        .keys()
+        .filter(|id| !got.contains_key(*id))
+        .collect();
+    assert!(missing.is_empty(), "terminations lost: {missing:?}");
+    let extra: Vec<&String> = got
+        .keys()
+        .filter(|id| !want.terminations.contains_key(*id))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "terminations that replay does not produce: {extra:?}"
+    );
+    let mut per_session: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut duplicates = 0;
+    for (id, copies) in &got {
+        duplicates += copies.len() - 1;
+        for c in copies {
+            // Same counters in every copy: nothing was applied twice before it fired.
+            assert_eq!(
+                c["stats"], want.terminations[id]["stats"],
+                "termination {id} stats"
+            );
+            per_session
+                .entry(c["session_id"].as_str().unwrap().into())
+                .or_default()
+                .insert(id.clone());
+        }
+    }
+    assert!(
+        per_session.values().all(|ids| ids.len() == 1),
+        "one termination per session"
+    );
+    let got_summaries = by_event_id(&values(&summaries));
+    for (id, s) in &want.summaries {
+        let copies = got_summaries
+            .get(id)
+            .unwrap_or_else(|| panic!("summary {id} lost"));
+        for c in copies {
+            assert_eq!(
+                c["stats"], s["stats"],
+                "summary {id}: counters differ from replay"
+            );
+            assert_eq!(c["stop_reason"], s["stop_reason"]);
+        }
+    }
+    eprintln!(
+        "crash test: {} terminations, {} summaries all present once by event_id; {duplicates} re-emitted copies (at-least-once, same event_id)",
+        want.terminations.len(),
+        want.summaries.len()
+    );
+}
+
+#[test]
+fn sigterm_commits_everything_and_a_restart_re_emits_nothing() {
+    let brokers = broker();
+    let topics = Topics::create(&brokers, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &brokers, &topics, "");
+    let (events, _) = fleet(120, 0.4, 21);
+    let want = expected(config_of(&cfg), &events);
+    produce(&brokers, &topics.input, &events, &[]);
+
+    let first = spawn_run(&cfg, &dir.path().join("first.log"));
+    let limit = Duration::from_secs(60);
+    let summaries = read_topic(
+        &brokers,
+        &topics.summary,
+        want.summaries.len(),
+        limit,
+        Duration::from_millis(500),
+    );
+    assert_eq!(summaries.len(), want.summaries.len());
+    let started = Instant::now();
+    let log = first.log_text();
+    assert!(first.terminate(Duration::from_secs(25)).success(), "{log}");
+    eprintln!("graceful stop took {:?}", started.elapsed());
+    let first_log = std::fs::read_to_string(dir.path().join("first.log")).unwrap();
+    assert_eq!(processed(&first_log), (events.len() as u64, 0));
+
+    let second = spawn_run(&cfg, &dir.path().join("second.log"));
+    // Long enough to join the group, be assigned and poll.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !second.log_text().contains("partition assigned") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(second.terminate(Duration::from_secs(25)).success());
+    let second_log = std::fs::read_to_string(dir.path().join("second.log")).unwrap();
+    assert!(second_log.contains("partition assigned"), "{second_log}");
+    assert_eq!(
+        processed(&second_log),
+        (0, 0),
+        "nothing re-read: every offset was committed"
+    );
+    let after = read_topic(
+        &brokers,
+        &topics.summary,
+        summaries.len(),
+        Duration::from_secs(10),
+        Duration::from_millis(500),
+    );
+    assert_eq!(after.len(), summaries.len(), "nothing re-emitted");
+}
+
+#[test]
+fn without_brokers_run_starts_an_embedded_broker_and_prints_its_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("loopwarden.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[state]\npath = \"{}\"\n[kafka]\nembedded_partitions = 2\n[kafka.consumer]\n\"session.timeout.ms\" = 2000\n\"heartbeat.interval.ms\" = 200\n",
+            dir.path().join("state").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let address = first.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(
+        first.contains("embedded broker") && address.contains(':'),
+        "{first}"
+    );
+
+    let call = |i: u32| {
+        format!(r#"{{"type":"tool.called","session_id":"emb-1","timestamp":"2025-11-18T11:00:0{i}Z","tool":"grep","args":{{"q":"x"}},"result":"none"}}"#).into_bytes()
+    };
+    produce(
+        &address,
+        "tool.called",
+        &(1..=4).map(call).collect::<Vec<_>>(),
+        &[],
+    );
+    let terminated = read_topic(
+        &address,
+        "session.terminated",
+        1,
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+    );
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(terminated.len(), 1);
+    assert_eq!(json(&terminated[0])["session_id"], "emb-1");
+}
