@@ -1,5 +1,5 @@
 //! The built binary, as a user runs it: replay (file, stdin, bad lines, --strict, table),
-//! eval, check-config and --help.
+//! eval, check-config, simulate, the demo and --help.
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
@@ -233,9 +233,76 @@ fn help_is_there_for_every_command() {
         vec!["replay", "--help"],
         vec!["eval", "--help"],
         vec!["check-config", "--help"],
+        vec!["run", "--help"],
+        vec!["demo", "--help"],
+        vec!["simulate", "--help"],
     ] {
         let out = bin().args(&cmd).output().unwrap();
         assert!(out.status.success());
         assert!(text(&out.stdout).contains("Usage"), "{cmd:?}");
     }
+}
+
+/// The README's first command, smaller: embedded broker, simulator and pipeline in one
+/// process; the table at the end says what was caught.
+#[test]
+fn the_demo_catches_the_simulated_loops_and_stops_no_healthy_session() {
+    let out = bin()
+        .args(["demo", "--sessions", "80", "--rate", "4000", "--loop-share", "0.5", "--seed", "4"])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("TERMINATED "), "{stdout}");
+    assert!(stdout.contains("stop reason"), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("looping sessions:"))
+        .unwrap_or_else(|| panic!("no verdict line:\n{stdout}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (caught, missed, looping, wrongly, healthy) = (nums[0], nums[1], nums[2], nums[3], nums[4]);
+    assert_eq!((caught + missed, looping + healthy), (looping, 80), "{line}");
+    assert!(looping > 20 && caught * 10 >= looping * 9, "most loops caught: {line}");
+    assert_eq!(wrongly, 0, "{line}");
+    assert!(stdout.contains("80 summaries"), "every session summarised:\n{stdout}");
+}
+
+#[test]
+fn simulate_writes_events_and_ground_truth_that_replay_agrees_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("fleet.jsonl");
+    let truth = dir.path().join("truth.jsonl");
+    let out = bin()
+        .args(["simulate", "--sessions", "60", "--loop-share", "0.5", "--seed", "9", "--output"])
+        .arg(&events)
+        .arg("--truth")
+        .arg(&truth)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let truths: Vec<Value> = std::fs::read_to_string(&truth)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(truths.len(), 60);
+    let looping: std::collections::BTreeSet<&str> = truths
+        .iter()
+        .filter(|t| !t["pattern"].is_null())
+        .map(|t| t["session_id"].as_str().unwrap())
+        .collect();
+    assert!(!looping.is_empty());
+    let replayed = bin().arg("replay").arg(&events).output().unwrap();
+    assert!(replayed.status.success());
+    let terminated: std::collections::BTreeSet<String> = text(&replayed.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] == "session.terminated")
+        .map(|v| v["session_id"].as_str().unwrap().to_string())
+        .collect();
+    let expected: std::collections::BTreeSet<String> = looping.iter().map(|s| s.to_string()).collect();
+    assert_eq!(terminated, expected);
 }
