@@ -421,7 +421,8 @@ impl Worker {
                     }
                 }
             }
-            while self.producer.flush(Duration::from_millis(500)).is_err() {
+            while self.producer.in_flight_count() > 0 {
+                self.producer.poll(Duration::from_millis(1));
                 if self.past_deadline() {
                     return Err(self.deadline_exceeded());
                 }
@@ -506,9 +507,18 @@ impl Worker {
         consumer: &BaseConsumer<RebalanceHandler>,
         mode: CommitMode,
     ) -> Result<(), PipelineError> {
+        let started = Instant::now();
+        let records = self.outbox.len();
         self.deliver()?;
+        let delivered = Instant::now();
         let commit = self.store()?;
         self.stats.batches += 1;
+        debug!(
+            records,
+            deliver_ms = (delivered - started).as_secs_f64() * 1e3,
+            store_ms = delivered.elapsed().as_secs_f64() * 1e3,
+            "batch finished"
+        );
         if commit.count() > 0 {
             if let Err(e) = consumer.commit(&commit, mode) {
                 // sled holds the truth: a lost commit only means re-reading and skipping.

@@ -248,7 +248,17 @@ fn help_is_there_for_every_command() {
 #[test]
 fn the_demo_catches_the_simulated_loops_and_stops_no_healthy_session() {
     let out = bin()
-        .args(["demo", "--sessions", "80", "--rate", "4000", "--loop-share", "0.5", "--seed", "4"])
+        .args([
+            "demo",
+            "--sessions",
+            "80",
+            "--rate",
+            "4000",
+            "--loop-share",
+            "0.5",
+            "--seed",
+            "4",
+        ])
         .output()
         .unwrap();
     let stdout = text(&out.stdout);
@@ -264,10 +274,20 @@ fn the_demo_catches_the_simulated_loops_and_stops_no_healthy_session() {
         .filter_map(|w| w.parse().ok())
         .collect();
     let (caught, missed, looping, wrongly, healthy) = (nums[0], nums[1], nums[2], nums[3], nums[4]);
-    assert_eq!((caught + missed, looping + healthy), (looping, 80), "{line}");
-    assert!(looping > 20 && caught * 10 >= looping * 9, "most loops caught: {line}");
+    assert_eq!(
+        (caught + missed, looping + healthy),
+        (looping, 80),
+        "{line}"
+    );
+    assert!(
+        looping > 20 && caught * 10 >= looping * 9,
+        "most loops caught: {line}"
+    );
     assert_eq!(wrongly, 0, "{line}");
-    assert!(stdout.contains("80 summaries"), "every session summarised:\n{stdout}");
+    assert!(
+        stdout.contains("80 summaries"),
+        "every session summarised:\n{stdout}"
+    );
 }
 
 #[test]
@@ -276,7 +296,16 @@ fn simulate_writes_events_and_ground_truth_that_replay_agrees_with() {
     let events = dir.path().join("fleet.jsonl");
     let truth = dir.path().join("truth.jsonl");
     let out = bin()
-        .args(["simulate", "--sessions", "60", "--loop-share", "0.5", "--seed", "9", "--output"])
+        .args([
+            "simulate",
+            "--sessions",
+            "60",
+            "--loop-share",
+            "0.5",
+            "--seed",
+            "9",
+            "--output",
+        ])
         .arg(&events)
         .arg("--truth")
         .arg(&truth)
@@ -303,6 +332,7 @@ fn simulate_writes_events_and_ground_truth_that_replay_agrees_with() {
         .filter(|v| v["type"] == "session.terminated")
         .map(|v| v["session_id"].as_str().unwrap().to_string())
         .collect();
-    let expected: std::collections::BTreeSet<String> = looping.iter().map(|s| s.to_string()).collect();
+    let expected: std::collections::BTreeSet<String> =
+        looping.iter().map(|s| s.to_string()).collect();
     assert_eq!(terminated, expected);
 }

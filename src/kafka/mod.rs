@@ -36,7 +36,10 @@ pub fn consumer_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig 
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", "range");
+        .set("partition.assignment.strategy", "range")
+        // Findings are latency-sensitive: do not let a fetch sit for librdkafka's 500 ms
+        // default on brokers that wait out fetch.wait.max.ms.
+        .set("fetch.wait.max.ms", "20");
     for (k, v) in &settings.consumer {
         c.set(k, v);
     }

@@ -239,6 +239,30 @@ pub fn produce(brokers: &str, topic: &str, payloads: &[Vec<u8>], headers: &[(&st
     producer.flush(Duration::from_secs(30)).unwrap();
 }
 
+/// A consumer assigned every partition of `topics` from the start (no group join, so it
+/// reads at once).
+pub fn reader(brokers: &str, topics: &[&str]) -> BaseConsumer {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for topic in topics {
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .unwrap();
+        for p in md.topics()[0].partitions() {
+            tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+                .unwrap();
+        }
+    }
+    consumer.assign(&tpl).unwrap();
+    consumer
+}
+
 /// Every message of `topic` (all partitions, from the start) once at least `min` have
 /// arrived or `limit` passed, then whatever else arrives within `quiet`.
 pub fn read_topic(
@@ -248,21 +272,7 @@ pub fn read_topic(
     limit: Duration,
     quiet: Duration,
 ) -> Vec<OwnedMessage> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in md.topics()[0].partitions() {
-        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
+    let consumer = reader(brokers, &[topic]);
     let mut out = Vec::new();
     let until = Instant::now() + limit;
     let mut last = Instant::now();

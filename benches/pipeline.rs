@@ -1,0 +1,255 @@
+//! The Kafka pipeline against a real local broker (Tansu via `scripts/broker`, or
+//! LOOPWARDEN_BENCH_BROKERS), DESIGN §8: sustained events/s, and the latency from an
+//! event's produce to its finding being readable on the output topic at a fixed rate.
+//!
+//! `cargo bench --bench pipeline` runs both phases. Knobs (environment):
+//! - LOOPWARDEN_BENCH_EVENTS: events of the throughput phase (default 300000);
+//! - LOOPWARDEN_BENCH_RATE / LOOPWARDEN_BENCH_SECS: the latency phase's rate (default
+//!   10000 events/s) and length (default 20 s);
+//! - LOOPWARDEN_BENCH_PARTITIONS: input partitions (default 4).
+//!
+//! Throughput is measured from the first output readable to the last session summary
+//! readable, so group-join time is left out; every session completes, so the last
+//! summary means every event was applied, delivered, stored and committed.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use loopwarden::config::Config;
+use loopwarden::event::parse_rfc3339_ms;
+use loopwarden::feed::{feed, wall_ms, FeedProducer, Routing, Target};
+use loopwarden::pipeline::run;
+use loopwarden::shutdown::Shutdown;
+use loopwarden::simulate::{Fleet, FleetSpec};
+use rdkafka::{ClientConfig, Message};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn config(dir: &std::path::Path, brokers: &str, topics: &common::Topics) -> Arc<Config> {
+    // LOOPWARDEN_BENCH_CONFIG: extra TOML for the pipeline's config (tuning experiments).
+    let extra = std::env::var("LOOPWARDEN_BENCH_CONFIG").unwrap_or_default();
+    let path = common::write_config(dir, brokers, topics, &extra.replace("\\n", "\n"));
+    Arc::new(Config::load(&path, std::iter::empty()).unwrap())
+}
+
+fn producer(brokers: &str) -> FeedProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "2")
+        .create_with_context(Default::default())
+        .unwrap()
+}
+
+fn throughput(brokers: &str, partitions: i32, events_wanted: u64) {
+    let topics = common::Topics::create(brokers, partitions);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), brokers, &topics);
+    // ~44 events per session on average.
+    let sessions = (events_wanted / 44).max(10);
+    let mut fleet = Fleet::new(FleetSpec {
+        sessions,
+        concurrency: 2000,
+        loop_share: 0.2,
+        seed: 42,
+    });
+    let p = producer(brokers);
+    let t = Instant::now();
+    let fed = feed(
+        &mut fleet,
+        Target::Kafka {
+            producer: &p,
+            routing: Routing::single(&topics.input),
+        },
+        0.0,
+        Some((1_763_000_000_000, 2)),
+        None,
+        &Shutdown::new(),
+    )
+    .unwrap();
+    eprintln!(
+        "throughput: produced {} events of {} sessions in {:.1} s ({:.0} events/s produce)",
+        fed.events,
+        fed.sessions,
+        t.elapsed().as_secs_f64(),
+        fed.events as f64 / t.elapsed().as_secs_f64()
+    );
+
+    let r = common::reader(
+        brokers,
+        &[&topics.summary, &topics.terminated, &topics.warning],
+    );
+    let shutdown = Shutdown::new();
+    let pipeline = {
+        let (config, brokers, shutdown) = (config.clone(), brokers.to_string(), shutdown.clone());
+        std::thread::spawn(move || run(config, &brokers, shutdown))
+    };
+    let started = Instant::now();
+    let mut first: Option<Instant> = None;
+    let mut summaries = 0u64;
+    while summaries < fed.sessions && started.elapsed() < Duration::from_secs(600) {
+        if let Some(Ok(m)) = r.poll(Duration::from_millis(100)) {
+            first.get_or_insert_with(Instant::now);
+            if m.topic() == topics.summary {
+                summaries += 1;
+            }
+        }
+    }
+    let end = Instant::now();
+    shutdown.trigger();
+    let stats = pipeline.join().unwrap().unwrap();
+    let first = first.expect("some output");
+    let secs = (end - first).as_secs_f64();
+    eprintln!(
+        "throughput: {} events applied ({} batches), first output after {:.1} s (group join), then {:.2} s to the last summary: {:.0} events/s sustained",
+        stats.events,
+        stats.batches,
+        (first - started).as_secs_f64(),
+        secs,
+        stats.events as f64 / secs
+    );
+}
+
+fn latency(brokers: &str, partitions: i32, rate: f64, secs: u64) {
+    let topics = common::Topics::create(brokers, partitions);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), brokers, &topics);
+    let shutdown = Shutdown::new();
+    let pipeline = {
+        let (config, brokers, shutdown) = (config.clone(), brokers.to_string(), shutdown.clone());
+        std::thread::spawn(move || run(config, &brokers, shutdown))
+    };
+    // Wait until the pipeline is assigned and delivering: one session through end to end.
+    let r = common::reader(
+        brokers,
+        &[
+            &topics.terminated,
+            &topics.warning,
+            &topics.summary,
+            &topics.input,
+        ],
+    );
+    let p = producer(brokers);
+    let warm = br#"{"type":"session.completed","session_id":"warmup"}"#.to_vec();
+    common::produce(brokers, &topics.input, &[warm], &[]);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(60) {
+        if let Some(Ok(m)) = r.poll(Duration::from_millis(100)) {
+            if m.topic() == topics.summary {
+                break;
+            }
+        }
+    }
+    let samples = Arc::new(Mutex::new(Vec::<i64>::new()));
+    // The broker alone: produce → readable for the input events themselves.
+    let raw = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let stop_reading = Shutdown::new();
+    let reading = {
+        let (samples, raw, input, stop, terminated, warning) = (
+            samples.clone(),
+            raw.clone(),
+            topics.input.clone(),
+            stop_reading.clone(),
+            topics.terminated.clone(),
+            topics.warning.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.is_triggered() {
+                let Some(Ok(m)) = r.poll(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let now = wall_ms();
+                if m.topic() == input {
+                    if let Some(t) = m.timestamp().to_millis() {
+                        raw.lock().unwrap().push(now - t);
+                    }
+                    continue;
+                }
+                if m.topic() != terminated && m.topic() != warning {
+                    continue;
+                }
+                let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+                // The triggering event was stamped with the wall clock when it was produced.
+                if let Some(t) = v["event_time"].as_str().and_then(parse_rfc3339_ms) {
+                    samples.lock().unwrap().push(now - t);
+                }
+            }
+        })
+    };
+    let mut fleet = Fleet::new(FleetSpec {
+        sessions: u64::MAX,
+        concurrency: 2000,
+        loop_share: 0.2,
+        seed: 7,
+    });
+    let fed = feed(
+        &mut fleet,
+        Target::Kafka {
+            producer: &p,
+            routing: Routing::single(&topics.input),
+        },
+        rate,
+        None,
+        Some((rate * secs as f64) as u64),
+        &Shutdown::new(),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    stop_reading.trigger();
+    reading.join().unwrap();
+    shutdown.trigger();
+    let stats = pipeline.join().unwrap().unwrap();
+    let pct = |s: &[i64], q: f64| {
+        s.get(((s.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(-1)
+    };
+    let mut r = raw.lock().unwrap().clone();
+    r.sort_unstable();
+    eprintln!(
+        "latency: the broker alone, input event produce → readable: p50 {} ms, p99 {} ms ({} events)",
+        pct(&r, 0.5),
+        pct(&r, 0.99),
+        r.len()
+    );
+    let mut s = samples.lock().unwrap().clone();
+    s.sort_unstable();
+    eprintln!(
+        "latency at {rate:.0} events/s for {secs} s ({} events fed, {} applied, {} batches): {} findings; produce → finding readable: p50 {} ms, p99 {} ms, max {} ms",
+        fed.events,
+        stats.events,
+        stats.batches,
+        s.len(),
+        pct(&s, 0.5),
+        pct(&s, 0.99),
+        s.last().copied().unwrap_or(-1)
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: run only then.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let brokers = std::env::var("LOOPWARDEN_BENCH_BROKERS").unwrap_or_else(|_| common::broker());
+    let partitions = env_or("LOOPWARDEN_BENCH_PARTITIONS", 4);
+    throughput(
+        &brokers,
+        partitions,
+        env_or("LOOPWARDEN_BENCH_EVENTS", 300_000),
+    );
+    latency(
+        &brokers,
+        partitions,
+        env_or("LOOPWARDEN_BENCH_RATE", 10_000.0),
+        env_or("LOOPWARDEN_BENCH_SECS", 20),
+    );
+}
