@@ -6,7 +6,10 @@
 //! - LOOPWARDEN_BENCH_EVENTS: events of the throughput phase (default 300000);
 //! - LOOPWARDEN_BENCH_RATE / LOOPWARDEN_BENCH_SECS: the latency phase's rate (default
 //!   10000 events/s) and length (default 20 s);
-//! - LOOPWARDEN_BENCH_PARTITIONS: input partitions (default 4).
+//! - LOOPWARDEN_BENCH_PARTITIONS: input partitions (default 4);
+//! - LOOPWARDEN_BENCH_BROKERS: `host:port` of a running broker, or `embedded` for the
+//!   in-process mock cluster (default: Tansu, started by `scripts/broker`);
+//! - LOOPWARDEN_BENCH_CONFIG: extra TOML appended to the pipeline's config.
 //!
 //! Throughput is measured from the first output readable to the last session summary
 //! readable, so group-join time is left out; every session completes, so the last
@@ -21,6 +24,7 @@ use std::time::{Duration, Instant};
 use loopwarden::config::Config;
 use loopwarden::event::parse_rfc3339_ms;
 use loopwarden::feed::{feed, wall_ms, FeedProducer, Routing, Target};
+use loopwarden::kafka::embedded::EmbeddedBroker;
 use loopwarden::pipeline::run;
 use loopwarden::shutdown::Shutdown;
 use loopwarden::simulate::{Fleet, FleetSpec};
@@ -37,7 +41,9 @@ fn config(dir: &std::path::Path, brokers: &str, topics: &common::Topics) -> Arc<
     // LOOPWARDEN_BENCH_CONFIG: extra TOML for the pipeline's config (tuning experiments).
     let extra = std::env::var("LOOPWARDEN_BENCH_CONFIG").unwrap_or_default();
     let path = common::write_config(dir, brokers, topics, &extra.replace("\\n", "\n"));
-    Arc::new(Config::load(&path, std::iter::empty()).unwrap())
+    // LOOPWARDEN_* variables apply, e.g. LOOPWARDEN_KAFKA__WORKERS=1.
+    let env = std::env::vars().filter(|(k, _)| !k.starts_with("LOOPWARDEN_BENCH_"));
+    Arc::new(Config::load(&path, env).unwrap())
 }
 
 fn producer(brokers: &str) -> FeedProducer {
@@ -49,8 +55,39 @@ fn producer(brokers: &str) -> FeedProducer {
         .unwrap()
 }
 
-fn throughput(brokers: &str, partitions: i32, events_wanted: u64) {
-    let topics = common::Topics::create(brokers, partitions);
+/// The broker under test: a local one reached by address, or the embedded mock cluster
+/// (LOOPWARDEN_BENCH_BROKERS=embedded), which shows the pipeline's own latency without a
+/// separate broker process competing for the two cores.
+enum Cluster {
+    Address(String),
+    Embedded(EmbeddedBroker),
+}
+
+impl Cluster {
+    fn brokers(&self) -> String {
+        match self {
+            Cluster::Address(a) => a.clone(),
+            Cluster::Embedded(e) => e.bootstrap_servers().to_string(),
+        }
+    }
+
+    fn topics(&self, partitions: i32) -> common::Topics {
+        match self {
+            Cluster::Address(a) => common::Topics::create(a, partitions),
+            Cluster::Embedded(e) => {
+                let t = common::Topics::named();
+                for (name, n) in t.layout(partitions) {
+                    e.create_topic(name, n).unwrap();
+                }
+                t
+            }
+        }
+    }
+}
+
+fn throughput(cluster: &Cluster, partitions: i32, events_wanted: u64) {
+    let brokers = &cluster.brokers();
+    let topics = cluster.topics(partitions);
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), brokers, &topics);
     // ~44 events per session on average.
@@ -95,7 +132,8 @@ fn throughput(brokers: &str, partitions: i32, events_wanted: u64) {
     let started = Instant::now();
     let mut first: Option<Instant> = None;
     let mut summaries = 0u64;
-    while summaries < fed.sessions && started.elapsed() < Duration::from_secs(600) {
+    let limit = Duration::from_secs(env_or("LOOPWARDEN_BENCH_LIMIT_SECS", 600));
+    while summaries < fed.sessions && started.elapsed() < limit {
         if let Some(Ok(m)) = r.poll(Duration::from_millis(100)) {
             first.get_or_insert_with(Instant::now);
             if m.topic() == topics.summary {
@@ -109,7 +147,8 @@ fn throughput(brokers: &str, partitions: i32, events_wanted: u64) {
     let first = first.expect("some output");
     let secs = (end - first).as_secs_f64();
     eprintln!(
-        "throughput: {} events applied ({} batches), first output after {:.1} s (group join), then {:.2} s to the last summary: {:.0} events/s sustained",
+        "throughput: {:?}\nthroughput: {} events applied ({} batches), first output after {:.1} s (group join), then {:.2} s to the last summary: {:.0} events/s sustained",
+        stats,
         stats.events,
         stats.batches,
         (first - started).as_secs_f64(),
@@ -118,8 +157,9 @@ fn throughput(brokers: &str, partitions: i32, events_wanted: u64) {
     );
 }
 
-fn latency(brokers: &str, partitions: i32, rate: f64, secs: u64) {
-    let topics = common::Topics::create(brokers, partitions);
+fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
+    let brokers = &cluster.brokers();
+    let topics = cluster.topics(partitions);
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), brokers, &topics);
     let shutdown = Shutdown::new();
@@ -239,15 +279,31 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let brokers = std::env::var("LOOPWARDEN_BENCH_BROKERS").unwrap_or_else(|_| common::broker());
+    // RUST_LOG=loopwarden=debug shows every batch's delivery and store times.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cluster = match std::env::var("LOOPWARDEN_BENCH_BROKERS") {
+        Ok(b) if b == "embedded" => Cluster::Embedded(EmbeddedBroker::start(&[], 1).unwrap()),
+        Ok(b) => Cluster::Address(b),
+        Err(_) => Cluster::Address(common::broker()),
+    };
+    match &cluster {
+        Cluster::Address(a) => eprintln!("broker: {a} (a separate process)"),
+        Cluster::Embedded(_) => eprintln!("broker: embedded mock cluster (in process)"),
+    }
     let partitions = env_or("LOOPWARDEN_BENCH_PARTITIONS", 4);
     throughput(
-        &brokers,
+        &cluster,
         partitions,
         env_or("LOOPWARDEN_BENCH_EVENTS", 300_000),
     );
     latency(
-        &brokers,
+        &cluster,
         partitions,
         env_or("LOOPWARDEN_BENCH_RATE", 10_000.0),
         env_or("LOOPWARDEN_BENCH_SECS", 20),

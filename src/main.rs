@@ -177,9 +177,10 @@ fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
     }
 }
 
-fn init_logs(format: LogFormat) {
+/// Logs on stderr; RUST_LOG wins over `default_level`.
+fn init_logs(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -224,7 +225,12 @@ fn on_signals(shutdown: Shutdown) -> anyhow::Result<()> {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    init_logs(cli.log_format);
+    // The demo prints its own story on stdout; the pipeline's logs would drown it.
+    let default_level = match cli.command {
+        Command::Demo { .. } => "warn",
+        _ => "info",
+    };
+    init_logs(cli.log_format, default_level);
     match cli.command {
         Command::Run { config } => {
             let config = load_config(config.as_deref())?;

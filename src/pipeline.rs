@@ -31,9 +31,12 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::Config;
 use crate::engine::{Engine, EventMeta};
-use crate::event::parse_event;
+use crate::event::{parse_event, Event};
 use crate::kafka::settings::KafkaSettings;
-use crate::kafka::{check_topics, consumer_config, partition_counts, producer_config, TopicError};
+use crate::kafka::{
+    cached_high_watermark, check_topics, consumer_config, partition_counts, producer_config,
+    TopicError,
+};
 use crate::output::Output;
 use crate::shutdown::Shutdown;
 use crate::store::{open_db, SledStore, StoreError};
@@ -74,6 +77,10 @@ pub enum PipelineError {
     Subscribe { topics: String, source: KafkaError },
     #[error("state store: {0}")]
     Store(#[from] StoreError),
+    #[error("cannot start a worker thread: {0}")]
+    Thread(std::io::Error),
+    #[error("a worker thread panicked")]
+    WorkerPanicked,
     #[error("shutdown deadline ({secs} s) passed with {undelivered} output record(s) undelivered; nothing was stored or committed for them, so a restart processes their events again")]
     DeadlineExceeded { secs: u64, undelivered: usize },
 }
@@ -98,6 +105,18 @@ pub struct RunStats {
     pub terminations: u64,
     pub summaries: u64,
     pub batches: u64,
+}
+
+impl std::ops::AddAssign for RunStats {
+    fn add_assign(&mut self, o: RunStats) {
+        self.events += o.events;
+        self.skipped += o.skipped;
+        self.dead_lettered += o.dead_lettered;
+        self.warnings += o.warnings;
+        self.terminations += o.terminations;
+        self.summaries += o.summaries;
+        self.batches += o.batches;
+    }
 }
 
 fn now_ms() -> i64 {
@@ -179,6 +198,8 @@ struct Partition {
     store: SledStore,
     /// Last applied offset per input topic.
     applied: BTreeMap<Arc<str>, i64>,
+    /// Events of the current batch, applied in event-time order when it ends.
+    pending: Vec<(i64, Event, EventMeta)>,
     /// Whether state or offsets changed since the last store.
     dirty: bool,
     /// Wall time and engine clock at the last event, for the idle clock.
@@ -244,6 +265,7 @@ impl Worker {
                 engine,
                 store,
                 applied,
+                pending: Vec::new(),
                 dirty: false,
                 last_event_wall: Instant::now(),
                 clock_at_last_event: clock,
@@ -280,10 +302,11 @@ impl Worker {
                     message_timestamp_ms: m.timestamp().to_millis(),
                     processing_time_ms: Some(now_ms()),
                 };
-                p.engine.process(&event, &meta, &mut self.scratch);
-                p.last_event_wall = Instant::now();
-                p.clock_at_last_event = p.engine.watermark();
-                self.queue_outputs();
+                let event_ms = event
+                    .timestamp_ms
+                    .or(meta.message_timestamp_ms)
+                    .unwrap_or(0);
+                p.pending.push((event_ms, event, meta));
             }
             Err(bad) => {
                 self.stats.dead_lettered += 1;
@@ -312,6 +335,27 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Applies the batch's events, per partition in event-time order. With several input
+    /// topics the consumer interleaves them as fetched, not as they happened (a backlog of
+    /// LLM calls can arrive before the tool calls between them); ordering each batch by
+    /// event time undoes that within the batch. The sort is stable, so events with equal
+    /// times keep their offset order. Offsets are unaffected: the whole batch is applied
+    /// before it is stored.
+    fn apply_pending(&mut self) {
+        for p in self.partitions.values_mut() {
+            if p.pending.is_empty() {
+                continue;
+            }
+            p.pending.sort_by_key(|(t, _, _)| *t);
+            for (_, event, meta) in p.pending.drain(..) {
+                p.engine.process(&event, &meta, &mut self.scratch);
+            }
+            p.last_event_wall = Instant::now();
+            p.clock_at_last_event = p.engine.watermark();
+        }
+        self.queue_outputs();
     }
 
     /// Moves the engine outputs in `scratch` to the outbox (shadow findings stay local).
@@ -348,6 +392,7 @@ impl Worker {
 
     /// Advances the clock of partitions that have been idle, closing silent sessions.
     fn tick_idle(&mut self) {
+        self.apply_pending();
         let idle_after = self.settings().idle_after;
         for p in self.partitions.values_mut() {
             let idle = p.last_event_wall.elapsed();
@@ -367,6 +412,20 @@ impl Worker {
             }
         }
         self.queue_outputs();
+    }
+
+    /// Messages waiting on the broker behind what this worker applied, by the client's
+    /// cached high watermarks (no request).
+    fn lag(&self, consumer: &BaseConsumer<RebalanceHandler>) -> i64 {
+        let mut lag = 0;
+        for (&partition, p) in &self.partitions {
+            for (topic, applied) in &p.applied {
+                if let Some(high) = cached_high_watermark(consumer.client(), topic, partition) {
+                    lag += (high - applied - 1).max(0);
+                }
+            }
+        }
+        lag
     }
 
     fn past_deadline(&self) -> bool {
@@ -507,6 +566,7 @@ impl Worker {
         consumer: &BaseConsumer<RebalanceHandler>,
         mode: CommitMode,
     ) -> Result<(), PipelineError> {
+        self.apply_pending();
         let started = Instant::now();
         let records = self.outbox.len();
         self.deliver()?;
@@ -612,8 +672,62 @@ pub fn run(
     brokers: &str,
     shutdown: Shutdown,
 ) -> Result<RunStats, PipelineError> {
-    let settings = config.kafka.clone();
     let db = open_db(&config.state_path)?;
+    let workers = config.kafka.workers;
+    if workers == 1 {
+        return run_worker(config, brokers, db, shutdown, 0);
+    }
+    // Several members of the group in one process: each owns its partitions, engines and
+    // sled trees; while one waits for the broker or the disk, the other computes.
+    let threads: Vec<_> = (0..workers)
+        .map(|i| {
+            let (config, brokers, db, shutdown) = (
+                config.clone(),
+                brokers.to_string(),
+                db.clone(),
+                shutdown.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("loopwarden-worker-{i}"))
+                .spawn(move || {
+                    let result = run_worker(config, &brokers, db, shutdown.clone(), i);
+                    if result.is_err() {
+                        // One worker failing stops the process: the others finish cleanly.
+                        shutdown.trigger();
+                    }
+                    result
+                })
+        })
+        .collect::<Result<_, _>>()
+        .map_err(PipelineError::Thread)?;
+    let mut total = RunStats::default();
+    let mut first_error = None;
+    for t in threads {
+        match t.join() {
+            Ok(Ok(stats)) => total += stats,
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(_) => {
+                first_error.get_or_insert(PipelineError::WorkerPanicked);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(total),
+    }
+}
+
+/// One member of the consumer group (one thread): subscribe, consume, stop.
+fn run_worker(
+    config: Arc<Config>,
+    brokers: &str,
+    db: sled::Db,
+    shutdown: Shutdown,
+    index: usize,
+) -> Result<RunStats, PipelineError> {
+    let settings = config.kafka.clone();
     let producer: BaseProducer<DeliveryTracker> =
         producer_config(&settings, brokers, config.limits.max_event_bytes)
             .create_with_context(DeliveryTracker::default())
@@ -645,7 +759,7 @@ pub fn run(
             topics: inputs.join(", "),
             source,
         })?;
-    info!(brokers, group = %settings.group_id, topics = ?inputs, partitions, state = %config.state_path.display(), "consuming");
+    info!(brokers, group = %settings.group_id, topics = ?inputs, partitions, worker = index, state = %config.state_path.display(), "consuming");
 
     let result = consume(&consumer, &settings, &shutdown);
     let mut w = lock(&consumer.context().worker);
@@ -655,8 +769,8 @@ pub fn run(
     // Leaving the group runs the revoke callback (an empty batch) before the drop returns.
     drop(consumer);
     match &result {
-        Ok(()) => info!(?stats, "stopped"),
-        Err(e) => error!(error = %e, ?stats, "stopped with an error"),
+        Ok(()) => info!(worker = index, ?stats, "stopped"),
+        Err(e) => error!(worker = index, error = %e, ?stats, "stopped with an error"),
     }
     result.map(|()| stats)
 }
@@ -668,15 +782,24 @@ fn consume(
     shutdown: &Shutdown,
 ) -> Result<(), PipelineError> {
     let idle_poll = Duration::from_millis(100);
+    // Adaptive batching: while there is a backlog (a batch runs out of time with more
+    // messages waiting on the broker than it took), batches grow up to 8× the configured wait, so the fixed cost of
+    // delivering and storing a batch is spread over more events; once caught up, batches
+    // are short again (latency).
+    let mut wait = settings.max_batch_wait;
     while !shutdown.is_triggered() {
         let mut in_batch = 0usize;
         let mut started: Option<Instant> = None;
+        let mut timed_out = false;
         loop {
             let timeout = match started {
                 None => idle_poll,
-                Some(t) => match settings.max_batch_wait.checked_sub(t.elapsed()) {
+                Some(t) => match wait.checked_sub(t.elapsed()) {
                     Some(left) if !left.is_zero() => left,
-                    _ => break,
+                    _ => {
+                        timed_out = true;
+                        break;
+                    }
                 },
             };
             match consumer.poll(timeout) {
@@ -711,6 +834,11 @@ fn consume(
             }
         }
         let mut w = lock(&consumer.context().worker);
+        wait = if timed_out && w.lag(consumer) > in_batch as i64 {
+            (wait * 2).min(settings.max_batch_wait * 8)
+        } else {
+            settings.max_batch_wait
+        };
         if let Some(e) = w.fatal.take() {
             return Err(e);
         }

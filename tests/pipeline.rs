@@ -86,7 +86,12 @@ fn findings_on_the_bus_match_replay() {
     assert!(want.terminations.len() > 40, "the fleet loops");
 
     produce(&brokers, &topics.input, &events, &[]);
-    let run = spawn_run(&cfg, &dir.path().join("run.log"));
+    // Two workers (group members) in one process share the partitions.
+    let run = spawn_run_with_env(
+        &cfg,
+        &dir.path().join("run.log"),
+        &[("LOOPWARDEN_KAFKA__WORKERS", "2")],
+    );
     let limit = Duration::from_secs(90);
     let terminated = read_topic(
         &brokers,

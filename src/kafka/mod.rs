@@ -69,6 +69,30 @@ pub fn producer_config(
     c
 }
 
+/// The high watermark of a partition as the client last saw it in a fetch response (no
+/// request is made); `None` before the first fetch.
+pub fn cached_high_watermark<C: ClientContext>(
+    client: &Client<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let topic = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: a live client handle, a NUL-terminated topic name and two out-pointers
+    // that outlive the call; librdkafka only reads its local cache here.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            client.native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+        .then_some(high)
+}
+
 /// Errors worth retrying: the broker is away, slow or electing; everything else about
 /// the cluster's answer is taken at face value.
 pub fn is_transient(e: &KafkaError) -> bool {

@@ -26,6 +26,8 @@ pub const DEFAULT_SHUTDOWN_DEADLINE_SECS: u64 = 30;
 pub const DEFAULT_IDLE_AFTER_SECS: u64 = 5;
 pub const DEFAULT_RETRY_BACKOFF_MIN_MS: u64 = 100;
 pub const DEFAULT_RETRY_BACKOFF_MAX_MS: u64 = 10_000;
+/// Consumer threads (group members) per process.
+pub const DEFAULT_WORKERS: usize = 1;
 /// Partitions of each topic the embedded broker creates.
 pub const DEFAULT_EMBEDDED_PARTITIONS: i32 = 4;
 
@@ -68,6 +70,7 @@ pub(crate) struct RawKafka {
     retry_backoff_min_ms: Option<u64>,
     retry_backoff_max_ms: Option<u64>,
     embedded_partitions: Option<i32>,
+    workers: Option<usize>,
     client: Option<BTreeMap<String, toml::Value>>,
     consumer: Option<BTreeMap<String, toml::Value>>,
     producer: Option<BTreeMap<String, toml::Value>>,
@@ -91,6 +94,8 @@ pub struct KafkaSettings {
     pub retry_backoff_min: Duration,
     pub retry_backoff_max: Duration,
     pub embedded_partitions: i32,
+    /// Consumer threads per process, each a member of the group with its own partitions.
+    pub workers: usize,
     /// Properties for every client (consumer, producer, admin), e.g. TLS and SASL.
     pub client: BTreeMap<String, String>,
     /// Properties for the consumer only.
@@ -261,6 +266,10 @@ impl KafkaSettings {
                 "must be 1..=1024".into(),
             ));
         }
+        let workers = raw.workers.unwrap_or(DEFAULT_WORKERS);
+        if !(1..=64).contains(&workers) {
+            errors.push(("kafka.workers".into(), "must be 1..=64".into()));
+        }
         let client = properties(raw.client, "client", errors);
         let consumer = properties(raw.consumer, "consumer", errors);
         let producer = properties(raw.producer, "producer", errors);
@@ -281,6 +290,7 @@ impl KafkaSettings {
             retry_backoff_min: Duration::from_millis(backoff_min),
             retry_backoff_max: Duration::from_millis(backoff_max),
             embedded_partitions,
+            workers,
             client,
             consumer,
             producer,
@@ -351,6 +361,7 @@ impl KafkaSettings {
             "embedded_partitions".into(),
             V::Integer(self.embedded_partitions as i64),
         );
+        t.insert("workers".into(), V::Integer(self.workers as i64));
         let props = |m: &BTreeMap<String, String>| {
             V::Table(
                 m.iter()

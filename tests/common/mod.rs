@@ -88,25 +88,33 @@ pub struct Topics {
 }
 
 impl Topics {
-    pub fn create(brokers: &str, partitions: i32) -> Topics {
+    /// Fresh names (nothing created).
+    pub fn named() -> Topics {
         let base = unique("t");
-        let t = Topics {
+        Topics {
             input: format!("{base}.in"),
             warning: format!("{base}.warning"),
             terminated: format!("{base}.terminated"),
             summary: format!("{base}.summary"),
             dlq: format!("{base}.dlq"),
-        };
-        create_topics(
-            brokers,
-            &[
-                (&t.input, partitions),
-                (&t.warning, 1),
-                (&t.terminated, 1),
-                (&t.summary, 1),
-                (&t.dlq, 1),
-            ],
-        );
+        }
+    }
+
+    /// (topic, partitions): the input with `partitions`, each output with one.
+    pub fn layout(&self, partitions: i32) -> Vec<(&str, i32)> {
+        vec![
+            (&self.input, partitions),
+            (&self.warning, 1),
+            (&self.terminated, 1),
+            (&self.summary, 1),
+            (&self.dlq, 1),
+        ]
+    }
+
+    /// Fresh topics created on `brokers` with the admin API.
+    pub fn create(brokers: &str, partitions: i32) -> Topics {
+        let t = Topics::named();
+        create_topics(brokers, &t.layout(partitions));
         t
     }
 }
@@ -154,6 +162,11 @@ pub struct Running {
 }
 
 pub fn spawn_run(config: &Path, log: &Path) -> Running {
+    spawn_run_with_env(config, log, &[])
+}
+
+/// `loopwarden run` with extra environment (e.g. LOOPWARDEN_* overrides).
+pub fn spawn_run_with_env(config: &Path, log: &Path, env: &[(&str, &str)]) -> Running {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -163,6 +176,7 @@ pub fn spawn_run(config: &Path, log: &Path) -> Running {
         .args(["run", "--config"])
         .arg(config)
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(file)
         .spawn()
