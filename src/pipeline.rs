@@ -648,7 +648,7 @@ fn wait_for_topics(
     topics.extend(settings.output_topics());
     let mut backoff = settings.retry_backoff_min;
     loop {
-        match partition_counts(consumer.client(), &topics, Duration::from_secs(10)) {
+        match partition_counts(consumer.client(), &topics, Duration::from_secs(5)) {
             Ok(counts) => {
                 return check_topics(&counts, &settings.input_topics, brokers)
                     .map(Some)

@@ -489,3 +489,117 @@ fn without_brokers_run_starts_an_embedded_broker_and_prints_its_address() {
     assert_eq!(terminated.len(), 1);
     assert_eq!(json(&terminated[0])["session_id"], "emb-1");
 }
+
+#[test]
+fn a_silent_session_closes_on_the_idle_partition_clock() {
+    let brokers = broker();
+    let topics = Topics::create(&brokers, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &brokers,
+        &topics,
+        "[engine]\nsession_gap_secs = 2\n",
+    );
+    let ev = |i: u32| {
+        format!(r#"{{"type":"tool.called","session_id":"quiet-1","timestamp":"2025-11-18T11:00:0{i}Z","tool":"read_file","args":{{"p":{i}}},"result":"r{i}"}}"#).into_bytes()
+    };
+    produce(&brokers, &topics.input, &[ev(1), ev(2)], &[]);
+    let run = spawn_run_with_env(
+        &cfg,
+        &dir.path().join("run.log"),
+        &[("LOOPWARDEN_KAFKA__IDLE_AFTER_SECS", "1")],
+    );
+    let summaries = read_topic(
+        &brokers,
+        &topics.summary,
+        1,
+        Duration::from_secs(40),
+        Duration::from_millis(200),
+    );
+    assert!(run.terminate(Duration::from_secs(20)).success());
+    assert_eq!(
+        summaries.len(),
+        1,
+        "no more events arrive, yet the session closes"
+    );
+    let s = json(&summaries[0]);
+    assert_eq!(s["session_id"], "quiet-1");
+    assert_eq!(s["stop_reason"], "idle_timeout");
+    assert_eq!(s["stats"]["tool_calls"], 2);
+}
+
+#[test]
+fn input_topics_that_are_not_co_partitioned_are_refused_at_start() {
+    let brokers = broker();
+    let topics = Topics::create(&brokers, 2);
+    let other = unique("t-other");
+    create_topics(&brokers, &[(&other, 3)]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &brokers, &topics, "");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("input_topics = [\"{}\"]", topics.input),
+        &format!("input_topics = [\"{}\", \"{other}\"]", topics.input),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not co-partitioned"), "{err}");
+    assert!(
+        err.contains(&format!("{}: 2", topics.input)) && err.contains(&format!("{other}: 3")),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unreachable_cluster_is_retried_not_crashed_on_and_sigterm_still_exits_cleanly() {
+    // Nothing listens on this port (bound, then released).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &format!("127.0.0.1:{port}"),
+        &Topics::named(),
+        "",
+    );
+    let run = spawn_run(&cfg, &dir.path().join("run.log"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while run.log_text().matches("retrying").count() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = run.log_text();
+    assert!(log.matches("retrying").count() >= 2, "it keeps trying:\n{log}");
+    let status = run.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn a_fatal_configuration_error_exits_non_zero_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(
+        &cfg,
+        "[kafka]\nworkers = 0\n[kafka.client]\n\"no.such.property\" = 1\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("kafka.workers") && err.contains("kafka.client.no.such.property"),
+        "{err}"
+    );
+}
