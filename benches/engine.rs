@@ -13,46 +13,8 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use loopwarden::config::Config;
 use loopwarden::engine::{Engine, EventMeta};
 use loopwarden::event::{parse_event, Event, ParseLimits};
+use loopwarden::simulate::{prose, Rng};
 use serde_json::json;
-
-/// Deterministic xorshift64*, so every run benchmarks the same events.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-const WORDS: &[&str] = &[
-    "the", "file", "module", "test", "function", "error", "parse", "config", "update", "check",
-    "build", "result", "value", "return", "handler", "request", "session", "agent", "loop",
-    "state", "read", "write", "search", "index", "cache", "query", "table", "schema", "field",
-    "type",
-];
-
-/// Prose with a Zipf-like vocabulary: common words from `WORDS`, and a long tail of
-/// identifiers, so two texts share their function words but not their content.
-fn prose(rng: &mut Rng, bytes: usize) -> String {
-    let mut s = String::with_capacity(bytes + 16);
-    while s.len() < bytes {
-        if rng.below(3) == 0 {
-            s.push_str(WORDS[rng.below(WORDS.len() as u64) as usize]);
-        } else {
-            let spread = rng.below(50_000) + 1;
-            let tail = rng.below(spread);
-            s.push_str(&format!("ident{tail}"));
-        }
-        s.push(if rng.below(12) == 0 { '\n' } else { ' ' });
-    }
-    s
-}
 
 /// The `i`-th event of session `sid` (JSON bytes), `looping` sessions repeat from step 6.
 fn event_json(rng: &mut Rng, sid: &str, step: u64, looping: bool, ts_ms: i64) -> Vec<u8> {
@@ -88,7 +50,7 @@ struct Fleet {
 impl Fleet {
     fn new(sessions: u64, seed: u64) -> Fleet {
         Fleet {
-            rng: Rng(seed | 1),
+            rng: Rng::new(seed),
             steps: vec![0; sessions as usize],
             clock_ms: 1_763_000_000_000,
         }
