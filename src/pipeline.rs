@@ -764,6 +764,13 @@ fn run_worker(
     let result = consume(&consumer, &settings, &shutdown);
     let mut w = lock(&consumer.context().worker);
     let result = result.and_then(|()| w.finish_batch(&consumer, CommitMode::Sync));
+    if result.is_err() {
+        // Nothing of the unfinished batch may be stored (its events are processed again
+        // on restart), and leaving the group must not wait on a broker that is away.
+        w.outbox.clear();
+        w.partitions.clear();
+        shutdown.trigger();
+    }
     let stats = w.stats;
     drop(w);
     // Leaving the group runs the revoke callback (an empty batch) before the drop returns.

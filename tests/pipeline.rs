@@ -577,7 +577,10 @@ fn an_unreachable_cluster_is_retried_not_crashed_on_and_sigterm_still_exits_clea
         std::thread::sleep(Duration::from_millis(200));
     }
     let log = run.log_text();
-    assert!(log.matches("retrying").count() >= 2, "it keeps trying:\n{log}");
+    assert!(
+        log.matches("retrying").count() >= 2,
+        "it keeps trying:\n{log}"
+    );
     let status = run.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
 }
