@@ -6,7 +6,8 @@
 //! - LOOPWARDEN_BENCH_EVENTS: events of the throughput phase (default 300000);
 //! - LOOPWARDEN_BENCH_RATE / LOOPWARDEN_BENCH_SECS: the latency phase's rate (default
 //!   10000 events/s) and length (default 20 s);
-//! - LOOPWARDEN_BENCH_PARTITIONS: input partitions (default 4);
+//! - LOOPWARDEN_BENCH_PARTITIONS: input partitions (default 4; 32 on the embedded broker,
+//!   which keeps only ~5 MB per partition);
 //! - LOOPWARDEN_BENCH_BROKERS: `host:port` of a running broker, or `embedded` for the
 //!   in-process mock cluster (default: Tansu, started by `scripts/broker`);
 //! - LOOPWARDEN_BENCH_CONFIG: extra TOML appended to the pipeline's config.
@@ -145,6 +146,12 @@ fn throughput(cluster: &Cluster, partitions: i32, events_wanted: u64) {
     shutdown.trigger();
     let stats = pipeline.join().unwrap().unwrap();
     let first = first.expect("some output");
+    if stats.events < fed.events {
+        eprintln!(
+            "throughput: only {} of {} events were there to consume (the embedded broker keeps ~5 MB per partition; raise LOOPWARDEN_BENCH_PARTITIONS)",
+            stats.events, fed.events
+        );
+    }
     let secs = (end - first).as_secs_f64();
     eprintln!(
         "throughput: {:?}\nthroughput: {} events applied ({} batches), first output after {:.1} s (group join), then {:.2} s to the last summary: {:.0} events/s sustained",
@@ -296,7 +303,12 @@ fn main() {
         Cluster::Address(a) => eprintln!("broker: {a} (a separate process)"),
         Cluster::Embedded(_) => eprintln!("broker: embedded mock cluster (in process)"),
     }
-    let partitions = env_or("LOOPWARDEN_BENCH_PARTITIONS", 4);
+    // The embedded broker keeps only ~5 MB per partition: spread the backlog wider.
+    let default_partitions = match cluster {
+        Cluster::Embedded(_) => 32,
+        Cluster::Address(_) => 4,
+    };
+    let partitions = env_or("LOOPWARDEN_BENCH_PARTITIONS", default_partitions);
     throughput(
         &cluster,
         partitions,
