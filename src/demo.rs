@@ -124,10 +124,9 @@ pub fn demo(
         topics.join(", ")
     )?;
 
-    let state = std::env::temp_dir().join(format!("loopwarden-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&state).map_err(DemoError::StateDir)?;
+    let state = TempDir::create(format!("loopwarden-demo-{}", std::process::id()))?;
     let mut pipeline_config = (*config).clone();
-    pipeline_config.state_path = state.clone();
+    pipeline_config.state_path = state.0.clone();
     let pipeline_shutdown = Shutdown::new();
     let pipeline = {
         let (config, brokers, shutdown) = (
@@ -228,7 +227,7 @@ pub fn demo(
     reader_stop.trigger();
     let _ = reader_thread.join();
     drop(broker);
-    let _ = std::fs::remove_dir_all(&state);
+    drop(state);
 
     report.pipeline = stats;
     report.sessions = truths.len() as u64;
@@ -268,6 +267,23 @@ pub fn demo(
     }
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The demo's state directory, removed however the demo ends.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn create(name: String) -> Result<TempDir, DemoError> {
+        let path = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&path).map_err(DemoError::StateDir)?;
+        Ok(TempDir(path))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The outputs read back so far, deduplicated by `event_id`.

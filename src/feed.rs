@@ -1,6 +1,6 @@
 //! Feeding a simulated fleet somewhere: to Kafka (keyed by session, routed by event type)
 //! or to a JSON Lines writer, at a target rate, with the ground truth written alongside.
-//! Used by `loopwarden simulate`, the demo, the benchmarks and the integration tests.
+//! Used by `loopwarden simulate`, the demo and the pipeline benchmark.
 //!
 //! Guarantees: every event is either acknowledged by the broker or reported as an error
 //! (the producer is idempotent and waits for its deliveries before returning); pacing
