@@ -75,7 +75,7 @@ enum Command {
         #[arg(long, default_value_t = 3000.0)]
         rate: f64,
         /// Share of sessions that fall into a loop (0..1).
-        #[arg(long, default_value_t = 0.3)]
+        #[arg(long, value_parser = share, default_value_t = 0.3)]
         loop_share: f64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -106,7 +106,7 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         concurrency: usize,
         /// Share of sessions that fall into a loop (0..1).
-        #[arg(long, default_value_t = 0.2)]
+        #[arg(long, value_parser = share, default_value_t = 0.2)]
         loop_share: f64,
         /// Events per second (0: as fast as possible).
         #[arg(long, default_value_t = 0.0)]
@@ -153,6 +153,14 @@ enum Command {
         /// The file to check; without it, the built-in defaults plus the environment.
         file: Option<PathBuf>,
     },
+}
+
+/// A share, 0..=1 (for `--loop-share`).
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a share between 0 and 1")),
+    }
 }
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<Arc<Config>> {
@@ -275,10 +283,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seed,
         } => {
             let config = load_config(config.as_deref())?;
-            anyhow::ensure!(
-                (0.0..=1.0).contains(&loop_share),
-                "--loop-share must be within 0..=1"
-            );
             let shutdown = Shutdown::new();
             on_signals(shutdown.clone())?;
             let options = DemoOptions {
@@ -309,10 +313,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seed,
         } => {
             let config = load_config(config.as_deref())?;
-            anyhow::ensure!(
-                (0.0..=1.0).contains(&loop_share),
-                "--loop-share must be within 0..=1"
-            );
             anyhow::ensure!(concurrency > 0, "--concurrency must be > 0");
             let mut fleet = Fleet::new(FleetSpec {
                 sessions,

@@ -51,6 +51,29 @@ fn expected(config: Arc<Config>, events: &[Vec<u8>]) -> Expected {
     e
 }
 
+/// The terminations and summaries on the bus, once at least as many as `want` holds have
+/// arrived (or `limit` passed), plus whatever else arrives within a moment.
+fn read_expected(
+    brokers: &str,
+    topics: &Topics,
+    want: &Expected,
+    limit: Duration,
+) -> (
+    Vec<rdkafka::message::OwnedMessage>,
+    Vec<rdkafka::message::OwnedMessage>,
+) {
+    let quiet = Duration::from_millis(500);
+    let summaries = read_topic(brokers, &topics.summary, want.summaries.len(), limit, quiet);
+    let terminated = read_topic(
+        brokers,
+        &topics.terminated,
+        want.terminations.len(),
+        limit,
+        quiet,
+    );
+    (terminated, summaries)
+}
+
 fn values(msgs: &[rdkafka::message::OwnedMessage]) -> Vec<serde_json::Value> {
     msgs.iter().map(json).collect()
 }
@@ -93,20 +116,7 @@ fn findings_on_the_bus_match_replay() {
         &[("LOOPWARDEN_KAFKA__WORKERS", "2")],
     );
     let limit = Duration::from_secs(90);
-    let terminated = read_topic(
-        &brokers,
-        &topics.terminated,
-        want.terminations.len(),
-        limit,
-        Duration::from_millis(500),
-    );
-    let summaries = read_topic(
-        &brokers,
-        &topics.summary,
-        want.summaries.len(),
-        limit,
-        Duration::from_millis(500),
-    );
+    let (terminated, summaries) = read_expected(&brokers, &topics, &want, limit);
     let warnings = read_topic(&brokers, &topics.warning, 1, limit, Duration::from_secs(1));
     let log = run.log_text();
     assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
@@ -302,21 +312,7 @@ fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
     }
     feeder.join().unwrap();
     let run = spawn_run(&cfg, &log);
-    let limit = Duration::from_secs(120);
-    let summaries = read_topic(
-        &brokers,
-        &topics.summary,
-        want.summaries.len(),
-        limit,
-        Duration::from_secs(2),
-    );
-    let terminated = read_topic(
-        &brokers,
-        &topics.terminated,
-        want.terminations.len(),
-        limit,
-        Duration::from_secs(1),
-    );
+    let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
     assert!(run.terminate(Duration::from_secs(30)).success());
     let text = std::fs::read_to_string(&log).unwrap();
     // Each restart resumes from what the killed run stored: the stored offsets must have
