@@ -114,8 +114,7 @@ pub fn demo(
 ) -> Result<DemoReport, DemoError> {
     let started = Instant::now();
     let settings = &config.kafka;
-    let mut topics: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
-    topics.extend(settings.output_topics());
+    let topics = settings.all_topics();
     let broker = EmbeddedBroker::start(&topics, settings.embedded_partitions)?;
     let brokers = broker.bootstrap_servers().to_string();
     writeln!(

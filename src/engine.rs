@@ -597,9 +597,18 @@ impl Engine {
         store: &mut dyn StateStore,
         offsets: &[(String, i64)],
     ) -> Result<(), StoreError> {
-        let Some(dirty) = self.dirty.as_mut() else {
-            return Ok(());
-        };
+        match self.take_changes(offsets) {
+            Some(batch) => store.commit(batch),
+            None => Ok(()),
+        }
+    }
+
+    /// The changes since the last call (changed sessions, closed sessions, the given
+    /// offsets and the clock) as one batch, for the caller to store — and to keep until
+    /// it is stored, since the engine forgets them. `None` for engines that do not track
+    /// changes.
+    pub fn take_changes(&mut self, offsets: &[(String, i64)]) -> Option<StoreBatch> {
+        let dirty = self.dirty.as_mut()?;
         let mut batch = StoreBatch::default();
         for id in dirty.drain() {
             if let Some(slot) = self.sessions.get(&id) {
@@ -617,7 +626,7 @@ impl Engine {
         if let Some(w) = self.watermark {
             batch.offsets.push((WATERMARK_KEY.to_string(), w));
         }
-        store.commit(batch)
+        Some(batch)
     }
 }
 

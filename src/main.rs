@@ -248,13 +248,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let brokers = match &config.kafka.brokers {
                 Some(b) => b.clone(),
                 None => {
-                    let mut topics: Vec<&str> = config
-                        .kafka
-                        .input_topics
-                        .iter()
-                        .map(String::as_str)
-                        .collect();
-                    topics.extend(config.kafka.output_topics());
+                    let topics = config.kafka.all_topics();
                     embedded = EmbeddedBroker::start(&topics, config.kafka.embedded_partitions)?;
                     let b = embedded.bootstrap_servers().to_string();
                     println!(

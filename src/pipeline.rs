@@ -34,12 +34,12 @@ use crate::engine::{Engine, EventMeta};
 use crate::event::{parse_event, Event};
 use crate::kafka::settings::KafkaSettings;
 use crate::kafka::{
-    cached_high_watermark, check_topics, consumer_config, partition_counts, producer_config,
-    TopicError,
+    cached_high_watermark, check_topics, consumer_config, ensure_changelog, partition_counts,
+    producer_config, TopicError,
 };
 use crate::output::Output;
 use crate::shutdown::Shutdown;
-use crate::store::{open_db, SledStore, StoreError};
+use crate::store::{open_db, SledStore, StateStore, StoreBatch, StoreError};
 
 /// Header names put on dead-lettered messages (after the message's own headers).
 pub const DLQ_SOURCE_TOPIC: &str = "loopwarden.source.topic";
@@ -51,6 +51,14 @@ pub const DLQ_REASON: &str = "loopwarden.error.reason";
 pub const DLQ_MESSAGE: &str = "loopwarden.error.message";
 /// Set when the broker refused the whole message and only its first bytes were kept.
 pub const DLQ_TRUNCATED_FROM: &str = "loopwarden.truncated_from_bytes";
+
+/// Header of changelog records: `session` (key = session id, value = its state, or no
+/// value when it closed) or `commit` (value = the batch's offsets as JSON): the records of
+/// a batch count only once its commit record follows them.
+pub const CHANGELOG_KIND: &str = "loopwarden.changelog";
+const CHANGELOG_COMMIT_KEY: &[u8] = b"loopwarden/commit";
+/// Store key of the last changelog offset the local state reflects.
+const CHANGELOG_POSITION: &str = "changelog/position";
 
 /// Bytes of an oversized dead letter kept when the broker refuses the whole message.
 const DLQ_TRUNCATE_TO: usize = 64 * 1024;
@@ -77,6 +85,8 @@ pub enum PipelineError {
     Subscribe { topics: String, source: KafkaError },
     #[error("state store: {0}")]
     Store(#[from] StoreError),
+    #[error("cannot restore partition {partition} from the changelog: {reason}")]
+    Restore { partition: i32, reason: String },
     #[error("cannot start a worker thread: {0}")]
     Thread(std::io::Error),
     #[error("a worker thread panicked")]
@@ -133,11 +143,14 @@ enum Sink {
     Terminated = 1,
     Summary = 2,
     DeadLetter = 3,
+    Changelog = 4,
 }
 
 /// One message to produce.
 struct Record {
     sink: Sink,
+    /// An explicit partition (changelog records go to their input partition's number).
+    partition: Option<i32>,
     key: Vec<u8>,
     payload: Vec<u8>,
     headers: Vec<(&'static str, Vec<u8>)>,
@@ -171,6 +184,9 @@ impl Record {
 #[derive(Default)]
 pub struct DeliveryTracker {
     failed: Mutex<Vec<(usize, KafkaError)>>,
+    changelog_topic: String,
+    /// Highest acknowledged changelog offset per partition.
+    changelog_offsets: Mutex<FxHashMap<i32, i64>>,
 }
 
 impl ClientContext for DeliveryTracker {
@@ -182,8 +198,14 @@ impl ClientContext for DeliveryTracker {
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = Box<usize>;
     fn delivery(&self, result: &DeliveryResult<'_>, index: Box<usize>) {
-        if let Err((e, _)) = result {
-            lock(&self.failed).push((*index, e.clone()));
+        match result {
+            Err((e, _)) => lock(&self.failed).push((*index, e.clone())),
+            Ok(m) if m.topic() == self.changelog_topic => {
+                let mut offsets = lock(&self.changelog_offsets);
+                let o = offsets.entry(m.partition()).or_insert(m.offset());
+                *o = (*o).max(m.offset());
+            }
+            Ok(_) => {}
         }
     }
 }
@@ -221,6 +243,9 @@ struct Worker {
     stats: RunStats,
     /// A fatal error raised inside a rebalance callback, for the poll loop to return.
     fatal: Option<PipelineError>,
+    /// Reads the changelog when a partition's state must be restored (made on first use).
+    changelog_reader: Option<BaseConsumer>,
+    brokers: String,
 }
 
 impl Worker {
@@ -242,13 +267,14 @@ impl Worker {
         if self.partitions.contains_key(&partition) {
             return Ok(());
         }
-        let store = SledStore::partition(&self.db, partition)?;
+        let mut store = SledStore::partition(&self.db, partition)?;
+        if self.settings().changelog {
+            self.restore_from_changelog(partition, &mut store)?;
+        }
         let engine = Engine::restore(self.config.clone(), &store)?;
         let mut applied = BTreeMap::new();
         for topic in self.config.kafka.input_topics.clone() {
-            if let Some(o) =
-                crate::store::StateStore::offset(&store, &format!("{topic}/{partition}"))?
-            {
+            if let Some(o) = StateStore::offset(&store, &format!("{topic}/{partition}"))? {
                 applied.insert(self.topic(&topic), o);
             }
         }
@@ -270,6 +296,121 @@ impl Worker {
                 last_event_wall: Instant::now(),
                 clock_at_last_event: clock,
             },
+        );
+        Ok(())
+    }
+
+    /// Brings a partition's local state up to the changelog's end: from the beginning
+    /// when the disk holds nothing of it, else from the last changelog offset it
+    /// reflects. Only whole batches are applied (records followed by their commit
+    /// record); a trailing incomplete batch is left out, so its events are consumed
+    /// again. Blocks until done: the partition is not consumed before.
+    fn restore_from_changelog(
+        &mut self,
+        partition: i32,
+        store: &mut SledStore,
+    ) -> Result<(), PipelineError> {
+        let topic = self.settings().changelog_topic.clone();
+        if self.changelog_reader.is_none() {
+            let reader = crate::kafka::client_config(self.settings(), &self.brokers)
+                .set("group.id", format!("{}-restore", self.settings().group_id))
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false")
+                .create()
+                .map_err(PipelineError::Client)?;
+            self.changelog_reader = Some(reader);
+        }
+        let reader = self.changelog_reader.as_ref().expect("made above");
+        let mut backoff = self.settings().retry_backoff_min;
+        let (low, high) = loop {
+            match reader.fetch_watermarks(&topic, partition, Duration::from_secs(10)) {
+                Ok(w) => break w,
+                Err(e) => {
+                    warn!(topic = %topic, partition, error = %e, "cannot read the changelog's extent; retrying");
+                    if self.shutdown.sleep(backoff) {
+                        return Err(PipelineError::Restore {
+                            partition,
+                            reason: "shut down before the changelog could be read".into(),
+                        });
+                    }
+                    backoff = (backoff * 2).min(self.settings().retry_backoff_max);
+                }
+            }
+        };
+        let local = store.offset(CHANGELOG_POSITION)?;
+        let from = local.map_or(low, |l| (l + 1).max(low));
+        if from >= high {
+            return Ok(());
+        }
+        let started = Instant::now();
+        info!(partition, from, to = high, local = ?local, "restoring partition state from the changelog");
+        let mut tpl = TopicPartitionList::new();
+        let _ = tpl.add_partition_offset(&topic, partition, Offset::Offset(from));
+        reader.assign(&tpl).map_err(PipelineError::Client)?;
+        let mut pending = StoreBatch::default();
+        let (mut sessions, mut batches) = (0u64, 0u64);
+        let mut next = from;
+        while next < high {
+            match reader.poll(Duration::from_millis(500)) {
+                Some(Ok(m)) => {
+                    next = m.offset() + 1;
+                    let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                    let kind = m
+                        .headers()
+                        .and_then(|h| {
+                            h.iter()
+                                .find(|h| h.key == CHANGELOG_KIND)
+                                .and_then(|h| h.value)
+                        })
+                        .unwrap_or_default();
+                    match kind {
+                        b"commit" => {
+                            let offsets: Vec<(String, i64)> = serde_json::from_slice(
+                                m.payload().unwrap_or_default(),
+                            )
+                            .map_err(|e| PipelineError::Restore {
+                                partition,
+                                reason: format!("commit record at offset {}: {e}", m.offset()),
+                            })?;
+                            pending.offsets.extend(offsets);
+                            pending
+                                .offsets
+                                .push((CHANGELOG_POSITION.to_string(), m.offset()));
+                            sessions += (pending.puts.len() + pending.deletes.len()) as u64;
+                            batches += 1;
+                            store.commit(std::mem::take(&mut pending))?;
+                        }
+                        b"session" => match m.payload() {
+                            Some(state) => pending.puts.push((key, state.to_vec())),
+                            None => pending.deletes.push(key),
+                        },
+                        other => warn!(
+                            partition,
+                            offset = m.offset(),
+                            kind = %String::from_utf8_lossy(other),
+                            "skipping a changelog record of unknown kind"
+                        ),
+                    }
+                }
+                Some(Err(e)) => warn!(partition, error = %e, "changelog read error; retrying"),
+                None if self.shutdown.is_triggered() => {
+                    return Err(PipelineError::Restore {
+                        partition,
+                        reason: "shut down during the restore".into(),
+                    })
+                }
+                None => {}
+            }
+        }
+        let _ = reader.unassign();
+        self.db.flush().map_err(StoreError::Io)?;
+        info!(
+            partition,
+            batches,
+            session_records = sessions,
+            left_out = pending.puts.len() + pending.deletes.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "partition state restored"
         );
         Ok(())
     }
@@ -321,6 +462,7 @@ impl Worker {
                     .unwrap_or_default();
                 self.outbox.push(Record {
                     sink: Sink::DeadLetter,
+                    partition: None,
                     key: m.key().unwrap_or_default().to_vec(),
                     payload: payload.to_vec(),
                     headers: vec![
@@ -382,6 +524,7 @@ impl Worker {
             };
             self.outbox.push(Record {
                 sink,
+                partition: None,
                 key: o.session_id().as_bytes().to_vec(),
                 payload: o.to_json().into_bytes(),
                 headers: Vec::new(),
@@ -449,20 +592,27 @@ impl Worker {
         if self.outbox.is_empty() {
             return Ok(());
         }
-        let topics: Vec<String> = self
+        let mut topics: Vec<String> = self
             .settings()
             .output_topics()
             .iter()
             .map(|t| t.to_string())
             .collect();
+        topics.push(self.settings().changelog_topic.clone());
         let mut pending: Vec<usize> = (0..self.outbox.len()).collect();
         let mut backoff = self.settings().retry_backoff_min;
         loop {
             for &i in &pending {
                 let r = &self.outbox[i];
-                let mut record = BaseRecord::with_opaque_to(&topics[r.sink as usize], Box::new(i))
-                    .key(&r.key)
-                    .payload(&r.payload);
+                let mut record =
+                    BaseRecord::with_opaque_to(&topics[r.sink as usize], Box::new(i)).key(&r.key);
+                // A changelog tombstone has no value at all (compaction drops the key).
+                if !(r.sink == Sink::Changelog && r.payload.is_empty()) {
+                    record = record.payload(&r.payload);
+                }
+                if let Some(p) = r.partition {
+                    record = record.partition(p);
+                }
                 if let Some(h) = r.headers() {
                     record = record.headers(h);
                 }
@@ -523,22 +673,74 @@ impl Worker {
         }
     }
 
-    /// Stores every changed partition (sessions + offsets, one atomic batch each) and
-    /// flushes the database; returns the offsets to commit.
-    fn store(&mut self) -> Result<TopicPartitionList, PipelineError> {
+    /// Takes every changed partition's changes (sessions + offsets, one batch each) and
+    /// the offsets to commit once they are stored.
+    fn take_changes(&mut self) -> (Vec<(i32, StoreBatch)>, TopicPartitionList) {
+        let mut batches = Vec::new();
         let mut commit = TopicPartitionList::new();
-        let mut backoff = self.settings().retry_backoff_min;
         for (&partition, p) in self.partitions.iter_mut().filter(|(_, p)| p.dirty) {
             let offsets: Vec<(String, i64)> = p
                 .applied
                 .iter()
                 .map(|(t, o)| (format!("{t}/{partition}"), *o))
                 .collect();
+            if let Some(batch) = p.engine.take_changes(&offsets) {
+                batches.push((partition, batch));
+            }
+            p.dirty = false;
+            for (t, o) in &p.applied {
+                let _ = commit.add_partition_offset(t, partition, Offset::Offset(o + 1));
+            }
+        }
+        (batches, commit)
+    }
+
+    /// Puts a batch's changes on the changelog: the session records now, the commit
+    /// record (`commit = true`) only after those are acknowledged, so a commit record
+    /// is never ahead of the changes it vouches for.
+    fn queue_changelog(&mut self, batches: &[(i32, StoreBatch)], commit: bool) {
+        for (partition, batch) in batches {
+            let record = |key: &[u8], payload: Vec<u8>, kind: &str| Record {
+                sink: Sink::Changelog,
+                partition: Some(*partition),
+                key: key.to_vec(),
+                payload,
+                headers: vec![(CHANGELOG_KIND, kind.as_bytes().to_vec())],
+                source_headers: Vec::new(),
+            };
+            if commit {
+                let offsets = serde_json::to_vec(&batch.offsets).unwrap_or_default();
+                self.outbox
+                    .push(record(CHANGELOG_COMMIT_KEY, offsets, "commit"));
+                continue;
+            }
+            for (id, state) in &batch.puts {
+                self.outbox
+                    .push(record(id.as_bytes(), state.clone(), "session"));
+            }
+            for id in &batch.deletes {
+                self.outbox
+                    .push(record(id.as_bytes(), Vec::new(), "session"));
+            }
+        }
+    }
+
+    /// Stores the batches (one atomic sled batch per partition) and flushes the database.
+    fn store(&mut self, batches: Vec<(i32, StoreBatch)>) -> Result<(), PipelineError> {
+        let mut backoff = self.settings().retry_backoff_min;
+        let positions = std::mem::take(&mut *lock(&self.producer.context().changelog_offsets));
+        let stored_any = !batches.is_empty();
+        for (partition, mut batch) in batches {
+            if let Some(o) = positions.get(&partition) {
+                batch.offsets.push((CHANGELOG_POSITION.to_string(), *o));
+            }
+            let Some(p) = self.partitions.get_mut(&partition) else {
+                continue;
+            };
             loop {
-                match p.engine.flush(&mut p.store, &offsets) {
+                match p.store.commit(batch.clone()) {
                     Ok(()) => break,
                     Err(StoreError::Io(e)) => {
-                        // The engine still holds the changes; trying again writes them all.
                         error!(partition, error = %e, "state store write failed; retrying");
                         if self.shutdown.is_triggered() {
                             return Err(StoreError::Io(e).into());
@@ -549,18 +751,14 @@ impl Worker {
                     Err(e) => return Err(e.into()),
                 }
             }
-            p.dirty = false;
-            for (t, o) in &p.applied {
-                let _ = commit.add_partition_offset(t, partition, Offset::Offset(o + 1));
-            }
         }
-        if commit.count() > 0 || !self.outbox.is_empty() {
+        if stored_any {
             self.db.flush().map_err(StoreError::Io)?;
         }
-        Ok(commit)
+        Ok(())
     }
 
-    /// Ends a batch: deliver, store, commit (in that order).
+    /// Ends a batch: deliver (findings and changelog), store, commit (in that order).
     fn finish_batch(
         &mut self,
         consumer: &BaseConsumer<RebalanceHandler>,
@@ -568,10 +766,19 @@ impl Worker {
     ) -> Result<(), PipelineError> {
         self.apply_pending();
         let started = Instant::now();
+        let (batches, commit) = self.take_changes();
+        let changelog = self.settings().changelog;
+        if changelog {
+            self.queue_changelog(&batches, false);
+        }
         let records = self.outbox.len();
         self.deliver()?;
+        if changelog && !batches.is_empty() {
+            self.queue_changelog(&batches, true);
+            self.deliver()?;
+        }
         let delivered = Instant::now();
-        let commit = self.store()?;
+        self.store(batches)?;
         self.stats.batches += 1;
         debug!(
             records,
@@ -648,11 +855,29 @@ fn wait_for_topics(
     topics.extend(settings.output_topics());
     let mut backoff = settings.retry_backoff_min;
     loop {
-        match partition_counts(consumer.client(), &topics, Duration::from_secs(5)) {
-            Ok(counts) => {
-                return check_topics(&counts, &settings.input_topics, brokers)
-                    .map(Some)
-                    .map_err(Into::into)
+        let counts = partition_counts(consumer.client(), &topics, Duration::from_secs(5)).and_then(
+            |counts| {
+                let changelog = if settings.changelog {
+                    partition_counts(
+                        consumer.client(),
+                        &[&settings.changelog_topic],
+                        Duration::from_secs(5),
+                    )?
+                    .remove(&settings.changelog_topic)
+                    .flatten()
+                } else {
+                    None
+                };
+                Ok((counts, changelog))
+            },
+        );
+        match counts {
+            Ok((counts, changelog)) => {
+                let partitions = check_topics(&counts, &settings.input_topics, brokers)?;
+                if settings.changelog {
+                    ensure_changelog(settings, brokers, partitions, changelog)?;
+                }
+                return Ok(Some(partitions));
             }
             Err(e) => {
                 warn!(brokers, error = %e, backoff_ms = backoff.as_millis() as u64, "cannot read cluster metadata; retrying");
@@ -730,7 +955,10 @@ fn run_worker(
     let settings = config.kafka.clone();
     let producer: BaseProducer<DeliveryTracker> =
         producer_config(&settings, brokers, config.limits.max_event_bytes)
-            .create_with_context(DeliveryTracker::default())
+            .create_with_context(DeliveryTracker {
+                changelog_topic: settings.changelog_topic.clone(),
+                ..DeliveryTracker::default()
+            })
             .map_err(PipelineError::Client)?;
     let worker = Worker {
         config: config.clone(),
@@ -743,6 +971,8 @@ fn run_worker(
         shutdown: shutdown.clone(),
         stats: RunStats::default(),
         fatal: None,
+        changelog_reader: None,
+        brokers: brokers.to_string(),
     };
     let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers)
         .create_with_context(RebalanceHandler {

@@ -602,3 +602,86 @@ fn a_fatal_configuration_error_exits_non_zero_with_the_reason() {
         "{err}"
     );
 }
+
+/// State moves with its partition: an instance with an empty state directory restores
+/// the partitions from the changelog, then carries on exactly where the one it replaced
+/// stopped — sessions that span the handover keep their counters.
+#[test]
+fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
+    let brokers = broker();
+    let topics = Topics::create(&brokers, 2);
+    let base = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (base.path().join("a"), base.path().join("b"));
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let cfg_a = write_config(&a_dir, &brokers, &topics, "");
+    // The same group, the same topics, another (empty) state directory.
+    let text_a = std::fs::read_to_string(&cfg_a).unwrap();
+    let cfg_b = b_dir.join("loopwarden.toml");
+    std::fs::write(
+        &cfg_b,
+        text_a.replace(
+            &a_dir.join("state").display().to_string(),
+            &b_dir.join("state").display().to_string(),
+        ),
+    )
+    .unwrap();
+    let (events, _) = fleet(200, 0.4, 31);
+    let want = expected(config_of(&cfg_a), &events);
+    let (first, second) = events.split_at(events.len() / 2);
+
+    produce(&brokers, &topics.input, first, &[]);
+    let a = spawn_run(&cfg_a, &a_dir.join("run.log"));
+    // Let A work through the first half, then stop it gracefully.
+    let _ = read_topic(
+        &brokers,
+        &topics.summary,
+        usize::MAX,
+        Duration::from_secs(8),
+        Duration::from_secs(8),
+    );
+    assert!(a.terminate(Duration::from_secs(30)).success());
+    let a_log = std::fs::read_to_string(a_dir.join("run.log")).unwrap();
+    let (a_events, _) = processed(&a_log);
+    assert!(a_events > 0, "{a_log}");
+
+    produce(&brokers, &topics.input, second, &[]);
+    let b = spawn_run(&cfg_b, &b_dir.join("run.log"));
+    let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(90));
+    let warnings = read_topic(
+        &brokers,
+        &topics.warning,
+        1,
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+    );
+    assert!(b.terminate(Duration::from_secs(30)).success());
+    let b_log = std::fs::read_to_string(b_dir.join("run.log")).unwrap();
+    assert!(b_log.contains("partition state restored"), "{b_log}");
+    let (b_events, b_skipped) = processed(&b_log);
+    assert_eq!(
+        (a_events + b_events, b_skipped),
+        (events.len() as u64, 0),
+        "each event applied once"
+    );
+
+    let got: BTreeSet<String> = values(&terminated)
+        .iter()
+        .chain(values(&warnings).iter())
+        .map(finding_key)
+        .collect();
+    assert_eq!(
+        got, want.findings,
+        "findings across the handover differ from replay"
+    );
+    let got_summaries = by_event_id(&values(&summaries));
+    for (id, s) in &want.summaries {
+        let copies = got_summaries
+            .get(id)
+            .unwrap_or_else(|| panic!("summary {id} missing"));
+        assert_eq!(
+            copies[0]["stats"], s["stats"],
+            "summary {id}: counters lost in the handover"
+        );
+    }
+}

@@ -151,6 +151,14 @@ pub enum TopicError {
         missing: Vec<String>,
         brokers: String,
     },
+    #[error("changelog topic {topic} has {has} partitions but the inputs have {inputs}: partition p of the changelog holds input partition p's state, so they must match (create it anew, or set kafka.changelog_topic)")]
+    ChangelogPartitions {
+        topic: String,
+        has: usize,
+        inputs: usize,
+    },
+    #[error("cannot create changelog topic {topic}: {reason}")]
+    CreateChangelog { topic: String, reason: String },
     #[error("input topics are not co-partitioned ({}): a session's events must land in partition p of every input topic, so all input topics need the same partition count", .counts.iter().map(|(t, n)| format!("{t}: {n}")).collect::<Vec<_>>().join(", "))]
     NotCoPartitioned { counts: Vec<(String, usize)> },
 }
@@ -184,6 +192,59 @@ pub fn check_topics(
         });
     }
     Ok(first)
+}
+
+/// Makes sure the changelog topic exists with `partitions` partitions: creates it
+/// (compacted, the broker's default replication) when `existing` says it is missing.
+pub fn ensure_changelog(
+    settings: &KafkaSettings,
+    brokers: &str,
+    partitions: usize,
+    existing: Option<usize>,
+) -> Result<(), TopicError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let topic = settings.changelog_topic.clone();
+    match existing {
+        Some(has) if has == partitions => return Ok(()),
+        Some(has) => {
+            return Err(TopicError::ChangelogPartitions {
+                topic,
+                has,
+                inputs: partitions,
+            })
+        }
+        None => {}
+    }
+    let fail = |reason: String| TopicError::CreateChangelog {
+        topic: topic.clone(),
+        reason,
+    };
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        client_config(settings, brokers)
+            .create()
+            .map_err(|e| fail(e.to_string()))?;
+    let new = NewTopic::new(&topic, partitions as i32, TopicReplication::Fixed(-1))
+        .set("cleanup.policy", "compact");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(e.to_string()))?;
+    let options = AdminOptions::new()
+        .request_timeout(Some(std::time::Duration::from_secs(30)))
+        .operation_timeout(Some(std::time::Duration::from_secs(30)));
+    let results = runtime
+        .block_on(admin.create_topics(&[new], &options))
+        .map_err(|e| fail(e.to_string()))?;
+    for r in results {
+        match r {
+            Ok(_) => {}
+            // Another instance created it first.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => return Err(fail(code.to_string())),
+        }
+    }
+    tracing::info!(topic = %topic, partitions, "changelog topic created (compacted)");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ pub const DEFAULT_WARNING_TOPIC: &str = "session.warning";
 pub const DEFAULT_TERMINATED_TOPIC: &str = "session.terminated";
 pub const DEFAULT_SUMMARY_TOPIC: &str = "session.summary";
 pub const DEFAULT_DLQ_TOPIC: &str = "loopwarden.dlq";
+pub const DEFAULT_CHANGELOG_TOPIC: &str = "loopwarden.state-changelog";
 /// A batch closes at this many events…
 pub const DEFAULT_MAX_BATCH_EVENTS: usize = 20_000;
 /// …or this long after its first event, whichever comes first.
@@ -63,6 +64,8 @@ pub(crate) struct RawKafka {
     terminated_topic: Option<String>,
     summary_topic: Option<String>,
     dlq_topic: Option<String>,
+    changelog: Option<bool>,
+    changelog_topic: Option<String>,
     max_batch_events: Option<usize>,
     max_batch_wait_ms: Option<u64>,
     shutdown_deadline_secs: Option<u64>,
@@ -87,6 +90,10 @@ pub struct KafkaSettings {
     pub terminated_topic: String,
     pub summary_topic: String,
     pub dlq_topic: String,
+    /// Whether every stored change is also written to the changelog topic, so that a
+    /// partition's state can move to another instance (or a fresh disk).
+    pub changelog: bool,
+    pub changelog_topic: String,
     pub max_batch_events: usize,
     pub max_batch_wait: Duration,
     pub shutdown_deadline: Duration,
@@ -188,6 +195,11 @@ impl KafkaSettings {
         );
         let summary_topic = topic("summary_topic", raw.summary_topic, DEFAULT_SUMMARY_TOPIC);
         let dlq_topic = topic("dlq_topic", raw.dlq_topic, DEFAULT_DLQ_TOPIC);
+        let changelog_topic = topic(
+            "changelog_topic",
+            raw.changelog_topic,
+            DEFAULT_CHANGELOG_TOPIC,
+        );
         let input_topics = raw
             .input_topics
             .unwrap_or_else(|| DEFAULT_INPUT_TOPICS.iter().map(|s| s.to_string()).collect());
@@ -281,6 +293,8 @@ impl KafkaSettings {
             terminated_topic,
             summary_topic,
             dlq_topic,
+            changelog: raw.changelog.unwrap_or(true),
+            changelog_topic,
             max_batch_events,
             max_batch_wait: Duration::from_millis(
                 raw.max_batch_wait_ms.unwrap_or(DEFAULT_MAX_BATCH_WAIT_MS),
@@ -305,6 +319,16 @@ impl KafkaSettings {
             &self.summary_topic,
             &self.dlq_topic,
         ]
+    }
+
+    /// Every topic `run` reads or writes (the embedded broker creates them all).
+    pub fn all_topics(&self) -> Vec<&str> {
+        let mut t: Vec<&str> = self.input_topics.iter().map(String::as_str).collect();
+        t.extend(self.output_topics());
+        if self.changelog {
+            t.push(&self.changelog_topic);
+        }
+        t
     }
 
     /// The section as TOML, every key with its value in force (for `check-config`).
@@ -333,6 +357,11 @@ impl KafkaSettings {
             V::String(self.summary_topic.clone()),
         );
         t.insert("dlq_topic".into(), V::String(self.dlq_topic.clone()));
+        t.insert("changelog".into(), V::Boolean(self.changelog));
+        t.insert(
+            "changelog_topic".into(),
+            V::String(self.changelog_topic.clone()),
+        );
         t.insert(
             "max_batch_events".into(),
             V::Integer(self.max_batch_events as i64),

@@ -85,6 +85,8 @@ pub struct Topics {
     pub terminated: String,
     pub summary: String,
     pub dlq: String,
+    /// Created by `run` itself (compacted, as many partitions as the input).
+    pub changelog: String,
 }
 
 impl Topics {
@@ -97,6 +99,7 @@ impl Topics {
             terminated: format!("{base}.terminated"),
             summary: format!("{base}.summary"),
             dlq: format!("{base}.dlq"),
+            changelog: format!("{base}.changelog"),
         }
     }
 
@@ -135,6 +138,7 @@ warning_topic = "{warning}"
 terminated_topic = "{terminated}"
 summary_topic = "{summary}"
 dlq_topic = "{dlq}"
+changelog_topic = "{changelog}"
 shutdown_deadline_secs = 20
 retry_backoff_max_ms = 1000
 
@@ -150,6 +154,7 @@ retry_backoff_max_ms = 1000
         terminated = topics.terminated,
         summary = topics.summary,
         dlq = topics.dlq,
+        changelog = topics.changelog,
     );
     std::fs::write(&path, text).unwrap();
     path
