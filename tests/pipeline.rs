@@ -94,10 +94,12 @@ fn processed(log: &str) -> (u64, u64) {
 
 #[test]
 fn findings_on_the_bus_match_replay() {
-    let brokers = broker();
-    let topics = Topics::create(&brokers, 3);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &brokers, &topics, "");
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(3, "");
     let (mut events, _) = fleet(150, 0.4, 11);
     let examples = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -142,15 +144,12 @@ fn findings_on_the_bus_match_replay() {
 
 #[test]
 fn bad_messages_are_dead_lettered_with_their_reason_and_the_partition_flows_on() {
-    let brokers = broker();
-    let topics = Topics::create(&brokers, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(
-        dir.path(),
-        &brokers,
-        &topics,
-        "[engine]\nmax_event_bytes = 4096\nmax_nesting = 16\n",
-    );
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(1, "[engine]\nmax_event_bytes = 4096\nmax_nesting = 16\n");
     let call = |i: u32| {
         format!(r#"{{"type":"tool.called","session_id":"dlq-s1","event_id":"e{i}","timestamp":"2025-11-18T11:00:0{i}Z","tool":"run_tests","args":{{"t":1}},"result":"fail"}}"#)
             .into_bytes()
@@ -257,10 +256,12 @@ impl Lcg {
 
 #[test]
 fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
-    let brokers = broker();
-    let topics = Topics::create(&brokers, 4);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &brokers, &topics, "");
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(4, "");
     let (events, truths) = fleet(400, 0.4, 5);
     let want = expected(config_of(&cfg), &events);
     let seed = std::env::var("LOOPWARDEN_CRASH_SEED")
@@ -382,10 +383,12 @@ fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
 
 #[test]
 fn sigterm_commits_everything_and_a_restart_re_emits_nothing() {
-    let brokers = broker();
-    let topics = Topics::create(&brokers, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &brokers, &topics, "");
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(2, "");
     let (events, _) = fleet(120, 0.4, 21);
     let want = expected(config_of(&cfg), &events);
     produce(&brokers, &topics.input, &events, &[]);
@@ -448,7 +451,7 @@ fn without_brokers_run_starts_an_embedded_broker_and_prints_its_address() {
         .args(["run", "--config"])
         .arg(&cfg)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("run.log")).unwrap())
         .spawn()
         .unwrap();
     let mut first = String::new();
@@ -488,15 +491,12 @@ fn without_brokers_run_starts_an_embedded_broker_and_prints_its_address() {
 
 #[test]
 fn a_silent_session_closes_on_the_idle_partition_clock() {
-    let brokers = broker();
-    let topics = Topics::create(&brokers, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(
-        dir.path(),
-        &brokers,
-        &topics,
-        "[engine]\nsession_gap_secs = 2\n",
-    );
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(1, "[engine]\nsession_gap_secs = 2\n");
     let ev = |i: u32| {
         format!(r#"{{"type":"tool.called","session_id":"quiet-1","timestamp":"2025-11-18T11:00:0{i}Z","tool":"read_file","args":{{"p":{i}}},"result":"r{i}"}}"#).into_bytes()
     };

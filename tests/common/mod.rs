@@ -160,6 +160,29 @@ retry_backoff_max_ms = 1000
     path
 }
 
+/// What most pipeline tests start from: fresh topics on the broker, a state directory
+/// and a config naming them.
+pub struct Fixture {
+    pub brokers: String,
+    pub topics: Topics,
+    pub dir: tempfile::TempDir,
+    pub cfg: PathBuf,
+}
+
+/// Fresh topics (`partitions` input partitions) and a config with `extra` TOML appended.
+pub fn fixture(partitions: i32, extra: &str) -> Fixture {
+    let brokers = broker();
+    let topics = Topics::create(&brokers, partitions);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &brokers, &topics, extra);
+    Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    }
+}
+
 /// A `loopwarden run` child process.
 pub struct Running {
     pub child: Child,
@@ -255,7 +278,9 @@ pub fn produce(brokers: &str, topic: &str, payloads: &[Vec<u8>], headers: &[(&st
             }
         }
     }
-    producer.flush(Duration::from_secs(30)).unwrap();
+    producer
+        .flush(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("producing to {topic} on {brokers}: {e}"));
 }
 
 /// A consumer assigned every partition of `topics` from the start (no group join, so it
