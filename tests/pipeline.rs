@@ -74,6 +74,65 @@ fn read_expected(
     (terminated, summaries)
 }
 
+/// Every termination and completed-session summary of replay is on the bus, no other
+/// termination, one termination per session, and every copy (at-least-once re-emissions
+/// share the `event_id`) carries replay's counters. Returns the number of extra copies.
+fn assert_each_once_as_replay(
+    want: &Expected,
+    terminated: &[rdkafka::message::OwnedMessage],
+    summaries: &[rdkafka::message::OwnedMessage],
+) -> usize {
+    let got = by_event_id(&values(terminated));
+    let missing: Vec<&String> = want
+        .terminations
+        .keys()
+        .filter(|id| !got.contains_key(*id))
+        .collect();
+    assert!(missing.is_empty(), "terminations lost: {missing:?}");
+    let extra: Vec<&String> = got
+        .keys()
+        .filter(|id| !want.terminations.contains_key(*id))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "terminations that replay does not produce: {extra:?}"
+    );
+    let mut per_session: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut duplicates = 0;
+    for (id, copies) in &got {
+        duplicates += copies.len() - 1;
+        for c in copies {
+            // Same counters in every copy: nothing was applied twice before it fired.
+            assert_eq!(
+                c["stats"], want.terminations[id]["stats"],
+                "termination {id} stats"
+            );
+            per_session
+                .entry(c["session_id"].as_str().unwrap().into())
+                .or_default()
+                .insert(id.clone());
+        }
+    }
+    assert!(
+        per_session.values().all(|ids| ids.len() == 1),
+        "one termination per session"
+    );
+    let got_summaries = by_event_id(&values(summaries));
+    for (id, s) in &want.summaries {
+        let copies = got_summaries
+            .get(id)
+            .unwrap_or_else(|| panic!("summary {id} lost"));
+        for c in copies {
+            assert_eq!(
+                c["stats"], s["stats"],
+                "summary {id}: counters differ from replay"
+            );
+            assert_eq!(c["stop_reason"], s["stop_reason"]);
+        }
+    }
+    duplicates
+}
+
 fn values(msgs: &[rdkafka::message::OwnedMessage]) -> Vec<serde_json::Value> {
     msgs.iter().map(json).collect()
 }
@@ -326,54 +385,7 @@ fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
     eprintln!("stored offsets seen at assignment: {resumed:?}");
     assert!(resumed.len() >= 3, "kills landed mid-stream:\n{text}");
 
-    let got = by_event_id(&values(&terminated));
-    let missing: Vec<&String> = want
-        .terminations
-        .keys()
-        .filter(|id| !got.contains_key(*id))
-        .collect();
-    assert!(missing.is_empty(), "terminations lost: {missing:?}");
-    let extra: Vec<&String> = got
-        .keys()
-        .filter(|id| !want.terminations.contains_key(*id))
-        .collect();
-    assert!(
-        extra.is_empty(),
-        "terminations that replay does not produce: {extra:?}"
-    );
-    let mut per_session: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut duplicates = 0;
-    for (id, copies) in &got {
-        duplicates += copies.len() - 1;
-        for c in copies {
-            // Same counters in every copy: nothing was applied twice before it fired.
-            assert_eq!(
-                c["stats"], want.terminations[id]["stats"],
-                "termination {id} stats"
-            );
-            per_session
-                .entry(c["session_id"].as_str().unwrap().into())
-                .or_default()
-                .insert(id.clone());
-        }
-    }
-    assert!(
-        per_session.values().all(|ids| ids.len() == 1),
-        "one termination per session"
-    );
-    let got_summaries = by_event_id(&values(&summaries));
-    for (id, s) in &want.summaries {
-        let copies = got_summaries
-            .get(id)
-            .unwrap_or_else(|| panic!("summary {id} lost"));
-        for c in copies {
-            assert_eq!(
-                c["stats"], s["stats"],
-                "summary {id}: counters differ from replay"
-            );
-            assert_eq!(c["stop_reason"], s["stop_reason"]);
-        }
-    }
+    let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
     eprintln!(
         "crash test: {} terminations, {} summaries all present once by event_id; {duplicates} re-emitted copies (at-least-once, same event_id)",
         want.terminations.len(),
@@ -684,4 +696,56 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
             "summary {id}: counters lost in the handover"
         );
     }
+}
+
+/// A broker that stops answering (SIGSTOP) for 30 s mid-stream and comes back (SIGCONT):
+/// the pipeline stalls without exiting, then catches up; nothing is lost, nothing is
+/// counted twice. Runs on a broker of its own so other tests are not paused.
+#[test]
+fn a_paused_broker_stalls_the_pipeline_without_loss_or_double_counting() {
+    let own = OwnBroker::start(19093);
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture_on(own.address.clone(), 2, "");
+    let (events, _) = fleet(300, 0.4, 41);
+    let want = expected(config_of(&cfg), &events);
+    let feeder = {
+        let (brokers, topic, events) = (brokers.clone(), topics.input.clone(), events.clone());
+        std::thread::spawn(move || {
+            for chunk in events.chunks(events.len() / 20 + 1) {
+                produce(&brokers, &topic, chunk, &[]);
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    let mut run = spawn_run(&cfg, &dir.path().join("run.log"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !run.log_text().contains("partition assigned") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    own.signal("-STOP");
+    eprintln!("broker paused");
+    std::thread::sleep(Duration::from_secs(30));
+    assert!(
+        run.child.try_wait().unwrap().is_none(),
+        "still running while the broker is away:\n{}",
+        run.log_text()
+    );
+    own.signal("-CONT");
+    eprintln!("broker resumed");
+    feeder.join().unwrap();
+    let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
+    assert!(
+        run.child.try_wait().unwrap().is_none(),
+        "{}",
+        run.log_text()
+    );
+    let log = run.log_text();
+    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
+    let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
+    eprintln!("broker pause: all {} terminations and {} summaries once by event_id; {duplicates} re-emitted copies", want.terminations.len(), want.summaries.len());
 }

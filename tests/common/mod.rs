@@ -40,6 +40,61 @@ pub fn broker() -> String {
         .clone()
 }
 
+/// A broker of the test's own on `port` (for tests that pause or stop it), with the pid
+/// to signal. Stops it when dropped.
+pub struct OwnBroker {
+    pub address: String,
+    pub pid: u32,
+    port: u16,
+}
+
+impl OwnBroker {
+    pub fn start(port: u16) -> OwnBroker {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker");
+        let status = Command::new(&script)
+            .arg("start")
+            .env("LOOPWARDEN_BROKER_PORT", port.to_string())
+            .status()
+            .expect("run scripts/broker");
+        assert!(status.success(), "scripts/broker start on {port} failed");
+        let dir = std::env::var("LOOPWARDEN_BROKER_DIR").unwrap_or_else(|_| {
+            format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap())
+        });
+        let pid = std::fs::read_to_string(format!("{dir}/tansu-{port}.pid"))
+            .expect("the broker's pid file")
+            .trim()
+            .parse()
+            .unwrap();
+        OwnBroker {
+            address: format!("127.0.0.1:{port}"),
+            pid,
+            port,
+        }
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([signal, &self.pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {signal} {}", self.pid);
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.pid.to_string()])
+            .status();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker");
+        let _ = Command::new(&script)
+            .arg("stop")
+            .env("LOOPWARDEN_BROKER_PORT", self.port.to_string())
+            .status();
+    }
+}
+
 /// A name no other test (or earlier run against the same broker) uses.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -171,7 +226,11 @@ pub struct Fixture {
 
 /// Fresh topics (`partitions` input partitions) and a config with `extra` TOML appended.
 pub fn fixture(partitions: i32, extra: &str) -> Fixture {
-    let brokers = broker();
+    fixture_on(broker(), partitions, extra)
+}
+
+/// [`fixture`] on a given broker.
+pub fn fixture_on(brokers: String, partitions: i32, extra: &str) -> Fixture {
     let topics = Topics::create(&brokers, partitions);
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(dir.path(), &brokers, &topics, extra);
@@ -279,7 +338,7 @@ pub fn produce(brokers: &str, topic: &str, payloads: &[Vec<u8>], headers: &[(&st
         }
     }
     producer
-        .flush(Duration::from_secs(30))
+        .flush(Duration::from_secs(120))
         .unwrap_or_else(|e| panic!("producing to {topic} on {brokers}: {e}"));
 }
 
