@@ -974,7 +974,7 @@ fn run_worker(
         changelog_reader: None,
         brokers: brokers.to_string(),
     };
-    let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers)
+    let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)
         .create_with_context(RebalanceHandler {
             worker: Mutex::new(worker),
         })

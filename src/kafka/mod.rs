@@ -29,17 +29,33 @@ pub fn client_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
     c
 }
 
-/// The consumer's config: manual offsets (stored state first), range assignment.
-pub fn consumer_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
+/// The config of worker `worker`'s consumer: manual offsets (stored state first);
+/// cooperative-sticky assignment for one input topic (a joining member does not stop the
+/// others), range for several (it keeps partition p of each on one member); static
+/// membership when `instance_id` is set.
+pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -> ClientConfig {
     let mut c = client_config(settings, brokers);
+    let strategy = if settings.input_topics.len() == 1 {
+        "cooperative-sticky"
+    } else {
+        "range"
+    };
     c.set("group.id", &settings.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", "range")
+        .set("partition.assignment.strategy", strategy)
         // Findings are latency-sensitive: do not let a fetch sit for librdkafka's 500 ms
         // default on brokers that wait out fetch.wait.max.ms.
         .set("fetch.wait.max.ms", "20");
+    if let Some(id) = &settings.instance_id {
+        let member = if settings.workers > 1 {
+            format!("{id}-{worker}")
+        } else {
+            id.clone()
+        };
+        c.set("group.instance.id", member);
+    }
     for (k, v) in &settings.consumer {
         c.set(k, v);
     }
@@ -275,9 +291,21 @@ mod tests {
     fn user_properties_cannot_weaken_delivery() {
         let mut s = KafkaSettings::default();
         s.consumer.insert("fetch.wait.max.ms".into(), "20".into());
-        let c = consumer_config(&s, "k:9092");
+        let c = consumer_config(&s, "k:9092", 0);
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
         assert_eq!(c.get("fetch.wait.max.ms"), Some("20"));
+        // Two input topics: range keeps them co-partitioned; no static membership.
+        assert_eq!(c.get("partition.assignment.strategy"), Some("range"));
+        assert_eq!(c.get("group.instance.id"), None);
+        s.input_topics = vec!["agent.events".into()];
+        s.instance_id = Some("lw-a".into());
+        s.workers = 2;
+        let c = consumer_config(&s, "k:9092", 1);
+        assert_eq!(
+            c.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
+        assert_eq!(c.get("group.instance.id"), Some("lw-a-1"));
         let p = producer_config(&s, "k:9092", 1 << 20);
         assert_eq!(p.get("enable.idempotence"), Some("true"));
     }

@@ -50,7 +50,11 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
     ),
     (
         "partition.assignment.strategy",
-        "the range assignor keeps co-partitioned input topics on one instance",
+        "cooperative-sticky for one input topic, range to keep several co-partitioned",
+    ),
+    (
+        "group.instance.id",
+        "set kafka.instance_id instead (each worker thread gets its own)",
     ),
 ];
 
@@ -74,6 +78,7 @@ pub(crate) struct RawKafka {
     retry_backoff_max_ms: Option<u64>,
     embedded_partitions: Option<i32>,
     workers: Option<usize>,
+    instance_id: Option<String>,
     client: Option<BTreeMap<String, toml::Value>>,
     consumer: Option<BTreeMap<String, toml::Value>>,
     producer: Option<BTreeMap<String, toml::Value>>,
@@ -103,6 +108,9 @@ pub struct KafkaSettings {
     pub embedded_partitions: i32,
     /// Consumer threads per process, each a member of the group with its own partitions.
     pub workers: usize,
+    /// Static group membership (`group.instance.id`): a restarted instance with the same
+    /// id gets its partitions back without a rebalance, within the session timeout.
+    pub instance_id: Option<String>,
     /// Properties for every client (consumer, producer, admin), e.g. TLS and SASL.
     pub client: BTreeMap<String, String>,
     /// Properties for the consumer only.
@@ -305,6 +313,7 @@ impl KafkaSettings {
             retry_backoff_max: Duration::from_millis(backoff_max),
             embedded_partitions,
             workers,
+            instance_id: raw.instance_id.filter(|i| !i.is_empty()),
             client,
             consumer,
             producer,
@@ -391,6 +400,10 @@ impl KafkaSettings {
             V::Integer(self.embedded_partitions as i64),
         );
         t.insert("workers".into(), V::Integer(self.workers as i64));
+        t.insert(
+            "instance_id".into(),
+            V::String(self.instance_id.clone().unwrap_or_default()),
+        );
         let props = |m: &BTreeMap<String, String>| {
             V::Table(
                 m.iter()
