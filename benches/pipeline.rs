@@ -2,7 +2,8 @@
 //! LOOPWARDEN_BENCH_BROKERS), DESIGN §8: sustained events/s, and the latency from an
 //! event's produce to its finding being readable on the output topic at a fixed rate.
 //!
-//! `cargo bench --bench pipeline` runs both phases. Knobs (environment):
+//! `cargo bench --bench pipeline` runs three phases: throughput, latency, and the time a
+//! fresh instance takes to restore open sessions from the changelog. Knobs (environment):
 //! - LOOPWARDEN_BENCH_EVENTS: events of the throughput phase (default 300000);
 //! - LOOPWARDEN_BENCH_RATE / LOOPWARDEN_BENCH_SECS: the latency phase's rate (default
 //!   10000 events/s) and length (default 20 s);
@@ -10,7 +11,9 @@
 //!   which keeps only ~5 MB per partition);
 //! - LOOPWARDEN_BENCH_BROKERS: `host:port` of a running broker, or `embedded` for the
 //!   in-process mock cluster (default: Tansu, started by `scripts/broker`);
-//! - LOOPWARDEN_BENCH_CONFIG: extra TOML appended to the pipeline's config.
+//! - LOOPWARDEN_BENCH_CONFIG: extra TOML appended to the pipeline's config;
+//! - LOOPWARDEN_BENCH_RESTORE_SESSIONS: open sessions a fresh instance restores from the
+//!   changelog in the third phase (default 100000; 0 skips it).
 //!
 //! Throughput is measured from the first output readable to the last session summary
 //! readable, so group-join time is left out; every session completes, so the last
@@ -29,6 +32,7 @@ use loopwarden::kafka::embedded::EmbeddedBroker;
 use loopwarden::pipeline::run;
 use loopwarden::shutdown::Shutdown;
 use loopwarden::simulate::{Fleet, FleetSpec};
+use rdkafka::consumer::Consumer;
 use rdkafka::{ClientConfig, Message};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -281,6 +285,100 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
     );
 }
 
+/// Restore time: instance A consumes a fleet that leaves `sessions` sessions open, then
+/// instance B, with an empty state directory, restores them from the changelog.
+fn restore(cluster: &Cluster, partitions: i32, sessions: u64) {
+    let brokers = &cluster.brokers();
+    let topics = cluster.topics(partitions);
+    let base = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (base.path().join("a"), base.path().join("b"));
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let config_a = config(&a_dir, brokers, &topics);
+    let mut config_b = (*config_a).clone();
+    config_b.state_path = b_dir.join("state");
+    // Three events each: every session is still open when the feed ends.
+    let mut fleet = Fleet::new(FleetSpec {
+        sessions,
+        concurrency: sessions as usize,
+        loop_share: 0.2,
+        seed: 11,
+    });
+    let fed = feed(
+        &mut fleet,
+        Target::Kafka {
+            producer: &producer(brokers),
+            routing: Routing::single(&topics.input),
+        },
+        0.0,
+        Some((1_763_000_000_000, 1)),
+        Some(sessions * 3),
+        &Shutdown::new(),
+    )
+    .unwrap();
+    // Runs an instance until `grows` stops growing for 3 s (or 300 s pass).
+    let run_until_settled = |config: Arc<Config>, grows: &dyn Fn() -> u64| {
+        let shutdown = Shutdown::new();
+        let handle = {
+            let (brokers, shutdown) = (brokers.to_string(), shutdown.clone());
+            std::thread::spawn(move || run(config, &brokers, shutdown))
+        };
+        let started = Instant::now();
+        let (mut last, mut since) = (0u64, Instant::now());
+        while started.elapsed() < Duration::from_secs(300) {
+            std::thread::sleep(Duration::from_millis(250));
+            let now = grows();
+            if now != last {
+                (last, since) = (now, Instant::now());
+            } else if now > 0 && since.elapsed() > Duration::from_secs(3) {
+                break;
+            }
+        }
+        shutdown.trigger();
+        handle.join().unwrap().unwrap()
+    };
+    // A: until its changelog stops growing.
+    let probe = common::reader(brokers, &[]);
+    let changelog_end = || -> u64 {
+        (0..partitions)
+            .map(|p| {
+                probe
+                    .fetch_watermarks(&topics.changelog, p, Duration::from_secs(5))
+                    .map(|(_, h)| h.max(0) as u64)
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    let a = run_until_settled(config_a, &changelog_end);
+    // B, with an empty state directory: until its state directory stops growing.
+    let b_state = config_b.state_path.clone();
+    let b = run_until_settled(Arc::new(config_b), &|| dir_bytes(&b_state));
+    eprintln!(
+        "restore: instance A applied {} of {} events, leaving {sessions} sessions open; instance B read {} session records from the changelog (uncompacted: every stored version) and restored them in {} ms ({:.0} ms per 100k open sessions)",
+        a.events,
+        fed.events,
+        b.restored_records,
+        b.restore_ms,
+        b.restore_ms as f64 * 100_000.0 / sessions as f64
+    );
+}
+
+/// Bytes under a directory (recursively).
+fn dir_bytes(path: &std::path::Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: run only then.
     if !std::env::args().any(|a| a == "--bench") {
@@ -320,4 +418,8 @@ fn main() {
         env_or("LOOPWARDEN_BENCH_RATE", 10_000.0),
         env_or("LOOPWARDEN_BENCH_SECS", 20),
     );
+    let restore_sessions = env_or("LOOPWARDEN_BENCH_RESTORE_SESSIONS", 100_000u64);
+    if restore_sessions > 0 {
+        restore(&cluster, partitions, restore_sessions);
+    }
 }

@@ -115,6 +115,9 @@ pub struct RunStats {
     pub terminations: u64,
     pub summaries: u64,
     pub batches: u64,
+    /// Session records applied from the changelog, and the time restores took.
+    pub restored_records: u64,
+    pub restore_ms: u64,
 }
 
 impl std::ops::AddAssign for RunStats {
@@ -126,6 +129,8 @@ impl std::ops::AddAssign for RunStats {
         self.terminations += o.terminations;
         self.summaries += o.summaries;
         self.batches += o.batches;
+        self.restored_records += o.restored_records;
+        self.restore_ms += o.restore_ms;
     }
 }
 
@@ -404,6 +409,8 @@ impl Worker {
         }
         let _ = reader.unassign();
         self.db.flush().map_err(StoreError::Io)?;
+        self.stats.restored_records += sessions;
+        self.stats.restore_ms += started.elapsed().as_millis() as u64;
         info!(
             partition,
             batches,
