@@ -749,3 +749,97 @@ fn a_paused_broker_stalls_the_pipeline_without_loss_or_double_counting() {
     let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
     eprintln!("broker pause: all {} terminations and {} summaries once by event_id; {duplicates} re-emitted copies", want.terminations.len(), want.summaries.len());
 }
+
+/// A group of instances while the stream flows: A alone, then B joins, then C; B stops
+/// gracefully, C is killed (-9), B comes back. Partitions move between instances with
+/// their state (changelog); every termination and summary is replay's, once by
+/// `event_id`, with replay's counters (an event applied twice, or by two instances at
+/// once, would show in them).
+#[test]
+fn partitions_move_between_instances_with_their_state() {
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(6, "");
+    let (events, _) = fleet(400, 0.4, 51);
+    let want = expected(config_of(&cfg), &events);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let state_a = dir.path().join("state").display().to_string();
+    let instance = |name: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        let c = d.join("loopwarden.toml");
+        std::fs::write(
+            &c,
+            text.replace(&state_a, &d.join("state").display().to_string()),
+        )
+        .unwrap();
+        (c, d.join("run.log"))
+    };
+    let (cfg_b, log_b) = instance("b");
+    let (cfg_c, log_c) = instance("c");
+    let log_a = dir.path().join("a.log");
+
+    let feeder = {
+        let (brokers, topic, events) = (brokers.clone(), topics.input.clone(), events.clone());
+        std::thread::spawn(move || {
+            for chunk in events.chunks(events.len() / 40 + 1) {
+                produce(&brokers, &topic, chunk, &[]);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+    };
+    let wait_assigned = |log: &std::path::Path, at_least: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .matches("partition assigned")
+            .count()
+            < at_least
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let a = spawn_run(&cfg, &log_a);
+    wait_assigned(&log_a, 1);
+    let b = spawn_run(&cfg_b, &log_b);
+    wait_assigned(&log_b, 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    let c = spawn_run(&cfg_c, &log_c);
+    wait_assigned(&log_c, 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        b.terminate(Duration::from_secs(30)).success(),
+        "B stops gracefully"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    c.kill9();
+    let b_again = spawn_run(&cfg_b, &log_b);
+    feeder.join().unwrap();
+    let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
+    assert!(a.terminate(Duration::from_secs(30)).success());
+    assert!(b_again.terminate(Duration::from_secs(30)).success());
+
+    let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
+    let logs: Vec<String> = [&log_a, &log_b, &log_c]
+        .iter()
+        .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+        .collect();
+    let restored = logs
+        .iter()
+        .map(|l| l.matches("partition state restored").count())
+        .sum::<usize>();
+    assert!(
+        restored > 0,
+        "some partition moved with its state:\n{}",
+        logs.join("\n")
+    );
+    eprintln!(
+        "instances: {} terminations, {} summaries once by event_id; {restored} partition restores; {duplicates} re-emitted copies",
+        want.terminations.len(),
+        want.summaries.len()
+    );
+}
