@@ -828,7 +828,17 @@ impl ConsumerContext for RebalanceHandler {
         match rebalance {
             Rebalance::Revoke(tpl) => {
                 let revoked = partitions_of(tpl);
-                if let Err(e) = w.finish_batch(consumer, CommitMode::Sync) {
+                if consumer.assignment_lost() {
+                    // The group went on without us (session timed out): another member may
+                    // own these partitions already, so nothing of them may be written —
+                    // no findings, no changelog, no state. Their events are consumed again
+                    // by the new owner from the last committed point.
+                    warn!(partitions = ?revoked, "assignment lost; dropping the unstored batch");
+                    w.outbox.clear();
+                    for p in w.partitions.values_mut() {
+                        p.pending.clear();
+                    }
+                } else if let Err(e) = w.finish_batch(consumer, CommitMode::Sync) {
                     error!(error = %e, "cannot store the batch before the revoke");
                     w.fatal.get_or_insert(e);
                 }
