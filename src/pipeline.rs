@@ -63,18 +63,9 @@ const CHANGELOG_POSITION: &str = "changelog/position";
 /// Bytes of an oversized dead letter kept when the broker refuses the whole message.
 const DLQ_TRUNCATE_TO: usize = 64 * 1024;
 
-/// How an error is handled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// One message is bad: dead-letter it and go on.
-    Poison,
-    /// The environment is (temporarily) unable: retry with backoff.
-    Transient,
-    /// Nothing will get better by retrying: exit non-zero with the reason.
-    Fatal,
-}
-
-/// Why `run` stopped with an error.
+/// Why `run` stopped with an error. Bad messages (poison) never get here: they are
+/// dead-lettered; transient failures (broker away, disk write failing) are retried with
+/// backoff where they happen; what escapes is fatal and ends the process non-zero.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error("kafka client could not be created: {0}")]
@@ -93,15 +84,6 @@ pub enum PipelineError {
     WorkerPanicked,
     #[error("shutdown deadline ({secs} s) passed with {undelivered} output record(s) undelivered; nothing was stored or committed for them, so a restart processes their events again")]
     DeadlineExceeded { secs: u64, undelivered: usize },
-}
-
-impl PipelineError {
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            PipelineError::Store(StoreError::Io(_)) => ErrorClass::Transient,
-            _ => ErrorClass::Fatal,
-        }
-    }
 }
 
 /// What a run did (also the demo's and the tests' view of it).

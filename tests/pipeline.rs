@@ -620,30 +620,17 @@ fn a_fatal_configuration_error_exits_non_zero_with_the_reason() {
 /// stopped — sessions that span the handover keep their counters.
 #[test]
 fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
-    let brokers = broker();
-    let topics = Topics::create(&brokers, 2);
-    let base = tempfile::tempdir().unwrap();
-    let (a_dir, b_dir) = (base.path().join("a"), base.path().join("b"));
-    std::fs::create_dir_all(&a_dir).unwrap();
-    std::fs::create_dir_all(&b_dir).unwrap();
-    let cfg_a = write_config(&a_dir, &brokers, &topics, "");
-    // The same group, the same topics, another (empty) state directory.
-    let text_a = std::fs::read_to_string(&cfg_a).unwrap();
-    let cfg_b = b_dir.join("loopwarden.toml");
-    std::fs::write(
-        &cfg_b,
-        text_a.replace(
-            &a_dir.join("state").display().to_string(),
-            &b_dir.join("state").display().to_string(),
-        ),
-    )
-    .unwrap();
+    let fx = fixture(2, "");
+    let (brokers, topics) = (fx.brokers.clone(), fx.topics.clone());
+    // The same group and topics; each instance has its own (at first empty) state.
+    let (cfg_a, log_a) = fx.instance("a");
+    let (cfg_b, log_b) = fx.instance("b");
     let (events, _) = fleet(200, 0.4, 31);
     let want = expected(config_of(&cfg_a), &events);
     let (first, second) = events.split_at(events.len() / 2);
 
     produce(&brokers, &topics.input, first, &[]);
-    let a = spawn_run(&cfg_a, &a_dir.join("run.log"));
+    let a = spawn_run(&cfg_a, &log_a);
     // Let A work through the first half, then stop it gracefully.
     let _ = read_topic(
         &brokers,
@@ -653,12 +640,12 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
         Duration::from_secs(8),
     );
     assert!(a.terminate(Duration::from_secs(30)).success());
-    let a_log = std::fs::read_to_string(a_dir.join("run.log")).unwrap();
+    let a_log = std::fs::read_to_string(&log_a).unwrap();
     let (a_events, _) = processed(&a_log);
     assert!(a_events > 0, "{a_log}");
 
     produce(&brokers, &topics.input, second, &[]);
-    let b = spawn_run(&cfg_b, &b_dir.join("run.log"));
+    let b = spawn_run(&cfg_b, &log_b);
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(90));
     let warnings = read_topic(
         &brokers,
@@ -668,7 +655,7 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
         Duration::from_secs(1),
     );
     assert!(b.terminate(Duration::from_secs(30)).success());
-    let b_log = std::fs::read_to_string(b_dir.join("run.log")).unwrap();
+    let b_log = std::fs::read_to_string(&log_b).unwrap();
     assert!(b_log.contains("partition state restored"), "{b_log}");
     let (b_events, b_skipped) = processed(&b_log);
     assert_eq!(
@@ -757,30 +744,13 @@ fn a_paused_broker_stalls_the_pipeline_without_loss_or_double_counting() {
 /// once, would show in them).
 #[test]
 fn partitions_move_between_instances_with_their_state() {
-    let Fixture {
-        brokers,
-        topics,
-        dir,
-        cfg,
-    } = fixture(6, "");
+    let fx = fixture(6, "");
+    let (brokers, topics, cfg) = (fx.brokers.clone(), fx.topics.clone(), fx.cfg.clone());
     let (events, _) = fleet(400, 0.4, 51);
     let want = expected(config_of(&cfg), &events);
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    let state_a = dir.path().join("state").display().to_string();
-    let instance = |name: &str| {
-        let d = dir.path().join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        let c = d.join("loopwarden.toml");
-        std::fs::write(
-            &c,
-            text.replace(&state_a, &d.join("state").display().to_string()),
-        )
-        .unwrap();
-        (c, d.join("run.log"))
-    };
-    let (cfg_b, log_b) = instance("b");
-    let (cfg_c, log_c) = instance("c");
-    let log_a = dir.path().join("a.log");
+    let (cfg_b, log_b) = fx.instance("b");
+    let (cfg_c, log_c) = fx.instance("c");
+    let log_a = fx.dir.path().join("a.log");
 
     let feeder = {
         let (brokers, topic, events) = (brokers.clone(), topics.input.clone(), events.clone());

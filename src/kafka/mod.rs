@@ -109,35 +109,6 @@ pub fn cached_high_watermark<C: ClientContext>(
         .then_some(high)
 }
 
-/// Errors worth retrying: the broker is away, slow or electing; everything else about
-/// the cluster's answer is taken at face value.
-pub fn is_transient(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    match e.rdkafka_error_code() {
-        Some(
-            C::BrokerTransportFailure
-            | C::AllBrokersDown
-            | C::OperationTimedOut
-            | C::RequestTimedOut
-            | C::LeaderNotAvailable
-            | C::NotLeaderForPartition
-            | C::NotCoordinator
-            | C::CoordinatorNotAvailable
-            | C::CoordinatorLoadInProgress
-            | C::NetworkException
-            | C::QueueFull
-            | C::MessageTimedOut
-            | C::NotEnoughReplicas
-            | C::NotEnoughReplicasAfterAppend
-            | C::Resolve
-            | C::WaitCache
-            | C::NoError,
-        ) => true,
-        None => matches!(e, KafkaError::MetadataFetch(_) | KafkaError::Flush(_)),
-        _ => false,
-    }
-}
-
 /// Partition count per topic as the cluster reports it (`None`: the topic is missing).
 pub fn partition_counts<C: ClientContext>(
     client: &Client<C>,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use loopwarden::config::Config;
 use loopwarden::engine::{Engine, EventMeta};
-use loopwarden::event::{parse_event, ParseLimits};
+use loopwarden::event::parse_event;
 use loopwarden::output::ClosedBy;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -242,6 +242,23 @@ pub fn fixture_on(brokers: String, partitions: i32, extra: &str) -> Fixture {
     }
 }
 
+impl Fixture {
+    /// Another instance of the same deployment (same group and topics) with a state
+    /// directory of its own under `dir/name`: its config and log paths.
+    pub fn instance(&self, name: &str) -> (PathBuf, PathBuf) {
+        let home = self.dir.path().join(name);
+        std::fs::create_dir_all(&home).unwrap();
+        let own_state = home.join("state").display().to_string();
+        let text = std::fs::read_to_string(&self.cfg).unwrap().replace(
+            &self.dir.path().join("state").display().to_string(),
+            &own_state,
+        );
+        let cfg = home.join("loopwarden.toml");
+        std::fs::write(&cfg, text).unwrap();
+        (cfg, home.join("run.log"))
+    }
+}
+
 /// A `loopwarden run` child process.
 pub struct Running {
     pub child: Child,
@@ -450,10 +467,6 @@ pub fn by_event_id(values: &[serde_json::Value]) -> BTreeMap<String, Vec<serde_j
             .push(v.clone());
     }
     m
-}
-
-pub fn default_limits() -> ParseLimits {
-    ParseLimits::default()
 }
 
 /// A simulated fleet as raw events (synthetic clock), with its ground truth.
