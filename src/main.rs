@@ -251,14 +251,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let topics = config.kafka.all_topics();
                     embedded = EmbeddedBroker::start(&topics, config.kafka.embedded_partitions)?;
                     let b = embedded.bootstrap_servers().to_string();
-                    println!(
-                        "embedded broker (in memory, for trying loopwarden out) listening on {b}"
-                    );
-                    println!(
-                        "produce events to {} with any Kafka client, e.g.",
+                    // One write, and a closed stdout is not fatal: whoever started us may
+                    // read the address and hang up, and the service must keep running.
+                    let banner = format!(
+                        "embedded broker (in memory, for trying loopwarden out) listening on {b}\n\
+                         produce events to {} with any Kafka client, e.g.\n  \
+                         loopwarden simulate --brokers {b} --sessions 100 --rate 500\n",
                         config.kafka.input_topics.join(", ")
                     );
-                    println!("  loopwarden simulate --brokers {b} --sessions 100 --rate 500");
+                    let mut stdout = std::io::stdout().lock();
+                    if let Err(error) = stdout
+                        .write_all(banner.as_bytes())
+                        .and_then(|()| stdout.flush())
+                    {
+                        tracing::warn!(%error, "cannot print the embedded broker's address");
+                    }
                     b
                 }
             };
