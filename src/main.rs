@@ -443,6 +443,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Test builds only: crash points armed through the FAILPOINTS environment variable.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

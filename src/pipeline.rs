@@ -32,10 +32,10 @@ use tracing::{debug, error, info, warn};
 use crate::config::Config;
 use crate::engine::{Engine, EventMeta};
 use crate::event::{parse_event, Event};
-use crate::kafka::settings::KafkaSettings;
+use crate::kafka::settings::{Delivery, KafkaSettings};
 use crate::kafka::{
     cached_high_watermark, check_topics, consumer_config, ensure_changelog, partition_counts,
-    producer_config, TopicError,
+    producer_config, transactional_id, TopicError,
 };
 use crate::output::Output;
 use crate::shutdown::Shutdown;
@@ -82,6 +82,11 @@ pub enum PipelineError {
     Thread(std::io::Error),
     #[error("a worker thread panicked")]
     WorkerPanicked,
+    #[error("kafka transaction failed fatally (is another instance using transactional.id {transactional_id}? set kafka.instance_id per instance): {source}")]
+    Transaction {
+        transactional_id: String,
+        source: KafkaError,
+    },
     #[error("shutdown deadline ({secs} s) passed with {undelivered} output record(s) undelivered; nothing was stored or committed for them, so a restart processes their events again")]
     DeadlineExceeded { secs: u64, undelivered: usize },
 }
@@ -233,6 +238,8 @@ struct Worker {
     /// Reads the changelog when a partition's state must be restored (made on first use).
     changelog_reader: Option<BaseConsumer>,
     brokers: String,
+    /// Set in exactly_once mode: every batch is one transaction of this producer.
+    transactional_id: Option<String>,
 }
 
 impl Worker {
@@ -291,7 +298,10 @@ impl Worker {
     /// when the disk holds nothing of it, else from the last changelog offset it
     /// reflects. Only whole batches are applied (records followed by their commit
     /// record); a trailing incomplete batch is left out, so its events are consumed
-    /// again. Blocks until done: the partition is not consumed before.
+    /// again. In exactly_once mode a batch also counts only if the group's committed
+    /// input offsets cover it: a broker that hands out records of aborted transactions
+    /// (no `read_committed` filtering) cannot make the state run ahead of the offsets.
+    /// Blocks until done: the partition is not consumed before.
     fn restore_from_changelog(
         &mut self,
         partition: i32,
@@ -299,31 +309,69 @@ impl Worker {
     ) -> Result<(), PipelineError> {
         let topic = self.settings().changelog_topic.clone();
         if self.changelog_reader.is_none() {
+            // The group's id, so that it can read the group's committed offsets; it only
+            // ever assigns partitions itself, so it never joins the group or commits.
             let reader = crate::kafka::client_config(self.settings(), &self.brokers)
-                .set("group.id", format!("{}-restore", self.settings().group_id))
+                .set("group.id", &self.settings().group_id)
                 .set("enable.auto.commit", "false")
                 .set("enable.auto.offset.store", "false")
+                .set("isolation.level", "read_committed")
                 .create()
                 .map_err(PipelineError::Client)?;
             self.changelog_reader = Some(reader);
         }
+        let shut_down = || PipelineError::Restore {
+            partition,
+            reason: "shut down before the restore finished".into(),
+        };
         let reader = self.changelog_reader.as_ref().expect("made above");
-        let mut backoff = self.settings().retry_backoff_min;
+        let settings = &self.config.kafka;
+        let mut backoff = settings.retry_backoff_min;
+        let mut retry = |what: &str, error: &KafkaError| {
+            warn!(topic = %topic, partition, error = %error, what, "changelog restore step failed; retrying");
+            let stop = self.shutdown.sleep(backoff);
+            backoff = (backoff * 2).min(settings.retry_backoff_max);
+            stop
+        };
         let (low, high) = loop {
             match reader.fetch_watermarks(&topic, partition, Duration::from_secs(10)) {
                 Ok(w) => break w,
-                Err(e) => {
-                    warn!(topic = %topic, partition, error = %e, "cannot read the changelog's extent; retrying");
-                    if self.shutdown.sleep(backoff) {
-                        return Err(PipelineError::Restore {
-                            partition,
-                            reason: "shut down before the changelog could be read".into(),
-                        });
-                    }
-                    backoff = (backoff * 2).min(self.settings().retry_backoff_max);
-                }
+                Err(e) if retry("read the changelog's extent", &e) => return Err(shut_down()),
+                Err(_) => {}
             }
         };
+        let committed: Option<FxHashMap<String, i64>> = match settings.delivery {
+            Delivery::AtLeastOnce => None,
+            Delivery::ExactlyOnce => Some(loop {
+                let mut tpl = TopicPartitionList::new();
+                for t in &settings.input_topics {
+                    tpl.add_partition(t, partition);
+                }
+                match reader.committed_offsets(tpl, Duration::from_secs(10)) {
+                    Ok(tpl) => {
+                        break tpl
+                            .elements()
+                            .iter()
+                            .filter_map(|e| match e.offset() {
+                                Offset::Offset(o) => {
+                                    Some((format!("{}/{partition}", e.topic()), o))
+                                }
+                                _ => None,
+                            })
+                            .collect()
+                    }
+                    Err(e) if retry("read the group's committed offsets", &e) => {
+                        return Err(shut_down())
+                    }
+                    Err(_) => {}
+                }
+            }),
+        };
+        let input_keys: Vec<String> = settings
+            .input_topics
+            .iter()
+            .map(|t| format!("{t}/{partition}"))
+            .collect();
         let local = store.offset(CHANGELOG_POSITION)?;
         let from = local.map_or(low, |l| (l + 1).max(low));
         if from >= high {
@@ -335,7 +383,7 @@ impl Worker {
         let _ = tpl.add_partition_offset(&topic, partition, Offset::Offset(from));
         reader.assign(&tpl).map_err(PipelineError::Client)?;
         let mut pending = StoreBatch::default();
-        let (mut sessions, mut batches) = (0u64, 0u64);
+        let (mut sessions, mut batches, mut uncommitted) = (0u64, 0u64, 0u64);
         let mut next = from;
         while next < high {
             match reader.poll(Duration::from_millis(500)) {
@@ -359,6 +407,16 @@ impl Worker {
                                 partition,
                                 reason: format!("commit record at offset {}: {e}", m.offset()),
                             })?;
+                            let covered = committed.as_ref().is_none_or(|c| {
+                                offsets.iter().all(|(k, o)| {
+                                    !input_keys.contains(k) || c.get(k).is_some_and(|next| o < next)
+                                })
+                            });
+                            if !covered {
+                                uncommitted += 1;
+                                pending = StoreBatch::default();
+                                continue;
+                            }
                             pending.offsets.extend(offsets);
                             pending
                                 .offsets
@@ -380,13 +438,19 @@ impl Worker {
                     }
                 }
                 Some(Err(e)) => warn!(partition, error = %e, "changelog read error; retrying"),
-                None if self.shutdown.is_triggered() => {
-                    return Err(PipelineError::Restore {
-                        partition,
-                        reason: "shut down during the restore".into(),
-                    })
+                None if self.shutdown.is_triggered() => return Err(shut_down()),
+                None => {
+                    // Transaction markers take offsets but are never handed out: the
+                    // read position, not the last record, says how far the read got.
+                    if let Ok(position) = reader.position() {
+                        if let Some(Offset::Offset(o)) = position
+                            .find_partition(&topic, partition)
+                            .map(|e| e.offset())
+                        {
+                            next = next.max(o);
+                        }
+                    }
                 }
-                None => {}
             }
         }
         let _ = reader.unassign();
@@ -398,6 +462,7 @@ impl Worker {
             batches,
             session_records = sessions,
             left_out = pending.puts.len() + pending.deletes.len(),
+            uncommitted_batches = uncommitted,
             ms = started.elapsed().as_millis() as u64,
             "partition state restored"
         );
@@ -575,57 +640,78 @@ impl Worker {
         }
     }
 
+    /// Hands the outbox records at `indexes` to the producer (waiting while its queue is
+    /// full); a record it refuses outright is recorded as failed, like a failed delivery.
+    fn send(&mut self, indexes: &[usize]) {
+        let mut topics: Vec<&str> = self.config.kafka.output_topics().to_vec();
+        topics.push(&self.config.kafka.changelog_topic);
+        for &i in indexes {
+            let r = &self.outbox[i];
+            let mut record =
+                BaseRecord::with_opaque_to(topics[r.sink as usize], Box::new(i)).key(&r.key);
+            // A changelog tombstone has no value at all (compaction drops the key).
+            if !(r.sink == Sink::Changelog && r.payload.is_empty()) {
+                record = record.payload(&r.payload);
+            }
+            if let Some(p) = r.partition {
+                record = record.partition(p);
+            }
+            if let Some(h) = r.headers() {
+                record = record.headers(h);
+            }
+            loop {
+                match self.producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        self.producer.poll(Duration::from_millis(5));
+                        record = back;
+                    }
+                    Err((e, _)) => {
+                        lock(&self.producer.context().failed).push((i, e));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the failed deliveries; a dead letter the broker refused as too large is cut
+    /// to its first bytes (with a header saying how long it was), so it is never lost.
+    fn take_failed(&mut self) -> Vec<(usize, KafkaError)> {
+        let failed = std::mem::take(&mut *lock(&self.producer.context().failed));
+        for (i, e) in &failed {
+            let r = &mut self.outbox[*i];
+            let too_large = matches!(
+                e.rdkafka_error_code(),
+                Some(RDKafkaErrorCode::MessageSizeTooLarge)
+            );
+            if too_large && r.sink == Sink::DeadLetter && r.payload.len() > DLQ_TRUNCATE_TO {
+                let len = r.payload.len();
+                r.payload.truncate(DLQ_TRUNCATE_TO);
+                r.headers
+                    .push((DLQ_TRUNCATED_FROM, len.to_string().into_bytes()));
+            }
+        }
+        failed
+    }
+
     /// Produces the outbox and waits until the broker has acknowledged every record,
     /// retrying failures with backoff.
     fn deliver(&mut self) -> Result<(), PipelineError> {
         if self.outbox.is_empty() {
             return Ok(());
         }
-        let mut topics: Vec<String> = self
-            .settings()
-            .output_topics()
-            .iter()
-            .map(|t| t.to_string())
-            .collect();
-        topics.push(self.settings().changelog_topic.clone());
         let mut pending: Vec<usize> = (0..self.outbox.len()).collect();
         let mut backoff = self.settings().retry_backoff_min;
         loop {
-            for &i in &pending {
-                let r = &self.outbox[i];
-                let mut record =
-                    BaseRecord::with_opaque_to(&topics[r.sink as usize], Box::new(i)).key(&r.key);
-                // A changelog tombstone has no value at all (compaction drops the key).
-                if !(r.sink == Sink::Changelog && r.payload.is_empty()) {
-                    record = record.payload(&r.payload);
-                }
-                if let Some(p) = r.partition {
-                    record = record.partition(p);
-                }
-                if let Some(h) = r.headers() {
-                    record = record.headers(h);
-                }
-                loop {
-                    match self.producer.send(record) {
-                        Ok(()) => break,
-                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                            self.producer.poll(Duration::from_millis(5));
-                            record = back;
-                        }
-                        Err((e, _)) => {
-                            lock(&self.producer.context().failed).push((i, e));
-                            break;
-                        }
-                    }
-                }
-            }
+            self.send(&pending);
             while self.producer.in_flight_count() > 0 {
                 self.producer.poll(Duration::from_millis(1));
                 if self.past_deadline() {
                     return Err(self.deadline_exceeded());
                 }
             }
-            let failed = std::mem::take(&mut *lock(&self.producer.context().failed));
+            let failed = self.take_failed();
             if failed.is_empty() {
                 self.outbox.clear();
                 return Ok(());
@@ -633,25 +719,145 @@ impl Worker {
             let (_, first) = &failed[0];
             warn!(failed = failed.len(), error = %first, backoff_ms = backoff.as_millis() as u64, "output delivery failed; retrying");
             pending = failed.iter().map(|(i, _)| *i).collect();
-            for (i, e) in &failed {
-                let r = &mut self.outbox[*i];
-                let too_large = matches!(
-                    e.rdkafka_error_code(),
-                    Some(RDKafkaErrorCode::MessageSizeTooLarge)
-                );
-                if too_large && r.sink == Sink::DeadLetter && r.payload.len() > DLQ_TRUNCATE_TO {
-                    // Never lose a dead letter: keep its start, say how long it was.
-                    let len = r.payload.len();
-                    r.payload.truncate(DLQ_TRUNCATE_TO);
-                    r.headers
-                        .push((DLQ_TRUNCATED_FROM, len.to_string().into_bytes()));
+            if self.past_deadline() {
+                return Err(self.deadline_exceeded());
+            }
+            self.pause(backoff);
+            backoff = (backoff * 2).min(self.settings().retry_backoff_max);
+        }
+    }
+
+    /// Commits the outbox and the input `offsets` as one transaction (exactly_once).
+    /// After an abortable failure (a delivery failed, a broker timed out) the same
+    /// records and offsets are sent again in a new transaction: the engine state they
+    /// came from is unchanged, so the retry is the same batch. Returns `false` when the
+    /// consumer group has moved on (our generation is fenced): the batch must then be
+    /// dropped and its events read again by whoever owns them now.
+    fn transact(
+        &mut self,
+        consumer: &BaseConsumer<RebalanceHandler>,
+        offsets: &TopicPartitionList,
+    ) -> Result<bool, PipelineError> {
+        if self.outbox.is_empty() && offsets.count() == 0 {
+            return Ok(true);
+        }
+        let timeout = TRANSACTION_CALL_TIMEOUT;
+        let mut backoff = self.settings().retry_backoff_min;
+        loop {
+            let attempt = (|| -> Result<(), KafkaError> {
+                self.producer.begin_transaction()?;
+                let all: Vec<usize> = (0..self.outbox.len()).collect();
+                self.send(&all);
+                // Await the acks (commit would flush too): a failed record is known before
+                // the offsets are sent, and the records are on the broker at the crash
+                // point below.
+                while self.producer.in_flight_count() > 0 && !self.past_deadline() {
+                    self.producer.poll(Duration::from_millis(1));
                 }
+                if let Some((_, e)) = lock(&self.producer.context().failed).first() {
+                    // A record that failed (or the producer refused) is not in the
+                    // transaction: abort it.
+                    return Err(e.clone());
+                }
+                if offsets.count() > 0 {
+                    let group = consumer.group_metadata().ok_or(KafkaError::Subscription(
+                        "no consumer group metadata".into(),
+                    ))?;
+                    self.producer
+                        .send_offsets_to_transaction(offsets, &group, timeout)?;
+                }
+                crash_point("txn-before-commit");
+                let mut commit_backoff = self.settings().retry_backoff_min;
+                loop {
+                    match self.producer.commit_transaction(timeout) {
+                        Ok(()) => return Ok(()),
+                        Err(e) if is_retriable(&e) && !self.past_deadline() => {
+                            warn!(error = %e, "transaction commit not confirmed yet; retrying");
+                            self.pause(commit_backoff);
+                            commit_backoff =
+                                (commit_backoff * 2).min(self.settings().retry_backoff_max);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            })();
+            let error = match attempt {
+                Ok(()) => {
+                    crash_point("txn-after-commit");
+                    lock(&self.producer.context().failed).clear();
+                    self.outbox.clear();
+                    return Ok(true);
+                }
+                Err(e) => e,
+            };
+            if is_fatal(&error) {
+                return Err(self.transaction_failed(error));
+            }
+            warn!(error = %error, records = self.outbox.len(), backoff_ms = backoff.as_millis() as u64, "transaction failed; aborting it");
+            self.abort()?;
+            self.take_failed();
+            if is_group_fenced(&error) {
+                return Ok(false);
             }
             if self.past_deadline() {
                 return Err(self.deadline_exceeded());
             }
             self.pause(backoff);
             backoff = (backoff * 2).min(self.settings().retry_backoff_max);
+        }
+    }
+
+    /// Aborts the open transaction, retrying while the broker is away.
+    fn abort(&mut self) -> Result<(), PipelineError> {
+        let mut backoff = self.settings().retry_backoff_min;
+        loop {
+            match self.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_fatal(&e) => return Err(self.transaction_failed(e)),
+                Err(e) => {
+                    if self.past_deadline() {
+                        return Err(self.deadline_exceeded());
+                    }
+                    warn!(error = %e, "transaction abort not confirmed yet; retrying");
+                    self.pause(backoff);
+                    backoff = (backoff * 2).min(self.settings().retry_backoff_max);
+                }
+            }
+        }
+    }
+
+    fn transaction_failed(&self, source: KafkaError) -> PipelineError {
+        PipelineError::Transaction {
+            transactional_id: self.transactional_id.clone().unwrap_or_default(),
+            source,
+        }
+    }
+
+    /// Drops the batch in hand after the group fenced our transaction: the in-memory
+    /// state of every partition goes (it is loaded again from sled and the changelog on
+    /// the next event) and the consumer is moved back to the group's committed offsets,
+    /// which are where the last committed transaction left them.
+    fn rewind(&mut self, consumer: &BaseConsumer<RebalanceHandler>) {
+        warn!(partitions = ?self.partitions.keys().collect::<Vec<_>>(), "consumer group moved on during the transaction; dropping the batch and reading it again");
+        self.outbox.clear();
+        self.partitions.clear();
+        lock(&self.producer.context().changelog_offsets).clear();
+        let Ok(assigned) = consumer.assignment() else {
+            return;
+        };
+        let committed = consumer
+            .committed_offsets(assigned.clone(), TRANSACTION_CALL_TIMEOUT)
+            .unwrap_or(assigned);
+        for e in committed.elements() {
+            let to = match e.offset() {
+                Offset::Offset(o) => Offset::Offset(o),
+                _ => Offset::Beginning,
+            };
+            if let Err(error) = consumer.seek(e.topic(), e.partition(), to, Duration::from_secs(10))
+            {
+                // A partition that is no longer ours starts from the committed offset anyway.
+                debug!(topic = e.topic(), partition = e.partition(), %error, "cannot seek back");
+            }
         }
     }
 
@@ -747,7 +953,8 @@ impl Worker {
         Ok(())
     }
 
-    /// Ends a batch: deliver (findings and changelog), store, commit (in that order).
+    /// Ends a batch. at_least_once: deliver (findings and changelog), store, commit.
+    /// exactly_once: one transaction (findings, changelog, offsets), then store.
     fn finish_batch(
         &mut self,
         consumer: &BaseConsumer<RebalanceHandler>,
@@ -757,14 +964,27 @@ impl Worker {
         let started = Instant::now();
         let (batches, commit) = self.take_changes();
         let changelog = self.settings().changelog;
-        if changelog {
+        let records;
+        if self.transactional_id.is_some() {
+            // The transaction makes the batch atomic; the commit records still mark where
+            // each batch ends, so one restore path serves both modes.
             self.queue_changelog(&batches, false);
-        }
-        let records = self.outbox.len();
-        self.deliver()?;
-        if changelog && !batches.is_empty() {
             self.queue_changelog(&batches, true);
+            records = self.outbox.len();
+            if !self.transact(consumer, &commit)? {
+                self.rewind(consumer);
+                return Ok(());
+            }
+        } else {
+            if changelog {
+                self.queue_changelog(&batches, false);
+            }
+            records = self.outbox.len();
             self.deliver()?;
+            if changelog && !batches.is_empty() {
+                self.queue_changelog(&batches, true);
+                self.deliver()?;
+            }
         }
         let delivered = Instant::now();
         self.store(batches)?;
@@ -775,7 +995,7 @@ impl Worker {
             store_ms = delivered.elapsed().as_secs_f64() * 1e3,
             "batch finished"
         );
-        if commit.count() > 0 {
+        if self.transactional_id.is_none() && commit.count() > 0 {
             if let Err(e) = consumer.commit(&commit, mode) {
                 // sled holds the truth: a lost commit only means re-reading and skipping.
                 warn!(error = %e, "offset commit failed; the stored offsets still hold");
@@ -783,6 +1003,50 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// How long one transaction call (send offsets, commit, abort) may block before it is
+/// retried; the shutdown deadline bounds the retries.
+const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn rd_error(e: &KafkaError) -> Option<&rdkafka::error::RDKafkaError> {
+    match e {
+        KafkaError::Transaction(rd) => Some(rd),
+        _ => None,
+    }
+}
+
+fn is_fatal(e: &KafkaError) -> bool {
+    rd_error(e).is_some_and(|rd| rd.is_fatal())
+}
+
+/// A transaction call that timed out or met a passing broker error: call it again.
+fn is_retriable(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::Flush(_)) || rd_error(e).is_some_and(|rd| rd.is_retriable())
+}
+
+/// The group has a newer generation than the one our offsets were sent with.
+fn is_group_fenced(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::IllegalGeneration
+                | RDKafkaErrorCode::UnknownMemberId
+                | RDKafkaErrorCode::FencedInstanceId
+                | RDKafkaErrorCode::RebalanceInProgress
+        )
+    )
+}
+
+/// A crash point for the exactly_once tests (feature `failpoints`, off in release
+/// builds): when armed through `FAILPOINTS`, the process exits on the spot, as if killed.
+fn crash_point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    if fail::eval(name, |_| ()).is_some() {
+        eprintln!("failpoint {name}: exiting");
+        std::process::exit(86);
+    }
+    let _ = name;
 }
 
 /// The consumer's context: stores revoked partitions before the revoke is acknowledged,
@@ -889,6 +1153,29 @@ fn wait_for_topics(
     }
 }
 
+/// Registers the transactional producer with the broker, which fences any earlier
+/// producer with the same id and aborts the transaction it left open. Retries while the
+/// broker is away; `false` when shutdown came first.
+fn init_transactions(w: &Worker, id: &str) -> Result<bool, PipelineError> {
+    let mut backoff = w.settings().retry_backoff_min;
+    loop {
+        match w.producer.init_transactions(TRANSACTION_CALL_TIMEOUT) {
+            Ok(()) => {
+                info!(transactional_id = id, "transactional producer ready");
+                return Ok(true);
+            }
+            Err(e) if is_fatal(&e) => return Err(w.transaction_failed(e)),
+            Err(e) => {
+                warn!(transactional_id = id, error = %e, backoff_ms = backoff.as_millis() as u64, "cannot initialise transactions; retrying");
+                if w.shutdown.sleep(backoff) {
+                    return Ok(false);
+                }
+                backoff = (backoff * 2).min(w.settings().retry_backoff_max);
+            }
+        }
+    }
+}
+
 /// Runs the pipeline against `brokers` until `shutdown` is triggered: then it stops
 /// fetching, finishes the batch in hand (deliver, store, commit) and returns.
 pub fn run(
@@ -952,13 +1239,18 @@ fn run_worker(
     index: usize,
 ) -> Result<RunStats, PipelineError> {
     let settings = config.kafka.clone();
-    let producer: BaseProducer<DeliveryTracker> =
-        producer_config(&settings, brokers, config.limits.max_event_bytes)
-            .create_with_context(DeliveryTracker {
-                changelog_topic: settings.changelog_topic.clone(),
-                ..DeliveryTracker::default()
-            })
-            .map_err(PipelineError::Client)?;
+    let transactional_id = (settings.delivery == Delivery::ExactlyOnce)
+        .then(|| transactional_id(&settings, &config.state_path, index));
+    let mut producer_config = producer_config(&settings, brokers, config.limits.max_event_bytes);
+    if let Some(id) = &transactional_id {
+        producer_config.set("transactional.id", id);
+    }
+    let producer: BaseProducer<DeliveryTracker> = producer_config
+        .create_with_context(DeliveryTracker {
+            changelog_topic: settings.changelog_topic.clone(),
+            ..DeliveryTracker::default()
+        })
+        .map_err(PipelineError::Client)?;
     let worker = Worker {
         config: config.clone(),
         db,
@@ -972,6 +1264,7 @@ fn run_worker(
         fatal: None,
         changelog_reader: None,
         brokers: brokers.to_string(),
+        transactional_id: transactional_id.clone(),
     };
     let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)
         .create_with_context(RebalanceHandler {
@@ -981,6 +1274,12 @@ fn run_worker(
     let Some(partitions) = wait_for_topics(&consumer, &settings, brokers, &shutdown)? else {
         return Ok(RunStats::default());
     };
+    if let Some(id) = &transactional_id {
+        let w = lock(&consumer.context().worker);
+        if !init_transactions(&w, id)? {
+            return Ok(RunStats::default());
+        }
+    }
     let inputs: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
     consumer
         .subscribe(&inputs)

@@ -10,6 +10,7 @@ pub mod embedded;
 pub mod settings;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use rdkafka::client::{Client, ClientContext};
@@ -45,6 +46,9 @@ pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("partition.assignment.strategy", strategy)
+        // Input written by transactional producers counts once it is committed; in
+        // exactly_once mode this is what makes the changelog and findings atomic.
+        .set("isolation.level", "read_committed")
         // Findings are latency-sensitive: do not let a fetch sit for librdkafka's 500 ms
         // default on brokers that wait out fetch.wait.max.ms.
         .set("fetch.wait.max.ms", "20");
@@ -83,6 +87,30 @@ pub fn producer_config(
         c.set(k, v);
     }
     c
+}
+
+/// The `transactional.id` of worker `worker` in exactly_once mode: stable across restarts
+/// of one instance (so a restart fences its predecessor and aborts the transaction it left
+/// open) and distinct between instances: `<group>-<instance_id>`, or without an instance
+/// id `<group>-<host>-<hash of the state directory>` (two instances on one host never
+/// share a state directory: sled locks it).
+pub fn transactional_id(settings: &KafkaSettings, state_path: &Path, worker: usize) -> String {
+    use sha2::{Digest, Sha256};
+    let instance = match &settings.instance_id {
+        Some(id) => id.clone(),
+        None => {
+            let host = gethostname::gethostname().to_string_lossy().into_owned();
+            let dir = std::fs::canonicalize(state_path).unwrap_or_else(|_| state_path.into());
+            let digest = Sha256::digest(dir.to_string_lossy().as_bytes());
+            let hash: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+            format!("{host}-{hash}")
+        }
+    };
+    if settings.workers > 1 {
+        format!("{}-{instance}-{worker}", settings.group_id)
+    } else {
+        format!("{}-{instance}", settings.group_id)
+    }
 }
 
 /// The high watermark of a partition as the client last saw it in a fetch response (no
@@ -279,5 +307,19 @@ mod tests {
         assert_eq!(c.get("group.instance.id"), Some("lw-a-1"));
         let p = producer_config(&s, "k:9092", 1 << 20);
         assert_eq!(p.get("enable.idempotence"), Some("true"));
+    }
+
+    #[test]
+    fn transactional_ids_are_stable_per_instance_and_distinct_between_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let mut s = KafkaSettings::default();
+        assert_eq!(transactional_id(&s, &a, 0), transactional_id(&s, &a, 0));
+        assert_ne!(transactional_id(&s, &a, 0), transactional_id(&s, &b, 0));
+        assert!(transactional_id(&s, &a, 0).starts_with("loopwarden-"));
+        s.instance_id = Some("pod-3".into());
+        assert_eq!(transactional_id(&s, &a, 0), "loopwarden-pod-3");
+        s.workers = 2;
+        assert_eq!(transactional_id(&s, &b, 1), "loopwarden-pod-3-1");
     }
 }

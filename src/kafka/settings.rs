@@ -32,6 +32,27 @@ pub const DEFAULT_WORKERS: usize = 1;
 /// Partitions of each topic the embedded broker creates.
 pub const DEFAULT_EMBEDDED_PARTITIONS: i32 = 4;
 
+/// How findings, state and offsets reach the bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// Produce and await the findings, store state, then commit offsets: a crash can
+    /// re-emit findings (same `event_id`), never lose one or count an event twice.
+    #[default]
+    AtLeastOnce,
+    /// One Kafka transaction per batch carries the findings, the changelog records and
+    /// the input offsets: `read_committed` consumers see each finding once.
+    ExactlyOnce,
+}
+
+impl Delivery {
+    pub fn name(self) -> &'static str {
+        match self {
+            Delivery::AtLeastOnce => "at_least_once",
+            Delivery::ExactlyOnce => "exactly_once",
+        }
+    }
+}
+
 /// librdkafka properties loopwarden sets itself, and why a user may not.
 pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
     ("bootstrap.servers", "set kafka.brokers instead"),
@@ -56,6 +77,14 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
         "group.instance.id",
         "set kafka.instance_id instead (each worker thread gets its own)",
     ),
+    (
+        "transactional.id",
+        "derived from kafka.group_id and kafka.instance_id (or the host and state path) in exactly_once mode",
+    ),
+    (
+        "isolation.level",
+        "read_committed: loopwarden reads only committed input and changelog records",
+    ),
 ];
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -70,6 +99,7 @@ pub(crate) struct RawKafka {
     dlq_topic: Option<String>,
     changelog: Option<bool>,
     changelog_topic: Option<String>,
+    delivery: Option<String>,
     max_batch_events: Option<usize>,
     max_batch_wait_ms: Option<u64>,
     shutdown_deadline_secs: Option<u64>,
@@ -99,6 +129,7 @@ pub struct KafkaSettings {
     /// partition's state can move to another instance (or a fresh disk).
     pub changelog: bool,
     pub changelog_topic: String,
+    pub delivery: Delivery,
     pub max_batch_events: usize,
     pub max_batch_wait: Duration,
     pub shutdown_deadline: Duration,
@@ -290,6 +321,24 @@ impl KafkaSettings {
         if !(1..=64).contains(&workers) {
             errors.push(("kafka.workers".into(), "must be 1..=64".into()));
         }
+        let changelog = raw.changelog.unwrap_or(true);
+        let delivery = match raw.delivery.as_deref() {
+            None | Some("at_least_once") => Delivery::AtLeastOnce,
+            Some("exactly_once") => Delivery::ExactlyOnce,
+            Some(other) => {
+                errors.push((
+                    "kafka.delivery".into(),
+                    format!("`{other}` is not a delivery mode: at_least_once or exactly_once"),
+                ));
+                Delivery::AtLeastOnce
+            }
+        };
+        if delivery == Delivery::ExactlyOnce && !changelog {
+            errors.push((
+                "kafka.delivery".into(),
+                "exactly_once needs kafka.changelog = true: a restart after a committed transaction restores the state from it".into(),
+            ));
+        }
         let client = properties(raw.client, "client", errors);
         let consumer = properties(raw.consumer, "consumer", errors);
         let producer = properties(raw.producer, "producer", errors);
@@ -301,8 +350,9 @@ impl KafkaSettings {
             terminated_topic,
             summary_topic,
             dlq_topic,
-            changelog: raw.changelog.unwrap_or(true),
+            changelog,
             changelog_topic,
+            delivery,
             max_batch_events,
             max_batch_wait: Duration::from_millis(
                 raw.max_batch_wait_ms.unwrap_or(DEFAULT_MAX_BATCH_WAIT_MS),
@@ -371,6 +421,7 @@ impl KafkaSettings {
             "changelog_topic".into(),
             V::String(self.changelog_topic.clone()),
         );
+        t.insert("delivery".into(), V::String(self.delivery.name().into()));
         t.insert(
             "max_batch_events".into(),
             V::Integer(self.max_batch_events as i64),
@@ -456,6 +507,22 @@ mod tests {
                 "kafka.client.no.such.property"
             ]
         );
+    }
+
+    #[test]
+    fn delivery_modes_are_named_and_exactly_once_needs_the_changelog() {
+        let (s, errors) = validate("delivery = \"exactly_once\"\n");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.delivery, Delivery::ExactlyOnce);
+        let (_, errors) = validate("delivery = \"exactly-once\"\n");
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].1.contains("at_least_once or exactly_once"),
+            "{errors:?}"
+        );
+        let (_, errors) = validate("delivery = \"exactly_once\"\nchangelog = false\n");
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].1.contains("kafka.changelog"), "{errors:?}");
     }
 
     #[test]

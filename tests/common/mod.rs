@@ -360,13 +360,19 @@ pub fn produce(brokers: &str, topic: &str, payloads: &[Vec<u8>], headers: &[(&st
 }
 
 /// A consumer assigned every partition of `topics` from the start (no group join, so it
-/// reads at once).
+/// reads at once); `read_committed` like the clients downstream.
 pub fn reader(brokers: &str, topics: &[&str]) -> BaseConsumer {
+    reader_isolated(brokers, topics, "read_committed")
+}
+
+/// [`reader`] with the given `isolation.level`.
+pub fn reader_isolated(brokers: &str, topics: &[&str], isolation: &str) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", unique("reader"))
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "5")
+        .set("isolation.level", isolation)
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
@@ -392,7 +398,22 @@ pub fn read_topic(
     limit: Duration,
     quiet: Duration,
 ) -> Vec<OwnedMessage> {
-    let consumer = reader(brokers, &[topic]);
+    drain(&reader(brokers, &[topic]), topic, min, limit, quiet)
+}
+
+/// [`read_topic`] including the records of open transactions (`read_uncommitted`).
+pub fn read_topic_uncommitted(brokers: &str, topic: &str, quiet: Duration) -> Vec<OwnedMessage> {
+    let consumer = reader_isolated(brokers, &[topic], "read_uncommitted");
+    drain(&consumer, topic, usize::MAX, quiet, quiet)
+}
+
+fn drain(
+    consumer: &BaseConsumer,
+    topic: &str,
+    min: usize,
+    limit: Duration,
+    quiet: Duration,
+) -> Vec<OwnedMessage> {
     let mut out = Vec::new();
     let until = Instant::now() + limit;
     let mut last = Instant::now();
@@ -488,4 +509,47 @@ pub fn fleet(
         t += 20;
     }
     (events, f.truths().to_vec())
+}
+
+/// The consumer group's committed offset of each partition of `topic` (`None`: nothing
+/// committed), read with the group's id from a client that never joins it.
+pub fn committed_offsets(brokers: &str, group: &str, topic: &str) -> Vec<Option<i64>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition(topic, p.id());
+    }
+    let got = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap();
+    got.elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits (up to `limit`) for a child to exit by itself.
+pub fn wait_exit(run: &mut Running, limit: Duration) -> ExitStatus {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(s) = run.child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > until {
+            run.child.kill().unwrap();
+            panic!("did not exit within {limit:?}; log:\n{}", run.log_text());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
