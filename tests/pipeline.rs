@@ -690,7 +690,32 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
 /// counted twice. Runs on a broker of its own so other tests are not paused.
 #[test]
 fn a_paused_broker_stalls_the_pipeline_without_loss_or_double_counting() {
-    let own = OwnBroker::start(19093);
+    paused_broker(19093, "at_least_once");
+}
+
+/// The same in exactly_once mode: transactions time out and are retried while the broker
+/// is away, and every finding arrives once (no transaction was aborted, so even Tansu
+/// shows no second copy).
+#[test]
+fn a_paused_broker_stalls_exactly_once_transactions_without_loss_or_duplicates() {
+    let duplicates = paused_broker(19094, "exactly_once");
+    assert_eq!(duplicates, 0, "a termination committed twice");
+}
+
+/// The process's resident memory (kB), to print while the broker is away.
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0)
+}
+
+/// Pauses a broker of its own on `port` for 30 s mid-stream under `delivery`; returns the
+/// number of re-emitted termination copies.
+fn paused_broker(port: u16, delivery: &str) -> usize {
+    let own = OwnBroker::start(port);
     let Fixture {
         brokers,
         topics,
@@ -708,22 +733,32 @@ fn a_paused_broker_stalls_the_pipeline_without_loss_or_double_counting() {
             }
         })
     };
-    let mut run = spawn_run(&cfg, &dir.path().join("run.log"));
+    let mut run = spawn_run_with_env(
+        &cfg,
+        &dir.path().join("run.log"),
+        &[("LOOPWARDEN_KAFKA__DELIVERY", delivery)],
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while !run.log_text().contains("partition assigned") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(1500));
+    let pid = run.child.id();
+    let rss_before = rss_kb(pid);
     own.signal("-STOP");
-    eprintln!("broker paused");
-    std::thread::sleep(Duration::from_secs(30));
+    eprintln!("{delivery}: broker paused");
+    let mut rss_max = rss_before;
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_secs(1));
+        rss_max = rss_max.max(rss_kb(pid));
+    }
     assert!(
         run.child.try_wait().unwrap().is_none(),
         "still running while the broker is away:\n{}",
         run.log_text()
     );
     own.signal("-CONT");
-    eprintln!("broker resumed");
+    eprintln!("{delivery}: broker resumed");
     feeder.join().unwrap();
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
     assert!(
@@ -731,10 +766,12 @@ fn a_paused_broker_stalls_the_pipeline_without_loss_or_double_counting() {
         "{}",
         run.log_text()
     );
+    let rss_after = rss_kb(pid);
     let log = run.log_text();
     assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
     let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
-    eprintln!("broker pause: all {} terminations and {} summaries once by event_id; {duplicates} re-emitted copies", want.terminations.len(), want.summaries.len());
+    eprintln!("{delivery}, broker pause: all {} terminations and {} summaries once by event_id; {duplicates} re-emitted copies; RSS {rss_before} kB before, at most {rss_max} kB during the pause, {rss_after} kB after catching up", want.terminations.len(), want.summaries.len());
+    duplicates
 }
 
 /// A group of instances while the stream flows: A alone, then B joins, then C; B stops
