@@ -316,6 +316,8 @@ impl Worker {
                 .set("enable.auto.commit", "false")
                 .set("enable.auto.offset.store", "false")
                 .set("isolation.level", "read_committed")
+                // Says at once when the read reaches the end (see the loop below).
+                .set("enable.partition.eof", "true")
                 .create()
                 .map_err(PipelineError::Client)?;
             self.changelog_reader = Some(reader);
@@ -437,9 +439,10 @@ impl Worker {
                         ),
                     }
                 }
-                Some(Err(e)) => warn!(partition, error = %e, "changelog read error; retrying"),
-                None if self.shutdown.is_triggered() => return Err(shut_down()),
-                None => {
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                    if self.shutdown.is_triggered() {
+                        return Err(shut_down());
+                    }
                     // Transaction markers take offsets but are never handed out: the
                     // read position, not the last record, says how far the read got.
                     if let Ok(position) = reader.position() {
@@ -451,6 +454,7 @@ impl Worker {
                         }
                     }
                 }
+                Some(Err(e)) => warn!(partition, error = %e, "changelog read error; retrying"),
             }
         }
         let _ = reader.unassign();
