@@ -96,6 +96,23 @@ struct RawState {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawTelemetry {
+    http_listen: Option<String>,
+}
+
+/// Where `loopwarden run` serves `/metrics`, `/healthz` and `/readyz` by default (the
+/// OpenTelemetry Prometheus exporter's customary port).
+pub const DEFAULT_HTTP_LISTEN: &str = "0.0.0.0:9464";
+
+/// The `[telemetry]` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetrySettings {
+    /// `host:port` of the HTTP endpoint; `None` (configured as "") turns it off.
+    pub http_listen: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawFingerprint {
     volatile_arg_keys: Option<Vec<String>>,
     volatile_result_keys: Option<Vec<String>>,
@@ -203,6 +220,7 @@ pub struct Config {
     pub policy: Policy,
     pub overrides: Vec<Override>,
     pub kafka: KafkaSettings,
+    pub telemetry: TelemetrySettings,
     /// The merged TOML this config was built from (for `check-config`).
     effective: toml::Table,
 }
@@ -519,6 +537,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "detectors",
     "overrides",
     "kafka",
+    "telemetry",
 ];
 
 impl Config {
@@ -567,6 +586,19 @@ impl Config {
         };
         let detectors: BTreeMap<String, toml::Value> = section(&table, "detectors", &mut errors);
         let overrides: Vec<toml::Value> = section(&table, "overrides", &mut errors);
+        let raw_telemetry: RawTelemetry = section(&table, "telemetry", &mut errors);
+        let http_listen = raw_telemetry
+            .http_listen
+            .unwrap_or_else(|| DEFAULT_HTTP_LISTEN.to_string());
+        let http_listen = (!http_listen.trim().is_empty()).then_some(http_listen);
+        if let Some(addr) = &http_listen {
+            if addr.parse::<std::net::SocketAddr>().is_err() {
+                errors.push(
+                    "telemetry.http_listen",
+                    format!("`{addr}` is not an ip:port address (e.g. 0.0.0.0:9464; \"\" turns the endpoint off)"),
+                );
+            }
+        }
         let raw_kafka: RawKafka = section(&table, "kafka", &mut errors);
         let mut kafka_errors = Vec::new();
         let kafka = KafkaSettings::validate(raw_kafka, &mut kafka_errors);
@@ -733,6 +765,7 @@ impl Config {
             policy,
             overrides: parsed_overrides,
             kafka,
+            telemetry: TelemetrySettings { http_listen },
             effective: table,
         })
     }
@@ -889,6 +922,12 @@ impl Config {
         }
         root.insert("detectors".into(), V::Table(dets));
         root.insert("kafka".into(), V::Table(self.kafka.to_toml()));
+        let mut telemetry = toml::Table::new();
+        telemetry.insert(
+            "http_listen".into(),
+            V::String(self.telemetry.http_listen.clone().unwrap_or_default()),
+        );
+        root.insert("telemetry".into(), V::Table(telemetry));
         if let Some(o) = self.effective.get("overrides") {
             root.insert("overrides".into(), o.clone());
         }

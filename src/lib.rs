@@ -34,4 +34,5 @@ pub mod shutdown;
 pub mod simulate;
 pub mod state;
 pub mod store;
+pub mod telemetry;
 pub mod text;

@@ -19,6 +19,7 @@ use loopwarden::pipeline;
 use loopwarden::replay::{replay, Format};
 use loopwarden::shutdown::Shutdown;
 use loopwarden::simulate::{Fleet, FleetSpec};
+use loopwarden::telemetry::{http, Telemetry};
 
 /// loopwarden stops runaway AI agents: it reads agent events (LLM calls and tool calls),
 /// detects loops and runaways per session, and emits warnings, terminations and summaries.
@@ -269,7 +270,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     b
                 }
             };
-            let stats = pipeline::run(config, &brokers, shutdown)?;
+            let telemetry = Arc::new(Telemetry::new());
+            let http = match &config.telemetry.http_listen {
+                Some(addr) => Some(http::serve(addr, telemetry.clone(), shutdown.clone())?),
+                None => None,
+            };
+            let result = pipeline::run_observed(config, &brokers, shutdown.clone(), telemetry);
+            shutdown.trigger();
+            if let Some(server) = http {
+                server.join();
+            }
+            let stats = result?;
             eprintln!(
                 "processed {} events ({} skipped as already applied, {} dead-lettered): {} warnings, {} terminations, {} summaries",
                 stats.events, stats.skipped, stats.dead_lettered, stats.warnings, stats.terminations, stats.summaries

@@ -40,6 +40,7 @@ use crate::kafka::{
 use crate::output::Output;
 use crate::shutdown::Shutdown;
 use crate::store::{open_db, SledStore, StateStore, StoreBatch, StoreError};
+use crate::telemetry::Telemetry;
 
 /// Header names put on dead-lettered messages (after the message's own headers).
 pub const DLQ_SOURCE_TOPIC: &str = "loopwarden.source.topic";
@@ -148,6 +149,8 @@ struct Record {
     headers: Vec<(&'static str, Vec<u8>)>,
     /// For dead letters: the source message's own headers, kept first.
     source_headers: Vec<(String, Option<Vec<u8>>)>,
+    /// For findings: the Kafka timestamp of the event that fired it (latency metric).
+    source_ms: Option<i64>,
 }
 
 impl Record {
@@ -240,6 +243,16 @@ struct Worker {
     brokers: String,
     /// Set in exactly_once mode: every batch is one transaction of this producer.
     transactional_id: Option<String>,
+    telemetry: Arc<Telemetry>,
+    /// For each output in `scratch`, the Kafka timestamp of the event that produced it.
+    scratch_sources: Vec<Option<i64>>,
+    /// When each event of the current batch was polled (processing latency).
+    polled: Vec<Instant>,
+    /// What this worker last added to the process-wide gauges.
+    reported_sessions: i64,
+    reported_partitions: i64,
+    /// When the state directory's size was last measured.
+    store_size_at: Option<Instant>,
 }
 
 impl Worker {
@@ -263,6 +276,8 @@ impl Worker {
         }
         let mut store = SledStore::partition(&self.db, partition)?;
         if self.settings().changelog {
+            let telemetry = self.telemetry.clone();
+            let _restoring = telemetry.readiness.restoring();
             self.restore_from_changelog(partition, &mut store)?;
         }
         let engine = Engine::restore(self.config.clone(), &store)?;
@@ -461,6 +476,11 @@ impl Worker {
         self.db.flush().map_err(StoreError::Io)?;
         self.stats.restored_records += sessions;
         self.stats.restore_ms += started.elapsed().as_millis() as u64;
+        let metrics = &self.telemetry.metrics;
+        metrics.restored_records.inc_by(sessions);
+        metrics
+            .restore_duration
+            .observe(started.elapsed().as_secs_f64());
         info!(
             partition,
             batches,
@@ -486,14 +506,21 @@ impl Worker {
         let p = self.partitions.get_mut(&partition).expect("acquired above");
         if p.applied.get(&topic).is_some_and(|&last| offset <= last) {
             self.stats.skipped += 1;
+            self.telemetry.metrics.events_skipped.inc();
             return Ok(());
         }
+        self.polled.push(Instant::now());
         p.applied.insert(topic.clone(), offset);
         p.dirty = true;
         let payload = m.payload().unwrap_or_default();
         match parse_event(payload, &limits) {
             Ok(event) => {
                 self.stats.events += 1;
+                self.telemetry
+                    .metrics
+                    .events_consumed
+                    .with_label_values(&[event.body.type_name()])
+                    .inc();
                 let meta = EventMeta {
                     topic: Some(topic),
                     partition: Some(partition),
@@ -509,6 +536,11 @@ impl Worker {
             }
             Err(bad) => {
                 self.stats.dead_lettered += 1;
+                self.telemetry
+                    .metrics
+                    .bad_events
+                    .with_label_values(&[bad.reason()])
+                    .inc();
                 warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %bad, "dead-lettering bad message");
                 let source_headers = m
                     .headers()
@@ -531,6 +563,7 @@ impl Worker {
                         (DLQ_MESSAGE, bad.to_string().into_bytes()),
                     ],
                     source_headers,
+                    source_ms: None,
                 });
             }
         }
@@ -551,6 +584,8 @@ impl Worker {
             p.pending.sort_by_key(|(t, _, _)| *t);
             for (_, event, meta) in p.pending.drain(..) {
                 p.engine.process(&event, &meta, &mut self.scratch);
+                self.scratch_sources
+                    .resize(self.scratch.len(), meta.message_timestamp_ms);
             }
             p.last_event_wall = Instant::now();
             p.clock_at_last_event = p.engine.watermark();
@@ -558,27 +593,57 @@ impl Worker {
         self.queue_outputs();
     }
 
-    /// Moves the engine outputs in `scratch` to the outbox (shadow findings stay local).
+    /// Moves the engine outputs in `scratch` to the outbox (shadow findings stay local),
+    /// counting them.
     fn queue_outputs(&mut self) {
-        for o in self.scratch.drain(..) {
+        // Outputs of the idle clock have no triggering message.
+        self.scratch_sources.resize(self.scratch.len(), None);
+        let metrics = &self.telemetry.metrics;
+        for (o, source_ms) in self.scratch.drain(..).zip(self.scratch_sources.drain(..)) {
             let sink = match &o {
                 Output::Finding(f) if !o.is_published() => {
+                    metrics
+                        .shadow_findings
+                        .with_label_values(&[f.detector.name(), f.level.name()])
+                        .inc();
                     debug!(session = %f.session_id, detector = f.detector.name(), "shadow finding");
                     continue;
                 }
-                Output::Finding(f) if f.stop_reason.is_some() => {
-                    self.stats.terminations += 1;
-                    info!(session = %f.session_id, detector = f.detector.name(), mode = ?f.mode, "session terminated");
-                    Sink::Terminated
+                Output::Finding(f) => {
+                    metrics
+                        .findings
+                        .with_label_values(&[f.detector.name(), f.level.name(), f.mode.name()])
+                        .inc();
+                    if let Some(reason) = f.stop_reason {
+                        self.stats.terminations += 1;
+                        metrics
+                            .terminations
+                            .with_label_values(&[reason.name()])
+                            .inc();
+                        info!(session = %f.session_id, detector = f.detector.name(), mode = ?f.mode, "session terminated");
+                        Sink::Terminated
+                    } else {
+                        self.stats.warnings += 1;
+                        Sink::Warning
+                    }
                 }
-                Output::Finding(_) => {
-                    self.stats.warnings += 1;
-                    Sink::Warning
-                }
-                Output::Summary(_) => {
+                Output::Summary(s) => {
                     self.stats.summaries += 1;
+                    let closed_by = serde_json::to_value(s.closed_by)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default();
+                    metrics
+                        .sessions_closed
+                        .with_label_values(&[&closed_by, &s.stop_reason])
+                        .inc();
                     Sink::Summary
                 }
+            };
+            let source_ms = if sink == Sink::Summary {
+                None
+            } else {
+                source_ms
             };
             self.outbox.push(Record {
                 sink,
@@ -587,6 +652,7 @@ impl Worker {
                 payload: o.to_json().into_bytes(),
                 headers: Vec::new(),
                 source_headers: Vec::new(),
+                source_ms,
             });
         }
     }
@@ -617,12 +683,19 @@ impl Worker {
 
     /// Messages waiting on the broker behind what this worker applied, by the client's
     /// cached high watermarks (no request).
+    /// Also sets the per-partition lag gauge.
     fn lag(&self, consumer: &BaseConsumer<RebalanceHandler>) -> i64 {
         let mut lag = 0;
         for (&partition, p) in &self.partitions {
             for (topic, applied) in &p.applied {
                 if let Some(high) = cached_high_watermark(consumer.client(), topic, partition) {
-                    lag += (high - applied - 1).max(0);
+                    let behind = (high - applied - 1).max(0);
+                    lag += behind;
+                    self.telemetry
+                        .metrics
+                        .consumer_lag
+                        .with_label_values(&[&**topic, &partition.to_string()])
+                        .set(behind);
                 }
             }
         }
@@ -844,6 +917,7 @@ impl Worker {
     fn rewind(&mut self, consumer: &BaseConsumer<RebalanceHandler>) {
         warn!(partitions = ?self.partitions.keys().collect::<Vec<_>>(), "consumer group moved on during the transaction; dropping the batch and reading it again");
         self.outbox.clear();
+        self.polled.clear();
         self.partitions.clear();
         lock(&self.producer.context().changelog_offsets).clear();
         let Ok(assigned) = consumer.assignment() else {
@@ -906,6 +980,7 @@ impl Worker {
                 payload,
                 headers: vec![(CHANGELOG_KIND, kind.as_bytes().to_vec())],
                 source_headers: Vec::new(),
+                source_ms: None,
             };
             if commit {
                 let offsets = serde_json::to_vec(&batch.offsets).unwrap_or_default();
@@ -968,6 +1043,9 @@ impl Worker {
         let started = Instant::now();
         let (batches, commit) = self.take_changes();
         let changelog = self.settings().changelog;
+        let finding_sources: Vec<i64> = self.outbox.iter().filter_map(|r| r.source_ms).collect();
+        let metrics = self.telemetry.clone();
+        let metrics = &metrics.metrics;
         let records;
         if self.transactional_id.is_some() {
             // The transaction makes the batch atomic; the commit records still mark where
@@ -975,8 +1053,13 @@ impl Worker {
             self.queue_changelog(&batches, false);
             self.queue_changelog(&batches, true);
             records = self.outbox.len();
-            if !self.transact(consumer, &commit)? {
+            let committed = self.transact(consumer, &commit)?;
+            metrics
+                .commit_duration
+                .observe(started.elapsed().as_secs_f64());
+            if !committed {
                 self.rewind(consumer);
+                self.report_gauges();
                 return Ok(());
             }
         } else {
@@ -989,10 +1072,25 @@ impl Worker {
                 self.queue_changelog(&batches, true);
                 self.deliver()?;
             }
+            metrics
+                .delivery_duration
+                .observe(started.elapsed().as_secs_f64());
         }
         let delivered = Instant::now();
+        let now = now_ms();
+        for source in finding_sources {
+            let ms = (now - source).max(0);
+            metrics.produce_to_finding_latency.observe(ms as f64 / 1e3);
+        }
+        let stored_any = !batches.is_empty();
         self.store(batches)?;
+        if stored_any {
+            metrics
+                .flush_duration
+                .observe(delivered.elapsed().as_secs_f64());
+        }
         self.stats.batches += 1;
+        metrics.batches.inc();
         debug!(
             records,
             deliver_ms = (delivered - started).as_secs_f64() * 1e3,
@@ -1000,12 +1098,51 @@ impl Worker {
             "batch finished"
         );
         if self.transactional_id.is_none() && commit.count() > 0 {
+            let committing = Instant::now();
             if let Err(e) = consumer.commit(&commit, mode) {
                 // sled holds the truth: a lost commit only means re-reading and skipping.
                 warn!(error = %e, "offset commit failed; the stored offsets still hold");
             }
+            metrics
+                .commit_duration
+                .observe(committing.elapsed().as_secs_f64());
         }
+        let done = Instant::now();
+        for polled in self.polled.drain(..) {
+            metrics
+                .processing_latency
+                .observe((done - polled).as_secs_f64());
+        }
+        self.report_gauges();
         Ok(())
+    }
+
+    /// Brings the process-wide gauges up to date with this worker's share: open
+    /// sessions, assigned partitions, per-partition lag, and (every 10 s) the state
+    /// directory's size.
+    fn report_gauges(&mut self) {
+        let metrics = &self.telemetry.metrics;
+        let sessions: i64 = self
+            .partitions
+            .values()
+            .map(|p| p.engine.open_sessions() as i64)
+            .sum();
+        metrics.sessions_open.add(sessions - self.reported_sessions);
+        self.reported_sessions = sessions;
+        let partitions = self.partitions.len() as i64;
+        metrics
+            .partitions_assigned
+            .add(partitions - self.reported_partitions);
+        self.reported_partitions = partitions;
+        if self
+            .store_size_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
+            if let Ok(bytes) = self.db.size_on_disk() {
+                metrics.state_store_bytes.set(bytes as i64);
+            }
+            self.store_size_at = Some(Instant::now());
+        }
     }
 }
 
@@ -1085,6 +1222,7 @@ impl ConsumerContext for RebalanceHandler {
                     // by the new owner from the last committed point.
                     warn!(partitions = ?revoked, "assignment lost; dropping the unstored batch");
                     w.outbox.clear();
+                    w.polled.clear();
                     for p in w.partitions.values_mut() {
                         p.pending.clear();
                     }
@@ -1094,7 +1232,15 @@ impl ConsumerContext for RebalanceHandler {
                 }
                 for p in &revoked {
                     w.partitions.remove(p);
+                    for topic in &w.config.kafka.input_topics {
+                        let _ = w
+                            .telemetry
+                            .metrics
+                            .consumer_lag
+                            .remove_label_values(&[topic, &p.to_string()]);
+                    }
                 }
+                w.report_gauges();
                 info!(partitions = ?revoked, "partitions revoked");
             }
             Rebalance::Assign(tpl) => {
@@ -1104,14 +1250,18 @@ impl ConsumerContext for RebalanceHandler {
                         w.fatal.get_or_insert(e);
                     }
                 }
+                if w.fatal.is_none() {
+                    w.telemetry.readiness.assignment_loaded();
+                }
+                w.report_gauges();
             }
             Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
         }
     }
 }
 
-/// Waits until the topics are visible and checks them (retrying while the cluster is
-/// unreachable). Returns `None` when shutdown came first.
+/// Waits until the topics exist and checks them (retrying while the cluster is
+/// unreachable or a topic is missing). Returns `None` when shutdown came first.
 fn wait_for_topics(
     consumer: &BaseConsumer<RebalanceHandler>,
     settings: &KafkaSettings,
@@ -1140,7 +1290,19 @@ fn wait_for_topics(
         );
         match counts {
             Ok((counts, changelog)) => {
-                let partitions = check_topics(&counts, &settings.input_topics, brokers)?;
+                let partitions = match check_topics(&counts, &settings.input_topics, brokers) {
+                    // Topics created by a job that runs alongside (a fresh cluster, a
+                    // Helm install) appear a little later: wait for them, not ready.
+                    Err(missing @ TopicError::Missing { .. }) => {
+                        warn!(error = %missing, backoff_ms = backoff.as_millis() as u64, "waiting for topics");
+                        if shutdown.sleep(backoff) {
+                            return Ok(None);
+                        }
+                        backoff = (backoff * 2).min(settings.retry_backoff_max);
+                        continue;
+                    }
+                    other => other?,
+                };
                 if settings.changelog {
                     ensure_changelog(settings, brokers, partitions, changelog)?;
                 }
@@ -1187,25 +1349,36 @@ pub fn run(
     brokers: &str,
     shutdown: Shutdown,
 ) -> Result<RunStats, PipelineError> {
+    run_observed(config, brokers, shutdown, Arc::new(Telemetry::new()))
+}
+
+/// [`run`], reporting metrics and readiness to `telemetry`.
+pub fn run_observed(
+    config: Arc<Config>,
+    brokers: &str,
+    shutdown: Shutdown,
+    telemetry: Arc<Telemetry>,
+) -> Result<RunStats, PipelineError> {
     let db = open_db(&config.state_path)?;
     let workers = config.kafka.workers;
     if workers == 1 {
-        return run_worker(config, brokers, db, shutdown, 0);
+        return run_worker(config, brokers, db, shutdown, 0, telemetry);
     }
     // Several members of the group in one process: each owns its partitions, engines and
     // sled trees; while one waits for the broker or the disk, the other computes.
     let threads: Vec<_> = (0..workers)
         .map(|i| {
-            let (config, brokers, db, shutdown) = (
+            let (config, brokers, db, shutdown, telemetry) = (
                 config.clone(),
                 brokers.to_string(),
                 db.clone(),
                 shutdown.clone(),
+                telemetry.clone(),
             );
             std::thread::Builder::new()
                 .name(format!("loopwarden-worker-{i}"))
                 .spawn(move || {
-                    let result = run_worker(config, &brokers, db, shutdown.clone(), i);
+                    let result = run_worker(config, &brokers, db, shutdown.clone(), i, telemetry);
                     if result.is_err() {
                         // One worker failing stops the process: the others finish cleanly.
                         shutdown.trigger();
@@ -1241,6 +1414,7 @@ fn run_worker(
     db: sled::Db,
     shutdown: Shutdown,
     index: usize,
+    telemetry: Arc<Telemetry>,
 ) -> Result<RunStats, PipelineError> {
     let settings = config.kafka.clone();
     let transactional_id = (settings.delivery == Delivery::ExactlyOnce)
@@ -1269,6 +1443,12 @@ fn run_worker(
         changelog_reader: None,
         brokers: brokers.to_string(),
         transactional_id: transactional_id.clone(),
+        telemetry,
+        scratch_sources: Vec::new(),
+        polled: Vec::new(),
+        reported_sessions: 0,
+        reported_partitions: 0,
+        store_size_at: None,
     };
     let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)
         .create_with_context(RebalanceHandler {

@@ -454,7 +454,7 @@ fn without_brokers_run_starts_an_embedded_broker_and_prints_its_address() {
     std::fs::write(
         &cfg,
         format!(
-            "[state]\npath = \"{}\"\n[kafka]\nembedded_partitions = 2\n[kafka.consumer]\n\"session.timeout.ms\" = 2000\n\"heartbeat.interval.ms\" = 200\n",
+            "[state]\npath = \"{}\"\n[telemetry]\nhttp_listen = \"127.0.0.1:0\"\n[kafka]\nembedded_partitions = 2\n[kafka.consumer]\n\"session.timeout.ms\" = 2000\n\"heartbeat.interval.ms\" = 200\n",
             dir.path().join("state").display()
         ),
     )

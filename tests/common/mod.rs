@@ -185,6 +185,10 @@ pub fn write_config(dir: &Path, brokers: &str, topics: &Topics, extra: &str) -> 
 [state]
 path = "{state}"
 
+[telemetry]
+# Any free port: tests run many instances at once (the address is logged).
+http_listen = "127.0.0.1:0"
+
 [kafka]
 brokers = "{brokers}"
 group_id = "{group}"

@@ -1,0 +1,144 @@
+//! The HTTP endpoint of `loopwarden run`: `/metrics` (Prometheus text format),
+//! `/healthz` (the process is alive) and `/readyz` (200 once assigned partitions are
+//! restored and consuming, 503 before, during a restore and while shutting down).
+//!
+//! Guarantees: the address is bound before `serve` returns, so a port already in use is
+//! a clear start-up error, not a later surprise; the server lives on its own thread and
+//! runtime and stops when the shutdown token fires.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+
+use super::Telemetry;
+use crate::shutdown::Shutdown;
+
+/// Why the HTTP endpoint could not start (fatal at start-up).
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("cannot listen on {addr} (telemetry.http_listen): {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("cannot start the HTTP server's thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A running HTTP endpoint.
+pub struct HttpServer {
+    pub local_addr: SocketAddr,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// Waits for the server to stop (after the shutdown token fired).
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    telemetry: Arc<Telemetry>,
+    shutdown: Shutdown,
+}
+
+async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+        s.telemetry.metrics.render(),
+    )
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    let r = &s.telemetry.readiness;
+    if r.is_ready() && !s.shutdown.is_triggered() {
+        (StatusCode::OK, "ready\n".to_string())
+    } else {
+        let why = if s.shutdown.is_triggered() {
+            "shutting down"
+        } else {
+            r.describe()
+        };
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+    }
+}
+
+/// Binds `addr` and serves the endpoints until `shutdown` fires.
+pub fn serve(
+    addr: &str,
+    telemetry: Arc<Telemetry>,
+    shutdown: Shutdown,
+) -> Result<HttpServer, HttpError> {
+    let bind_error = |source| HttpError::Bind {
+        addr: addr.to_string(),
+        source,
+    };
+    let listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
+    listener.set_nonblocking(true).map_err(bind_error)?;
+    let local_addr = listener.local_addr().map_err(bind_error)?;
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(AppState {
+            telemetry,
+            shutdown: shutdown.clone(),
+        });
+    let thread = std::thread::Builder::new()
+        .name("loopwarden-http".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(error) => {
+                    tracing::error!(%error, "cannot start the HTTP server's runtime");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(error) => {
+                        tracing::error!(%error, "cannot serve HTTP");
+                        return;
+                    }
+                };
+                let stop = async move {
+                    while !shutdown.is_triggered() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                };
+                if let Err(error) = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .await
+                {
+                    tracing::error!(%error, "HTTP server stopped");
+                }
+            });
+        })
+        .map_err(HttpError::Thread)?;
+    tracing::info!(addr = %local_addr, "serving /metrics, /healthz and /readyz");
+    Ok(HttpServer {
+        local_addr,
+        thread: Some(thread),
+    })
+}
