@@ -121,6 +121,17 @@ pub enum ClosedBy {
     EndOfInput,
 }
 
+impl ClosedBy {
+    /// The name used on the wire and in metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClosedBy::Completed => "completed",
+            ClosedBy::IdleTimeout => "idle_timeout",
+            ClosedBy::EndOfInput => "end_of_input",
+        }
+    }
+}
+
 /// `session.summary`: one per closed session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SummaryEvent {
@@ -216,4 +227,20 @@ pub fn summary_event_id(session_id: &str, first_event_ms: i64) -> String {
     h.update(b"summary");
     h.update(first_event_ms.to_be_bytes());
     hex(&h.finalize()[..16])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closed_by_names_are_the_wire_names() {
+        for c in [
+            ClosedBy::Completed,
+            ClosedBy::IdleTimeout,
+            ClosedBy::EndOfInput,
+        ] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.name());
+        }
+    }
 }

@@ -629,13 +629,9 @@ impl Worker {
                 }
                 Output::Summary(s) => {
                     self.stats.summaries += 1;
-                    let closed_by = serde_json::to_value(s.closed_by)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default();
                     metrics
                         .sessions_closed
-                        .with_label_values(&[&closed_by, &s.stop_reason])
+                        .with_label_values(&[s.closed_by.name(), &s.stop_reason])
                         .inc();
                     Sink::Summary
                 }
@@ -793,6 +789,10 @@ impl Worker {
                 self.outbox.clear();
                 return Ok(());
             }
+            self.telemetry
+                .metrics
+                .delivery_retries
+                .inc_by(failed.len() as u64);
             let (_, first) = &failed[0];
             warn!(failed = failed.len(), error = %first, backoff_ms = backoff.as_millis() as u64, "output delivery failed; retrying");
             pending = failed.iter().map(|(i, _)| *i).collect();
@@ -872,6 +872,10 @@ impl Worker {
             }
             warn!(error = %error, records = self.outbox.len(), backoff_ms = backoff.as_millis() as u64, "transaction failed; aborting it");
             self.abort()?;
+            self.telemetry
+                .metrics
+                .delivery_retries
+                .inc_by(self.outbox.len() as u64);
             self.take_failed();
             if is_group_fenced(&error) {
                 return Ok(false);
