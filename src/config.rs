@@ -98,6 +98,8 @@ struct RawState {
 #[serde(deny_unknown_fields)]
 struct RawTelemetry {
     http_listen: Option<String>,
+    otlp_endpoint: Option<String>,
+    otlp_protocol: Option<String>,
 }
 
 /// Where `loopwarden run` serves `/metrics`, `/healthz` and `/readyz` by default (the
@@ -109,6 +111,11 @@ pub const DEFAULT_HTTP_LISTEN: &str = "0.0.0.0:9464";
 pub struct TelemetrySettings {
     /// `host:port` of the HTTP endpoint; `None` (configured as "") turns it off.
     pub http_listen: Option<String>,
+    /// Where spans go over OTLP; `None`: the standard `OTEL_EXPORTER_OTLP_*` variables
+    /// decide (no endpoint there either: no OTLP export).
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`; `None`: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `grpc`.
+    pub otlp_protocol: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -599,6 +606,17 @@ impl Config {
                 );
             }
         }
+        let nonempty = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+        let otlp_endpoint = nonempty(raw_telemetry.otlp_endpoint);
+        let otlp_protocol = nonempty(raw_telemetry.otlp_protocol);
+        if let Some(p) = &otlp_protocol {
+            if p != "grpc" && p != "http/protobuf" {
+                errors.push(
+                    "telemetry.otlp_protocol",
+                    format!("`{p}` is not an OTLP protocol: grpc or http/protobuf"),
+                );
+            }
+        }
         let raw_kafka: RawKafka = section(&table, "kafka", &mut errors);
         let mut kafka_errors = Vec::new();
         let kafka = KafkaSettings::validate(raw_kafka, &mut kafka_errors);
@@ -765,7 +783,11 @@ impl Config {
             policy,
             overrides: parsed_overrides,
             kafka,
-            telemetry: TelemetrySettings { http_listen },
+            telemetry: TelemetrySettings {
+                http_listen,
+                otlp_endpoint,
+                otlp_protocol,
+            },
             effective: table,
         })
     }
@@ -926,6 +948,14 @@ impl Config {
         telemetry.insert(
             "http_listen".into(),
             V::String(self.telemetry.http_listen.clone().unwrap_or_default()),
+        );
+        telemetry.insert(
+            "otlp_endpoint".into(),
+            V::String(self.telemetry.otlp_endpoint.clone().unwrap_or_default()),
+        );
+        telemetry.insert(
+            "otlp_protocol".into(),
+            V::String(self.telemetry.otlp_protocol.clone().unwrap_or_default()),
         );
         root.insert("telemetry".into(), V::Table(telemetry));
         if let Some(o) = self.effective.get("overrides") {

@@ -19,7 +19,7 @@ use loopwarden::pipeline;
 use loopwarden::replay::{replay, Format};
 use loopwarden::shutdown::Shutdown;
 use loopwarden::simulate::{Fleet, FleetSpec};
-use loopwarden::telemetry::{http, Telemetry};
+use loopwarden::telemetry::{http, Spans, Telemetry};
 
 /// loopwarden stops runaway AI agents: it reads agent events (LLM calls and tool calls),
 /// detects loops and runaways per session, and emits warnings, terminations and summaries.
@@ -270,13 +270,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     b
                 }
             };
-            let telemetry = Arc::new(Telemetry::new());
+            let mut telemetry = Telemetry::new();
+            telemetry.spans =
+                Spans::start(&config.telemetry, telemetry.metrics.spans_dropped.clone())?;
+            let telemetry = Arc::new(telemetry);
             let http = match &config.telemetry.http_listen {
                 Some(addr) => Some(http::serve(addr, telemetry.clone(), shutdown.clone())?),
                 None => None,
             };
-            let result = pipeline::run_observed(config, &brokers, shutdown.clone(), telemetry);
+            let result =
+                pipeline::run_observed(config, &brokers, shutdown.clone(), telemetry.clone());
             shutdown.trigger();
+            if let Some(spans) = &telemetry.spans {
+                spans.shutdown();
+            }
             if let Some(server) = http {
                 server.join();
             }

@@ -40,6 +40,7 @@ use crate::kafka::{
 use crate::output::Output;
 use crate::shutdown::Shutdown;
 use crate::store::{open_db, SledStore, StateStore, StoreBatch, StoreError};
+use crate::telemetry::spans::{is_traceparent, TRACEPARENT};
 use crate::telemetry::Telemetry;
 
 /// Header names put on dead-lettered messages (after the message's own headers).
@@ -205,8 +206,27 @@ impl ProducerContext for DeliveryTracker {
     }
 }
 
+/// A message's well-formed `traceparent` header, if it has one.
+fn traceparent_of(m: &BorrowedMessage<'_>) -> Option<Arc<str>> {
+    let value = m
+        .headers()?
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(TRACEPARENT))?
+        .value?;
+    let value = std::str::from_utf8(value).ok()?.trim();
+    is_traceparent(value).then(|| Arc::from(value))
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where an output came from: the triggering message's Kafka timestamp (latency metric)
+/// and its W3C `traceparent` (the parent of the output's span).
+#[derive(Debug, Clone, Default)]
+struct Source {
+    timestamp_ms: Option<i64>,
+    traceparent: Option<Arc<str>>,
 }
 
 /// One assigned partition number (partition *p* of every input topic).
@@ -216,7 +236,7 @@ struct Partition {
     /// Last applied offset per input topic.
     applied: BTreeMap<Arc<str>, i64>,
     /// Events of the current batch, applied in event-time order when it ends.
-    pending: Vec<(i64, Event, EventMeta)>,
+    pending: Vec<(i64, Event, EventMeta, Source)>,
     /// Whether state or offsets changed since the last store.
     dirty: bool,
     /// Wall time and engine clock at the last event, for the idle clock.
@@ -245,7 +265,7 @@ struct Worker {
     transactional_id: Option<String>,
     telemetry: Arc<Telemetry>,
     /// For each output in `scratch`, the Kafka timestamp of the event that produced it.
-    scratch_sources: Vec<Option<i64>>,
+    scratch_sources: Vec<Source>,
     /// When each event of the current batch was polled (processing latency).
     polled: Vec<Instant>,
     /// What this worker last added to the process-wide gauges.
@@ -532,7 +552,11 @@ impl Worker {
                     .timestamp_ms
                     .or(meta.message_timestamp_ms)
                     .unwrap_or(0);
-                p.pending.push((event_ms, event, meta));
+                let source = Source {
+                    timestamp_ms: meta.message_timestamp_ms,
+                    traceparent: traceparent_of(m),
+                };
+                p.pending.push((event_ms, event, meta, source));
             }
             Err(bad) => {
                 self.stats.dead_lettered += 1;
@@ -581,11 +605,10 @@ impl Worker {
             if p.pending.is_empty() {
                 continue;
             }
-            p.pending.sort_by_key(|(t, _, _)| *t);
-            for (_, event, meta) in p.pending.drain(..) {
+            p.pending.sort_by_key(|(t, _, _, _)| *t);
+            for (_, event, meta, source) in p.pending.drain(..) {
                 p.engine.process(&event, &meta, &mut self.scratch);
-                self.scratch_sources
-                    .resize(self.scratch.len(), meta.message_timestamp_ms);
+                self.scratch_sources.resize(self.scratch.len(), source);
             }
             p.last_event_wall = Instant::now();
             p.clock_at_last_event = p.engine.watermark();
@@ -597,9 +620,11 @@ impl Worker {
     /// counting them.
     fn queue_outputs(&mut self) {
         // Outputs of the idle clock have no triggering message.
-        self.scratch_sources.resize(self.scratch.len(), None);
+        self.scratch_sources
+            .resize(self.scratch.len(), Source::default());
         let metrics = &self.telemetry.metrics;
-        for (o, source_ms) in self.scratch.drain(..).zip(self.scratch_sources.drain(..)) {
+        let spans = self.telemetry.spans.as_ref();
+        for (o, source) in self.scratch.drain(..).zip(self.scratch_sources.drain(..)) {
             let sink = match &o {
                 Output::Finding(f) if !o.is_published() => {
                     metrics
@@ -636,17 +661,27 @@ impl Worker {
                     Sink::Summary
                 }
             };
+            // The output's span is a child of the triggering message's trace; its
+            // message carries the span's context (or the input's, without spans).
+            let parent = source.traceparent.as_deref();
+            let traceparent = match (spans, &o) {
+                (Some(spans), Output::Finding(f)) => Some(spans.finding(f, parent)),
+                (Some(spans), Output::Summary(s)) => Some(spans.session(s, parent)),
+                (None, _) => parent.map(str::to_string),
+            };
             let source_ms = if sink == Sink::Summary {
                 None
             } else {
-                source_ms
+                source.timestamp_ms
             };
             self.outbox.push(Record {
                 sink,
                 partition: None,
                 key: o.session_id().as_bytes().to_vec(),
                 payload: o.to_json().into_bytes(),
-                headers: Vec::new(),
+                headers: traceparent
+                    .map(|tp| vec![(TRACEPARENT, tp.into_bytes())])
+                    .unwrap_or_default(),
                 source_headers: Vec::new(),
                 source_ms,
             });

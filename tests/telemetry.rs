@@ -203,3 +203,280 @@ fn promtool_accepts(exposition: &str, dir: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+mod otlp {
+    //! An OTLP/gRPC receiver (the collector's protocol, via opentelemetry-proto's tonic
+    //! service) that keeps every span it is sent.
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use opentelemetry_proto::tonic::trace::v1::Span;
+
+    #[derive(Clone, Default)]
+    pub struct Receiver {
+        pub spans: Arc<Mutex<Vec<Span>>>,
+        pub service_names: Arc<Mutex<Vec<String>>>,
+    }
+
+    #[tonic::async_trait]
+    impl TraceService for Receiver {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            for rs in request.into_inner().resource_spans {
+                for kv in rs.resource.iter().flat_map(|r| &r.attributes) {
+                    if kv.key == "service.name" {
+                        self.service_names
+                            .lock()
+                            .unwrap()
+                            .push(format!("{:?}", kv.value));
+                    }
+                }
+                for ss in rs.scope_spans {
+                    self.spans.lock().unwrap().extend(ss.spans);
+                }
+            }
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    /// Starts the receiver on a free port of 127.0.0.1 (its own thread and runtime).
+    pub fn start() -> (String, Receiver) {
+        let receiver = Receiver::default();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = receiver.clone();
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                    tonic::transport::Server::builder()
+                        .add_service(TraceServiceServer::new(service))
+                        .serve_with_incoming(
+                            tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(
+                                listener,
+                            ),
+                        )
+                        .await
+                        .unwrap();
+                });
+        });
+        (format!("http://{addr}"), receiver)
+    }
+
+    pub fn attr(span: &Span, key: &str) -> Option<String> {
+        use opentelemetry_proto::tonic::common::v1::any_value::Value;
+        span.attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+            .map(|v| match v {
+                Value::StringValue(s) => s.clone(),
+                Value::IntValue(i) => i.to_string(),
+                Value::DoubleValue(d) => d.to_string(),
+                Value::BoolValue(b) => b.to_string(),
+                other => format!("{other:?}"),
+            })
+    }
+}
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT_SPAN_ID: &str = "00f067aa0ba902b7";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Spans of a scenario run reach an OTLP/gRPC receiver: one per finding and one per
+/// closed session, with GenAI and loopwarden attributes, parented on the `traceparent`
+/// the input messages carried; the output messages carry their span's `traceparent`.
+#[test]
+fn spans_reach_an_otlp_collector_inside_the_agents_trace() {
+    let (endpoint, receiver) = otlp::start();
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(2, "");
+    let config = Arc::new(Config::load(&cfg, std::iter::empty()).unwrap());
+    let (events, _) = fleet(60, 0.5, 81);
+    let traceparent = format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01");
+    produce(
+        &brokers,
+        &topics.input,
+        &events,
+        &[("traceparent", &traceparent)],
+    );
+    let run = spawn_run_with_env(
+        &cfg,
+        &dir.path().join("run.log"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ],
+    );
+    let out = replay(config, &events);
+    let findings: Vec<&serde_json::Value> = out
+        .iter()
+        .filter(|v| v["type"] != "session.summary")
+        .collect();
+    let completed = out
+        .iter()
+        .filter(|v| v["type"] == "session.summary" && v["closed_by"] == "completed")
+        .count();
+    let terminated = read_topic(
+        &brokers,
+        &topics.terminated,
+        findings
+            .iter()
+            .filter(|v| v["type"] == "session.terminated")
+            .count(),
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    );
+    let _ = read_topic(
+        &brokers,
+        &topics.summary,
+        completed,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    );
+    // SIGTERM flushes the span queue.
+    let log = run.log_text();
+    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
+    let spans = receiver.spans.lock().unwrap().clone();
+    let finding_spans: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "loopwarden.finding")
+        .collect();
+    let session_spans: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "loopwarden.session")
+        .collect();
+    assert_eq!(finding_spans.len(), findings.len(), "one span per finding");
+    assert!(
+        session_spans
+            .iter()
+            .filter(|s| otlp::attr(s, "loopwarden.closed_by").as_deref() == Some("completed"))
+            .count()
+            == completed,
+        "one span per completed session"
+    );
+    assert!(receiver
+        .service_names
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|n| n.contains("loopwarden")));
+    for s in finding_spans.iter().chain(session_spans.iter()) {
+        assert_eq!(hex(&s.trace_id), TRACE_ID, "in the agent's trace");
+        assert_eq!(
+            hex(&s.parent_span_id),
+            PARENT_SPAN_ID,
+            "child of the input's span"
+        );
+        assert!(otlp::attr(s, "gen_ai.conversation.id").is_some());
+    }
+    let mut by_event: BTreeMap<String, &opentelemetry_proto::tonic::trace::v1::Span> =
+        BTreeMap::new();
+    for s in &finding_spans {
+        let level = otlp::attr(s, "loopwarden.level").unwrap();
+        let is_error = s.status.as_ref().map(|st| st.code) == Some(2);
+        assert_eq!(is_error, level == "terminate", "status error iff terminate");
+        assert!(otlp::attr(s, "loopwarden.detector").is_some());
+        by_event.insert(otlp::attr(s, "loopwarden.event_id").unwrap(), s);
+    }
+    for f in &findings {
+        let s = by_event
+            .get(f["event_id"].as_str().unwrap())
+            .unwrap_or_else(|| panic!("no span for finding {}", f["event_id"]));
+        assert_eq!(
+            otlp::attr(s, "gen_ai.conversation.id").as_deref(),
+            f["session_id"].as_str()
+        );
+        assert_eq!(
+            otlp::attr(s, "loopwarden.detector").as_deref(),
+            f["detector"].as_str()
+        );
+    }
+    // The termination messages carry their span's context.
+    for m in &terminated {
+        let tp = header(m, "traceparent").expect("traceparent on the output");
+        let id = json(m)["event_id"].as_str().unwrap().to_string();
+        let span = by_event[&id];
+        assert_eq!(
+            tp,
+            format!("00-{TRACE_ID}-{}-01", hex(&span.span_id)),
+            "the header names the finding's span"
+        );
+    }
+}
+
+/// A collector that cannot be reached costs spans (counted), not events: the findings
+/// on the bus are replay's.
+#[test]
+fn an_unreachable_collector_changes_nothing_on_the_bus() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(2, "");
+    let config = Arc::new(Config::load(&cfg, std::iter::empty()).unwrap());
+    let (events, _) = fleet(60, 0.5, 82);
+    produce(&brokers, &topics.input, &events, &[]);
+    let run = spawn_run_with_env(
+        &cfg,
+        &dir.path().join("run.log"),
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                &format!("http://127.0.0.1:{closed}"),
+            ),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
+        ],
+    );
+    let addr = http_address(&run);
+    let out = replay(config, &events);
+    let want: std::collections::BTreeSet<String> = out
+        .iter()
+        .filter(|v| v["type"] == "session.terminated")
+        .map(finding_key)
+        .collect();
+    let terminated = read_topic(
+        &brokers,
+        &topics.terminated,
+        want.len(),
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    );
+    let got: std::collections::BTreeSet<String> =
+        terminated.iter().map(|m| finding_key(&json(m))).collect();
+    assert_eq!(got, want, "terminations as replay's");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dropped = loop {
+        let dropped = total(&get(&addr, "/metrics").1, "loopwarden_spans_dropped_total");
+        if dropped > 0.0 || Instant::now() > deadline {
+            break dropped;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert!(dropped > 0.0, "dropped spans are counted");
+    assert!(run.terminate(Duration::from_secs(30)).success());
+}

@@ -8,16 +8,20 @@
 
 pub mod http;
 pub mod metrics;
+pub mod spans;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 pub use metrics::Metrics;
+pub use spans::Spans;
 
 /// Shared between the pipeline (which updates it) and the HTTP server (which reads it).
 #[derive(Default)]
 pub struct Telemetry {
     pub metrics: Metrics,
     pub readiness: Readiness,
+    /// Span export, when configured.
+    pub spans: Option<Spans>,
 }
 
 impl Telemetry {

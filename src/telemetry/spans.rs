@@ -1,0 +1,360 @@
+//! OpenTelemetry spans of findings and closed sessions (DESIGN §5), exported over OTLP.
+//!
+//! Span model: one span per published finding (`loopwarden.finding`, at the triggering
+//! event's time, status error when it terminates the session) and one per closed session
+//! (`loopwarden.session`, from its first to its last event, status error when it was
+//! terminated, its findings per detector and level as span events). Attributes follow the
+//! OpenTelemetry GenAI conventions where they exist (`gen_ai.conversation.id`,
+//! `gen_ai.agent.id`, `gen_ai.usage.*`) and `loopwarden.*` otherwise. The W3C
+//! `traceparent` of the triggering Kafka message is the parent, so a finding shows
+//! inside the agent's own trace.
+//!
+//! Guarantees: spans are handed to a bounded batch queue and exported on the SDK's own
+//! thread; the pipeline never waits on a collector. A failed export counts its spans in
+//! `loopwarden_spans_dropped_total`; nothing about spans can fail or stall a batch.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{
+    Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider, SpanData, SpanExporter,
+};
+use opentelemetry_sdk::Resource;
+use prometheus::IntCounter;
+
+use crate::config::TelemetrySettings;
+use crate::event::parse_rfc3339_ms;
+use crate::output::{FindingEvent, SummaryEvent};
+use crate::policy::Level;
+
+/// The W3C trace-context header, read from input messages and written on outputs.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// Why span export could not be set up (fatal at start: a misconfigured exporter should
+/// not go unnoticed).
+#[derive(Debug, thiserror::Error)]
+pub enum SpanError {
+    #[error("unknown OTLP protocol `{0}` (telemetry.otlp_protocol or OTEL_EXPORTER_OTLP_PROTOCOL): grpc or http/protobuf")]
+    Protocol(String),
+    #[error("cannot build the OTLP span exporter: {0}")]
+    Exporter(String),
+    #[error("cannot start the span exporter's runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Counts the spans of failed exports.
+#[derive(Debug)]
+struct Counting<E> {
+    inner: E,
+    dropped: IntCounter,
+}
+
+impl<E: SpanExporter> SpanExporter for Counting<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let n = batch.len() as u64;
+        let result = self.inner.export(batch).await;
+        if result.is_err() {
+            self.dropped.inc_by(n);
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&mut self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&mut self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The span side of telemetry: a tracer whose spans go to the OTLP exporter.
+pub struct Spans {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    // gRPC (tonic) needs a Tokio reactor for its connection; the SDK exports from its
+    // own thread, so the exporter is built inside this runtime, which must outlive it.
+    _runtime: tokio::runtime::Runtime,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+impl Spans {
+    /// Sets up OTLP export when an endpoint is configured (`telemetry.otlp_endpoint`, or
+    /// the standard `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`); `None` otherwise, or when
+    /// `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none`.
+    pub fn start(
+        settings: &TelemetrySettings,
+        dropped: IntCounter,
+    ) -> Result<Option<Spans>, SpanError> {
+        if env("OTEL_SDK_DISABLED").as_deref() == Some("true")
+            || env("OTEL_TRACES_EXPORTER").as_deref() == Some("none")
+        {
+            return Ok(None);
+        }
+        let endpoint = settings.otlp_endpoint.clone().or_else(|| {
+            env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        });
+        let Some(endpoint) = endpoint else {
+            return Ok(None);
+        };
+        let protocol = settings
+            .otlp_protocol
+            .clone()
+            .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
+            .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+            .unwrap_or_else(|| "grpc".to_string());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("loopwarden-otlp")
+            .enable_all()
+            .build()
+            .map_err(SpanError::Runtime)?;
+        let exporter = {
+            use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+            let _inside = runtime.enter();
+            match protocol.as_str() {
+                "grpc" => opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(endpoint.clone())
+                    .build(),
+                "http/protobuf" => {
+                    // The traces path is appended only to the generic endpoint variable.
+                    let url = if settings.otlp_endpoint.is_some()
+                        || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
+                    {
+                        format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+                    } else {
+                        endpoint.clone()
+                    };
+                    opentelemetry_otlp::SpanExporter::builder()
+                        .with_http()
+                        .with_headers(HashMap::new())
+                        .with_endpoint(url)
+                        .build()
+                }
+                other => return Err(SpanError::Protocol(other.to_string())),
+            }
+            .map_err(|e| SpanError::Exporter(e.to_string()))?
+        };
+        let mut resource = Resource::builder();
+        if env("OTEL_SERVICE_NAME").is_none() {
+            resource = resource.with_service_name("loopwarden");
+        }
+        let processor = BatchSpanProcessor::builder(Counting {
+            inner: exporter,
+            dropped,
+        })
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_max_queue_size(65_536)
+                .with_scheduled_delay(Duration::from_millis(500))
+                .build(),
+        )
+        .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource.build())
+            .build();
+        let tracer = provider.tracer("loopwarden");
+        tracing::info!(endpoint = %endpoint, protocol = %protocol, "exporting spans over OTLP");
+        Ok(Some(Spans {
+            provider,
+            tracer,
+            _runtime: runtime,
+        }))
+    }
+
+    /// Records a finding's span under `parent` (a `traceparent` value); returns the
+    /// span's own `traceparent`, for the finding's message headers.
+    pub fn finding(&self, f: &FindingEvent, parent: Option<&str>) -> String {
+        let at = time_of(&f.event_time);
+        let mut attributes = common_attributes(
+            &f.session_id,
+            f.agent_id.as_deref(),
+            f.tenant.as_deref(),
+            f.run_id.as_deref(),
+        );
+        attributes.extend([
+            KeyValue::new("loopwarden.event_id", f.event_id.clone()),
+            KeyValue::new("loopwarden.detector", f.detector.name()),
+            KeyValue::new("loopwarden.level", f.level.name()),
+            KeyValue::new("loopwarden.mode", f.mode.name()),
+            KeyValue::new("loopwarden.reason", f.reason.clone()),
+            KeyValue::new(
+                "gen_ai.usage.input_tokens",
+                f.stats.input_tokens.min(i64::MAX as u64) as i64,
+            ),
+            KeyValue::new(
+                "gen_ai.usage.output_tokens",
+                f.stats.output_tokens.min(i64::MAX as u64) as i64,
+            ),
+        ]);
+        if let Some(reason) = f.stop_reason {
+            attributes.push(KeyValue::new("loopwarden.stop_reason", reason.name()));
+        }
+        let mut span = self
+            .tracer
+            .span_builder("loopwarden.finding")
+            .with_kind(SpanKind::Internal)
+            .with_start_time(at)
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &parent_context(parent));
+        if f.level == Level::Terminate {
+            span.set_status(Status::error(f.reason.clone()));
+        }
+        let traceparent = traceparent_of(span.span_context());
+        span.end_with_timestamp(at);
+        traceparent
+    }
+
+    /// Records a closed session's span under `parent`; returns its `traceparent`.
+    pub fn session(&self, s: &SummaryEvent, parent: Option<&str>) -> String {
+        let (start, end) = (time_of(&s.started_at), time_of(&s.ended_at));
+        let mut attributes = common_attributes(
+            &s.session_id,
+            s.agent_id.as_deref(),
+            s.tenant.as_deref(),
+            s.run_id.as_deref(),
+        );
+        attributes.extend([
+            KeyValue::new("loopwarden.stop_reason", s.stop_reason.clone()),
+            KeyValue::new("loopwarden.closed_by", s.closed_by.name()),
+            KeyValue::new(
+                "loopwarden.turns",
+                s.stats.turns.min(i64::MAX as u64) as i64,
+            ),
+            KeyValue::new(
+                "loopwarden.tool_calls",
+                s.stats.tool_calls.min(i64::MAX as u64) as i64,
+            ),
+            KeyValue::new(
+                "gen_ai.usage.input_tokens",
+                s.stats.input_tokens.min(i64::MAX as u64) as i64,
+            ),
+            KeyValue::new(
+                "gen_ai.usage.output_tokens",
+                s.stats.output_tokens.min(i64::MAX as u64) as i64,
+            ),
+        ]);
+        if let Some(cost) = s.stats.cost_usd {
+            attributes.push(KeyValue::new("loopwarden.cost_usd", cost));
+        }
+        let mut span = self
+            .tracer
+            .span_builder("loopwarden.session")
+            .with_kind(SpanKind::Internal)
+            .with_start_time(start)
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &parent_context(parent));
+        for (detector, levels) in &s.findings {
+            for (level, count) in levels {
+                span.add_event_with_timestamp(
+                    "loopwarden.finding",
+                    end,
+                    vec![
+                        KeyValue::new("loopwarden.detector", detector.clone()),
+                        KeyValue::new("loopwarden.level", level.clone()),
+                        KeyValue::new("loopwarden.count", *count as i64),
+                    ],
+                );
+            }
+        }
+        let terminated = !matches!(
+            s.stop_reason.as_str(),
+            "done" | "idle_timeout" | "end_of_input"
+        );
+        if terminated {
+            span.set_status(Status::error(format!("terminated: {}", s.stop_reason)));
+        }
+        let traceparent = traceparent_of(span.span_context());
+        span.end_with_timestamp(end);
+        traceparent
+    }
+
+    /// Exports what is queued (bounded by the SDK's timeouts) and stops the exporter.
+    pub fn shutdown(&self) {
+        if let Err(error) = self.provider.shutdown() {
+            tracing::warn!(%error, "span exporter did not shut down cleanly");
+        }
+    }
+}
+
+fn common_attributes(
+    session: &str,
+    agent: Option<&str>,
+    tenant: Option<&str>,
+    run: Option<&str>,
+) -> Vec<KeyValue> {
+    let mut a = vec![KeyValue::new("gen_ai.conversation.id", session.to_string())];
+    if let Some(agent) = agent {
+        a.push(KeyValue::new("gen_ai.agent.id", agent.to_string()));
+    }
+    if let Some(tenant) = tenant {
+        a.push(KeyValue::new("loopwarden.tenant", tenant.to_string()));
+    }
+    if let Some(run) = run {
+        a.push(KeyValue::new("loopwarden.run_id", run.to_string()));
+    }
+    a
+}
+
+fn time_of(rfc3339: &str) -> SystemTime {
+    parse_rfc3339_ms(rfc3339)
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+        .unwrap_or_else(SystemTime::now)
+}
+
+/// The context a `traceparent` value names (a root context when absent or malformed).
+fn parent_context(traceparent: Option<&str>) -> Context {
+    match traceparent {
+        Some(tp) => {
+            let carrier = HashMap::from([(TRACEPARENT.to_string(), tp.to_string())]);
+            TraceContextPropagator::new().extract(&carrier)
+        }
+        None => Context::new(),
+    }
+}
+
+fn traceparent_of(cx: &opentelemetry::trace::SpanContext) -> String {
+    format!(
+        "00-{}-{}-{:02x}",
+        cx.trace_id(),
+        cx.span_id(),
+        cx.trace_flags().to_u8()
+    )
+}
+
+/// Whether a header value is a well-formed W3C `traceparent` (version 00).
+pub fn is_traceparent(value: &str) -> bool {
+    let parent = parent_context(Some(value));
+    parent.span().span_context().is_valid()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparents_are_checked() {
+        assert!(is_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!is_traceparent("00-zz-00f067aa0ba902b7-01"));
+        assert!(!is_traceparent(""));
+    }
+}
