@@ -100,7 +100,12 @@ struct RawTelemetry {
     http_listen: Option<String>,
     otlp_endpoint: Option<String>,
     otlp_protocol: Option<String>,
+    spans_to_kafka: Option<bool>,
+    spans_topic: Option<String>,
 }
+
+/// The topic spans go to when `telemetry.spans_to_kafka` is on.
+pub const DEFAULT_SPANS_TOPIC: &str = "otlp_spans";
 
 /// Where `loopwarden run` serves `/metrics`, `/healthz` and `/readyz` by default (the
 /// OpenTelemetry Prometheus exporter's customary port).
@@ -116,6 +121,9 @@ pub struct TelemetrySettings {
     pub otlp_endpoint: Option<String>,
     /// `grpc` or `http/protobuf`; `None`: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `grpc`.
     pub otlp_protocol: Option<String>,
+    /// Whether spans are also produced onto `spans_topic` (OTLP protobuf).
+    pub spans_to_kafka: bool,
+    pub spans_topic: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -617,6 +625,16 @@ impl Config {
                 );
             }
         }
+        let spans_to_kafka = raw_telemetry.spans_to_kafka.unwrap_or(false);
+        let spans_topic = raw_telemetry
+            .spans_topic
+            .unwrap_or_else(|| DEFAULT_SPANS_TOPIC.to_string());
+        if spans_topic.is_empty() || spans_topic.contains(char::is_whitespace) {
+            errors.push(
+                "telemetry.spans_topic",
+                format!("`{spans_topic}` is not a topic name"),
+            );
+        }
         let raw_kafka: RawKafka = section(&table, "kafka", &mut errors);
         let mut kafka_errors = Vec::new();
         let kafka = KafkaSettings::validate(raw_kafka, &mut kafka_errors);
@@ -787,6 +805,8 @@ impl Config {
                 http_listen,
                 otlp_endpoint,
                 otlp_protocol,
+                spans_to_kafka,
+                spans_topic,
             },
             effective: table,
         })
@@ -956,6 +976,14 @@ impl Config {
         telemetry.insert(
             "otlp_protocol".into(),
             V::String(self.telemetry.otlp_protocol.clone().unwrap_or_default()),
+        );
+        telemetry.insert(
+            "spans_to_kafka".into(),
+            V::Boolean(self.telemetry.spans_to_kafka),
+        );
+        telemetry.insert(
+            "spans_topic".into(),
+            V::String(self.telemetry.spans_topic.clone()),
         );
         root.insert("telemetry".into(), V::Table(telemetry));
         if let Some(o) = self.effective.get("overrides") {

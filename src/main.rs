@@ -249,7 +249,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let brokers = match &config.kafka.brokers {
                 Some(b) => b.clone(),
                 None => {
-                    let topics = config.kafka.all_topics();
+                    let mut topics = config.kafka.all_topics();
+                    if config.telemetry.spans_to_kafka {
+                        topics.push(&config.telemetry.spans_topic);
+                    }
                     embedded = EmbeddedBroker::start(&topics, config.kafka.embedded_partitions)?;
                     let b = embedded.bootstrap_servers().to_string();
                     // One write, and a closed stdout is not fatal: whoever started us may
@@ -271,8 +274,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let mut telemetry = Telemetry::new();
-            telemetry.spans =
-                Spans::start(&config.telemetry, telemetry.metrics.spans_dropped.clone())?;
+            telemetry.spans = Spans::start(
+                &config.telemetry,
+                &config.kafka,
+                &brokers,
+                telemetry.metrics.spans_dropped.clone(),
+            )?;
             let telemetry = Arc::new(telemetry);
             let http = match &config.telemetry.http_listen {
                 Some(addr) => Some(http::serve(addr, telemetry.clone(), shutdown.clone())?),

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use loopwarden::config::Config;
+use rdkafka::Message as _;
 
 /// The address the HTTP endpoint logged, once it did.
 fn http_address(run: &Running) -> String {
@@ -310,6 +311,8 @@ fn spans_reach_an_otlp_collector_inside_the_agents_trace() {
         cfg,
     } = fixture(2, "");
     let config = Arc::new(Config::load(&cfg, std::iter::empty()).unwrap());
+    let spans_topic = format!("{}.spans", topics.input);
+    create_topics(&brokers, &[(&spans_topic, 1)]);
     let (events, _) = fleet(60, 0.5, 81);
     let traceparent = format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01");
     produce(
@@ -324,6 +327,8 @@ fn spans_reach_an_otlp_collector_inside_the_agents_trace() {
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("LOOPWARDEN_TELEMETRY__SPANS_TO_KAFKA", "true"),
+            ("LOOPWARDEN_TELEMETRY__SPANS_TOPIC", &spans_topic),
         ],
     );
     let out = replay(config, &events);
@@ -410,6 +415,35 @@ fn spans_reach_an_otlp_collector_inside_the_agents_trace() {
             f["detector"].as_str()
         );
     }
+    // The same spans on the bus, as OTLP protobuf export requests.
+    let on_bus: Vec<opentelemetry_proto::tonic::trace::v1::Span> = read_topic(
+        &brokers,
+        &spans_topic,
+        1,
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+    )
+    .iter()
+    .flat_map(|m| {
+        use prost::Message as _;
+        let request =
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(
+                m.payload().unwrap(),
+            )
+            .expect("an ExportTraceServiceRequest");
+        request
+            .resource_spans
+            .into_iter()
+            .flat_map(|rs| rs.scope_spans)
+            .flat_map(|ss| ss.spans)
+    })
+    .collect();
+    let mut via_grpc = spans.clone();
+    let mut via_kafka = on_bus;
+    via_grpc.sort_by(|a, b| a.span_id.cmp(&b.span_id));
+    via_kafka.sort_by(|a, b| a.span_id.cmp(&b.span_id));
+    assert_eq!(via_kafka, via_grpc, "the topic carries the same spans");
+
     // The termination messages carry their span's context.
     for m in &terminated {
         let tp = header(m, "traceparent").expect("traceparent on the output");

@@ -9,8 +9,11 @@
 //! `traceparent` of the triggering Kafka message is the parent, so a finding shows
 //! inside the agent's own trace.
 //!
-//! Guarantees: spans are handed to a bounded batch queue and exported on the SDK's own
-//! thread; the pipeline never waits on a collector. A failed export counts its spans in
+//! Spans go over OTLP (gRPC or HTTP/protobuf) and, optionally, onto a Kafka topic as
+//! OTLP protobuf `ExportTraceServiceRequest` messages ("spans back to the bus").
+//!
+//! Guarantees: spans are handed to bounded batch queues and exported on the SDK's own
+//! threads; the pipeline never waits on a collector. A failed export counts its spans in
 //! `loopwarden_spans_dropped_total`; nothing about spans can fail or stall a batch.
 
 use std::collections::HashMap;
@@ -21,6 +24,9 @@ use opentelemetry::trace::{
     Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
+use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
@@ -28,9 +34,11 @@ use opentelemetry_sdk::trace::{
 };
 use opentelemetry_sdk::Resource;
 use prometheus::IntCounter;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 
 use crate::config::TelemetrySettings;
 use crate::event::parse_rfc3339_ms;
+use crate::kafka::settings::KafkaSettings;
 use crate::output::{FindingEvent, SummaryEvent};
 use crate::policy::Level;
 
@@ -79,6 +87,52 @@ impl<E: SpanExporter> SpanExporter for Counting<E> {
     }
 }
 
+/// Produces spans onto a Kafka topic as OTLP protobuf `ExportTraceServiceRequest`s, the
+/// format an OpenTelemetry Collector's Kafka receiver reads (encoding `otlp_proto`).
+struct KafkaSpans {
+    producer: BaseProducer,
+    topic: String,
+    resource: ResourceAttributesWithSchema,
+    dropped: IntCounter,
+}
+
+impl std::fmt::Debug for KafkaSpans {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSpans")
+            .field("topic", &self.topic)
+            .finish()
+    }
+}
+
+impl SpanExporter for KafkaSpans {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        use prost::Message as _;
+        let n = batch.len() as u64;
+        let request = ExportTraceServiceRequest {
+            resource_spans: group_spans_by_resource_and_scope(batch, &self.resource),
+        };
+        let payload = request.encode_to_vec();
+        let record: BaseRecord<'_, (), [u8]> = BaseRecord::to(&self.topic).payload(&payload);
+        // Runs on the span processor's thread: waiting here never holds up the pipeline.
+        let sent = self
+            .producer
+            .send(record)
+            .map_err(|(e, _)| e)
+            .and_then(|()| self.producer.flush(Duration::from_secs(10)));
+        sent.map_err(|e| {
+            self.dropped.inc_by(n);
+            opentelemetry_sdk::error::OTelSdkError::InternalFailure(format!(
+                "producing spans to {}: {e}",
+                self.topic
+            ))
+        })
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.resource = ResourceAttributesWithSchema::from(resource);
+    }
+}
+
 /// The span side of telemetry: a tracer whose spans go to the OTLP exporter.
 pub struct Spans {
     provider: SdkTracerProvider,
@@ -93,11 +147,14 @@ fn env(name: &str) -> Option<String> {
 }
 
 impl Spans {
-    /// Sets up OTLP export when an endpoint is configured (`telemetry.otlp_endpoint`, or
-    /// the standard `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`); `None` otherwise, or when
-    /// `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none`.
+    /// Sets up span export: over OTLP when an endpoint is configured
+    /// (`telemetry.otlp_endpoint`, or the standard `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`),
+    /// onto `telemetry.spans_topic` when `telemetry.spans_to_kafka` is on. `None` when
+    /// neither is, or when `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none`.
     pub fn start(
         settings: &TelemetrySettings,
+        kafka: &KafkaSettings,
+        brokers: &str,
         dropped: IntCounter,
     ) -> Result<Option<Spans>, SpanError> {
         if env("OTEL_SDK_DISABLED").as_deref() == Some("true")
@@ -108,69 +165,90 @@ impl Spans {
         let endpoint = settings.otlp_endpoint.clone().or_else(|| {
             env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
         });
-        let Some(endpoint) = endpoint else {
+        if endpoint.is_none() && !settings.spans_to_kafka {
             return Ok(None);
-        };
-        let protocol = settings
-            .otlp_protocol
-            .clone()
-            .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
-            .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
-            .unwrap_or_else(|| "grpc".to_string());
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("loopwarden-otlp")
             .enable_all()
             .build()
             .map_err(SpanError::Runtime)?;
-        let exporter = {
-            use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
-            let _inside = runtime.enter();
-            match protocol.as_str() {
-                "grpc" => opentelemetry_otlp::SpanExporter::builder()
-                    .with_tonic()
-                    .with_endpoint(endpoint.clone())
-                    .build(),
-                "http/protobuf" => {
-                    // The traces path is appended only to the generic endpoint variable.
-                    let url = if settings.otlp_endpoint.is_some()
-                        || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
-                    {
-                        format!("{}/v1/traces", endpoint.trim_end_matches('/'))
-                    } else {
-                        endpoint.clone()
-                    };
-                    opentelemetry_otlp::SpanExporter::builder()
-                        .with_http()
-                        .with_headers(HashMap::new())
-                        .with_endpoint(url)
-                        .build()
-                }
-                other => return Err(SpanError::Protocol(other.to_string())),
-            }
-            .map_err(|e| SpanError::Exporter(e.to_string()))?
+        let batch_config = || {
+            BatchConfigBuilder::default()
+                .with_max_queue_size(65_536)
+                .with_scheduled_delay(Duration::from_millis(500))
+                .build()
         };
         let mut resource = Resource::builder();
         if env("OTEL_SERVICE_NAME").is_none() {
             resource = resource.with_service_name("loopwarden");
         }
-        let processor = BatchSpanProcessor::builder(Counting {
-            inner: exporter,
-            dropped,
-        })
-        .with_batch_config(
-            BatchConfigBuilder::default()
-                .with_max_queue_size(65_536)
-                .with_scheduled_delay(Duration::from_millis(500))
+        let mut provider = SdkTracerProvider::builder().with_resource(resource.build());
+        if let Some(endpoint) = &endpoint {
+            let protocol = settings
+                .otlp_protocol
+                .clone()
+                .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
+                .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+                .unwrap_or_else(|| "grpc".to_string());
+            let exporter = {
+                use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+                let _inside = runtime.enter();
+                match protocol.as_str() {
+                    "grpc" => opentelemetry_otlp::SpanExporter::builder()
+                        .with_tonic()
+                        .with_endpoint(endpoint.clone())
+                        .build(),
+                    "http/protobuf" => {
+                        // The traces path is appended only to the generic endpoint.
+                        let url = if settings.otlp_endpoint.is_some()
+                            || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
+                        {
+                            format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+                        } else {
+                            endpoint.clone()
+                        };
+                        opentelemetry_otlp::SpanExporter::builder()
+                            .with_http()
+                            .with_headers(HashMap::new())
+                            .with_endpoint(url)
+                            .build()
+                    }
+                    other => return Err(SpanError::Protocol(other.to_string())),
+                }
+                .map_err(|e| SpanError::Exporter(e.to_string()))?
+            };
+            provider = provider.with_span_processor(
+                BatchSpanProcessor::builder(Counting {
+                    inner: exporter,
+                    dropped: dropped.clone(),
+                })
+                .with_batch_config(batch_config())
                 .build(),
-        )
-        .build();
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor)
-            .with_resource(resource.build())
-            .build();
+            );
+            tracing::info!(endpoint = %endpoint, protocol = %protocol, "exporting spans over OTLP");
+        }
+        if settings.spans_to_kafka {
+            let producer: BaseProducer = crate::kafka::client_config(kafka, brokers)
+                .set("linger.ms", "50")
+                .set("compression.type", "lz4")
+                .create()
+                .map_err(|e| SpanError::Exporter(e.to_string()))?;
+            provider = provider.with_span_processor(
+                BatchSpanProcessor::builder(KafkaSpans {
+                    producer,
+                    topic: settings.spans_topic.clone(),
+                    resource: ResourceAttributesWithSchema::default(),
+                    dropped,
+                })
+                .with_batch_config(batch_config())
+                .build(),
+            );
+            tracing::info!(topic = %settings.spans_topic, "producing spans to kafka (otlp_proto)");
+        }
+        let provider = provider.build();
         let tracer = provider.tracer("loopwarden");
-        tracing::info!(endpoint = %endpoint, protocol = %protocol, "exporting spans over OTLP");
         Ok(Some(Spans {
             provider,
             tracer,
