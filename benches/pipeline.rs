@@ -12,6 +12,8 @@
 //! - LOOPWARDEN_BENCH_BROKERS: `host:port` of a running broker, or `embedded` for the
 //!   in-process mock cluster (default: Tansu, started by `scripts/broker`);
 //! - LOOPWARDEN_BENCH_CONFIG: extra TOML appended to the pipeline's config;
+//! - spans: OTEL_EXPORTER_OTLP_ENDPOINT, or LOOPWARDEN_TELEMETRY__SPANS_TO_KAFKA=true
+//!   (a topic of their own on the broker under test; Tansu only), as in `loopwarden run`;
 //! - LOOPWARDEN_BENCH_RESTORE_SESSIONS: open sessions a fresh instance restores from the
 //!   changelog in the third phase (default 100000; 0 skips it).
 //!
@@ -29,9 +31,10 @@ use loopwarden::config::Config;
 use loopwarden::event::parse_rfc3339_ms;
 use loopwarden::feed::{feed, wall_ms, FeedProducer, Routing, Target};
 use loopwarden::kafka::embedded::EmbeddedBroker;
-use loopwarden::pipeline::run;
+use loopwarden::pipeline::run_observed;
 use loopwarden::shutdown::Shutdown;
 use loopwarden::simulate::{Fleet, FleetSpec};
+use loopwarden::telemetry::{Spans, Telemetry};
 use rdkafka::consumer::Consumer;
 use rdkafka::{ClientConfig, Message};
 
@@ -48,7 +51,37 @@ fn config(dir: &std::path::Path, brokers: &str, topics: &common::Topics) -> Arc<
     let path = common::write_config(dir, brokers, topics, &extra.replace("\\n", "\n"));
     // LOOPWARDEN_* variables apply, e.g. LOOPWARDEN_KAFKA__WORKERS=1.
     let env = std::env::vars().filter(|(k, _)| !k.starts_with("LOOPWARDEN_BENCH_"));
-    Arc::new(Config::load(&path, env).unwrap())
+    let mut config = Config::load(&path, env).unwrap();
+    if config.telemetry.spans_to_kafka {
+        // LOOPWARDEN_TELEMETRY__SPANS_TO_KAFKA=true: spans onto a topic of their own.
+        config.telemetry.spans_topic = format!("{}.spans", topics.input);
+        common::create_topics(brokers, &[(&config.telemetry.spans_topic, 1)]);
+    }
+    Arc::new(config)
+}
+
+/// The pipeline with telemetry as `loopwarden run` sets it up: metrics always, spans when
+/// configured (OTEL_EXPORTER_OTLP_ENDPOINT, or LOOPWARDEN_TELEMETRY__SPANS_TO_KAFKA=true).
+fn run(
+    config: Arc<Config>,
+    brokers: &str,
+    shutdown: Shutdown,
+) -> Result<loopwarden::pipeline::RunStats, loopwarden::pipeline::PipelineError> {
+    let mut telemetry = Telemetry::new();
+    telemetry.spans = Spans::start(
+        &config.telemetry,
+        &config.kafka,
+        brokers,
+        telemetry.metrics.spans_dropped.clone(),
+    )
+    .unwrap();
+    let telemetry = Arc::new(telemetry);
+    let result = run_observed(config, brokers, shutdown, telemetry.clone());
+    if let Some(spans) = &telemetry.spans {
+        spans.shutdown();
+        eprintln!("spans: {} dropped", telemetry.metrics.spans_dropped.get());
+    }
+    result
 }
 
 fn producer(brokers: &str) -> FeedProducer {
