@@ -275,6 +275,46 @@ mod otlp {
         (format!("http://{addr}"), receiver)
     }
 
+    /// An OTLP/HTTP (protobuf) receiver on a free port: `POST /v1/traces`.
+    pub fn start_http() -> (String, Receiver) {
+        use axum::body::Bytes;
+        use prost::Message as _;
+        let receiver = Receiver::default();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let spans = receiver.spans.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: Bytes| {
+                let spans = spans.clone();
+                async move {
+                    let request = ExportTraceServiceRequest::decode(body).unwrap();
+                    for rs in request.resource_spans {
+                        for ss in rs.scope_spans {
+                            spans.lock().unwrap().extend(ss.spans);
+                        }
+                    }
+                    (
+                        [("content-type", "application/x-protobuf")],
+                        ExportTraceServiceResponse::default().encode_to_vec(),
+                    )
+                }
+            }),
+        );
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                    axum::serve(listener, app).await.unwrap();
+                });
+        });
+        (format!("http://{addr}"), receiver)
+    }
+
     pub fn attr(span: &Span, key: &str) -> Option<String> {
         use opentelemetry_proto::tonic::common::v1::any_value::Value;
         span.attributes
@@ -513,4 +553,58 @@ fn an_unreachable_collector_changes_nothing_on_the_bus() {
     };
     assert!(dropped > 0.0, "dropped spans are counted");
     assert!(run.terminate(Duration::from_secs(30)).success());
+}
+
+/// The same spans over OTLP/HTTP with protobuf bodies (`OTEL_EXPORTER_OTLP_PROTOCOL=
+/// http/protobuf`; the exporter appends `/v1/traces` to the endpoint).
+#[test]
+fn spans_also_go_over_otlp_http_protobuf() {
+    let (endpoint, receiver) = otlp::start_http();
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(1, "");
+    let config = Arc::new(Config::load(&cfg, std::iter::empty()).unwrap());
+    let (events, _) = fleet(30, 0.5, 83);
+    produce(&brokers, &topics.input, &events, &[]);
+    let run = spawn_run_with_env(
+        &cfg,
+        &dir.path().join("run.log"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ],
+    );
+    let out = replay(config, &events);
+    let findings: Vec<&serde_json::Value> = out
+        .iter()
+        .filter(|v| v["type"] != "session.summary")
+        .collect();
+    let terminations = findings
+        .iter()
+        .filter(|v| v["type"] == "session.terminated")
+        .count();
+    let _ = read_topic(
+        &brokers,
+        &topics.terminated,
+        terminations,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    );
+    let log = run.log_text();
+    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
+    let spans = receiver.spans.lock().unwrap().clone();
+    let got: std::collections::BTreeSet<String> = spans
+        .iter()
+        .filter(|s| s.name == "loopwarden.finding")
+        .filter_map(|s| otlp::attr(s, "loopwarden.event_id"))
+        .collect();
+    let want: std::collections::BTreeSet<String> = findings
+        .iter()
+        .map(|f| f["event_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!want.is_empty());
+    assert_eq!(got, want, "a span per finding, over HTTP");
 }

@@ -192,28 +192,29 @@ impl Spans {
                 .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
                 .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
                 .unwrap_or_else(|| "grpc".to_string());
+            // An endpoint from the file is given to the builder; otherwise the builder
+            // reads the OTEL_EXPORTER_OTLP_* variables itself (and for HTTP appends
+            // /v1/traces to the generic endpoint, as the specification says).
+            let configured = settings.otlp_endpoint.as_deref();
             let exporter = {
-                use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+                use opentelemetry_otlp::WithExportConfig as _;
                 let _inside = runtime.enter();
                 match protocol.as_str() {
-                    "grpc" => opentelemetry_otlp::SpanExporter::builder()
-                        .with_tonic()
-                        .with_endpoint(endpoint.clone())
-                        .build(),
+                    "grpc" => {
+                        let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+                        if let Some(e) = configured {
+                            b = b.with_endpoint(e);
+                        }
+                        b.build()
+                    }
                     "http/protobuf" => {
-                        // The traces path is appended only to the generic endpoint.
-                        let url = if settings.otlp_endpoint.is_some()
-                            || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
-                        {
-                            format!("{}/v1/traces", endpoint.trim_end_matches('/'))
-                        } else {
-                            endpoint.clone()
-                        };
-                        opentelemetry_otlp::SpanExporter::builder()
+                        let mut b = opentelemetry_otlp::SpanExporter::builder()
                             .with_http()
-                            .with_headers(HashMap::new())
-                            .with_endpoint(url)
-                            .build()
+                            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+                        if let Some(e) = configured {
+                            b = b.with_endpoint(format!("{}/v1/traces", e.trim_end_matches('/')));
+                        }
+                        b.build()
                     }
                     other => return Err(SpanError::Protocol(other.to_string())),
                 }
