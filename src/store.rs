@@ -127,14 +127,28 @@ pub struct SledStore {
 }
 
 /// Opens (or creates) the sled database at `path`.
+/// How long to wait for the state directory's lock: a handle dropped a moment ago (sled
+/// releases the lock from its flusher thread) or a previous process still exiting.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
-    sled::Config::new()
-        .path(path)
-        .open()
-        .map_err(|source| StoreError::Open {
-            path: path.display().to_string(),
-            source,
-        })
+    let started = std::time::Instant::now();
+    loop {
+        match sled::Config::new().path(path).open() {
+            Ok(db) => return Ok(db),
+            Err(source) => {
+                let locked = source.to_string().contains("could not acquire lock");
+                if !locked || started.elapsed() >= LOCK_WAIT {
+                    return Err(StoreError::Open {
+                        path: path.display().to_string(),
+                        source,
+                    });
+                }
+                tracing::debug!(path = %path.display(), "state directory locked; waiting");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
 }
 
 impl SledStore {
