@@ -305,17 +305,7 @@ impl Running {
     pub fn terminate(mut self, limit: Duration) -> ExitStatus {
         let pid = self.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        let until = Instant::now() + limit;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            if Instant::now() > until {
-                self.child.kill().unwrap();
-                panic!("did not exit within {limit:?}; log:\n{}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_exit(&mut self, limit)
     }
 
     pub fn log_text(&self) -> String {
