@@ -71,6 +71,36 @@ fn label<'a>(labels: &'a str, key: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// What `replay` finds in the same events: findings (warnings and terminations), the
+/// number of terminations, and of sessions that completed.
+struct Replayed {
+    findings: Vec<serde_json::Value>,
+    terminations: usize,
+    completed: usize,
+    out: Vec<serde_json::Value>,
+}
+
+fn replayed(config: Arc<Config>, events: &[Vec<u8>]) -> Replayed {
+    let out = replay(config, events);
+    let findings: Vec<serde_json::Value> = out
+        .iter()
+        .filter(|v| v["type"] != "session.summary")
+        .cloned()
+        .collect();
+    Replayed {
+        terminations: findings
+            .iter()
+            .filter(|v| v["type"] == "session.terminated")
+            .count(),
+        completed: out
+            .iter()
+            .filter(|v| v["type"] == "session.summary" && v["closed_by"] == "completed")
+            .count(),
+        findings,
+        out,
+    }
+}
+
 #[test]
 fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     let brokers = broker();
@@ -104,21 +134,19 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     }
 
     // Replay's view of the same events.
-    let out = replay(config, &events);
-    let completed = out
-        .iter()
-        .filter(|v| v["type"] == "session.summary" && v["closed_by"] == "completed")
-        .count();
+    let Replayed {
+        findings,
+        completed,
+        out,
+        ..
+    } = replayed(config, &events);
+    let findings = findings.len();
     let mut stop_reasons: BTreeMap<String, f64> = BTreeMap::new();
     for v in out.iter().filter(|v| v["type"] == "session.terminated") {
         *stop_reasons
             .entry(v["stop_reason"].as_str().unwrap().to_string())
             .or_default() += 1.0;
     }
-    let findings = out
-        .iter()
-        .filter(|v| v["type"] != "session.summary")
-        .count();
     let mut by_type: BTreeMap<String, f64> = BTreeMap::new();
     for e in &events {
         let v: serde_json::Value = serde_json::from_slice(e).unwrap();
@@ -371,22 +399,16 @@ fn spans_reach_an_otlp_collector_inside_the_agents_trace() {
             ("LOOPWARDEN_TELEMETRY__SPANS_TOPIC", &spans_topic),
         ],
     );
-    let out = replay(config, &events);
-    let findings: Vec<&serde_json::Value> = out
-        .iter()
-        .filter(|v| v["type"] != "session.summary")
-        .collect();
-    let completed = out
-        .iter()
-        .filter(|v| v["type"] == "session.summary" && v["closed_by"] == "completed")
-        .count();
+    let Replayed {
+        findings,
+        terminations,
+        completed,
+        ..
+    } = replayed(config, &events);
     let terminated = read_topic(
         &brokers,
         &topics.terminated,
-        findings
-            .iter()
-            .filter(|v| v["type"] == "session.terminated")
-            .count(),
+        terminations,
         Duration::from_secs(60),
         Duration::from_millis(500),
     );
@@ -418,12 +440,11 @@ fn spans_reach_an_otlp_collector_inside_the_agents_trace() {
             == completed,
         "one span per completed session"
     );
-    assert!(receiver
-        .service_names
-        .lock()
-        .unwrap()
-        .iter()
-        .all(|n| n.contains("loopwarden")));
+    let service_names = receiver.service_names.lock().unwrap().clone();
+    assert!(
+        !service_names.is_empty() && service_names.iter().all(|n| n.contains("loopwarden")),
+        "service.name is loopwarden: {service_names:?}"
+    );
     for s in finding_spans.iter().chain(session_spans.iter()) {
         assert_eq!(hex(&s.trace_id), TRACE_ID, "in the agent's trace");
         assert_eq!(
@@ -577,15 +598,11 @@ fn spans_also_go_over_otlp_http_protobuf() {
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
         ],
     );
-    let out = replay(config, &events);
-    let findings: Vec<&serde_json::Value> = out
-        .iter()
-        .filter(|v| v["type"] != "session.summary")
-        .collect();
-    let terminations = findings
-        .iter()
-        .filter(|v| v["type"] == "session.terminated")
-        .count();
+    let Replayed {
+        findings,
+        terminations,
+        ..
+    } = replayed(config, &events);
     let _ = read_topic(
         &brokers,
         &topics.terminated,

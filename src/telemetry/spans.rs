@@ -20,9 +20,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{
-    Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
-};
+use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
@@ -259,7 +257,7 @@ impl Spans {
 
     /// Records a finding's span under `parent` (a `traceparent` value); returns the
     /// span's own `traceparent`, for the finding's message headers.
-    pub fn finding(&self, f: &FindingEvent, parent: Option<&str>) -> String {
+    pub fn finding(&self, f: &FindingEvent, parent: Option<&TraceParent>) -> String {
         let at = time_of(&f.event_time);
         let mut attributes = common_attributes(
             &f.session_id,
@@ -273,14 +271,8 @@ impl Spans {
             KeyValue::new("loopwarden.level", f.level.name()),
             KeyValue::new("loopwarden.mode", f.mode.name()),
             KeyValue::new("loopwarden.reason", f.reason.clone()),
-            KeyValue::new(
-                "gen_ai.usage.input_tokens",
-                f.stats.input_tokens.min(i64::MAX as u64) as i64,
-            ),
-            KeyValue::new(
-                "gen_ai.usage.output_tokens",
-                f.stats.output_tokens.min(i64::MAX as u64) as i64,
-            ),
+            int("gen_ai.usage.input_tokens", f.stats.input_tokens),
+            int("gen_ai.usage.output_tokens", f.stats.output_tokens),
         ]);
         if let Some(reason) = f.stop_reason {
             attributes.push(KeyValue::new("loopwarden.stop_reason", reason.name()));
@@ -291,7 +283,10 @@ impl Spans {
             .with_kind(SpanKind::Internal)
             .with_start_time(at)
             .with_attributes(attributes)
-            .start_with_context(&self.tracer, &parent_context(parent));
+            .start_with_context(
+                &self.tracer,
+                &parent_context(parent.map(TraceParent::as_str)),
+            );
         if f.level == Level::Terminate {
             span.set_status(Status::error(f.reason.clone()));
         }
@@ -301,7 +296,7 @@ impl Spans {
     }
 
     /// Records a closed session's span under `parent`; returns its `traceparent`.
-    pub fn session(&self, s: &SummaryEvent, parent: Option<&str>) -> String {
+    pub fn session(&self, s: &SummaryEvent, parent: Option<&TraceParent>) -> String {
         let (start, end) = (time_of(&s.started_at), time_of(&s.ended_at));
         let mut attributes = common_attributes(
             &s.session_id,
@@ -312,22 +307,10 @@ impl Spans {
         attributes.extend([
             KeyValue::new("loopwarden.stop_reason", s.stop_reason.clone()),
             KeyValue::new("loopwarden.closed_by", s.closed_by.name()),
-            KeyValue::new(
-                "loopwarden.turns",
-                s.stats.turns.min(i64::MAX as u64) as i64,
-            ),
-            KeyValue::new(
-                "loopwarden.tool_calls",
-                s.stats.tool_calls.min(i64::MAX as u64) as i64,
-            ),
-            KeyValue::new(
-                "gen_ai.usage.input_tokens",
-                s.stats.input_tokens.min(i64::MAX as u64) as i64,
-            ),
-            KeyValue::new(
-                "gen_ai.usage.output_tokens",
-                s.stats.output_tokens.min(i64::MAX as u64) as i64,
-            ),
+            int("loopwarden.turns", s.stats.turns),
+            int("loopwarden.tool_calls", s.stats.tool_calls),
+            int("gen_ai.usage.input_tokens", s.stats.input_tokens),
+            int("gen_ai.usage.output_tokens", s.stats.output_tokens),
         ]);
         if let Some(cost) = s.stats.cost_usd {
             attributes.push(KeyValue::new("loopwarden.cost_usd", cost));
@@ -338,7 +321,10 @@ impl Spans {
             .with_kind(SpanKind::Internal)
             .with_start_time(start)
             .with_attributes(attributes)
-            .start_with_context(&self.tracer, &parent_context(parent));
+            .start_with_context(
+                &self.tracer,
+                &parent_context(parent.map(TraceParent::as_str)),
+            );
         for (detector, levels) in &s.findings {
             for (level, count) in levels {
                 span.add_event_with_timestamp(
@@ -391,6 +377,11 @@ fn common_attributes(
     a
 }
 
+/// An OTLP integer attribute from a counter (saturating at i64::MAX).
+fn int(key: &'static str, n: u64) -> KeyValue {
+    KeyValue::new(key, n.min(i64::MAX as u64) as i64)
+}
+
 fn time_of(rfc3339: &str) -> SystemTime {
     parse_rfc3339_ms(rfc3339)
         .and_then(|ms| u64::try_from(ms).ok())
@@ -418,22 +409,59 @@ fn traceparent_of(cx: &opentelemetry::trace::SpanContext) -> String {
     )
 }
 
-/// Whether a header value is a well-formed W3C `traceparent` (version 00).
-pub fn is_traceparent(value: &str) -> bool {
-    let parent = parent_context(Some(value));
-    parent.span().span_context().is_valid()
+/// A well-formed W3C `traceparent` value (version 00), kept inline: checking and carrying
+/// it costs no allocation, as every input message may have one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent([u8; 55]);
+
+impl TraceParent {
+    /// `00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`, ids not all zero.
+    pub fn parse(value: &[u8]) -> Option<TraceParent> {
+        let v: [u8; 55] = value.trim_ascii().try_into().ok()?;
+        let hex = |r: std::ops::Range<usize>| {
+            v[r.clone()]
+                .iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+                && v[r].iter().any(|&b| b != b'0')
+        };
+        let ok = v.starts_with(b"00-")
+            && v[35] == b'-'
+            && v[52] == b'-'
+            && hex(3..35)
+            && hex(36..52)
+            && v[53..].iter().all(|b| b.is_ascii_hexdigit());
+        ok.then_some(TraceParent(v))
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("checked ASCII in parse")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opentelemetry::trace::TraceContextExt as _;
 
     #[test]
     fn traceparents_are_checked() {
-        assert!(is_traceparent(
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        ));
-        assert!(!is_traceparent("00-zz-00f067aa0ba902b7-01"));
-        assert!(!is_traceparent(""));
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let parsed = TraceParent::parse(tp.as_bytes()).unwrap();
+        assert_eq!(parsed.as_str(), tp);
+        // The propagator reads what parse accepts.
+        assert!(parent_context(Some(parsed.as_str()))
+            .span()
+            .span_context()
+            .is_valid());
+        for bad in [
+            "00-zz-00f067aa0ba902b7-01",
+            "",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(TraceParent::parse(bad.as_bytes()).is_none(), "{bad}");
+        }
     }
 }
