@@ -102,6 +102,7 @@ struct RawTelemetry {
     otlp_protocol: Option<String>,
     spans_to_kafka: Option<bool>,
     spans_topic: Option<String>,
+    owner_series_limit: Option<usize>,
 }
 
 /// The topic spans go to when `telemetry.spans_to_kafka` is on.
@@ -124,6 +125,9 @@ pub struct TelemetrySettings {
     /// Whether spans are also produced onto `spans_topic` (OTLP protobuf).
     pub spans_to_kafka: bool,
     pub spans_topic: String,
+    /// Distinct (tenant, agent) pairs with their own series in
+    /// `loopwarden_findings_by_owner_total`; later ones count as `(other)`.
+    pub owner_series_limit: usize,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -635,6 +639,9 @@ impl Config {
                 format!("`{spans_topic}` is not a topic name"),
             );
         }
+        let owner_series_limit = raw_telemetry
+            .owner_series_limit
+            .unwrap_or(crate::telemetry::metrics::DEFAULT_OWNER_SERIES_LIMIT);
         let raw_kafka: RawKafka = section(&table, "kafka", &mut errors);
         let mut kafka_errors = Vec::new();
         let kafka = KafkaSettings::validate(raw_kafka, &mut kafka_errors);
@@ -807,6 +814,7 @@ impl Config {
                 otlp_protocol,
                 spans_to_kafka,
                 spans_topic,
+                owner_series_limit,
             },
             effective: table,
         })
@@ -984,6 +992,10 @@ impl Config {
         telemetry.insert(
             "spans_topic".into(),
             V::String(self.telemetry.spans_topic.clone()),
+        );
+        telemetry.insert(
+            "owner_series_limit".into(),
+            V::Integer(self.telemetry.owner_series_limit as i64),
         );
         root.insert("telemetry".into(), V::Table(telemetry));
         if let Some(o) = self.effective.get("overrides") {

@@ -19,7 +19,7 @@ use loopwarden::pipeline;
 use loopwarden::replay::{replay, Format};
 use loopwarden::shutdown::Shutdown;
 use loopwarden::simulate::{Fleet, FleetSpec};
-use loopwarden::telemetry::{http, Spans, Telemetry};
+use loopwarden::telemetry::{http, Metrics, Spans, Telemetry};
 
 /// loopwarden stops runaway AI agents: it reads agent events (LLM calls and tool calls),
 /// detects loops and runaways per session, and emits warnings, terminations and summaries.
@@ -154,6 +154,19 @@ enum Command {
         /// The file to check; without it, the built-in defaults plus the environment.
         file: Option<PathBuf>,
     },
+    /// Ask a running `loopwarden run` whether it is alive (`/healthz`) or ready
+    /// (`/readyz`): exits 0 on HTTP 2xx, 1 otherwise. For container health checks, where
+    /// the image has no curl.
+    ///
+    /// Example: loopwarden healthcheck --url http://127.0.0.1:9464/readyz
+    Healthcheck {
+        /// The endpoint to ask.
+        #[arg(long, default_value = "http://127.0.0.1:9464/healthz")]
+        url: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 3)]
+        timeout_secs: u64,
+    },
 }
 
 /// A share, 0..=1 (for `--loop-share`).
@@ -274,6 +287,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let mut telemetry = Telemetry::new();
+            telemetry.metrics =
+                Metrics::with_owner_series_limit(config.telemetry.owner_series_limit);
             telemetry.spans = Spans::start(
                 &config.telemetry,
                 &config.kafka,
@@ -456,6 +471,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             })
+        }
+        Command::Healthcheck { url, timeout_secs } => {
+            let agent = ureq::AgentBuilder::new()
+                .timeout(std::time::Duration::from_secs(timeout_secs))
+                .build();
+            // ureq reports a non-2xx answer as an error carrying the response.
+            match agent.get(&url).call() {
+                Ok(response) => {
+                    println!("{} {url}", response.status());
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(ureq::Error::Status(code, response)) => {
+                    let body = response.into_string().unwrap_or_default();
+                    eprintln!("{code} {url}: {}", body.trim());
+                    Ok(ExitCode::from(1))
+                }
+                Err(error) => {
+                    eprintln!("{url}: {error}");
+                    Ok(ExitCode::from(1))
+                }
+            }
         }
         Command::CheckConfig { file } => {
             let config = load_config(file.as_deref())?;

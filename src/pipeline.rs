@@ -645,6 +645,11 @@ impl Worker {
                         .findings
                         .with_label_values(&[f.detector.name(), f.level.name(), f.mode.name()])
                         .inc();
+                    metrics.finding_by_owner(
+                        f.tenant.as_deref(),
+                        f.agent_id.as_deref(),
+                        f.level.name(),
+                    );
                     if let Some(reason) = f.stop_reason {
                         self.stats.terminations += 1;
                         metrics

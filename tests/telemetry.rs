@@ -1,6 +1,8 @@
 //! What `loopwarden run` shows of itself, against a real broker (Tansu): `/healthz`,
-//! `/readyz` that flips only once partitions are assigned, and `/metrics` whose counts
-//! match what `replay` finds in the same events, in an exposition `promtool` accepts.
+//! `/readyz` that flips only once partitions are assigned (and `loopwarden healthcheck`
+//! agreeing), `/metrics` whose counts match what `replay` finds in the same events, in an
+//! exposition `promtool` accepts, naming every metric the shipped Grafana dashboard
+//! queries.
 
 mod common;
 
@@ -107,16 +109,24 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     // The topics do not exist yet: the process is alive but cannot be assigned anything.
     let topics = Topics::named();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &brokers, &topics, "");
+    // One detector in shadow mode, so its (unpublished) findings show in the metrics.
+    let cfg = write_config(
+        dir.path(),
+        &brokers,
+        &topics,
+        "[detectors.low_novelty]\nmode = \"shadow\"\n",
+    );
     let config = Arc::new(Config::load(&cfg, std::iter::empty()).unwrap());
     let run = spawn_run(&cfg, &dir.path().join("run.log"));
     let addr = http_address(&run);
     assert_eq!(get(&addr, "/healthz").0, 200);
+    assert_eq!(healthcheck(&format!("http://{addr}/healthz")), Some(0));
     for _ in 0..3 {
         let (status, body) = get(&addr, "/readyz");
         assert_eq!(status, 503, "ready before any assignment: {body}");
         std::thread::sleep(Duration::from_millis(300));
     }
+    assert_eq!(healthcheck(&format!("http://{addr}/readyz")), Some(1));
 
     create_topics(&brokers, &topics.layout(2));
     let (events, _) = fleet(80, 0.4, 71);
@@ -132,6 +142,7 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert_eq!(healthcheck(&format!("http://{addr}/readyz")), Some(0));
 
     // Replay's view of the same events.
     let Replayed {
@@ -140,7 +151,8 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
         out,
         ..
     } = replayed(config, &events);
-    let findings = findings.len();
+    let findings_list = findings;
+    let findings = findings_list.len();
     let mut stop_reasons: BTreeMap<String, f64> = BTreeMap::new();
     for v in out.iter().filter(|v| v["type"] == "session.terminated") {
         *stop_reasons
@@ -210,8 +222,92 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     assert!(total(&metrics, "loopwarden_state_store_bytes") > 0.0);
     assert!(!metrics.contains("session_id"), "no session ids in labels");
 
+    // Findings by owner: the same findings, per (tenant, agent) as replay attributes them.
+    let mut by_owner: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for f in &findings_list {
+        let owner = |key: &str| f[key].as_str().unwrap_or("(none)").to_string();
+        *by_owner
+            .entry((owner("tenant"), owner("agent_id")))
+            .or_default() += 1.0;
+    }
+    let mut by_owner_metric: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for (l, v) in samples(&metrics, "loopwarden_findings_by_owner_total") {
+        *by_owner_metric
+            .entry((label(&l, "tenant").to_string(), label(&l, "agent").to_string()))
+            .or_default() += v;
+    }
+    assert!(by_owner.len() > 1, "the fleet has several owners");
+    assert_eq!(by_owner_metric, by_owner, "findings by owner");
+    assert!(
+        total(&metrics, "loopwarden_shadow_findings_total") > 0.0,
+        "the shadow detector's findings are counted"
+    );
+
+    dashboard_queries_only_exported_metrics(&metrics);
+
     promtool_accepts(&metrics, dir.path());
     assert!(run.terminate(Duration::from_secs(30)).success());
+}
+
+/// The exit code of `loopwarden healthcheck --url <url>`.
+fn healthcheck(url: &str) -> Option<i32> {
+    std::process::Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .args(["healthcheck", "--url", url])
+        .output()
+        .unwrap()
+        .status
+        .code()
+}
+
+/// Every `loopwarden_*` series the Grafana dashboard (shipped in the Helm chart and
+/// mounted by docker-compose) queries is one this process exports.
+fn dashboard_queries_only_exported_metrics(exposition: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DASHBOARD);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    let mut exprs = Vec::new();
+    collect_exprs(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 10, "the dashboard's queries: {exprs:?}");
+    let exported: std::collections::BTreeSet<&str> = exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let named = regex::Regex::new(r"\bloopwarden_[a-z_]+").unwrap();
+    let mut queried = std::collections::BTreeSet::new();
+    for expr in &exprs {
+        for m in named.find_iter(expr) {
+            queried.insert(m.as_str().to_string());
+        }
+    }
+    assert!(queried.len() >= 8, "metrics the dashboard queries: {queried:?}");
+    let missing: Vec<&String> = queried
+        .iter()
+        .filter(|m| !exported.contains(m.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries metrics /metrics does not have: {missing:?}"
+    );
+}
+
+const DASHBOARD: &str = "helm/loopwarden/dashboards/loopwarden.json";
+
+/// Every `expr` of every panel target, at any depth.
+fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => collect_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_exprs(v, out)),
+        _ => {}
+    }
 }
 
 /// `promtool check metrics` (Prometheus's own linter) on an exposition.

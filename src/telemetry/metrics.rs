@@ -3,8 +3,13 @@
 //!
 //! Guarantees: every name is `loopwarden_<name>_<unit>[_total]`; labels are bounded
 //! (event type, bad-input reason, detector, level, mode, stop reason, topic and partition
-//! number) and never carry a session id. Updating a metric is a few atomic operations and
-//! never blocks the pipeline.
+//! number) and never carry a session id. The one per-owner family (findings by tenant and
+//! agent, for "top agents" charts) holds at most `telemetry.owner_series_limit` owners;
+//! later owners are counted under `(other)`. Updating a metric is a few atomic operations
+//! (plus one short lock per finding for the owner family) and never blocks the pipeline.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -16,9 +21,22 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// Owners (tenant, agent) counted one by one in `loopwarden_findings_by_owner_total`
+/// by default.
+pub const DEFAULT_OWNER_SERIES_LIMIT: usize = 1000;
+
+/// The label value of findings without a tenant or agent id.
+pub const NO_OWNER: &str = "(none)";
+/// The label value of owners beyond the series limit.
+pub const OTHER_OWNERS: &str = "(other)";
+
 /// Every metric loopwarden exports, registered in one registry.
 pub struct Metrics {
     registry: Registry,
+    /// Published findings by tenant, agent and level; bounded, see `finding_by_owner`.
+    findings_by_owner: IntCounterVec,
+    owners: Mutex<HashSet<(String, String)>>,
+    owner_series_limit: usize,
     /// Input events applied, by `type`.
     pub events_consumed: IntCounterVec,
     /// Events at or below a partition's stored offset, skipped after a restart.
@@ -73,8 +91,20 @@ fn histogram(name: &str, help: &str) -> Histogram {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        Metrics::with_owner_series_limit(DEFAULT_OWNER_SERIES_LIMIT)
+    }
+
+    /// Metrics whose per-owner family holds at most `owner_series_limit` owners.
+    pub fn with_owner_series_limit(owner_series_limit: usize) -> Metrics {
         let m = Metrics {
             registry: Registry::new(),
+            findings_by_owner: counter_vec(
+                "loopwarden_findings_by_owner_total",
+                "Published findings by tenant, agent and level; owners beyond telemetry.owner_series_limit count as (other).",
+                &["tenant", "agent", "level"],
+            ),
+            owners: Mutex::new(HashSet::new()),
+            owner_series_limit,
             events_consumed: counter_vec(
                 "loopwarden_events_consumed_total",
                 "Input events applied to the engine, by event type.",
@@ -181,6 +211,7 @@ impl Metrics {
             Box::new(m.events_skipped.clone()),
             Box::new(m.bad_events.clone()),
             Box::new(m.findings.clone()),
+            Box::new(m.findings_by_owner.clone()),
             Box::new(m.shadow_findings.clone()),
             Box::new(m.terminations.clone()),
             Box::new(m.sessions_closed.clone()),
@@ -203,6 +234,27 @@ impl Metrics {
             r.register(c).expect("metric names are unique");
         }
         m
+    }
+
+    /// Counts a published finding for its owner. The first `owner_series_limit` distinct
+    /// (tenant, agent) pairs get their own series; later ones share `(other)`, so a fleet
+    /// with unbounded agent ids cannot grow the exposition without bound.
+    pub fn finding_by_owner(&self, tenant: Option<&str>, agent: Option<&str>, level: &str) {
+        let tenant = tenant.unwrap_or(NO_OWNER);
+        let agent = agent.unwrap_or(NO_OWNER);
+        let counted = {
+            let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+            let key = (tenant.to_string(), agent.to_string());
+            owners.contains(&key) || (owners.len() < self.owner_series_limit && owners.insert(key))
+        };
+        let (tenant, agent) = if counted {
+            (tenant, agent)
+        } else {
+            (OTHER_OWNERS, OTHER_OWNERS)
+        };
+        self.findings_by_owner
+            .with_label_values(&[tenant, agent, level])
+            .inc();
     }
 
     /// The Prometheus text exposition (format 0.0.4).
@@ -252,5 +304,27 @@ mod tests {
         assert!(text
             .contains("loopwarden_consumer_lag_messages{partition=\"3\",topic=\"tool.called\"} 7"));
         assert!(!text.contains("session_id"));
+    }
+
+    #[test]
+    fn owners_beyond_the_limit_share_one_series() {
+        let m = Metrics::with_owner_series_limit(2);
+        m.finding_by_owner(Some("acme"), Some("coder"), "warning");
+        m.finding_by_owner(None, Some("coder"), "warning");
+        m.finding_by_owner(Some("acme"), Some("coder"), "terminate");
+        m.finding_by_owner(Some("globex"), Some("coder"), "warning");
+        m.finding_by_owner(Some("initech"), None, "warning");
+        let text = m.render();
+        let series = |tenant: &str, agent: &str, level: &str| {
+            format!("loopwarden_findings_by_owner_total{{agent=\"{agent}\",level=\"{level}\",tenant=\"{tenant}\"}}")
+        };
+        assert!(
+            text.contains(&(series("acme", "coder", "warning") + " 1")),
+            "{text}"
+        );
+        assert!(text.contains(&(series("acme", "coder", "terminate") + " 1")));
+        assert!(text.contains(&(series("(none)", "coder", "warning") + " 1")));
+        assert!(text.contains(&(series("(other)", "(other)", "warning") + " 2")));
+        assert!(!text.contains("globex") && !text.contains("initech"));
     }
 }
