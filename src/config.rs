@@ -290,6 +290,24 @@ fn decode<T: DeserializeOwned>(value: toml::Value, key: &str, errors: &mut Error
     }
 }
 
+/// Turns floats without a fraction (`20000.0`) into integers, at any depth. TOML written
+/// by tools often has them — Helm's `toToml` writes every YAML number as a float — and an
+/// integer key (batch sizes, ports, librdkafka properties) would reject them; a float key
+/// accepts an integer as well, so nothing else changes.
+fn whole_floats_to_integers(table: &mut toml::Table) {
+    fn visit(value: &mut toml::Value) {
+        match value {
+            toml::Value::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                *value = toml::Value::Integer(*f as i64);
+            }
+            toml::Value::Table(t) => t.iter_mut().for_each(|(_, v)| visit(v)),
+            toml::Value::Array(items) => items.iter_mut().for_each(visit),
+            _ => {}
+        }
+    }
+    table.iter_mut().for_each(|(_, v)| visit(v));
+}
+
 /// Applies `LOOPWARDEN_A__B=value` as `a.b = value` on `table`.
 fn apply_env(
     table: &mut toml::Table,
@@ -309,10 +327,19 @@ fn apply_env(
             continue;
         }
         // A value that parses as TOML (number, bool, array) keeps its type; else a string.
-        let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(raw.clone()));
+        // librdkafka properties are strings, taken as given: a password such as `1e5` or
+        // `"x"` must reach the client unchanged.
+        let librdkafka_property = path.len() > 2
+            && path[0] == "kafka"
+            && matches!(path[1].as_str(), "client" | "consumer" | "producer");
+        let value = if librdkafka_property {
+            toml::Value::String(raw.clone())
+        } else {
+            toml::from_str::<toml::Table>(&format!("v = {raw}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(raw.clone()))
+        };
         if let Err(seg) = set_path(table, &path, value) {
             errors.push(name.clone(), format!("`{seg}` is not a table"));
         }
@@ -587,6 +614,7 @@ impl Config {
         })?;
         let mut errors = Errors { list: Vec::new() };
         apply_env(&mut table, env, &mut errors);
+        whole_floats_to_integers(&mut table);
         for key in table.keys() {
             if !TOP_LEVEL_KEYS.contains(&key.as_str()) {
                 errors.push(
@@ -1059,6 +1087,44 @@ mod tests {
             err.key_errors()[0].message.contains("unknown field"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn whole_floats_are_accepted_where_integers_are_expected() {
+        // What Helm's toToml writes for `max_batch_events: 20000` in values.yaml.
+        let c = Config::from_toml_str(
+            "[kafka]\nmax_batch_events = 20000.0\n[kafka.consumer]\n\"fetch.wait.max.ms\" = 50.0\n[detectors.repeat]\nterminate_at = 5.0\n[detectors.similar_turns]\nmin_similarity = 0.9\n",
+            "test",
+            std::iter::empty(),
+        )
+        .unwrap();
+        assert_eq!(c.kafka.max_batch_events, 20000);
+        assert_eq!(c.kafka.consumer["fetch.wait.max.ms"], "50");
+        let e = Config::from_toml_str(
+            "[kafka]\nmax_batch_events = 20000.5\n",
+            "test",
+            std::iter::empty(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("kafka.max_batch_events"), "{e}");
+    }
+
+    #[test]
+    fn env_sets_librdkafka_properties_verbatim_and_check_config_redacts_secrets() {
+        let env = [
+            ("LOOPWARDEN_KAFKA__CLIENT__SASL_USERNAME", "svc-loopwarden"),
+            ("LOOPWARDEN_KAFKA__CLIENT__SASL_PASSWORD", "1e5"),
+            ("LOOPWARDEN_KAFKA__CLIENT__SASL_MECHANISMS", "SCRAM-SHA-512"),
+            ("LOOPWARDEN_KAFKA__CLIENT__SECURITY_PROTOCOL", "SASL_SSL"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let c = Config::from_toml_str("", "test", env.into_iter()).unwrap();
+        assert_eq!(c.kafka.client["sasl.password"], "1e5");
+        assert_eq!(c.kafka.client["sasl.username"], "svc-loopwarden");
+        let shown = c.effective_toml();
+        assert!(!shown.contains("1e5"), "{shown}");
+        assert!(shown.contains("svc-loopwarden") && shown.contains("(redacted)"));
     }
 
     #[test]

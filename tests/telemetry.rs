@@ -233,7 +233,10 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     let mut by_owner_metric: BTreeMap<(String, String), f64> = BTreeMap::new();
     for (l, v) in samples(&metrics, "loopwarden_findings_by_owner_total") {
         *by_owner_metric
-            .entry((label(&l, "tenant").to_string(), label(&l, "agent").to_string()))
+            .entry((
+                label(&l, "tenant").to_string(),
+                label(&l, "agent").to_string(),
+            ))
             .or_default() += v;
     }
     assert!(by_owner.len() > 1, "the fleet has several owners");
@@ -281,7 +284,10 @@ fn dashboard_queries_only_exported_metrics(exposition: &str) {
             queried.insert(m.as_str().to_string());
         }
     }
-    assert!(queried.len() >= 8, "metrics the dashboard queries: {queried:?}");
+    assert!(
+        queried.len() >= 8,
+        "metrics the dashboard queries: {queried:?}"
+    );
     let missing: Vec<&String> = queried
         .iter()
         .filter(|m| !exported.contains(m.as_str()))

@@ -172,6 +172,14 @@ fn valid_topic(name: &str) -> bool {
 
 /// Pass-through properties as librdkafka strings; `_` in a key stands for `.` so that
 /// environment variables (`LOOPWARDEN_KAFKA__CLIENT__SASL_PASSWORD`) can set them.
+/// What `to_toml` shows instead of a secret property's value.
+pub const REDACTED: &str = "(redacted)";
+
+/// librdkafka properties holding secrets: passwords, client secrets, PEM keys.
+fn is_secret_property(name: &str) -> bool {
+    name.contains("password") || name.contains("secret") || name == "ssl.key.pem"
+}
+
 fn properties(
     raw: Option<BTreeMap<String, toml::Value>>,
     section: &str,
@@ -455,10 +463,19 @@ impl KafkaSettings {
             "instance_id".into(),
             V::String(self.instance_id.clone().unwrap_or_default()),
         );
+        // `check-config` prints this: secrets (SASL passwords, keys) must not reach a
+        // terminal or a CI log.
         let props = |m: &BTreeMap<String, String>| {
             V::Table(
                 m.iter()
-                    .map(|(k, v)| (k.clone(), V::String(v.clone())))
+                    .map(|(k, v)| {
+                        let v = if is_secret_property(k) {
+                            REDACTED.to_string()
+                        } else {
+                            v.clone()
+                        };
+                        (k.clone(), V::String(v))
+                    })
                     .collect(),
             )
         };
