@@ -18,6 +18,12 @@ use crate::state::{CorruptState, SessionState};
 pub enum StoreError {
     #[error("cannot open state store at {path}: {source}")]
     Open { path: String, source: sled::Error },
+    #[error("state store at {path} holds state format {found}; this build reads format {expected} (start with an empty state directory: partitions restore from the changelog)")]
+    Format {
+        path: String,
+        found: String,
+        expected: u32,
+    },
     #[error("state store I/O failed: {0}")]
     Io(#[from] sled::Error),
     #[error("session {session}: {source}")]
@@ -131,7 +137,40 @@ pub struct SledStore {
 /// releases the lock from its flusher thread) or a previous process still exiting.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The encoding of session states and offsets on disk. Bump it when `SessionState`'s
+/// encoding changes incompatibly.
+pub const STATE_FORMAT: u32 = 1;
+const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
+
 pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+    let db = open_locked(path)?;
+    let opened = |source| StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    };
+    // Databases from before the marker hold format 1.
+    let expected = STATE_FORMAT.to_be_bytes();
+    match db.get(FORMAT_KEY).map_err(opened)? {
+        None => {
+            db.insert(FORMAT_KEY, &expected).map_err(opened)?;
+            db.flush().map_err(opened)?;
+        }
+        Some(found) if found.as_ref() == expected => {}
+        Some(found) => {
+            return Err(StoreError::Format {
+                path: path.display().to_string(),
+                found: match <[u8; 4]>::try_from(found.as_ref()) {
+                    Ok(b) => u32::from_be_bytes(b).to_string(),
+                    Err(_) => format!("{:?}", found.as_ref()),
+                },
+                expected: STATE_FORMAT,
+            })
+        }
+    }
+    Ok(db)
+}
+
+fn open_locked(path: &Path) -> Result<sled::Db, StoreError> {
     let started = std::time::Instant::now();
     loop {
         match sled::Config::new().path(path).open() {
@@ -272,6 +311,26 @@ mod tests {
         let s = SledStore::open(dir.path()).unwrap();
         assert_eq!(s.load_sessions().unwrap().len(), 1);
         assert_eq!(s.offset("t/0").unwrap(), Some(9));
+    }
+
+    #[test]
+    fn a_database_of_another_state_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        {
+            let db = open_db(&path).unwrap();
+            assert_eq!(
+                db.get(FORMAT_KEY).unwrap().unwrap().as_ref(),
+                STATE_FORMAT.to_be_bytes()
+            );
+            db.insert(FORMAT_KEY, &2u32.to_be_bytes()).unwrap();
+            db.flush().unwrap();
+        }
+        let e = open_db(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("state format 2") && e.contains("reads format 1"),
+            "{e}"
+        );
     }
 
     #[test]
