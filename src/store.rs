@@ -18,7 +18,7 @@ use crate::state::{CorruptState, SessionState};
 pub enum StoreError {
     #[error("cannot open state store at {path}: {source}")]
     Open { path: String, source: sled::Error },
-    #[error("state store at {path} holds state format {found}; this build reads format {expected} (start with an empty state directory: partitions restore from the changelog)")]
+    #[error("state store at {path} holds state format {found}; this build reads format {expected} (move it aside and start with an empty one: with the changelog on, its partitions are restored from it)")]
     Format {
         path: String,
         found: String,
@@ -132,7 +132,6 @@ pub struct SledStore {
     flush_on_commit: bool,
 }
 
-/// Opens (or creates) the sled database at `path`.
 /// How long to wait for the state directory's lock: a handle dropped a moment ago (sled
 /// releases the lock from its flusher thread) or a previous process still exiting.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -142,6 +141,8 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 pub const STATE_FORMAT: u32 = 1;
 const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 
+/// Opens (or creates) the sled database at `path`, checking (or recording) its state
+/// format.
 pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
     let db = open_locked(path)?;
     let opened = |source| StoreError::Open {

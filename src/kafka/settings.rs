@@ -170,8 +170,6 @@ fn valid_topic(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
-/// Pass-through properties as librdkafka strings; `_` in a key stands for `.` so that
-/// environment variables (`LOOPWARDEN_KAFKA__CLIENT__SASL_PASSWORD`) can set them.
 /// What `to_toml` shows instead of a secret property's value.
 pub const REDACTED: &str = "(redacted)";
 
@@ -180,6 +178,8 @@ fn is_secret_property(name: &str) -> bool {
     name.contains("password") || name.contains("secret") || name == "ssl.key.pem"
 }
 
+/// Pass-through properties as librdkafka strings; `_` in a key stands for `.` so that
+/// environment variables (`LOOPWARDEN_KAFKA__CLIENT__SASL_PASSWORD`) can set them.
 fn properties(
     raw: Option<BTreeMap<String, toml::Value>>,
     section: &str,
