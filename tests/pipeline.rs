@@ -179,8 +179,7 @@ fn findings_on_the_bus_match_replay() {
     let limit = Duration::from_secs(90);
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, limit);
     let warnings = read_topic(&brokers, &topics.warning, 1, limit, Duration::from_secs(1));
-    let log = run.log_text();
-    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
+    run.stop_gracefully();
 
     let got: BTreeSet<String> = values(&terminated)
         .iter()
@@ -246,13 +245,7 @@ fn bad_messages_are_dead_lettered_with_their_reason_and_the_partition_flows_on()
     );
 
     let run = spawn_run(&cfg, &dir.path().join("run.log"));
-    let dlq = read_topic(
-        &brokers,
-        &topics.dlq,
-        bad.len(),
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-    );
+    let dlq = read_at_least(&brokers, &topics.dlq, bad.len());
     let terminated = read_topic(
         &brokers,
         &topics.terminated,
@@ -260,8 +253,7 @@ fn bad_messages_are_dead_lettered_with_their_reason_and_the_partition_flows_on()
         Duration::from_secs(30),
         Duration::from_millis(300),
     );
-    let log = run.log_text();
-    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
+    run.stop_gracefully();
 
     assert_eq!(dlq.len(), bad.len(), "one dead letter per bad message");
     for (m, ((reason, bytes), offset)) in dlq.iter().zip(bad.iter().zip(&bad_offsets)) {
@@ -373,7 +365,7 @@ fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
     feeder.join().unwrap();
     let run = spawn_run(&cfg, &log);
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
-    assert!(run.terminate(Duration::from_secs(30)).success());
+    run.stop_gracefully();
     let text = std::fs::read_to_string(&log).unwrap();
     // Each restart resumes from what the killed run stored: the stored offsets must have
     // moved between restarts, or the kills did not land mid-stream.
@@ -639,7 +631,7 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
         Duration::from_secs(8),
         Duration::from_secs(8),
     );
-    assert!(a.terminate(Duration::from_secs(30)).success());
+    a.stop_gracefully();
     let a_log = std::fs::read_to_string(&log_a).unwrap();
     let (a_events, _) = processed(&a_log);
     assert!(a_events > 0, "{a_log}");
@@ -654,7 +646,7 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
         Duration::from_secs(10),
         Duration::from_secs(1),
     );
-    assert!(b.terminate(Duration::from_secs(30)).success());
+    b.stop_gracefully();
     let b_log = std::fs::read_to_string(&log_b).unwrap();
     assert!(b_log.contains("partition state restored"), "{b_log}");
     let (b_events, b_skipped) = processed(&b_log);
@@ -767,8 +759,7 @@ fn paused_broker(port: u16, delivery: &str) -> usize {
         run.log_text()
     );
     let rss_after = rss_kb(pid);
-    let log = run.log_text();
-    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
+    run.stop_gracefully();
     let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
     eprintln!("{delivery}, broker pause: all {} terminations and {} summaries once by event_id; {duplicates} re-emitted copies; RSS {rss_before} kB before, at most {rss_max} kB during the pause, {rss_after} kB after catching up", want.terminations.len(), want.summaries.len());
     duplicates
@@ -818,17 +809,14 @@ fn partitions_move_between_instances_with_their_state() {
     let c = spawn_run(&cfg_c, &log_c);
     wait_assigned(&log_c, 1);
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(
-        b.terminate(Duration::from_secs(30)).success(),
-        "B stops gracefully"
-    );
+    b.stop_gracefully();
     std::thread::sleep(Duration::from_millis(1500));
     c.kill9();
     let b_again = spawn_run(&cfg_b, &log_b);
     feeder.join().unwrap();
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
-    assert!(a.terminate(Duration::from_secs(30)).success());
-    assert!(b_again.terminate(Duration::from_secs(30)).success());
+    a.stop_gracefully();
+    b_again.stop_gracefully();
 
     let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
     let logs: Vec<String> = [&log_a, &log_b, &log_c]
@@ -946,10 +934,7 @@ fn exactly_once_commits_findings_changelog_and_offsets_together() {
         Duration::from_secs(1),
     );
     let third_log = third.log_text();
-    assert!(
-        third.terminate(Duration::from_secs(30)).success(),
-        "{third_log}"
-    );
+    third.stop_gracefully();
     assert!(
         third_log.contains("uncommitted_batches=1"),
         "the aborted batch's changelog records are not restored:\n{third_log}"

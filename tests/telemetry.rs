@@ -166,13 +166,7 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
             .entry(v["type"].as_str().unwrap().to_string())
             .or_default() += 1.0;
     }
-    let _ = read_topic(
-        &brokers,
-        &topics.summary,
-        completed,
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-    );
+    let _ = read_at_least(&brokers, &topics.summary, completed);
     // Every event applied and every batch finished before the scrape.
     let deadline = Instant::now() + Duration::from_secs(30);
     let metrics = loop {
@@ -249,7 +243,7 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     dashboard_queries_only_exported_metrics(&metrics);
 
     promtool_accepts(&metrics, dir.path());
-    assert!(run.terminate(Duration::from_secs(30)).success());
+    run.stop_gracefully();
 }
 
 /// The exit code of `loopwarden healthcheck --url <url>`.
@@ -314,6 +308,17 @@ fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
         serde_json::Value::Array(items) => items.iter().for_each(|v| collect_exprs(v, out)),
         _ => {}
     }
+}
+
+/// Stops `run` with SIGTERM (which flushes the span queue) and returns every span the
+/// receiver got.
+fn stop_and_collect(
+    run: Running,
+    receiver: &otlp::Receiver,
+) -> Vec<opentelemetry_proto::tonic::trace::v1::Span> {
+    run.stop_gracefully();
+    let spans = receiver.spans.lock().unwrap().clone();
+    spans
 }
 
 /// `promtool check metrics` (Prometheus's own linter) on an exposition.
@@ -507,24 +512,9 @@ fn spans_reach_an_otlp_collector_inside_the_agents_trace() {
         completed,
         ..
     } = replayed(config, &events);
-    let terminated = read_topic(
-        &brokers,
-        &topics.terminated,
-        terminations,
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-    );
-    let _ = read_topic(
-        &brokers,
-        &topics.summary,
-        completed,
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-    );
-    // SIGTERM flushes the span queue.
-    let log = run.log_text();
-    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
-    let spans = receiver.spans.lock().unwrap().clone();
+    let terminated = read_at_least(&brokers, &topics.terminated, terminations);
+    let _ = read_at_least(&brokers, &topics.summary, completed);
+    let spans = stop_and_collect(run, &receiver);
     let finding_spans: Vec<_> = spans
         .iter()
         .filter(|s| s.name == "loopwarden.finding")
@@ -656,13 +646,7 @@ fn an_unreachable_collector_changes_nothing_on_the_bus() {
         .filter(|v| v["type"] == "session.terminated")
         .map(finding_key)
         .collect();
-    let terminated = read_topic(
-        &brokers,
-        &topics.terminated,
-        want.len(),
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-    );
+    let terminated = read_at_least(&brokers, &topics.terminated, want.len());
     let got: std::collections::BTreeSet<String> =
         terminated.iter().map(|m| finding_key(&json(m))).collect();
     assert_eq!(got, want, "terminations as replay's");
@@ -675,7 +659,7 @@ fn an_unreachable_collector_changes_nothing_on_the_bus() {
         std::thread::sleep(Duration::from_millis(250));
     };
     assert!(dropped > 0.0, "dropped spans are counted");
-    assert!(run.terminate(Duration::from_secs(30)).success());
+    run.stop_gracefully();
 }
 
 /// The same spans over OTLP/HTTP with protobuf bodies (`OTEL_EXPORTER_OTLP_PROTOCOL=
@@ -705,16 +689,8 @@ fn spans_also_go_over_otlp_http_protobuf() {
         terminations,
         ..
     } = replayed(config, &events);
-    let _ = read_topic(
-        &brokers,
-        &topics.terminated,
-        terminations,
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-    );
-    let log = run.log_text();
-    assert!(run.terminate(Duration::from_secs(30)).success(), "{log}");
-    let spans = receiver.spans.lock().unwrap().clone();
+    let _ = read_at_least(&brokers, &topics.terminated, terminations);
+    let spans = stop_and_collect(run, &receiver);
     let got: std::collections::BTreeSet<String> = spans
         .iter()
         .filter(|s| s.name == "loopwarden.finding")

@@ -308,6 +308,13 @@ impl Running {
         wait_exit(&mut self, limit)
     }
 
+    /// SIGTERM, and asserts a clean exit within 30 s (showing the log when not).
+    pub fn stop_gracefully(self) {
+        let log = self.log_text();
+        let status = self.terminate(Duration::from_secs(30));
+        assert!(status.success(), "exit {status} after SIGTERM; log:\n{log}");
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -393,6 +400,18 @@ pub fn read_topic(
     quiet: Duration,
 ) -> Vec<OwnedMessage> {
     drain(&reader(brokers, &[topic]), topic, min, limit, quiet)
+}
+
+/// [`read_topic`] with the usual patience: up to 60 s for `min` records, then until
+/// 500 ms pass without another.
+pub fn read_at_least(brokers: &str, topic: &str, min: usize) -> Vec<OwnedMessage> {
+    read_topic(
+        brokers,
+        topic,
+        min,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    )
 }
 
 /// [`read_topic`] including the records of open transactions (`read_uncommitted`).
