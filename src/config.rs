@@ -13,10 +13,12 @@ use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use crate::detectors::settings::Threshold;
+use crate::detectors::{Class, DetectorKind};
 use crate::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
 use crate::fingerprint::{BuiltinPattern, FingerprintSpec};
 use crate::kafka::settings::{KafkaSettings, RawKafka};
-use crate::policy::{DetectorKind, DetectorPolicy, Mode, Policy, MAX_BREAKER_WINDOW, WINDOW_CALLS};
+use crate::policy::{Levels, Mode, Policy};
 
 /// Default event-time gap after which a silent session closes.
 pub const DEFAULT_SESSION_GAP_SECS: u64 = 30 * 60;
@@ -70,14 +72,6 @@ impl ConfigError {
             _ => &[],
         }
     }
-}
-
-/// A threshold: a number, or `"off"`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(untagged)]
-enum RawThreshold {
-    Number(f64),
-    Word(String),
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -150,22 +144,15 @@ struct RawTools {
     ignore_args: Option<BTreeMap<String, Vec<String>>>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDetector {
-    mode: Option<String>,
-    warn_at: Option<RawThreshold>,
-    critical_at: Option<RawThreshold>,
-    terminate_at: Option<RawThreshold>,
-    window_terminate_at: Option<RawThreshold>,
-    window_calls: Option<usize>,
-    min_similarity: Option<f64>,
-    chunk_chars: Option<usize>,
-    min_repeats: Option<u32>,
-    max_avg_spacing_chars: Option<usize>,
-    last_calls: Option<usize>,
-    min_ratio: Option<f64>,
-    min_tokens: Option<u64>,
+/// One `[detectors.<name>]` table: the levels every detector takes, and the rest, which
+/// is the detector's own settings (read through its own type).
+#[derive(Debug, Clone, Default)]
+struct DetectorTable {
+    mode: Option<Mode>,
+    warn_at: Option<Threshold>,
+    critical_at: Option<Threshold>,
+    terminate_at: Option<Threshold>,
+    settings: toml::Table,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -225,7 +212,7 @@ pub struct Override {
     pub agent: Option<GlobMatcher>,
     pub tool: Option<GlobMatcher>,
     pub mode: Option<Mode>,
-    detectors: Vec<(DetectorKind, RawDetector)>,
+    detectors: Vec<(DetectorKind, DetectorTable)>,
 }
 
 /// A validated configuration.
@@ -363,24 +350,6 @@ fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Res
     Ok(())
 }
 
-fn threshold(raw: &RawThreshold, key: &str, errors: &mut Errors) -> Option<Option<f64>> {
-    match raw {
-        RawThreshold::Number(n) if n.is_finite() && *n >= 0.0 => Some(Some(*n)),
-        RawThreshold::Number(n) => {
-            errors.push(key, format!("must be a number >= 0 or \"off\", got {n}"));
-            None
-        }
-        RawThreshold::Word(w) if w == "off" => Some(None),
-        RawThreshold::Word(w) => {
-            errors.push(
-                key,
-                format!("must be a number >= 0 or \"off\", got \"{w}\""),
-            );
-            None
-        }
-    }
-}
-
 fn mode(raw: &str, key: &str, errors: &mut Errors) -> Option<Mode> {
     let m = Mode::parse(raw);
     if m.is_none() {
@@ -392,139 +361,78 @@ fn mode(raw: &str, key: &str, errors: &mut Errors) -> Option<Mode> {
     m
 }
 
-/// Applies one raw detector table on `target`, reporting problems under `key`.
+/// Reads a `[detectors.<name>]` table: the common levels here, the rest is left to the
+/// detector's own type (see [`apply_detector`]).
+fn detector_table(value: &toml::Value, key: &str, errors: &mut Errors) -> Option<DetectorTable> {
+    let Some(table) = value.as_table() else {
+        errors.push(key, "must be a table of settings");
+        return None;
+    };
+    let mut settings = table.clone();
+    let mut take = |name: &str, errors: &mut Errors| {
+        let value = settings.remove(name)?;
+        decode::<Threshold>(value, &format!("{key}.{name}"), errors)
+    };
+    let warn_at = take("warn_at", errors);
+    let critical_at = take("critical_at", errors);
+    let terminate_at = take("terminate_at", errors);
+    let mode = settings
+        .remove("mode")
+        .and_then(|v| decode::<String>(v, &format!("{key}.mode"), errors))
+        .and_then(|m| mode(&m, &format!("{key}.mode"), errors));
+    Some(DetectorTable {
+        mode,
+        warn_at,
+        critical_at,
+        terminate_at,
+        settings,
+    })
+}
+
+/// Applies one detector table on `policy`, reporting problems under `key`.
 fn apply_detector(
     kind: DetectorKind,
-    raw: &RawDetector,
-    target: &mut DetectorPolicy,
+    table: &DetectorTable,
+    policy: &mut Policy,
     key: &str,
     errors: &mut Errors,
 ) {
-    let k = |field: &str| format!("{key}.{field}");
-    if let Some(m) = &raw.mode {
-        if let Some(m) = mode(m, &k("mode"), errors) {
-            target.mode = m;
-        }
+    let levels = policy.levels_mut(kind);
+    if let Some(m) = table.mode {
+        levels.mode = m;
     }
-    // Caps with only `terminate_at` set keep their 80 % / 90 % warnings relative to it.
-    let is_cap = kind.is_cap();
-    if let Some(t) = &raw.terminate_at {
-        if let Some(v) = threshold(t, &k("terminate_at"), errors) {
-            target.terminate_at = v;
-            if is_cap {
-                if raw.warn_at.is_none() {
-                    target.warn_at = v.map(|x| x * 0.8);
-                }
-                if raw.critical_at.is_none() {
-                    target.critical_at = v.map(|x| x * 0.9);
-                }
+    if let Some(t) = table.terminate_at {
+        levels.terminate_at = t.get();
+        // A budget with only `terminate_at` set keeps its warnings relative to it.
+        if kind.class() == Class::Budget {
+            let (warn, critical) = Levels::budget_warnings(t.get());
+            if table.warn_at.is_none() {
+                levels.warn_at = warn;
+            }
+            if table.critical_at.is_none() {
+                levels.critical_at = critical;
             }
         }
     }
-    if let Some(t) = &raw.warn_at {
-        if let Some(v) = threshold(t, &k("warn_at"), errors) {
-            target.warn_at = v;
-        }
+    if let Some(t) = table.warn_at {
+        levels.warn_at = t.get();
     }
-    if let Some(t) = &raw.critical_at {
-        if let Some(v) = threshold(t, &k("critical_at"), errors) {
-            target.critical_at = v;
-        }
+    if let Some(t) = table.critical_at {
+        levels.critical_at = t.get();
     }
-    let param = |name: &str, present: bool, errors: &mut Errors| -> bool {
-        if present && !kind.params().contains(&name) {
-            errors.push(k(name), format!("not a setting of {kind}"));
-            return false;
-        }
-        present
-    };
-    if param(
-        "window_terminate_at",
-        raw.window_terminate_at.is_some(),
-        errors,
-    ) {
-        if let Some(v) = threshold(
-            raw.window_terminate_at.as_ref().unwrap(),
-            &k("window_terminate_at"),
-            errors,
-        ) {
-            target.params.window_terminate_at = v;
-        }
-    }
-    if param("window_calls", raw.window_calls.is_some(), errors) {
-        let v = raw.window_calls.unwrap();
-        if v == 0 || v > MAX_BREAKER_WINDOW {
-            errors.push(
-                k("window_calls"),
-                format!("must be 1..={MAX_BREAKER_WINDOW}, got {v}"),
-            );
-        } else {
-            target.params.window_calls = v;
-        }
-    }
-    if param("min_similarity", raw.min_similarity.is_some(), errors) {
-        let v = raw.min_similarity.unwrap();
-        if !(v > 0.0 && v <= 1.0) {
-            errors.push(k("min_similarity"), format!("must be in (0, 1], got {v}"));
-        } else {
-            target.params.min_similarity = v;
-        }
-    }
-    if param("chunk_chars", raw.chunk_chars.is_some(), errors) {
-        let v = raw.chunk_chars.unwrap();
-        if !(8..=1000).contains(&v) {
-            errors.push(k("chunk_chars"), format!("must be 8..=1000, got {v}"));
-        } else {
-            target.params.chunk_chars = v;
-        }
-    }
-    if param("min_repeats", raw.min_repeats.is_some(), errors) {
-        let v = raw.min_repeats.unwrap();
-        if !(2..=1000).contains(&v) {
-            errors.push(k("min_repeats"), format!("must be 2..=1000, got {v}"));
-        } else {
-            target.params.min_repeats = v;
-        }
-    }
-    if param(
-        "max_avg_spacing_chars",
-        raw.max_avg_spacing_chars.is_some(),
-        errors,
-    ) {
-        target.params.max_avg_spacing_chars = raw.max_avg_spacing_chars.unwrap();
-    }
-    if param("last_calls", raw.last_calls.is_some(), errors) {
-        let v = raw.last_calls.unwrap();
-        if !(2..=WINDOW_CALLS).contains(&v) {
-            errors.push(
-                k("last_calls"),
-                format!("must be 2..={WINDOW_CALLS}, got {v}"),
-            );
-        } else {
-            target.params.last_calls = v;
-        }
-    }
-    if param("min_ratio", raw.min_ratio.is_some(), errors) {
-        let v = raw.min_ratio.unwrap();
-        if !(v > 0.0 && v <= 1.0) {
-            errors.push(k("min_ratio"), format!("must be in (0, 1], got {v}"));
-        } else {
-            target.params.min_ratio = v;
-        }
-    }
-    if param("min_tokens", raw.min_tokens.is_some(), errors) {
-        target.params.min_tokens = raw.min_tokens.unwrap();
-    }
-    let order = [target.warn_at, target.critical_at, target.terminate_at];
-    let set: Vec<f64> = order.iter().flatten().copied().collect();
-    if set.windows(2).any(|w| w[0] > w[1]) {
+    if !levels.rise() {
         errors.push(
             key.to_string(),
             format!(
                 "thresholds must rise: warn_at {:?} <= critical_at {:?} <= terminate_at {:?}",
-                order[0], order[1], order[2]
+                levels.warn_at, levels.critical_at, levels.terminate_at
             ),
         );
+    }
+    if let Err(problems) = policy.detectors.configure(kind, &table.settings) {
+        for p in problems {
+            errors.push(format!("{key}.{}", p.key), p.message);
+        }
     }
 }
 
@@ -532,7 +440,7 @@ fn detector_tables(
     table: &BTreeMap<String, toml::Value>,
     prefix: &str,
     errors: &mut Errors,
-) -> Vec<(DetectorKind, RawDetector)> {
+) -> Vec<(DetectorKind, DetectorTable)> {
     let mut out = Vec::new();
     for (name, value) in table {
         let key = format!("{prefix}.{name}");
@@ -550,8 +458,8 @@ fn detector_tables(
             );
             continue;
         };
-        if let Some(raw) = decode::<RawDetector>(value.clone(), &key, errors) {
-            out.push((kind, raw));
+        if let Some(t) = detector_table(value, &key, errors) {
+            out.push((kind, t));
         }
     }
     out
@@ -755,15 +663,13 @@ impl Config {
             .as_deref()
             .and_then(|m| mode(m, "mode", &mut errors))
         {
-            for d in &mut policy.detectors {
-                d.mode = m;
-            }
+            policy.set_mode(m);
         }
-        for (kind, raw) in detector_tables(&detectors, "detectors", &mut errors) {
+        for (kind, table) in detector_tables(&detectors, "detectors", &mut errors) {
             apply_detector(
                 kind,
-                &raw,
-                policy.get_mut(kind),
+                &table,
+                &mut policy,
                 &format!("detectors.{kind}"),
                 &mut errors,
             );
@@ -798,10 +704,21 @@ impl Config {
             let dets = detector_tables(&raw.detectors, &format!("{key}.detectors"), &mut errors);
             for (kind, d) in &dets {
                 if raw.tool.is_some() && !kind.is_per_tool() {
-                    errors.push(format!("{key}.detectors.{kind}"), format!("{kind} is not judged per tool call; only repeat, generic_repeat, poll_no_progress, error_repeat and write_no_effect can be set per tool"));
+                    let per_tool: Vec<&str> = DetectorKind::ALL
+                        .iter()
+                        .filter(|k| k.is_per_tool())
+                        .map(|k| k.name())
+                        .collect();
+                    errors.push(
+                        format!("{key}.detectors.{kind}"),
+                        format!(
+                            "{kind} is not judged per tool call; only {} can be set per tool",
+                            per_tool.join(", ")
+                        ),
+                    );
                 }
                 // Validate against the base so threshold order errors show up now.
-                let mut probe = policy.get(*kind).clone();
+                let mut probe = policy.clone();
                 apply_detector(
                     *kind,
                     d,
@@ -899,13 +816,11 @@ impl Config {
 
     fn apply_override(o: &Override, p: &mut Policy) {
         if let Some(m) = o.mode {
-            for d in &mut p.detectors {
-                d.mode = m;
-            }
+            p.set_mode(m);
         }
         let mut sink = Errors { list: Vec::new() };
-        for (kind, raw) in &o.detectors {
-            apply_detector(*kind, raw, p.get_mut(*kind), "", &mut sink);
+        for (kind, table) in &o.detectors {
+            apply_detector(*kind, table, p, "", &mut sink);
         }
         debug_assert!(sink.list.is_empty(), "overrides are validated at load");
     }
@@ -974,28 +889,13 @@ impl Config {
         root.insert("tools".into(), V::Table(tools));
         let mut dets = toml::Table::new();
         for kind in DetectorKind::ALL {
-            let p = self.policy.get(*kind);
-            let mut t = toml::Table::new();
-            let th = |v: Option<f64>| v.map(V::Float).unwrap_or_else(|| V::String("off".into()));
-            t.insert("mode".into(), V::String(p.mode.name().into()));
-            t.insert("warn_at".into(), th(p.warn_at));
-            t.insert("critical_at".into(), th(p.critical_at));
-            t.insert("terminate_at".into(), th(p.terminate_at));
-            for param in kind.params() {
-                let v = match *param {
-                    "window_terminate_at" => th(p.params.window_terminate_at),
-                    "window_calls" => V::Integer(p.params.window_calls as i64),
-                    "min_similarity" => V::Float(p.params.min_similarity),
-                    "chunk_chars" => V::Integer(p.params.chunk_chars as i64),
-                    "min_repeats" => V::Integer(p.params.min_repeats as i64),
-                    "max_avg_spacing_chars" => V::Integer(p.params.max_avg_spacing_chars as i64),
-                    "last_calls" => V::Integer(p.params.last_calls as i64),
-                    "min_ratio" => V::Float(p.params.min_ratio),
-                    "min_tokens" => V::Integer(p.params.min_tokens as i64),
-                    _ => continue,
-                };
-                t.insert((*param).to_string(), v);
-            }
+            let levels = self.policy.levels(*kind);
+            let th = |v: Option<f64>| V::try_from(Threshold(v)).expect("a threshold prints");
+            let mut t = self.policy.detectors.settings(*kind);
+            t.insert("mode".into(), V::String(levels.mode.name().into()));
+            t.insert("warn_at".into(), th(levels.warn_at));
+            t.insert("critical_at".into(), th(levels.critical_at));
+            t.insert("terminate_at".into(), th(levels.terminate_at));
             dets.insert(kind.name().to_string(), V::Table(t));
         }
         root.insert("detectors".into(), V::Table(dets));
@@ -1144,14 +1044,17 @@ mod tests {
             env.into_iter(),
         )
         .unwrap();
-        assert_eq!(c.policy.get(DetectorKind::Repeat).terminate_at, Some(6.0));
-        assert_eq!(c.policy.get(DetectorKind::Stall).mode, Mode::Shadow);
+        assert_eq!(
+            c.policy.levels(DetectorKind::Repeat).terminate_at,
+            Some(6.0)
+        );
+        assert_eq!(c.policy.levels(DetectorKind::Stall).mode, Mode::Shadow);
     }
 
     #[test]
     fn cap_warnings_follow_a_new_limit() {
         let c = cfg("[detectors.turn_cap]\nterminate_at = 100\n").unwrap();
-        let p = c.policy.get(DetectorKind::TurnCap);
+        let p = c.policy.levels(DetectorKind::TurnCap);
         assert_eq!(
             (p.warn_at, p.critical_at, p.terminate_at),
             (Some(80.0), Some(90.0), Some(100.0))
@@ -1175,14 +1078,14 @@ mod tests {
             "#)
         .unwrap();
         let p = c.policy_for(Some("acme"), Some("coder-7"));
-        assert_eq!(p.get(DetectorKind::Stall).terminate_at, None);
-        assert_eq!(p.get(DetectorKind::Repeat).mode, Mode::Warn);
+        assert_eq!(p.levels(DetectorKind::Stall).terminate_at, None);
+        assert_eq!(p.levels(DetectorKind::Repeat).mode, Mode::Warn);
         let other = c.policy_for(Some("acme"), Some("writer"));
-        assert_eq!(other.get(DetectorKind::Stall).terminate_at, Some(5.0));
+        assert_eq!(other.levels(DetectorKind::Stall).terminate_at, Some(5.0));
         let tool = c
             .policy_for_tool(&other, None, None, "deploy_app", None)
             .unwrap();
-        assert_eq!(tool.get(DetectorKind::Repeat).terminate_at, Some(10.0));
+        assert_eq!(tool.levels(DetectorKind::Repeat).terminate_at, Some(10.0));
         assert!(c
             .policy_for_tool(&other, None, None, "read", None)
             .is_none());

@@ -16,14 +16,14 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use crate::config::{Config, ToolClasses};
-use crate::detectors::{describe, evaluate, Context, LlmContext, Signal, ToolContext};
+use crate::detectors::{Context, DetectorKind, Input, LlmContext, Signal, ToolContext};
 use crate::event::{format_rfc3339_ms, CallKind, Event, EventBody};
 use crate::fingerprint::Fingerprinter;
 use crate::output::{
     finding_event_id, summary_event_id, ClosedBy, FindingEvent, Output, Stats, SummaryEvent,
     Trigger, SCHEMA_VERSION,
 };
-use crate::policy::{DetectorKind, Level, Mode, Policy};
+use crate::policy::{Level, Mode, Policy};
 use crate::state::{SessionState, ToolObservation};
 use crate::store::{StateStore, StoreBatch, StoreError};
 use crate::text::{find_chant, ChantScratch, TextSketch};
@@ -56,18 +56,6 @@ struct Slot {
     scheduled: i64,
     policy: Arc<Policy>,
     policy_key: u64,
-}
-
-/// Detectors in the order they are judged: loop detectors before ceilings, so that when
-/// several would terminate on one event the most specific names the stop reason.
-fn evaluation_order() -> Vec<DetectorKind> {
-    let mut order: Vec<DetectorKind> = DetectorKind::ALL
-        .iter()
-        .copied()
-        .filter(|k| !k.is_ceiling())
-        .collect();
-    order.extend(DetectorKind::ALL.iter().copied().filter(|k| k.is_ceiling()));
-    order
 }
 
 /// Store key under which the engine's clock is kept with the offsets.
@@ -116,7 +104,7 @@ impl Engine {
             sessions: FxHashMap::default(),
             expiry: BinaryHeap::new(),
             watermark: None,
-            order: evaluation_order(),
+            order: DetectorKind::evaluation_order(),
             policies: FxHashMap::default(),
             tool_policies: FxHashMap::default(),
             classes: FxHashMap::default(),
@@ -403,12 +391,12 @@ impl Engine {
                 } else {
                     None
                 };
-                let rt = &policy.get(DetectorKind::RepetitiveText).params;
+                let rt = &policy.detectors.repetitive_text;
                 let chant = text.and_then(|t| {
                     find_chant(
                         t,
-                        rt.chunk_chars,
-                        rt.min_repeats,
+                        rt.chunk_chars.get(),
+                        rt.min_repeats.get() as u32,
                         rt.max_avg_spacing_chars,
                         &mut self.scratch,
                     )
@@ -424,7 +412,7 @@ impl Engine {
                     call.tool_calls,
                     call.progress,
                     sketch.as_ref(),
-                    policy.get(DetectorKind::SimilarTurns).params.min_similarity,
+                    policy.detectors.similar_turns.min_similarity.get(),
                 );
                 let ctx = Context::Llm(LlmContext {
                     is_turn,
@@ -465,15 +453,9 @@ impl Engine {
                 } else {
                     session_policy
                 };
-                let last_calls = policy.get(DetectorKind::LowNovelty).params.last_calls;
+                let last_calls = policy.detectors.low_novelty.last_calls.get();
                 let slot = self.sessions.get_mut(&event.session_id).expect("present");
                 let facts = slot.state.observe_tool(&call.tool, obs, last_calls);
-                if facts.action_count >= 2
-                    && slot.state.episodes[DetectorKind::GenericRepeat.index()].subject == 0
-                {
-                    // generic_repeat follows the action that is repeating, not every call.
-                    slot.state.episodes[DetectorKind::GenericRepeat.index()].subject = obs.action;
-                }
                 let ctx = Context::Tool(ToolContext {
                     tool: &call.tool,
                     obs,
@@ -538,9 +520,13 @@ impl Engine {
     ) {
         let slot = self.sessions.get_mut(&event.session_id).expect("present");
         let st = &mut slot.state;
+        let input = Input {
+            context: ctx,
+            depth: event.depth,
+        };
         for &kind in &self.order {
-            let dp = policy.get(kind);
-            let Some(sig) = evaluate(kind, st, ctx, dp, event.depth) else {
+            let levels = policy.levels(kind);
+            let Some(sig) = policy.detectors.evaluate(kind, levels, st, &input) else {
                 continue;
             };
             if sig.reset {
@@ -554,7 +540,7 @@ impl Engine {
             if ep.emitted >= level.bit() {
                 continue;
             }
-            let mode = dp.mode;
+            let mode = levels.mode;
             let effective = if level == Level::Terminate && mode == Mode::Warn {
                 Level::Critical
             } else {
@@ -565,10 +551,8 @@ impl Engine {
             }
             let e = &mut st.episodes[kind.index()];
             e.emitted |= (level.bit() << 1) - 1;
-            if kind == DetectorKind::GenericRepeat {
-                if let Context::Tool(t) = ctx {
-                    e.subject = t.obs.action;
-                }
+            if let Some(subject) = sig.subject {
+                e.subject = subject;
             }
             let episode = e.number;
             st.count_finding(kind, effective);
@@ -580,8 +564,16 @@ impl Engine {
                     shadow: mode == Mode::Shadow,
                 });
             }
+            let finding = Finding {
+                kind,
+                level: effective,
+                signal: sig,
+                threshold,
+                episode,
+                mode,
+            };
             out.push(Output::Finding(Box::new(build_finding(
-                event, meta, event_ms, st, ctx, kind, effective, &sig, threshold, episode, mode,
+                event, meta, event_ms, st, policy, &input, &finding,
             ))));
             if terminated && mode != Mode::Shadow {
                 st.shrink_to_tombstone();
@@ -630,21 +622,38 @@ impl Engine {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A finding the engine decided to emit.
+#[derive(Clone, Copy)]
+struct Finding {
+    kind: DetectorKind,
+    /// The level published (a termination in `warn` mode is a critical warning).
+    level: Level,
+    signal: Signal,
+    threshold: f64,
+    episode: u32,
+    mode: Mode,
+}
+
 fn build_finding(
     event: &Event,
     meta: &EventMeta,
     event_ms: i64,
     st: &SessionState,
-    ctx: &Context<'_>,
-    kind: DetectorKind,
-    level: Level,
-    sig: &Signal,
-    threshold: f64,
-    episode: u32,
-    mode: Mode,
+    policy: &Policy,
+    input: &Input<'_>,
+    finding: &Finding,
 ) -> FindingEvent {
-    let d = describe(kind, st, ctx, sig, threshold);
+    let Finding {
+        kind,
+        level,
+        signal,
+        threshold,
+        episode,
+        mode,
+    } = *finding;
+    let d = policy
+        .detectors
+        .describe(kind, st, input, &signal, threshold);
     let terminated = level == Level::Terminate;
     FindingEvent {
         kind: if terminated {

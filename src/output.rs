@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest as _, Sha256};
 
+use crate::detectors::DetectorKind;
 use crate::event::hex;
-use crate::policy::{DetectorKind, Level, Mode};
+use crate::policy::{Level, Mode};
 use crate::state::SessionState;
 
 /// Version of the output schemas.

@@ -10,7 +10,8 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{DetectorKind, Level, DETECTOR_COUNT, WINDOW_CALLS};
+use crate::detectors::{DetectorKind, DETECTOR_COUNT};
+use crate::policy::Level;
 use crate::text::TextSketch;
 
 /// Tools counted by name in `stats`; further tools are counted under [`OTHER_TOOLS`].
@@ -29,6 +30,10 @@ pub const POLL_TRACKERS: usize = 4;
 pub const MAX_LABEL: usize = 64;
 /// The serialized size every session state stays under (DESIGN §4 target).
 pub const STATE_BYTES_BOUND: usize = 2048;
+/// The tool-call window of loop detectors (DESIGN §3: the last 30 calls of the run).
+pub const WINDOW_CALLS: usize = 30;
+/// Sketches of previous turns kept for `similar_turns`.
+pub const TURN_SKETCHES: usize = 5;
 
 /// Digests are random 64-bit values: as varints they would take 10 bytes, fixed they take 8.
 mod fixed {
@@ -431,11 +436,7 @@ impl SessionState {
                 .iter()
                 .any(|prev| prev.similarity(sk) >= min_similarity);
             r.similar_streak = if similar { r.similar_streak + 1 } else { 0 };
-            push_bounded(
-                &mut r.sketches,
-                sk.clone(),
-                crate::policy::SIMILAR_TURNS_LOOKBACK,
-            );
+            push_bounded(&mut r.sketches, sk.clone(), TURN_SKETCHES);
         }
     }
 
@@ -598,6 +599,11 @@ impl SessionState {
 
         facts.cycle = self.longest_cycle();
         self.count_tool(tool, repeated);
+        // generic_repeat follows the action that is repeating, not every call.
+        let generic_repeat = &mut self.episodes[DetectorKind::GenericRepeat.index()];
+        if facts.action_count >= 2 && generic_repeat.subject == 0 {
+            generic_repeat.subject = obs.action;
+        }
         facts
     }
 

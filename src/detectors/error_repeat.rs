@@ -1,0 +1,65 @@
+//! `error_repeat`: the same action failing again and again (the error texts may differ).
+//!
+//! Retrying a failing call unchanged does not make it pass. Warn at the 2nd failure in a
+//! row, terminate at the 3rd. Tools classed `retry_safe` (flaky network fetches and the
+//! like) are exempt.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
+use crate::policy::Levels;
+use crate::state::SessionState;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorRepeat {}
+
+impl Detector for ErrorRepeat {
+    const CLASS: Class = Class::ToolLoop;
+    type On<'a> = &'a ToolContext<'a>;
+
+    fn default_levels() -> Levels {
+        Levels::new(Some(2.0), None, Some(3.0))
+    }
+
+    fn evaluate(&self, levels: &Levels, st: &SessionState, t: &ToolContext) -> Option<Signal> {
+        (!t.obs.retry_safe).then(|| Signal::of(st.run.error_repeat_streak as f64, levels))
+    }
+
+    fn describe(&self, _: &SessionState, t: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
+        let tool = t.tool;
+        Message::new(
+            format!("`{tool}` failed {} times in a row with the same arguments", r.count()),
+            format!("`{tool}` keeps failing with the same arguments; read the error and change the call instead of retrying it"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use crate::detectors::testing::*;
+    use crate::detectors::DetectorKind::ErrorRepeat;
+    use crate::policy::Level;
+
+    #[test]
+    fn warns_at_2_and_terminates_at_3() {
+        let evs: Vec<Value> = (0..3)
+            .map(|_| fail("deploy", json!({"env": "prod"}), None))
+            .collect();
+        assert!(of(&first(&evs, 1), ErrorRepeat).is_empty());
+        assert_eq!(
+            of(&evs, ErrorRepeat),
+            vec![(1, Level::Warning), (2, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn changed_arguments_are_a_new_attempt() {
+        let evs: Vec<Value> = (0..4)
+            .map(|i| fail("deploy", json!({"env": i}), None))
+            .collect();
+        assert!(of(&evs, ErrorRepeat).is_empty());
+    }
+}

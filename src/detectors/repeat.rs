@@ -1,0 +1,199 @@
+//! `repeat`: the same action returning the same result again — in a row, or again and
+//! again in the run's window.
+//!
+//! Content-aware: the action *and* its result must repeat, because a changed result is
+//! progress (re-reading a file that changed, re-running a test that now fails
+//! differently). Defaults: warn at 3 in a row, terminate at 4 in a row or at 8 in the
+//! window (the last 30 calls of the run), which catches a loop interleaved with other
+//! calls. Polls (their own detector, `poll_no_progress`) and tools classed `retry_safe`
+//! are exempt.
+
+use serde::{Deserialize, Serialize};
+
+use super::settings::Threshold;
+use super::{fp_hex, recent_calls, Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
+use crate::policy::{Level, Levels};
+use crate::state::SessionState;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Repeat {
+    /// Terminates when the same action and result occur this many times in the window.
+    pub window_terminate_at: Threshold,
+}
+
+impl Default for Repeat {
+    fn default() -> Self {
+        Repeat {
+            window_terminate_at: Threshold(Some(8.0)),
+        }
+    }
+}
+
+impl Detector for Repeat {
+    const CLASS: Class = Class::ToolLoop;
+    type On<'a> = &'a ToolContext<'a>;
+
+    fn default_levels() -> Levels {
+        Levels::new(Some(3.0), None, Some(4.0))
+    }
+
+    fn evaluate(&self, levels: &Levels, st: &SessionState, t: &ToolContext) -> Option<Signal> {
+        if t.obs.poll || t.obs.retry_safe {
+            return None;
+        }
+        let mut sig = Signal::of(st.run.repeat_streak as f64, levels);
+        if let Some(w) = self.window_terminate_at.get() {
+            if t.facts.pair_count as f64 >= w && sig.level.is_none_or(|(l, _)| l < Level::Terminate)
+            {
+                sig.level = Some((Level::Terminate, w));
+                sig.value = t.facts.pair_count as f64;
+                sig.reset = false;
+            }
+        }
+        Some(sig)
+    }
+
+    fn describe(
+        &self,
+        st: &SessionState,
+        t: &ToolContext,
+        _: Reading,
+        ev: &mut Evidence,
+    ) -> Message {
+        let (tool, in_a_row, in_window) = (t.tool, st.run.repeat_streak, t.facts.pair_count);
+        ev.insert("in_a_row".into(), in_a_row.into());
+        ev.insert("in_window".into(), in_window.into());
+        ev.insert("action".into(), fp_hex(t.obs.action).into());
+        ev.insert("result".into(), fp_hex(t.obs.result).into());
+        ev.insert("recent".into(), recent_calls(st, 8));
+        Message::new(
+            format!("`{tool}` called with the same arguments and the same result {in_a_row} times in a row ({in_window} in the last {} calls)", st.run.window.len()),
+            format!("you called `{tool}` with the same arguments {} times and got the same result; try something different", in_a_row.max(in_window)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use crate::detectors::testing::*;
+    use crate::detectors::DetectorKind::{self, Repeat};
+    use crate::policy::{Level, Mode};
+
+    fn same(n: usize) -> Vec<Value> {
+        (0..n)
+            .map(|_| call("read", json!({"p": 1}), json!("x")))
+            .collect()
+    }
+
+    #[test]
+    fn warns_at_3_and_terminates_at_4_in_a_row() {
+        assert!(of(&same(2), Repeat).is_empty());
+        let f = run(&same(6));
+        assert_eq!(
+            only(&f, Repeat),
+            vec![(2, Level::Warning), (3, Level::Terminate)]
+        );
+        // Tombstone: nothing after the termination.
+        assert!(f.iter().all(|x| x.0 <= 3));
+    }
+
+    #[test]
+    fn terminates_at_8_in_the_window_even_when_interleaved() {
+        let mut evs = Vec::new();
+        for i in 0..8 {
+            evs.push(call("read", json!({"p": 1}), json!("x")));
+            evs.push(call("other", json!({"i": i}), json!(i)));
+        }
+        assert!(of(&first(&evs, 14), Repeat).is_empty(), "7 in the window");
+        assert_eq!(of(&evs, Repeat), vec![(14, Level::Terminate)]);
+    }
+
+    #[test]
+    fn a_changed_result_is_progress() {
+        let evs: Vec<Value> = (0..12)
+            .map(|i| call("read", json!({"p": 1}), json!(i)))
+            .collect();
+        let f = run(&evs);
+        assert!(only(&f, Repeat).is_empty());
+        assert!(f.iter().all(|x| x.2 != Level::Terminate));
+    }
+
+    #[test]
+    fn findings_are_emitted_once_per_level_per_episode() {
+        // A,A,A (warn) B A,A,A (warn again: a new episode).
+        let a = || call("read", json!({"p": 1}), json!("x"));
+        let evs = vec![a(), a(), a(), call("b", json!(1), json!(1)), a(), a(), a()];
+        let cfg = "[detectors.repeat]\nterminate_at = \"off\"\nwindow_terminate_at = \"off\"\n";
+        let rep: Vec<usize> = of_with(cfg, &evs, Repeat).iter().map(|x| x.0).collect();
+        assert_eq!(rep, vec![2, 6]);
+    }
+
+    #[test]
+    fn warn_mode_downgrades_terminations_and_shadow_marks_them() {
+        let evs = same(5);
+        let rep = of_with("[detectors.repeat]\nmode = \"warn\"\n", &evs, Repeat);
+        assert_eq!(rep, vec![(2, Level::Warning), (3, Level::Critical)]);
+        let shadow = run_with("mode = \"shadow\"\n", &evs);
+        assert!(shadow.iter().all(|x| x.3 == Mode::Shadow));
+        assert!(shadow.iter().any(|x| x.2 == Level::Terminate));
+    }
+
+    #[test]
+    fn tool_overrides_change_thresholds_for_that_tool_only() {
+        let cfg = "[[overrides]]\ntool = \"slow_*\"\n[overrides.detectors.repeat]\nwarn_at = 5\nterminate_at = 6\n";
+        let evs: Vec<Value> = (0..6)
+            .map(|_| call("slow_read", json!(1), json!(1)))
+            .collect();
+        let rep = of_with(cfg, &evs, Repeat);
+        assert_eq!(rep, vec![(4, Level::Warning), (5, Level::Terminate)]);
+        assert_eq!(of_with(cfg, &same(4), Repeat).len(), 2, "other tools keep 3/4");
+    }
+
+    #[test]
+    fn retry_safe_tools_are_exempt() {
+        let evs: Vec<Value> = (0..4)
+            .map(|_| fail("fetch", json!({"u": 1}), None))
+            .collect();
+        let f = run_with("[tools]\nretry_safe = [\"fetch\"]\n", &evs);
+        assert!(
+            f.iter()
+                .all(|x| x.1 != DetectorKind::ErrorRepeat && x.1 != Repeat),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn every_finding_has_a_hint_that_names_the_tool() {
+        use crate::output::Output;
+        let config = std::sync::Arc::new(crate::config::Config::default());
+        let mut engine = crate::engine::Engine::new(config);
+        let mut out = Vec::new();
+        for (i, e) in same(4).iter().enumerate() {
+            let mut e = e.clone();
+            e["session_id"] = json!("s");
+            e["event_id"] = json!(format!("e{i}"));
+            let ev = crate::event::parse_event(
+                e.to_string().as_bytes(),
+                &crate::event::ParseLimits::default(),
+            )
+            .unwrap();
+            engine.process(&ev, &crate::engine::EventMeta::default(), &mut out);
+        }
+        let hints: Vec<String> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Finding(f) => Some(f.hint.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(hints.len(), 2);
+        assert!(
+            hints[0].contains("`read`") && hints[0].contains("3 times"),
+            "{}",
+            hints[0]
+        );
+    }
+}

@@ -1,0 +1,104 @@
+//! Helpers for the detectors' unit tests: synthetic events driven through the engine
+//! (session "s", one second apart: tests drive the clock through event time).
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::config::Config;
+use crate::engine::{Engine, EventMeta};
+use crate::event::{parse_event, ParseLimits};
+use crate::output::Output;
+use crate::policy::{Level, Mode};
+
+use super::DetectorKind;
+
+/// A finding as the tests compare it: (event index, detector, level, mode).
+pub type Found = (usize, DetectorKind, Level, Mode);
+
+/// Runs `events` under `config` and returns every finding.
+pub fn run_with(config: &str, events: &[Value]) -> Vec<Found> {
+    let config = Arc::new(Config::from_toml_str(config, "test", std::iter::empty()).unwrap());
+    let mut engine = Engine::new(config);
+    let mut found = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let mut e = e.clone();
+        let o = e.as_object_mut().unwrap();
+        o.entry("session_id").or_insert(json!("s"));
+        o.insert("event_id".into(), json!(format!("e{i}")));
+        o.entry("timestamp").or_insert(json!(format!(
+            "2026-01-01T00:{:02}:{:02}Z",
+            i / 60 % 60,
+            i % 60
+        )));
+        let ev = parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap();
+        let mut out = Vec::new();
+        engine.process(&ev, &EventMeta::default(), &mut out);
+        for o in out {
+            if let Output::Finding(f) = o {
+                found.push((i, f.detector, f.level, f.mode));
+            }
+        }
+    }
+    found
+}
+
+/// Every finding under the defaults: (index, detector, level).
+pub fn run(events: &[Value]) -> Vec<(usize, DetectorKind, Level)> {
+    run_with("", events)
+        .into_iter()
+        .map(|(i, d, l, _)| (i, d, l))
+        .collect()
+}
+
+/// The (index, level) findings of one detector under a config.
+pub fn of_with(config: &str, events: &[Value], kind: DetectorKind) -> Vec<(usize, Level)> {
+    run_with(config, events)
+        .into_iter()
+        .filter(|f| f.1 == kind)
+        .map(|f| (f.0, f.2))
+        .collect()
+}
+
+/// The (index, level) findings of one detector under the defaults.
+pub fn of(events: &[Value], kind: DetectorKind) -> Vec<(usize, Level)> {
+    of_with("", events, kind)
+}
+
+/// The (index, level) findings of one detector among `found`.
+pub fn only(found: &[(usize, DetectorKind, Level)], kind: DetectorKind) -> Vec<(usize, Level)> {
+    found
+        .iter()
+        .filter(|f| f.1 == kind)
+        .map(|f| (f.0, f.2))
+        .collect()
+}
+
+/// The first `n` events of `events` (to show that nothing fires one short of a threshold).
+pub fn first(events: &[Value], n: usize) -> Vec<Value> {
+    events[..n].to_vec()
+}
+
+pub fn call(tool: &str, args: Value, result: Value) -> Value {
+    json!({"type": "tool.called", "tool": tool, "args": args, "result": result})
+}
+
+pub fn fail(tool: &str, args: Value, kind: Option<&str>) -> Value {
+    let mut v = json!({"type": "tool.called", "tool": tool, "args": args, "result": "boom", "is_error": true});
+    if let Some(k) = kind {
+        v["error_kind"] = json!(k);
+    }
+    v
+}
+
+pub fn turn(tool_calls: u32, text: &str) -> Value {
+    json!({"type": "cost.attributed", "input_tokens": 100, "output_tokens": 10, "tool_calls": tool_calls, "text": text})
+}
+
+pub fn llm(extra: Value) -> Value {
+    let mut v = json!({"type": "cost.attributed", "input_tokens": 100, "output_tokens": 10});
+    for (k, x) in extra.as_object().unwrap() {
+        v[k] = x.clone();
+    }
+    v
+}
