@@ -271,7 +271,7 @@ fn decode<T: DeserializeOwned>(value: toml::Value, key: &str, errors: &mut Error
             } else {
                 format!("{key}.{path}")
             };
-            errors.push(full, e.inner().to_string());
+            errors.push(full, e.inner().message().to_string());
             None
         }
     }

@@ -686,3 +686,43 @@ fn build_finding(
         stop_reason: terminated.then_some(kind),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::event::{parse_event, ParseLimits};
+
+    #[test]
+    fn duplicates_are_dropped_and_sessions_close_on_the_gap() {
+        let config = Arc::new(
+            Config::from_toml_str("[engine]\nsession_gap_secs = 60\n", "t", std::iter::empty())
+                .unwrap(),
+        );
+        let mut engine = Engine::new(config);
+        let mut out = Vec::new();
+        let ev = |id: &str, sid: &str, ts: &str| {
+            let e = json!({"type": "tool.called", "tool": "t", "session_id": sid, "event_id": id, "timestamp": ts});
+            parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap()
+        };
+        for _ in 0..3 {
+            let e = ev("same", "s", "2026-01-01T00:00:00Z");
+            engine.process(&e, &EventMeta::default(), &mut out);
+        }
+        assert_eq!(engine.session("s").unwrap().stats.tool_calls, 1);
+        assert_eq!(engine.session("s").unwrap().stats.duplicates, 2);
+        let e = ev("x", "other", "2026-01-01T00:01:01Z");
+        engine.process(&e, &EventMeta::default(), &mut out);
+        let closed: Vec<_> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Summary(s) => Some((s.session_id.clone(), s.stop_reason.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(closed, vec![("s".to_string(), "idle_timeout".to_string())]);
+        engine.close_all(ClosedBy::EndOfInput, &mut out);
+        assert_eq!(engine.open_sessions(), 0);
+    }
+}

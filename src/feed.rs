@@ -157,6 +157,10 @@ pub struct FeedReport {
     pub sessions: u64,
 }
 
+/// The clock of simulated fleets written to files: 2025-11-13T00:00:00Z, 20 ms per event
+/// (`loopwarden simulate --output`), so the same seed always gives the same file.
+pub const FILE_CLOCK: (i64, i64) = (1_763_000_000_000, 20);
+
 /// Feeds the fleet (all of it, or `limit` events; until shutdown), stamping events with the wall clock for
 /// Kafka or with a synthetic clock (`clock_start_ms`, +`clock_step_ms` per event) for
 /// files, then waits for every delivery.

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use loopwarden::config::Config;
 use loopwarden::demo::{demo, DemoOptions};
 use loopwarden::eval::run_corpus;
-use loopwarden::feed::{feed, write_truth, FeedProducer, Routing, Target};
+use loopwarden::feed::{feed, write_truth, FeedProducer, Routing, Target, FILE_CLOCK};
 use loopwarden::kafka::{self, embedded::EmbeddedBroker};
 use loopwarden::pipeline;
 use loopwarden::replay::{replay, Format};
@@ -397,12 +397,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                                 .with_context(|| format!("cannot create {}", path.display()))?,
                         ))
                     };
-                    // Files get a synthetic clock: 2025-11-13T00:00:00Z, 20 ms per event.
                     feed(
                         &mut fleet,
                         Target::Lines(&mut *w),
                         rate,
-                        Some((1_763_000_000_000, 20)),
+                        Some(FILE_CLOCK),
                         None,
                         &shutdown,
                     )?

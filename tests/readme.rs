@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use loopwarden::config::Config;
+use loopwarden::detectors::DetectorKind;
 use loopwarden::event::parse_event;
 
 fn read(file: &str) -> String {
@@ -113,7 +114,7 @@ fn the_detector_table_has_every_detector_with_its_defaults() {
         let row = reference
             .lines()
             .find(|l| l.starts_with(&format!("| `{name}` |")))
-            .unwrap_or_else(|| panic!("no row for detector `{name}`"));
+            .unwrap_or_else(|| panic!("README.md: the detector table has no row for `{name}`"));
         let cells: Vec<&str> = row.split(" | ").map(str::trim).collect();
         let params = params.as_table().unwrap();
         for (i, level) in ["warn_at", "critical_at", "terminate_at"]
@@ -136,6 +137,59 @@ fn the_detector_table_has_every_detector_with_its_defaults() {
                 show(value)
             );
         }
+    }
+    // ...and no row for a detector that does not exist.
+    let header = "| detector | `warn_at` |";
+    let table = &reference[reference
+        .find(header)
+        .expect("README has no detector table")..];
+    for row in table.lines().skip(2).take_while(|l| l.starts_with("| `")) {
+        let name = row.split('`').nth(1).unwrap();
+        assert!(
+            DetectorKind::from_name(name).is_some(),
+            "README.md: the detector table has a row for `{name}`, which is not a detector"
+        );
+    }
+}
+
+#[test]
+fn the_reference_config_documents_every_detector_setting_with_its_default() {
+    let file: toml::Table = toml::from_str(&read("loopwarden.toml")).unwrap();
+    let documented = file["detectors"]
+        .as_table()
+        .expect("loopwarden.toml has no [detectors]");
+    let defaults = Config::from_toml_str("", "defaults", std::iter::empty()).unwrap();
+    let effective: toml::Table = toml::from_str(&defaults.effective_toml()).unwrap();
+    for kind in DetectorKind::ALL {
+        let name = kind.name();
+        let doc = documented
+            .get(name)
+            .and_then(|t| t.as_table())
+            .unwrap_or_else(|| panic!("loopwarden.toml has no [detectors.{name}]"));
+        let in_force = effective["detectors"][name].as_table().unwrap();
+        for (key, value) in in_force {
+            if key == "mode" {
+                continue; // the global mode, documented once
+            }
+            assert_eq!(
+                doc.get(key),
+                Some(value),
+                "loopwarden.toml [detectors.{name}] {key}: documented {:?}, in force {value}",
+                doc.get(key)
+            );
+        }
+        for key in doc.keys() {
+            assert!(
+                in_force.contains_key(key),
+                "loopwarden.toml [detectors.{name}] documents `{key}`, which {name} does not take"
+            );
+        }
+    }
+    for name in documented.keys() {
+        assert!(
+            DetectorKind::from_name(name).is_some(),
+            "loopwarden.toml documents [detectors.{name}], which is not a detector"
+        );
     }
 }
 

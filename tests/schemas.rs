@@ -5,19 +5,27 @@
 use std::sync::Arc;
 
 use loopwarden::config::Config;
+use loopwarden::detectors::DetectorKind;
 use loopwarden::engine::{Engine, EventMeta};
 use loopwarden::event::{parse_event, ParseLimits};
 use loopwarden::output::{ClosedBy, Output};
 use serde_json::{json, Value};
 
-fn validator(name: &str) -> jsonschema::Validator {
+fn schema(name: &str) -> Value {
     let path = format!("{}/schemas/{name}.schema.json", env!("CARGO_MANIFEST_DIR"));
-    let schema: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn validator(name: &str) -> jsonschema::Validator {
+    // The output schemas name detectors through the shared `detector.json`.
+    let detector = schema("detector");
+    let uri = detector["$id"].as_str().unwrap().to_string();
     jsonschema::options()
         .with_draft(jsonschema::Draft::Draft202012)
         .should_validate_formats(true)
-        .build(&schema)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .with_resource(uri, jsonschema::Resource::from_contents(detector).unwrap())
+        .build(&schema(name))
+        .unwrap_or_else(|e| panic!("schemas/{name}.schema.json: {e}"))
 }
 
 fn corpus_events() -> Vec<Value> {
@@ -186,5 +194,90 @@ fn outputs_round_trip_through_their_types() {
     for o in &outputs {
         let back: Output = serde_json::from_str(&o.to_json()).unwrap();
         assert_eq!(&back, o);
+    }
+}
+
+/// Every place in `v` (a JSON pointer) holding an `enum` that names a detector.
+fn detector_enums(v: &Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            if let Some(Value::Array(items)) = o.get("enum") {
+                if items
+                    .iter()
+                    .any(|i| i.as_str().and_then(DetectorKind::from_name).is_some())
+                {
+                    out.push(format!("{at}/enum"));
+                }
+            }
+            for (k, x) in o {
+                detector_enums(x, &format!("{at}/{k}"), out);
+            }
+        }
+        Value::Array(items) => {
+            for (i, x) in items.iter().enumerate() {
+                detector_enums(x, &format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_detector_schema_lists_every_detector_and_the_outputs_use_it() {
+    let listed: Vec<String> = schema("detector")["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let known: Vec<String> = DetectorKind::ALL
+        .iter()
+        .map(|k| k.name().to_string())
+        .collect();
+    for name in &known {
+        assert!(
+            listed.contains(name),
+            "schemas/detector.schema.json does not list the detector `{name}`"
+        );
+    }
+    for name in &listed {
+        assert!(
+            known.contains(name),
+            "schemas/detector.schema.json lists `{name}`, which is not a detector"
+        );
+    }
+    for output in ["session.warning", "session.terminated", "session.summary"] {
+        let s = schema(output);
+        let mut own = Vec::new();
+        detector_enums(&s, "", &mut own);
+        assert!(
+            own.is_empty(),
+            "schemas/{output}.schema.json lists detectors itself at {own:?}; use {{\"$ref\": \"detector.json\"}}"
+        );
+        assert!(
+            s.to_string().contains("\"$ref\":\"detector.json\""),
+            "schemas/{output}.schema.json does not name detectors through detector.json"
+        );
+    }
+    // The shared list is what validates: an unknown detector is refused.
+    let v = validator("session.warning");
+    let mut warning = serde_json::to_value(sample_warning()).unwrap();
+    assert!(v.is_valid(&warning), "{warning}");
+    warning["detector"] = json!("no_such_detector");
+    assert!(!v.is_valid(&warning));
+}
+
+/// One warning the engine emits (three identical calls).
+fn sample_warning() -> loopwarden::output::FindingEvent {
+    let mut engine = Engine::new(Arc::new(Config::default()));
+    let mut outputs = Vec::new();
+    for i in 0..3 {
+        let e = json!({"type": "tool.called", "session_id": "s", "event_id": format!("e{i}"), "tool": "read", "args": {"p": 1}, "result": "x"});
+        let event = parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap();
+        engine.process(&event, &EventMeta::default(), &mut outputs);
+    }
+    match outputs.pop() {
+        Some(Output::Finding(f)) => *f,
+        other => panic!("expected a warning, got {other:?}"),
     }
 }

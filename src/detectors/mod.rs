@@ -134,9 +134,15 @@ fn configure_one<D: Detector>(
         let mut table = base.clone();
         table.extend(keys.map(|(k, v)| (k.clone(), v.clone())));
         serde_path_to_error::deserialize::<_, D>(toml::Value::Table(table)).map_err(|e| {
+            let message = if base.is_empty() {
+                "unknown key: this detector takes mode, warn_at, critical_at and terminate_at only"
+                    .to_string()
+            } else {
+                e.inner().message().to_string()
+            };
             SettingError {
                 key: e.path().to_string(),
-                message: e.inner().to_string().trim_end().to_string(),
+                message,
             }
         })
     };
