@@ -10,8 +10,8 @@
 //! - [`fingerprint`]: canonical SHA-256 digests of actions and results;
 //! - [`text`]: features of assistant text (sketches, chanting);
 //! - [`state`]: bounded per-session state;
-//! - [`policy`] and [`config`]: the detector catalogue, thresholds and overrides;
-//! - [`detectors`]: pure signal functions;
+//! - [`detectors`]: the detectors, one module each, and the list that makes them a set;
+//! - [`policy`] and [`config`]: levels, modes, thresholds and overrides;
 //! - [`engine`]: levels, episodes, modes, tombstones and session expiry;
 //! - [`output`]: the output contract;
 //! - [`store`]: sled and in-memory state stores;
