@@ -17,7 +17,7 @@ use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use crate::config::{Config, ToolClasses};
 use crate::detectors::{Context, DetectorKind, Input, LlmContext, Signal, ToolContext};
-use crate::event::{format_rfc3339_ms, CallKind, Event, EventBody};
+use crate::event::{format_rfc3339_ms, CallKind, Completion, Event, EventBody};
 use crate::fingerprint::Fingerprinter;
 use crate::output::{
     finding_event_id, summary_event_id, ClosedBy, FindingEvent, Output, Stats, SummaryEvent,
@@ -48,6 +48,8 @@ pub struct EngineCounters {
     pub dropped_after_termination: u64,
     pub sessions_opened: u64,
     pub sessions_closed: u64,
+    /// Events whose own time was behind the stream's clock by more than `session_gap`.
+    pub late_events: u64,
 }
 
 struct Slot {
@@ -125,12 +127,12 @@ impl Engine {
             engine.watermark = Some(
                 engine
                     .watermark
-                    .map_or(state.last_event_ms, |w| w.max(state.last_event_ms)),
+                    .map_or(state.last_arrival_ms, |w| w.max(state.last_arrival_ms)),
             );
             let key = policy_key(state.tenant.as_deref(), state.agent_id.as_deref());
             let policy = engine.policy(key, state.tenant.as_deref(), state.agent_id.as_deref());
             let deadline = state
-                .last_event_ms
+                .last_arrival_ms
                 .saturating_add(engine.config.engine.session_gap_ms);
             engine.expiry.push(Reverse((deadline, id.clone())));
             engine.sessions.insert(
@@ -217,7 +219,7 @@ impl Engine {
             if slot.scheduled != deadline {
                 continue; // a stale entry: the session was rescheduled
             }
-            let actual = slot.state.last_event_ms.saturating_add(gap);
+            let actual = slot.state.last_arrival_ms.saturating_add(gap);
             if actual > now {
                 slot.scheduled = actual;
                 self.expiry.push(Reverse((actual, id)));
@@ -247,7 +249,7 @@ impl Engine {
         &mut self,
         id: &str,
         closed_by: ClosedBy,
-        runtime_stop_reason: Option<String>,
+        completion: Option<&Completion>,
         out: &mut Vec<Output>,
     ) {
         let Some(slot) = self.sessions.remove(id) else {
@@ -286,7 +288,8 @@ impl Engine {
             tenant: st.tenant.clone(),
             stop_reason,
             closed_by,
-            runtime_stop_reason,
+            runtime_stop_reason: completion.and_then(|c| c.stop_reason.clone()),
+            outcome: completion.and_then(|c| c.outcome),
             shadow_stop_reason: st.termination.filter(|t| t.shadow).map(|t| t.detector),
             started_at: format_rfc3339_ms(st.first_event_ms),
             ended_at: format_rfc3339_ms(st.last_event_ms),
@@ -303,17 +306,24 @@ impl Engine {
             .or(meta.message_timestamp_ms)
             .or(self.watermark)
             .unwrap_or(0);
-        if self.watermark.is_none_or(|w| event_ms > w) {
-            self.watermark = Some(event_ms);
+        // The stream's clock: the latest event time seen. An event behind it is applied
+        // as usual; idleness is measured on this clock from each session's last arrival.
+        let now = match self.watermark {
+            Some(w) if w >= event_ms => w,
+            _ => event_ms,
+        };
+        self.watermark = Some(now);
+        let gap = self.config.engine.session_gap_ms;
+        if event_ms.saturating_add(gap) < now {
+            self.counters.late_events += 1;
         }
         self.expire(out);
 
-        let gap = self.config.engine.session_gap_ms;
         if !self.sessions.contains_key(&event.session_id) {
-            let st = SessionState::new(event_ms);
+            let st = SessionState::new(event_ms, now);
             let key = policy_key(event.tenant.as_deref(), event.agent_id.as_deref());
             let policy = self.policy(key, event.tenant.as_deref(), event.agent_id.as_deref());
-            let deadline = event_ms.saturating_add(gap);
+            let deadline = now.saturating_add(gap);
             self.expiry
                 .push(Reverse((deadline, event.session_id.clone())));
             self.sessions.insert(
@@ -338,7 +348,7 @@ impl Engine {
             .expect("inserted above");
 
         // Reschedule lazily: only when the deadline moved by more than an eighth of the gap.
-        let new_deadline = event_ms.max(slot.state.last_event_ms).saturating_add(gap);
+        let new_deadline = now.saturating_add(gap);
         if new_deadline > slot.scheduled.saturating_add(gap / 8) {
             slot.scheduled = new_deadline;
             self.expiry
@@ -349,15 +359,15 @@ impl Engine {
             self.counters.duplicates += 1;
             return;
         }
-        slot.state.touch(event_ms);
+        slot.state.touch(event_ms, now);
         if slot.state.is_tombstone() {
             slot.state.stats.dropped_after_termination += 1;
             self.counters.dropped_after_termination += 1;
-            if let EventBody::SessionCompleted { stop_reason } = &event.body {
+            if let EventBody::SessionCompleted(completion) = &event.body {
                 self.close(
                     &event.session_id,
                     ClosedBy::Completed,
-                    stop_reason.clone(),
+                    Some(completion),
                     out,
                 );
             }
@@ -467,11 +477,11 @@ impl Engine {
                 let policy = self.sessions[&event.session_id].policy.clone();
                 self.judge(event, meta, event_ms, &Context::Other, &policy, out);
             }
-            EventBody::SessionCompleted { stop_reason } => {
+            EventBody::SessionCompleted(completion) => {
                 self.close(
                     &event.session_id,
                     ClosedBy::Completed,
-                    stop_reason.clone(),
+                    Some(completion),
                     out,
                 );
             }

@@ -6,7 +6,7 @@
 //! message naming the offending field; unknown fields are ignored (forward compatibility),
 //! a wrong type for a known field is rejected.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use time::format_description::well_known::Rfc3339;
@@ -135,13 +135,46 @@ pub struct ToolCall {
     pub turn: Option<u64>,
 }
 
+/// The task's outcome as the runtime judges it, sent on `session.completed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Success,
+    Failure,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Failure => "failure",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Outcome> {
+        match s {
+            "success" => Some(Outcome::Success),
+            "failure" => Some(Outcome::Failure),
+            _ => None,
+        }
+    }
+}
+
+/// How the runtime says a session ended (`session.completed`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Completion {
+    /// The runtime's own stop reason, e.g. `done`.
+    pub stop_reason: Option<String>,
+    pub outcome: Option<Outcome>,
+}
+
 /// The type-specific part of an event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EventBody {
     LlmCall(LlmCall),
     ToolCall(ToolCall),
     SessionStarted,
-    SessionCompleted { stop_reason: Option<String> },
+    SessionCompleted(Completion),
 }
 
 impl EventBody {
@@ -150,7 +183,7 @@ impl EventBody {
             EventBody::LlmCall(_) => "cost.attributed",
             EventBody::ToolCall(_) => "tool.called",
             EventBody::SessionStarted => "session.started",
-            EventBody::SessionCompleted { .. } => "session.completed",
+            EventBody::SessionCompleted(_) => "session.completed",
         }
     }
 }
@@ -206,6 +239,7 @@ struct WireEvent {
     duration_ms: Option<f64>,
     call_id: Option<String>,
     stop_reason: Option<String>,
+    outcome: Option<String>,
 }
 
 /// Parses one message. `bytes` is the whole Kafka value or JSON Lines line.
@@ -386,9 +420,19 @@ fn validate(w: WireEvent, bytes: &[u8]) -> Result<Event, BadEvent> {
             })
         }
         "session.started" => EventBody::SessionStarted,
-        "session.completed" => EventBody::SessionCompleted {
-            stop_reason: w.stop_reason,
-        },
+        "session.completed" => {
+            let outcome = match w.outcome.as_deref() {
+                None => None,
+                Some(o) => Some(Outcome::parse(o).ok_or_else(|| BadEvent::InvalidValue {
+                    field: "outcome",
+                    detail: format!("must be \"success\" or \"failure\", got \"{o}\""),
+                })?),
+            };
+            EventBody::SessionCompleted(Completion {
+                stop_reason: w.stop_reason,
+                outcome,
+            })
+        }
         _ => return Err(BadEvent::UnknownType(kind)),
     };
     let event_id = match w.event_id {

@@ -17,6 +17,7 @@
 //! - [`store`]: sled and in-memory state stores;
 //! - [`replay`] and [`eval`]: the file-driven commands.
 
+pub mod backtest;
 pub mod config;
 pub mod demo;
 pub mod detectors;

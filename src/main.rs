@@ -10,6 +10,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
+use loopwarden::backtest::{backtest, Outcomes};
 use loopwarden::config::Config;
 use loopwarden::demo::{demo, DemoOptions};
 use loopwarden::eval::run_corpus;
@@ -134,6 +135,25 @@ enum Command {
         #[arg(long)]
         strict: bool,
     },
+    /// What enforcing a configuration would have done to recorded sessions: sessions
+    /// warned and killed per detector and per outcome, the kills of successful sessions,
+    /// and the spend (tokens, cost, steps) after each kill point.
+    ///
+    /// Outcomes come from `session.completed` events (`"outcome": "success" | "failure"`)
+    /// or, for logs without them, from `--outcomes`. Shadow-mode terminations count as
+    /// kill points. Example: loopwarden backtest fleet.jsonl.gz --outcomes outcomes.jsonl
+    Backtest {
+        /// JSON Lines file of events (`.gz` is read compressed), or `-` for standard input.
+        input: PathBuf,
+        #[arg(long, short, env = "LOOPWARDEN_CONFIG")]
+        config: Option<PathBuf>,
+        /// JSON Lines of {"session_id": …, "outcome": "success" | "failure"}.
+        #[arg(long)]
+        outcomes: Option<PathBuf>,
+        /// A table for people, or the report as one JSON object.
+        #[arg(long, value_enum, default_value = "table")]
+        format: FormatArg,
+    },
     /// Check a labelled scenario corpus: per case, whether its expectations hold, then
     /// totals (cases held, false alarms, false kills, late detections).
     ///
@@ -186,15 +206,19 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Arc<Config>> {
     Ok(Arc::new(config))
 }
 
+/// A file (decompressed when its name ends in `.gz`) or standard input (`-`).
 fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
     if path == Path::new("-") {
-        Ok(Box::new(BufReader::with_capacity(
+        return Ok(Box::new(BufReader::with_capacity(
             1 << 16,
             std::io::stdin(),
-        )))
+        )));
+    }
+    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        let gz = flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, f));
+        Ok(Box::new(BufReader::with_capacity(1 << 16, gz)))
     } else {
-        let f =
-            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         Ok(Box::new(BufReader::with_capacity(1 << 16, f)))
     }
 }
@@ -439,6 +463,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let report = replay(config, &mut reader, &mut out, &mut err, format, strict)?;
             drop(out);
             eprintln!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Backtest {
+            input,
+            config,
+            outcomes,
+            format,
+        } => {
+            let config = load_config(config.as_deref())?;
+            let outcomes = match outcomes {
+                Some(path) => Outcomes::read(&mut *open_input(&path)?)
+                    .with_context(|| format!("in {}", path.display()))?,
+                None => Outcomes::default(),
+            };
+            let mut reader = open_input(&input)?;
+            let report = backtest(config, &mut reader, &outcomes, &mut std::io::stderr())?;
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            match format {
+                FormatArg::Table => report.write_table(&mut out)?,
+                FormatArg::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Eval {

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest as _, Sha256};
 
 use crate::detectors::DetectorKind;
-use crate::event::hex;
+use crate::event::{hex, Outcome};
 use crate::policy::{Level, Mode};
 use crate::state::SessionState;
 
@@ -149,6 +149,8 @@ pub struct SummaryEvent {
     pub closed_by: ClosedBy,
     /// The runtime's own `stop_reason` from `session.completed`, when it gave one.
     pub runtime_stop_reason: Option<String>,
+    /// The task's outcome from `session.completed`, when the runtime gave one.
+    pub outcome: Option<Outcome>,
     /// A shadow-mode detector that would have terminated the session.
     pub shadow_stop_reason: Option<DetectorKind>,
     pub started_at: String,

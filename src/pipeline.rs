@@ -39,7 +39,7 @@ use crate::kafka::{
 };
 use crate::output::Output;
 use crate::shutdown::Shutdown;
-use crate::store::{open_db, SledStore, StateStore, StoreBatch, StoreError};
+use crate::store::{open_db, SledStore, StateStore, StoreBatch, StoreError, STATE_FORMAT};
 use crate::telemetry::spans::{TraceParent, TRACEPARENT};
 use crate::telemetry::Telemetry;
 
@@ -59,6 +59,9 @@ pub const DLQ_TRUNCATED_FROM: &str = "loopwarden.truncated_from_bytes";
 /// a batch count only once its commit record follows them.
 pub const CHANGELOG_KIND: &str = "loopwarden.changelog";
 const CHANGELOG_COMMIT_KEY: &[u8] = b"loopwarden/commit";
+/// Header of changelog session records: the state format of their payload. Records of
+/// another format (or none: format 1) are skipped on restore; those sessions start anew.
+pub const CHANGELOG_STATE_FORMAT: &str = "loopwarden.state_format";
 /// Store key of the last changelog offset the local state reflects.
 const CHANGELOG_POSITION: &str = "changelog/position";
 
@@ -422,20 +425,19 @@ impl Worker {
         reader.assign(&tpl).map_err(PipelineError::Client)?;
         let mut pending = StoreBatch::default();
         let (mut sessions, mut batches, mut uncommitted) = (0u64, 0u64, 0u64);
+        let mut other_format = 0u64;
         let mut next = from;
         while next < high {
             match reader.poll(Duration::from_millis(500)) {
                 Some(Ok(m)) => {
                     next = m.offset() + 1;
                     let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-                    let kind = m
-                        .headers()
-                        .and_then(|h| {
-                            h.iter()
-                                .find(|h| h.key == CHANGELOG_KIND)
-                                .and_then(|h| h.value)
-                        })
-                        .unwrap_or_default();
+                    let header = |name: &str| {
+                        m.headers()
+                            .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+                    };
+                    let kind = header(CHANGELOG_KIND).unwrap_or_default();
+                    let format = header(CHANGELOG_STATE_FORMAT).unwrap_or(b"1");
                     match kind {
                         b"commit" => {
                             let offsets: Vec<(String, i64)> = serde_json::from_slice(
@@ -464,6 +466,9 @@ impl Worker {
                             store.commit(std::mem::take(&mut pending))?;
                         }
                         b"session" => match m.payload() {
+                            Some(_) if format != STATE_FORMAT.to_string().as_bytes() => {
+                                other_format += 1;
+                            }
                             Some(state) => pending.puts.push((key, state.to_vec())),
                             None => pending.deletes.push(key),
                         },
@@ -511,6 +516,14 @@ impl Worker {
             ms = started.elapsed().as_millis() as u64,
             "partition state restored"
         );
+        if other_format > 0 {
+            warn!(
+                partition,
+                records = other_format,
+                format = STATE_FORMAT,
+                "skipped changelog session records of another state format (an upgrade): those sessions start anew"
+            );
+        }
         Ok(())
     }
 
@@ -612,10 +625,15 @@ impl Worker {
                 continue;
             }
             p.pending.sort_by_key(|(t, _, _, _)| *t);
+            let late = p.engine.counters().late_events;
             for (_, event, meta, source) in p.pending.drain(..) {
                 p.engine.process(&event, &meta, &mut self.scratch);
                 self.scratch_sources.resize(self.scratch.len(), source);
             }
+            self.telemetry
+                .metrics
+                .late_events
+                .inc_by(p.engine.counters().late_events - late);
             p.last_event_wall = Instant::now();
             p.clock_at_last_event = p.engine.watermark();
         }
@@ -665,10 +683,17 @@ impl Worker {
                 }
                 Output::Summary(s) => {
                     self.stats.summaries += 1;
+                    let outcome = s.outcome.map_or("unknown", |o| o.name());
                     metrics
                         .sessions_closed
-                        .with_label_values(&[s.closed_by.name(), &s.stop_reason])
+                        .with_label_values(&[s.closed_by.name(), &s.stop_reason, outcome])
                         .inc();
+                    if let Some(detector) = s.shadow_stop_reason {
+                        metrics
+                            .shadow_stops
+                            .with_label_values(&[detector.name(), outcome])
+                            .inc();
+                    }
                     Sink::Summary
                 }
             };
@@ -1039,8 +1064,12 @@ impl Worker {
                 continue;
             }
             for (id, state) in &batch.puts {
-                self.outbox
-                    .push(record(id.as_bytes(), state.clone(), "session"));
+                let mut r = record(id.as_bytes(), state.clone(), "session");
+                r.headers.push((
+                    CHANGELOG_STATE_FORMAT,
+                    STATE_FORMAT.to_string().into_bytes(),
+                ));
+                self.outbox.push(r);
             }
             for id in &batch.deletes {
                 self.outbox

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::engine::{Engine, EventMeta};
-use crate::event::parse_event;
+use crate::event::{parse_event, Event};
 use crate::output::{ClosedBy, Output};
 
 /// How outputs are printed.
@@ -109,6 +109,83 @@ fn write_output(o: &Output, format: Format, out: &mut dyn Write) -> std::io::Res
     }
 }
 
+/// What the driving loop read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Read {
+    pub lines: u64,
+    pub events: u64,
+    pub bad_lines: u64,
+}
+
+/// One step of a drive: an event the engine applied, or the end of the input.
+pub enum Step<'a> {
+    /// An event, whether the engine dropped it as an exact duplicate, and what it caused.
+    Event { event: &'a Event, duplicate: bool },
+    /// The end of the input: every open session was closed.
+    End,
+}
+
+/// Runs the JSON Lines events of `input` through a fresh engine (event time is the
+/// events' own), calling `on` with each step and the outputs it caused (which `on` may
+/// drain). Bad lines are reported to `errors` with their line number and skipped, or are
+/// fatal with `strict`.
+pub fn drive(
+    config: Arc<Config>,
+    input: &mut dyn BufRead,
+    errors: &mut dyn Write,
+    strict: bool,
+    mut on: impl FnMut(Step<'_>, &mut Vec<Output>) -> Result<(), ReplayError>,
+) -> Result<Read, ReplayError> {
+    let limits = config.limits;
+    let mut engine = Engine::new(config);
+    let mut read = Read::default();
+    let mut line = Vec::with_capacity(4096);
+    let mut outputs = Vec::new();
+    let meta = EventMeta::default();
+    loop {
+        line.clear();
+        let n = input
+            .read_until(b'\n', &mut line)
+            .map_err(ReplayError::Read)?;
+        if n == 0 {
+            break;
+        }
+        read.lines += 1;
+        let trimmed = trim_line(&line);
+        if trimmed.is_empty() {
+            continue;
+        }
+        match parse_event(trimmed, &limits) {
+            Ok(event) => {
+                read.events += 1;
+                let duplicates = engine.counters().duplicates;
+                engine.process(&event, &meta, &mut outputs);
+                let duplicate = engine.counters().duplicates > duplicates;
+                on(
+                    Step::Event {
+                        event: &event,
+                        duplicate,
+                    },
+                    &mut outputs,
+                )?;
+            }
+            Err(e) => {
+                read.bad_lines += 1;
+                if strict {
+                    return Err(ReplayError::BadLine {
+                        line: read.lines,
+                        reason: e.to_string(),
+                    });
+                }
+                let _ = writeln!(errors, "line {}: {} ({})", read.lines, e, e.reason());
+            }
+        }
+    }
+    engine.close_all(ClosedBy::EndOfInput, &mut outputs);
+    on(Step::End, &mut outputs)?;
+    Ok(read)
+}
+
 /// Replays `input` through a fresh engine, writing outputs to `out` and bad-line reports
 /// to `errors`.
 pub fn replay(
@@ -119,19 +196,11 @@ pub fn replay(
     format: Format,
     strict: bool,
 ) -> Result<ReplayReport, ReplayError> {
-    let limits = config.limits;
-    let mut engine = Engine::new(config);
     let mut report = ReplayReport::default();
-    let mut line = Vec::with_capacity(4096);
-    let mut outputs = Vec::new();
-    let meta = EventMeta::default();
     if format == Format::Table {
         table_header(out).map_err(ReplayError::Write)?;
     }
-    let emit = |outputs: &mut Vec<Output>,
-                report: &mut ReplayReport,
-                out: &mut dyn Write|
-     -> Result<(), ReplayError> {
+    let read = drive(config, input, errors, strict, |_, outputs| {
         for o in outputs.drain(..) {
             match &o {
                 Output::Finding(f) if f.mode == crate::policy::Mode::Shadow => {
@@ -144,41 +213,11 @@ pub fn replay(
             write_output(&o, format, out).map_err(ReplayError::Write)?;
         }
         Ok(())
-    };
-    loop {
-        line.clear();
-        let n = input
-            .read_until(b'\n', &mut line)
-            .map_err(ReplayError::Read)?;
-        if n == 0 {
-            break;
-        }
-        report.lines += 1;
-        let trimmed = trim_line(&line);
-        if trimmed.is_empty() {
-            continue;
-        }
-        match parse_event(trimmed, &limits) {
-            Ok(event) => {
-                report.events += 1;
-                engine.process(&event, &meta, &mut outputs);
-                emit(&mut outputs, &mut report, out)?;
-            }
-            Err(e) => {
-                report.bad_lines += 1;
-                if strict {
-                    return Err(ReplayError::BadLine {
-                        line: report.lines,
-                        reason: e.to_string(),
-                    });
-                }
-                let _ = writeln!(errors, "line {}: {} ({})", report.lines, e, e.reason());
-            }
-        }
-    }
-    engine.close_all(ClosedBy::EndOfInput, &mut outputs);
-    emit(&mut outputs, &mut report, out)?;
+    })?;
     out.flush().map_err(ReplayError::Write)?;
+    report.lines = read.lines;
+    report.events = read.events;
+    report.bad_lines = read.bad_lines;
     Ok(report)
 }
 

@@ -237,8 +237,13 @@ pub struct SessionState {
     pub run_id: Option<String>,
     pub agent_id: Option<String>,
     pub tenant: Option<String>,
+    /// The session's own clock: its first and latest event times.
     pub first_event_ms: i64,
     pub last_event_ms: i64,
+    /// The stream's clock (the partition's latest event time) when the session's latest
+    /// event arrived: idleness is measured from here, so a session whose own clock lags
+    /// the stream is not closed for it.
+    pub last_arrival_ms: i64,
     pub stats: Counters,
     pub tools: Vec<ToolCount>,
     pub run: RunState,
@@ -303,10 +308,11 @@ pub struct ToolObservation {
 }
 
 impl SessionState {
-    pub fn new(first_event_ms: i64) -> SessionState {
+    pub fn new(first_event_ms: i64, arrival_ms: i64) -> SessionState {
         SessionState {
             first_event_ms,
             last_event_ms: first_event_ms,
+            last_arrival_ms: arrival_ms,
             episodes: vec![Episode::default(); DETECTOR_COUNT],
             ..SessionState::default()
         }
@@ -322,7 +328,10 @@ impl SessionState {
         Ok(s)
     }
 
-    /// Records identity fields; a new `run_id` resets the loop detectors' state.
+    /// Records identity fields; a new `run_id` resets the loop detectors' state — a
+    /// changed one, or the first one of a session that had sent events without one (a
+    /// runtime that starts naming runs has started a new one). An event without `run_id`
+    /// stays in the current run.
     pub fn note_identity(
         &mut self,
         run_id: Option<&str>,
@@ -343,7 +352,8 @@ impl SessionState {
         if self.run_id.as_deref() == Some(run) {
             return false;
         }
-        let changed = self.run_id.is_some();
+        // `touch` has counted this event: more than one means the session had a past.
+        let changed = self.run_id.is_some() || self.stats.events > 1;
         self.run_id = Some(cap_label(run));
         if changed {
             self.run = RunState::default();
@@ -364,9 +374,12 @@ impl SessionState {
         false
     }
 
-    pub fn touch(&mut self, event_ms: i64) {
+    /// Counts an event of the session at `event_ms` (its own time) that arrived when the
+    /// stream's clock read `arrival_ms`.
+    pub fn touch(&mut self, event_ms: i64, arrival_ms: i64) {
         self.stats.events += 1;
         self.last_event_ms = self.last_event_ms.max(event_ms);
+        self.last_arrival_ms = self.last_arrival_ms.max(arrival_ms);
     }
 
     /// Applies an LLM call. Returns whether the previous turn's results were all old news
@@ -729,7 +742,7 @@ mod tests {
 
     #[test]
     fn window_and_rings_stay_bounded() {
-        let mut s = SessionState::new(0);
+        let mut s = SessionState::new(0, 0);
         for i in 0..10_000u64 {
             s.observe_tool(&format!("tool{}", i % 50), tool(i % 7, i), 8);
             s.is_duplicate(i);
@@ -742,7 +755,7 @@ mod tests {
 
     #[test]
     fn streaks_follow_the_sequence() {
-        let mut s = SessionState::new(0);
+        let mut s = SessionState::new(0, 0);
         for _ in 0..3 {
             s.observe_tool("read", tool(1, 1), 8);
         }
@@ -757,13 +770,13 @@ mod tests {
 
     #[test]
     fn cycles_need_an_irreducible_block() {
-        let mut s = SessionState::new(0);
+        let mut s = SessionState::new(0, 0);
         let mut last = ToolFacts::default();
         for i in 0..12u64 {
             last = s.observe_tool("t", tool(i % 3, i % 3), 8);
         }
         assert_eq!(last.cycle, Some((3, 4)));
-        let mut s = SessionState::new(0);
+        let mut s = SessionState::new(0, 0);
         for _ in 0..12 {
             last = s.observe_tool("t", tool(1, 1), 8);
         }
@@ -771,8 +784,29 @@ mod tests {
     }
 
     #[test]
+    fn a_first_run_id_after_events_without_one_is_a_new_run() {
+        let mut s = SessionState::new(0, 0);
+        s.touch(0, 0);
+        assert!(
+            !s.note_identity(Some("a"), None, None),
+            "the session's first event"
+        );
+        let mut s = SessionState::new(0, 0);
+        for _ in 0..2 {
+            s.touch(0, 0);
+            s.note_identity(None, None, None);
+            s.observe_tool("read", tool(1, 1), 8);
+        }
+        s.touch(0, 0);
+        assert!(s.note_identity(Some("a"), None, None));
+        assert_eq!(s.run.window.len(), 0);
+        s.touch(0, 0);
+        assert!(!s.note_identity(None, None, None), "no run_id: same run");
+    }
+
+    #[test]
     fn run_change_resets_loop_state_but_not_counters() {
-        let mut s = SessionState::new(0);
+        let mut s = SessionState::new(0, 0);
         s.note_identity(Some("a"), None, None);
         s.observe_tool("read", tool(1, 1), 8);
         s.observe_tool("read", tool(1, 1), 8);
@@ -783,7 +817,7 @@ mod tests {
 
     #[test]
     fn round_trips_through_bytes() {
-        let mut s = SessionState::new(5);
+        let mut s = SessionState::new(5, 5);
         s.observe_tool("read", tool(1, 2), 8);
         s.observe_llm(
             true,

@@ -138,7 +138,7 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The encoding of session states and offsets on disk. Bump it when `SessionState`'s
 /// encoding changes incompatibly.
-pub const STATE_FORMAT: u32 = 1;
+pub const STATE_FORMAT: u32 = 2;
 const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 
 /// Opens (or creates) the sled database at `path`, checking (or recording) its state
@@ -149,9 +149,16 @@ pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
         path: path.display().to_string(),
         source,
     };
-    // Databases from before the marker hold format 1.
     let expected = STATE_FORMAT.to_be_bytes();
     match db.get(FORMAT_KEY).map_err(opened)? {
+        // Databases from before the marker hold format 1.
+        None if db.tree_names().len() > 1 || !db.is_empty() => {
+            return Err(StoreError::Format {
+                path: path.display().to_string(),
+                found: "1".to_string(),
+                expected: STATE_FORMAT,
+            })
+        }
         None => {
             db.insert(FORMAT_KEY, &expected).map_err(opened)?;
             db.flush().map_err(opened)?;
@@ -276,7 +283,7 @@ mod tests {
     use super::*;
 
     fn exercise(store: &mut dyn StateStore) {
-        let st = SessionState::new(42);
+        let st = SessionState::new(42, 42);
         store
             .commit(StoreBatch {
                 puts: vec![("a".into(), st.to_bytes()), ("b".into(), st.to_bytes())],
@@ -324,14 +331,36 @@ mod tests {
                 db.get(FORMAT_KEY).unwrap().unwrap().as_ref(),
                 STATE_FORMAT.to_be_bytes()
             );
-            db.insert(FORMAT_KEY, &2u32.to_be_bytes()).unwrap();
+            db.insert(FORMAT_KEY, &(STATE_FORMAT + 1).to_be_bytes())
+                .unwrap();
             db.flush().unwrap();
         }
         let e = open_db(&path).unwrap_err().to_string();
-        assert!(
-            e.contains("state format 2") && e.contains("reads format 1"),
-            "{e}"
+        let (found, reads) = (
+            format!("state format {}", STATE_FORMAT + 1),
+            format!("reads format {STATE_FORMAT}"),
         );
+        assert!(e.contains(&found) && e.contains(&reads), "{e}");
+    }
+
+    #[test]
+    fn a_database_from_before_the_format_marker_is_format_1() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        {
+            let db = sled::open(&path).unwrap();
+            db.open_tree("partition/0")
+                .unwrap()
+                .insert("s", &b"old"[..])
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let e = open_db(&path).unwrap_err().to_string();
+        assert!(e.contains("state format 1"), "{e}");
+        // An empty directory is new, not old.
+        let fresh = dir.path().join("fresh");
+        drop(open_db(&fresh).unwrap());
+        drop(open_db(&fresh).unwrap());
     }
 
     #[test]

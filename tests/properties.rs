@@ -133,8 +133,59 @@ fn run_chunked(events: &[Event], chunk: usize, store: &mut dyn StateStore) -> Ve
     out
 }
 
+/// The findings of `events` (one JSON line each), by session, in order.
+fn findings_by_session(events: &[Event]) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut by = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for o in run_whole(events) {
+        if let Output::Finding(f) = &o {
+            by.entry(f.session_id.clone())
+                .or_default()
+                .push(o.to_json());
+        }
+    }
+    by
+}
+
+/// One session's events on its own clock: starting `offset_days` from a fixed day, with
+/// gaps shorter than `session_gap` (a gap longer than that ends a session on any clock).
+fn session_on_its_clock(id: &str, events: &[Value], offset_days: i64) -> Vec<Event> {
+    let mut t = 1_700_000_000i64 + offset_days * 86_400;
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let mut e = e.clone();
+            t += e["dt"].as_i64().unwrap() % 150 * 10;
+            e["session_id"] = json!(id);
+            e["event_id"] = json!(format!("{id}-{i}"));
+            e["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(t * 1000));
+            parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap()
+        })
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn concatenated_session_logs_are_judged_as_if_each_were_alone(
+        sessions in prop::collection::vec(
+            (prop::collection::vec(arb_event(), 1..80), -800i64..800),
+            1..6,
+        )
+    ) {
+        // Sessions one after another, each on its own clock (a lagging producer, a backlog,
+        // logs of different days): every session gets the findings it gets alone.
+        let mut all = Vec::new();
+        let mut alone = std::collections::BTreeMap::new();
+        for (i, (events, offset_days)) in sessions.iter().enumerate() {
+            let id = format!("s{i}");
+            let evs = session_on_its_clock(&id, events, *offset_days);
+            alone.extend(findings_by_session(&evs));
+            all.extend(evs);
+        }
+        prop_assert_eq!(findings_by_session(&all), alone);
+    }
 
     #[test]
     fn same_events_same_findings(events in prop::collection::vec(arb_event(), 1..300)) {

@@ -41,6 +41,9 @@ pub struct Metrics {
     pub events_consumed: IntCounterVec,
     /// Events at or below a partition's stored offset, skipped after a restart.
     pub events_skipped: IntCounter,
+    /// Events whose own time was behind their partition's clock by more than
+    /// `session_gap_secs` (a lagging producer clock or a backlog); judged as usual.
+    pub late_events: IntCounter,
     /// Bad input sent to the dead-letter topic, by reason.
     pub bad_events: IntCounterVec,
     /// Published findings, by detector, level and mode.
@@ -49,8 +52,11 @@ pub struct Metrics {
     pub shadow_findings: IntCounterVec,
     /// Terminations, by stop reason (the detector).
     pub terminations: IntCounterVec,
-    /// Sessions closed, by how they closed and their final stop reason.
+    /// Sessions closed, by how they closed, their final stop reason and their outcome.
     pub sessions_closed: IntCounterVec,
+    /// Closed sessions a shadow-mode detector would have terminated, by detector and
+    /// outcome: what enforcing would have cost (`outcome="success"`) or saved.
+    pub shadow_stops: IntCounterVec,
     /// Open sessions held by this process.
     pub sessions_open: IntGauge,
     /// Bytes of the sled state directory on disk.
@@ -115,6 +121,11 @@ impl Metrics {
                 "Events at or below a partition's stored offset (already applied before a restart).",
             )
             .expect("valid metric"),
+            late_events: IntCounter::new(
+                "loopwarden_late_events_total",
+                "Events whose own time was behind their partition's clock by more than session_gap_secs (a lagging producer clock or a backlog); judged as usual.",
+            )
+            .expect("valid metric"),
             bad_events: counter_vec(
                 "loopwarden_bad_events_total",
                 "Bad input messages sent to the dead-letter topic, by reason.",
@@ -137,8 +148,13 @@ impl Metrics {
             ),
             sessions_closed: counter_vec(
                 "loopwarden_sessions_closed_total",
-                "Sessions closed (a session.summary was emitted), by how they closed and their final stop reason.",
-                &["closed_by", "stop_reason"],
+                "Sessions closed (a session.summary was emitted), by how they closed, their final stop reason and the outcome the runtime reported (success, failure, unknown).",
+                &["closed_by", "stop_reason", "outcome"],
+            ),
+            shadow_stops: counter_vec(
+                "loopwarden_shadow_stops_total",
+                "Closed sessions that a shadow-mode detector would have terminated, by detector and the outcome the runtime reported (success, failure, unknown).",
+                &["detector", "outcome"],
             ),
             sessions_open: IntGauge::new(
                 "loopwarden_sessions_open",
@@ -209,12 +225,14 @@ impl Metrics {
         let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
             Box::new(m.events_consumed.clone()),
             Box::new(m.events_skipped.clone()),
+            Box::new(m.late_events.clone()),
             Box::new(m.bad_events.clone()),
             Box::new(m.findings.clone()),
             Box::new(m.findings_by_owner.clone()),
             Box::new(m.shadow_findings.clone()),
             Box::new(m.terminations.clone()),
             Box::new(m.sessions_closed.clone()),
+            Box::new(m.shadow_stops.clone()),
             Box::new(m.sessions_open.clone()),
             Box::new(m.state_store_bytes.clone()),
             Box::new(m.consumer_lag.clone()),
@@ -294,7 +312,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 16, "{names:?}");
+        assert_eq!(names.len(), 17, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }

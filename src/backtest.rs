@@ -1,0 +1,503 @@
+//! `loopwarden backtest`: what enforcing a configuration would have done to a recorded
+//! set of sessions, told apart by their outcome — the report a platform engineer reads
+//! before switching `enforce` on.
+//!
+//! For every session it follows the spend (tokens, cost, steps, tool calls) from the
+//! recorded events themselves, and the first termination the engine emits (in `shadow`
+//! mode too: a shadow termination is where enforcing would have stopped it). Everything a
+//! session spent after its kill point is what the kill would have saved — or, in a
+//! successful session, a success it would have cost.
+//!
+//! Guarantees: the same engine and event-time rules as `replay` (the findings are
+//! `replay`'s); memory is bounded by the open sessions plus one row per killed successful
+//! session; an exact duplicate event is not counted twice.
+
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::detectors::{DetectorKind, DETECTOR_COUNT};
+use crate::event::{Event, EventBody, Outcome};
+use crate::output::Output;
+use crate::policy::Level;
+use crate::replay::{drive, ReplayError, Step};
+
+/// Outcomes given beside the events (`--outcomes`), for logs whose `session.completed`
+/// events do not carry one. An outcome on the event wins.
+#[derive(Debug, Clone, Default)]
+pub struct Outcomes(FxHashMap<String, Outcome>);
+
+/// Why an outcomes file was refused (fatal).
+#[derive(Debug, thiserror::Error)]
+pub enum OutcomesError {
+    #[error("reading outcomes failed: {0}")]
+    Read(#[from] std::io::Error),
+    #[error("outcomes line {line}: {reason} (expected {{\"session_id\": \"…\", \"outcome\": \"success\" | \"failure\"}})")]
+    BadLine { line: u64, reason: String },
+}
+
+impl Outcomes {
+    /// Reads JSON Lines of `{"session_id": …, "outcome": "success" | "failure"}`.
+    pub fn read(input: &mut dyn BufRead) -> Result<Outcomes, OutcomesError> {
+        #[derive(serde::Deserialize)]
+        struct Line {
+            session_id: String,
+            outcome: String,
+        }
+        let mut map = FxHashMap::default();
+        for (i, line) in input.lines().enumerate() {
+            let line = line?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad = |reason: String| OutcomesError::BadLine {
+                line: i as u64 + 1,
+                reason,
+            };
+            let parsed: Line = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+            let outcome = Outcome::parse(&parsed.outcome)
+                .ok_or_else(|| bad(format!("unknown outcome \"{}\"", parsed.outcome)))?;
+            map.insert(parsed.session_id, outcome);
+        }
+        Ok(Outcomes(map))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// What sessions spent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Spend {
+    /// Tokens paid for at the full price: uncached input plus output.
+    pub tokens: u64,
+    /// Input tokens read from the provider's cache.
+    pub cached_tokens: u64,
+    pub cost_usd: f64,
+    /// LLM calls.
+    pub steps: u64,
+    pub tool_calls: u64,
+}
+
+impl Spend {
+    fn add_event(&mut self, event: &Event) {
+        match &event.body {
+            EventBody::LlmCall(c) => {
+                let cached = c.cache_read_tokens.unwrap_or(0).min(c.input_tokens);
+                self.tokens += c.input_tokens - cached + c.output_tokens;
+                self.cached_tokens += cached;
+                self.cost_usd += c.cost_usd.unwrap_or(0.0);
+                self.steps += 1;
+            }
+            EventBody::ToolCall(_) => self.tool_calls += 1,
+            _ => {}
+        }
+    }
+
+    fn add(&mut self, other: &Spend) {
+        self.tokens += other.tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.cost_usd += other.cost_usd;
+        self.steps += other.steps;
+        self.tool_calls += other.tool_calls;
+    }
+
+    fn minus(&self, other: &Spend) -> Spend {
+        Spend {
+            tokens: self.tokens - other.tokens,
+            cached_tokens: self.cached_tokens - other.cached_tokens,
+            cost_usd: (self.cost_usd - other.cost_usd).max(0.0),
+            steps: self.steps - other.steps,
+            tool_calls: self.tool_calls - other.tool_calls,
+        }
+    }
+}
+
+/// Sessions of one outcome.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Group {
+    pub sessions: u64,
+    /// Sessions with at least one warning (or critical warning).
+    pub warned: u64,
+    /// Sessions with a termination (enforced or shadow).
+    pub killed: u64,
+    pub spend: Spend,
+    /// What the killed sessions spent after their kill point.
+    pub spend_after_kill: Spend,
+}
+
+/// Sessions warned and killed by one detector, per outcome (success, failure, unknown).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DetectorRow {
+    pub detector: String,
+    pub warned: [u64; 3],
+    pub killed: [u64; 3],
+}
+
+/// A successful session a termination would have stopped.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KilledSuccess {
+    pub session_id: String,
+    pub detector: DetectorKind,
+    /// Steps (LLM calls) up to the kill point, and in the whole session.
+    pub at_step: u64,
+    pub steps: u64,
+    pub spend_after_kill: Spend,
+}
+
+/// The backtest's findings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Report {
+    pub lines: u64,
+    pub events: u64,
+    pub bad_lines: u64,
+    /// By outcome: success, failure, unknown.
+    pub success: Group,
+    pub failure: Group,
+    pub unknown: Group,
+    /// Detectors that warned or killed at least one session.
+    pub detectors: Vec<DetectorRow>,
+    pub killed_successes: Vec<KilledSuccess>,
+}
+
+const OUTCOME_COLUMNS: [&str; 3] = ["success", "failure", "unknown"];
+
+fn column(outcome: Option<Outcome>) -> usize {
+    match outcome {
+        Some(Outcome::Success) => 0,
+        Some(Outcome::Failure) => 1,
+        None => 2,
+    }
+}
+
+/// A session being followed.
+#[derive(Default)]
+struct Tally {
+    spend: Spend,
+    /// The first termination and what had been spent up to and including its trigger.
+    kill: Option<(DetectorKind, Spend)>,
+    /// Bit per detector that warned.
+    warned: u32,
+}
+
+struct Backtest<'a> {
+    outcomes: &'a Outcomes,
+    open: FxHashMap<String, Tally>,
+    report: Report,
+    warned: [[u64; 3]; DETECTOR_COUNT],
+    killed: [[u64; 3]; DETECTOR_COUNT],
+}
+
+impl Backtest<'_> {
+    fn account(&mut self, event: &Event) {
+        let tally = self.open.entry(event.session_id.clone()).or_default();
+        tally.spend.add_event(event);
+    }
+
+    fn finding(&mut self, session: &str, detector: DetectorKind, level: Level) {
+        let tally = self.open.entry(session.to_string()).or_default();
+        if level == Level::Terminate {
+            if tally.kill.is_none() {
+                tally.kill = Some((detector, tally.spend));
+            }
+        } else {
+            tally.warned |= 1 << detector.index();
+        }
+    }
+
+    fn close(&mut self, session: &str, reported: Option<Outcome>) {
+        let tally = self.open.remove(session).unwrap_or_default();
+        let outcome = reported.or_else(|| self.outcomes.0.get(session).copied());
+        let c = column(outcome);
+        let group = match c {
+            0 => &mut self.report.success,
+            1 => &mut self.report.failure,
+            _ => &mut self.report.unknown,
+        };
+        group.sessions += 1;
+        group.spend.add(&tally.spend);
+        group.warned += u64::from(tally.warned != 0);
+        for kind in DetectorKind::ALL {
+            if tally.warned & (1 << kind.index()) != 0 {
+                self.warned[kind.index()][c] += 1;
+            }
+        }
+        let Some((detector, at_kill)) = tally.kill else {
+            return;
+        };
+        let after = tally.spend.minus(&at_kill);
+        group.killed += 1;
+        group.spend_after_kill.add(&after);
+        self.killed[detector.index()][c] += 1;
+        if outcome == Some(Outcome::Success) {
+            self.report.killed_successes.push(KilledSuccess {
+                session_id: session.to_string(),
+                detector,
+                at_step: at_kill.steps,
+                steps: tally.spend.steps,
+                spend_after_kill: after,
+            });
+        }
+    }
+
+    fn step(&mut self, step: Step<'_>, outputs: &mut Vec<Output>) {
+        let event = match step {
+            Step::Event { event, duplicate } => (!duplicate).then_some(event),
+            Step::End => None,
+        };
+        let mut accounted = false;
+        for o in outputs.drain(..) {
+            // Idle closes come before the event is applied; findings and a completion
+            // after it, so the event counts for its own session first.
+            let caused_by_event = match &o {
+                Output::Finding(_) => true,
+                Output::Summary(s) => {
+                    s.closed_by == crate::output::ClosedBy::Completed
+                        && event.is_some_and(|e| e.session_id == s.session_id)
+                }
+            };
+            if caused_by_event && !accounted {
+                if let Some(e) = event {
+                    self.account(e);
+                }
+                accounted = true;
+            }
+            match &o {
+                Output::Finding(f) => self.finding(&f.session_id, f.detector, f.level),
+                Output::Summary(s) => self.close(&s.session_id, s.outcome),
+            }
+        }
+        if let (Some(e), false) = (event, accounted) {
+            self.account(e);
+        }
+    }
+}
+
+/// Runs the backtest of `input` under `config`.
+pub fn backtest(
+    config: Arc<Config>,
+    input: &mut dyn BufRead,
+    outcomes: &Outcomes,
+    errors: &mut dyn Write,
+) -> Result<Report, ReplayError> {
+    let mut run = Backtest {
+        outcomes,
+        open: FxHashMap::default(),
+        report: Report::default(),
+        warned: [[0; 3]; DETECTOR_COUNT],
+        killed: [[0; 3]; DETECTOR_COUNT],
+    };
+    let read = drive(config, input, errors, false, |step, outputs| {
+        run.step(step, outputs);
+        Ok(())
+    })?;
+    let mut report = run.report;
+    report.lines = read.lines;
+    report.events = read.events;
+    report.bad_lines = read.bad_lines;
+    for kind in DetectorKind::ALL {
+        let (warned, killed) = (run.warned[kind.index()], run.killed[kind.index()]);
+        if warned != [0; 3] || killed != [0; 3] {
+            report.detectors.push(DetectorRow {
+                detector: kind.name().to_string(),
+                warned,
+                killed,
+            });
+        }
+    }
+    report
+        .killed_successes
+        .sort_by(|a, b| a.session_id.cmp(&b.session_id));
+    Ok(report)
+}
+
+fn share(part: f64, whole: f64) -> String {
+    if whole > 0.0 {
+        format!("{:.1}%", 100.0 * part / whole)
+    } else {
+        "-".to_string()
+    }
+}
+
+fn count_share(part: u64, whole: u64) -> String {
+    format!("{part} ({})", share(part as f64, whole as f64))
+}
+
+fn big(n: u64) -> String {
+    match n {
+        n if n >= 10_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 10_000 => format!("{:.1}k", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+impl Report {
+    fn groups(&self) -> [&Group; 3] {
+        [&self.success, &self.failure, &self.unknown]
+    }
+
+    /// The report as a table for people.
+    pub fn write_table(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        let g = self.groups();
+        let sessions: u64 = g.iter().map(|g| g.sessions).sum();
+        writeln!(
+            out,
+            "backtest: {sessions} sessions, {} events ({} bad lines)\n",
+            self.events, self.bad_lines
+        )?;
+        let row = |out: &mut dyn Write, name: &str, cells: [String; 3]| {
+            writeln!(
+                out,
+                "{name:<30} {:>16} {:>16} {:>16}",
+                cells[0], cells[1], cells[2]
+            )
+        };
+        row(out, "", OUTCOME_COLUMNS.map(str::to_string))?;
+        row(out, "sessions", g.map(|g| g.sessions.to_string()))?;
+        row(out, "warned", g.map(|g| count_share(g.warned, g.sessions)))?;
+        row(out, "killed", g.map(|g| count_share(g.killed, g.sessions)))?;
+        type Measure = (&'static str, fn(&Spend) -> f64, fn(f64) -> String);
+        let measures: [Measure; 5] = [
+            (
+                "tokens (uncached in + out)",
+                |s| s.tokens as f64,
+                |v| big(v as u64),
+            ),
+            (
+                "cached input tokens",
+                |s| s.cached_tokens as f64,
+                |v| big(v as u64),
+            ),
+            ("cost (USD)", |s| s.cost_usd, |v| format!("{v:.2}")),
+            ("steps (LLM calls)", |s| s.steps as f64, |v| big(v as u64)),
+            ("tool calls", |s| s.tool_calls as f64, |v| big(v as u64)),
+        ];
+        for (name, get, show) in measures {
+            row(out, name, g.map(|g| show(get(&g.spend))))?;
+            row(
+                out,
+                "  after kill points",
+                g.map(|g| {
+                    let (after, all) = (get(&g.spend_after_kill), get(&g.spend));
+                    format!("{} ({})", show(after), share(after, all))
+                }),
+            )?;
+        }
+        writeln!(
+            out,
+            "\n{:<20} {:>24}   {:>24}",
+            "sessions by detector", "warned: succ/fail/unk", "killed: succ/fail/unk"
+        )?;
+        for d in &self.detectors {
+            let cells = |v: [u64; 3]| format!("{} / {} / {}", v[0], v[1], v[2]);
+            writeln!(
+                out,
+                "{:<20} {:>24}   {:>24}",
+                d.detector,
+                cells(d.warned),
+                cells(d.killed)
+            )?;
+        }
+        writeln!(
+            out,
+            "\nkills of successful sessions: {}",
+            self.killed_successes.len()
+        )?;
+        for k in &self.killed_successes {
+            writeln!(
+                out,
+                "  {}  {} at step {} of {} ({} tokens after)",
+                k.session_id,
+                k.detector,
+                k.at_step,
+                k.steps,
+                big(k.spend_after_kill.tokens)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lines(events: &[serde_json::Value]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in events {
+            serde_json::to_writer(&mut out, e).unwrap();
+            out.push(b'\n');
+        }
+        out
+    }
+
+    fn session(id: &str, loops: bool, outcome: Option<&str>) -> Vec<serde_json::Value> {
+        let mut evs = Vec::new();
+        for i in 0..12 {
+            let n = evs.len();
+            evs.push(json!({"type": "cost.attributed", "session_id": id, "event_id": format!("{id}#{n}"), "timestamp": format!("2026-01-01T00:00:{:02}Z", n), "input_tokens": 1000, "cache_read_tokens": 400, "output_tokens": 100, "cost_usd": 0.01, "tool_calls": 1}));
+            let args = if loops {
+                json!({"p": 1})
+            } else {
+                json!({"p": i})
+            };
+            let n = evs.len();
+            evs.push(json!({"type": "tool.called", "session_id": id, "event_id": format!("{id}#{n}"), "timestamp": format!("2026-01-01T00:00:{:02}Z", n), "tool": "read", "args": args, "result": "same"}));
+        }
+        let n = evs.len();
+        let mut done = json!({"type": "session.completed", "session_id": id, "event_id": format!("{id}#{n}"), "timestamp": format!("2026-01-01T00:00:{:02}Z", n)});
+        if let Some(o) = outcome {
+            done["outcome"] = json!(o);
+        }
+        evs.push(done);
+        evs
+    }
+
+    #[test]
+    fn spend_after_the_kill_point_is_what_the_kill_saves() {
+        let mut evs = session("loop-ok", true, Some("success"));
+        evs.extend(session("loop-bad", true, None));
+        evs.extend(session("fine", false, Some("success")));
+        let outcomes =
+            Outcomes::read(&mut &b"{\"session_id\": \"loop-bad\", \"outcome\": \"failure\"}\n"[..])
+                .unwrap();
+        let input = lines(&evs);
+        let config = Arc::new(Config::default());
+        let report = backtest(config, &mut &input[..], &outcomes, &mut std::io::sink()).unwrap();
+        assert_eq!((report.success.sessions, report.failure.sessions), (2, 1));
+        assert_eq!((report.success.killed, report.failure.killed), (1, 1));
+        // 12 LLM calls of 700 paid tokens (1000 in, 400 of them cached, and 100 out).
+        assert_eq!(report.failure.spend.tokens, 12 * 700);
+        assert_eq!(report.failure.spend.cached_tokens, 12 * 400);
+        let after = report.failure.spend_after_kill;
+        assert!(after.steps > 0 && after.steps < 12, "{after:?}");
+        assert_eq!(after.tokens, after.steps * 700);
+        assert_eq!(report.killed_successes.len(), 1);
+        let k = &report.killed_successes[0];
+        assert_eq!((k.session_id.as_str(), k.steps), ("loop-ok", 12));
+        assert_eq!(k.at_step + k.spend_after_kill.steps, 12);
+        let repeat = report
+            .detectors
+            .iter()
+            .find(|d| d.detector == k.detector.name())
+            .unwrap();
+        assert_eq!(repeat.killed, [1, 1, 0]);
+    }
+
+    #[test]
+    fn outcomes_files_are_checked() {
+        let e = Outcomes::read(&mut &b"{\"session_id\": \"a\", \"outcome\": \"won\"}\n"[..])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 1") && e.contains("won"), "{e}");
+    }
+}
