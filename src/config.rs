@@ -18,7 +18,7 @@ use crate::detectors::{Class, DetectorKind};
 use crate::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
 use crate::fingerprint::{BuiltinPattern, FingerprintSpec};
 use crate::kafka::settings::{KafkaSettings, RawKafka};
-use crate::policy::{Levels, Mode, Policy};
+use crate::policy::{Levels, Mode, Policy, DEFAULT_GRACE_STEPS};
 
 /// Default event-time gap after which a silent session closes.
 pub const DEFAULT_SESSION_GAP_SECS: u64 = 30 * 60;
@@ -80,6 +80,7 @@ struct RawEngine {
     session_gap_secs: Option<u64>,
     max_event_bytes: Option<usize>,
     max_nesting: Option<usize>,
+    grace_steps: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -149,6 +150,7 @@ struct RawTools {
 #[derive(Debug, Clone, Default)]
 struct DetectorTable {
     mode: Option<Mode>,
+    grace_steps: Option<u32>,
     warn_at: Option<Threshold>,
     critical_at: Option<Threshold>,
     terminate_at: Option<Threshold>,
@@ -171,6 +173,8 @@ struct RawOverride {
 pub struct EngineSettings {
     /// Event-time gap after which a silent session closes, in milliseconds.
     pub session_gap_ms: i64,
+    /// The loop detectors' default `grace_steps` (nudge before kill).
+    pub grace_steps: u32,
 }
 
 /// Tool classes by glob on the tool name or on `tool.action`.
@@ -376,12 +380,16 @@ fn detector_table(value: &toml::Value, key: &str, errors: &mut Errors) -> Option
     let warn_at = take("warn_at", errors);
     let critical_at = take("critical_at", errors);
     let terminate_at = take("terminate_at", errors);
+    let grace_steps = settings
+        .remove("grace_steps")
+        .and_then(|v| decode::<u32>(v, &format!("{key}.grace_steps"), errors));
     let mode = settings
         .remove("mode")
         .and_then(|v| decode::<String>(v, &format!("{key}.mode"), errors))
         .and_then(|m| mode(&m, &format!("{key}.mode"), errors));
     Some(DetectorTable {
         mode,
+        grace_steps,
         warn_at,
         critical_at,
         terminate_at,
@@ -400,6 +408,9 @@ fn apply_detector(
     let levels = policy.levels_mut(kind);
     if let Some(m) = table.mode {
         levels.mode = m;
+    }
+    if let Some(g) = table.grace_steps {
+        levels.grace_steps = g;
     }
     if let Some(t) = table.terminate_at {
         levels.terminate_at = t.get();
@@ -658,7 +669,11 @@ impl Config {
         };
 
         // policy
+        let grace_steps = engine.grace_steps.unwrap_or(DEFAULT_GRACE_STEPS);
         let mut policy = Policy::default();
+        for kind in DetectorKind::ALL.iter().filter(|k| !k.is_ceiling()) {
+            policy.levels_mut(*kind).grace_steps = grace_steps;
+        }
         if let Some(m) = global_mode
             .as_deref()
             .and_then(|m| mode(m, "mode", &mut errors))
@@ -745,6 +760,7 @@ impl Config {
         Ok(Config {
             engine: EngineSettings {
                 session_gap_ms: (gap as i64).saturating_mul(1000),
+                grace_steps,
             },
             limits,
             state_path: PathBuf::from(state.path.unwrap_or_else(|| DEFAULT_STATE_PATH.to_string())),
@@ -843,6 +859,10 @@ impl Config {
             "max_nesting".into(),
             V::Integer(self.limits.max_nesting as i64),
         );
+        engine.insert(
+            "grace_steps".into(),
+            V::Integer(self.engine.grace_steps as i64),
+        );
         root.insert("engine".into(), V::Table(engine));
         let mut state = toml::Table::new();
         state.insert(
@@ -893,6 +913,7 @@ impl Config {
             let th = |v: Option<f64>| V::try_from(Threshold(v)).expect("a threshold prints");
             let mut t = self.policy.detectors.settings(*kind);
             t.insert("mode".into(), V::String(levels.mode.name().into()));
+            t.insert("grace_steps".into(), V::Integer(levels.grace_steps as i64));
             t.insert("warn_at".into(), th(levels.warn_at));
             t.insert("critical_at".into(), th(levels.critical_at));
             t.insert("terminate_at".into(), th(levels.terminate_at));

@@ -18,7 +18,7 @@ use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 use crate::config::{Config, ToolClasses};
 use crate::detectors::{Context, DetectorKind, Input, LlmContext, Signal, ToolContext};
 use crate::event::{format_rfc3339_ms, CallKind, Completion, Event, EventBody};
-use crate::fingerprint::Fingerprinter;
+use crate::fingerprint::{has_words, Fingerprinter};
 use crate::output::{
     finding_event_id, summary_event_id, ClosedBy, FindingEvent, Output, Stats, SummaryEvent,
     Trigger, SCHEMA_VERSION,
@@ -451,7 +451,9 @@ impl Engine {
                 let obs = ToolObservation {
                     action: action.short(),
                     result: result.digest.short(),
+                    shape: result.shape,
                     is_error,
+                    error_text: is_error && has_words(call.result.as_ref()),
                     unknown_tool,
                     poll: classes.poll || (result.pending && !is_error),
                     retry_safe: classes.retry_safe,
@@ -542,10 +544,23 @@ impl Engine {
             if sig.reset {
                 st.end_episode(kind);
             }
-            let Some((level, threshold)) = sig.level else {
+            let Some((reached, threshold)) = sig.level else {
                 continue;
             };
             let ep = st.episodes[kind.index()];
+            let steps = st.steps();
+            // Nudge before kill: a termination waits until the episode's first finding has
+            // had `grace_steps` steps to reach the agent and be acted on; until then it
+            // is said as a critical warning.
+            let grace_left = match ep.warned_at_step {
+                Some(at) => levels.grace_steps.saturating_sub(steps.saturating_sub(at)),
+                None => levels.grace_steps,
+            };
+            let level = if reached == Level::Terminate && grace_left > 0 {
+                Level::Critical
+            } else {
+                reached
+            };
             // Emitted once per level per episode; a level also covers the ones below it.
             if ep.emitted >= level.bit() {
                 continue;
@@ -560,7 +575,12 @@ impl Engine {
                 continue; // terminate at most once per session (a shadow one included)
             }
             let e = &mut st.episodes[kind.index()];
+            let said_before = e.emitted & effective.bit() != 0;
             e.emitted |= (level.bit() << 1) - 1;
+            if said_before {
+                continue; // `warn` mode: the held termination was already said as critical
+            }
+            e.warned_at_step.get_or_insert(steps);
             if let Some(subject) = sig.subject {
                 e.subject = subject;
             }
@@ -581,6 +601,7 @@ impl Engine {
                 threshold,
                 episode,
                 mode,
+                held_for_steps: (level != reached).then_some(grace_left),
             };
             out.push(Output::Finding(Box::new(build_finding(
                 event, meta, event_ms, st, policy, &input, &finding,
@@ -642,6 +663,8 @@ struct Finding {
     threshold: f64,
     episode: u32,
     mode: Mode,
+    /// A termination held back by the grace: the steps it still waits.
+    held_for_steps: Option<u32>,
 }
 
 fn build_finding(
@@ -660,10 +683,17 @@ fn build_finding(
         threshold,
         episode,
         mode,
+        held_for_steps,
     } = *finding;
-    let d = policy
+    let mut d = policy
         .detectors
         .describe(kind, st, input, &signal, threshold);
+    if let Some(steps) = held_for_steps {
+        d.evidence
+            .insert("terminates_in_steps".into(), serde_json::json!(steps));
+        d.hint
+            .push_str("; if this goes on, the session will be stopped");
+    }
     let terminated = level == Level::Terminate;
     FindingEvent {
         kind: if terminated {
@@ -703,6 +733,125 @@ mod tests {
 
     use super::*;
     use crate::event::{parse_event, ParseLimits};
+
+    /// (index, detector, level, event_id) of every finding of `events` under `config`.
+    fn findings(config: &str, events: &[serde_json::Value]) -> Vec<(usize, String, Level, String)> {
+        let config = Arc::new(Config::from_toml_str(config, "t", std::iter::empty()).unwrap());
+        let mut engine = Engine::new(config);
+        let mut found = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            let mut e = e.clone();
+            e["session_id"] = json!("s");
+            e["event_id"] = json!(format!("e{i}"));
+            e["timestamp"] = json!(format_rfc3339_ms(1_800_000_000_000 + i as i64 * 1000));
+            let ev = parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap();
+            let mut out = Vec::new();
+            engine.process(&ev, &EventMeta::default(), &mut out);
+            for o in out {
+                if let Output::Finding(f) = o {
+                    found.push((i, f.detector.name().to_string(), f.level, f.event_id));
+                }
+            }
+        }
+        found
+    }
+
+    fn same_call() -> serde_json::Value {
+        json!({"type": "tool.called", "tool": "read", "args": {"p": 1}, "result": "x"})
+    }
+
+    fn turn() -> serde_json::Value {
+        json!({"type": "cost.attributed", "input_tokens": 10, "output_tokens": 5, "tool_calls": 1})
+    }
+
+    #[test]
+    fn a_loop_terminates_only_grace_steps_after_its_first_warning() {
+        // No turns reported: steps are tool calls. Warned at the 3rd call (step 3); the
+        // 4th reaches the termination threshold but is held (critical); step 6 kills.
+        let f = findings("", &vec![same_call(); 8]);
+        let levels: Vec<(usize, Level)> = f.iter().map(|x| (x.0, x.2)).collect();
+        assert_eq!(
+            levels,
+            vec![
+                (2, Level::Warning),
+                (3, Level::Critical),
+                (5, Level::Terminate)
+            ]
+        );
+        let f = findings("[engine]\ngrace_steps = 0\n", &vec![same_call(); 8]);
+        assert_eq!(f.last().map(|x| (x.0, x.2)), Some((3, Level::Terminate)));
+    }
+
+    #[test]
+    fn grace_is_counted_in_turns_when_the_session_reports_them() {
+        // turn, call, turn, call, …: the warning comes with the 3rd call (turn 3); the kill
+        // waits for the 3rd turn after it, whatever the calls in between.
+        let mut evs = Vec::new();
+        for _ in 0..8 {
+            evs.push(turn());
+            evs.push(same_call());
+        }
+        let f = findings("[detectors.repeat]\ngrace_steps = 3\n", &evs);
+        let levels: Vec<(usize, Level)> = f
+            .iter()
+            .filter(|x| x.1 == "repeat")
+            .map(|x| (x.0, x.2))
+            .collect();
+        assert_eq!(
+            levels,
+            vec![
+                (5, Level::Warning),
+                (7, Level::Critical),
+                (11, Level::Terminate)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_loop_that_ends_within_the_grace_is_not_killed() {
+        let mut evs = vec![same_call(); 5];
+        evs.push(json!({"type": "tool.called", "tool": "edit", "args": {"p": 2}, "result": "y"}));
+        evs.extend(vec![same_call(); 2]);
+        let f = findings("", &evs);
+        assert!(f.iter().all(|x| x.2 != Level::Terminate), "{f:?}");
+        assert!(f.iter().any(|x| x.2 == Level::Critical));
+    }
+
+    #[test]
+    fn detectors_without_a_warning_level_hold_their_first_termination() {
+        // warn_at off: reaching terminate_at is said as a critical warning first.
+        let cfg = "[detectors.repeat]\nwarn_at = \"off\"\n";
+        let f = findings(cfg, &vec![same_call(); 8]);
+        let levels: Vec<(usize, Level)> = f.iter().map(|x| (x.0, x.2)).collect();
+        assert_eq!(levels, vec![(3, Level::Critical), (6, Level::Terminate)]);
+    }
+
+    #[test]
+    fn warn_mode_says_a_held_termination_once() {
+        let f = findings(
+            "[detectors.repeat]\nmode = \"warn\"\n",
+            &vec![same_call(); 10],
+        );
+        let mut ids: Vec<&str> = f.iter().map(|x| x.3.as_str()).collect();
+        let all = ids.len();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), all, "an event_id twice: {f:?}");
+        let repeat: Vec<Level> = f.iter().filter(|x| x.1 == "repeat").map(|x| x.2).collect();
+        assert_eq!(repeat, vec![Level::Warning, Level::Critical]);
+    }
+
+    #[test]
+    fn ceilings_stop_at_their_limit_without_grace() {
+        let evs: Vec<serde_json::Value> = (0..5)
+            .map(|i| json!({"type": "tool.called", "tool": "t", "args": {"i": i}, "result": i}))
+            .collect();
+        let f = findings("[detectors.tool_call_cap]\nterminate_at = 5\n", &evs);
+        assert_eq!(
+            f.iter().map(|x| (x.0, x.2)).collect::<Vec<_>>(),
+            vec![(3, Level::Warning), (4, Level::Terminate)]
+        );
+    }
 
     #[test]
     fn duplicates_are_dropped_and_sessions_close_on_the_gap() {

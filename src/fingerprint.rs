@@ -184,6 +184,10 @@ impl Default for FingerprintSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResultPrint {
     pub digest: Fp,
+    /// The digest's text with every run of digits read as one: results that differ only
+    /// in counters, timings or line numbers share it (not a DESIGN §2 fingerprint: it
+    /// never leaves the session's state).
+    pub shape: u32,
     /// The result reads as a pending state (`running`, `queued`, …).
     pub pending: bool,
 }
@@ -245,6 +249,7 @@ impl Fingerprinter {
     /// value patterns erased), or over the emitter's own `result_digest`.
     pub fn result(&self, result: Option<&Value>, given_digest: Option<&str>) -> ResultPrint {
         let mut w = HashWriter::new();
+        w.shape = Some(Shape::default());
         let mut scan = PendingScan::default();
         if let Some(d) = given_digest {
             w.put(b"digest:");
@@ -266,8 +271,10 @@ impl Fingerprinter {
                 None => walker.w.put(b"null"),
             }
         }
+        let shape = w.shape.map_or(0, |s| s.finish());
         ResultPrint {
             digest: Fp::from_hasher(w.h),
+            shape,
             pending: scan.status.unwrap_or(scan.any_short),
         }
     }
@@ -275,16 +282,59 @@ impl Fingerprinter {
 
 struct HashWriter {
     h: Sha256,
+    /// Also hash the text with digit runs collapsed (results only).
+    shape: Option<Shape>,
+}
+
+/// A 64-bit FNV-1a over text in which each maximal run of ASCII digits counts as one `0`.
+#[derive(Clone, Copy)]
+struct Shape {
+    h: u64,
+    in_digits: bool,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            h: 0xcbf2_9ce4_8422_2325,
+            in_digits: false,
+        }
+    }
+}
+
+impl Shape {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            let digit = b.is_ascii_digit();
+            if digit && self.in_digits {
+                continue;
+            }
+            self.in_digits = digit;
+            let b = if digit { b'0' } else { b };
+            self.h = (self.h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn finish(self) -> u32 {
+        (self.h ^ (self.h >> 32)) as u32
+    }
 }
 
 impl HashWriter {
     fn new() -> HashWriter {
-        HashWriter { h: Sha256::new() }
+        HashWriter {
+            h: Sha256::new(),
+            shape: None,
+        }
     }
 
     #[inline]
     fn put(&mut self, b: &[u8]) {
         self.h.update(b);
+        if let Some(s) = self.shape.as_mut() {
+            s.put(b);
+        }
     }
 
     /// Writes a JSON string literal (canonical escaping).
@@ -472,6 +522,32 @@ impl std::fmt::Write for NumBuf {
         self.buf[self.len..end].copy_from_slice(s.as_bytes());
         self.len = end;
         Ok(())
+    }
+}
+
+/// Whether a result says anything in words: a letter outside markup tags (`<output>`).
+/// An empty output wrapped in a runtime's markup, or a bare exit code, says nothing, so
+/// two of them are not "the same error".
+pub fn has_words(result: Option<&Value>) -> bool {
+    fn text_has_words(s: &str) -> bool {
+        let mut in_tag = false;
+        s.bytes().any(|b| match b {
+            b'<' => {
+                in_tag = true;
+                false
+            }
+            b'>' => {
+                in_tag = false;
+                false
+            }
+            _ => !in_tag && b.is_ascii_alphabetic(),
+        })
+    }
+    match result {
+        None | Some(Value::Null | Value::Bool(_) | Value::Number(_)) => false,
+        Some(Value::String(s)) => text_has_words(s),
+        Some(Value::Array(items)) => items.iter().any(|v| has_words(Some(v))),
+        Some(Value::Object(map)) => map.values().any(|v| has_words(Some(v))),
     }
 }
 

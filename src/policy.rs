@@ -75,6 +75,9 @@ pub struct Levels {
     pub critical_at: Option<f64>,
     pub terminate_at: Option<f64>,
     pub mode: Mode,
+    /// Nudge before kill: steps the episode must go on past its first finding before it
+    /// may terminate (until then a termination is held as a critical warning).
+    pub grace_steps: u32,
 }
 
 impl Levels {
@@ -89,6 +92,7 @@ impl Levels {
             critical_at,
             terminate_at,
             mode: Mode::Enforce,
+            grace_steps: 0,
         }
     }
 
@@ -136,6 +140,11 @@ impl Levels {
         set.windows(2).all(|w| w[0] <= w[1])
     }
 }
+
+/// Steps a loop detector's episode goes on past its first finding before it may
+/// terminate: the hint crosses the bus and reaches the agent in its next model call (one
+/// may already be under way), and the agent gets another to act on it.
+pub const DEFAULT_GRACE_STEPS: u32 = 3;
 
 /// Budgets warn at this share of their limit...
 pub const BUDGET_WARN_SHARE: f64 = 0.8;

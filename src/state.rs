@@ -20,8 +20,8 @@ pub const MAX_NAMED_TOOLS: usize = 8;
 pub const OTHER_TOOLS: &str = "(other)";
 /// Longest tool name kept (longer names are cut at a char boundary).
 pub const MAX_TOOL_NAME: usize = 40;
-/// Recent distinct results remembered for `no_new_information`.
-pub const SEEN_RESULTS: usize = 32;
+/// Recent distinct (action, result) pairs remembered for `no_new_information`.
+pub const SEEN_PAIRS: usize = 32;
 /// Recent event ids remembered to drop exact duplicates.
 pub const RECENT_EVENT_IDS: usize = 16;
 /// Poll actions tracked at once by `poll_no_progress`.
@@ -47,6 +47,16 @@ mod fixed {
         }
         pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
             Ok(u64::from_le_bytes(<[u8; 8]>::deserialize(d)?))
+        }
+    }
+
+    pub mod u32 {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
+            v.to_le_bytes().serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+            Ok(u32::from_le_bytes(<[u8; 4]>::deserialize(d)?))
         }
     }
 
@@ -79,8 +89,8 @@ mod fixed {
     }
 }
 pub(crate) use fixed::u32_vec as fixed_u32_vec;
-/// Cycle lengths `cycle` looks for.
-pub const CYCLE_LENGTHS: [usize; 3] = [3, 4, 5];
+/// Cycle lengths `cycle` looks for (2 is `ping_pong`'s, 1 `repeat`'s).
+pub const CYCLE_LENGTHS: [usize; 6] = [3, 4, 5, 6, 7, 8];
 
 /// One tool call in the window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +99,9 @@ pub struct CallRecord {
     pub action: u64,
     #[serde(with = "fixed::u64")]
     pub result: u64,
+    /// The result up to its digits (see [`crate::fingerprint::ResultPrint::shape`]).
+    #[serde(with = "fixed::u32")]
+    pub shape: u32,
     pub flags: u8,
 }
 
@@ -104,8 +117,24 @@ impl CallRecord {
         self.flags & Self::POLL != 0
     }
 
+    /// The same action and the very same result.
     pub fn same_pair(&self, other: &CallRecord) -> bool {
         self.action == other.action && self.result == other.result
+    }
+
+    /// The same action with the same outcome: the same result, or, when both failed,
+    /// the same error up to its digits (an error's numbers are line numbers and
+    /// counters). A success's digits are data (`35% complete`, `chunk 3`, the time).
+    pub fn same_outcome(&self, other: &CallRecord) -> bool {
+        self.action == other.action
+            && (self.result == other.result
+                || (self.is_error() && other.is_error() && self.shape == other.shape))
+    }
+
+    /// Identifies what a call told the agent: its action and its result up to digits (an
+    /// answer that differs only in numbers teaches nothing new).
+    fn news_key(&self) -> u64 {
+        self.action.rotate_left(29) ^ u64::from(self.shape)
     }
 }
 
@@ -121,6 +150,9 @@ pub struct ToolCount {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Counters {
     pub events: u64,
+    /// The agent's steps: its LLM calls (each can carry a hint to the agent), and its
+    /// tool calls for as long as it has reported no LLM call. Never decreases.
+    pub steps: u64,
     pub llm_calls: u64,
     pub turns: u64,
     pub tool_calls: u64,
@@ -154,6 +186,8 @@ pub struct RunState {
     pub polls: Vec<PollTracker>,
     /// Same action failing in a row.
     pub error_repeat_streak: u32,
+    /// Failures in a row with the same error in words (up to digits), any action.
+    pub same_error_streak: u32,
     pub unknown_tool_streak: u32,
     pub error_streak: u32,
     /// One bit per recent call: it repeated a pair seen in the window (newest = bit 0).
@@ -162,15 +196,16 @@ pub struct RunState {
     /// Length of the strict A,B,A,B tail with stable results.
     pub alternation: u32,
     /// Per cycle length k: how many trailing calls equal the call k before them.
-    pub cycle_match: [u32; 3],
+    pub cycle_match: [u32; CYCLE_LENGTHS.len()],
     pub stall: u32,
     pub similar_streak: u32,
     pub sketches: VecDeque<TextSketch>,
     pub compaction_streak: u32,
     pub best_progress: Option<f64>,
     pub progress_stale: u32,
+    /// What the run's recent calls told the agent (see `CallRecord::news_key`).
     #[serde(with = "fixed::u64_deque")]
-    pub seen_results: VecDeque<u64>,
+    pub seen_pairs: VecDeque<u64>,
     /// Results since the last turn: any, and all seen before.
     pub turn_had_results: bool,
     pub turn_all_seen: bool,
@@ -187,6 +222,9 @@ pub struct Episode {
     /// What the episode is about, for detectors that follow one action.
     #[serde(with = "fixed::u64")]
     pub subject: u64,
+    /// The session's step ([`SessionState::steps`]) when the episode's first finding was
+    /// emitted: a termination waits `grace_steps` past it.
+    pub warned_at_step: Option<u32>,
 }
 
 /// Episodes are mostly untouched: only the non-default ones are stored, with their index.
@@ -299,7 +337,12 @@ pub struct ToolFacts {
 pub struct ToolObservation {
     pub action: u64,
     pub result: u64,
+    /// The result up to its digits.
+    pub shape: u32,
     pub is_error: bool,
+    /// A failure whose result says something in words (not only an exit code or an
+    /// empty output): two such failures alike are the same error.
+    pub error_text: bool,
     pub unknown_tool: bool,
     /// A poll by class or a pending-looking result.
     pub poll: bool,
@@ -401,6 +444,7 @@ impl SessionState {
     ) {
         let s = &mut self.stats;
         s.llm_calls += 1;
+        s.steps += 1;
         s.input_tokens = s.input_tokens.saturating_add(input);
         s.output_tokens = s.output_tokens.saturating_add(output);
         s.cache_read_tokens = s.cache_read_tokens.saturating_add(cache_read.unwrap_or(0));
@@ -441,6 +485,9 @@ impl SessionState {
                 r.no_new_info_streak = 0;
             }
         }
+        // A turn that brought something new is progress, however alike the words
+        // (scrolling through a file page by page reads the same each turn).
+        let learned = r.turn_had_results && !r.turn_all_seen;
         r.turn_had_results = false;
         r.turn_all_seen = true;
         if let Some(sk) = sketch.filter(|s| !s.is_empty()) {
@@ -448,7 +495,11 @@ impl SessionState {
                 .sketches
                 .iter()
                 .any(|prev| prev.similarity(sk) >= min_similarity);
-            r.similar_streak = if similar { r.similar_streak + 1 } else { 0 };
+            r.similar_streak = if similar && !learned {
+                r.similar_streak + 1
+            } else {
+                0
+            };
             push_bounded(&mut r.sketches, sk.clone(), TURN_SKETCHES);
         }
     }
@@ -461,11 +512,15 @@ impl SessionState {
         last_calls: usize,
     ) -> ToolFacts {
         self.stats.tool_calls += 1;
+        if self.stats.llm_calls == 0 {
+            self.stats.steps += 1;
+        }
         let subject = self.episodes[DetectorKind::GenericRepeat.index()].subject;
         let r = &mut self.run;
         let rec = CallRecord {
             action: obs.action,
             result: obs.result,
+            shape: obs.shape,
             flags: (if obs.is_error { CallRecord::ERROR } else { 0 })
                 | (if obs.poll { CallRecord::POLL } else { 0 }),
         };
@@ -520,8 +575,12 @@ impl SessionState {
         // Streaks against the previous call.
         let last = r.window.back().copied();
         let repeated = pair_count > 1;
+        // A write re-applied in a row is a loop whatever it returns (the same insert grows
+        // the file with each copy).
         r.repeat_streak = match last {
-            Some(l) if l.same_pair(&rec) => r.repeat_streak + 1,
+            Some(l) if l.action == rec.action && (obs.write || l.same_outcome(&rec)) => {
+                r.repeat_streak + 1
+            }
             _ => 1,
         };
         r.error_repeat_streak = if !obs.is_error {
@@ -531,6 +590,14 @@ impl SessionState {
                 Some(l) if l.is_error() && l.action == rec.action => r.error_repeat_streak + 1,
                 _ => 1,
             }
+        };
+        // The same error in words as the previous failure, whatever the attempt.
+        r.same_error_streak = match last {
+            Some(l) if obs.error_text && l.is_error() && l.shape == rec.shape => {
+                r.same_error_streak + 1
+            }
+            _ if obs.error_text => 1,
+            _ => 0,
         };
         r.error_streak = if obs.is_error { r.error_streak + 1 } else { 0 };
         r.unknown_tool_streak = if obs.unknown_tool {
@@ -549,7 +616,7 @@ impl SessionState {
             };
             match (prev1, prev2) {
                 (Some(p1), _) if p1.action == rec.action => 1,
-                (Some(_), Some(p2)) if p2.same_pair(&rec) && r.alternation >= 2 => {
+                (Some(_), Some(p2)) if p2.same_outcome(&rec) && r.alternation >= 2 => {
                     r.alternation + 1
                 }
                 (Some(_), _) => 2,
@@ -558,7 +625,7 @@ impl SessionState {
         };
         for (slot, k) in CYCLE_LENGTHS.iter().enumerate() {
             let n = r.window.len();
-            r.cycle_match[slot] = if n >= *k && r.window[n - k].same_pair(&rec) {
+            r.cycle_match[slot] = if n >= *k && r.window[n - k].same_outcome(&rec) {
                 r.cycle_match[slot] + 1
             } else {
                 0
@@ -596,13 +663,16 @@ impl SessionState {
             facts.poll_unchanged = unchanged;
         }
 
-        // Information gain: polls neither count as news nor as old news.
+        // Information gain: a call is news when this action has not returned this result
+        // (up to digits) before in the run (a new file written says "File updated" too).
+        // Polls count neither as news nor as old news.
         if !obs.poll {
-            let seen = r.seen_results.contains(&rec.result);
+            let pair = rec.news_key();
+            let seen = r.seen_pairs.contains(&pair);
             r.turn_had_results = true;
             r.turn_all_seen &= seen;
             if !seen {
-                push_bounded(&mut r.seen_results, rec.result, SEEN_RESULTS);
+                push_bounded(&mut r.seen_pairs, pair, SEEN_PAIRS);
             }
         }
 
@@ -634,7 +704,7 @@ impl SessionState {
             let n = w.len();
             let reducible = (1..*k)
                 .filter(|d| k % d == 0)
-                .any(|d| (d..*k).all(|i| w[n - k + i].same_pair(&w[n - k + i - d])));
+                .any(|d| (d..*k).all(|i| w[n - k + i].same_outcome(&w[n - k + i - d])));
             if reducible {
                 continue;
             }
@@ -691,6 +761,12 @@ impl SessionState {
             e.emitted = 0;
         }
         e.subject = 0;
+        e.warned_at_step = None;
+    }
+
+    /// The agent's steps so far ([`Counters::steps`]).
+    pub fn steps(&self) -> u32 {
+        self.stats.steps.min(u32::MAX as u64) as u32
     }
 
     pub fn count_finding(&mut self, kind: DetectorKind, level: Level) {
@@ -732,7 +808,9 @@ mod tests {
         ToolObservation {
             action,
             result,
+            shape: result as u32,
             is_error: false,
+            error_text: false,
             unknown_tool: false,
             poll: false,
             retry_safe: false,
@@ -750,7 +828,7 @@ mod tests {
         assert_eq!(s.run.window.len(), WINDOW_CALLS);
         assert!(s.tools.len() <= MAX_NAMED_TOOLS + 1);
         assert_eq!(s.recent_event_ids.len(), RECENT_EVENT_IDS);
-        assert_eq!(s.run.seen_results.len(), SEEN_RESULTS);
+        assert_eq!(s.run.seen_pairs.len(), SEEN_PAIRS);
     }
 
     #[test]

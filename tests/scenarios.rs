@@ -42,7 +42,7 @@ fn a_stricter_config_is_caught_by_eval() {
     let file = std::fs::File::open(&path).unwrap();
     let config = Arc::new(
         Config::from_toml_str(
-            "[detectors.repeat]\nwarn_at = 1\nterminate_at = 2\n",
+            "[detectors.repeat]\nwarn_at = 1\nterminate_at = 2\ngrace_steps = 0\n",
             "t",
             std::iter::empty(),
         )

@@ -1,8 +1,11 @@
-//! `cycle`: the last k calls (k = 3..5) repeated as a block, with unchanged results.
+//! `cycle`: the last k calls (k = 3..8) repeated as a block, with unchanged results (a
+//! failure's error up to its digits, as for `repeat`).
 //!
 //! A longer loop than `ping_pong`: edit, run, read, edit, run, read… and nothing
 //! changes. Only irreducible blocks count (a block that is itself a shorter repetition is
-//! `repeat`'s or `ping_pong`'s). Warn at 4 repeats of the block, terminate at 6.
+//! `repeat`'s or `ping_pong`'s). Warn at 4 repeats of the block, terminate at 6: a
+//! whole block coming back with the same results four times is no coincidence, and
+//! real agents' cycles run to 6–7 calls.
 
 use serde::{Deserialize, Serialize};
 
@@ -62,9 +65,24 @@ mod tests {
     }
 
     #[test]
+    fn cycles_of_up_to_8_calls_are_followed() {
+        for k in [6, 8] {
+            let evs: Vec<Value> = (0..6 * k)
+                .map(|i| call("t", json!(i % k), json!(i % k)))
+                .collect();
+            // The 4th repeat completes at call 4k, the 6th at 6k.
+            assert_eq!(
+                of_alone(&evs, Cycle),
+                vec![(4 * k - 1, Level::Warning), (6 * k - 1, Level::Terminate)],
+                "k = {k}"
+            );
+        }
+    }
+
+    #[test]
     fn a_changing_result_breaks_the_cycle() {
         let evs: Vec<Value> = (0..18)
-            .map(|i| call("t", json!(i % 3), json!(i)))
+            .map(|i| call("t", json!(i % 3), words(i)))
             .collect();
         assert!(of(&evs, Cycle).is_empty());
     }

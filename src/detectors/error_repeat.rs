@@ -1,8 +1,10 @@
-//! `error_repeat`: the same action failing again and again (the error texts may differ).
+//! `error_repeat`: the same call failing again and again (its error texts may differ).
 //!
 //! Retrying a failing call unchanged does not make it pass. Warn at the 2nd failure in a
-//! row, terminate at the 3rd. Tools classed `retry_safe` (flaky network fetches and the
-//! like) are exempt.
+//! row, terminate at the 3rd — and, like every loop detector, only `grace_steps` after
+//! the warning, so an agent that reads the error and changes the call within a few
+//! tries goes on. Different attempts rejected the same way are `same_error`'s. Tools
+//! classed `retry_safe` (flaky network fetches and the like) are exempt.
 
 use serde::{Deserialize, Serialize};
 
@@ -56,10 +58,12 @@ mod tests {
     }
 
     #[test]
-    fn changed_arguments_are_a_new_attempt() {
+    fn a_new_attempt_that_fails_differently_starts_over() {
         let evs: Vec<Value> = (0..4)
             .map(|i| fail("deploy", json!({"env": i}), None))
             .collect();
         assert!(of(&evs, ErrorRepeat).is_empty());
     }
+
+
 }

@@ -1,9 +1,11 @@
 //! `error_streak`: consecutive failing calls, any action.
 //!
-//! An agent whose every call fails has lost its footing (a wrong working directory,
-//! revoked credentials). It warns at 5 failures in a row and is critical at 10, but
-//! never kills: varied failing attempts can be honest exploration, and the repeated
-//! ones are `error_repeat`'s. One success resets it.
+//! An agent whose every call fails has lost its footing: a wrong working directory,
+//! revoked credentials, its whole reply sent to the shell as a command. Varied failing
+//! attempts are honest exploration for a while, so it warns at 5 failures in a row and
+//! is critical at 10; at 12 (and, as for every loop, only `grace_steps` after its first
+//! warning) nothing has worked for so long that going on is spend, not search: working
+//! coding agents rarely fail more than 4 calls in a row. One success resets it.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,7 +22,7 @@ impl Detector for ErrorStreak {
     type On<'a> = &'a ToolContext<'a>;
 
     fn default_levels() -> Levels {
-        Levels::new(Some(5.0), Some(10.0), None)
+        Levels::new(Some(5.0), Some(10.0), Some(12.0))
     }
 
     fn evaluate(&self, levels: &Levels, st: &SessionState, _: &ToolContext) -> Option<Signal> {
@@ -50,11 +52,15 @@ mod tests {
     }
 
     #[test]
-    fn warns_at_5_and_is_critical_at_10() {
+    fn warns_at_5_is_critical_at_10_and_terminates_at_12() {
         assert!(of(&failures(4, "t"), ErrorStreak).is_empty());
         assert_eq!(
-            of(&failures(10, "t"), ErrorStreak),
+            of(&failures(11, "t"), ErrorStreak),
             vec![(4, Level::Warning), (9, Level::Critical)]
+        );
+        assert_eq!(
+            of(&failures(12, "t"), ErrorStreak),
+            vec![(4, Level::Warning), (9, Level::Critical), (11, Level::Terminate)]
         );
     }
 

@@ -62,7 +62,7 @@ mod tests {
     #[test]
     fn warns_at_10_goes_critical_at_20_and_never_kills() {
         let evs: Vec<Value> = (0..25)
-            .map(|i| call("exec", json!({"c": "date"}), json!(i)))
+            .map(|i| call("exec", json!({"c": "date"}), words(i)))
             .collect();
         assert!(of(&first(&evs, 9), GenericRepeat).is_empty());
         let f = run(&evs);

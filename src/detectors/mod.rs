@@ -44,6 +44,17 @@ pub enum Class {
     ToolLoop,
 }
 
+impl Class {
+    /// Loop detectors nudge before they kill; ceilings warn at their own thresholds and
+    /// stop at the limit.
+    pub fn default_grace_steps(self) -> u32 {
+        match self {
+            Class::Loop | Class::ToolLoop => crate::policy::DEFAULT_GRACE_STEPS,
+            Class::Budget | Class::Ceiling => 0,
+        }
+    }
+}
+
 /// One detector: its settings are the implementing type (serde reads and prints them;
 /// `deny_unknown_fields`, validating value types from [`settings`]), and it judges one
 /// kind of event.
@@ -187,7 +198,8 @@ macro_rules! detectors {
             }
 
             pub fn default_levels(self) -> Levels {
-                match self { $(DetectorKind::$detector => <$detector as Detector>::default_levels()),+ }
+                let levels = match self { $(DetectorKind::$detector => <$detector as Detector>::default_levels()),+ };
+                Levels { grace_steps: self.class().default_grace_steps(), ..levels }
             }
         }
 
@@ -264,6 +276,7 @@ detectors! {
     write_no_effect: WriteNoEffect,
     token_ratio: TokenRatio,
     depth_cap: DepthCap,
+    same_error: SameError,
 }
 
 /// Number of detectors; sizes per-detector arrays.

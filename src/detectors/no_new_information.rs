@@ -1,10 +1,14 @@
-//! `no_new_information`: consecutive turns whose tool results were all seen before in the
-//! run (information gain).
+//! `no_new_information`: consecutive turns whose tool calls all returned what the same
+//! call had returned before in the run (information gain).
 //!
 //! An agent that keeps getting back what it already knows has stopped learning about its
-//! task, even when its actions vary. The turn is judged when the next one starts. Warn at
-//! 2 such turns in a row, critical at 3; never a kill. Polls count neither as new nor as
-//! old news.
+//! task. Novelty is the (action, result) pair: a new file written answers "File updated"
+//! like the last one, an empty output of a new command is an answer to a new question,
+//! and both are progress; the same call answering the same thing again is not. The turn
+//! is judged when the next one starts. Warn at 3 such turns in a row, critical at 5,
+//! never a kill: a final verification pass (re-running the same checks after a fix)
+//! reads as 2–4 such turns in working sessions. Polls count neither as new nor as old
+//! news.
 
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +25,7 @@ impl Detector for NoNewInformation {
     type On<'a> = &'a LlmContext;
 
     fn default_levels() -> Levels {
-        Levels::new(Some(2.0), Some(3.0), None)
+        Levels::new(Some(3.0), Some(5.0), None)
     }
 
     fn evaluate(&self, levels: &Levels, st: &SessionState, l: &LlmContext) -> Option<Signal> {
@@ -45,14 +49,14 @@ mod tests {
     use crate::detectors::DetectorKind::NoNewInformation;
     use crate::policy::Level;
 
-    #[test]
-    fn counts_turns_of_old_results() {
+    /// A first turn reading A and B, then `n` turns each re-reading one of them.
+    fn rereading(n: usize) -> Vec<serde_json::Value> {
         let mut evs = vec![
             turn(1, "t0"),
             call("read", json!(1), json!("A")),
             call("read", json!(2), json!("B")),
         ];
-        for i in 0..4 {
+        for i in 0..n {
             evs.push(turn(1, &format!("turn {i}")));
             evs.push(call(
                 "read",
@@ -61,11 +65,28 @@ mod tests {
             ));
         }
         evs.push(turn(1, "last"));
-        // Turn events at 3, 5, 7, 9, 11 judge the turns before them.
-        assert!(of(&first(&evs, 7), NoNewInformation).is_empty());
+        evs
+    }
+
+    #[test]
+    fn counts_turns_whose_calls_returned_what_they_returned_before() {
+        // Turn events at 3, 5, 7, … judge the turns before them.
+        let evs = rereading(6);
+        assert!(of_alone(&first(&evs, 9), NoNewInformation).is_empty());
         assert_eq!(
-            of(&evs, NoNewInformation),
-            vec![(7, Level::Warning), (9, Level::Critical)]
+            of_alone(&evs, NoNewInformation),
+            vec![(9, Level::Warning), (13, Level::Critical)]
         );
+    }
+
+    #[test]
+    fn a_new_call_with_an_answer_seen_before_is_news() {
+        // Each turn writes another file and gets the same "File updated".
+        let mut evs = vec![turn(1, "t0")];
+        for i in 0..8 {
+            evs.push(call("write", json!({"path": format!("f{}", words(i))}), json!("File updated")));
+            evs.push(turn(1, &format!("turn {i}")));
+        }
+        assert!(of_alone(&evs, NoNewInformation).is_empty());
     }
 }

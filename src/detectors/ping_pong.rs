@@ -69,7 +69,7 @@ mod tests {
 
     #[test]
     fn a_changing_result_on_one_side_is_progress() {
-        let evs = alternate(12, |i| json!(i));
+        let evs = alternate(12, words);
         assert!(of(&evs, PingPong).is_empty());
     }
 }

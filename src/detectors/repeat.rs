@@ -3,10 +3,13 @@
 //!
 //! Content-aware: the action *and* its result must repeat, because a changed result is
 //! progress (re-reading a file that changed, re-running a test that now fails
-//! differently). Defaults: warn at 3 in a row, terminate at 4 in a row or at 8 in the
-//! window (the last 30 calls of the run), which catches a loop interleaved with other
-//! calls. Polls (their own detector, `poll_no_progress`) and tools classed `retry_safe`
-//! are exempt.
+//! differently). Two failures are the same outcome when their errors differ only in
+//! digits (an error's numbers are line numbers and counters; a success's are data); and
+//! a tool classed `write` re-applied in a row is a loop whatever it returns (the same
+//! insert, re-applied, grows the file each time). Defaults: warn at 3
+//! in a row, terminate at 4 in a row or at 8 identical pairs in the window (the last 30
+//! calls of the run), which catches a loop interleaved with other calls. Polls (their
+//! own detector, `poll_no_progress`) and tools classed `retry_safe` are exempt.
 
 use serde::{Deserialize, Serialize};
 
@@ -67,9 +70,16 @@ impl Detector for Repeat {
         ev.insert("action".into(), fp_hex(t.obs.action).into());
         ev.insert("result".into(), fp_hex(t.obs.result).into());
         ev.insert("recent".into(), recent_calls(st, 8));
+        let times = in_a_row.max(in_window);
+        if t.obs.write {
+            return Message::new(
+                format!("`{tool}` applied with the same arguments {in_a_row} times in a row ({in_window} with the same result in the last {} calls)", st.run.window.len()),
+                format!("you applied the same `{tool}` {times} times; look at the target as it is now before changing it again"),
+            );
+        }
         Message::new(
-            format!("`{tool}` called with the same arguments and the same result {in_a_row} times in a row ({in_window} in the last {} calls)", st.run.window.len()),
-            format!("you called `{tool}` with the same arguments {} times and got the same result; try something different", in_a_row.max(in_window)),
+            format!("`{tool}` called with the same arguments {in_a_row} times in a row with nothing new in its result ({in_window} with the same result in the last {} calls)", st.run.window.len()),
+            format!("you called `{tool}` with the same arguments {times} times and got the same result; try something different"),
         )
     }
 }
@@ -112,9 +122,49 @@ mod tests {
     }
 
     #[test]
+    fn failures_that_differ_only_in_digits_are_the_same_in_a_row() {
+        // A shell names the line that failed: `line 62215`, `line 62230`, …
+        let evs: Vec<Value> = (0..4)
+            .map(|i| {
+                let out = format!("/bin/bash: line {}: javac: command not found", 62215 + 15 * i);
+                let mut e = call("bash", json!({"command": "javac A.java"}), json!(out));
+                e["is_error"] = json!(true);
+                e
+            })
+            .collect();
+        assert_eq!(
+            of_alone(&evs, Repeat),
+            vec![(2, Level::Warning), (3, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn a_success_whose_digits_change_is_progress() {
+        // The digits of a result are data: a clock, a chunk number, a progress count.
+        let evs: Vec<Value> = (0..8)
+            .map(|i| call("read_output", json!({"session": 1}), json!(format!("chunk {i}"))))
+            .collect();
+        assert!(of(&evs, Repeat).is_empty());
+    }
+
+    #[test]
+    fn a_write_re_applied_in_a_row_repeats_whatever_it_returns() {
+        let evs: Vec<Value> = (0..4)
+            .map(|i| {
+                let out = format!("[File: a.java ({} lines total)] {}", 8 + 15 * i, words(i));
+                call("edit", json!({"command": "edit 1:1\nimport x;"}), json!(out))
+            })
+            .collect();
+        assert_eq!(
+            of(&evs, Repeat),
+            vec![(2, Level::Warning), (3, Level::Terminate)]
+        );
+    }
+
+    #[test]
     fn a_changed_result_is_progress() {
         let evs: Vec<Value> = (0..12)
-            .map(|i| call("read", json!({"p": 1}), json!(i)))
+            .map(|i| call("read", json!({"p": 1}), words(i)))
             .collect();
         let f = run(&evs);
         assert!(only(&f, Repeat).is_empty());

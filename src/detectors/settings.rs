@@ -120,6 +120,33 @@ impl<'de> Deserialize<'de> for Share {
     }
 }
 
+/// A fraction in [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Fraction(f64);
+
+impl Fraction {
+    /// `value`, which must be in [0, 1] (for defaults; checked in tests).
+    pub const fn new(value: f64) -> Fraction {
+        assert!(value >= 0.0 && value <= 1.0, "default out of range");
+        Fraction(value)
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Fraction, D::Error> {
+        let v = f64::deserialize(d)?;
+        if !(0.0..=1.0).contains(&v) {
+            return Err(de::Error::custom(format!("must be in [0, 1], got {v}")));
+        }
+        Ok(Fraction(v))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

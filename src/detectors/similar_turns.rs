@@ -56,32 +56,48 @@ mod tests {
     use crate::detectors::DetectorKind::SimilarTurns;
     use crate::policy::Level;
 
-    fn repeating(n: usize, text: impl Fn(usize) -> String) -> Vec<serde_json::Value> {
+    /// Turns with `text`, each followed by a call whose result is `result(i)`.
+    fn turns(
+        n: usize,
+        text: impl Fn(usize) -> String,
+        result: impl Fn(usize) -> serde_json::Value,
+    ) -> Vec<serde_json::Value> {
         let mut evs = Vec::new();
         for i in 0..n {
             evs.push(turn(1, &text(i)));
-            evs.push(call("noop", json!(evs.len()), json!(evs.len())));
+            evs.push(call("check", json!({"what": "status"}), result(i)));
         }
         evs
     }
 
+    const SAME: &str = "I have verified the file and will now mark the task complete";
+
     #[test]
     fn warns_at_3_and_terminates_at_5() {
-        let text = |_| "I have verified the file and will now mark the task complete".to_string();
-        let evs = repeating(6, text);
-        assert!(of(&first(&evs, 6), SimilarTurns).is_empty());
+        // The same words each turn, and nothing new from the tools between them (the
+        // first result is news, so the count starts with the turn after it).
+        let evs = turns(7, |_| SAME.to_string(), |_| json!("unchanged"));
+        assert!(of_alone(&first(&evs, 8), SimilarTurns).is_empty());
         assert_eq!(
-            of(&evs, SimilarTurns),
-            vec![(6, Level::Warning), (10, Level::Terminate)]
+            of_alone(&evs, SimilarTurns),
+            vec![(8, Level::Warning), (12, Level::Terminate)]
         );
     }
 
     #[test]
+    fn a_turn_that_learned_something_is_progress_however_alike_the_words() {
+        // Scrolling through a file: "let me scroll down" each turn, a new page each time.
+        let evs = turns(8, |_| SAME.to_string(), words);
+        assert!(of_alone(&evs, SimilarTurns).is_empty());
+    }
+
+    #[test]
     fn dissimilar_turns_are_not_counted() {
-        let evs = repeating(8, |i| format!("step {i}: {}", "word ".repeat(i + 1)));
-        assert!(of(&evs, SimilarTurns).is_empty());
+        let text = |i| format!("step {i}: {}", "word ".repeat(i + 1));
+        let evs = turns(8, text, |_| json!("unchanged"));
+        assert!(of_alone(&evs, SimilarTurns).is_empty());
         // ...unless the bar is lowered far enough.
-        let cfg = "[detectors.similar_turns]\nmin_similarity = 0.05\n";
-        assert!(!of_with(cfg, &evs, SimilarTurns).is_empty());
+        let cfg = alone("similar_turns") + "min_similarity = 0.05\n";
+        assert!(!of_with(&cfg, &evs, SimilarTurns).is_empty());
     }
 }

@@ -16,9 +16,16 @@ use super::DetectorKind;
 /// A finding as the tests compare it: (event index, detector, level, mode).
 pub type Found = (usize, DetectorKind, Level, Mode);
 
-/// Runs `events` under `config` and returns every finding.
+/// Runs `events` under `config` and returns every finding. Thresholds are tested as they
+/// are: without the grace that holds terminations back (`[engine] grace_steps = 0`,
+/// unless `config` sets it; the grace has its own tests in the engine).
 pub fn run_with(config: &str, events: &[Value]) -> Vec<Found> {
-    let config = Arc::new(Config::from_toml_str(config, "test", std::iter::empty()).unwrap());
+    let no_grace = (
+        "LOOPWARDEN_ENGINE__GRACE_STEPS".to_string(),
+        "0".to_string(),
+    );
+    let env = (!config.contains("grace_steps")).then_some(no_grace);
+    let config = Arc::new(Config::from_toml_str(config, "test", env.into_iter()).unwrap());
     let mut engine = Engine::new(config);
     let mut found = Vec::new();
     for (i, e) in events.iter().enumerate() {
@@ -79,12 +86,42 @@ pub fn first(events: &[Value], n: usize) -> Vec<Value> {
     events[..n].to_vec()
 }
 
+/// A result text of its own for each `i`, differing in words (not only in digits, which
+/// the detectors read as noise between two runs of the same call).
+pub fn words(i: usize) -> Value {
+    const W: [&str; 8] = [
+        "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
+    ];
+    json!(format!("{} {} {}", W[i % 8], W[i / 8 % 8], W[i / 64 % 8]))
+}
+
+/// A config where only `detector` may terminate: the others run in `warn` mode, so they
+/// neither end the session nor claim its one termination.
+pub fn alone(detector: &str) -> String {
+    format!("mode = \"warn\"\n[detectors.{detector}]\nmode = \"enforce\"\n")
+}
+
+/// The enforced findings of `kind` under `alone(kind)`.
+pub fn of_alone(events: &[Value], kind: DetectorKind) -> Vec<(usize, Level)> {
+    run_with(&alone(kind.name()), events)
+        .into_iter()
+        .filter(|f| f.1 == kind && f.3 == Mode::Enforce)
+        .map(|f| (f.0, f.2))
+        .collect()
+}
+
 pub fn call(tool: &str, args: Value, result: Value) -> Value {
     json!({"type": "tool.called", "tool": tool, "args": args, "result": result})
 }
 
+/// A failing call; its error text names the tool and arguments (different calls fail
+/// differently).
 pub fn fail(tool: &str, args: Value, kind: Option<&str>) -> Value {
-    let mut v = json!({"type": "tool.called", "tool": tool, "args": args, "result": "boom", "is_error": true});
+    let seed = format!("{tool}{args}")
+        .bytes()
+        .fold(7usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+    let error = format!("{tool} failed: {}", words(seed % 512));
+    let mut v = json!({"type": "tool.called", "tool": tool, "args": args, "result": error, "is_error": true});
     if let Some(k) = kind {
         v["error_kind"] = json!(k);
     }
