@@ -35,7 +35,7 @@ impl Detector for NoNewInformation {
 
     fn describe(&self, _: &SessionState, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
-            format!("{} turns in a row whose tool results were all seen before", r.count()),
+            format!("{} turns in a row whose calls returned nothing they had not returned before", r.count()),
             "your recent tool calls only returned things you had already seen; look somewhere new",
         )
     }
