@@ -53,7 +53,7 @@ fn replay_prints_json_lines_and_a_summary_line() {
         .iter()
         .map(|v| v["session_id"].as_str().unwrap())
         .collect();
-    assert_eq!(stopped, vec!["looping-2", "narrating-4"]);
+    assert_eq!(stopped, vec!["narrating-4", "looping-2"]);
     let summaries = lines
         .iter()
         .filter(|v| v["type"] == "session.summary")
@@ -61,7 +61,7 @@ fn replay_prints_json_lines_and_a_summary_line() {
     assert_eq!(summaries, 4, "end of input closes every session");
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains("replayed 41 events from 41 lines (0 bad)"),
+        stderr.contains("replayed 42 events from 42 lines (0 bad)"),
         "{stderr}"
     );
 }
@@ -152,12 +152,12 @@ fn eval_passes_the_corpus_and_fails_a_bad_config() {
         .unwrap();
     let s = text(&out.stdout);
     assert!(out.status.success(), "{s}");
-    assert!(s.contains("45 of 45 cases held"), "{s}");
+    assert!(s.contains("55 of 55 cases held"), "{s}");
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("strict.toml");
     std::fs::write(
         &cfg,
-        "[detectors.generic_repeat]\nwarn_at = 2\ncritical_at = \"off\"\nterminate_at = 3\n",
+        "[detectors.generic_repeat]\nwarn_at = 2\ncritical_at = \"off\"\nterminate_at = 3\ngrace_steps = 0\n",
     )
     .unwrap();
     let out = bin()

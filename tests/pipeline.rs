@@ -207,7 +207,10 @@ fn bad_messages_are_dead_lettered_with_their_reason_and_the_partition_flows_on()
         topics,
         dir,
         cfg,
-    } = fixture(1, "[engine]\nmax_event_bytes = 4096\nmax_nesting = 16\n");
+    } = fixture(
+        1,
+        "[engine]\nmax_event_bytes = 4096\nmax_nesting = 16\ngrace_steps = 0\n",
+    );
     let call = |i: u32| {
         format!(r#"{{"type":"tool.called","session_id":"dlq-s1","event_id":"e{i}","timestamp":"2025-11-18T11:00:0{i}Z","tool":"run_tests","args":{{"t":1}},"result":"fail"}}"#)
             .into_bytes()
@@ -227,7 +230,8 @@ fn bad_messages_are_dead_lettered_with_their_reason_and_the_partition_flows_on()
         ("too_deep", deep.into_bytes()),
         ("unknown_type", br#"{"type":"session.paused","session_id":"x"}"#.to_vec()),
     ];
-    // good, bad, good, bad, … : the looping session needs all four calls to terminate.
+    // good, bad, good, bad, … : the looping session needs all four calls to terminate
+    // (no grace here: this test is about the dead letters).
     let mut payloads = Vec::new();
     let mut bad_offsets = Vec::new();
     for (i, (_, b)) in bad.iter().enumerate() {
@@ -474,7 +478,8 @@ fn without_brokers_run_starts_an_embedded_broker_and_prints_its_address() {
     produce(
         &address,
         "tool.called",
-        &(1..=4).map(call).collect::<Vec<_>>(),
+        // Six identical calls: warned at the 3rd, stopped three steps later.
+        &(1..=6).map(call).collect::<Vec<_>>(),
         &[],
     );
     let terminated = read_topic(
