@@ -448,12 +448,16 @@ impl Engine {
                     .result(call.result.as_ref(), call.result_digest.as_deref());
                 let unknown_tool = call.error_kind.as_deref() == Some("unknown_tool");
                 let is_error = call.is_error || unknown_tool;
+                // An emitter's own digest stands for a result we cannot read: judged as one
+                // that says something.
+                let wordless = call.result_digest.is_none() && !has_words(call.result.as_ref());
                 let obs = ToolObservation {
                     action: action.short(),
                     result: result.digest.short(),
                     shape: result.shape,
                     is_error,
-                    error_text: is_error && has_words(call.result.as_ref()),
+                    error_text: is_error && !wordless,
+                    wordless,
                     unknown_tool,
                     poll: classes.poll || (result.pending && !is_error),
                     retry_safe: classes.retry_safe,

@@ -90,7 +90,7 @@ mod fixed {
 }
 pub(crate) use fixed::u32_vec as fixed_u32_vec;
 /// Cycle lengths `cycle` looks for (2 is `ping_pong`'s, 1 `repeat`'s).
-pub const CYCLE_LENGTHS: [usize; 6] = [3, 4, 5, 6, 7, 8];
+pub const CYCLE_LENGTHS: [usize; 10] = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
 
 /// One tool call in the window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,6 +108,9 @@ pub struct CallRecord {
 impl CallRecord {
     pub const ERROR: u8 = 1;
     pub const POLL: u8 = 2;
+    pub const RETRY_SAFE: u8 = 4;
+    /// A failure whose result says something in words (see [`ToolObservation::error_text`]).
+    pub const ERROR_TEXT: u8 = 8;
 
     pub fn is_error(&self) -> bool {
         self.flags & Self::ERROR != 0
@@ -115,6 +118,10 @@ impl CallRecord {
 
     pub fn is_poll(&self) -> bool {
         self.flags & Self::POLL != 0
+    }
+
+    fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
     }
 
     /// The same action and the very same result.
@@ -206,7 +213,8 @@ pub struct RunState {
     /// What the run's recent calls told the agent (see `CallRecord::news_key`).
     #[serde(with = "fixed::u64_deque")]
     pub seen_pairs: VecDeque<u64>,
-    /// Results since the last turn: any, and all seen before.
+    /// Results since the last turn that count for information gain: any, and all seen
+    /// before.
     pub turn_had_results: bool,
     pub turn_all_seen: bool,
     pub no_new_info_streak: u32,
@@ -318,6 +326,13 @@ fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) {
 pub struct ToolFacts {
     /// Occurrences of this (action, result) pair in the window, this call included.
     pub pair_count: u32,
+    /// Occurrences of this call's outcome in the window, this call included: the same
+    /// action with the same result, or with the same error up to digits when it failed
+    /// (see [`CallRecord::same_outcome`]). Polls and `retry_safe` calls count 0.
+    pub outcome_count: u32,
+    /// Occurrences in the window of this failure's error in words (up to digits), any
+    /// action, this call included; 0 when this call is no such failure.
+    pub error_count: u32,
     /// Occurrences of this action in the window among non-poll calls, this call included.
     pub action_count: u32,
     /// Occurrences of the `generic_repeat` episode's action (non-poll calls).
@@ -328,7 +343,7 @@ pub struct ToolFacts {
     pub recent_len: u32,
     /// Unchanged results in a row of this poll action (0 when not a poll).
     pub poll_unchanged: u32,
-    /// The largest complete cycle: (length k, repeats).
+    /// The longest cycle at the window's tail: (length k, calls it covers).
     pub cycle: Option<(usize, u32)>,
 }
 
@@ -343,6 +358,9 @@ pub struct ToolObservation {
     /// A failure whose result says something in words (not only an exit code or an
     /// empty output): two such failures alike are the same error.
     pub error_text: bool,
+    /// The result says nothing in words (an empty output, an exit code, a bare number):
+    /// it tells neither news nor old news.
+    pub wordless: bool,
     pub unknown_tool: bool,
     /// A poll by class or a pending-looking result.
     pub poll: bool,
@@ -522,7 +540,17 @@ impl SessionState {
             result: obs.result,
             shape: obs.shape,
             flags: (if obs.is_error { CallRecord::ERROR } else { 0 })
-                | (if obs.poll { CallRecord::POLL } else { 0 }),
+                | (if obs.poll { CallRecord::POLL } else { 0 })
+                | (if obs.retry_safe {
+                    CallRecord::RETRY_SAFE
+                } else {
+                    0
+                })
+                | (if obs.error_text {
+                    CallRecord::ERROR_TEXT
+                } else {
+                    0
+                }),
         };
         let mut facts = ToolFacts::default();
 
@@ -539,9 +567,22 @@ impl SessionState {
         if !obs.poll && subject == rec.action {
             subject_count = 1;
         }
+        let judged_outcome = !obs.poll && !obs.retry_safe;
+        let mut outcome_count = u32::from(judged_outcome);
+        let mut error_count = u32::from(obs.error_text && !obs.retry_safe);
         for prev in r.window.iter().rev() {
             if prev.same_pair(&rec) {
                 pair_count += 1;
+            }
+            if judged_outcome && prev.same_outcome(&rec) && !prev.has(CallRecord::RETRY_SAFE) {
+                outcome_count += 1;
+            }
+            if error_count > 0
+                && prev.has(CallRecord::ERROR_TEXT)
+                && !prev.has(CallRecord::RETRY_SAFE)
+                && prev.shape == rec.shape
+            {
+                error_count += 1;
             }
             if !prev.is_poll() {
                 if !obs.poll && prev.action == rec.action {
@@ -557,6 +598,8 @@ impl SessionState {
             }
         }
         facts.pair_count = pair_count;
+        facts.outcome_count = outcome_count;
+        facts.error_count = error_count;
         facts.action_count = action_count;
         facts.subject_count = subject_count;
         facts.recent_len = recent_len as u32;
@@ -583,11 +626,15 @@ impl SessionState {
             }
             _ => 1,
         };
-        r.error_repeat_streak = if !obs.is_error {
+        // A failure that says nothing (an exit code, an empty output: `grep` finding
+        // nothing) is an answer, not an error to retry: `repeat` follows it.
+        r.error_repeat_streak = if !obs.error_text {
             0
         } else {
             match last {
-                Some(l) if l.is_error() && l.action == rec.action => r.error_repeat_streak + 1,
+                Some(l) if l.has(CallRecord::ERROR_TEXT) && l.action == rec.action => {
+                    r.error_repeat_streak + 1
+                }
                 _ => 1,
             }
         };
@@ -665,12 +712,17 @@ impl SessionState {
 
         // Information gain: a call is news when this action has not returned this result
         // (up to digits) before in the run (a new file written says "File updated" too).
-        // Polls count neither as news nor as old news.
+        // Polls count neither as news nor as old news. Nor does a call repeated with an
+        // answer without words (an empty output, an exit code): its answer tells nothing,
+        // and re-applying a silent write (undo a fix to check the test fails, redo it) is
+        // what it did; a new call is news whatever it answers.
         if !obs.poll {
             let pair = rec.news_key();
             let seen = r.seen_pairs.contains(&pair);
-            r.turn_had_results = true;
-            r.turn_all_seen &= seen;
+            if !(seen && obs.wordless) {
+                r.turn_had_results = true;
+                r.turn_all_seen &= seen;
+            }
             if !seen {
                 push_bounded(&mut r.seen_pairs, pair, SEEN_PAIRS);
             }
@@ -690,8 +742,9 @@ impl SessionState {
         facts
     }
 
-    /// The cycle (length, full repeats) at the window's tail, if its block is not itself
-    /// a shorter repetition (that is `repeat` or `ping_pong`'s business).
+    /// The cycle at the window's tail that covers the most calls, as (length k, calls
+    /// covered), once its block came back whole at least once and if the block is not
+    /// itself a shorter repetition (that is `repeat` or `ping_pong`'s business).
     fn longest_cycle(&self) -> Option<(usize, u32)> {
         let w = &self.run.window;
         let mut best: Option<(usize, u32)> = None;
@@ -708,9 +761,9 @@ impl SessionState {
             if reducible {
                 continue;
             }
-            let repeats = ((m + k) / k) as u32;
-            if best.is_none_or(|(_, r)| repeats > r) {
-                best = Some((*k, repeats));
+            let covered = (m + k) as u32;
+            if best.is_none_or(|(_, c)| covered > c) {
+                best = Some((*k, covered));
             }
         }
         best
@@ -811,6 +864,7 @@ mod tests {
             shape: result as u32,
             is_error: false,
             error_text: false,
+            wordless: false,
             unknown_tool: false,
             poll: false,
             retry_safe: false,
@@ -853,7 +907,7 @@ mod tests {
         for i in 0..12u64 {
             last = s.observe_tool("t", tool(i % 3, i % 3), 8);
         }
-        assert_eq!(last.cycle, Some((3, 4)));
+        assert_eq!(last.cycle, Some((3, 12)), "12 calls covered");
         let mut s = SessionState::new(0, 0);
         for _ in 0..12 {
             last = s.observe_tool("t", tool(1, 1), 8);

@@ -65,5 +65,20 @@ mod tests {
         assert!(of(&evs, ErrorRepeat).is_empty());
     }
 
-
+    #[test]
+    fn a_failure_that_says_nothing_is_an_answer_for_repeat_not_an_error_to_retry() {
+        // `grep` finding nothing exits 1 with an empty output: asking again is `repeat`'s.
+        let evs: Vec<Value> = (0..3)
+            .map(|_| {
+                let mut e = fail("bash", json!({"command": "grep -r x tests"}), None);
+                e["result"] = json!("<returncode>1</returncode>\n<output>\n</output>");
+                e
+            })
+            .collect();
+        assert!(of(&evs, ErrorRepeat).is_empty());
+        assert_eq!(
+            of(&evs, crate::detectors::DetectorKind::Repeat),
+            vec![(2, Level::Warning)]
+        );
+    }
 }

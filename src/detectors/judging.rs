@@ -104,6 +104,24 @@ impl Signal {
         }
     }
 
+    /// Adds a rule over the run's window to a streak's reading: `count` occurrences of
+    /// `subject` in the window reaching `at` terminates (held back by the grace like any
+    /// termination). Such an episode follows its subject: while it is open, events about
+    /// other subjects (the calls interleaved with the loop) neither end nor advance it;
+    /// its subject coming back below `at` (with something new) ends it.
+    pub fn or_window(mut self, count: u32, at: Option<f64>, subject: u64, open: u64) -> Signal {
+        let Some(at) = at else { return self };
+        if count as f64 >= at && self.level.is_none_or(|(l, _)| l < Level::Terminate) {
+            self.level = Some((Level::Terminate, at));
+            self.value = count as f64;
+            self.reset = false;
+            self.subject = Some(subject);
+        } else if self.reset && open != 0 && open != subject {
+            self.reset = false;
+        }
+        self
+    }
+
     /// [`Signal::of`] for a condition that either holds (1) or not (0).
     pub fn flag(holds: bool, levels: &Levels) -> Signal {
         Signal::of(if holds { 1.0 } else { 0.0 }, levels)

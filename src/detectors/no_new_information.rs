@@ -89,4 +89,26 @@ mod tests {
         }
         assert!(of_alone(&evs, NoNewInformation).is_empty());
     }
+
+    #[test]
+    fn a_silent_call_repeated_is_neither_news_nor_old_news() {
+        // Check a fix by undoing it: revert (silent), test (fails as at first), re-apply
+        // (silent, as the first time), test (passes as before), then look at the diff.
+        let silent = json!("<returncode>0</returncode>\n<output>\n</output>");
+        let test = |out: &str| call("bash", json!({"command": "python t.py"}), json!(out));
+        let mut evs = vec![turn(1, "t0"), test("FAIL"), turn(1, "fix")];
+        evs.push(call("bash", json!({"command": "sed -i s/a/b/ f.py"}), silent.clone()));
+        evs.extend([turn(1, "test"), test("PASS"), turn(1, "revert")]);
+        evs.push(call("bash", json!({"command": "sed -i s/b/a/ f.py"}), silent.clone()));
+        evs.extend([turn(1, "test"), test("FAIL"), turn(1, "re-apply")]);
+        evs.push(call("bash", json!({"command": "sed -i s/a/b/ f.py"}), silent));
+        evs.extend([turn(1, "test"), test("PASS"), turn(1, "diff")]);
+        evs.extend([call("bash", json!({"command": "git diff"}), json!("+b")), turn(0, "done")]);
+        assert!(of_alone(&evs, NoNewInformation).is_empty());
+        // Had the re-applied write answered in words, that turn would be old news too.
+        let mut worded = evs.clone();
+        worded[11]["result"] = json!("File updated");
+        worded[3]["result"] = json!("File updated");
+        assert_eq!(of_alone(&worded, NoNewInformation), vec![(14, Level::Warning)]);
+    }
 }

@@ -7,15 +7,18 @@
 //! digits (an error's numbers are line numbers and counters; a success's are data); and
 //! a tool classed `write` re-applied in a row is a loop whatever it returns (the same
 //! insert, re-applied, grows the file each time). Defaults: warn at 3
-//! in a row, terminate at 4 in a row or at 8 identical pairs in the window (the last 30
-//! calls of the run), which catches a loop interleaved with other calls. Polls (their
-//! own detector, `poll_no_progress`) and tools classed `retry_safe` are exempt.
+//! in a row, terminate at 4 in a row or at 8 times the same outcome in the window (the
+//! last 30 calls of the run), which catches a loop interleaved with other calls (add a
+//! print, run the same script, same output, again and again): such an episode follows
+//! its action, so the calls in between neither end it nor count toward its grace. Polls
+//! (their own detector, `poll_no_progress`) and tools classed `retry_safe` are exempt.
 
 use serde::{Deserialize, Serialize};
 
 use super::settings::Threshold;
 use super::{fp_hex, recent_calls, Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::policy::{Level, Levels};
+use super::DetectorKind;
+use crate::policy::Levels;
 use crate::state::SessionState;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,15 +48,13 @@ impl Detector for Repeat {
         if t.obs.poll || t.obs.retry_safe {
             return None;
         }
-        let mut sig = Signal::of(st.run.repeat_streak as f64, levels);
-        if let Some(w) = self.window_terminate_at.get() {
-            if t.facts.pair_count as f64 >= w && sig.level.is_none_or(|(l, _)| l < Level::Terminate)
-            {
-                sig.level = Some((Level::Terminate, w));
-                sig.value = t.facts.pair_count as f64;
-                sig.reset = false;
-            }
-        }
+        let open = st.episodes[DetectorKind::Repeat.index()].subject;
+        let sig = Signal::of(st.run.repeat_streak as f64, levels).or_window(
+            t.facts.outcome_count,
+            self.window_terminate_at.get(),
+            t.obs.action,
+            open,
+        );
         Some(sig)
     }
 
@@ -64,7 +65,7 @@ impl Detector for Repeat {
         _: Reading,
         ev: &mut Evidence,
     ) -> Message {
-        let (tool, in_a_row, in_window) = (t.tool, st.run.repeat_streak, t.facts.pair_count);
+        let (tool, in_a_row, in_window) = (t.tool, st.run.repeat_streak, t.facts.outcome_count);
         ev.insert("in_a_row".into(), in_a_row.into());
         ev.insert("in_window".into(), in_window.into());
         ev.insert("action".into(), fp_hex(t.obs.action).into());
@@ -119,6 +120,24 @@ mod tests {
         }
         assert!(of(&first(&evs, 14), Repeat).is_empty(), "7 in the window");
         assert_eq!(of(&evs, Repeat), vec![(14, Level::Terminate)]);
+    }
+
+    #[test]
+    fn an_interleaved_loop_terminates_once_the_grace_has_passed() {
+        // Add a print, run the same script, the same output: the edits in between are
+        // new each time, and neither end the window's episode nor count as its steps.
+        let mut evs = Vec::new();
+        for i in 0..12 {
+            evs.push(turn(1, &format!("add print {i}")));
+            evs.push(call("edit", json!({"line": i}), json!(format!("File updated {}", words(i)))));
+            evs.push(turn(1, "run it"));
+            evs.push(call("bash", json!({"command": "python repro.py"}), json!("no output")));
+        }
+        let grace = "[engine]\ngrace_steps = 3\n";
+        let found = of_with(grace, &evs, Repeat);
+        // The 8th run (event 31) is held as critical; the first run 3 steps (LLM calls)
+        // later, the 10th (event 39), terminates.
+        assert_eq!(found, vec![(31, Level::Critical), (39, Level::Terminate)]);
     }
 
     #[test]
