@@ -280,59 +280,12 @@ impl Fingerprinter {
     }
 }
 
+use crate::hash::Shape;
+
 struct HashWriter {
     h: Sha256,
     /// Also hash the text with digit runs collapsed (results only).
     shape: Option<Shape>,
-}
-
-/// A 64-bit FNV-1a over text in which each maximal run of ASCII digits that stands on
-/// its own counts as one `0`: numbers are counters, line numbers and timings, but the
-/// digits of a word (`float32`, `utf8`, `x86_64`) are part of its name.
-#[derive(Clone, Copy)]
-struct Shape {
-    h: u64,
-    in_digits: bool,
-    in_word: bool,
-}
-
-impl Default for Shape {
-    fn default() -> Self {
-        Shape {
-            h: 0xcbf2_9ce4_8422_2325,
-            in_digits: false,
-            in_word: false,
-        }
-    }
-}
-
-impl Shape {
-    #[inline]
-    fn put(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            let digit = b.is_ascii_digit();
-            if digit && !self.in_word {
-                if self.in_digits {
-                    continue;
-                }
-                self.in_digits = true;
-                self.mix(b'0');
-                continue;
-            }
-            self.in_digits = false;
-            self.in_word = b.is_ascii_alphabetic() || (self.in_word && (digit || b == b'_'));
-            self.mix(b);
-        }
-    }
-
-    #[inline]
-    fn mix(&mut self, b: u8) {
-        self.h = (self.h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-
-    fn finish(self) -> u32 {
-        (self.h ^ (self.h >> 32)) as u32
-    }
 }
 
 impl HashWriter {
@@ -347,18 +300,17 @@ impl HashWriter {
     fn put(&mut self, b: &[u8]) {
         self.h.update(b);
         if let Some(s) = self.shape.as_mut() {
-            s.put(b);
+            s.text(b);
         }
     }
 
-    /// An escape sequence standing for the byte `raw`: the digest takes the canonical
-    /// escape, the shape the byte itself (so that `\n42` reads as a line break and a
-    /// number, not as a word `n42`).
+    /// An escape sequence: the digest takes it as written, the shape as a separator
+    /// (so that `\n42` reads as a line break and a number, not as a word `n42`).
     #[inline]
-    fn escaped(&mut self, raw: u8, esc: &[u8]) {
+    fn escaped(&mut self, esc: &[u8]) {
         self.h.update(esc);
         if let Some(s) = self.shape.as_mut() {
-            s.put(&[raw]);
+            s.escape(esc);
         }
     }
 
@@ -383,24 +335,21 @@ impl HashWriter {
                 0..=0x1f => {
                     self.put(&s[start..i]);
                     let hex = b"0123456789abcdef";
-                    self.escaped(
-                        b,
-                        &[
-                            b'\\',
-                            b'u',
-                            b'0',
-                            b'0',
-                            hex[(b >> 4) as usize],
-                            hex[(b & 15) as usize],
-                        ],
-                    );
+                    self.escaped(&[
+                        b'\\',
+                        b'u',
+                        b'0',
+                        b'0',
+                        hex[(b >> 4) as usize],
+                        hex[(b & 15) as usize],
+                    ]);
                     start = i + 1;
                     continue;
                 }
                 _ => continue,
             };
             self.put(&s[start..i]);
-            self.escaped(b, esc);
+            self.escaped(esc);
             start = i + 1;
         }
         self.put(&s[start..]);

@@ -9,6 +9,7 @@
 //! - [`event`]: the input contract and its validation (bad input is a [`event::BadEvent`]);
 //! - [`fingerprint`]: canonical SHA-256 digests of actions and results;
 //! - [`text`]: features of assistant text (sketches, chanting);
+//! - [`hash`]: the fast in-process hashes (result shapes, text tokens);
 //! - [`state`]: bounded per-session state;
 //! - [`detectors`]: the detectors, one module each, and the list that makes them a set;
 //! - [`policy`] and [`config`]: levels, modes, thresholds and overrides;
@@ -26,6 +27,7 @@ pub mod eval;
 pub mod event;
 pub mod feed;
 pub mod fingerprint;
+pub mod hash;
 pub mod kafka;
 pub mod output;
 pub mod pipeline;

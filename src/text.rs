@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::hash::token_hash;
+
 /// Token hashes kept per sketch.
 pub const SKETCH_K: usize = 16;
 
@@ -19,18 +21,6 @@ pub struct TextSketch {
     pub mins: Vec<u32>,
     /// All distinct tokens are in `mins` (so similarity is exact).
     pub complete: bool,
-}
-
-#[inline]
-fn token_hash(token: &[u8]) -> u32 {
-    // FxHash over lowercased bytes: tokens are short and this runs for every word.
-    let mut h: u64 = 0;
-    for &b in token {
-        h = (h.rotate_left(5) ^ b.to_ascii_lowercase() as u64)
-            .wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    let h = h ^ (h >> 29);
-    (h as u32) ^ ((h >> 32) as u32)
 }
 
 impl TextSketch {
