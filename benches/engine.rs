@@ -74,10 +74,14 @@ impl Fleet {
             .collect()
     }
 
-    fn batch(&mut self, count: usize) -> Vec<Event> {
+    fn batch(&mut self, count: usize) -> Vec<Event<'static>> {
         self.raw_batch(count)
             .iter()
-            .map(|b| parse_event(b, &ParseLimits::default()).unwrap())
+            .map(|b| {
+                parse_event(b, &ParseLimits::default())
+                    .unwrap()
+                    .into_owned()
+            })
             .collect()
     }
 
@@ -95,7 +99,8 @@ impl Fleet {
         let mut out = Vec::new();
         for s in 0..self.steps.len() as u64 {
             for _ in 0..2 {
-                let ev = parse_event(&self.raw_event(s), &ParseLimits::default()).unwrap();
+                let raw = self.raw_event(s);
+                let ev = parse_event(&raw, &ParseLimits::default()).unwrap();
                 engine.process(&ev, &EventMeta::default(), &mut out);
                 out.clear();
             }
@@ -109,7 +114,7 @@ impl Fleet {
 fn manual(open: u64) {
     let mut fleet = Fleet::new(open, open);
     let mut engine = fleet.warmed_engine();
-    let batches: Vec<Vec<Event>> = (0..6).map(|_| fleet.batch(50_000)).collect();
+    let batches: Vec<Vec<Event<'static>>> = (0..6).map(|_| fleet.batch(50_000)).collect();
     let mut out = Vec::new();
     let start = std::time::Instant::now();
     let mut n = 0;
@@ -148,13 +153,16 @@ fn bench_engine(c: &mut Criterion) {
         bytes as f64 / BATCH as f64
     );
     if let Ok(path) = std::env::var("LOOPWARDEN_BENCH_DUMP") {
-        // The same events as JSON Lines, to inspect them with `loopwarden replay`.
+        // The workload as JSON Lines (this batch and three more of the same fleet), to
+        // run `loopwarden replay` or a profiler on it.
         let mut text = Vec::new();
-        for r in &raw {
-            text.extend_from_slice(r);
+        let mut more = Fleet::new(1_000, 42);
+        for r in (0..4).flat_map(|_| more.raw_batch(BATCH)) {
+            text.extend_from_slice(&r);
             text.push(b'\n');
         }
         std::fs::write(&path, text).expect("write the workload dump");
+        return;
     }
 
     let mut group = c.benchmark_group("engine");

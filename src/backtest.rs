@@ -20,10 +20,10 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::detectors::{DetectorKind, DETECTOR_COUNT};
+use crate::driver::{drive, DriveError, Options, Sink, Step};
 use crate::event::{Event, EventBody, Outcome};
 use crate::output::Output;
 use crate::policy::Level;
-use crate::replay::{drive, ReplayError, Step};
 
 /// Outcomes given beside the events (`--outcomes`), for logs whose `session.completed`
 /// events do not carry one. An outcome on the event wins.
@@ -81,20 +81,31 @@ pub struct Spend {
     pub tokens: u64,
     /// Input tokens read from the provider's cache.
     pub cached_tokens: u64,
-    pub cost_usd: f64,
+    /// Cost in billionths of a dollar: an exact sum, the same in whatever order sessions
+    /// are added (shards add theirs in another order than one thread would).
+    #[serde(rename = "cost_usd", serialize_with = "nanos_as_usd")]
+    pub cost_nanos: i64,
     /// LLM calls.
     pub steps: u64,
     pub tool_calls: u64,
 }
 
+fn nanos_as_usd<S: serde::Serializer>(nanos: &i64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(*nanos as f64 / 1e9)
+}
+
 impl Spend {
+    pub fn cost_usd(&self) -> f64 {
+        self.cost_nanos as f64 / 1e9
+    }
+
     fn add_event(&mut self, event: &Event) {
         match &event.body {
             EventBody::LlmCall(c) => {
                 let cached = c.cache_read_tokens.unwrap_or(0).min(c.input_tokens);
                 self.tokens += c.input_tokens - cached + c.output_tokens;
                 self.cached_tokens += cached;
-                self.cost_usd += c.cost_usd.unwrap_or(0.0);
+                self.cost_nanos += (c.cost_usd.unwrap_or(0.0) * 1e9).round() as i64;
                 self.steps += 1;
             }
             EventBody::ToolCall(_) => self.tool_calls += 1,
@@ -105,7 +116,7 @@ impl Spend {
     fn add(&mut self, other: &Spend) {
         self.tokens += other.tokens;
         self.cached_tokens += other.cached_tokens;
-        self.cost_usd += other.cost_usd;
+        self.cost_nanos += other.cost_nanos;
         self.steps += other.steps;
         self.tool_calls += other.tool_calls;
     }
@@ -114,7 +125,7 @@ impl Spend {
         Spend {
             tokens: self.tokens - other.tokens,
             cached_tokens: self.cached_tokens - other.cached_tokens,
-            cost_usd: (self.cost_usd - other.cost_usd).max(0.0),
+            cost_nanos: (self.cost_nanos - other.cost_nanos).max(0),
             steps: self.steps - other.steps,
             tool_calls: self.tool_calls - other.tool_calls,
         }
@@ -132,6 +143,16 @@ pub struct Group {
     pub spend: Spend,
     /// What the killed sessions spent after their kill point.
     pub spend_after_kill: Spend,
+}
+
+impl Group {
+    fn add(&mut self, other: &Group) {
+        self.sessions += other.sessions;
+        self.warned += other.warned;
+        self.killed += other.killed;
+        self.spend.add(&other.spend);
+        self.spend_after_kill.add(&other.spend_after_kill);
+    }
 }
 
 /// Sessions warned and killed by one detector, per outcome (success, failure, unknown).
@@ -197,13 +218,19 @@ struct Backtest<'a> {
 }
 
 impl Backtest<'_> {
+    fn tally(&mut self, session: &str) -> &mut Tally {
+        if !self.open.contains_key(session) {
+            self.open.insert(session.to_string(), Tally::default());
+        }
+        self.open.get_mut(session).expect("inserted above")
+    }
+
     fn account(&mut self, event: &Event) {
-        let tally = self.open.entry(event.session_id.clone()).or_default();
-        tally.spend.add_event(event);
+        self.tally(&event.session_id).spend.add_event(event);
     }
 
     fn finding(&mut self, session: &str, detector: DetectorKind, level: Level) {
-        let tally = self.open.entry(session.to_string()).or_default();
+        let tally = self.tally(session);
         if level == Level::Terminate {
             if tally.kill.is_none() {
                 tally.kill = Some((detector, tally.spend));
@@ -248,13 +275,31 @@ impl Backtest<'_> {
         }
     }
 
-    fn step(&mut self, step: Step<'_>, outputs: &mut Vec<Output>) {
+    /// Another shard's sessions added to this one's (sessions are independent).
+    fn absorb(&mut self, other: Backtest<'_>) {
+        self.report.success.add(&other.report.success);
+        self.report.failure.add(&other.report.failure);
+        self.report.unknown.add(&other.report.unknown);
+        self.report
+            .killed_successes
+            .extend(other.report.killed_successes);
+        for k in 0..DETECTOR_COUNT {
+            for c in 0..3 {
+                self.warned[k][c] += other.warned[k][c];
+                self.killed[k][c] += other.killed[k][c];
+            }
+        }
+    }
+}
+
+impl Sink for Backtest<'_> {
+    fn step(&mut self, step: Step<'_>, outputs: &[Output]) {
         let event = match step {
             Step::Event { event, duplicate } => (!duplicate).then_some(event),
-            Step::End => None,
+            Step::Clock | Step::End => None,
         };
         let mut accounted = false;
-        for o in outputs.drain(..) {
+        for o in outputs {
             // Idle closes come before the event is applied; findings and a completion
             // after it, so the event counts for its own session first.
             let caused_by_event = match &o {
@@ -270,7 +315,7 @@ impl Backtest<'_> {
                 }
                 accounted = true;
             }
-            match &o {
+            match o {
                 Output::Finding(f) => self.finding(&f.session_id, f.detector, f.level),
                 Output::Summary(s) => self.close(&s.session_id, s.outcome),
             }
@@ -281,24 +326,33 @@ impl Backtest<'_> {
     }
 }
 
-/// Runs the backtest of `input` under `config`.
+/// Runs the backtest of `input` under `config` on `threads` engines (the report is the
+/// same for any number).
 pub fn backtest(
     config: Arc<Config>,
-    input: &mut dyn BufRead,
+    input: &mut (dyn BufRead + Send),
     outcomes: &Outcomes,
     errors: &mut dyn Write,
-) -> Result<Report, ReplayError> {
-    let mut run = Backtest {
+    threads: usize,
+) -> Result<Report, DriveError> {
+    let make = || Backtest {
         outcomes,
         open: FxHashMap::default(),
         report: Report::default(),
         warned: [[0; 3]; DETECTOR_COUNT],
         killed: [[0; 3]; DETECTOR_COUNT],
     };
-    let read = drive(config, input, errors, false, |step, outputs| {
-        run.step(step, outputs);
-        Ok(())
-    })?;
+    let options = Options {
+        threads,
+        strict: false,
+        ordered_outputs: false,
+        render_json: false,
+        batch_bytes: crate::driver::BATCH_BYTES,
+    };
+    let (read, shards) = drive(config, input, errors, options, make, |_| Ok(()))?;
+    let mut shards = shards.into_iter();
+    let mut run = shards.next().unwrap_or_else(make);
+    shards.for_each(|other| run.absorb(other));
     let mut report = run.report;
     report.lines = read.lines;
     report.events = read.events;
@@ -376,7 +430,7 @@ impl Report {
                 |s| s.cached_tokens as f64,
                 |v| big(v as u64),
             ),
-            ("cost (USD)", |s| s.cost_usd, |v| format!("{v:.2}")),
+            ("cost (USD)", |s| s.cost_usd(), |v| format!("{v:.2}")),
             ("steps (LLM calls)", |s| s.steps as f64, |v| big(v as u64)),
             ("tool calls", |s| s.tool_calls as f64, |v| big(v as u64)),
         ];
@@ -472,7 +526,17 @@ mod tests {
                 .unwrap();
         let input = lines(&evs);
         let config = Arc::new(Config::default());
-        let report = backtest(config, &mut &input[..], &outcomes, &mut std::io::sink()).unwrap();
+        let report = backtest(
+            config.clone(),
+            &mut &input[..],
+            &outcomes,
+            &mut std::io::sink(),
+            1,
+        )
+        .unwrap();
+        // The sessions split over three engines: the same report.
+        let split = backtest(config, &mut &input[..], &outcomes, &mut std::io::sink(), 3).unwrap();
+        assert_eq!(split, report);
         assert_eq!((report.success.sessions, report.failure.sessions), (2, 1));
         assert_eq!((report.success.killed, report.failure.killed), (1, 1));
         // 12 LLM calls of 700 paid tokens (1000 in, 400 of them cached, and 100 out).

@@ -17,8 +17,9 @@ use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use crate::config::{Config, ToolClasses};
 use crate::detectors::{Context, DetectorKind, Input, LlmContext, Signal, ToolContext};
-use crate::event::{format_rfc3339_ms, CallKind, Completion, Event, EventBody};
-use crate::fingerprint::{has_words, Fingerprinter};
+use crate::event::{format_rfc3339_ms, CallKind, Completion, Event, EventBody, LlmCall, ToolCall};
+use crate::fingerprint::{self, Fingerprinter};
+use crate::json;
 use crate::output::{
     finding_event_id, summary_event_id, ClosedBy, FindingEvent, Output, Stats, SummaryEvent,
     Trigger, SCHEMA_VERSION,
@@ -26,7 +27,7 @@ use crate::output::{
 use crate::policy::{Level, Mode, Policy};
 use crate::state::{SessionState, ToolObservation};
 use crate::store::{StateStore, StoreBatch, StoreError};
-use crate::text::{find_chant, ChantScratch, TextSketch};
+use crate::text::{find_chant, Chant, ChantScratch, TextSketch};
 
 /// Where an event came from, for `trigger` and for the event-time fallback.
 #[derive(Debug, Clone, Default)]
@@ -56,8 +57,18 @@ struct Slot {
     state: SessionState,
     /// The deadline under which the session sits in the expiry heap.
     scheduled: i64,
+    /// The session's policy, resolved when it opened or its tenant / agent changed.
     policy: Arc<Policy>,
     policy_key: u64,
+}
+
+/// When an idle session closes (see [`Engine::advance_clock_with_deadlines`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloseAt {
+    /// The earliest stream clock at which one engine over every event closes it.
+    pub clock: i64,
+    /// Its idle deadline: closes at one clock go in (deadline, session id) order.
+    pub deadline: i64,
 }
 
 /// Store key under which the engine's clock is kept with the offsets.
@@ -67,18 +78,31 @@ pub const WATERMARK_KEY: &str = "engine/watermark";
 const POLICY_CACHE_CAP: usize = 4096;
 const CLASS_CACHE_CAP: usize = 16_384;
 
+/// What judging an event needs besides its session: configuration resolved once, caches,
+/// and the buffers reused from event to event (so the hot path allocates nothing).
+struct Work {
+    config: Arc<Config>,
+    fingerprinter: Fingerprinter,
+    prints: fingerprint::Scratch,
+    text: String,
+    chant: ChantScratch,
+    /// `tool.action`, when a call has an `action` argument.
+    action_name: String,
+    order: Vec<DetectorKind>,
+    policies: FxHashMap<u64, Arc<Policy>>,
+    /// Tool-override policies by (session policy key, tool or `tool.action` hash); `None`:
+    /// no override applies.
+    tool_policies: FxHashMap<(u64, u64), Option<Arc<Policy>>>,
+    classes: FxHashMap<String, ToolClasses>,
+}
+
 /// The detection engine over one stream of events (one Kafka partition, or one file).
 pub struct Engine {
     config: Arc<Config>,
-    fingerprinter: Fingerprinter,
     sessions: FxHashMap<String, Slot>,
     expiry: BinaryHeap<Reverse<(i64, String)>>,
     watermark: Option<i64>,
-    order: Vec<DetectorKind>,
-    policies: FxHashMap<u64, Arc<Policy>>,
-    tool_policies: FxHashMap<(u64, String), Option<Arc<Policy>>>,
-    classes: FxHashMap<String, ToolClasses>,
-    scratch: ChantScratch,
+    work: Work,
     /// Sessions changed since the last flush, when a durable store is attached.
     dirty: Option<FxHashSet<String>>,
     closed: Vec<String>,
@@ -98,19 +122,153 @@ fn policy_key(tenant: Option<&str>, agent: Option<&str>) -> u64 {
     h.finish()
 }
 
-impl Engine {
-    pub fn new(config: Arc<Config>) -> Engine {
-        Engine {
+impl Work {
+    fn new(config: Arc<Config>) -> Work {
+        Work {
             fingerprinter: Fingerprinter::new(&config.fingerprint),
             config,
-            sessions: FxHashMap::default(),
-            expiry: BinaryHeap::new(),
-            watermark: None,
+            prints: fingerprint::Scratch::default(),
+            text: String::new(),
+            chant: ChantScratch::default(),
+            action_name: String::new(),
             order: DetectorKind::evaluation_order(),
             policies: FxHashMap::default(),
             tool_policies: FxHashMap::default(),
             classes: FxHashMap::default(),
-            scratch: ChantScratch::default(),
+        }
+    }
+
+    fn policy(&mut self, key: u64, tenant: Option<&str>, agent: Option<&str>) -> Arc<Policy> {
+        if let Some(p) = self.policies.get(&key) {
+            return p.clone();
+        }
+        if self.policies.len() >= POLICY_CACHE_CAP {
+            self.policies.clear();
+            self.tool_policies.clear();
+        }
+        let p = Arc::new(self.config.policy_for(tenant, agent));
+        self.policies.insert(key, p.clone());
+        p
+    }
+
+    fn classify(&mut self, tool: &str, action_name: Option<&str>) -> ToolClasses {
+        let key = action_name.unwrap_or(tool);
+        if let Some(c) = self.classes.get(key) {
+            return *c;
+        }
+        if self.classes.len() >= CLASS_CACHE_CAP {
+            self.classes.clear();
+        }
+        let c = self.config.tools.classify(tool, action_name);
+        self.classes.insert(key.to_string(), c);
+        c
+    }
+
+    /// The policy of one tool call when a tool override applies to it.
+    fn tool_policy(
+        &mut self,
+        slot: &Slot,
+        tool: &str,
+        action_name: Option<&str>,
+    ) -> Option<Arc<Policy>> {
+        let key = (slot.policy_key, hash_id(action_name.unwrap_or(tool)));
+        if let Some(p) = self.tool_policies.get(&key) {
+            return p.clone();
+        }
+        let st = &slot.state;
+        let p = self
+            .config
+            .policy_for_tool(
+                &slot.policy,
+                st.tenant.as_deref(),
+                st.agent_id.as_deref(),
+                tool,
+                action_name,
+            )
+            .map(Arc::new);
+        if self.tool_policies.len() >= POLICY_CACHE_CAP {
+            self.tool_policies.clear();
+        }
+        self.tool_policies.insert(key, p.clone());
+        p
+    }
+
+    /// The features of an LLM call's text: its sketch (turns only) and any chant.
+    fn text_features(
+        &mut self,
+        call: &LlmCall<'_>,
+        is_turn: bool,
+        policy: &Policy,
+    ) -> (Option<TextSketch>, Option<Chant>, bool) {
+        let Some(content) = call
+            .text
+            .as_ref()
+            .and_then(|t| json::string_content(t.as_str()))
+            .filter(|c| !c.is_empty())
+        else {
+            return (None, None, false);
+        };
+        self.text.clear();
+        json::unescape_into(content, &mut self.text);
+        let sketch = is_turn.then(|| TextSketch::of(&self.text));
+        let rt = &policy.detectors.repetitive_text;
+        let chant = find_chant(
+            &self.text,
+            rt.chunk_chars.get(),
+            rt.min_repeats.get() as u32,
+            rt.max_avg_spacing_chars,
+            &mut self.chant,
+        );
+        (sketch, chant, true)
+    }
+
+    /// A tool call's fingerprints and classes, and its `tool.action` name if any.
+    fn tool_observation(&mut self, call: &ToolCall<'_>) -> (ToolObservation, bool) {
+        let action = self
+            .fingerprinter
+            .action(&call.tool, call.args.as_ref(), &mut self.prints);
+        let has_action = action.action_arg.is_some();
+        if let Some(a) = &action.action_arg {
+            self.action_name.clear();
+            self.action_name.push_str(&call.tool);
+            self.action_name.push('.');
+            self.action_name.push_str(a);
+        }
+        let name = std::mem::take(&mut self.action_name);
+        let classes = self.classify(&call.tool, has_action.then_some(name.as_str()));
+        self.action_name = name;
+        let result = self.fingerprinter.result(
+            call.result.as_ref(),
+            call.result_digest.as_deref(),
+            &mut self.prints,
+        );
+        let unknown_tool = call.error_kind.as_deref() == Some("unknown_tool");
+        let is_error = call.is_error || unknown_tool;
+        let wordless = !result.has_words;
+        let obs = ToolObservation {
+            action: action.digest.short(),
+            result: result.digest.short(),
+            shape: result.shape,
+            is_error,
+            error_text: is_error && !wordless,
+            wordless,
+            unknown_tool,
+            poll: classes.poll || (result.pending && !is_error),
+            retry_safe: classes.retry_safe,
+            write: classes.write,
+        };
+        (obs, has_action)
+    }
+}
+
+impl Engine {
+    pub fn new(config: Arc<Config>) -> Engine {
+        Engine {
+            work: Work::new(config.clone()),
+            config,
+            sessions: FxHashMap::default(),
+            expiry: BinaryHeap::new(),
+            watermark: None,
             dirty: None,
             closed: Vec::new(),
             counters: EngineCounters::default(),
@@ -130,7 +288,10 @@ impl Engine {
                     .map_or(state.last_arrival_ms, |w| w.max(state.last_arrival_ms)),
             );
             let key = policy_key(state.tenant.as_deref(), state.agent_id.as_deref());
-            let policy = engine.policy(key, state.tenant.as_deref(), state.agent_id.as_deref());
+            let policy =
+                engine
+                    .work
+                    .policy(key, state.tenant.as_deref(), state.agent_id.as_deref());
             let deadline = state
                 .last_arrival_ms
                 .saturating_add(engine.config.engine.session_gap_ms);
@@ -169,32 +330,6 @@ impl Engine {
         self.sessions.get(id).map(|s| &s.state)
     }
 
-    fn policy(&mut self, key: u64, tenant: Option<&str>, agent: Option<&str>) -> Arc<Policy> {
-        if let Some(p) = self.policies.get(&key) {
-            return p.clone();
-        }
-        if self.policies.len() >= POLICY_CACHE_CAP {
-            self.policies.clear();
-            self.tool_policies.clear();
-        }
-        let p = Arc::new(self.config.policy_for(tenant, agent));
-        self.policies.insert(key, p.clone());
-        p
-    }
-
-    fn classify(&mut self, tool: &str, action_name: Option<&str>) -> ToolClasses {
-        let key = action_name.unwrap_or(tool);
-        if let Some(c) = self.classes.get(key) {
-            return *c;
-        }
-        if self.classes.len() >= CLASS_CACHE_CAP {
-            self.classes.clear();
-        }
-        let c = self.config.tools.classify(tool, action_name);
-        self.classes.insert(key.to_string(), c);
-        c
-    }
-
     /// Moves the clock forward (e.g. wall-clock time while a partition is idle) and closes
     /// the sessions that have been silent for `session_gap`.
     pub fn advance_clock(&mut self, now_ms: i64, out: &mut Vec<Output>) {
@@ -204,10 +339,31 @@ impl Engine {
         self.expire(out);
     }
 
+    /// [`Engine::advance_clock`], also telling for each closed session (the i-th
+    /// summary appended to `out`) the clock at which one engine seeing every event would
+    /// have closed it at the earliest, and its idle deadline (the order of closes at one
+    /// clock): a caller that splits one stream over several engines puts their outputs
+    /// back in order with them.
+    pub fn advance_clock_with_deadlines(
+        &mut self,
+        now_ms: i64,
+        out: &mut Vec<Output>,
+        deadlines: &mut Vec<CloseAt>,
+    ) {
+        if self.watermark.is_none_or(|w| now_ms > w) {
+            self.watermark = Some(now_ms);
+        }
+        self.expire_due(out, Some(deadlines));
+    }
+
     fn expire(&mut self, out: &mut Vec<Output>) {
+        self.expire_due(out, None);
+    }
+
+    fn expire_due(&mut self, out: &mut Vec<Output>, mut deadlines: Option<&mut Vec<CloseAt>>) {
         let Some(now) = self.watermark else { return };
         let gap = self.config.engine.session_gap_ms;
-        let mut due: Vec<(i64, String)> = Vec::new();
+        let mut due: Vec<(i64, String, i64)> = Vec::new();
         while let Some(Reverse((deadline, _))) = self.expiry.peek() {
             if *deadline > now {
                 break;
@@ -225,13 +381,19 @@ impl Engine {
                 self.expiry.push(Reverse((actual, id)));
                 continue;
             }
-            due.push((actual, id));
+            // The heap entry that fell due was its latest: it is popped at the first clock
+            // past both it and the session's deadline, whoever advances the clock.
+            due.push((actual, id, deadline.max(actual)));
         }
         // Close in (deadline, id) order whatever the heap's lazy history, so that a
         // restored engine closes sessions in the same order as the one it replaced.
         due.sort();
-        for (_, id) in due {
-            self.close(&id, ClosedBy::IdleTimeout, None, out);
+        for (deadline, id, clock) in due {
+            // A session can sit in the heap twice (closed and reopened): closed once.
+            let closed = self.close(&id, ClosedBy::IdleTimeout, None, out);
+            if let (true, Some(d)) = (closed, deadlines.as_deref_mut()) {
+                d.push(CloseAt { clock, deadline });
+            }
         }
     }
 
@@ -245,15 +407,16 @@ impl Engine {
         self.expiry.clear();
     }
 
+    /// Closes a session and appends its summary; false when it was not open.
     fn close(
         &mut self,
         id: &str,
         closed_by: ClosedBy,
         completion: Option<&Completion>,
         out: &mut Vec<Output>,
-    ) {
+    ) -> bool {
         let Some(slot) = self.sessions.remove(id) else {
-            return;
+            return false;
         };
         let st = slot.state;
         self.counters.sessions_closed += 1;
@@ -296,10 +459,11 @@ impl Engine {
             stats: Stats::of(&st),
             findings,
         })));
+        true
     }
 
     /// Applies one event and appends what it caused (findings, summaries) to `out`.
-    pub fn process(&mut self, event: &Event, meta: &EventMeta, out: &mut Vec<Output>) {
+    pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta, out: &mut Vec<Output>) {
         self.counters.events += 1;
         let event_ms = event
             .timestamp_ms
@@ -319,304 +483,265 @@ impl Engine {
         }
         self.expire(out);
 
-        if !self.sessions.contains_key(&event.session_id) {
-            let st = SessionState::new(event_ms, now);
-            let key = policy_key(event.tenant.as_deref(), event.agent_id.as_deref());
-            let policy = self.policy(key, event.tenant.as_deref(), event.agent_id.as_deref());
-            let deadline = now.saturating_add(gap);
-            self.expiry
-                .push(Reverse((deadline, event.session_id.clone())));
-            self.sessions.insert(
-                event.session_id.clone(),
-                Slot {
-                    state: st,
-                    scheduled: deadline,
-                    policy,
-                    policy_key: key,
-                },
-            );
-            self.counters.sessions_opened += 1;
+        let id: &str = &event.session_id;
+        if !self.sessions.contains_key(id) {
+            self.open(event, event_ms, now);
         }
         if let Some(d) = self.dirty.as_mut() {
-            if !d.contains(&event.session_id) {
-                d.insert(event.session_id.clone());
+            if !d.contains(id) {
+                d.insert(id.to_string());
             }
         }
-        let slot = self
-            .sessions
-            .get_mut(&event.session_id)
-            .expect("inserted above");
-
+        let slot = self.sessions.get_mut(id).expect("opened above");
         // Reschedule lazily: only when the deadline moved by more than an eighth of the gap.
         let new_deadline = now.saturating_add(gap);
         if new_deadline > slot.scheduled.saturating_add(gap / 8) {
             slot.scheduled = new_deadline;
-            self.expiry
-                .push(Reverse((new_deadline, event.session_id.clone())));
+            self.expiry.push(Reverse((new_deadline, id.to_string())));
         }
-
         if slot.state.is_duplicate(hash_id(&event.event_id)) {
             self.counters.duplicates += 1;
             return;
         }
         slot.state.touch(event_ms, now);
+        let completion = match &event.body {
+            EventBody::SessionCompleted(c) => Some(c),
+            _ => None,
+        };
         if slot.state.is_tombstone() {
             slot.state.stats.dropped_after_termination += 1;
             self.counters.dropped_after_termination += 1;
-            if let EventBody::SessionCompleted(completion) = &event.body {
-                self.close(
-                    &event.session_id,
-                    ClosedBy::Completed,
-                    Some(completion),
-                    out,
-                );
-            }
-            return;
+        } else {
+            apply(&mut self.work, slot, event, meta, event_ms, out);
         }
-        slot.state.note_identity(
-            event.run_id.as_deref(),
-            event.agent_id.as_deref(),
-            event.tenant.as_deref(),
+        if let Some(c) = completion {
+            self.close(id, ClosedBy::Completed, Some(c), out);
+        }
+    }
+
+    /// Opens a session for an event of an unknown one.
+    fn open(&mut self, event: &Event<'_>, event_ms: i64, now: i64) {
+        let (tenant, agent) = (event.tenant.as_deref(), event.agent_id.as_deref());
+        let key = policy_key(tenant, agent);
+        let policy = self.work.policy(key, tenant, agent);
+        let deadline = now.saturating_add(self.config.engine.session_gap_ms);
+        let id = event.session_id.to_string();
+        self.expiry.push(Reverse((deadline, id.clone())));
+        self.sessions.insert(
+            id,
+            Slot {
+                state: SessionState::new(event_ms, now),
+                scheduled: deadline,
+                policy,
+                policy_key: key,
+            },
         );
-        if let Some(d) = event.depth {
-            slot.state.stats.max_depth = Some(slot.state.stats.max_depth.map_or(d, |m| m.max(d)));
-        }
-        let key = policy_key(slot.state.tenant.as_deref(), slot.state.agent_id.as_deref());
-        if key != slot.policy_key {
-            let (tenant, agent) = (slot.state.tenant.clone(), slot.state.agent_id.clone());
-            let p = self.policy(key, tenant.as_deref(), agent.as_deref());
-            let slot = self.sessions.get_mut(&event.session_id).expect("present");
-            slot.policy = p;
-            slot.policy_key = key;
-        }
-
-        match &event.body {
-            EventBody::LlmCall(call) => {
-                let slot = self.sessions.get_mut(&event.session_id).expect("present");
-                let policy = slot.policy.clone();
-                let is_turn = call.call_kind == CallKind::Turn;
-                let text = call.text.as_deref().filter(|t| !t.is_empty());
-                let sketch = if is_turn {
-                    text.map(TextSketch::of)
-                } else {
-                    None
-                };
-                let rt = &policy.detectors.repetitive_text;
-                let chant = text.and_then(|t| {
-                    find_chant(
-                        t,
-                        rt.chunk_chars.get(),
-                        rt.min_repeats.get() as u32,
-                        rt.max_avg_spacing_chars,
-                        &mut self.scratch,
-                    )
-                });
-                slot.state.observe_llm(
-                    is_turn,
-                    call.call_kind == CallKind::Compaction,
-                    call.input_tokens,
-                    call.output_tokens,
-                    call.cache_read_tokens,
-                    call.cache_write_tokens,
-                    call.cost_usd,
-                    call.tool_calls,
-                    call.progress,
-                    sketch.as_ref(),
-                    policy.detectors.similar_turns.min_similarity.get(),
-                );
-                let ctx = Context::Llm(LlmContext {
-                    is_turn,
-                    is_compaction: call.call_kind == CallKind::Compaction,
-                    has_progress: call.progress.is_some(),
-                    has_tool_calls: call.tool_calls.is_some(),
-                    has_text: text.is_some(),
-                    chant,
-                });
-                self.judge(event, meta, event_ms, &ctx, &policy, out);
-            }
-            EventBody::ToolCall(call) => {
-                let action_name = call
-                    .args
-                    .as_ref()
-                    .and_then(|a| a.get("action"))
-                    .and_then(|a| a.as_str())
-                    .map(|a| format!("{}.{}", call.tool, a));
-                let classes = self.classify(&call.tool, action_name.as_deref());
-                let action = self.fingerprinter.action(&call.tool, call.args.as_ref());
-                let result = self
-                    .fingerprinter
-                    .result(call.result.as_ref(), call.result_digest.as_deref());
-                let unknown_tool = call.error_kind.as_deref() == Some("unknown_tool");
-                let is_error = call.is_error || unknown_tool;
-                // An emitter's own digest stands for a result we cannot read: judged as one
-                // that says something.
-                let wordless = call.result_digest.is_none() && !has_words(call.result.as_ref());
-                let obs = ToolObservation {
-                    action: action.short(),
-                    result: result.digest.short(),
-                    shape: result.shape,
-                    is_error,
-                    error_text: is_error && !wordless,
-                    wordless,
-                    unknown_tool,
-                    poll: classes.poll || (result.pending && !is_error),
-                    retry_safe: classes.retry_safe,
-                    write: classes.write,
-                };
-                let session_policy = self.sessions[&event.session_id].policy.clone();
-                let policy = if self.config.has_tool_overrides() {
-                    self.tool_policy(&session_policy, event, &call.tool, action_name.as_deref())
-                } else {
-                    session_policy
-                };
-                let last_calls = policy.detectors.low_novelty.last_calls.get();
-                let slot = self.sessions.get_mut(&event.session_id).expect("present");
-                let facts = slot.state.observe_tool(&call.tool, obs, last_calls);
-                let ctx = Context::Tool(ToolContext {
-                    tool: &call.tool,
-                    obs,
-                    facts,
-                });
-                self.judge(event, meta, event_ms, &ctx, &policy, out);
-            }
-            EventBody::SessionStarted => {
-                let policy = self.sessions[&event.session_id].policy.clone();
-                self.judge(event, meta, event_ms, &Context::Other, &policy, out);
-            }
-            EventBody::SessionCompleted(completion) => {
-                self.close(
-                    &event.session_id,
-                    ClosedBy::Completed,
-                    Some(completion),
-                    out,
-                );
-            }
-        }
+        self.counters.sessions_opened += 1;
     }
+}
 
-    fn tool_policy(
-        &mut self,
-        session_policy: &Arc<Policy>,
-        event: &Event,
-        tool: &str,
-        action_name: Option<&str>,
-    ) -> Arc<Policy> {
-        let slot = &self.sessions[&event.session_id];
-        let key = (slot.policy_key, action_name.unwrap_or(tool).to_string());
-        if let Some(p) = self.tool_policies.get(&key) {
-            return p.clone().unwrap_or_else(|| session_policy.clone());
-        }
-        let (tenant, agent) = (slot.state.tenant.clone(), slot.state.agent_id.clone());
-        let p = self
-            .config
-            .policy_for_tool(
-                session_policy,
-                tenant.as_deref(),
-                agent.as_deref(),
-                tool,
-                action_name,
-            )
-            .map(Arc::new);
-        if self.tool_policies.len() >= POLICY_CACHE_CAP {
-            self.tool_policies.clear();
-        }
-        self.tool_policies.insert(key, p.clone());
-        p.unwrap_or_else(|| session_policy.clone())
+/// Applies an event to its (live) session: identity, then the observation its kind
+/// makes, then every detector. The straight path of the engine: nothing here looks the
+/// session up again or goes back to the configuration but through `work`'s caches.
+fn apply(
+    work: &mut Work,
+    slot: &mut Slot,
+    event: &Event<'_>,
+    meta: &EventMeta,
+    event_ms: i64,
+    out: &mut Vec<Output>,
+) {
+    let st = &mut slot.state;
+    st.note_identity(
+        event.run_id.as_deref(),
+        event.agent_id.as_deref(),
+        event.tenant.as_deref(),
+    );
+    if let Some(d) = event.depth {
+        st.stats.max_depth = Some(st.stats.max_depth.map_or(d, |m| m.max(d)));
     }
+    let key = policy_key(st.tenant.as_deref(), st.agent_id.as_deref());
+    if key != slot.policy_key {
+        slot.policy = work.policy(key, st.tenant.as_deref(), st.agent_id.as_deref());
+        slot.policy_key = key;
+    }
+    match &event.body {
+        EventBody::LlmCall(call) => {
+            let is_turn = call.call_kind == CallKind::Turn;
+            let is_compaction = call.call_kind == CallKind::Compaction;
+            let policy = &slot.policy;
+            let (sketch, chant, has_text) = work.text_features(call, is_turn, policy);
+            slot.state.observe_llm(
+                is_turn,
+                is_compaction,
+                call.input_tokens,
+                call.output_tokens,
+                call.cache_read_tokens,
+                call.cache_write_tokens,
+                call.cost_usd,
+                call.tool_calls,
+                call.progress,
+                sketch.as_ref(),
+                policy.detectors.similar_turns.min_similarity.get(),
+            );
+            let ctx = Context::Llm(LlmContext {
+                is_turn,
+                is_compaction,
+                has_progress: call.progress.is_some(),
+                has_tool_calls: call.tool_calls.is_some(),
+                has_text,
+                chant,
+            });
+            judge(
+                &work.order,
+                &mut slot.state,
+                policy,
+                event,
+                meta,
+                event_ms,
+                &ctx,
+                out,
+            );
+        }
+        EventBody::ToolCall(call) => {
+            let (obs, has_action) = work.tool_observation(call);
+            let tool_policy = if work.config.has_tool_overrides() {
+                let name = std::mem::take(&mut work.action_name);
+                let p = work.tool_policy(slot, &call.tool, has_action.then_some(name.as_str()));
+                work.action_name = name;
+                p
+            } else {
+                None
+            };
+            let policy: &Policy = tool_policy.as_deref().unwrap_or(&slot.policy);
+            let last_calls = policy.detectors.low_novelty.last_calls.get();
+            let facts = slot.state.observe_tool(&call.tool, obs, last_calls);
+            let ctx = Context::Tool(ToolContext {
+                tool: &call.tool,
+                obs,
+                facts,
+            });
+            judge(
+                &work.order,
+                &mut slot.state,
+                policy,
+                event,
+                meta,
+                event_ms,
+                &ctx,
+                out,
+            );
+        }
+        EventBody::SessionStarted => {
+            judge(
+                &work.order,
+                &mut slot.state,
+                &slot.policy,
+                event,
+                meta,
+                event_ms,
+                &Context::Other,
+                out,
+            );
+        }
+        EventBody::SessionCompleted(_) => {}
+    }
+}
 
-    /// Runs every detector on the updated state and emits what crosses a new level.
-    fn judge(
-        &mut self,
-        event: &Event,
-        meta: &EventMeta,
-        event_ms: i64,
-        ctx: &Context<'_>,
-        policy: &Policy,
-        out: &mut Vec<Output>,
-    ) {
-        let slot = self.sessions.get_mut(&event.session_id).expect("present");
-        let st = &mut slot.state;
-        let input = Input {
-            context: ctx,
-            depth: event.depth,
+/// Runs every detector on the updated state and emits what crosses a new level.
+#[allow(clippy::too_many_arguments)]
+fn judge(
+    order: &[DetectorKind],
+    st: &mut SessionState,
+    policy: &Policy,
+    event: &Event<'_>,
+    meta: &EventMeta,
+    event_ms: i64,
+    ctx: &Context<'_>,
+    out: &mut Vec<Output>,
+) {
+    let input = Input {
+        context: ctx,
+        depth: event.depth,
+    };
+    for &kind in order {
+        let levels = policy.levels(kind);
+        let Some(sig) = policy.detectors.evaluate(kind, levels, st, &input) else {
+            continue;
         };
-        for &kind in &self.order {
-            let levels = policy.levels(kind);
-            let Some(sig) = policy.detectors.evaluate(kind, levels, st, &input) else {
-                continue;
-            };
-            if sig.reset {
-                st.end_episode(kind);
-            }
-            let Some((reached, threshold)) = sig.level else {
-                continue;
-            };
-            let ep = st.episodes[kind.index()];
-            let steps = st.steps();
-            // Nudge before kill: a termination waits until the episode's first finding has
-            // had `grace_steps` steps to reach the agent and be acted on; until then it
-            // is said as a critical warning.
-            let grace_left = match ep.warned_at_step {
-                Some(at) => levels.grace_steps.saturating_sub(steps.saturating_sub(at)),
-                None => levels.grace_steps,
-            };
-            let level = if reached == Level::Terminate && grace_left > 0 {
-                Level::Critical
-            } else {
-                reached
-            };
-            // Emitted once per level per episode; a level also covers the ones below it.
-            if ep.emitted >= level.bit() {
-                continue;
-            }
-            let mode = levels.mode;
-            let effective = if level == Level::Terminate && mode == Mode::Warn {
-                Level::Critical
-            } else {
-                level
-            };
-            if level == Level::Terminate && st.termination.is_some() {
-                continue; // terminate at most once per session (a shadow one included)
-            }
-            let e = &mut st.episodes[kind.index()];
-            let said_before = e.emitted & effective.bit() != 0;
-            e.emitted |= (level.bit() << 1) - 1;
-            if said_before {
-                continue; // `warn` mode: the held termination was already said as critical
-            }
-            e.warned_at_step.get_or_insert(steps);
-            if let Some(subject) = sig.subject {
-                e.subject = subject;
-            }
-            let episode = e.number;
-            st.count_finding(kind, effective);
-            let terminated = effective == Level::Terminate;
-            if terminated {
-                st.termination = Some(crate::state::Termination {
-                    detector: kind,
-                    at_ms: event_ms,
-                    shadow: mode == Mode::Shadow,
-                });
-            }
-            let finding = Finding {
-                kind,
-                level: effective,
-                signal: sig,
-                threshold,
-                episode,
-                mode,
-                held_for_steps: (level != reached).then_some(grace_left),
-            };
-            out.push(Output::Finding(Box::new(build_finding(
-                event, meta, event_ms, st, policy, &input, &finding,
-            ))));
-            if terminated && mode != Mode::Shadow {
-                st.shrink_to_tombstone();
-                break;
-            }
+        if sig.reset {
+            st.end_episode(kind);
+        }
+        let Some((reached, threshold)) = sig.level else {
+            continue;
+        };
+        let ep = st.episodes[kind.index()];
+        let steps = st.steps();
+        // Nudge before kill: a termination waits until the episode's first finding has
+        // had `grace_steps` steps to reach the agent and be acted on; until then it
+        // is said as a critical warning.
+        let grace_left = match ep.warned_at_step {
+            Some(at) => levels.grace_steps.saturating_sub(steps.saturating_sub(at)),
+            None => levels.grace_steps,
+        };
+        let level = if reached == Level::Terminate && grace_left > 0 {
+            Level::Critical
+        } else {
+            reached
+        };
+        // Emitted once per level per episode; a level also covers the ones below it.
+        if ep.emitted >= level.bit() {
+            continue;
+        }
+        let mode = levels.mode;
+        let effective = if level == Level::Terminate && mode == Mode::Warn {
+            Level::Critical
+        } else {
+            level
+        };
+        if level == Level::Terminate && st.termination.is_some() {
+            continue; // terminate at most once per session (a shadow one included)
+        }
+        let e = &mut st.episodes[kind.index()];
+        let said_before = e.emitted & effective.bit() != 0;
+        e.emitted |= (level.bit() << 1) - 1;
+        if said_before {
+            continue; // `warn` mode: the held termination was already said as critical
+        }
+        e.warned_at_step.get_or_insert(steps);
+        if let Some(subject) = sig.subject {
+            e.subject = subject;
+        }
+        let episode = e.number;
+        st.count_finding(kind, effective);
+        let terminated = effective == Level::Terminate;
+        if terminated {
+            st.termination = Some(crate::state::Termination {
+                detector: kind,
+                at_ms: event_ms,
+                shadow: mode == Mode::Shadow,
+            });
+        }
+        let finding = Finding {
+            kind,
+            level: effective,
+            signal: sig,
+            threshold,
+            episode,
+            mode,
+            held_for_steps: (level != reached).then_some(grace_left),
+        };
+        out.push(Output::Finding(Box::new(build_finding(
+            event, meta, event_ms, st, policy, &input, &finding,
+        ))));
+        if terminated && mode != Mode::Shadow {
+            st.shrink_to_tombstone();
+            break;
         }
     }
+}
 
+impl Engine {
     /// Writes every changed session, closed session and the given offsets to `store` in
     /// one atomic batch. Only engines made by [`Engine::restore`] track changes.
     pub fn flush(
@@ -672,7 +797,7 @@ struct Finding {
 }
 
 fn build_finding(
-    event: &Event,
+    event: &Event<'_>,
     meta: &EventMeta,
     event_ms: i64,
     st: &SessionState,
@@ -708,7 +833,7 @@ fn build_finding(
         .to_string(),
         schema_version: SCHEMA_VERSION,
         event_id: finding_event_id(&event.session_id, kind, level, episode),
-        session_id: event.session_id.clone(),
+        session_id: event.session_id.to_string(),
         run_id: st.run_id.clone(),
         agent_id: st.agent_id.clone(),
         tenant: st.tenant.clone(),
@@ -722,7 +847,7 @@ fn build_finding(
             topic: meta.topic.as_deref().map(str::to_string),
             partition: meta.partition,
             offset: meta.offset,
-            event_id: event.event_id.clone(),
+            event_id: event.event_id.to_string(),
         },
         event_time: format_rfc3339_ms(event_ms),
         detected_at: format_rfc3339_ms(meta.processing_time_ms.unwrap_or(event_ms)),
@@ -748,7 +873,8 @@ mod tests {
             e["session_id"] = json!("s");
             e["event_id"] = json!(format!("e{i}"));
             e["timestamp"] = json!(format_rfc3339_ms(1_800_000_000_000 + i as i64 * 1000));
-            let ev = parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap();
+            let line = e.to_string();
+            let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
             let mut out = Vec::new();
             engine.process(&ev, &EventMeta::default(), &mut out);
             for o in out {
@@ -867,7 +993,9 @@ mod tests {
         let mut out = Vec::new();
         let ev = |id: &str, sid: &str, ts: &str| {
             let e = json!({"type": "tool.called", "tool": "t", "session_id": sid, "event_id": id, "timestamp": ts});
-            parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap()
+            parse_event(e.to_string().as_bytes(), &ParseLimits::default())
+                .unwrap()
+                .into_owned()
         };
         for _ in 0..3 {
             let e = ev("same", "s", "2026-01-01T00:00:00Z");

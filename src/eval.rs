@@ -75,7 +75,7 @@ pub fn run_case(config: &Arc<Config>, case: &Case) -> CaseResult {
         let bytes = serde_json::to_vec(ev).unwrap_or_default();
         match parse_event(&bytes, &config.limits) {
             Ok(event) => {
-                index_of.entry(event.event_id.clone()).or_insert(i);
+                index_of.entry(event.event_id.to_string()).or_insert(i);
                 engine.process(&event, &EventMeta::default(), &mut outputs);
             }
             Err(e) => failures.push(format!("event {i} is not valid input: {e}")),

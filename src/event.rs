@@ -5,12 +5,21 @@
 //! (dead-letter it, never retry it) with a stable machine-readable `reason` and a human
 //! message naming the offending field; unknown fields are ignored (forward compatibility),
 //! a wrong type for a known field is rejected.
+//!
+//! Two paths, one contract: a fast path reads the fields straight from the bytes and
+//! keeps `args`, `result` and `text` as their JSON text (no `serde_json::Value` is built,
+//! and strings without escapes are borrowed); on anything it is not sure of, it gives up
+//! and serde_json reads the message — the same event, or the exact error.
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+
+use crate::json::{Bail, Json};
 
 /// Largest accepted message, in bytes, unless configured otherwise.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 1024 * 1024;
@@ -102,19 +111,22 @@ impl CallKind {
     }
 }
 
+/// A string field of an event: borrowed from the input unless it had escapes.
+pub type Str<'a> = Cow<'a, str>;
+
 /// One LLM call (`cost.attributed`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct LlmCall {
+pub struct LlmCall<'a> {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cache_read_tokens: Option<u64>,
     pub cache_write_tokens: Option<u64>,
     pub cost_usd: Option<f64>,
-    pub model: Option<String>,
+    pub model: Option<Str<'a>>,
     pub tool_calls: Option<u32>,
-    /// Assistant text; only hashed features of it are ever kept.
-    pub text: Option<String>,
-    pub finish_reason: Option<String>,
+    /// Assistant text, as its JSON string literal; only hashed features of it are kept.
+    pub text: Option<Json<'a>>,
+    pub finish_reason: Option<Str<'a>>,
     pub call_kind: CallKind,
     pub progress: Option<f64>,
     pub turn: Option<u64>,
@@ -122,16 +134,17 @@ pub struct LlmCall {
 
 /// One completed tool call (`tool.called`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct ToolCall {
-    pub tool: String,
-    pub args: Option<Value>,
-    pub result: Option<Value>,
+pub struct ToolCall<'a> {
+    pub tool: Str<'a>,
+    /// The arguments and the result as their JSON text.
+    pub args: Option<Json<'a>>,
+    pub result: Option<Json<'a>>,
     /// The emitter's own digest of the result (hex), used instead of `result`.
-    pub result_digest: Option<String>,
+    pub result_digest: Option<Str<'a>>,
     pub is_error: bool,
-    pub error_kind: Option<String>,
+    pub error_kind: Option<Str<'a>>,
     pub duration_ms: Option<f64>,
-    pub call_id: Option<String>,
+    pub call_id: Option<Str<'a>>,
     pub turn: Option<u64>,
 }
 
@@ -170,14 +183,14 @@ pub struct Completion {
 
 /// The type-specific part of an event.
 #[derive(Debug, Clone, PartialEq)]
-pub enum EventBody {
-    LlmCall(LlmCall),
-    ToolCall(ToolCall),
+pub enum EventBody<'a> {
+    LlmCall(LlmCall<'a>),
+    ToolCall(ToolCall<'a>),
     SessionStarted,
     SessionCompleted(Completion),
 }
 
-impl EventBody {
+impl EventBody<'_> {
     pub fn type_name(&self) -> &'static str {
         match self {
             EventBody::LlmCall(_) => "cost.attributed",
@@ -188,26 +201,117 @@ impl EventBody {
     }
 }
 
-/// A validated input event.
+/// A validated input event, borrowing what it can from the message's bytes
+/// ([`Event::into_owned`] keeps it past them).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Event {
-    pub session_id: String,
+pub struct Event<'a> {
+    pub session_id: Str<'a>,
     /// The producer's `event_id`, or one derived from the SHA-256 of the payload.
-    pub event_id: String,
+    pub event_id: Str<'a>,
     /// Event time in milliseconds since the Unix epoch, when the event carried one.
     pub timestamp_ms: Option<i64>,
-    pub run_id: Option<String>,
-    pub agent_id: Option<String>,
-    pub tenant: Option<String>,
-    pub parent_session_id: Option<String>,
+    pub run_id: Option<Str<'a>>,
+    pub agent_id: Option<Str<'a>>,
+    pub tenant: Option<Str<'a>>,
+    pub parent_session_id: Option<Str<'a>>,
     pub depth: Option<u32>,
-    pub body: EventBody,
+    pub body: EventBody<'a>,
 }
 
-/// The wire shape: every known field optional, validated per type afterwards so that a
-/// missing field is reported by name rather than as a serde enum error.
+fn owned(s: Str<'_>) -> Str<'static> {
+    Cow::Owned(s.into_owned())
+}
+
+fn owned_opt(s: Option<Str<'_>>) -> Option<Str<'static>> {
+    s.map(owned)
+}
+
+impl Event<'_> {
+    /// The same event, owning its strings.
+    pub fn into_owned(self) -> Event<'static> {
+        let body = match self.body {
+            EventBody::LlmCall(c) => EventBody::LlmCall(LlmCall {
+                input_tokens: c.input_tokens,
+                output_tokens: c.output_tokens,
+                cache_read_tokens: c.cache_read_tokens,
+                cache_write_tokens: c.cache_write_tokens,
+                cost_usd: c.cost_usd,
+                model: owned_opt(c.model),
+                tool_calls: c.tool_calls,
+                text: c.text.map(Json::into_owned),
+                finish_reason: owned_opt(c.finish_reason),
+                call_kind: c.call_kind,
+                progress: c.progress,
+                turn: c.turn,
+            }),
+            EventBody::ToolCall(c) => EventBody::ToolCall(ToolCall {
+                tool: owned(c.tool),
+                args: c.args.map(Json::into_owned),
+                result: c.result.map(Json::into_owned),
+                result_digest: owned_opt(c.result_digest),
+                is_error: c.is_error,
+                error_kind: owned_opt(c.error_kind),
+                duration_ms: c.duration_ms,
+                call_id: owned_opt(c.call_id),
+                turn: c.turn,
+            }),
+            EventBody::SessionStarted => EventBody::SessionStarted,
+            EventBody::SessionCompleted(c) => EventBody::SessionCompleted(c),
+        };
+        Event {
+            session_id: owned(self.session_id),
+            event_id: owned(self.event_id),
+            timestamp_ms: self.timestamp_ms,
+            run_id: owned_opt(self.run_id),
+            agent_id: owned_opt(self.agent_id),
+            tenant: owned_opt(self.tenant),
+            parent_session_id: owned_opt(self.parent_session_id),
+            depth: self.depth,
+            body,
+        }
+    }
+}
+
+/// Every known field of an event as read, before the per-type validation (a missing
+/// field is reported by name rather than as a serde enum error).
+#[derive(Default)]
+struct Wire<'a> {
+    kind: Option<Str<'a>>,
+    session_id: Option<Str<'a>>,
+    event_id: Option<Str<'a>>,
+    timestamp: Option<Str<'a>>,
+    run_id: Option<Str<'a>>,
+    agent_id: Option<Str<'a>>,
+    tenant: Option<Str<'a>>,
+    parent_session_id: Option<Str<'a>>,
+    depth: Option<u32>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_read_tokens: Option<u64>,
+    cache_write_tokens: Option<u64>,
+    cost_usd: Option<f64>,
+    model: Option<Str<'a>>,
+    tool_calls: Option<u32>,
+    text: Option<Json<'a>>,
+    finish_reason: Option<Str<'a>>,
+    call_kind: Option<Str<'a>>,
+    progress: Option<f64>,
+    turn: Option<u64>,
+    tool: Option<Str<'a>>,
+    args: Option<Json<'a>>,
+    result: Option<Json<'a>>,
+    result_digest: Option<Str<'a>>,
+    is_error: Option<bool>,
+    error_kind: Option<Str<'a>>,
+    duration_ms: Option<f64>,
+    call_id: Option<Str<'a>>,
+    stop_reason: Option<Str<'a>>,
+    outcome: Option<Str<'a>>,
+}
+
+/// The wire shape serde_json reads on the slow path: the same fields, owned.
 #[derive(Deserialize)]
-struct WireEvent {
+struct SerdeWire {
     #[serde(rename = "type")]
     kind: Option<String>,
     session_id: Option<String>,
@@ -242,25 +346,265 @@ struct WireEvent {
     outcome: Option<String>,
 }
 
-/// Parses one message. `bytes` is the whole Kafka value or JSON Lines line.
-pub fn parse_event(bytes: &[u8], limits: &ParseLimits) -> Result<Event, BadEvent> {
+impl From<SerdeWire> for Wire<'static> {
+    fn from(w: SerdeWire) -> Wire<'static> {
+        let s = |v: Option<String>| v.map(Cow::Owned);
+        Wire {
+            kind: s(w.kind),
+            session_id: s(w.session_id),
+            event_id: s(w.event_id),
+            timestamp: s(w.timestamp),
+            run_id: s(w.run_id),
+            agent_id: s(w.agent_id),
+            tenant: s(w.tenant),
+            parent_session_id: s(w.parent_session_id),
+            depth: w.depth,
+            input_tokens: w.input_tokens,
+            output_tokens: w.output_tokens,
+            cache_read_tokens: w.cache_read_tokens,
+            cache_write_tokens: w.cache_write_tokens,
+            cost_usd: w.cost_usd,
+            model: s(w.model),
+            tool_calls: w.tool_calls,
+            text: w.text.as_deref().map(Json::of_str),
+            finish_reason: s(w.finish_reason),
+            call_kind: s(w.call_kind),
+            progress: w.progress,
+            turn: w.turn,
+            tool: s(w.tool),
+            args: w.args.as_ref().map(Json::of_value),
+            result: w.result.as_ref().map(Json::of_value),
+            result_digest: s(w.result_digest),
+            is_error: w.is_error,
+            error_kind: s(w.error_kind),
+            duration_ms: w.duration_ms,
+            call_id: s(w.call_id),
+            stop_reason: s(w.stop_reason),
+            outcome: s(w.outcome),
+        }
+    }
+}
+
+/// Parses one message. `bytes` is the whole Kafka value or JSON Lines line; the event
+/// borrows from it.
+pub fn parse_event<'a>(bytes: &'a [u8], limits: &ParseLimits) -> Result<Event<'a>, BadEvent> {
     if bytes.len() > limits.max_event_bytes {
         return Err(BadEvent::Oversized {
             size: bytes.len(),
             limit: limits.max_event_bytes,
         });
     }
-    if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(BadEvent::InvalidUtf8 {
-            offset: e.valid_up_to(),
-        });
-    }
-    check_nesting(bytes, limits.max_nesting)?;
-    let wire: WireEvent = match serde_json::from_slice(bytes) {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            return Err(BadEvent::InvalidUtf8 {
+                offset: e.valid_up_to(),
+            })
+        }
+    };
+    let wire = match fast::read(text, limits.max_nesting) {
         Ok(w) => w,
-        Err(e) => return Err(explain_json_error(bytes, e)),
+        Err(Bail) => slow_read(bytes, limits)?,
     };
     validate(wire, bytes)
+}
+
+/// The slow path: serde_json reads the event (and says exactly what is wrong with it).
+fn slow_read(bytes: &[u8], limits: &ParseLimits) -> Result<Wire<'static>, BadEvent> {
+    check_nesting(bytes, limits.max_nesting)?;
+    match serde_json::from_slice::<SerdeWire>(bytes) {
+        Ok(w) => Ok(w.into()),
+        Err(e) => Err(explain_json_error(bytes, e)),
+    }
+}
+
+/// The fast path: the event's fields read straight from its text, `args`, `result` and
+/// `text` kept as their JSON text. It accepts only what serde_json would read the same
+/// way (see [`crate::json::Scanner`]) and gives up on anything else, errors included.
+mod fast {
+    use std::borrow::Cow;
+
+    use super::{Str, Wire};
+    use crate::json::{unescape, Bail, Json, NumKind, Scanner};
+
+    struct Reader<'a> {
+        text: &'a str,
+        sc: Scanner<'a>,
+        /// Fields already read: a second one is serde's "duplicate field" error.
+        seen: u64,
+    }
+
+    impl<'a> Reader<'a> {
+        fn once(&mut self, bit: u32) -> Result<(), Bail> {
+            if self.seen & (1 << bit) != 0 {
+                return Err(Bail);
+            }
+            self.seen |= 1 << bit;
+            Ok(())
+        }
+
+        fn string(&mut self) -> Result<Option<Str<'a>>, Bail> {
+            if self.sc.null() {
+                return Ok(None);
+            }
+            let span = self.sc.string()?;
+            Ok(Some(unescape(
+                &self.text[span.start..span.end],
+                span.escaped,
+            )))
+        }
+
+        fn number(&mut self) -> Result<Option<(&'a str, NumKind)>, Bail> {
+            if self.sc.null() {
+                return Ok(None);
+            }
+            let (start, end, kind) = self.sc.number()?;
+            Ok(Some((&self.text[start..end], kind)))
+        }
+
+        fn unsigned(&mut self) -> Result<Option<u64>, Bail> {
+            match self.number()? {
+                None => Ok(None),
+                Some((digits, NumKind::Integer)) if !digits.starts_with('-') => {
+                    digits.parse::<u64>().map(Some).map_err(|_| Bail)
+                }
+                Some(_) => Err(Bail),
+            }
+        }
+
+        fn small(&mut self) -> Result<Option<u32>, Bail> {
+            match self.unsigned()? {
+                None => Ok(None),
+                Some(n) => u32::try_from(n).map(Some).map_err(|_| Bail),
+            }
+        }
+
+        fn float(&mut self) -> Result<Option<f64>, Bail> {
+            match self.number()? {
+                None => Ok(None),
+                // serde_json reads a non-negative integer as u64, then converts.
+                Some((digits, NumKind::Integer)) if !digits.starts_with('-') => {
+                    match digits.parse::<u64>() {
+                        Ok(n) => Ok(Some(n as f64)),
+                        Err(_) => serde_json::from_str(digits).map(Some).map_err(|_| Bail),
+                    }
+                }
+                Some((text, _)) => serde_json::from_str(text).map(Some).map_err(|_| Bail),
+            }
+        }
+
+        fn boolean(&mut self) -> Result<Option<bool>, Bail> {
+            if self.sc.null() {
+                return Ok(None);
+            }
+            self.sc.boolean().map(Some)
+        }
+
+        fn json(&mut self) -> Result<Option<Json<'a>>, Bail> {
+            if self.sc.null() {
+                return Ok(None);
+            }
+            let start = self.sc.value()?;
+            Ok(Some(Json(Cow::Borrowed(&self.text[start..self.sc.pos]))))
+        }
+
+        fn string_literal(&mut self) -> Result<Option<Json<'a>>, Bail> {
+            if self.sc.null() {
+                return Ok(None);
+            }
+            let start = self.sc.pos;
+            self.sc.string()?;
+            Ok(Some(Json(Cow::Borrowed(&self.text[start..self.sc.pos]))))
+        }
+    }
+
+    pub(super) fn read(text: &str, max_nesting: usize) -> Result<Wire<'_>, Bail> {
+        let mut r = Reader {
+            text,
+            sc: Scanner::new(text.as_bytes(), max_nesting),
+            seen: 0,
+        };
+        let mut w = Wire::default();
+        r.sc.ws();
+        r.sc.open(b'{')?;
+        r.sc.ws();
+        if r.sc.peek() == Some(b'}') {
+            r.sc.pos += 1;
+        } else {
+            loop {
+                r.sc.ws();
+                let key = r.sc.string()?;
+                if key.escaped {
+                    return Err(Bail);
+                }
+                r.sc.ws();
+                r.sc.eat(b':')?;
+                r.sc.ws();
+                field(&mut r, &mut w, &text.as_bytes()[key.start..key.end])?;
+                r.sc.ws();
+                match r.sc.peek() {
+                    Some(b',') => r.sc.pos += 1,
+                    Some(b'}') => {
+                        r.sc.pos += 1;
+                        break;
+                    }
+                    _ => return Err(Bail),
+                }
+            }
+        }
+        r.sc.close();
+        r.sc.ws();
+        if !r.sc.at_end() {
+            return Err(Bail);
+        }
+        Ok(w)
+    }
+
+    fn field<'a>(r: &mut Reader<'a>, w: &mut Wire<'a>, key: &[u8]) -> Result<(), Bail> {
+        macro_rules! read {
+            ($bit:expr, $slot:ident, $how:ident) => {{
+                r.once($bit)?;
+                w.$slot = r.$how()?;
+            }};
+        }
+        match key {
+            b"type" => read!(0, kind, string),
+            b"session_id" => read!(1, session_id, string),
+            b"event_id" => read!(2, event_id, string),
+            b"timestamp" => read!(3, timestamp, string),
+            b"run_id" => read!(4, run_id, string),
+            b"agent_id" => read!(5, agent_id, string),
+            b"tenant" => read!(6, tenant, string),
+            b"parent_session_id" => read!(7, parent_session_id, string),
+            b"depth" => read!(8, depth, small),
+            b"input_tokens" => read!(9, input_tokens, unsigned),
+            b"output_tokens" => read!(10, output_tokens, unsigned),
+            b"cache_read_tokens" => read!(11, cache_read_tokens, unsigned),
+            b"cache_write_tokens" => read!(12, cache_write_tokens, unsigned),
+            b"cost_usd" => read!(13, cost_usd, float),
+            b"model" => read!(14, model, string),
+            b"tool_calls" => read!(15, tool_calls, small),
+            b"text" => read!(16, text, string_literal),
+            b"finish_reason" => read!(17, finish_reason, string),
+            b"call_kind" => read!(18, call_kind, string),
+            b"progress" => read!(19, progress, float),
+            b"turn" => read!(20, turn, unsigned),
+            b"tool" => read!(21, tool, string),
+            b"args" => read!(22, args, json),
+            b"result" => read!(23, result, json),
+            b"result_digest" => read!(24, result_digest, string),
+            b"is_error" => read!(25, is_error, boolean),
+            b"error_kind" => read!(26, error_kind, string),
+            b"duration_ms" => read!(27, duration_ms, float),
+            b"call_id" => read!(28, call_id, string),
+            b"stop_reason" => read!(29, stop_reason, string),
+            b"outcome" => read!(30, outcome, string),
+            _ => {
+                r.sc.value()?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Rejects documents nested deeper than `limit` before serde sees them (serde_json's own
@@ -316,7 +660,7 @@ fn explain_json_error(bytes: &[u8], first: serde_json::Error) -> BadEvent {
         }
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    match serde_path_to_error::deserialize::<_, WireEvent>(&mut de) {
+    match serde_path_to_error::deserialize::<_, SerdeWire>(&mut de) {
         Err(e) => BadEvent::WrongType {
             field: e.path().to_string(),
             detail: e.inner().to_string(),
@@ -334,8 +678,8 @@ fn require<T>(value: Option<T>, field: &'static str, event_type: &str) -> Result
     })
 }
 
-fn validate(w: WireEvent, bytes: &[u8]) -> Result<Event, BadEvent> {
-    let kind = w.kind.ok_or(BadEvent::MissingField {
+fn validate<'a>(w: Wire<'a>, bytes: &[u8]) -> Result<Event<'a>, BadEvent> {
+    let kind = w.kind.ok_or_else(|| BadEvent::MissingField {
         field: "type",
         event_type: "any event".to_string(),
     })?;
@@ -356,7 +700,7 @@ fn validate(w: WireEvent, bytes: &[u8]) -> Result<Event, BadEvent> {
             detail: format!("`{ts}` is not an RFC 3339 timestamp"),
         })?),
     };
-    let body = match kind.as_str() {
+    let body = match &*kind {
         "cost.attributed" => {
             let input_tokens = require(w.input_tokens, "input_tokens", &kind)?;
             let output_tokens = require(w.output_tokens, "output_tokens", &kind)?;
@@ -429,15 +773,15 @@ fn validate(w: WireEvent, bytes: &[u8]) -> Result<Event, BadEvent> {
                 })?),
             };
             EventBody::SessionCompleted(Completion {
-                stop_reason: w.stop_reason,
+                stop_reason: w.stop_reason.map(Cow::into_owned),
                 outcome,
             })
         }
-        _ => return Err(BadEvent::UnknownType(kind)),
+        _ => return Err(BadEvent::UnknownType(kind.into_owned())),
     };
     let event_id = match w.event_id {
         Some(id) if !id.is_empty() => id,
-        _ => derive_event_id(bytes),
+        _ => Cow::Owned(derive_event_id(bytes)),
     };
     Ok(Event {
         session_id,
@@ -472,8 +816,87 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// Parses an RFC 3339 timestamp into Unix milliseconds.
 pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
+    if let Some(ms) = parse_common_rfc3339_ms(s) {
+        return Some(ms);
+    }
     let t = OffsetDateTime::parse(s, &Rfc3339).ok()?;
     i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()
+}
+
+/// The usual shape, `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`, read without the `time`
+/// crate's general parser; anything else (and any value it would judge differently:
+/// leap seconds, lowercase letters) is left to it.
+fn parse_common_rfc3339_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let d = b.get(r)?;
+        d.iter().try_fold(0i64, |acc, c| {
+            c.is_ascii_digit().then(|| acc * 10 + (c - b'0') as i64)
+        })
+    };
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days_in_month = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return None,
+    };
+    if day < 1 || day > days_in_month || hour > 23 || minute > 59 || second > 59 {
+        return None;
+    }
+    let mut i = 19;
+    let mut nanos = 0i64;
+    if b[i] == b'.' {
+        let start = i + 1;
+        i = start;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        let digits = i - start;
+        if digits == 0 || digits > 9 {
+            return None;
+        }
+        nanos = num(start..i)? * 10i64.pow(9 - digits as u32);
+    }
+    let offset_secs = match (b.get(i), b.len() - i) {
+        (Some(b'Z'), 1) => 0,
+        (Some(sign @ (b'+' | b'-')), 6) if b[i + 3] == b':' => {
+            let (h, m) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            let secs = h * 3600 + m * 60;
+            if *sign == b'-' {
+                -secs
+            } else {
+                secs
+            }
+        }
+        _ => return None,
+    };
+    // Days since 1970-01-01 (Howard Hinnant's days_from_civil).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_secs;
+    let total_nanos = secs as i128 * 1_000_000_000 + nanos as i128;
+    i64::try_from(total_nanos / 1_000_000).ok()
 }
 
 /// Formats Unix milliseconds as RFC 3339 (UTC, millisecond precision).
@@ -489,7 +912,7 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
 mod tests {
     use super::*;
 
-    fn parse(s: &str) -> Result<Event, BadEvent> {
+    fn parse(s: &str) -> Result<Event<'_>, BadEvent> {
         parse_event(s.as_bytes(), &ParseLimits::default())
     }
 

@@ -38,6 +38,21 @@ pub(crate) fn digit_bytes(x: u64) -> u64 {
     !ge10 & HI
 }
 
+/// The high bit of each byte of `x` that is zero (exact for every byte: no borrow
+/// crosses bytes).
+#[inline]
+pub(crate) fn zero_bytes(x: u64) -> u64 {
+    !(((x & !HI) + !HI) | x) & HI
+}
+
+/// The high bit of each byte of `x` that is ASCII whitespace (`u8::is_ascii_whitespace`:
+/// space, tab, line feed, form feed, carriage return).
+#[inline]
+pub(crate) fn whitespace_bytes(x: u64) -> u64 {
+    let eq = |b: u8| zero_bytes(x ^ (b as u64 * LO));
+    eq(b' ') | eq(b'\t') | eq(b'\n') | eq(0x0c) | eq(b'\r')
+}
+
 /// Lowercases the ASCII letters of eight bytes (other bytes unchanged).
 #[inline]
 pub(crate) fn lower8(x: u64) -> u64 {
@@ -84,6 +99,26 @@ impl WordHasher {
         }
     }
 
+    /// The low `n` bytes of `bytes` (n < 8).
+    #[inline]
+    pub(crate) fn bytes(&mut self, bytes: u64, n: u32) {
+        if n == 0 {
+            return;
+        }
+        self.len += n as u64;
+        let shift = 8 * self.held;
+        self.pending |= bytes << shift;
+        let total = self.held + n;
+        if total >= 8 {
+            self.h = mix(self.h, self.pending);
+            // The bytes that did not fit (shift > 0 here, since n < 8).
+            self.pending = bytes >> (64 - shift);
+            self.held = total - 8;
+        } else {
+            self.held = total;
+        }
+    }
+
     pub(crate) fn finish(mut self) -> u64 {
         if self.held > 0 {
             self.h = mix(self.h, self.pending);
@@ -114,43 +149,62 @@ impl Shape {
     /// Literal bytes (no escape sequence inside).
     #[inline]
     pub fn text(&mut self, bytes: &[u8]) {
+        // The state in locals: the loops below must not go through memory each byte.
+        let mut st = ShapeState {
+            hasher: self.hasher,
+            prev_word: self.prev_word,
+            prev_digit: self.prev_digit,
+        };
         let mut rest = bytes;
         while rest.len() >= 8 {
             let w = load8(rest);
-            if digit_bytes(w) == 0 {
-                self.hasher.word(w);
+            let digits = digit_bytes(w);
+            if digits == 0 {
+                st.hasher.word(w);
                 let last = rest[7];
-                self.prev_word = last.is_ascii_alphabetic() || last == b'_';
-                self.prev_digit = false;
-            } else {
-                for &b in &rest[..8] {
-                    self.one(b);
+                st.prev_word = last.is_ascii_alphabetic() || last == b'_';
+                st.prev_digit = false;
+            } else if !st.has_lone_number(digits, word_bytes(w)) {
+                // Digits only inside words (`ident42`): kept as they are.
+                st.hasher.word(w);
+                let last = rest[7];
+                if last.is_ascii_digit() {
+                    st.prev_word = true;
+                    st.prev_digit = true;
+                } else {
+                    st.prev_word = last.is_ascii_alphabetic() || last == b'_';
+                    st.prev_digit = false;
                 }
+            } else {
+                st.chunk(&rest[..8]);
             }
             rest = &rest[8..];
         }
-        for &b in rest {
-            self.one(b);
+        if !rest.is_empty() {
+            st.chunk(rest);
         }
+        self.hasher = st.hasher;
+        self.prev_word = st.prev_word;
+        self.prev_digit = st.prev_digit;
     }
 
-    #[inline]
-    fn one(&mut self, b: u8) {
-        if b.is_ascii_digit() {
-            if self.prev_digit {
-                if self.prev_word {
-                    self.hasher.byte(b); // the digits of a word are kept
-                }
-                return;
-            }
-            self.prev_digit = true;
-            // `prev_word` now says whether this run belongs to a word.
-            self.hasher.byte(if self.prev_word { b } else { b'0' });
-            return;
+    /// Canonical JSON text: escape sequences (`\n`, `\u001f`) separate, the rest is
+    /// literal.
+    pub fn json(&mut self, canonical: &[u8]) {
+        let mut i = 0;
+        while let Some(off) = memchr::memchr(b'\\', &canonical[i..]) {
+            let at = i + off;
+            self.text(&canonical[i..at]);
+            let len = if canonical.get(at + 1) == Some(&b'u') {
+                6
+            } else {
+                2
+            };
+            let end = (at + len).min(canonical.len());
+            self.escape(&canonical[at..end]);
+            i = end;
         }
-        self.prev_digit = false;
-        self.prev_word = b.is_ascii_alphabetic() || b == b'_';
-        self.hasher.byte(b);
+        self.text(&canonical[i..]);
     }
 
     /// An escape sequence (as written in JSON, `\n`, `\u00e9`): hashed, and a separator.
@@ -165,6 +219,128 @@ impl Shape {
 
     pub fn finish(self) -> u32 {
         fold(self.hasher.finish())
+    }
+}
+
+struct ShapeState {
+    hasher: WordHasher,
+    prev_word: bool,
+    prev_digit: bool,
+}
+
+/// One bit per byte (bit i: byte i) from a mask with the high bit of each byte.
+#[inline]
+fn gather(mask: u64) -> u32 {
+    (((mask >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56) as u32
+}
+
+/// The high bit of each byte of `x` that continues a word: an ASCII letter or `_`.
+#[inline]
+fn word_bytes(x: u64) -> u64 {
+    let folded = (x | (0x20 * LO)) & !HI;
+    let ge_a = folded + (0x80 - b'a' as u64) * LO;
+    let gt_z = folded + (0x80 - b'z' as u64 - 1) * LO;
+    let letters = ge_a & !gt_z & !x & HI;
+    letters | zero_bytes(x ^ (b'_' as u64 * LO))
+}
+
+impl ShapeState {
+    /// Whether eight bytes hold a digit of a number that stands on its own: a run of
+    /// digits that starts after a byte that is not a letter or `_`, or continues such a
+    /// run from the bytes before.
+    #[inline]
+    fn has_lone_number(&self, digits: u64, words: u64) -> bool {
+        let d = gather(digits);
+        let w = gather(words);
+        let d_before = (d << 1) | self.prev_digit as u32;
+        let w_before = (w << 1) | self.prev_word as u32;
+        let lone_starts = d & !d_before & !w_before;
+        let lone_continued = d & 1 != 0 && self.prev_digit && !self.prev_word;
+        lone_starts != 0 || lone_continued
+    }
+
+    /// Up to eight bytes, some of them digits: the kept bytes are gathered, then hashed
+    /// at once. Branch-free per byte (digits come at unpredictable places).
+    #[inline]
+    fn chunk(&mut self, chunk: &[u8]) {
+        let (mut kept, mut n) = (0u64, 0u32);
+        let (mut prev_word, mut prev_digit) = (self.prev_word, self.prev_digit);
+        for &b in chunk {
+            let digit = b.wrapping_sub(b'0') < 10;
+            let word = (b | 0x20).wrapping_sub(b'a') < 26 || b == b'_';
+            // A digit is kept as it is inside a word; a number standing on its own is
+            // one `0` (its first digit), the rest of it dropped.
+            let keep = !digit || prev_word || !prev_digit;
+            let out = if digit && !prev_word { b'0' } else { b };
+            kept |= (out as u64 * keep as u64) << (8 * n);
+            n += keep as u32;
+            // During a number, `prev_word` keeps saying whether it belongs to a word.
+            prev_word = if digit { prev_word } else { word };
+            prev_digit = digit;
+        }
+        self.prev_word = prev_word;
+        self.prev_digit = prev_digit;
+        if n == 8 {
+            self.hasher.word(kept);
+        } else {
+            self.hasher.bytes(kept, n);
+        }
+    }
+}
+
+/// The hashes of a text's whitespace-separated tokens, in order, ASCII case ignored:
+/// [`token_hash`] of each, computed eight bytes at a time over the text.
+#[inline]
+pub fn each_token_hash(text: &[u8], mut f: impl FnMut(u32)) {
+    let mut token = WordHasher::default();
+    let mut chunks = text.chunks_exact(8);
+    for chunk in &mut chunks {
+        let w = load8(chunk);
+        let mut ws = whitespace_bytes(w);
+        if ws == 0 {
+            token.word(lower8(w));
+            continue;
+        }
+        let lowered = lower8(w);
+        let mut at = 0u32; // the first byte of the chunk not yet taken
+        while ws != 0 {
+            let pos = ws.trailing_zeros() / 8;
+            if pos > at {
+                token.bytes((lowered >> (8 * at)) & low_bytes(pos - at), pos - at);
+            }
+            if token.len > 0 {
+                f(fold(token.finish()));
+                token = WordHasher::default();
+            }
+            at = pos + 1;
+            ws &= ws - 1;
+        }
+        if at < 8 {
+            token.bytes(lowered >> (8 * at), 8 - at);
+        }
+    }
+    for &b in chunks.remainder() {
+        if b.is_ascii_whitespace() {
+            if token.len > 0 {
+                f(fold(token.finish()));
+                token = WordHasher::default();
+            }
+        } else {
+            token.byte(b.to_ascii_lowercase());
+        }
+    }
+    if token.len > 0 {
+        f(fold(token.finish()));
+    }
+}
+
+/// A mask of the low `n` bytes (n <= 8).
+#[inline]
+fn low_bytes(n: u32) -> u64 {
+    if n >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (8 * n)) - 1
     }
 }
 
@@ -229,6 +405,36 @@ mod tests {
         assert_eq!(h.finish(), g.finish());
     }
 
+    /// The rule byte by byte, as the definition the eight-byte paths are held to.
+    fn shape_bytewise(bytes: &[u8]) -> u32 {
+        let mut h = WordHasher::default();
+        let (mut prev_word, mut prev_digit) = (false, false);
+        for &b in bytes {
+            if b.is_ascii_digit() {
+                if !prev_digit {
+                    h.byte(if prev_word { b } else { b'0' });
+                } else if prev_word {
+                    h.byte(b);
+                }
+                prev_digit = true;
+            } else {
+                h.byte(b);
+                prev_word = b.is_ascii_alphabetic() || b == b'_';
+                prev_digit = false;
+            }
+        }
+        fold(h.finish())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_fast_paths_follow_the_rule(text in "[a-c0-9_ .\\-]{0,80}", cut in 0usize..80) {
+            let b = text.as_bytes();
+            let cut = cut.min(b.len());
+            proptest::prop_assert_eq!(shape_of(&[&b[..cut], &b[cut..]]), shape_bytewise(b));
+        }
+    }
+
     #[test]
     fn numbers_are_any_number_but_the_digits_of_words_stay() {
         let s = |t: &str| shape_of(&[t.as_bytes()]);
@@ -246,6 +452,40 @@ mod tests {
         b.escape(b"\\n");
         b.text(b"7 failed");
         assert_eq!(a.finish(), b.finish());
+    }
+
+    #[test]
+    fn tokens_hash_the_same_one_by_one_and_over_the_text() {
+        let text = "Hello  world\tTHIS\nis a Longer_token_than_eight bytes\r\x0cend x\u{b}y é";
+        for cut in 0..text.len() {
+            let t = &text.as_bytes()[cut..];
+            let mut fast = Vec::new();
+            each_token_hash(t, |h| fast.push(h));
+            let slow: Vec<u32> = t
+                .split(|b| b.is_ascii_whitespace())
+                .filter(|s| !s.is_empty())
+                .map(token_hash)
+                .collect();
+            assert_eq!(fast, slow, "from byte {cut}");
+        }
+        for b in 0..=255u8 {
+            let w = u64::from_le_bytes([b, b'a', b, b'Z', b, b'_', b, 0x80]);
+            let words = word_bytes(w);
+            for (i, x) in w.to_le_bytes().iter().enumerate() {
+                let expected = x.is_ascii_alphabetic() || *x == b'_';
+                assert_eq!(words.to_le_bytes()[i] == 0x80, expected, "{x:#x}");
+                assert_eq!(gather(words) >> i & 1 == 1, expected, "{x:#x}");
+            }
+        }
+        for b in 0..=255u8 {
+            let w = u64::from_le_bytes([b, b' ', b, 0, b, b'\n', b, b]);
+            let ws = whitespace_bytes(w).to_le_bytes();
+            let zero = zero_bytes(w).to_le_bytes();
+            for (i, x) in w.to_le_bytes().iter().enumerate() {
+                assert_eq!(ws[i] == 0x80, x.is_ascii_whitespace(), "{x:#x}");
+                assert_eq!(zero[i] == 0x80, *x == 0, "{x:#x}");
+            }
+        }
     }
 
     #[test]

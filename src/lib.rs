@@ -7,6 +7,7 @@
 //!
 //! Layers, from the bytes in to the findings out:
 //! - [`event`]: the input contract and its validation (bad input is a [`event::BadEvent`]);
+//! - [`json`]: checking raw JSON and reading it without building a tree;
 //! - [`fingerprint`]: canonical SHA-256 digests of actions and results;
 //! - [`text`]: features of assistant text (sketches, chanting);
 //! - [`hash`]: the fast in-process hashes (result shapes, text tokens);
@@ -16,18 +17,21 @@
 //! - [`engine`]: levels, episodes, modes, tombstones and session expiry;
 //! - [`output`]: the output contract;
 //! - [`store`]: sled and in-memory state stores;
-//! - [`replay`] and [`eval`]: the file-driven commands.
+//! - [`driver`]: the engine over a file on every core, in one thread's order;
+//! - [`replay`], [`backtest`] and [`eval`]: the file-driven commands.
 
 pub mod backtest;
 pub mod config;
 pub mod demo;
 pub mod detectors;
+pub mod driver;
 pub mod engine;
 pub mod eval;
 pub mod event;
 pub mod feed;
 pub mod fingerprint;
 pub mod hash;
+pub mod json;
 pub mod kafka;
 pub mod output;
 pub mod pipeline;

@@ -17,7 +17,7 @@ use loopwarden::eval::run_corpus;
 use loopwarden::feed::{feed, write_truth, FeedProducer, Routing, Target, FILE_CLOCK};
 use loopwarden::kafka::{self, embedded::EmbeddedBroker};
 use loopwarden::pipeline;
-use loopwarden::replay::{replay, Format};
+use loopwarden::replay::{replay, Format, ReplayOptions};
 use loopwarden::shutdown::Shutdown;
 use loopwarden::simulate::{Fleet, FleetSpec};
 use loopwarden::telemetry::{http, Metrics, Spans, Telemetry};
@@ -134,6 +134,10 @@ enum Command {
         /// Stop at the first bad line instead of skipping it.
         #[arg(long)]
         strict: bool,
+        /// Worker threads, sessions split between them (default: the cores available).
+        /// The output is the same for any number.
+        #[arg(long, env = "LOOPWARDEN_THREADS")]
+        threads: Option<usize>,
     },
     /// What enforcing a configuration would have done to recorded sessions: sessions
     /// warned and killed per detector and per outcome, the kills of successful sessions,
@@ -153,6 +157,10 @@ enum Command {
         /// A table for people, or the report as one JSON object.
         #[arg(long, value_enum, default_value = "table")]
         format: FormatArg,
+        /// Worker threads, sessions split between them (default: the cores available).
+        /// The report is the same for any number.
+        #[arg(long, env = "LOOPWARDEN_THREADS")]
+        threads: Option<usize>,
     },
     /// Check a labelled scenario corpus: per case, whether its expectations hold, then
     /// totals (cases held, false alarms, false kills, late detections).
@@ -207,19 +215,27 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Arc<Config>> {
 }
 
 /// A file (decompressed when its name ends in `.gz`) or standard input (`-`).
-fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
+/// `--threads`, or every core available.
+fn threads_or_cores(threads: Option<usize>) -> anyhow::Result<usize> {
+    match threads {
+        Some(0) => anyhow::bail!("--threads must be at least 1"),
+        Some(n) => Ok(n),
+        None => Ok(loopwarden::driver::available_threads()),
+    }
+}
+
+fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
+    // Lines are parsed in place from the reader's buffer: a large one copies few of them.
+    const BUFFER: usize = 1 << 20;
     if path == Path::new("-") {
-        return Ok(Box::new(BufReader::with_capacity(
-            1 << 16,
-            std::io::stdin(),
-        )));
+        return Ok(Box::new(BufReader::with_capacity(BUFFER, std::io::stdin())));
     }
     let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     if path.extension().is_some_and(|e| e == "gz") {
         let gz = flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, f));
-        Ok(Box::new(BufReader::with_capacity(1 << 16, gz)))
+        Ok(Box::new(BufReader::with_capacity(BUFFER, gz)))
     } else {
-        Ok(Box::new(BufReader::with_capacity(1 << 16, f)))
+        Ok(Box::new(BufReader::with_capacity(BUFFER, f)))
     }
 }
 
@@ -450,9 +466,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
             format,
             strict,
+            threads,
         } => {
             let config = load_config(config.as_deref())?;
             let mut reader = open_input(&input)?;
+            let options = ReplayOptions {
+                threads: threads_or_cores(threads)?,
+                strict,
+                ..ReplayOptions::default()
+            };
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
             let mut err = std::io::stderr();
@@ -460,7 +482,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 FormatArg::Json => Format::Json,
                 FormatArg::Table => Format::Table,
             };
-            let report = replay(config, &mut reader, &mut out, &mut err, format, strict)?;
+            let report = replay(config, &mut *reader, &mut out, &mut err, format, options)?;
             drop(out);
             eprintln!("{report}");
             Ok(ExitCode::SUCCESS)
@@ -470,6 +492,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
             outcomes,
             format,
+            threads,
         } => {
             let config = load_config(config.as_deref())?;
             let outcomes = match outcomes {
@@ -478,7 +501,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => Outcomes::default(),
             };
             let mut reader = open_input(&input)?;
-            let report = backtest(config, &mut reader, &outcomes, &mut std::io::stderr())?;
+            let threads = threads_or_cores(threads)?;
+            let report = backtest(
+                config,
+                &mut *reader,
+                &outcomes,
+                &mut std::io::stderr(),
+                threads,
+            )?;
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
             match format {

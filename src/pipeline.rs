@@ -238,7 +238,7 @@ struct Partition {
     /// Last applied offset per input topic.
     applied: BTreeMap<Arc<str>, i64>,
     /// Events of the current batch, applied in event-time order when it ends.
-    pending: Vec<(i64, Event, EventMeta, Source)>,
+    pending: Vec<(i64, Event<'static>, EventMeta, Source)>,
     /// Whether state or offsets changed since the last store.
     dirty: bool,
     /// Wall time and engine clock at the last event, for the idle clock.
@@ -575,7 +575,7 @@ impl Worker {
                     timestamp_ms: meta.message_timestamp_ms,
                     traceparent: traceparent_of(m),
                 };
-                p.pending.push((event_ms, event, meta, source));
+                p.pending.push((event_ms, event.into_owned(), meta, source));
             }
             Err(bad) => {
                 self.stats.dead_lettered += 1;

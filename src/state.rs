@@ -73,22 +73,8 @@ mod fixed {
                 .collect())
         }
     }
-
-    pub mod u32_vec {
-        use super::*;
-        pub fn serialize<S: Serializer>(v: &[u32], s: S) -> Result<S::Ok, S::Error> {
-            let bytes: Vec<[u8; 4]> = v.iter().map(|x| x.to_le_bytes()).collect();
-            bytes.serialize(s)
-        }
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
-            Ok(Vec::<[u8; 4]>::deserialize(d)?
-                .into_iter()
-                .map(u32::from_le_bytes)
-                .collect())
-        }
-    }
 }
-pub(crate) use fixed::u32_vec as fixed_u32_vec;
+
 /// Cycle lengths `cycle` looks for (2 is `ping_pong`'s, 1 `repeat`'s).
 pub const CYCLE_LENGTHS: [usize; 10] = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
 

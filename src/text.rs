@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::hash::token_hash;
+use crate::hash::each_token_hash;
 
 /// Token hashes kept per sketch.
 pub const SKETCH_K: usize = 16;
@@ -17,49 +17,103 @@ pub const SKETCH_K: usize = 16;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TextSketch {
     /// The smallest distinct token hashes, ascending.
-    #[serde(with = "crate::state::fixed_u32_vec")]
-    pub mins: Vec<u32>,
+    mins: Mins,
     /// All distinct tokens are in `mins` (so similarity is exact).
     pub complete: bool,
 }
 
+/// Up to [`SKETCH_K`] hashes, ascending, inline (no allocation per sketch). Stored as a
+/// sequence of 4-byte little-endian values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Mins {
+    vals: [u32; SKETCH_K],
+    len: u8,
+}
+
+impl Mins {
+    fn as_slice(&self) -> &[u32] {
+        &self.vals[..self.len as usize]
+    }
+
+    /// Inserts `h` in order unless present; drops the largest past capacity. Returns
+    /// whether a value was dropped or refused for lack of room.
+    #[inline]
+    fn insert(&mut self, h: u32) -> bool {
+        let len = self.len as usize;
+        let pos = match self.vals[..len].binary_search(&h) {
+            Ok(_) => return false,
+            Err(pos) => pos,
+        };
+        if len == SKETCH_K {
+            if pos == SKETCH_K {
+                return true;
+            }
+            self.vals.copy_within(pos..SKETCH_K - 1, pos + 1);
+            self.vals[pos] = h;
+            return true;
+        }
+        self.vals.copy_within(pos..len, pos + 1);
+        self.vals[pos] = h;
+        self.len += 1;
+        false
+    }
+}
+
+impl Serialize for Mins {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.len as usize))?;
+        for v in self.as_slice() {
+            seq.serialize_element(&v.to_le_bytes())?;
+        }
+        seq.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Mins {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Mins, D::Error> {
+        let stored = Vec::<[u8; 4]>::deserialize(d)?;
+        let mut m = Mins::default();
+        for b in stored.iter().take(SKETCH_K) {
+            m.vals[m.len as usize] = u32::from_le_bytes(*b);
+            m.len += 1;
+        }
+        Ok(m)
+    }
+}
+
 impl TextSketch {
     pub fn of(text: &str) -> TextSketch {
-        let mut mins: Vec<u32> = Vec::with_capacity(SKETCH_K + 1);
+        let mut mins = Mins::default();
         let mut overflowed = false;
-        for token in text.as_bytes().split(|b| b.is_ascii_whitespace()) {
-            if token.is_empty() {
-                continue;
-            }
-            let h = token_hash(token);
-            if mins.len() == SKETCH_K && h > *mins.last().unwrap() {
+        each_token_hash(text.as_bytes(), |h| {
+            if mins.len as usize == SKETCH_K && h > mins.vals[SKETCH_K - 1] {
                 overflowed = true;
-                continue;
+                return;
             }
-            if let Err(pos) = mins.binary_search(&h) {
-                mins.insert(pos, h);
-                if mins.len() > SKETCH_K {
-                    mins.pop();
-                    overflowed = true;
-                }
-            }
-        }
+            overflowed |= mins.insert(h);
+        });
         TextSketch {
             mins,
             complete: !overflowed,
         }
     }
 
+    /// The smallest distinct token hashes, ascending.
+    pub fn mins(&self) -> &[u32] {
+        self.mins.as_slice()
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.mins.is_empty()
+        self.mins.len == 0
     }
 
     /// Estimated Jaccard similarity of the two token sets.
     pub fn similarity(&self, other: &TextSketch) -> f64 {
-        if self.mins.is_empty() && other.mins.is_empty() {
+        if self.is_empty() && other.is_empty() {
             return 1.0;
         }
-        let (a, b) = (&self.mins, &other.mins);
+        let (a, b) = (self.mins(), other.mins());
         let exact = self.complete && other.complete;
         let limit = if exact { usize::MAX } else { SKETCH_K };
         let (mut i, mut j, mut union, mut common) = (0, 0, 0usize, 0usize);
@@ -112,9 +166,34 @@ pub struct Chant {
 #[derive(Debug, Default)]
 pub struct ChantScratch {
     filtered: Vec<u8>,
+    grams: Vec<u8>,
     prev: Vec<u32>,
     slots: Vec<Slot>,
     generation: u32,
+}
+
+/// Whether some 8-byte sequence of `s` may recur `times` times: counts per hash bucket
+/// (a bucket counts at least every sequence in it, so "no" is certain). A window that
+/// recurs `times` times has an 8-byte prefix that does, so a text for which this says no
+/// cannot chant, and most texts are done here in one cheap pass.
+fn some_gram_may_recur(s: &[u8], times: u32, table: &mut Vec<u8>) -> bool {
+    if s.len() < 8 {
+        return true;
+    }
+    let bits = (s.len().next_power_of_two().clamp(256, 8192)).trailing_zeros();
+    table.clear();
+    table.resize(1 << bits, 0);
+    let limit = times.min(255) as u8;
+    for i in 0..=s.len() - 8 {
+        let gram = u64::from_le_bytes(s[i..i + 8].try_into().expect("eight bytes"));
+        let bucket = (gram.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize;
+        let count = &mut table[bucket];
+        *count = count.saturating_add(1);
+        if *count >= limit {
+            return true;
+        }
+    }
+    false
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -185,6 +264,7 @@ pub fn find_chant(
     }
     let ChantScratch {
         filtered,
+        grams,
         prev,
         slots,
         generation,
@@ -194,6 +274,24 @@ pub fn find_chant(
     if s.len() < chunk + min_repeats as usize - 1 || s.len() > u32::MAX as usize / 2 {
         return None;
     }
+    if chunk >= 8 && !some_gram_may_recur(s, min_repeats, grams) {
+        return None;
+    }
+    window_search(s, chunk, min_repeats, max_spacing, prev, slots, generation)
+}
+
+/// The exact search over prose bytes `s` (at least `chunk + min_repeats - 1` long): a
+/// rolling hash of every window, the occurrences of each chained, the spacing checked
+/// when one reaches `min_repeats`.
+fn window_search(
+    s: &[u8],
+    chunk: usize,
+    min_repeats: u32,
+    max_spacing: usize,
+    prev: &mut Vec<u32>,
+    slots: &mut Vec<Slot>,
+    generation: &mut u32,
+) -> Option<Chant> {
     let windows = s.len() - chunk + 1;
     let cap = (windows * 2).next_power_of_two().max(64);
     if slots.len() < cap {
@@ -307,6 +405,46 @@ mod tests {
                 .join(" "),
         );
         assert!(a.similarity(&far) < 0.2);
+    }
+
+    /// The exact search alone, without the cheap pass in front of it.
+    fn find_chant_exact(
+        s: &[u8],
+        chunk: usize,
+        min_repeats: u32,
+        max_spacing: usize,
+        scratch: &mut ChantScratch,
+    ) -> Option<Chant> {
+        if s.len() < chunk + min_repeats as usize - 1 {
+            return None;
+        }
+        let ChantScratch {
+            prev,
+            slots,
+            generation,
+            ..
+        } = scratch;
+        window_search(s, chunk, min_repeats, max_spacing, prev, slots, generation)
+    }
+
+    #[test]
+    fn the_cheap_pass_never_rules_out_a_chant() {
+        // Texts that chant, and texts that nearly do: the answer is the exact search's.
+        let unit = "We need to check the config again before going on. ";
+        let mut chants = 0;
+        for repeats in [8, 9, 10, 11, 12] {
+            for filler in ["", "x ", "some other words in between here "] {
+                let text = format!("{filler}{}", format!("{unit}{filler}").repeat(repeats));
+                let fast = chant(&text);
+                let mut prose_bytes = Vec::new();
+                prose(&text, &mut prose_bytes);
+                let mut slow = ChantScratch::default();
+                let exact = find_chant_exact(&prose_bytes, 50, 10, 250, &mut slow);
+                assert_eq!(fast, exact, "{repeats} repeats, filler {filler:?}");
+                chants += usize::from(exact.is_some());
+            }
+        }
+        assert!(chants > 0 && chants < 15, "{chants} of 15 chant");
     }
 
     #[test]

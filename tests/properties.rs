@@ -80,7 +80,7 @@ fn arb_event() -> impl Strategy<Value = Value> {
 }
 
 /// Gives the generated events increasing timestamps (with jumps that close sessions).
-fn timed(events: &[Value]) -> Vec<Event> {
+fn timed(events: &[Value]) -> Vec<Event<'static>> {
     let mut t = 1_700_000_000i64;
     events
         .iter()
@@ -90,7 +90,9 @@ fn timed(events: &[Value]) -> Vec<Event> {
             t += e["dt"].as_i64().unwrap() * 10;
             e["event_id"] = json!(format!("e{i}"));
             e["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(t * 1000));
-            parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap()
+            parse_event(e.to_string().as_bytes(), &ParseLimits::default())
+                .unwrap()
+                .into_owned()
         })
         .collect()
 }
@@ -148,7 +150,7 @@ fn findings_by_session(events: &[Event]) -> std::collections::BTreeMap<String, V
 
 /// One session's events on its own clock: starting `offset_days` from a fixed day, with
 /// gaps shorter than `session_gap` (a gap longer than that ends a session on any clock).
-fn session_on_its_clock(id: &str, events: &[Value], offset_days: i64) -> Vec<Event> {
+fn session_on_its_clock(id: &str, events: &[Value], offset_days: i64) -> Vec<Event<'static>> {
     let mut t = 1_700_000_000i64 + offset_days * 86_400;
     events
         .iter()
@@ -159,7 +161,9 @@ fn session_on_its_clock(id: &str, events: &[Value], offset_days: i64) -> Vec<Eve
             e["session_id"] = json!(id);
             e["event_id"] = json!(format!("{id}-{i}"));
             e["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(t * 1000));
-            parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap()
+            parse_event(e.to_string().as_bytes(), &ParseLimits::default())
+                .unwrap()
+                .into_owned()
         })
         .collect()
 }
@@ -231,6 +235,75 @@ proptest! {
     fn no_panic_on_any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
         let _ = parse_event(&bytes, &ParseLimits::default());
     }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn replay_gives_the_same_bytes_on_any_number_of_threads(
+        events in prop::collection::vec((arb_event(), 0u8..12, 0u8..10), 1..300),
+        batch_bytes in prop_oneof![Just(1usize << 22), 64usize..4096],
+    ) {
+        // Many sessions (spread over the engines), clocks that jump (idle closes, sessions
+        // reopening), lag far behind or are missing, exact duplicates and bad lines.
+        let mut lines = String::new();
+        let mut t = 1_700_000_000i64;
+        for (i, (e, session, how)) in events.iter().enumerate() {
+            let mut e = e.clone();
+            t += e["dt"].as_i64().unwrap() * 10;
+            e["session_id"] = json!(format!("s{session}"));
+            e["event_id"] = json!(format!("e{i}"));
+            let ts = match how {
+                0 => None,
+                1 => Some(t - 86_400),
+                _ => Some(t),
+            };
+            if let Some(ts) = ts {
+                e["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(ts * 1000));
+            }
+            let line = e.to_string();
+            lines.push_str(&line);
+            lines.push('\n');
+            match how {
+                2 => lines.push_str(&format!("{line}\n")),
+                3 => lines.push_str("{\"type\": 1}\n"),
+                _ => {}
+            }
+        }
+        let replay = |threads: usize| {
+            let mut out = Vec::new();
+            loopwarden::replay::replay(
+                config(),
+                &mut lines.as_bytes(),
+                &mut out,
+                &mut std::io::sink(),
+                loopwarden::replay::Format::Json,
+                loopwarden::replay::ReplayOptions { threads, strict: false, batch_bytes },
+            )
+            .unwrap();
+            out
+        };
+        // One engine over the whole input, event after event: the order to keep.
+        let mut engine = Engine::new(config());
+        let mut outputs = Vec::new();
+        for line in lines.lines() {
+            if let Ok(ev) = parse_event(line.as_bytes(), &ParseLimits::default()) {
+                engine.process(&ev, &EventMeta::default(), &mut outputs);
+            }
+        }
+        engine.close_all(ClosedBy::EndOfInput, &mut outputs);
+        let one: Vec<u8> = outputs.iter().flat_map(|o| format!("{}\n", o.to_json()).into_bytes()).collect();
+        for threads in 1..=4 {
+            let split = replay(threads);
+            prop_assert_eq!(
+                String::from_utf8_lossy(&split),
+                String::from_utf8_lossy(&one),
+                "{} threads", threads
+            );
+        }
+    }
 }
 
 #[test]
@@ -264,7 +337,8 @@ fn adversarial_long_session_stays_under_the_bound() {
         v["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(
             1_700_000_000_000 + i as i64 * 100
         ));
-        let ev = parse_event(v.to_string().as_bytes(), &ParseLimits::default()).unwrap();
+        let line = v.to_string();
+        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
         e.process(&ev, &EventMeta::default(), &mut out);
         if let Some(st) = e.session("s") {
             max = max.max(st.to_bytes().len());

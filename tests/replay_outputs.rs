@@ -3,6 +3,9 @@
 //! --sessions 1000 --seed N --output …` writes them) and, when they are beside the
 //! checkout, the recorded real sessions (`../shared/real-sessions/sessions.jsonl.gz`).
 //!
+//! The same bytes must come out of one thread and of several (sessions split between
+//! engines, `loopwarden replay --threads`).
+//!
 //! Each output's SHA-256 and line count are recorded in
 //! `tests/fixtures/replay-outputs.sha256`. A refactoring or an optimisation must leave
 //! them unchanged. A deliberate change of verdicts re-records them:
@@ -22,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 use loopwarden::config::Config;
 use loopwarden::feed::{feed, Target, FILE_CLOCK};
-use loopwarden::replay::{replay, Format};
+use loopwarden::replay::{replay, Format, ReplayOptions};
 use loopwarden::shutdown::Shutdown;
 use loopwarden::simulate::{Fleet, FleetSpec};
 
@@ -81,8 +84,9 @@ fn real_sessions() -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// SHA-256 (hex) and line count of the default-config replay output of `input`.
-fn replay_digest(input: &[u8]) -> (String, usize) {
+/// SHA-256 (hex) and line count of the default-config replay output of `input`, on
+/// `threads` engines.
+fn replay_digest(input: &[u8], threads: usize) -> (String, usize) {
     let mut output = Vec::new();
     replay(
         Arc::new(Config::default()),
@@ -90,7 +94,11 @@ fn replay_digest(input: &[u8]) -> (String, usize) {
         &mut output,
         &mut std::io::sink(),
         Format::Json,
-        true,
+        ReplayOptions {
+            threads,
+            strict: true,
+            ..ReplayOptions::default()
+        },
     )
     .unwrap();
     let digest: String = Sha256::digest(&output)
@@ -123,8 +131,12 @@ fn replay_output_is_what_was_recorded() {
     }
     let now: BTreeMap<String, (String, usize)> = inputs
         .iter()
-        .map(|(name, input)| (name.clone(), replay_digest(input)))
+        .map(|(name, input)| (name.clone(), replay_digest(input, 1)))
         .collect();
+    // Sessions split over three engines: the same bytes.
+    for (name, input) in &inputs {
+        assert_eq!(replay_digest(input, 3), now[name], "{name} on 3 threads");
+    }
 
     let before = recorded();
     if std::env::var_os(RECORD_ENV).is_some() {

@@ -164,7 +164,8 @@ fn every_output_of_the_corpus_validates_against_its_schema() {
             processing_time_ms: Some(1_800_000_000_000),
         };
         for e in corpus_events() {
-            let event = parse_event(e.to_string().as_bytes(), &limits).unwrap();
+            let line = e.to_string();
+            let event = parse_event(line.as_bytes(), &limits).unwrap();
             engine.process(&event, &meta, &mut outputs);
         }
         engine.close_all(ClosedBy::EndOfInput, &mut outputs);
@@ -273,7 +274,8 @@ fn sample_warning() -> loopwarden::output::FindingEvent {
     let mut outputs = Vec::new();
     for i in 0..3 {
         let e = json!({"type": "tool.called", "session_id": "s", "event_id": format!("e{i}"), "tool": "read", "args": {"p": 1}, "result": "x"});
-        let event = parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap();
+        let line = e.to_string();
+        let event = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
         engine.process(&event, &EventMeta::default(), &mut outputs);
     }
     match outputs.pop() {

@@ -244,11 +244,9 @@ mod tests {
             let mut e = e.clone();
             e["session_id"] = json!("s");
             e["event_id"] = json!(format!("e{i}"));
-            let ev = crate::event::parse_event(
-                e.to_string().as_bytes(),
-                &crate::event::ParseLimits::default(),
-            )
-            .unwrap();
+            let line = e.to_string();
+            let ev = crate::event::parse_event(line.as_bytes(), &crate::event::ParseLimits::default())
+                .unwrap();
             engine.process(&ev, &crate::engine::EventMeta::default(), &mut out);
         }
         let hints: Vec<String> = out

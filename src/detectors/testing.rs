@@ -38,7 +38,8 @@ pub fn run_with(config: &str, events: &[Value]) -> Vec<Found> {
             i / 60 % 60,
             i % 60
         )));
-        let ev = parse_event(e.to_string().as_bytes(), &ParseLimits::default()).unwrap();
+        let line = e.to_string();
+        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
         let mut out = Vec::new();
         engine.process(&ev, &EventMeta::default(), &mut out);
         for o in out {

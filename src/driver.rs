@@ -1,0 +1,545 @@
+//! Driving the engine over a JSON Lines input (`replay`, `backtest`) on every core, with
+//! the outputs of one thread.
+//!
+//! Sessions are independent, so the sessions are split over `threads` engines (shards,
+//! by a hash of the session id), each applying its sessions' events in input order. What
+//! ties sessions together is the stream's clock — the latest event time seen, which
+//! closes idle sessions — so every event is applied at the clock the whole input had
+//! reached at it, whichever shard it lands on. Each output is placed where one engine
+//! over the whole input would have emitted it: an event's own outputs at the event, an
+//! idle close at the first event whose clock passed the session's deadline (ties by
+//! deadline, then session id, as the engine closes them), the end of input's closes by
+//! session id. Merging by place gives the same bytes as one thread, for any number of
+//! threads (a property test holds it).
+//!
+//! The input is read in batches of whole lines on a thread of its own. A batch is parsed
+//! on every core (its events borrow from its bytes) while the batch before it is applied
+//! by the shards; then its clock is computed in one short pass and its outputs merged.
+//! Memory stays bounded by the batch size and the open sessions, whatever the input's
+//! length.
+
+use std::cmp::Ordering;
+use std::hash::{Hash, Hasher};
+use std::io::{BufRead, Write};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use rustc_hash::FxHasher;
+
+use crate::config::Config;
+use crate::engine::{CloseAt, Engine, EventMeta};
+use crate::event::{parse_event, BadEvent, Event, ParseLimits};
+use crate::output::{ClosedBy, Output};
+
+/// Bytes read per batch by default (whole lines: a batch ends at the last line break).
+pub const BATCH_BYTES: usize = 1 << 20;
+
+/// What the driving loop read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Read {
+    pub lines: u64,
+    pub events: u64,
+    pub bad_lines: u64,
+}
+
+/// One step of a drive, as a shard sees it.
+pub enum Step<'a> {
+    /// An event the shard's engine applied, whether it dropped it as an exact duplicate;
+    /// the outputs are the idle closes due before it, then what it caused.
+    Event {
+        event: &'a Event<'a>,
+        duplicate: bool,
+    },
+    /// Idle closes between events (at the end of a batch).
+    Clock,
+    /// The end of the input: every open session of the shard was closed.
+    End,
+}
+
+/// Why a drive stopped early (fatal).
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    #[error("reading input failed: {0}")]
+    Read(std::io::Error),
+    #[error("writing output failed: {0}")]
+    Write(std::io::Error),
+    #[error("line {line}: {reason} (stopping: --strict)")]
+    BadLine { line: u64, reason: String },
+}
+
+/// What a shard does with each step: accounting (the backtest) or nothing (replay).
+pub trait Sink: Send {
+    fn step(&mut self, step: Step<'_>, outputs: &[Output]);
+}
+
+impl Sink for () {
+    fn step(&mut self, _: Step<'_>, _: &[Output]) {}
+}
+
+/// How a drive runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Engines (and worker threads); 1 runs everything on the calling thread.
+    pub threads: usize,
+    /// A bad line stops the drive (instead of being reported and skipped).
+    pub strict: bool,
+    /// Collect the outputs in order for `on_outputs` (off: only the sinks see them).
+    pub ordered_outputs: bool,
+    /// With `ordered_outputs`: render each output's JSON line on its shard's thread
+    /// (`on_outputs` gets it beside the output; otherwise an empty string).
+    pub render_json: bool,
+    /// Bytes read per batch ([`BATCH_BYTES`]).
+    pub batch_bytes: usize,
+}
+
+/// The cores this process may use.
+pub fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Where one engine over the whole input would have emitted an output.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    /// The input line (of the event, or of the first event whose clock closed it).
+    line: u64,
+    /// 0: an idle close (before the line's event is applied); 1: the event's own.
+    phase: u8,
+    deadline: i64,
+    seq: u32,
+}
+
+fn compare(a: &(Place, Output, String), b: &(Place, Output, String)) -> Ordering {
+    let (pa, pb) = (&a.0, &b.0);
+    pa.line
+        .cmp(&pb.line)
+        .then(pa.phase.cmp(&pb.phase))
+        .then(pa.deadline.cmp(&pb.deadline))
+        .then_with(|| session_of(&a.1).cmp(session_of(&b.1)))
+        .then(pa.seq.cmp(&pb.seq))
+}
+
+fn session_of(o: &Output) -> &str {
+    match o {
+        Output::Finding(f) => &f.session_id,
+        Output::Summary(s) => &s.session_id,
+    }
+}
+
+/// A valid event of a batch: where it is among the batch's parsed lines, its line, and
+/// the stream's clock once it is applied.
+struct Mark {
+    index: u32,
+    line: u64,
+    clock: i64,
+}
+
+/// A batch's lines as parsed: an event, a bad line, or nothing (an empty line).
+type Parsed<'b> = Option<Result<Event<'b>, BadEvent>>;
+
+struct Shard<S> {
+    engine: Engine,
+    sink: S,
+    /// This batch's events of the shard (indices into the batch's marks).
+    mine: Vec<u32>,
+    placed: Vec<(Place, Output, String)>,
+    /// Render each output's JSON line here, on the shard's thread.
+    render: bool,
+    outputs: Vec<Output>,
+    deadlines: Vec<CloseAt>,
+}
+
+impl<S: Sink> Shard<S> {
+    /// The line of the first event of the batch whose clock reached `clock`.
+    fn line_at(marks: &[Mark], clock: i64) -> u64 {
+        let i = marks.partition_point(|m| m.clock < clock);
+        marks.get(i).map_or(u64::MAX, |m| m.line)
+    }
+
+    fn run(&mut self, parsed: &[Parsed<'_>], marks: &[Mark], keep: bool) {
+        let meta = EventMeta::default();
+        let mine = std::mem::take(&mut self.mine);
+        for &k in &mine {
+            let mark = &marks[k as usize];
+            let Some(Ok(event)) = &parsed[mark.index as usize] else {
+                continue; // marks are made of events only
+            };
+            self.engine.advance_clock_with_deadlines(
+                mark.clock,
+                &mut self.outputs,
+                &mut self.deadlines,
+            );
+            let closes = self.outputs.len();
+            let before = self.engine.counters().duplicates;
+            self.engine.process(event, &meta, &mut self.outputs);
+            let duplicate = self.engine.counters().duplicates > before;
+            self.sink
+                .step(Step::Event { event, duplicate }, &self.outputs);
+            self.place(marks, mark.line, closes, keep);
+        }
+        self.mine = mine;
+        if let Some(last) = marks.last() {
+            self.engine.advance_clock_with_deadlines(
+                last.clock,
+                &mut self.outputs,
+                &mut self.deadlines,
+            );
+            if !self.outputs.is_empty() {
+                self.sink.step(Step::Clock, &self.outputs);
+                let n = self.outputs.len();
+                self.place(marks, u64::MAX, n, keep);
+            }
+        }
+    }
+
+    /// Places the outputs of one step: the first `closes` are idle closes.
+    fn place(&mut self, marks: &[Mark], line: u64, closes: usize, keep: bool) {
+        if !keep {
+            self.outputs.clear();
+            self.deadlines.clear();
+            return;
+        }
+        for (i, o) in self.outputs.drain(..).enumerate() {
+            let place = if i < closes {
+                let at = self.deadlines[i];
+                Place {
+                    line: Self::line_at(marks, at.clock),
+                    phase: 0,
+                    deadline: at.deadline,
+                    seq: 0,
+                }
+            } else {
+                Place {
+                    line,
+                    phase: 1,
+                    deadline: 0,
+                    seq: (i - closes) as u32,
+                }
+            };
+            let json = rendered(self.render, &o);
+            self.placed.push((place, o, json));
+        }
+        self.deadlines.clear();
+    }
+
+    fn end(&mut self, keep: bool) {
+        self.engine
+            .close_all(ClosedBy::EndOfInput, &mut self.outputs);
+        self.sink.step(Step::End, &self.outputs);
+        if keep {
+            for o in self.outputs.drain(..) {
+                let place = Place {
+                    line: u64::MAX,
+                    phase: 2,
+                    deadline: 0,
+                    seq: 0,
+                };
+                let json = rendered(self.render, &o);
+                self.placed.push((place, o, json));
+            }
+        }
+        self.outputs.clear();
+    }
+}
+
+fn rendered(render: bool, o: &Output) -> String {
+    if render {
+        o.to_json()
+    } else {
+        String::new()
+    }
+}
+
+fn shard_of(session: &str, shards: usize) -> usize {
+    let mut h = FxHasher::default();
+    session.hash(&mut h);
+    (h.finish() % shards as u64) as usize
+}
+
+/// Reads whole-line batches of `input` onto `tx` (the last one may lack a line break).
+fn read_batches(
+    input: &mut (dyn BufRead + Send),
+    batch_bytes: usize,
+    tx: mpsc::SyncSender<std::io::Result<Vec<u8>>>,
+) {
+    let mut carry: Vec<u8> = Vec::new();
+    loop {
+        let mut batch = Vec::with_capacity(batch_bytes + carry.len() + (64 << 10));
+        batch.append(&mut carry);
+        // Read up to the batch size, and on until the batch holds a line break (a line
+        // longer than a batch is read whole) or the input ends.
+        let mut eof = false;
+        let mut searched = 0;
+        loop {
+            if batch.len() >= batch_bytes {
+                if memchr::memchr(b'\n', &batch[searched..]).is_some() {
+                    break;
+                }
+                searched = batch.len();
+            }
+            // Straight into the batch (a reader's own buffer, when empty, is bypassed).
+            let at = batch.len();
+            let room = if at < batch_bytes {
+                batch_bytes - at
+            } else {
+                64 << 10 // reading on for a line break
+            };
+            batch.resize(at + room, 0);
+            match input.read(&mut batch[at..]) {
+                Ok(0) => {
+                    batch.truncate(at);
+                    eof = true;
+                    break;
+                }
+                Ok(n) => batch.truncate(at + n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => batch.truncate(at),
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        }
+        if !eof {
+            let nl = memchr::memrchr(b'\n', &batch).expect("read on until a line break");
+            carry.extend_from_slice(&batch[nl + 1..]);
+            batch.truncate(nl + 1);
+        }
+        if !batch.is_empty() && tx.send(Ok(batch)).is_err() {
+            return;
+        }
+        if eof {
+            return;
+        }
+    }
+}
+
+fn trim_line(line: &[u8]) -> &[u8] {
+    let mut end = line.len();
+    while end > 0 && matches!(line[end - 1], b'\n' | b'\r' | b' ' | b'\t') {
+        end -= 1;
+    }
+    let mut start = 0;
+    while start < end && matches!(line[start], b' ' | b'\t') {
+        start += 1;
+    }
+    &line[start..end]
+}
+
+/// A batch's lines as parsed, borrowing from its bytes.
+struct Lines<'b> {
+    parsed: Vec<Parsed<'b>>,
+}
+
+self_cell::self_cell!(
+    /// A batch of whole lines and the events parsed from it (which borrow from it), so
+    /// that one batch can be parsed while the one before is applied.
+    struct ParsedBatch {
+        owner: Vec<u8>,
+        #[covariant]
+        dependent: Lines,
+    }
+);
+
+fn parse_batch(
+    bytes: Vec<u8>,
+    limits: &ParseLimits,
+    pool: Option<&rayon::ThreadPool>,
+) -> ParsedBatch {
+    ParsedBatch::new(bytes, |bytes| {
+        let mut lines: Vec<&[u8]> = Vec::with_capacity(bytes.len() / 512 + 1);
+        let mut start = 0;
+        while start < bytes.len() {
+            let end = memchr::memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |i| start + i + 1);
+            lines.push(&bytes[start..end]);
+            start = end;
+        }
+        fn parse<'b>(line: &'b [u8], limits: &ParseLimits) -> Parsed<'b> {
+            let t = trim_line(line);
+            (!t.is_empty()).then(|| parse_event(t, limits))
+        }
+        let parsed = match pool {
+            Some(_) => lines.par_iter().map(|l| parse(l, limits)).collect(),
+            None => lines.iter().map(|l| parse(l, limits)).collect(),
+        };
+        Lines { parsed }
+    })
+}
+
+/// A parsed batch ready to apply: where its events go and at what clock.
+struct Ready {
+    batch: ParsedBatch,
+    marks: Vec<Mark>,
+    /// Per shard, its events (indices into `marks`).
+    assigned: Vec<Vec<u32>>,
+    /// `--strict` met a bad line: stop after this batch.
+    stop: Option<DriveError>,
+}
+
+/// Runs the events of `input` through `threads` engines (see the module docs). Bad lines
+/// are reported to `errors` with their line number and skipped, or are fatal with
+/// `strict`. `make_sink` gives each shard its sink; with `ordered_outputs`, `on_outputs`
+/// gets every output (and its JSON line, with `render_json`), batch after batch, in one
+/// thread's order. Returns what was read and the shards' sinks.
+pub fn drive<S: Sink>(
+    config: Arc<Config>,
+    input: &mut (dyn BufRead + Send),
+    errors: &mut dyn Write,
+    options: Options,
+    make_sink: impl Fn() -> S,
+    mut on_outputs: impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
+) -> Result<(Read, Vec<S>), DriveError> {
+    let threads = options.threads.max(1);
+    let pool = (threads > 1)
+        .then(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("loopwarden-shard-{i}"))
+                .build()
+        })
+        .transpose()
+        .map_err(|e| DriveError::Read(std::io::Error::other(e)))?;
+    let limits = config.limits;
+    let keep = options.ordered_outputs;
+    let mut shards: Vec<Shard<S>> = (0..threads)
+        .map(|_| Shard {
+            engine: Engine::new(config.clone()),
+            sink: make_sink(),
+            mine: Vec::new(),
+            placed: Vec::new(),
+            render: keep && options.render_json,
+            outputs: Vec::new(),
+            deadlines: Vec::new(),
+        })
+        .collect();
+    let mut read = Read::default();
+    let mut clock: Option<i64> = None;
+    let mut merged: Vec<(Place, Output, String)> = Vec::new();
+    let mut outputs: Vec<(Output, String)> = Vec::new();
+
+    // The stream's clock at each event of a parsed batch, its bad lines reported, its
+    // events assigned to shards: the one sequential pass.
+    let mut prepare = |batch: ParsedBatch, errors: &mut dyn Write| -> Ready {
+        let first_line = read.lines + 1;
+        let parsed = &batch.borrow_dependent().parsed;
+        read.lines += parsed.len() as u64;
+        let mut marks: Vec<Mark> = Vec::with_capacity(parsed.len());
+        let mut assigned: Vec<Vec<u32>> = vec![Vec::new(); threads];
+        let mut stop = None;
+        for (i, p) in parsed.iter().enumerate() {
+            let line = first_line + i as u64;
+            match p {
+                None => {}
+                Some(Ok(event)) => {
+                    read.events += 1;
+                    // As the engine keeps it: the latest event time, an event without one
+                    // taking the clock as it is (or 0 before any).
+                    let now = match (event.timestamp_ms, clock) {
+                        (Some(t), Some(c)) => t.max(c),
+                        (Some(t), None) => t,
+                        (None, Some(c)) => c,
+                        (None, None) => 0,
+                    };
+                    clock = Some(now);
+                    assigned[shard_of(&event.session_id, threads)].push(marks.len() as u32);
+                    marks.push(Mark {
+                        index: i as u32,
+                        line,
+                        clock: now,
+                    });
+                }
+                Some(Err(e)) => {
+                    read.bad_lines += 1;
+                    if options.strict {
+                        stop = Some(DriveError::BadLine {
+                            line,
+                            reason: e.to_string(),
+                        });
+                        break;
+                    }
+                    let _ = writeln!(errors, "line {line}: {e} ({})", e.reason());
+                }
+            }
+        }
+        Ready {
+            batch,
+            marks,
+            assigned,
+            stop,
+        }
+    };
+
+    std::thread::scope(|scope| -> Result<(), DriveError> {
+        let (tx, rx) = mpsc::sync_channel(2);
+        let batch_bytes = options.batch_bytes.max(1);
+        scope.spawn(move || read_batches(input, batch_bytes, tx));
+        let mut rx = rx.into_iter();
+        let mut current: Option<Ready> = None;
+        loop {
+            let next = rx.next().transpose().map_err(DriveError::Read)?;
+            if next.is_none() && current.is_none() {
+                return Ok(());
+            }
+            // Apply the current batch per shard while the next one is parsed.
+            let apply = |shards: &mut Vec<Shard<S>>, ready: &mut Ready| {
+                for (shard, mine) in shards.iter_mut().zip(ready.assigned.iter_mut()) {
+                    std::mem::swap(&mut shard.mine, mine);
+                }
+                let parsed = &ready.batch.borrow_dependent().parsed;
+                let run = |s: &mut Shard<S>| s.run(parsed, &ready.marks, keep);
+                match &pool {
+                    Some(_) => shards.par_iter_mut().for_each(run),
+                    None => shards.iter_mut().for_each(run),
+                }
+            };
+            let parse = |bytes: Vec<u8>| parse_batch(bytes, &limits, pool.as_ref());
+            let parsed_next = match (&pool, current.as_mut()) {
+                (Some(p), Some(ready)) => {
+                    let shards = &mut shards;
+                    p.install(|| rayon::join(|| next.map(parse), || apply(shards, ready)))
+                        .0
+                }
+                (Some(p), None) => p.install(|| next.map(parse)),
+                (None, Some(ready)) => {
+                    apply(&mut shards, ready);
+                    next.map(parse)
+                }
+                (None, None) => next.map(parse),
+            };
+            if let Some(done) = current.take() {
+                if keep {
+                    emit(&mut shards, &mut merged, &mut outputs, &mut on_outputs)?;
+                }
+                if let Some(e) = done.stop {
+                    return Err(e);
+                }
+            }
+            current = parsed_next.map(|b| prepare(b, errors));
+        }
+    })?;
+    let finish = |s: &mut Shard<S>| s.end(keep);
+    match &pool {
+        Some(p) => p.install(|| shards.par_iter_mut().for_each(finish)),
+        None => shards.iter_mut().for_each(finish),
+    }
+    if keep {
+        emit(&mut shards, &mut merged, &mut outputs, &mut on_outputs)?;
+    }
+    Ok((read, shards.into_iter().map(|s| s.sink).collect()))
+}
+
+/// Merges the shards' placed outputs in one thread's order and hands them on.
+fn emit<S>(
+    shards: &mut [Shard<S>],
+    merged: &mut Vec<(Place, Output, String)>,
+    outputs: &mut Vec<(Output, String)>,
+    on_outputs: &mut impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
+) -> Result<(), DriveError> {
+    for s in shards.iter_mut() {
+        merged.append(&mut s.placed);
+    }
+    merged.sort_by(compare);
+    outputs.extend(merged.drain(..).map(|(_, o, json)| (o, json)));
+    on_outputs(outputs)?;
+    outputs.clear();
+    Ok(())
+}
