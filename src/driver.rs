@@ -256,43 +256,59 @@ fn shard_of(session: &str, shards: usize) -> usize {
     (h.finish() % shards as u64) as usize
 }
 
-/// Reads whole-line batches of `input` onto `tx` (the last one may lack a line break).
+/// A batch of whole lines: the first `len` bytes of a buffer that is handed back and
+/// forth between the reader and the driver, so that it is neither allocated nor zeroed
+/// again for every batch.
+struct Batch {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl Batch {
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Reads whole-line batches of `input` onto `tx` (the last one may lack a line break),
+/// reusing the buffers that come back on `recycled`.
 fn read_batches(
     input: &mut (dyn BufRead + Send),
     batch_bytes: usize,
-    tx: mpsc::SyncSender<std::io::Result<Vec<u8>>>,
+    tx: mpsc::SyncSender<std::io::Result<Batch>>,
+    recycled: mpsc::Receiver<Vec<u8>>,
 ) {
     let mut carry: Vec<u8> = Vec::new();
     loop {
-        let mut batch = Vec::with_capacity(batch_bytes + carry.len() + (64 << 10));
-        batch.append(&mut carry);
+        let mut buf = recycled.try_recv().unwrap_or_default();
+        let want = batch_bytes.max(carry.len() + 4096);
+        if buf.len() < want {
+            buf.resize(want, 0);
+        }
+        buf[..carry.len()].copy_from_slice(&carry);
+        let mut len = carry.len();
+        carry.clear();
         // Read up to the batch size, and on until the batch holds a line break (a line
         // longer than a batch is read whole) or the input ends.
         let mut eof = false;
         let mut searched = 0;
         loop {
-            if batch.len() >= batch_bytes {
-                if memchr::memchr(b'\n', &batch[searched..]).is_some() {
+            if len >= batch_bytes {
+                if memchr::memchr(b'\n', &buf[searched..len]).is_some() {
                     break;
                 }
-                searched = batch.len();
+                searched = len;
             }
-            // Straight into the batch (a reader's own buffer, when empty, is bypassed).
-            let at = batch.len();
-            let room = if at < batch_bytes {
-                batch_bytes - at
-            } else {
-                64 << 10 // reading on for a line break
-            };
-            batch.resize(at + room, 0);
-            match input.read(&mut batch[at..]) {
+            if len == buf.len() {
+                buf.resize(len + (64 << 10), 0); // reading on for a line break
+            }
+            match input.read(&mut buf[len..]) {
                 Ok(0) => {
-                    batch.truncate(at);
                     eof = true;
                     break;
                 }
-                Ok(n) => batch.truncate(at + n),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => batch.truncate(at),
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     let _ = tx.send(Err(e));
                     return;
@@ -300,11 +316,11 @@ fn read_batches(
             }
         }
         if !eof {
-            let nl = memchr::memrchr(b'\n', &batch).expect("read on until a line break");
-            carry.extend_from_slice(&batch[nl + 1..]);
-            batch.truncate(nl + 1);
+            let nl = memchr::memrchr(b'\n', &buf[..len]).expect("read on until a line break");
+            carry.extend_from_slice(&buf[nl + 1..len]);
+            len = nl + 1;
         }
-        if !batch.is_empty() && tx.send(Ok(batch)).is_err() {
+        if len > 0 && tx.send(Ok(Batch { buf, len })).is_err() {
             return;
         }
         if eof {
@@ -334,18 +350,19 @@ self_cell::self_cell!(
     /// A batch of whole lines and the events parsed from it (which borrow from it), so
     /// that one batch can be parsed while the one before is applied.
     struct ParsedBatch {
-        owner: Vec<u8>,
+        owner: Batch,
         #[covariant]
         dependent: Lines,
     }
 );
 
 fn parse_batch(
-    bytes: Vec<u8>,
+    batch: Batch,
     limits: &ParseLimits,
     pool: Option<&rayon::ThreadPool>,
 ) -> ParsedBatch {
-    ParsedBatch::new(bytes, |bytes| {
+    ParsedBatch::new(batch, |batch| {
+        let bytes = batch.bytes();
         let mut lines: Vec<&[u8]> = Vec::with_capacity(bytes.len() / 512 + 1);
         let mut start = 0;
         while start < bytes.len() {
@@ -470,8 +487,9 @@ pub fn drive<S: Sink>(
 
     std::thread::scope(|scope| -> Result<(), DriveError> {
         let (tx, rx) = mpsc::sync_channel(2);
+        let (recycle, recycled) = mpsc::channel();
         let batch_bytes = options.batch_bytes.max(1);
-        scope.spawn(move || read_batches(input, batch_bytes, tx));
+        scope.spawn(move || read_batches(input, batch_bytes, tx, recycled));
         let mut rx = rx.into_iter();
         let mut current: Option<Ready> = None;
         loop {
@@ -491,7 +509,7 @@ pub fn drive<S: Sink>(
                     None => shards.iter_mut().for_each(run),
                 }
             };
-            let parse = |bytes: Vec<u8>| parse_batch(bytes, &limits, pool.as_ref());
+            let parse = |batch: Batch| parse_batch(batch, &limits, pool.as_ref());
             let parsed_next = match (&pool, current.as_mut()) {
                 (Some(p), Some(ready)) => {
                     let shards = &mut shards;
@@ -512,6 +530,7 @@ pub fn drive<S: Sink>(
                 if let Some(e) = done.stop {
                     return Err(e);
                 }
+                let _ = recycle.send(done.batch.into_owner().buf);
             }
             current = parsed_next.map(|b| prepare(b, errors));
         }

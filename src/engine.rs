@@ -16,7 +16,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use crate::config::{Config, ToolClasses};
-use crate::detectors::{Context, DetectorKind, Input, LlmContext, Signal, ToolContext};
+use crate::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
 use crate::event::{format_rfc3339_ms, CallKind, Completion, Event, EventBody, LlmCall, ToolCall};
 use crate::fingerprint::{self, Fingerprinter};
 use crate::json;
@@ -88,7 +88,10 @@ struct Work {
     chant: ChantScratch,
     /// `tool.action`, when a call has an `action` argument.
     action_name: String,
-    order: Vec<DetectorKind>,
+    /// The detectors judged on LLM calls, tool calls and other events, in order.
+    order_llm: Vec<DetectorKind>,
+    order_tool: Vec<DetectorKind>,
+    order_other: Vec<DetectorKind>,
     policies: FxHashMap<u64, Arc<Policy>>,
     /// Tool-override policies by (session policy key, tool or `tool.action` hash); `None`:
     /// no override applies.
@@ -131,7 +134,9 @@ impl Work {
             text: String::new(),
             chant: ChantScratch::default(),
             action_name: String::new(),
-            order: DetectorKind::evaluation_order(),
+            order_llm: DetectorKind::evaluation_order_for(On::LlmCalls),
+            order_tool: DetectorKind::evaluation_order_for(On::ToolCalls),
+            order_other: DetectorKind::evaluation_order_for(On::Any),
             policies: FxHashMap::default(),
             tool_policies: FxHashMap::default(),
             classes: FxHashMap::default(),
@@ -593,7 +598,7 @@ fn apply(
                 chant,
             });
             judge(
-                &work.order,
+                &work.order_llm,
                 &mut slot.state,
                 policy,
                 event,
@@ -622,7 +627,7 @@ fn apply(
                 facts,
             });
             judge(
-                &work.order,
+                &work.order_tool,
                 &mut slot.state,
                 policy,
                 event,
@@ -634,7 +639,7 @@ fn apply(
         }
         EventBody::SessionStarted => {
             judge(
-                &work.order,
+                &work.order_other,
                 &mut slot.state,
                 &slot.policy,
                 event,

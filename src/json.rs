@@ -128,10 +128,20 @@ pub fn has_control(s: &[u8]) -> bool {
     s.iter().fold(false, |found, &b| found | (b < 0x20))
 }
 
-/// The first `"` or `\` at or after `from` in checked text (or `s.len()`).
+/// The first `"` or `\` at or after `from` in checked text (or `s.len()`): the first
+/// sixteen bytes word by word (most strings are keys and short values), then memchr.
 #[inline]
 pub fn quote_or_escape(s: &[u8], from: usize) -> usize {
-    memchr::memchr2(b'"', b'\\', &s[from.min(s.len())..]).map_or(s.len(), |i| from + i)
+    let mut i = from;
+    while i + 8 <= s.len() && i < from + 16 {
+        let w = load8(s, i);
+        let m = bytes_equal(w, b'"') | bytes_equal(w, b'\\');
+        if m != 0 {
+            return i + (m.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    memchr::memchr2(b'"', b'\\', &s[i.min(s.len())..]).map_or(s.len(), |k| i + k)
 }
 
 /// A validating pass over a JSON document, giving up on anything unusual.
@@ -578,6 +588,31 @@ mod tests {
             let mut v = vec![b'a'; n];
             v.push(b'"');
             assert_eq!(string_stop(&v, 0), n);
+        }
+    }
+
+    #[test]
+    fn quote_or_escape_finds_the_first_of_either() {
+        for len in 0..48 {
+            for at in 0..=len {
+                for stop in [b'"', b'\\'] {
+                    let mut v = vec![b'a'; len];
+                    if at < len {
+                        v[at] = stop;
+                    }
+                    let want = v
+                        .iter()
+                        .position(|b| *b == b'"' || *b == b'\\')
+                        .unwrap_or(len);
+                    for from in 0..=at.min(len) {
+                        assert_eq!(
+                            quote_or_escape(&v, from),
+                            want,
+                            "len {len} at {at} from {from}"
+                        );
+                    }
+                }
+            }
         }
     }
 

@@ -22,6 +22,11 @@ use loopwarden::shutdown::Shutdown;
 use loopwarden::simulate::{Fleet, FleetSpec};
 use loopwarden::telemetry::{http, Metrics, Spans, Telemetry};
 
+/// mimalloc rather than the system allocator: replay and the pipeline are faster with
+/// it, and scale better over threads (docs/DEVELOPMENT.md, "Performance").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// loopwarden stops runaway AI agents: it reads agent events (LLM calls and tool calls),
 /// detects loops and runaways per session, and emits warnings, terminations and summaries.
 #[derive(Parser)]

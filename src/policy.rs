@@ -124,11 +124,13 @@ impl Levels {
     }
 
     /// The lowest threshold that is on: below it, a detector's episode is over.
+    #[inline]
     pub fn lowest_threshold(&self) -> Option<f64> {
-        [self.warn_at, self.critical_at, self.terminate_at]
-            .into_iter()
-            .flatten()
-            .reduce(f64::min)
+        let min = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, None) | (None, x) => x,
+        };
+        min(min(self.warn_at, self.critical_at), self.terminate_at)
     }
 
     /// The thresholds that are on rise from warning to termination.

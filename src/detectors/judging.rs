@@ -50,11 +50,29 @@ pub struct Input<'a> {
 /// The part of an event a detector is judged on; `None` when the event is not of that
 /// kind, and the detector is then not judged (its episode is left alone).
 pub trait View<'a>: Copy {
+    /// The events the view exists for.
+    const ON: On;
     fn view(input: &Input<'a>) -> Option<Self>;
+}
+
+/// The kinds of event a detector is judged on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On {
+    Any,
+    LlmCalls,
+    ToolCalls,
+}
+
+impl On {
+    /// Whether a detector judged on these events is judged on an event of kind `event`.
+    pub fn covers(self, event: On) -> bool {
+        self == On::Any || self == event
+    }
 }
 
 /// Any event (ceilings).
 impl<'a> View<'a> for Input<'a> {
+    const ON: On = On::Any;
     fn view(input: &Input<'a>) -> Option<Self> {
         Some(*input)
     }
@@ -62,6 +80,7 @@ impl<'a> View<'a> for Input<'a> {
 
 /// LLM calls.
 impl<'a> View<'a> for &'a LlmContext {
+    const ON: On = On::LlmCalls;
     fn view(input: &Input<'a>) -> Option<Self> {
         match input.context {
             Context::Llm(l) => Some(l),
@@ -72,6 +91,7 @@ impl<'a> View<'a> for &'a LlmContext {
 
 /// Tool calls.
 impl<'a> View<'a> for &'a ToolContext<'a> {
+    const ON: On = On::ToolCalls;
     fn view(input: &Input<'a>) -> Option<Self> {
         match input.context {
             Context::Tool(t) => Some(t),
@@ -95,11 +115,14 @@ pub struct Signal {
 impl Signal {
     /// The plain reading of `value` against `levels`: the level it reaches, and a reset
     /// when it is below every threshold.
+    #[inline]
     pub fn of(value: f64, levels: &Levels) -> Signal {
+        // Below every threshold (most readings): no level to look for.
+        let reset = levels.lowest_threshold().is_none_or(|t| value < t - 1e-9);
         Signal {
             value,
-            level: levels.level_for(value),
-            reset: levels.lowest_threshold().is_none_or(|t| value < t - 1e-9),
+            level: if reset { None } else { levels.level_for(value) },
+            reset,
             subject: None,
         }
     }

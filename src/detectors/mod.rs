@@ -25,8 +25,8 @@ pub mod settings;
 pub(crate) mod testing;
 
 pub use judging::{
-    fp_hex, num, recent_calls, Context, Description, Evidence, Input, LlmContext, Message, Reading,
-    Signal, ToolContext, View,
+    fp_hex, num, recent_calls, Context, Description, Evidence, Input, LlmContext, Message, On,
+    Reading, Signal, ToolContext, View,
 };
 
 /// How a detector counts: what resets it and where its settings can be set.
@@ -197,6 +197,13 @@ macro_rules! detectors {
                 match self { $(DetectorKind::$detector => <$detector as Detector>::CLASS),+ }
             }
 
+            /// The events it is judged on.
+            pub fn judged_on(self) -> On {
+                match self {
+                    $(DetectorKind::$detector => <<$detector as Detector>::On<'static> as View<'static>>::ON),+
+                }
+            }
+
             pub fn default_levels(self) -> Levels {
                 let levels = match self { $(DetectorKind::$detector => <$detector as Detector>::default_levels()),+ };
                 Levels { grace_steps: self.class().default_grace_steps(), ..levels }
@@ -303,6 +310,14 @@ impl DetectorKind {
         let (ceilings, loops): (Vec<DetectorKind>, Vec<DetectorKind>) =
             DetectorKind::ALL.iter().partition(|k| k.is_ceiling());
         loops.into_iter().chain(ceilings).collect()
+    }
+
+    /// [`DetectorKind::evaluation_order`] of the detectors judged on an event of kind
+    /// `event` (the others would not be judged on it anyway).
+    pub fn evaluation_order_for(event: On) -> Vec<DetectorKind> {
+        let mut order = Self::evaluation_order();
+        order.retain(|k| k.judged_on().covers(event));
+        order
     }
 }
 
