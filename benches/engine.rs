@@ -4,8 +4,10 @@
 //! Workload: thousands of interleaved sessions; ~60 % tool calls (args ~100 B, results
 //! 0.2–2 kB, a tenth of them polls), ~40 % LLM calls (turn text 0.2–0.8 kB); one session
 //! in ten falls into a loop (same call and result) after a healthy start.
-//! `cargo bench --bench engine` runs it; set `LOOPWARDEN_BENCH_MAX_SESSIONS` to skip the
-//! 1M-session case on small machines.
+//! `cargo bench --bench engine` runs it: `parse_only`, then `process` (engine alone) and
+//! `parse_and_process` (one core's work per event) with 1k, 100k and 1M sessions open;
+//! set `LOOPWARDEN_BENCH_MAX_SESSIONS` to skip the larger cases on small machines.
+//! Whole-process replay is timed by `benches/vs-seeds`.
 
 use std::sync::Arc;
 
@@ -153,8 +155,8 @@ fn bench_engine(c: &mut Criterion) {
         bytes as f64 / BATCH as f64
     );
     if let Ok(path) = std::env::var("LOOPWARDEN_BENCH_DUMP") {
-        // The workload as JSON Lines (this batch and three more of the same fleet), to
-        // run `loopwarden replay` or a profiler on it.
+        // The workload as JSON Lines (four batches of a 1k-session fleet, 200k events),
+        // to run `loopwarden replay` or a profiler on it; nothing is timed then.
         let mut text = Vec::new();
         let mut more = Fleet::new(1_000, 42);
         for r in (0..4).flat_map(|_| more.raw_batch(BATCH)) {
@@ -195,6 +197,21 @@ fn bench_engine(c: &mut Criterion) {
                 BatchSize::PerIteration,
             )
         });
+        // Parse + engine: what one core does per event of the bus or of a replayed file.
+        group.bench_function(format!("parse_and_process/{open}_open_sessions"), |b| {
+            b.iter_batched(
+                || fleet.raw_batch(BATCH),
+                |batch| {
+                    for r in &batch {
+                        let ev = parse_event(r, &ParseLimits::default()).unwrap();
+                        engine.process(&ev, &EventMeta::default(), &mut out);
+                        out.clear();
+                    }
+                    batch
+                },
+                BatchSize::PerIteration,
+            )
+        });
         let mut sizes = Vec::new();
         let mut tombstones = 0;
         for s in 0..open {
@@ -210,23 +227,6 @@ fn bench_engine(c: &mut Criterion) {
             sizes.iter().max().unwrap_or(&0),
         );
     }
-    let mut fleet = Fleet::new(1_000, 9);
-    let mut engine = fleet.warmed_engine();
-    let mut out = Vec::new();
-    group.bench_function("parse_and_process/1000_open_sessions", |b| {
-        b.iter_batched(
-            || fleet.raw_batch(BATCH),
-            |batch| {
-                for r in &batch {
-                    let ev = parse_event(r, &ParseLimits::default()).unwrap();
-                    engine.process(&ev, &EventMeta::default(), &mut out);
-                    out.clear();
-                }
-                batch
-            },
-            BatchSize::PerIteration,
-        )
-    });
     group.finish();
 }
 
