@@ -187,6 +187,16 @@ fn findings_on_the_bus_match_replay() {
         .map(finding_key)
         .collect();
     assert_eq!(got, want.findings, "findings differ from replay");
+    let copies = by_event_id(&values(&terminated));
+    let twice: Vec<_> = copies
+        .iter()
+        .filter(|(_, c)| c.len() > 1)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "published twice without a crash: {twice:?}"
+    );
     for v in values(&terminated) {
         assert_eq!(v["trigger"]["topic"], topics.input.as_str());
         assert!(v["trigger"]["offset"].is_i64());
@@ -387,6 +397,84 @@ fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
         want.terminations.len(),
         want.summaries.len()
     );
+}
+
+/// The runtime's two topics arrive out of step (the tool calls ~0.6 s after the LLM calls
+/// around them) while the process is killed mid-batch and restarted: the findings on the
+/// bus are replay's, detector and trigger, because each partition applies both topics in
+/// event-time order (`kafka.align_wait_ms`).
+#[test]
+fn two_topics_out_of_step_and_killed_mid_batch_give_replays_findings() {
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(3, "");
+    let tools = format!("{}.tools", topics.input);
+    create_topics(&brokers, &[(&tools, 3)]);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("input_topics = [\"{}\"]", topics.input),
+        &format!(
+            "input_topics = [\"{}\", \"{tools}\"]\nalign_wait_ms = 3000",
+            topics.input
+        ),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (events, _) = fleet(200, 0.4, 23);
+    let want = expected(config_of(&cfg), &events);
+    assert!(want.terminations.len() > 40, "the fleet loops");
+    let (tool_calls, others): (Vec<Vec<u8>>, Vec<Vec<u8>>) = events
+        .iter()
+        .cloned()
+        .partition(|e| json_of(e)["type"] == "tool.called");
+    let feed = |topic: String, events: Vec<Vec<u8>>, delay_ms: u64| {
+        let brokers = brokers.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            for chunk in events.chunks(events.len() / 20 + 1) {
+                produce(&brokers, &topic, chunk, &[]);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    let feeders = [
+        feed(topics.input.clone(), others, 0),
+        feed(tools.clone(), tool_calls, 600),
+    ];
+    let log = dir.path().join("run.log");
+    let mut rng = Lcg(std::process::id() as u64);
+    for k in 0..3 {
+        let run = spawn_run(&cfg, &log);
+        let after = rng.next(300, 1500);
+        std::thread::sleep(Duration::from_millis(after));
+        eprintln!("kill -9 number {} at {after} ms after start", k + 1);
+        run.kill9();
+    }
+    for f in feeders {
+        f.join().unwrap();
+    }
+    let run = spawn_run(&cfg, &log);
+    let limit = Duration::from_secs(90);
+    let (terminated, summaries) = read_expected(&brokers, &topics, &want, limit);
+    let warnings = read_topic(&brokers, &topics.warning, 1, limit, Duration::from_secs(1));
+    run.stop_gracefully();
+    assert_each_once_as_replay(&want, &terminated, &summaries);
+    let got: BTreeSet<String> = values(&terminated)
+        .iter()
+        .chain(values(&warnings).iter())
+        .map(finding_key)
+        .collect();
+    let missing: Vec<_> = want.findings.difference(&got).collect();
+    let extra: Vec<_> = got.difference(&want.findings).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "findings differ from replay: missing {missing:?}, extra {extra:?}"
+    );
+}
+
+fn json_of(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes).unwrap()
 }
 
 #[test]

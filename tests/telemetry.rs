@@ -213,6 +213,23 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
         events.len() as f64 + 1.0,
         "every polled message timed"
     );
+    // Caught up and idle: the lag gauge says so at once (refreshed while the input is
+    // idle, not only when a batch ends).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lag = loop {
+        let lag = samples(
+            &get(&addr, "/metrics").1,
+            "loopwarden_consumer_lag_messages",
+        );
+        if lag.values().all(|&v| v == 0.0) || Instant::now() > deadline {
+            break lag;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        !lag.is_empty() && lag.values().all(|&v| v == 0.0),
+        "consumer lag of a caught-up, idle consumer: {lag:?}"
+    );
     assert!(total(&metrics, "loopwarden_state_store_bytes") > 0.0);
     assert!(!metrics.contains("session_id"), "no session ids in labels");
 
@@ -325,13 +342,12 @@ fn stop_and_collect(
 fn promtool_accepts(exposition: &str, dir: &Path) {
     let file = dir.join("metrics.txt");
     std::fs::write(&file, exposition).unwrap();
-    let out = std::process::Command::new("promtool")
+    // The pinned promtool, installed on first use (scripts/promtool): nothing to set up.
+    let out = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/promtool"))
         .args(["check", "metrics"])
         .stdin(std::fs::File::open(&file).unwrap())
         .output()
-        .unwrap_or_else(|e| {
-            panic!("promtool not found ({e}): apt-get install prometheus (CI installs it)")
-        });
+        .unwrap_or_else(|e| panic!("scripts/promtool: {e}"));
     assert!(
         out.status.success(),
         "promtool check metrics:\n{}{}",

@@ -25,6 +25,9 @@ pub const DEFAULT_MAX_BATCH_WAIT_MS: u64 = 10;
 pub const DEFAULT_SHUTDOWN_DEADLINE_SECS: u64 = 30;
 /// A partition with no events for this long has its clock advanced by wall-clock time.
 pub const DEFAULT_IDLE_AFTER_SECS: u64 = 5;
+/// How long an event waits for the other input topics of its partition to show data,
+/// so that events of all topics are applied in event-time order (see `pipeline::align`).
+pub const DEFAULT_ALIGN_WAIT_MS: u64 = 100;
 pub const DEFAULT_RETRY_BACKOFF_MIN_MS: u64 = 100;
 pub const DEFAULT_RETRY_BACKOFF_MAX_MS: u64 = 10_000;
 /// Consumer threads (group members) per process.
@@ -104,6 +107,7 @@ pub(crate) struct RawKafka {
     max_batch_wait_ms: Option<u64>,
     shutdown_deadline_secs: Option<u64>,
     idle_after_secs: Option<u64>,
+    align_wait_ms: Option<u64>,
     retry_backoff_min_ms: Option<u64>,
     retry_backoff_max_ms: Option<u64>,
     embedded_partitions: Option<i32>,
@@ -134,6 +138,9 @@ pub struct KafkaSettings {
     pub max_batch_wait: Duration,
     pub shutdown_deadline: Duration,
     pub idle_after: Duration,
+    /// The longest an event is held back waiting for another input topic of its
+    /// partition that has no data yet (Kafka Streams' `max.task.idle.ms`).
+    pub align_wait: Duration,
     pub retry_backoff_min: Duration,
     pub retry_backoff_max: Duration,
     pub embedded_partitions: i32,
@@ -316,6 +323,13 @@ impl KafkaSettings {
         if idle_after == 0 {
             errors.push(("kafka.idle_after_secs".into(), "must be > 0".into()));
         }
+        let align_wait = raw.align_wait_ms.unwrap_or(DEFAULT_ALIGN_WAIT_MS);
+        if idle_after > 0 && align_wait >= idle_after.saturating_mul(1000) {
+            errors.push((
+                "kafka.align_wait_ms".into(),
+                format!("must be less than idle_after_secs ({idle_after} s)"),
+            ));
+        }
         let embedded_partitions = raw
             .embedded_partitions
             .unwrap_or(DEFAULT_EMBEDDED_PARTITIONS);
@@ -367,6 +381,7 @@ impl KafkaSettings {
             ),
             shutdown_deadline: Duration::from_secs(shutdown),
             idle_after: Duration::from_secs(idle_after),
+            align_wait: Duration::from_millis(align_wait),
             retry_backoff_min: Duration::from_millis(backoff_min),
             retry_backoff_max: Duration::from_millis(backoff_max),
             embedded_partitions,
@@ -445,6 +460,10 @@ impl KafkaSettings {
         t.insert(
             "idle_after_secs".into(),
             V::Integer(self.idle_after.as_secs() as i64),
+        );
+        t.insert(
+            "align_wait_ms".into(),
+            V::Integer(self.align_wait.as_millis() as i64),
         );
         t.insert(
             "retry_backoff_min_ms".into(),

@@ -43,6 +43,9 @@ use crate::store::{open_db, SledStore, StateStore, StoreBatch, StoreError, STATE
 use crate::telemetry::spans::{TraceParent, TRACEPARENT};
 use crate::telemetry::Telemetry;
 
+mod align;
+use align::{Aligner, Held};
+
 /// Header names put on dead-lettered messages (after the message's own headers).
 pub const DLQ_SOURCE_TOPIC: &str = "loopwarden.source.topic";
 pub const DLQ_SOURCE_PARTITION: &str = "loopwarden.source.partition";
@@ -219,6 +222,34 @@ fn traceparent_of(m: &BorrowedMessage<'_>) -> Option<TraceParent> {
     TraceParent::parse(value)
 }
 
+/// The dead letter of a bad message: its key, payload and headers, and where it came
+/// from and why it was refused.
+fn dead_letter(m: &BorrowedMessage<'_>, topic: &str, bad: &crate::event::BadEvent) -> Record {
+    let source_headers = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        sink: Sink::DeadLetter,
+        partition: None,
+        key: m.key().unwrap_or_default().to_vec(),
+        payload: m.payload().unwrap_or_default().to_vec(),
+        headers: vec![
+            (DLQ_SOURCE_TOPIC, topic.as_bytes().to_vec()),
+            (DLQ_SOURCE_PARTITION, m.partition().to_string().into_bytes()),
+            (DLQ_SOURCE_OFFSET, m.offset().to_string().into_bytes()),
+            (DLQ_REASON, bad.reason().as_bytes().to_vec()),
+            (DLQ_MESSAGE, bad.to_string().into_bytes()),
+        ],
+        source_headers,
+        source_ms: None,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -231,14 +262,21 @@ struct Source {
     traceparent: Option<TraceParent>,
 }
 
+/// A polled message waiting for its turn: an event, or a dead letter (which keeps its
+/// place so that the applied offsets stay a prefix of each topic).
+enum Pending {
+    Event(Event<'static>, EventMeta, Source),
+    DeadLetter(Record, &'static str),
+}
+
 /// One assigned partition number (partition *p* of every input topic).
 struct Partition {
     engine: Engine,
     store: SledStore,
     /// Last applied offset per input topic.
     applied: BTreeMap<Arc<str>, i64>,
-    /// Events of the current batch, applied in event-time order when it ends.
-    pending: Vec<(i64, Event<'static>, EventMeta, Source)>,
+    /// Polled messages not applied yet, released across topics in event-time order.
+    held: Aligner<Pending>,
     /// Whether state or offsets changed since the last store.
     dirty: bool,
     /// Wall time and engine clock at the last event, for the idle clock.
@@ -256,6 +294,8 @@ struct Worker {
     outbox: Vec<Record>,
     scratch: Vec<Output>,
     topics: FxHashMap<String, Arc<str>>,
+    /// The input topics, in configuration order (the aligner's topic indexes).
+    inputs: Vec<Arc<str>>,
     shutdown: Shutdown,
     stats: RunStats,
     /// A fatal error raised inside a rebalance callback, for the poll loop to return.
@@ -324,7 +364,7 @@ impl Worker {
                 engine,
                 store,
                 applied,
-                pending: Vec::new(),
+                held: Aligner::new(self.inputs.len(), self.settings().align_wait),
                 dirty: false,
                 last_event_wall: Instant::now(),
                 clock_at_last_event: clock,
@@ -527,39 +567,37 @@ impl Worker {
         Ok(())
     }
 
-    /// Applies one message: an event to its engine, or a dead letter.
+    /// Takes one polled message: parsed, it waits in its partition's aligner (an event,
+    /// or a dead letter for a bad one) until [`Worker::apply_ready`] applies it.
     fn handle(&mut self, m: &BorrowedMessage<'_>) -> Result<(), PipelineError> {
         let partition = m.partition();
         if !self.partitions.contains_key(&partition) {
             // Assignment callbacks always come first; this only guards against surprises.
             self.acquire(partition)?;
         }
-        let topic = self.topic(m.topic());
+        let Some(topic_index) = self.inputs.iter().position(|t| **t == *m.topic()) else {
+            warn!(
+                topic = m.topic(),
+                partition, "skipping a message of a topic that is not an input"
+            );
+            return Ok(());
+        };
+        let topic = self.inputs[topic_index].clone();
         let offset = m.offset();
         let limits = self.config.limits;
         let p = self.partitions.get_mut(&partition).expect("acquired above");
-        if p.applied.get(&topic).is_some_and(|&last| offset <= last) {
+        let seen = p.applied.get(&topic).is_some_and(|&last| offset <= last)
+            || p.held
+                .last_offset(topic_index)
+                .is_some_and(|last| offset <= last);
+        if seen {
             self.stats.skipped += 1;
             self.telemetry.metrics.events_skipped.inc();
             return Ok(());
         }
-        self.polled.push(Instant::now());
-        p.applied.insert(topic.clone(), offset);
-        p.dirty = true;
         let payload = m.payload().unwrap_or_default();
-        match parse_event(payload, &limits) {
+        let (time, pending) = match parse_event(payload, &limits) {
             Ok(event) => {
-                self.stats.events += 1;
-                let kind = event.body.type_name();
-                self.consumed
-                    .entry(kind)
-                    .or_insert_with(|| {
-                        self.telemetry
-                            .metrics
-                            .events_consumed
-                            .with_label_values(&[kind])
-                    })
-                    .inc();
                 let meta = EventMeta {
                     topic: Some(topic),
                     partition: Some(partition),
@@ -575,69 +613,80 @@ impl Worker {
                     timestamp_ms: meta.message_timestamp_ms,
                     traceparent: traceparent_of(m),
                 };
-                p.pending.push((event_ms, event.into_owned(), meta, source));
+                (
+                    Some(event_ms),
+                    Pending::Event(event.into_owned(), meta, source),
+                )
             }
             Err(bad) => {
-                self.stats.dead_lettered += 1;
-                self.telemetry
-                    .metrics
-                    .bad_events
-                    .with_label_values(&[bad.reason()])
-                    .inc();
                 warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %bad, "dead-lettering bad message");
-                let source_headers = m
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                self.outbox.push(Record {
-                    sink: Sink::DeadLetter,
-                    partition: None,
-                    key: m.key().unwrap_or_default().to_vec(),
-                    payload: payload.to_vec(),
-                    headers: vec![
-                        (DLQ_SOURCE_TOPIC, topic.as_bytes().to_vec()),
-                        (DLQ_SOURCE_PARTITION, partition.to_string().into_bytes()),
-                        (DLQ_SOURCE_OFFSET, offset.to_string().into_bytes()),
-                        (DLQ_REASON, bad.reason().as_bytes().to_vec()),
-                        (DLQ_MESSAGE, bad.to_string().into_bytes()),
-                    ],
-                    source_headers,
-                    source_ms: None,
-                });
+                (
+                    None,
+                    Pending::DeadLetter(dead_letter(m, &topic, &bad), bad.reason()),
+                )
             }
-        }
+        };
+        p.held.push(
+            topic_index,
+            Held {
+                time,
+                offset,
+                polled: Instant::now(),
+                item: pending,
+            },
+        );
         Ok(())
     }
 
-    /// Applies the batch's events, per partition in event-time order. With several input
-    /// topics the consumer interleaves them as fetched, not as they happened (a backlog of
-    /// LLM calls can arrive before the tool calls between them); ordering each batch by
-    /// event time undoes that within the batch. The sort is stable, so events with equal
-    /// times keep their offset order. Offsets are unaffected: the whole batch is applied
-    /// before it is stored.
-    fn apply_pending(&mut self) {
+    /// Applies what the partitions' aligners release (events to their engines, dead
+    /// letters to the outbox), advancing the applied offsets, and queues the outputs.
+    fn apply_ready(&mut self) {
+        let now = Instant::now();
+        let metrics = &self.telemetry.metrics;
         for p in self.partitions.values_mut() {
-            if p.pending.is_empty() {
+            let late = p.engine.counters().late_events;
+            let mut applied_any = false;
+            while let Some((topic, held)) = p.held.pop_ready(now) {
+                applied_any = true;
+                p.applied.insert(self.inputs[topic].clone(), held.offset);
+                self.polled.push(held.polled);
+                match held.item {
+                    Pending::Event(event, meta, source) => {
+                        self.stats.events += 1;
+                        let kind = event.body.type_name();
+                        self.consumed
+                            .entry(kind)
+                            .or_insert_with(|| metrics.events_consumed.with_label_values(&[kind]))
+                            .inc();
+                        p.engine.process(&event, &meta, &mut self.scratch);
+                        self.scratch_sources.resize(self.scratch.len(), source);
+                    }
+                    Pending::DeadLetter(record, reason) => {
+                        self.stats.dead_lettered += 1;
+                        metrics.bad_events.with_label_values(&[reason]).inc();
+                        self.outbox.push(record);
+                    }
+                }
+            }
+            if !applied_any {
                 continue;
             }
-            p.pending.sort_by_key(|(t, _, _, _)| *t);
-            let late = p.engine.counters().late_events;
-            for (_, event, meta, source) in p.pending.drain(..) {
-                p.engine.process(&event, &meta, &mut self.scratch);
-                self.scratch_sources.resize(self.scratch.len(), source);
-            }
-            self.telemetry
-                .metrics
+            p.dirty = true;
+            metrics
                 .late_events
                 .inc_by(p.engine.counters().late_events - late);
             p.last_event_wall = Instant::now();
             p.clock_at_last_event = p.engine.watermark();
         }
         self.queue_outputs();
+    }
+
+    /// When the next held event that waits for another topic may go.
+    fn next_due(&self) -> Option<Instant> {
+        self.partitions
+            .values()
+            .filter_map(|p| p.held.next_due())
+            .min()
     }
 
     /// Moves the engine outputs in `scratch` to the outbox (shadow findings stay local),
@@ -724,11 +773,15 @@ impl Worker {
         }
     }
 
-    /// Advances the clock of partitions that have been idle, closing silent sessions.
+    /// Applies what is ready, then advances the clock of partitions that have been idle
+    /// (nothing applied or held), closing silent sessions.
     fn tick_idle(&mut self) {
-        self.apply_pending();
+        self.apply_ready();
         let idle_after = self.settings().idle_after;
         for p in self.partitions.values_mut() {
+            if !p.held.is_empty() {
+                continue;
+            }
             let idle = p.last_event_wall.elapsed();
             let Some(clock) = p.clock_at_last_event else {
                 continue;
@@ -1118,7 +1171,7 @@ impl Worker {
         consumer: &BaseConsumer<RebalanceHandler>,
         mode: CommitMode,
     ) -> Result<(), PipelineError> {
-        self.apply_pending();
+        self.apply_ready();
         let started = Instant::now();
         let (batches, commit) = self.take_changes();
         let changelog = self.settings().changelog;
@@ -1303,7 +1356,7 @@ impl ConsumerContext for RebalanceHandler {
                     w.outbox.clear();
                     w.polled.clear();
                     for p in w.partitions.values_mut() {
-                        p.pending.clear();
+                        p.held.clear();
                     }
                 } else if let Err(e) = w.finish_batch(consumer, CommitMode::Sync) {
                     error!(error = %e, "cannot store the batch before the revoke");
@@ -1516,6 +1569,11 @@ fn run_worker(
         outbox: Vec::new(),
         scratch: Vec::new(),
         topics: FxHashMap::default(),
+        inputs: settings
+            .input_topics
+            .iter()
+            .map(|t| Arc::from(t.as_str()))
+            .collect(),
         shutdown: shutdown.clone(),
         stats: RunStats::default(),
         fatal: None,
@@ -1556,6 +1614,15 @@ fn run_worker(
     let result = consume(&consumer, &settings, &shutdown);
     let mut w = lock(&consumer.context().worker);
     let result = result.and_then(|()| w.finish_batch(&consumer, CommitMode::Sync));
+    let held: usize = w.partitions.values().map(|p| p.held.len()).sum();
+    if held > 0 {
+        // Applying them now could put them before an event of another topic still on
+        // its way; not applied, their offsets are not committed and they are read again.
+        info!(
+            held,
+            "events still waiting for alignment are left for the next start"
+        );
+    }
     if result.is_err() {
         // Nothing of the unfinished batch may be stored (its events are processed again
         // on restart), and leaving the group must not wait on a broker that is away.
@@ -1592,7 +1659,12 @@ fn consume(
         let mut timed_out = false;
         loop {
             let timeout = match started {
-                None => idle_poll,
+                // Idle: wake up for a held event whose wait for another topic ends.
+                None => lock(&consumer.context().worker)
+                    .next_due()
+                    .map_or(idle_poll, |due| {
+                        due.saturating_duration_since(Instant::now()).min(idle_poll)
+                    }),
                 Some(t) => match wait.checked_sub(t.elapsed()) {
                     Some(left) if !left.is_zero() => left,
                     _ => {
@@ -1626,6 +1698,8 @@ fn consume(
                         return Err(e);
                     }
                     w.tick_idle();
+                    // Keeps the lag gauge current while the input is idle.
+                    w.lag(consumer);
                     if !w.outbox.is_empty() || w.partitions.values().any(|p| p.dirty) {
                         break;
                     }
@@ -1633,7 +1707,8 @@ fn consume(
             }
         }
         let mut w = lock(&consumer.context().worker);
-        wait = if timed_out && w.lag(consumer) > in_batch as i64 {
+        let lag = w.lag(consumer);
+        wait = if timed_out && lag > in_batch as i64 {
             (wait * 2).min(settings.max_batch_wait * 8)
         } else {
             settings.max_batch_wait
