@@ -67,6 +67,18 @@ fn run(
     brokers: &str,
     shutdown: Shutdown,
 ) -> Result<loopwarden::pipeline::RunStats, loopwarden::pipeline::PipelineError> {
+    run_with_telemetry(config, brokers, shutdown).0
+}
+
+/// [`run`], also handing back the telemetry (its metrics hold the stage budget).
+fn run_with_telemetry(
+    config: Arc<Config>,
+    brokers: &str,
+    shutdown: Shutdown,
+) -> (
+    Result<loopwarden::pipeline::RunStats, loopwarden::pipeline::PipelineError>,
+    Arc<Telemetry>,
+) {
     let mut telemetry = Telemetry::new();
     telemetry.spans = Spans::start(
         &config.telemetry,
@@ -81,7 +93,42 @@ fn run(
         spans.shutdown();
         eprintln!("spans: {} dropped", telemetry.metrics.spans_dropped.get());
     }
-    result
+    (result, telemetry)
+}
+
+/// The batch stages' times from the pipeline's own histogram: mean and the bucket bound
+/// under which 50 % and 99 % of batches fell.
+fn print_stage_budget(telemetry: &Telemetry) {
+    use prometheus::core::Metric as _;
+    let mut parts = Vec::new();
+    for stage in ["wait", "apply", "deliver", "store", "commit"] {
+        let h = telemetry
+            .metrics
+            .batch_stages
+            .with_label_values(&[stage])
+            .metric();
+        let h = h.get_histogram();
+        let count = h.get_sample_count();
+        if count == 0 {
+            continue;
+        }
+        let bound = |q: f64| {
+            let want = (count as f64 * q).ceil() as u64;
+            h.get_bucket()
+                .iter()
+                .find(|b| b.cumulative_count() >= want)
+                .map_or("> 60 s".to_string(), |b| {
+                    format!("≤ {} ms", b.upper_bound() * 1e3)
+                })
+        };
+        parts.push(format!(
+            "{stage} mean {:.1} ms (p50 {}, p99 {})",
+            h.get_sample_sum() / count as f64 * 1e3,
+            bound(0.5),
+            bound(0.99)
+        ));
+    }
+    eprintln!("latency budget per batch: {}", parts.join("; "));
 }
 
 fn producer(brokers: &str) -> FeedProducer {
@@ -209,7 +256,7 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
     let shutdown = Shutdown::new();
     let pipeline = {
         let (config, brokers, shutdown) = (config.clone(), brokers.to_string(), shutdown.clone());
-        std::thread::spawn(move || run(config, &brokers, shutdown))
+        std::thread::spawn(move || run_with_telemetry(config, &brokers, shutdown))
     };
     // Wait until the pipeline is assigned and delivering: one session through end to end.
     let r = common::reader(
@@ -290,7 +337,8 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
     stop_reading.trigger();
     reading.join().unwrap();
     shutdown.trigger();
-    let stats = pipeline.join().unwrap().unwrap();
+    let (stats, telemetry) = pipeline.join().unwrap();
+    let stats = stats.unwrap();
     let pct = |s: &[i64], q: f64| {
         s.get(((s.len() as f64 - 1.0) * q).round() as usize)
             .copied()
@@ -316,6 +364,7 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
         pct(&s, 0.99),
         s.last().copied().unwrap_or(-1)
     );
+    print_stage_budget(&telemetry);
 }
 
 /// Restore time: instance A consumes a fleet that leaves `sessions` sessions open, then

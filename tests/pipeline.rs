@@ -939,7 +939,10 @@ fn changelog_commits(brokers: &str, topics: &Topics) -> Vec<BTreeMap<String, i64
         .iter()
         .filter(|m| header(m, "loopwarden.changelog").as_deref() == Some("commit"))
         .map(|m| {
-            let offsets: Vec<(String, i64)> = serde_json::from_slice(m.payload().unwrap()).unwrap();
+            // {"batch": id, "records": n, "offsets": [[topic/partition, offset], ...]}
+            let commit: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+            let offsets: Vec<(String, i64)> =
+                serde_json::from_value(commit["offsets"].clone()).unwrap();
             offsets.into_iter().collect()
         })
         .collect()

@@ -12,8 +12,8 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets (seconds) for latencies from a millisecond to a minute.
@@ -73,6 +73,9 @@ pub struct Metrics {
     pub flush_duration: Histogram,
     /// Delivering a batch's output records (until every acknowledgement).
     pub delivery_duration: Histogram,
+    /// A batch's time per stage (`wait`, `apply`, `deliver`, `store`, `commit`): the
+    /// latency budget of a finding.
+    pub batch_stages: HistogramVec,
     /// Output deliveries that failed and were retried.
     pub delivery_retries: IntCounter,
     /// Batches finished.
@@ -194,6 +197,15 @@ impl Metrics {
                 "loopwarden_delivery_duration_seconds",
                 "Producing a batch's output records until every acknowledgement (at_least_once).",
             ),
+            batch_stages: HistogramVec::new(
+                HistogramOpts::new(
+                    "loopwarden_batch_stage_seconds",
+                    "A batch's time per stage: wait (first event polled to the batch closing), apply (events through the engines), deliver (records produced and acknowledged, or the whole transaction), store (sled write and fsync), commit (offset commit).",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["stage"],
+            )
+            .expect("valid metric"),
             delivery_retries: IntCounter::new(
                 "loopwarden_delivery_retries_total",
                 "Output records whose delivery failed and was retried.",
@@ -241,6 +253,7 @@ impl Metrics {
             Box::new(m.commit_duration.clone()),
             Box::new(m.flush_duration.clone()),
             Box::new(m.delivery_duration.clone()),
+            Box::new(m.batch_stages.clone()),
             Box::new(m.delivery_retries.clone()),
             Box::new(m.batches.clone()),
             Box::new(m.restored_records.clone()),

@@ -1,0 +1,721 @@
+//! The changelog: every stored batch of a partition's session states, also written to
+//! the changelog topic (partition *p* holds input partition *p*), so that another
+//! instance, or this one on a fresh disk, can rebuild the state before consuming.
+//!
+//! Format: one `session` record per changed session (key: the session id; value: its
+//! state, with the state format in a header; no value when it closed), then one `commit`
+//! record (key `loopwarden/commit`; value: JSON with the batch's input offsets and how
+//! many session records it has). Every record of a batch carries the batch's id in a
+//! header.
+//!
+//! Why one produce round is enough: a batch's session records and its commit record are
+//! produced together, the commit record last, and counted as a batch only when the
+//! restorer has seen all of the batch's session records (by batch id and count) before
+//! the commit record. On one partition the idempotent producer keeps the send order, so
+//! normally they arrive in order; when a session record fails and is sent again after
+//! the commit record, the writer sends the commit record again after it
+//! ([`queue_commits`]), and the restorer applies the batch at that second commit. A batch
+//! whose process died before it was complete never gets a complete commit: its records
+//! are dropped at the next batch's commit (its events were consumed again, into that
+//! batch).
+//!
+//! Guarantees: the restorer applies whole batches only, each as one atomic store batch
+//! with the changelog position, so a restore interrupted anywhere resumes where it
+//! stopped, and a trailing incomplete batch is left out (its events are consumed
+//! again). Records of the earlier format (no batch id; the commit record a JSON array of
+//! offsets, produced only after its records were acknowledged) are still read.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use rustc_hash::FxHashMap;
+use tracing::{info, warn};
+
+use super::backoff::Backoff;
+use super::outbox::{Outbox, Record, Sink};
+use super::PipelineError;
+use crate::kafka::settings::{Delivery, KafkaSettings};
+use crate::shutdown::Shutdown;
+use crate::store::{SledStore, StateStore, StoreBatch, StoreError, STATE_FORMAT};
+
+/// Header of changelog records: `session` or `commit` (see the module docs).
+pub const CHANGELOG_KIND: &str = "loopwarden.changelog";
+const CHANGELOG_COMMIT_KEY: &[u8] = b"loopwarden/commit";
+/// Header of changelog session records: the state format of their payload. Records of
+/// another format (or none: format 1) are skipped on restore; those sessions start anew.
+pub const CHANGELOG_STATE_FORMAT: &str = "loopwarden.state_format";
+/// Header of every record of a batch: the batch's id (decimal), unique per writer.
+pub const CHANGELOG_BATCH: &str = "loopwarden.changelog.batch";
+/// Store key of the last changelog offset the local state reflects.
+pub const CHANGELOG_POSITION: &str = "changelog/position";
+
+/// A commit record's value.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommitValue {
+    batch: u64,
+    /// Session records of the batch on this partition.
+    records: usize,
+    offsets: Vec<(String, i64)>,
+}
+
+/// Ids for the batches one writer puts on the changelog: distinct across writers and
+/// restarts (the start time, the process id and the writer's number in the process seed
+/// them), counting up within one.
+pub struct BatchIds(u64);
+
+impl Default for BatchIds {
+    fn default() -> BatchIds {
+        BatchIds::new()
+    }
+}
+
+impl BatchIds {
+    pub fn new() -> BatchIds {
+        static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let seed = nanos ^ (u64::from(std::process::id()) << 32) ^ (writer << 56);
+        // The low 20 bits count batches; the seed is spread over the rest.
+        BatchIds(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) & !0xF_FFFF)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(1);
+        self.0
+    }
+}
+
+fn record(partition: i32, batch: u64, key: &[u8], payload: Vec<u8>, kind: &str) -> Record {
+    Record {
+        sink: Sink::Changelog,
+        partition: Some(partition),
+        key: key.to_vec(),
+        payload,
+        headers: vec![
+            (CHANGELOG_KIND, kind.as_bytes().to_vec()),
+            (CHANGELOG_BATCH, batch.to_string().into_bytes()),
+        ],
+        source_headers: Vec::new(),
+        source_ms: None,
+    }
+}
+
+/// Queues a batch's changelog records in the outbox, one set per changed partition: its
+/// session records, then its commit record.
+pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
+    for (partition, changes) in batches {
+        for (id, state) in &changes.puts {
+            let mut r = record(*partition, batch, id.as_bytes(), state.clone(), "session");
+            r.headers.push((
+                CHANGELOG_STATE_FORMAT,
+                STATE_FORMAT.to_string().into_bytes(),
+            ));
+            outbox.push(r);
+        }
+        for id in &changes.deletes {
+            outbox.push(record(
+                *partition,
+                batch,
+                id.as_bytes(),
+                Vec::new(),
+                "session",
+            ));
+        }
+    }
+    queue_commits(outbox, batches, batch, |_| true);
+}
+
+/// Queues the commit records of the batch's partitions that `which` picks (again, after
+/// some of their session records were sent late).
+pub fn queue_commits(
+    outbox: &mut Outbox,
+    batches: &[(i32, StoreBatch)],
+    batch: u64,
+    which: impl Fn(i32) -> bool,
+) {
+    for (partition, changes) in batches.iter().filter(|(p, _)| which(*p)) {
+        // Distinct keys: what the restorer counts (a key may be written twice).
+        let mut keys: Vec<&str> = changes.puts.iter().map(|(k, _)| k.as_str()).collect();
+        keys.extend(changes.deletes.iter().map(String::as_str));
+        keys.sort_unstable();
+        keys.dedup();
+        let value = CommitValue {
+            batch,
+            records: keys.len(),
+            offsets: changes.offsets.clone(),
+        };
+        let payload = serde_json::to_vec(&value).expect("plain data serialises");
+        outbox.push(record(
+            *partition,
+            batch,
+            CHANGELOG_COMMIT_KEY,
+            payload,
+            "commit",
+        ));
+    }
+}
+
+/// What a restore applied.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Restored {
+    pub session_records: u64,
+    pub took: Duration,
+}
+
+/// Reads the changelog back into a partition's store.
+pub struct Restorer {
+    settings: KafkaSettings,
+    brokers: String,
+    shutdown: Shutdown,
+    /// Made on first use.
+    reader: Option<BaseConsumer>,
+}
+
+impl Restorer {
+    pub fn new(settings: &KafkaSettings, brokers: &str, shutdown: &Shutdown) -> Restorer {
+        Restorer {
+            settings: settings.clone(),
+            brokers: brokers.to_string(),
+            shutdown: shutdown.clone(),
+            reader: None,
+        }
+    }
+
+    /// Brings a partition's local state up to the changelog's end: from the beginning
+    /// when the disk holds nothing of it, else from the last changelog offset it
+    /// reflects. In exactly_once mode a batch also counts only if the group's committed
+    /// input offsets cover it: a broker that hands out records of aborted transactions
+    /// (no `read_committed` filtering) cannot make the state run ahead of the offsets.
+    /// Blocks until done: the partition is not consumed before.
+    pub fn restore(
+        &mut self,
+        partition: i32,
+        store: &mut SledStore,
+        db: &sled::Db,
+    ) -> Result<Restored, PipelineError> {
+        let shut_down = || PipelineError::Restore {
+            partition,
+            reason: "shut down before the restore finished".into(),
+        };
+        let (low, high) = self.extent(partition)?.ok_or_else(shut_down)?;
+        let committed = match self.settings.delivery {
+            Delivery::AtLeastOnce => None,
+            Delivery::ExactlyOnce => Some(self.committed(partition)?.ok_or_else(shut_down)?),
+        };
+        let local = store.offset(CHANGELOG_POSITION)?;
+        let from = local.map_or(low, |l| (l + 1).max(low));
+        if from >= high {
+            // Up to date (the usual case for a partition that stays on its disk). A
+            // watermark reported short of the last produce batch (see `read`) cannot hide
+            // a batch here: the local position is then inside that batch, which is ours.
+            return Ok(Restored::default());
+        }
+        let started = Instant::now();
+        info!(partition, from, to = high, local = ?local, "restoring partition state from the changelog");
+        let input_keys: Vec<String> = self
+            .settings
+            .input_topics
+            .iter()
+            .map(|t| format!("{t}/{partition}"))
+            .collect();
+        let mut batches = Assembler {
+            partition,
+            input_keys,
+            committed,
+            ..Assembler::default()
+        };
+        self.read(partition, from, high, |m| batches.add(Entry::of(m), store))?;
+        db.flush().map_err(StoreError::Io)?;
+        info!(
+            partition,
+            batches = batches.applied,
+            session_records = batches.session_records,
+            left_out = batches.records.len(),
+            uncommitted_batches = batches.uncommitted,
+            incomplete_commits = batches.incomplete,
+            ms = started.elapsed().as_millis() as u64,
+            "partition state restored"
+        );
+        if batches.other_format > 0 {
+            warn!(
+                partition,
+                records = batches.other_format,
+                format = STATE_FORMAT,
+                "skipped changelog session records of another state format (an upgrade): those sessions start anew"
+            );
+        }
+        Ok(Restored {
+            session_records: batches.session_records,
+            took: started.elapsed(),
+        })
+    }
+
+    fn reader(&mut self) -> Result<&BaseConsumer, PipelineError> {
+        if self.reader.is_none() {
+            // The group's id, so that it can read the group's committed offsets; it only
+            // ever assigns partitions itself, so it never joins the group or commits.
+            let reader = crate::kafka::client_config(&self.settings, &self.brokers)
+                .set("group.id", &self.settings.group_id)
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false")
+                .set("isolation.level", "read_committed")
+                // Says at once when the read reaches the end (see `read`).
+                .set("enable.partition.eof", "true")
+                .create()
+                .map_err(PipelineError::Client)?;
+            self.reader = Some(reader);
+        }
+        Ok(self.reader.as_ref().expect("made above"))
+    }
+
+    /// The changelog partition's (low, high) watermarks; `None` when shutdown came first.
+    fn extent(&mut self, partition: i32) -> Result<Option<(i64, i64)>, PipelineError> {
+        let topic = self.settings.changelog_topic.clone();
+        let mut backoff = Backoff::new(&self.settings, &self.shutdown);
+        let reader = self.reader()?;
+        loop {
+            match reader.fetch_watermarks(&topic, partition, Duration::from_secs(10)) {
+                Ok(w) => return Ok(Some(w)),
+                Err(e) => {
+                    warn!(topic = %topic, partition, error = %e, what = "read the changelog's extent", "changelog restore step failed; retrying");
+                    if backoff.sleep() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The group's committed input offsets of `partition` (`topic/partition` → offset);
+    /// `None` when shutdown came first.
+    fn committed(
+        &mut self,
+        partition: i32,
+    ) -> Result<Option<FxHashMap<String, i64>>, PipelineError> {
+        let mut backoff = Backoff::new(&self.settings, &self.shutdown);
+        let mut tpl = TopicPartitionList::new();
+        for t in &self.settings.input_topics {
+            tpl.add_partition(t, partition);
+        }
+        let reader = self.reader()?;
+        loop {
+            match reader.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+                Ok(tpl) => {
+                    return Ok(Some(
+                        tpl.elements()
+                            .iter()
+                            .filter_map(|e| match e.offset() {
+                                Offset::Offset(o) => {
+                                    Some((format!("{}/{partition}", e.topic()), o))
+                                }
+                                _ => None,
+                            })
+                            .collect(),
+                    ))
+                }
+                Err(e) => {
+                    warn!(partition, error = %e, what = "read the group's committed offsets", "changelog restore step failed; retrying");
+                    if backoff.sleep() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands every changelog record of `partition` from `from` to the end to `each`: up
+    /// to `high`, the watermark read before, and on until the reader reaches the end.
+    /// The watermark alone is not enough: a broker may report it short of the last
+    /// produce batch (Tansu reports the last batch's first offset + 1), which would cut
+    /// off the batch's commit record.
+    fn read(
+        &mut self,
+        partition: i32,
+        from: i64,
+        high: i64,
+        mut each: impl FnMut(&BorrowedMessage<'_>) -> Result<(), PipelineError>,
+    ) -> Result<(), PipelineError> {
+        let topic = self.settings.changelog_topic.clone();
+        let shutdown = self.shutdown.clone();
+        let reader = self.reader()?;
+        let mut tpl = TopicPartitionList::new();
+        let _ = tpl.add_partition_offset(&topic, partition, Offset::Offset(from));
+        reader.assign(&tpl).map_err(PipelineError::Client)?;
+        let mut next = from;
+        let mut at_end = false;
+        while !(at_end && next >= high) {
+            match reader.poll(Duration::from_millis(500)) {
+                Some(Ok(m)) => {
+                    next = m.offset() + 1;
+                    at_end = false;
+                    each(&m)?;
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                    if shutdown.is_triggered() {
+                        let _ = reader.unassign();
+                        return Err(PipelineError::Restore {
+                            partition,
+                            reason: "shut down before the restore finished".into(),
+                        });
+                    }
+                    // Nothing more to read right now (end of partition, or a poll that
+                    // timed out). Transaction markers take offsets but are never handed
+                    // out: the read position, not the last record, says how far it got.
+                    at_end = true;
+                    if let Ok(position) = reader.position() {
+                        if let Some(Offset::Offset(o)) = position
+                            .find_partition(&topic, partition)
+                            .map(|e| e.offset())
+                        {
+                            next = next.max(o);
+                        }
+                    }
+                }
+                Some(Err(e)) => warn!(partition, error = %e, "changelog read error; retrying"),
+            }
+        }
+        let _ = reader.unassign();
+        Ok(())
+    }
+}
+
+/// Puts changelog records together into whole batches and stores each one.
+#[derive(Default)]
+struct Assembler {
+    partition: i32,
+    /// `topic/partition` keys of this partition's inputs.
+    input_keys: Vec<String>,
+    /// exactly_once: the group's committed offsets a batch must be covered by.
+    committed: Option<FxHashMap<String, i64>>,
+    /// Session records since the last applied batch, with their batch id (`None`: the
+    /// earlier format).
+    records: Vec<(Option<u64>, String, Option<Vec<u8>>)>,
+    applied: u64,
+    session_records: u64,
+    uncommitted: u64,
+    /// Commit records seen before all their batch's session records.
+    incomplete: u64,
+    other_format: u64,
+}
+
+/// A changelog record as the restorer reads it.
+struct Entry<'a> {
+    offset: i64,
+    kind: &'a [u8],
+    batch: Option<u64>,
+    /// The state format header (`None`: format 1).
+    format: Option<&'a [u8]>,
+    key: &'a [u8],
+    payload: Option<&'a [u8]>,
+}
+
+impl<'a> Entry<'a> {
+    fn of(m: &'a BorrowedMessage<'_>) -> Entry<'a> {
+        let header = |name: &str| {
+            m.headers()
+                .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+        };
+        Entry {
+            offset: m.offset(),
+            kind: header(CHANGELOG_KIND).unwrap_or_default(),
+            batch: header(CHANGELOG_BATCH)
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .and_then(|b| b.parse::<u64>().ok()),
+            format: header(CHANGELOG_STATE_FORMAT),
+            key: m.key().unwrap_or_default(),
+            payload: m.payload(),
+        }
+    }
+}
+
+impl Assembler {
+    fn add(&mut self, m: Entry<'_>, store: &mut impl StateStore) -> Result<(), PipelineError> {
+        let batch = m.batch;
+        match m.kind {
+            b"commit" => {
+                let value = m.payload.unwrap_or_default();
+                let bad = |e: serde_json::Error| PipelineError::Restore {
+                    partition: self.partition,
+                    reason: format!("commit record at offset {}: {e}", m.offset),
+                };
+                let (offsets, complete) = if value.first() == Some(&b'[') {
+                    // The earlier format: everything before it belongs to the batch.
+                    let offsets = serde_json::from_slice(value).map_err(bad)?;
+                    (offsets, Some(None))
+                } else {
+                    let commit: CommitValue = serde_json::from_slice(value).map_err(bad)?;
+                    let seen = self.distinct_records_of(Some(commit.batch));
+                    (
+                        commit.offsets,
+                        (seen == commit.records).then_some(Some(commit.batch)),
+                    )
+                };
+                match complete {
+                    Some(batch) => self.commit(batch, offsets, m.offset, store)?,
+                    None => self.incomplete += 1,
+                }
+            }
+            b"session" => {
+                if m.payload.is_some()
+                    && m.format.unwrap_or(b"1") != STATE_FORMAT.to_string().as_bytes()
+                {
+                    self.other_format += 1;
+                    return Ok(());
+                }
+                let key = String::from_utf8_lossy(m.key).into_owned();
+                self.records
+                    .push((batch, key, m.payload.map(<[u8]>::to_vec)));
+            }
+            other => warn!(
+                partition = self.partition,
+                offset = m.offset,
+                kind = %String::from_utf8_lossy(other),
+                "skipping a changelog record of unknown kind"
+            ),
+        }
+        Ok(())
+    }
+
+    /// Distinct session keys held for `batch` (a record sent twice counts once).
+    fn distinct_records_of(&self, batch: Option<u64>) -> usize {
+        let mut keys: Vec<&str> = self
+            .records
+            .iter()
+            .filter(|(b, _, _)| *b == batch)
+            .map(|(_, k, _)| k.as_str())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.len()
+    }
+
+    /// A complete commit record of `batch` at changelog offset `at`: the batch's records
+    /// (in the order written; the last copy of a key wins) are stored with its input
+    /// offsets and the changelog position. Records of other batches held so far belong to
+    /// batches that never completed and are dropped.
+    fn commit(
+        &mut self,
+        batch: Option<u64>,
+        offsets: Vec<(String, i64)>,
+        at: i64,
+        store: &mut impl StateStore,
+    ) -> Result<(), PipelineError> {
+        let records = std::mem::take(&mut self.records);
+        let covered = self.committed.as_ref().is_none_or(|c| {
+            offsets
+                .iter()
+                .all(|(k, o)| !self.input_keys.contains(k) || c.get(k).is_some_and(|next| o < next))
+        });
+        if !covered {
+            self.uncommitted += 1;
+            return Ok(());
+        }
+        let mut changes = StoreBatch::default();
+        for (_, key, state) in records.into_iter().filter(|(b, _, _)| *b == batch) {
+            changes.puts.retain(|(k, _)| *k != key);
+            changes.deletes.retain(|k| *k != key);
+            match state {
+                Some(state) => changes.puts.push((key, state)),
+                None => changes.deletes.push(key),
+            }
+        }
+        changes.offsets.extend(offsets);
+        changes.offsets.push((CHANGELOG_POSITION.to_string(), at));
+        self.session_records += (changes.puts.len() + changes.deletes.len()) as u64;
+        self.applied += 1;
+        store.commit(changes)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::SessionState;
+
+    /// Keeps what the assembler stores (the trait is ours; sled is tested in store.rs).
+    #[derive(Default)]
+    struct Stored(Vec<StoreBatch>);
+
+    impl StateStore for Stored {
+        fn load_sessions(&self) -> Result<Vec<(String, SessionState)>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn offset(&self, _: &str) -> Result<Option<i64>, StoreError> {
+            Ok(None)
+        }
+        fn commit(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+            self.0.push(batch);
+            Ok(())
+        }
+        fn session_bytes(&self, _: &str) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(None)
+        }
+    }
+
+    const FORMAT: &[u8] = b"";
+
+    fn session<'a>(offset: i64, batch: u64, key: &'a str, state: &'a [u8]) -> Entry<'a> {
+        Entry {
+            offset,
+            kind: b"session",
+            batch: Some(batch),
+            format: Some(FORMAT),
+            key: key.as_bytes(),
+            payload: Some(state),
+        }
+    }
+
+    fn commit(offset: i64, batch: u64, records: usize, value: &mut Vec<u8>) -> Entry<'_> {
+        *value = serde_json::to_vec(&CommitValue {
+            batch,
+            records,
+            offsets: vec![("in/0".into(), offset * 10)],
+        })
+        .unwrap();
+        Entry {
+            offset,
+            kind: b"commit",
+            batch: Some(batch),
+            format: None,
+            key: CHANGELOG_COMMIT_KEY,
+            payload: Some(value),
+        }
+    }
+
+    fn feed(entries: Vec<Entry<'_>>) -> (Assembler, Stored) {
+        let mut a = Assembler::default();
+        let mut stored = Stored::default();
+        for e in entries {
+            a.add(e, &mut stored).unwrap();
+        }
+        (a, stored)
+    }
+
+    fn keys(b: &StoreBatch) -> Vec<(&str, &[u8])> {
+        b.puts
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_counts_at_its_commit_record() {
+        let format = STATE_FORMAT.to_string();
+        let fmt = format.as_bytes();
+        let mut v = Vec::new();
+        let mut entries = vec![session(0, 7, "a", b"A"), session(1, 7, "b", b"B")];
+        entries.iter_mut().for_each(|e| e.format = Some(fmt));
+        entries.push(commit(2, 7, 2, &mut v));
+        let (a, stored) = feed(entries);
+        assert_eq!(stored.0.len(), 1);
+        assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..]), ("b", &b"B"[..])]);
+        assert!(stored.0[0]
+            .offsets
+            .contains(&(CHANGELOG_POSITION.to_string(), 2)));
+        assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 20)));
+        assert_eq!((a.applied, a.incomplete), (1, 0));
+    }
+
+    #[test]
+    fn a_record_sent_again_after_its_commit_counts_at_the_commit_sent_after_it() {
+        let format = STATE_FORMAT.to_string();
+        let fmt = format.as_bytes();
+        let (mut v1, mut v2) = (Vec::new(), Vec::new());
+        let mut entries = vec![
+            session(0, 7, "a", b"A"),
+            // "b" failed the first time: the commit comes before it...
+            commit(1, 7, 2, &mut v1),
+            session(2, 7, "b", b"B"),
+            // ...and is sent again after it.
+            commit(3, 7, 2, &mut v2),
+        ];
+        for e in entries.iter_mut().filter(|e| e.kind == b"session") {
+            e.format = Some(fmt);
+        }
+        let (a, stored) = feed(entries);
+        assert_eq!((a.applied, a.incomplete), (1, 1));
+        assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..]), ("b", &b"B"[..])]);
+        assert!(stored.0[0]
+            .offsets
+            .contains(&(CHANGELOG_POSITION.to_string(), 3)));
+    }
+
+    #[test]
+    fn records_of_a_batch_that_never_completed_are_dropped_at_the_next_commit() {
+        let format = STATE_FORMAT.to_string();
+        let fmt = format.as_bytes();
+        let (mut v1, mut v2) = (Vec::new(), Vec::new());
+        let mut entries = vec![
+            // Batch 7 died with one of its two records written (its commit too early).
+            session(0, 7, "a", b"stale"),
+            commit(1, 7, 2, &mut v1),
+            // After the restart its events went into batch 9.
+            session(2, 9, "a", b"A"),
+            session(3, 9, "c", b"C"),
+            session(4, 9, "a", b"A2"),
+            commit(5, 9, 2, &mut v2),
+        ];
+        for e in entries.iter_mut().filter(|e| e.kind == b"session") {
+            e.format = Some(fmt);
+        }
+        let (_, stored) = feed(entries);
+        assert_eq!(stored.0.len(), 1);
+        // The last copy of a key wins; batch 7's record is gone.
+        assert_eq!(
+            keys(&stored.0[0]),
+            vec![("c", &b"C"[..]), ("a", &b"A2"[..])]
+        );
+    }
+
+    #[test]
+    fn the_earlier_format_is_still_read_and_other_state_formats_are_skipped() {
+        let format = STATE_FORMAT.to_string();
+        let legacy_commit = serde_json::to_vec(&vec![("in/0", 41)]).unwrap();
+        let entries = vec![
+            Entry {
+                batch: None,
+                format: Some(format.as_bytes()),
+                ..session(0, 0, "a", b"A")
+            },
+            Entry {
+                batch: None,
+                format: None,
+                ..session(1, 0, "old", b"format 1")
+            },
+            Entry {
+                batch: None,
+                payload: None,
+                format: None,
+                ..session(2, 0, "closed", b"")
+            },
+            Entry {
+                offset: 3,
+                kind: b"commit",
+                batch: None,
+                format: None,
+                key: CHANGELOG_COMMIT_KEY,
+                payload: Some(&legacy_commit),
+            },
+        ];
+        let (a, stored) = feed(entries);
+        assert_eq!(a.other_format, 1);
+        assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..])]);
+        assert_eq!(stored.0[0].deletes, vec!["closed".to_string()]);
+        assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 41)));
+    }
+
+    #[test]
+    fn batch_ids_differ_between_writers_and_count_up() {
+        let (mut a, mut b) = (BatchIds::new(), BatchIds::new());
+        let (a1, a2, b1) = (a.next(), a.next(), b.next());
+        assert_eq!(a2, a1 + 1);
+        assert_ne!(a1, b1);
+    }
+}

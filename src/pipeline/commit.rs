@@ -1,0 +1,248 @@
+//! How a batch becomes durable: the delivery mode as one type ([`Commit`]), and the
+//! transactions of exactly_once.
+//!
+//! - `AtLeastOnce { changelog }`: the outbox is delivered (findings, and with the
+//!   changelog its session records, then its commit records), the state is stored in
+//!   sled, then the group's offsets are committed. A crash between any two steps
+//!   re-applies events after the stored offsets; their findings come again with the same
+//!   `event_id`.
+//! - `ExactlyOnce(Transactional)`: findings, changelog records and the input offsets go in
+//!   one Kafka transaction; sled is written after the commit. A crash before the commit
+//!   aborts it all (the restart fences the old producer); after it, the changelog holds
+//!   what sled may have missed.
+//!
+//! Guarantees: a transaction that fails abortably is aborted and the same batch is sent
+//! again in a new one (the engine state it came from is unchanged); a fenced group
+//! generation drops the batch (whoever owns the partitions now reads it again); a fatal
+//! producer error ends the run.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::TopicPartitionList;
+use tracing::{info, warn};
+
+use super::backoff::{Backoff, DeadlinePassed};
+use super::outbox::Outbox;
+use super::rebalance::RebalanceHandler;
+use super::PipelineError;
+use crate::kafka::settings::{Delivery, KafkaSettings};
+use crate::kafka::transactional_id;
+
+/// The delivery mode of a worker.
+pub enum Commit {
+    AtLeastOnce { changelog: bool },
+    ExactlyOnce(Transactional),
+}
+
+impl Commit {
+    /// The mode the settings ask for, for worker `worker` of the instance whose state
+    /// lives at `state_path` (the transactional id depends on both).
+    pub fn of(settings: &KafkaSettings, state_path: &Path, worker: usize) -> Commit {
+        match settings.delivery {
+            Delivery::AtLeastOnce => Commit::AtLeastOnce {
+                changelog: settings.changelog,
+            },
+            Delivery::ExactlyOnce => Commit::ExactlyOnce(Transactional {
+                id: transactional_id(settings, state_path, worker),
+            }),
+        }
+    }
+
+    /// Whether stored batches are also written to the changelog topic.
+    pub fn changelog(&self) -> bool {
+        match self {
+            Commit::AtLeastOnce { changelog } => *changelog,
+            // Validated: exactly_once needs the changelog.
+            Commit::ExactlyOnce(_) => true,
+        }
+    }
+
+    pub fn transactional_id(&self) -> Option<&str> {
+        match self {
+            Commit::AtLeastOnce { .. } => None,
+            Commit::ExactlyOnce(t) => Some(&t.id),
+        }
+    }
+}
+
+/// How long one transaction call (send offsets, commit, abort) may block before it is
+/// retried; the shutdown deadline bounds the retries.
+pub const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The transactional producer's identity (stable per instance and worker).
+pub struct Transactional {
+    pub id: String,
+}
+
+impl Transactional {
+    fn failed(&self, source: KafkaError) -> PipelineError {
+        PipelineError::Transaction {
+            transactional_id: self.id.clone(),
+            source,
+        }
+    }
+
+    /// Registers the transactional producer with the broker, which fences any earlier
+    /// producer with the same id and aborts the transaction it left open. Retries while
+    /// the broker is away; `false` when shutdown came first.
+    pub fn init(&self, outbox: &Outbox, backoff: &mut Backoff) -> Result<bool, PipelineError> {
+        loop {
+            match outbox.producer.init_transactions(TRANSACTION_CALL_TIMEOUT) {
+                Ok(()) => {
+                    info!(transactional_id = %self.id, "transactional producer ready");
+                    return Ok(true);
+                }
+                Err(e) if is_fatal(&e) => return Err(self.failed(e)),
+                Err(e) => {
+                    warn!(transactional_id = %self.id, error = %e, backoff_ms = backoff.delay_ms(), "cannot initialise transactions; retrying");
+                    if backoff.sleep() {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Commits the outbox and the input `offsets` as one transaction. After an abortable
+    /// failure the same records and offsets are sent again in a new transaction. Returns
+    /// `false` when the consumer group has moved on (our generation is fenced): the batch
+    /// must then be dropped and its events read again by whoever owns them now.
+    pub fn commit(
+        &self,
+        outbox: &mut Outbox,
+        consumer: &BaseConsumer<RebalanceHandler>,
+        offsets: &TopicPartitionList,
+        backoff: &mut Backoff,
+    ) -> Result<bool, PipelineError> {
+        if outbox.is_empty() && offsets.count() == 0 {
+            return Ok(true);
+        }
+        loop {
+            let error = match self.attempt(outbox, consumer, offsets, backoff) {
+                Ok(()) => {
+                    crash_point("txn-after-commit");
+                    outbox.clear();
+                    return Ok(true);
+                }
+                Err(e) => e,
+            };
+            if is_fatal(&error) {
+                return Err(self.failed(error));
+            }
+            warn!(error = %error, records = outbox.len(), backoff_ms = backoff.delay_ms(), "transaction failed; aborting it");
+            self.abort(outbox, backoff)?;
+            outbox.retried(outbox.len());
+            outbox.take_failed();
+            if is_group_fenced(&error) {
+                return Ok(false);
+            }
+            backoff
+                .pause()
+                .map_err(|DeadlinePassed| PipelineError::deadline(backoff, outbox.len()))?;
+        }
+    }
+
+    /// One transaction: begin, send and await every record, send the offsets, commit.
+    fn attempt(
+        &self,
+        outbox: &mut Outbox,
+        consumer: &BaseConsumer<RebalanceHandler>,
+        offsets: &TopicPartitionList,
+        backoff: &Backoff,
+    ) -> Result<(), KafkaError> {
+        outbox.producer.begin_transaction()?;
+        let all: Vec<usize> = (0..outbox.len()).collect();
+        outbox.send(&all);
+        // Await the acks (commit would flush too): a failed record is known before the
+        // offsets are sent, and the records are on the broker at the crash point below.
+        let _ = outbox.await_acks(backoff);
+        if let Some(e) = outbox.first_failure() {
+            // A record that failed (or the producer refused) is not in the transaction.
+            return Err(e);
+        }
+        if offsets.count() > 0 {
+            let group = consumer.group_metadata().ok_or(KafkaError::Subscription(
+                "no consumer group metadata".into(),
+            ))?;
+            outbox.producer.send_offsets_to_transaction(
+                offsets,
+                &group,
+                TRANSACTION_CALL_TIMEOUT,
+            )?;
+        }
+        crash_point("txn-before-commit");
+        let mut commit_backoff = backoff.fresh();
+        loop {
+            match outbox.producer.commit_transaction(TRANSACTION_CALL_TIMEOUT) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_retriable(&e) && !backoff.past_deadline() => {
+                    warn!(error = %e, "transaction commit not confirmed yet; retrying");
+                    let _ = commit_backoff.pause();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Aborts the open transaction, retrying while the broker is away.
+    fn abort(&self, outbox: &Outbox, backoff: &mut Backoff) -> Result<(), PipelineError> {
+        let mut abort_backoff = backoff.fresh();
+        loop {
+            match outbox.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_fatal(&e) => return Err(self.failed(e)),
+                Err(e) => {
+                    warn!(error = %e, "transaction abort not confirmed yet; retrying");
+                    if abort_backoff.pause().is_err() {
+                        return Err(PipelineError::deadline(backoff, outbox.len()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn rd_error(e: &KafkaError) -> Option<&rdkafka::error::RDKafkaError> {
+    match e {
+        KafkaError::Transaction(rd) => Some(rd),
+        _ => None,
+    }
+}
+
+fn is_fatal(e: &KafkaError) -> bool {
+    rd_error(e).is_some_and(|rd| rd.is_fatal())
+}
+
+/// A transaction call that timed out or met a passing broker error: call it again.
+fn is_retriable(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::Flush(_)) || rd_error(e).is_some_and(|rd| rd.is_retriable())
+}
+
+/// The group has a newer generation than the one our offsets were sent with.
+fn is_group_fenced(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::IllegalGeneration
+                | RDKafkaErrorCode::UnknownMemberId
+                | RDKafkaErrorCode::FencedInstanceId
+                | RDKafkaErrorCode::RebalanceInProgress
+        )
+    )
+}
+
+/// A crash point for the crash tests (feature `failpoints`, off in release builds): when
+/// armed through `FAILPOINTS`, the process exits on the spot, as if killed.
+pub fn crash_point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    if fail::eval(name, |_| ()).is_some() {
+        eprintln!("failpoint {name}: exiting");
+        std::process::exit(86);
+    }
+    let _ = name;
+}

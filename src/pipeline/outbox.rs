@@ -1,0 +1,329 @@
+//! The outbox: every record a batch produces (findings, summaries, dead letters,
+//! changelog records), handed to the producer and tracked until the broker has
+//! acknowledged each one.
+//!
+//! Guarantees: [`Outbox::deliver`] returns only when every record is acknowledged
+//! (failures are sent again with backoff, never dropped) or the shutdown deadline has
+//! passed; a dead letter the broker refuses as too large is cut to its first 64 KiB with a
+//! header saying how long it was, so it is never lost. Records name their topic by kind
+//! ([`Sink`]), resolved by name from the settings.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Message};
+use rustc_hash::FxHashMap;
+use tracing::warn;
+
+use super::backoff::{Backoff, DeadlinePassed};
+use crate::event::BadEvent;
+use crate::kafka::settings::KafkaSettings;
+use crate::telemetry::Telemetry;
+
+/// Header names put on dead-lettered messages (after the message's own headers).
+pub const DLQ_SOURCE_TOPIC: &str = "loopwarden.source.topic";
+pub const DLQ_SOURCE_PARTITION: &str = "loopwarden.source.partition";
+pub const DLQ_SOURCE_OFFSET: &str = "loopwarden.source.offset";
+/// The bad-input class (`oversized`, `invalid_json`, … see [`crate::event::BadEvent`]).
+pub const DLQ_REASON: &str = "loopwarden.error.reason";
+/// The precise error, with the JSON path or byte offset where it applies.
+pub const DLQ_MESSAGE: &str = "loopwarden.error.message";
+/// Set when the broker refused the whole message and only its first bytes were kept.
+pub const DLQ_TRUNCATED_FROM: &str = "loopwarden.truncated_from_bytes";
+
+/// Bytes of an oversized dead letter kept when the broker refuses the whole message.
+const DLQ_TRUNCATE_TO: usize = 64 * 1024;
+
+/// What a record is, and so where it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    Warning,
+    Terminated,
+    Summary,
+    DeadLetter,
+    Changelog,
+}
+
+impl Sink {
+    /// The topic records of this kind go to.
+    pub fn topic(self, settings: &KafkaSettings) -> &str {
+        match self {
+            Sink::Warning => &settings.warning_topic,
+            Sink::Terminated => &settings.terminated_topic,
+            Sink::Summary => &settings.summary_topic,
+            Sink::DeadLetter => &settings.dlq_topic,
+            Sink::Changelog => &settings.changelog_topic,
+        }
+    }
+}
+
+/// One message to produce.
+pub struct Record {
+    pub sink: Sink,
+    /// An explicit partition (changelog records go to their input partition's number).
+    pub partition: Option<i32>,
+    pub key: Vec<u8>,
+    pub payload: Vec<u8>,
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+    /// For dead letters: the source message's own headers, kept first.
+    pub source_headers: Vec<(String, Option<Vec<u8>>)>,
+    /// For findings: the Kafka timestamp of the event that fired it (latency metric).
+    pub source_ms: Option<i64>,
+}
+
+impl Record {
+    fn headers(&self) -> Option<OwnedHeaders> {
+        if self.headers.is_empty() && self.source_headers.is_empty() {
+            return None;
+        }
+        let mut h = OwnedHeaders::new_with_capacity(self.headers.len() + self.source_headers.len());
+        for (k, v) in &self.source_headers {
+            h = h.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        for (k, v) in &self.headers {
+            h = h.insert(Header {
+                key: k,
+                value: Some(v.as_slice()),
+            });
+        }
+        Some(h)
+    }
+}
+
+/// The dead letter of a bad message: its key, payload and headers, and where it came
+/// from and why it was refused.
+pub fn dead_letter(m: &BorrowedMessage<'_>, topic: &str, bad: &BadEvent) -> Record {
+    let source_headers = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        sink: Sink::DeadLetter,
+        partition: None,
+        key: m.key().unwrap_or_default().to_vec(),
+        payload: m.payload().unwrap_or_default().to_vec(),
+        headers: vec![
+            (DLQ_SOURCE_TOPIC, topic.as_bytes().to_vec()),
+            (DLQ_SOURCE_PARTITION, m.partition().to_string().into_bytes()),
+            (DLQ_SOURCE_OFFSET, m.offset().to_string().into_bytes()),
+            (DLQ_REASON, bad.reason().as_bytes().to_vec()),
+            (DLQ_MESSAGE, bad.to_string().into_bytes()),
+        ],
+        source_headers,
+        source_ms: None,
+    }
+}
+
+/// Collects failed deliveries (the opaque is the record's index in the outbox) and the
+/// highest acknowledged changelog offset per partition.
+#[derive(Default)]
+pub struct DeliveryTracker {
+    failed: Mutex<Vec<(usize, KafkaError)>>,
+    changelog_topic: String,
+    changelog_offsets: Mutex<FxHashMap<i32, i64>>,
+}
+
+impl ClientContext for DeliveryTracker {
+    fn error(&self, error: KafkaError, reason: &str) {
+        warn!(client = "producer", %error, reason, "kafka client error");
+    }
+}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = Box<usize>;
+    fn delivery(&self, result: &DeliveryResult<'_>, index: Box<usize>) {
+        match result {
+            Err((e, _)) => lock(&self.failed).push((*index, e.clone())),
+            Ok(m) if m.topic() == self.changelog_topic => {
+                let mut offsets = lock(&self.changelog_offsets);
+                let o = offsets.entry(m.partition()).or_insert(m.offset());
+                *o = (*o).max(m.offset());
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The records of the batch in hand and the producer they go through.
+pub struct Outbox {
+    pub records: Vec<Record>,
+    pub producer: BaseProducer<DeliveryTracker>,
+    settings: KafkaSettings,
+    telemetry: Arc<Telemetry>,
+}
+
+impl Outbox {
+    pub fn new(
+        producer_config: &rdkafka::ClientConfig,
+        settings: &KafkaSettings,
+        telemetry: Arc<Telemetry>,
+    ) -> Result<Outbox, KafkaError> {
+        let producer = producer_config.create_with_context(DeliveryTracker {
+            changelog_topic: settings.changelog_topic.clone(),
+            ..DeliveryTracker::default()
+        })?;
+        Ok(Outbox {
+            records: Vec::new(),
+            producer,
+            settings: settings.clone(),
+            telemetry,
+        })
+    }
+
+    pub fn push(&mut self, record: Record) {
+        self.records.push(record);
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Drops the records (a batch given up: its events are read again).
+    pub fn clear(&mut self) {
+        self.records.clear();
+        lock(&self.producer.context().failed).clear();
+    }
+
+    /// Counts `records` sent again (a retried delivery or transaction).
+    pub fn retried(&self, records: usize) {
+        self.telemetry
+            .metrics
+            .delivery_retries
+            .inc_by(records as u64);
+    }
+
+    /// The highest acknowledged changelog offset per partition since the last call.
+    pub fn take_changelog_positions(&self) -> FxHashMap<i32, i64> {
+        std::mem::take(&mut *lock(&self.producer.context().changelog_offsets))
+    }
+
+    /// Forgets acknowledged changelog offsets (a batch given up).
+    pub fn forget_changelog_positions(&self) {
+        lock(&self.producer.context().changelog_offsets).clear();
+    }
+
+    /// The first failure recorded since the last [`Outbox::take_failed`].
+    pub fn first_failure(&self) -> Option<KafkaError> {
+        lock(&self.producer.context().failed)
+            .first()
+            .map(|(_, e)| e.clone())
+    }
+
+    /// Hands the records at `indexes` to the producer (waiting while its queue is full);
+    /// a record it refuses outright is recorded as failed, like a failed delivery.
+    pub fn send(&mut self, indexes: &[usize]) {
+        for &i in indexes {
+            let r = &self.records[i];
+            let mut record =
+                BaseRecord::with_opaque_to(r.sink.topic(&self.settings), Box::new(i)).key(&r.key);
+            // A changelog tombstone has no value at all (compaction drops the key).
+            if !(r.sink == Sink::Changelog && r.payload.is_empty()) {
+                record = record.payload(&r.payload);
+            }
+            if let Some(p) = r.partition {
+                record = record.partition(p);
+            }
+            if let Some(h) = r.headers() {
+                record = record.headers(h);
+            }
+            loop {
+                match self.producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        self.producer.poll(Duration::from_millis(5));
+                        record = back;
+                    }
+                    Err((e, _)) => {
+                        lock(&self.producer.context().failed).push((i, e));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until the producer has nothing in flight (or the deadline passed).
+    pub fn await_acks(&self, backoff: &Backoff) -> Result<(), DeadlinePassed> {
+        while self.producer.in_flight_count() > 0 {
+            self.producer.poll(Duration::from_millis(1));
+            if backoff.past_deadline() {
+                return Err(DeadlinePassed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the failed deliveries; a dead letter the broker refused as too large is cut
+    /// to its first bytes (with a header saying how long it was), so it is never lost.
+    pub fn take_failed(&mut self) -> Vec<(usize, KafkaError)> {
+        let failed = std::mem::take(&mut *lock(&self.producer.context().failed));
+        for (i, e) in &failed {
+            let r = &mut self.records[*i];
+            let too_large = matches!(
+                e.rdkafka_error_code(),
+                Some(RDKafkaErrorCode::MessageSizeTooLarge)
+            );
+            if too_large && r.sink == Sink::DeadLetter && r.payload.len() > DLQ_TRUNCATE_TO {
+                let len = r.payload.len();
+                r.payload.truncate(DLQ_TRUNCATE_TO);
+                r.headers
+                    .push((DLQ_TRUNCATED_FROM, len.to_string().into_bytes()));
+            }
+        }
+        failed
+    }
+
+    /// Produces every record and waits until the broker has acknowledged each one,
+    /// sending failures again with backoff; empties the outbox. Returns the changelog
+    /// partitions with a record that had to be sent again (so it may now follow records
+    /// sent after it).
+    pub fn deliver(&mut self, backoff: &mut Backoff) -> Result<Vec<i32>, DeadlinePassed> {
+        let mut resent = Vec::new();
+        if self.records.is_empty() {
+            return Ok(resent);
+        }
+        let mut pending: Vec<usize> = (0..self.records.len()).collect();
+        loop {
+            self.send(&pending);
+            self.await_acks(backoff)?;
+            let failed = self.take_failed();
+            if failed.is_empty() {
+                self.records.clear();
+                resent.sort_unstable();
+                resent.dedup();
+                return Ok(resent);
+            }
+            resent.extend(
+                failed
+                    .iter()
+                    .map(|(i, _)| &self.records[*i])
+                    .filter(|r| r.sink == Sink::Changelog)
+                    .filter_map(|r| r.partition),
+            );
+            self.retried(failed.len());
+            let (_, first) = &failed[0];
+            warn!(failed = failed.len(), error = %first, backoff_ms = backoff.delay_ms(), "output delivery failed; retrying");
+            pending = failed.iter().map(|(i, _)| *i).collect();
+            backoff.pause()?;
+        }
+    }
+}

@@ -1,0 +1,668 @@
+//! A worker: one member of the consumer group and everything its batches touch — the
+//! assigned partitions (engine, sled tree, applied offsets, held events), the outbox,
+//! the delivery mode and the restorer.
+//!
+//! The batch lifecycle is [`Worker::finish_batch`]: apply what the aligners release →
+//! take the changes → deliver (or transact) → store → commit.
+//!
+//! Guarantees: an event is applied at most once per stored state (offsets at or below a
+//! partition's applied offset are skipped); a partition's state and its applied offsets
+//! are stored together in one atomic sled batch, only after the batch's outputs are on
+//! the broker; the group's offsets are committed only after the store. A crash between
+//! any two steps re-applies the events after the stored offsets, never fewer.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use rustc_hash::FxHashMap;
+use tracing::{debug, error, info, warn};
+
+use super::align::{Aligner, Held};
+use super::backoff::{Backoff, DeadlinePassed};
+use super::changelog::{self, BatchIds, Restorer, CHANGELOG_POSITION};
+use super::commit::{Commit, TRANSACTION_CALL_TIMEOUT};
+use super::outbox::{dead_letter, Outbox, Record};
+use super::outputs::{self, Source};
+use super::rebalance::RebalanceHandler;
+use super::{PipelineError, RunStats};
+use crate::config::Config;
+use crate::engine::{Engine, EventMeta};
+use crate::event::{parse_event, Event};
+use crate::kafka::cached_high_watermark;
+use crate::kafka::settings::KafkaSettings;
+use crate::output::Output;
+use crate::shutdown::Shutdown;
+use crate::store::{SledStore, StateStore, StoreBatch, StoreError};
+use crate::telemetry::Telemetry;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A polled message waiting for its turn: an event, or a dead letter (which keeps its
+/// place so that the applied offsets stay a prefix of each topic).
+// Nearly every item is an event: boxing it to shrink the rare dead letter's slot would
+// cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
+enum Pending {
+    Event(Event<'static>, EventMeta, Source),
+    DeadLetter(Record, &'static str),
+}
+
+/// One assigned partition number (partition *p* of every input topic).
+struct Partition {
+    engine: Engine,
+    store: SledStore,
+    /// Last applied offset per input topic.
+    applied: BTreeMap<Arc<str>, i64>,
+    /// Polled messages not applied yet, released across topics in event-time order.
+    held: Aligner<Pending>,
+    /// Whether state or offsets changed since the last store.
+    dirty: bool,
+    /// Wall time and engine clock at the last event, for the idle clock.
+    last_event_wall: Instant,
+    clock_at_last_event: Option<i64>,
+}
+
+/// Everything a batch touches.
+pub struct Worker {
+    config: Arc<Config>,
+    db: sled::Db,
+    pub(super) outbox: Outbox,
+    pub(super) commit: Commit,
+    restorer: Restorer,
+    partitions: BTreeMap<i32, Partition>,
+    /// The input topics, in configuration order (the aligners' topic indexes).
+    inputs: Vec<Arc<str>>,
+    shutdown: Shutdown,
+    pub(super) stats: RunStats,
+    /// A fatal error raised inside a rebalance callback, for the poll loop to return.
+    pub(super) fatal: Option<PipelineError>,
+    pub(super) telemetry: Arc<Telemetry>,
+    scratch: Vec<Output>,
+    /// For each output in `scratch`, where the event that produced it came from.
+    scratch_sources: Vec<Source>,
+    /// When each event of the current batch was polled (processing latency).
+    polled: Vec<Instant>,
+    /// What this worker last added to the process-wide gauges.
+    reported_sessions: i64,
+    reported_partitions: i64,
+    /// When the state directory's size was last measured.
+    store_size_at: Option<Instant>,
+    /// `events_consumed` per event type, resolved once (not a labelled lookup per event).
+    consumed: FxHashMap<&'static str, prometheus::IntCounter>,
+    /// Time spent applying events since the last batch finished.
+    applying: Duration,
+    /// Ids of the batches this worker writes to the changelog.
+    batch_ids: BatchIds,
+}
+
+impl Worker {
+    pub(super) fn new(
+        config: Arc<Config>,
+        db: sled::Db,
+        outbox: Outbox,
+        commit: Commit,
+        brokers: &str,
+        shutdown: &Shutdown,
+        telemetry: Arc<Telemetry>,
+    ) -> Worker {
+        let settings = &config.kafka;
+        Worker {
+            restorer: Restorer::new(settings, brokers, shutdown),
+            inputs: settings
+                .input_topics
+                .iter()
+                .map(|t| Arc::from(t.as_str()))
+                .collect(),
+            config: config.clone(),
+            db,
+            outbox,
+            commit,
+            partitions: BTreeMap::new(),
+            shutdown: shutdown.clone(),
+            stats: RunStats::default(),
+            fatal: None,
+            telemetry,
+            scratch: Vec::new(),
+            scratch_sources: Vec::new(),
+            polled: Vec::new(),
+            reported_sessions: 0,
+            reported_partitions: 0,
+            store_size_at: None,
+            consumed: FxHashMap::default(),
+            applying: Duration::ZERO,
+            batch_ids: BatchIds::new(),
+        }
+    }
+
+    fn settings(&self) -> &KafkaSettings {
+        &self.config.kafka
+    }
+
+    /// Events held for alignment in all partitions.
+    pub(super) fn held(&self) -> usize {
+        self.partitions.values().map(|p| p.held.len()).sum()
+    }
+
+    /// Whether the batch in hand has anything to finish.
+    pub(super) fn has_work(&self) -> bool {
+        !self.outbox.is_empty() || self.partitions.values().any(|p| p.dirty)
+    }
+
+    /// Forgets the batch in hand without writing anything (an assignment lost, a fatal
+    /// error): its events are read again from the committed offsets.
+    pub(super) fn drop_unstored(&mut self) {
+        self.outbox.clear();
+        self.polled.clear();
+        for p in self.partitions.values_mut() {
+            p.held.clear();
+        }
+    }
+
+    /// Lets revoked partitions go (their batch already finished or dropped).
+    pub(super) fn release(&mut self, revoked: &[i32]) {
+        for p in revoked {
+            self.partitions.remove(p);
+            for topic in &self.config.kafka.input_topics {
+                let _ = self
+                    .telemetry
+                    .metrics
+                    .consumer_lag
+                    .remove_label_values(&[topic, &p.to_string()]);
+            }
+        }
+        self.report_gauges();
+    }
+
+    /// Drops all in-memory partitions (after a fatal error: nothing more is stored).
+    pub(super) fn abandon(&mut self) {
+        self.outbox.clear();
+        self.partitions.clear();
+    }
+
+    /// Loads a newly assigned partition's sessions and offsets from sled.
+    pub(super) fn acquire(&mut self, partition: i32) -> Result<(), PipelineError> {
+        if self.partitions.contains_key(&partition) {
+            return Ok(());
+        }
+        let mut store = SledStore::partition(&self.db, partition)?;
+        if self.commit.changelog() {
+            let telemetry = self.telemetry.clone();
+            let _restoring = telemetry.readiness.restoring();
+            let restored = self.restorer.restore(partition, &mut store, &self.db)?;
+            self.stats.restored_records += restored.session_records;
+            self.stats.restore_ms += restored.took.as_millis() as u64;
+            let metrics = &telemetry.metrics;
+            metrics.restored_records.inc_by(restored.session_records);
+            metrics
+                .restore_duration
+                .observe(restored.took.as_secs_f64());
+        }
+        let engine = Engine::restore(self.config.clone(), &store)?;
+        let mut applied = BTreeMap::new();
+        for topic in &self.inputs {
+            if let Some(o) = StateStore::offset(&store, &format!("{topic}/{partition}"))? {
+                applied.insert(topic.clone(), o);
+            }
+        }
+        info!(
+            partition,
+            sessions = engine.open_sessions(),
+            offsets = ?applied,
+            "partition assigned"
+        );
+        let clock = engine.watermark();
+        self.partitions.insert(
+            partition,
+            Partition {
+                engine,
+                store,
+                applied,
+                held: Aligner::new(self.inputs.len(), self.settings().align_wait),
+                dirty: false,
+                last_event_wall: Instant::now(),
+                clock_at_last_event: clock,
+            },
+        );
+        Ok(())
+    }
+
+    /// Takes one polled message: parsed, it waits in its partition's aligner (an event,
+    /// or a dead letter for a bad one) until [`Worker::apply_ready`] applies it.
+    pub(super) fn handle(&mut self, m: &BorrowedMessage<'_>) -> Result<(), PipelineError> {
+        let partition = m.partition();
+        if !self.partitions.contains_key(&partition) {
+            // Assignment callbacks always come first; this only guards against surprises.
+            self.acquire(partition)?;
+        }
+        let Some(topic_index) = self.inputs.iter().position(|t| **t == *m.topic()) else {
+            warn!(
+                topic = m.topic(),
+                partition, "skipping a message of a topic that is not an input"
+            );
+            return Ok(());
+        };
+        let topic = self.inputs[topic_index].clone();
+        let offset = m.offset();
+        let limits = self.config.limits;
+        let p = self.partitions.get_mut(&partition).expect("acquired above");
+        let seen = p.applied.get(&topic).is_some_and(|&last| offset <= last)
+            || p.held
+                .last_offset(topic_index)
+                .is_some_and(|last| offset <= last);
+        if seen {
+            self.stats.skipped += 1;
+            self.telemetry.metrics.events_skipped.inc();
+            return Ok(());
+        }
+        let payload = m.payload().unwrap_or_default();
+        let (time, pending) = match parse_event(payload, &limits) {
+            Ok(event) => {
+                let meta = EventMeta {
+                    topic: Some(topic),
+                    partition: Some(partition),
+                    offset: Some(offset),
+                    message_timestamp_ms: m.timestamp().to_millis(),
+                    processing_time_ms: Some(now_ms()),
+                };
+                let event_ms = event
+                    .timestamp_ms
+                    .or(meta.message_timestamp_ms)
+                    .unwrap_or(0);
+                let source = Source::of(m, meta.message_timestamp_ms);
+                (
+                    Some(event_ms),
+                    Pending::Event(event.into_owned(), meta, source),
+                )
+            }
+            Err(bad) => {
+                warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %bad, "dead-lettering bad message");
+                (
+                    None,
+                    Pending::DeadLetter(dead_letter(m, &topic, &bad), bad.reason()),
+                )
+            }
+        };
+        p.held.push(
+            topic_index,
+            Held {
+                time,
+                offset,
+                polled: Instant::now(),
+                item: pending,
+            },
+        );
+        Ok(())
+    }
+
+    /// Applies what the partitions' aligners release (events to their engines, dead
+    /// letters to the outbox), advancing the applied offsets, and queues the outputs.
+    pub(super) fn apply_ready(&mut self) {
+        let now = Instant::now();
+        let started = now;
+        let metrics = &self.telemetry.metrics;
+        for p in self.partitions.values_mut() {
+            let late = p.engine.counters().late_events;
+            let mut applied_any = false;
+            while let Some((topic, held)) = p.held.pop_ready(now) {
+                applied_any = true;
+                p.applied.insert(self.inputs[topic].clone(), held.offset);
+                self.polled.push(held.polled);
+                match held.item {
+                    Pending::Event(event, meta, source) => {
+                        self.stats.events += 1;
+                        let kind = event.body.type_name();
+                        self.consumed
+                            .entry(kind)
+                            .or_insert_with(|| metrics.events_consumed.with_label_values(&[kind]))
+                            .inc();
+                        p.engine.process(&event, &meta, &mut self.scratch);
+                        self.scratch_sources.resize(self.scratch.len(), source);
+                    }
+                    Pending::DeadLetter(record, reason) => {
+                        self.stats.dead_lettered += 1;
+                        metrics.bad_events.with_label_values(&[reason]).inc();
+                        self.outbox.push(record);
+                    }
+                }
+            }
+            if !applied_any {
+                continue;
+            }
+            p.dirty = true;
+            metrics
+                .late_events
+                .inc_by(p.engine.counters().late_events - late);
+            p.last_event_wall = Instant::now();
+            p.clock_at_last_event = p.engine.watermark();
+        }
+        self.queue_outputs();
+        self.applying += started.elapsed();
+    }
+
+    /// When the next held event that waits for another topic may go.
+    pub(super) fn next_due(&self) -> Option<Instant> {
+        self.partitions
+            .values()
+            .filter_map(|p| p.held.next_due())
+            .min()
+    }
+
+    /// Moves the engine outputs in `scratch` to the outbox (shadow findings stay local).
+    fn queue_outputs(&mut self) {
+        // Outputs of the idle clock have no triggering message.
+        self.scratch_sources
+            .resize(self.scratch.len(), Source::default());
+        for (output, source) in self.scratch.drain(..).zip(self.scratch_sources.drain(..)) {
+            if let Some(record) =
+                outputs::record(&output, &source, &mut self.stats, &self.telemetry)
+            {
+                self.outbox.push(record);
+            }
+        }
+    }
+
+    /// Applies what is ready, then advances the clock of partitions that have been idle
+    /// (nothing applied or held), closing silent sessions.
+    pub(super) fn tick_idle(&mut self) {
+        self.apply_ready();
+        let idle_after = self.config.kafka.idle_after;
+        for p in self.partitions.values_mut() {
+            if !p.held.is_empty() {
+                continue;
+            }
+            let idle = p.last_event_wall.elapsed();
+            let Some(clock) = p.clock_at_last_event else {
+                continue;
+            };
+            if idle < idle_after {
+                continue;
+            }
+            let before = self.scratch.len();
+            p.engine.advance_clock(
+                clock.saturating_add(idle.as_millis() as i64),
+                &mut self.scratch,
+            );
+            if self.scratch.len() > before {
+                p.dirty = true;
+            }
+        }
+        self.queue_outputs();
+    }
+
+    /// Messages waiting on the broker behind what this worker applied, by the client's
+    /// cached high watermarks (no request).
+    /// Also sets the per-partition lag gauge.
+    pub(super) fn lag(&self, consumer: &BaseConsumer<RebalanceHandler>) -> i64 {
+        let mut lag = 0;
+        for (&partition, p) in &self.partitions {
+            for (topic, applied) in &p.applied {
+                if let Some(high) = cached_high_watermark(consumer.client(), topic, partition) {
+                    let behind = (high - applied - 1).max(0);
+                    lag += behind;
+                    self.telemetry
+                        .metrics
+                        .consumer_lag
+                        .with_label_values(&[&**topic, &partition.to_string()])
+                        .set(behind);
+                }
+            }
+        }
+        lag
+    }
+
+    /// Drops the batch in hand after the group fenced our transaction: the in-memory
+    /// state of every partition goes (it is loaded again from sled and the changelog on
+    /// the next event) and the consumer is moved back to the group's committed offsets,
+    /// which are where the last committed transaction left them.
+    pub(super) fn rewind(&mut self, consumer: &BaseConsumer<RebalanceHandler>) {
+        warn!(partitions = ?self.partitions.keys().collect::<Vec<_>>(), "consumer group moved on during the transaction; dropping the batch and reading it again");
+        self.outbox.clear();
+        self.polled.clear();
+        self.partitions.clear();
+        self.outbox.forget_changelog_positions();
+        let Ok(assigned) = consumer.assignment() else {
+            return;
+        };
+        let committed = consumer
+            .committed_offsets(assigned.clone(), TRANSACTION_CALL_TIMEOUT)
+            .unwrap_or(assigned);
+        for e in committed.elements() {
+            let to = match e.offset() {
+                Offset::Offset(o) => Offset::Offset(o),
+                _ => Offset::Beginning,
+            };
+            if let Err(error) = consumer.seek(e.topic(), e.partition(), to, Duration::from_secs(10))
+            {
+                // A partition that is no longer ours starts from the committed offset anyway.
+                debug!(topic = e.topic(), partition = e.partition(), %error, "cannot seek back");
+            }
+        }
+    }
+
+    /// Takes every changed partition's changes (sessions + offsets, one batch each) and
+    /// the offsets to commit once they are stored.
+    fn take_changes(&mut self) -> (Vec<(i32, StoreBatch)>, TopicPartitionList) {
+        let mut batches = Vec::new();
+        let mut commit = TopicPartitionList::new();
+        for (&partition, p) in self.partitions.iter_mut().filter(|(_, p)| p.dirty) {
+            let offsets: Vec<(String, i64)> = p
+                .applied
+                .iter()
+                .map(|(t, o)| (format!("{t}/{partition}"), *o))
+                .collect();
+            if let Some(batch) = p.engine.take_changes(&offsets) {
+                batches.push((partition, batch));
+            }
+            p.dirty = false;
+            for (t, o) in &p.applied {
+                let _ = commit.add_partition_offset(t, partition, Offset::Offset(o + 1));
+            }
+        }
+        (batches, commit)
+    }
+
+    /// Stores the batches (one atomic sled batch per partition) and flushes the database.
+    fn store(&mut self, batches: Vec<(i32, StoreBatch)>) -> Result<(), PipelineError> {
+        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
+        let positions = self.outbox.take_changelog_positions();
+        let stored_any = !batches.is_empty();
+        for (partition, mut batch) in batches {
+            if let Some(o) = positions.get(&partition) {
+                batch.offsets.push((CHANGELOG_POSITION.to_string(), *o));
+            }
+            let Some(p) = self.partitions.get_mut(&partition) else {
+                continue;
+            };
+            loop {
+                match p.store.commit(batch.clone()) {
+                    Ok(()) => break,
+                    Err(StoreError::Io(e)) => {
+                        error!(partition, error = %e, "state store write failed; retrying");
+                        if self.shutdown.is_triggered() {
+                            return Err(StoreError::Io(e).into());
+                        }
+                        backoff.sleep();
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        if stored_any {
+            self.db.flush().map_err(StoreError::Io)?;
+        }
+        Ok(())
+    }
+
+    /// Brings the process-wide gauges up to date with this worker's share: open
+    /// sessions, assigned partitions, per-partition lag, and (every 10 s) the state
+    /// directory's size.
+    pub(super) fn report_gauges(&mut self) {
+        let metrics = &self.telemetry.metrics;
+        let sessions: i64 = self
+            .partitions
+            .values()
+            .map(|p| p.engine.open_sessions() as i64)
+            .sum();
+        metrics.sessions_open.add(sessions - self.reported_sessions);
+        self.reported_sessions = sessions;
+        let partitions = self.partitions.len() as i64;
+        metrics
+            .partitions_assigned
+            .add(partitions - self.reported_partitions);
+        self.reported_partitions = partitions;
+        if self
+            .store_size_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
+            if let Ok(bytes) = self.db.size_on_disk() {
+                metrics.state_store_bytes.set(bytes as i64);
+            }
+            self.store_size_at = Some(Instant::now());
+        }
+    }
+
+    /// Ends a batch, as a recipe: apply what is ready, take the changes, make them
+    /// durable the delivery mode's way, then record how long each step took.
+    /// at_least_once: deliver (findings, changelog records, then their commit records),
+    /// store, commit the offsets. exactly_once: one transaction (findings, changelog,
+    /// offsets), then store.
+    pub(super) fn finish_batch(
+        &mut self,
+        consumer: &BaseConsumer<RebalanceHandler>,
+        mode: CommitMode,
+    ) -> Result<(), PipelineError> {
+        self.apply_ready();
+        let (batches, offsets) = self.take_changes();
+        let finding_sources: Vec<i64> = self
+            .outbox
+            .records
+            .iter()
+            .filter_map(|r| r.source_ms)
+            .collect();
+        let started = Instant::now();
+        if !self.deliver(consumer, &batches, &offsets)? {
+            // The group moved on: the batch is dropped and read again by the new owner.
+            self.rewind(consumer);
+            self.report_gauges();
+            return Ok(());
+        }
+        let delivered = Instant::now();
+        let now = now_ms();
+        let telemetry = self.telemetry.clone();
+        let metrics = &telemetry.metrics;
+        for source in finding_sources {
+            metrics
+                .produce_to_finding_latency
+                .observe((now - source).max(0) as f64 / 1e3);
+        }
+        let stored_any = !batches.is_empty();
+        self.store(batches)?;
+        let stored = Instant::now();
+        let commit_offsets =
+            matches!(self.commit, Commit::AtLeastOnce { .. }) && offsets.count() > 0;
+        if commit_offsets {
+            if let Err(e) = consumer.commit(&offsets, mode) {
+                // sled holds the truth: a lost commit only means re-reading and skipping.
+                warn!(error = %e, "offset commit failed; the stored offsets still hold");
+            }
+        }
+        let done = Instant::now();
+        let stage = |name: &str, took: Duration| {
+            metrics
+                .batch_stages
+                .with_label_values(&[name])
+                .observe(took.as_secs_f64())
+        };
+        stage("apply", std::mem::take(&mut self.applying));
+        stage("deliver", delivered - started);
+        if stored_any {
+            stage("store", stored - delivered);
+            metrics
+                .flush_duration
+                .observe((stored - delivered).as_secs_f64());
+        }
+        if commit_offsets {
+            stage("commit", done - stored);
+            metrics
+                .commit_duration
+                .observe((done - stored).as_secs_f64());
+        }
+        for polled in self.polled.drain(..) {
+            metrics
+                .processing_latency
+                .observe((done - polled).as_secs_f64());
+        }
+        self.stats.batches += 1;
+        metrics.batches.inc();
+        debug!(
+            deliver_ms = (delivered - started).as_secs_f64() * 1e3,
+            store_ms = (stored - delivered).as_secs_f64() * 1e3,
+            commit_ms = (done - stored).as_secs_f64() * 1e3,
+            "batch finished"
+        );
+        self.report_gauges();
+        Ok(())
+    }
+
+    /// Puts the batch on the broker the delivery mode's way; `false` when a transaction
+    /// found the group moved on (the batch must be dropped).
+    fn deliver(
+        &mut self,
+        consumer: &BaseConsumer<RebalanceHandler>,
+        batches: &[(i32, StoreBatch)],
+        offsets: &TopicPartitionList,
+    ) -> Result<bool, PipelineError> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
+        let deadline = |outbox: &Outbox, b: &Backoff| PipelineError::deadline(b, outbox.len());
+        let metrics = self.telemetry.clone();
+        let batch = self.batch_ids.next();
+        match &self.commit {
+            Commit::AtLeastOnce { changelog } => {
+                if *changelog {
+                    // Findings, session records and commit records in one produce round.
+                    changelog::queue(&mut self.outbox, batches, batch);
+                }
+                let late = self
+                    .outbox
+                    .deliver(&mut backoff)
+                    .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
+                if !late.is_empty() {
+                    // A record went again after its commit record: so does the commit.
+                    changelog::queue_commits(&mut self.outbox, batches, batch, |p| {
+                        late.contains(&p)
+                    });
+                    self.outbox
+                        .deliver(&mut backoff)
+                        .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
+                }
+                metrics
+                    .metrics
+                    .delivery_duration
+                    .observe(started.elapsed().as_secs_f64());
+                Ok(true)
+            }
+            Commit::ExactlyOnce(transaction) => {
+                // The transaction makes the batch atomic; the commit records still mark
+                // where each batch ends, so one restore path serves both modes.
+                changelog::queue(&mut self.outbox, batches, batch);
+                let committed =
+                    transaction.commit(&mut self.outbox, consumer, offsets, &mut backoff)?;
+                metrics
+                    .metrics
+                    .commit_duration
+                    .observe(started.elapsed().as_secs_f64());
+                Ok(committed)
+            }
+        }
+    }
+}

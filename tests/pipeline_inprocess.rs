@@ -1,0 +1,309 @@
+//! The pipeline in-process on the embedded broker (librdkafka's mock cluster): the middle
+//! test layer, fast enough to run on every change (no broker to install, no subprocess).
+//! What it shows: a batch is delivered, stored and committed (a restart re-reads nothing
+//! and re-emits nothing); the changelog rebuilds a fresh state directory; two members of
+//! the group share the partitions and together find what `replay` finds; bad messages are
+//! dead-lettered with their reason. Transactions, pause/resume, SIGKILL and several
+//! processes stay in `tests/pipeline.rs` against Tansu (the mock cluster does not show
+//! them faithfully).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::*;
+use loopwarden::config::Config;
+use loopwarden::kafka::embedded::EmbeddedBroker;
+use loopwarden::pipeline::{run, PipelineError, RunStats};
+use loopwarden::shutdown::Shutdown;
+use loopwarden::store::{open_db, SledStore, StateStore};
+use rdkafka::message::OwnedMessage;
+
+const PARTITIONS: i32 = 3;
+
+/// A mock cluster with fresh topics, and configs for instances of one deployment.
+struct Cluster {
+    broker: EmbeddedBroker,
+    topics: Topics,
+    dir: tempfile::TempDir,
+    group: String,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let topics = Topics::named();
+        let broker = EmbeddedBroker::start(&[], 1).unwrap();
+        for (name, partitions) in topics.layout(PARTITIONS) {
+            broker.create_topic(name, partitions).unwrap();
+        }
+        // The mock cluster does not take topic creation through the admin API, which is
+        // how `run` creates the changelog elsewhere.
+        broker.create_topic(&topics.changelog, PARTITIONS).unwrap();
+        Cluster {
+            broker,
+            topics,
+            dir: tempfile::tempdir().unwrap(),
+            group: unique("g"),
+        }
+    }
+
+    fn brokers(&self) -> String {
+        self.broker.bootstrap_servers().to_string()
+    }
+
+    /// The config of instance `name` (its own state directory), with `extra` TOML.
+    fn config(&self, name: &str, extra: &str) -> Arc<Config> {
+        let home = self.dir.path().join(name);
+        std::fs::create_dir_all(&home).unwrap();
+        let path = write_config(&home, &self.brokers(), &self.topics, extra);
+        // One group for every instance of the deployment.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("group_id = ") {
+                    format!("group_id = \"{}\"", self.group)
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&path, text).unwrap();
+        Arc::new(Config::load(&path, std::iter::empty()).unwrap())
+    }
+
+    fn produce(&self, events: &[Vec<u8>]) {
+        produce(&self.brokers(), &self.topics.input, events, &[]);
+    }
+
+    fn read(&self, topic: &str, min: usize) -> Vec<OwnedMessage> {
+        read_topic(
+            &self.brokers(),
+            topic,
+            min,
+            Duration::from_secs(30),
+            Duration::from_millis(300),
+        )
+    }
+}
+
+/// `run` on its own thread, stopped by [`Running::stop`].
+struct Running {
+    shutdown: Shutdown,
+    thread: JoinHandle<Result<RunStats, PipelineError>>,
+}
+
+impl Running {
+    fn start(config: Arc<Config>, brokers: String) -> Running {
+        let shutdown = Shutdown::new();
+        let thread = {
+            let shutdown = shutdown.clone();
+            std::thread::spawn(move || run(config, &brokers, shutdown))
+        };
+        Running { shutdown, thread }
+    }
+
+    fn stop(self) -> RunStats {
+        self.shutdown.trigger();
+        self.thread.join().unwrap().unwrap()
+    }
+}
+
+/// What replay finds in `events`: the finding keys, and the terminations' event ids.
+fn replayed(config: &Arc<Config>, events: &[Vec<u8>]) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut findings = BTreeSet::new();
+    let mut terminations = BTreeSet::new();
+    for v in replay(config.clone(), events) {
+        match v["type"].as_str().unwrap() {
+            "session.summary" => {}
+            t => {
+                findings.insert(finding_key(&v));
+                if t == "session.terminated" {
+                    terminations.insert(v["event_id"].as_str().unwrap().to_string());
+                }
+            }
+        }
+    }
+    (findings, terminations)
+}
+
+fn event_ids(msgs: &[OwnedMessage]) -> Vec<String> {
+    msgs.iter()
+        .map(|m| json(m)["event_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Each partition's applied offset of `topic` as stored in `state`.
+fn stored_offsets(state: &Path, topic: &str) -> Vec<Option<i64>> {
+    let db = open_db(state).unwrap();
+    (0..PARTITIONS)
+        .map(|p| {
+            SledStore::partition(&db, p)
+                .unwrap()
+                .offset(&format!("{topic}/{p}"))
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_batch_is_delivered_stored_and_committed_and_a_restart_re_reads_nothing() {
+    let cluster = Cluster::start();
+    let config = cluster.config("a", "");
+    let (events, _) = fleet(60, 0.5, 3);
+    let (_, want) = replayed(&config, &events);
+    assert!(want.len() > 10, "the fleet loops");
+    cluster.produce(&events);
+
+    let running = Running::start(config.clone(), cluster.brokers());
+    let terminated = cluster.read(&cluster.topics.terminated, want.len());
+    let stats = running.stop();
+    let got: BTreeSet<String> = event_ids(&terminated).into_iter().collect();
+    assert_eq!(got, want, "terminations differ from replay");
+    assert_eq!(terminated.len(), want.len(), "each termination once");
+    assert_eq!(stats.events, events.len() as u64);
+
+    // Stored: every partition's last offset; committed: the next one, for the group.
+    let stored = stored_offsets(&config.state_path, &cluster.topics.input);
+    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
+    let ends: Vec<Option<i64>> = stored.iter().map(|o| o.map(|o| o + 1)).collect();
+    assert_eq!(committed, ends, "group offsets = stored offsets + 1");
+    assert_eq!(
+        stored.iter().flatten().map(|o| o + 1).sum::<i64>(),
+        events.len() as i64,
+        "every event stored as applied"
+    );
+
+    // A restart reads from the committed offsets: nothing to apply, nothing re-emitted.
+    let again = Running::start(config, cluster.brokers());
+    std::thread::sleep(Duration::from_secs(2));
+    let stats = again.stop();
+    assert_eq!((stats.events, stats.skipped, stats.terminations), (0, 0, 0));
+    assert_eq!(
+        cluster.read(&cluster.topics.terminated, 0).len(),
+        want.len(),
+        "nothing re-emitted"
+    );
+}
+
+#[test]
+fn the_changelog_rebuilds_a_fresh_state_directory() {
+    let cluster = Cluster::start();
+    let a = cluster.config("a", "");
+    // Sessions that stay open (no session.completed): their state lives only in the
+    // engine, sled and the changelog when A stops.
+    let (events, _) = fleet(40, 0.0, 8);
+    let open: Vec<Vec<u8>> = events
+        .into_iter()
+        .filter(|e| !String::from_utf8_lossy(e).contains("session.completed"))
+        .collect();
+    cluster.produce(&open[..open.len() / 2]);
+    let running = Running::start(a.clone(), cluster.brokers());
+    cluster.read(&cluster.topics.warning, 0);
+    let first = running.stop();
+    assert_eq!(first.events, (open.len() / 2) as u64);
+
+    // B: same group, empty disk. It restores the sessions, then takes the rest.
+    let b = cluster.config("b", "");
+    cluster.produce(&open[open.len() / 2..]);
+    let running = Running::start(b.clone(), cluster.brokers());
+    std::thread::sleep(Duration::from_secs(3));
+    let second = running.stop();
+    assert!(second.restored_records > 0, "restored from the changelog");
+    assert_eq!(second.events, (open.len() - open.len() / 2) as u64);
+    assert_eq!(second.skipped, 0, "resumed at the restored offsets");
+    assert_eq!(
+        stored_offsets(&b.state_path, &cluster.topics.input),
+        stored_offsets(&a.state_path, &cluster.topics.input)
+            .iter()
+            .zip(committed_offsets(
+                &cluster.brokers(),
+                &cluster.group,
+                &cluster.topics.input
+            ))
+            .map(|(_, c)| c.map(|c| c - 1))
+            .collect::<Vec<_>>(),
+        "B stored what the group committed"
+    );
+    // One engine over the whole stream finds what A then B found.
+    let (want, _) = replayed(&a, &open);
+    let got: BTreeSet<String> = cluster
+        .read(&cluster.topics.warning, 0)
+        .iter()
+        .chain(cluster.read(&cluster.topics.terminated, 0).iter())
+        .map(|m| finding_key(&json(m)))
+        .collect();
+    assert_eq!(
+        got, want,
+        "findings across the hand-over differ from replay"
+    );
+}
+
+#[test]
+fn two_group_members_share_the_partitions_and_find_what_replay_finds() {
+    let cluster = Cluster::start();
+    let config = cluster.config("a", "");
+    let (events, _) = fleet(80, 0.5, 21);
+    let (want, terminations) = replayed(&config, &events);
+    let first_half = events.len() / 2;
+    cluster.produce(&events[..first_half]);
+    let one = Running::start(config.clone(), cluster.brokers());
+    std::thread::sleep(Duration::from_millis(1500));
+    // A second member joins mid-stream (its own state directory): the partitions are
+    // rebalanced, the first stores what it gives up, the second restores it.
+    let other = Running::start(cluster.config("b", ""), cluster.brokers());
+    cluster.produce(&events[first_half..]);
+    let terminated = cluster.read(&cluster.topics.terminated, terminations.len());
+    let warnings = cluster.read(&cluster.topics.warning, 1);
+    let (s1, s2) = (one.stop(), other.stop());
+    assert_eq!(
+        s1.events + s2.events,
+        events.len() as u64,
+        "every event applied once between the two"
+    );
+    let got: BTreeSet<String> = terminated
+        .iter()
+        .chain(warnings.iter())
+        .map(|m| finding_key(&json(m)))
+        .collect();
+    assert_eq!(got, want, "findings differ from replay");
+}
+
+#[test]
+fn bad_messages_are_dead_lettered_with_their_reason() {
+    let cluster = Cluster::start();
+    let config = cluster.config("a", "");
+    let bad = vec![
+        b"{not json".to_vec(),
+        br#"{"type":"tool.called","session_id":"s-1"}"#.to_vec(),
+    ];
+    let (events, _) = fleet(5, 0.0, 2);
+    cluster.produce(&bad);
+    cluster.produce(&events);
+    let running = Running::start(config, cluster.brokers());
+    let dead = cluster.read(&cluster.topics.dlq, 2);
+    let summaries = cluster.read(&cluster.topics.summary, 5);
+    let stats = running.stop();
+    assert_eq!(stats.dead_lettered, 2);
+    assert_eq!(summaries.len(), 5, "the partitions flowed on");
+    let reasons: BTreeSet<String> = dead
+        .iter()
+        .map(|m| header(m, "loopwarden.error.reason").unwrap())
+        .collect();
+    assert_eq!(
+        reasons,
+        BTreeSet::from(["invalid_json".to_string(), "missing_field".to_string()])
+    );
+    for m in &dead {
+        assert_eq!(
+            header(m, "loopwarden.source.topic").as_deref(),
+            Some(cluster.topics.input.as_str())
+        );
+        assert!(header(m, "loopwarden.error.message").is_some());
+    }
+}
