@@ -516,10 +516,20 @@ impl Assembler {
             self.uncommitted += 1;
             return Ok(());
         }
-        let mut changes = StoreBatch::default();
+        // The last copy of each key, in the order the keys first came.
+        let mut last: FxHashMap<String, usize> = FxHashMap::default();
+        let mut order: Vec<(String, Option<Vec<u8>>)> = Vec::new();
         for (_, key, state) in records.into_iter().filter(|(b, _, _)| *b == batch) {
-            changes.puts.retain(|(k, _)| *k != key);
-            changes.deletes.retain(|k| *k != key);
+            match last.get(&key) {
+                Some(&i) => order[i].1 = state,
+                None => {
+                    last.insert(key.clone(), order.len());
+                    order.push((key, state));
+                }
+            }
+        }
+        let mut changes = StoreBatch::default();
+        for (key, state) in order {
             match state {
                 Some(state) => changes.puts.push((key, state)),
                 None => changes.deletes.push(key),
@@ -670,7 +680,7 @@ mod tests {
         // The last copy of a key wins; batch 7's record is gone.
         assert_eq!(
             keys(&stored.0[0]),
-            vec![("c", &b"C"[..]), ("a", &b"A2"[..])]
+            vec![("a", &b"A2"[..]), ("c", &b"C"[..])]
         );
     }
 
