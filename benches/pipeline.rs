@@ -164,6 +164,8 @@ impl Cluster {
                 for (name, n) in t.layout(partitions) {
                     e.create_topic(name, n).unwrap();
                 }
+                // The mock cluster does not take topic creation through the admin API.
+                e.create_topic(&t.changelog, partitions).unwrap();
                 t
             }
         }
