@@ -26,8 +26,23 @@ pub const DEFAULT_SESSION_GAP_SECS: u64 = 30 * 60;
 pub const DEFAULT_STATE_PATH: &str = "./loopwarden-state";
 /// Environment variables with this prefix override file keys (`__` separates levels).
 pub const ENV_PREFIX: &str = "LOOPWARDEN_";
-/// Environment variables under the prefix that are not config keys.
-pub const RESERVED_ENV: &[&str] = &["LOOPWARDEN_CONFIG", "LOOPWARDEN_LOG_FORMAT"];
+/// Environment variables under the prefix that are not config keys: the command line's
+/// own (`--config`, `--log-format`, `--threads`) and the development tools' (broker and
+/// promtool scripts, tests, benchmarks), so that setting one never fails a command.
+pub const RESERVED_ENV: &[&str] = &[
+    "LOOPWARDEN_CONFIG",
+    "LOOPWARDEN_LOG_FORMAT",
+    "LOOPWARDEN_THREADS",
+    "LOOPWARDEN_BROKER_PORT",
+    "LOOPWARDEN_BROKER_DIR",
+    "LOOPWARDEN_PROMTOOL_DIR",
+    "LOOPWARDEN_DEBIAN_MIRROR",
+    "LOOPWARDEN_TEST_BROKERS",
+    "LOOPWARDEN_CRASH_SEED",
+    "LOOPWARDEN_RECORD_REPLAY",
+];
+/// Prefix of the benchmarks' variables (`LOOPWARDEN_BENCH_RATE`, …), not config keys.
+pub const RESERVED_ENV_PREFIX: &str = "LOOPWARDEN_BENCH_";
 
 /// Default globs of tools that wait on something (DESIGN §3).
 pub const DEFAULT_POLL_GLOBS: &[&str] = &["*status*", "*poll*", "*wait*", "*sleep*", "process.log"];
@@ -309,7 +324,10 @@ fn apply_env(
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
             continue;
         };
-        if RESERVED_ENV.contains(&name.as_str()) || rest.is_empty() {
+        if RESERVED_ENV.contains(&name.as_str())
+            || name.starts_with(RESERVED_ENV_PREFIX)
+            || rest.is_empty()
+        {
             continue;
         }
         let path: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
@@ -1057,6 +1075,9 @@ mod tests {
             ),
             ("LOOPWARDEN_MODE".to_string(), "shadow".to_string()),
             ("LOOPWARDEN_CONFIG".to_string(), "/ignored".to_string()),
+            ("LOOPWARDEN_THREADS".to_string(), "4".to_string()),
+            ("LOOPWARDEN_BROKER_PORT".to_string(), "19192".to_string()),
+            ("LOOPWARDEN_BENCH_RATE".to_string(), "5000".to_string()),
             ("OTHER".to_string(), "x".to_string()),
         ];
         let c = Config::from_toml_str(
