@@ -10,7 +10,9 @@
 //!    are retried with backoff, never dropped (`outbox`; in exactly_once one transaction
 //!    holds outputs, changelog and offsets: `commit`);
 //! 3. store: each changed partition writes its session states and its applied offsets in
-//!    one atomic sled batch, then the database is flushed to disk;
+//!    one atomic sled batch; without the changelog the database is flushed to disk here,
+//!    with it sled flushes in the background (the changelog already holds the batch, and
+//!    a restart restores from it what sled had not written);
 //! 4. commit: the consumer group's offsets are committed.
 //!
 //! A crash between any two steps loses nothing: events after the stored offset are
@@ -307,7 +309,9 @@ fn run_worker(
 
     let result = consume(&consumer, &settings, &shutdown);
     let mut w = lock(&consumer.context().worker);
-    let result = result.and_then(|()| w.finish_batch(&consumer, CommitMode::Sync));
+    let result = result
+        .and_then(|()| w.finish_batch(&consumer, CommitMode::Sync))
+        .and_then(|()| w.flush_store());
     let held = w.held();
     if held > 0 {
         // Applying them now could put them before an event of another topic still on
