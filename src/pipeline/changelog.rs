@@ -385,6 +385,15 @@ impl Restorer {
     }
 }
 
+/// What a session record says.
+enum Change {
+    Put(Vec<u8>),
+    Delete,
+    /// A state of another format (an upgrade): it counts towards its batch being whole,
+    /// but is not restored (the session starts anew).
+    Skip,
+}
+
 /// Puts changelog records together into whole batches and stores each one.
 #[derive(Default)]
 struct Assembler {
@@ -395,7 +404,7 @@ struct Assembler {
     committed: Option<FxHashMap<String, i64>>,
     /// Session records since the last applied batch, with their batch id (`None`: the
     /// earlier format).
-    records: Vec<(Option<u64>, String, Option<Vec<u8>>)>,
+    records: Vec<(Option<u64>, String, Change)>,
     applied: u64,
     session_records: u64,
     uncommitted: u64,
@@ -462,15 +471,16 @@ impl Assembler {
                 }
             }
             b"session" => {
-                if m.payload.is_some()
-                    && m.format.unwrap_or(b"1") != STATE_FORMAT.to_string().as_bytes()
-                {
-                    self.other_format += 1;
-                    return Ok(());
-                }
+                let change = match m.payload {
+                    Some(_) if m.format.unwrap_or(b"1") != STATE_FORMAT.to_string().as_bytes() => {
+                        self.other_format += 1;
+                        Change::Skip
+                    }
+                    Some(state) => Change::Put(state.to_vec()),
+                    None => Change::Delete,
+                };
                 let key = String::from_utf8_lossy(m.key).into_owned();
-                self.records
-                    .push((batch, key, m.payload.map(<[u8]>::to_vec)));
+                self.records.push((batch, key, change));
             }
             other => warn!(
                 partition = self.partition,
@@ -518,7 +528,7 @@ impl Assembler {
         }
         // The last copy of each key, in the order the keys first came.
         let mut last: FxHashMap<String, usize> = FxHashMap::default();
-        let mut order: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+        let mut order: Vec<(String, Change)> = Vec::new();
         for (_, key, state) in records.into_iter().filter(|(b, _, _)| *b == batch) {
             match last.get(&key) {
                 Some(&i) => order[i].1 = state,
@@ -529,10 +539,11 @@ impl Assembler {
             }
         }
         let mut changes = StoreBatch::default();
-        for (key, state) in order {
-            match state {
-                Some(state) => changes.puts.push((key, state)),
-                None => changes.deletes.push(key),
+        for (key, change) in order {
+            match change {
+                Change::Put(state) => changes.puts.push((key, state)),
+                Change::Delete => changes.deletes.push(key),
+                Change::Skip => {}
             }
         }
         changes.offsets.extend(offsets);
@@ -569,14 +580,18 @@ mod tests {
         }
     }
 
-    const FORMAT: &[u8] = b"";
+    /// The current state format, as the header carries it.
+    fn current() -> &'static [u8] {
+        static FORMAT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        FORMAT.get_or_init(|| STATE_FORMAT.to_string()).as_bytes()
+    }
 
     fn session<'a>(offset: i64, batch: u64, key: &'a str, state: &'a [u8]) -> Entry<'a> {
         Entry {
             offset,
             kind: b"session",
             batch: Some(batch),
-            format: Some(FORMAT),
+            format: Some(current()),
             key: key.as_bytes(),
             payload: Some(state),
         }
@@ -617,12 +632,12 @@ mod tests {
 
     #[test]
     fn a_batch_counts_at_its_commit_record() {
-        let format = STATE_FORMAT.to_string();
-        let fmt = format.as_bytes();
         let mut v = Vec::new();
-        let mut entries = vec![session(0, 7, "a", b"A"), session(1, 7, "b", b"B")];
-        entries.iter_mut().for_each(|e| e.format = Some(fmt));
-        entries.push(commit(2, 7, 2, &mut v));
+        let entries = vec![
+            session(0, 7, "a", b"A"),
+            session(1, 7, "b", b"B"),
+            commit(2, 7, 2, &mut v),
+        ];
         let (a, stored) = feed(entries);
         assert_eq!(stored.0.len(), 1);
         assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..]), ("b", &b"B"[..])]);
@@ -635,10 +650,8 @@ mod tests {
 
     #[test]
     fn a_record_sent_again_after_its_commit_counts_at_the_commit_sent_after_it() {
-        let format = STATE_FORMAT.to_string();
-        let fmt = format.as_bytes();
         let (mut v1, mut v2) = (Vec::new(), Vec::new());
-        let mut entries = vec![
+        let entries = vec![
             session(0, 7, "a", b"A"),
             // "b" failed the first time: the commit comes before it...
             commit(1, 7, 2, &mut v1),
@@ -646,9 +659,6 @@ mod tests {
             // ...and is sent again after it.
             commit(3, 7, 2, &mut v2),
         ];
-        for e in entries.iter_mut().filter(|e| e.kind == b"session") {
-            e.format = Some(fmt);
-        }
         let (a, stored) = feed(entries);
         assert_eq!((a.applied, a.incomplete), (1, 1));
         assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..]), ("b", &b"B"[..])]);
@@ -659,10 +669,8 @@ mod tests {
 
     #[test]
     fn records_of_a_batch_that_never_completed_are_dropped_at_the_next_commit() {
-        let format = STATE_FORMAT.to_string();
-        let fmt = format.as_bytes();
         let (mut v1, mut v2) = (Vec::new(), Vec::new());
-        let mut entries = vec![
+        let entries = vec![
             // Batch 7 died with one of its two records written (its commit too early).
             session(0, 7, "a", b"stale"),
             commit(1, 7, 2, &mut v1),
@@ -672,9 +680,6 @@ mod tests {
             session(4, 9, "a", b"A2"),
             commit(5, 9, 2, &mut v2),
         ];
-        for e in entries.iter_mut().filter(|e| e.kind == b"session") {
-            e.format = Some(fmt);
-        }
         let (_, stored) = feed(entries);
         assert_eq!(stored.0.len(), 1);
         // The last copy of a key wins; batch 7's record is gone.
@@ -686,12 +691,10 @@ mod tests {
 
     #[test]
     fn the_earlier_format_is_still_read_and_other_state_formats_are_skipped() {
-        let format = STATE_FORMAT.to_string();
         let legacy_commit = serde_json::to_vec(&vec![("in/0", 41)]).unwrap();
         let entries = vec![
             Entry {
                 batch: None,
-                format: Some(format.as_bytes()),
                 ..session(0, 0, "a", b"A")
             },
             Entry {
@@ -719,6 +722,23 @@ mod tests {
         assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..])]);
         assert_eq!(stored.0[0].deletes, vec!["closed".to_string()]);
         assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 41)));
+    }
+
+    #[test]
+    fn a_state_of_another_format_still_makes_its_batch_whole() {
+        let mut v = Vec::new();
+        let entries = vec![
+            session(0, 7, "a", b"A"),
+            Entry {
+                format: Some(b"0"),
+                ..session(1, 7, "old", b"other format")
+            },
+            commit(2, 7, 2, &mut v),
+        ];
+        let (a, stored) = feed(entries);
+        assert_eq!((a.applied, a.other_format, a.incomplete), (1, 1, 0));
+        assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..])]);
+        assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 20)));
     }
 
     #[test]
