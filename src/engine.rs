@@ -570,7 +570,8 @@ fn apply(
         slot.policy = work.policy(key, st.tenant.as_deref(), st.agent_id.as_deref());
         slot.policy_key = key;
     }
-    match &event.body {
+    // The event's context for the detectors, and the tool override's policy if any.
+    let (ctx, tool_policy) = match &event.body {
         EventBody::LlmCall(call) => {
             let is_turn = call.call_kind == CallKind::Turn;
             let is_compaction = call.call_kind == CallKind::Compaction;
@@ -597,16 +598,7 @@ fn apply(
                 has_text,
                 chant,
             });
-            judge(
-                &work.order_llm,
-                &mut slot.state,
-                policy,
-                event,
-                meta,
-                event_ms,
-                &ctx,
-                out,
-            );
+            (ctx, None)
         }
         EventBody::ToolCall(call) => {
             let (obs, has_action) = work.tool_observation(call);
@@ -626,31 +618,27 @@ fn apply(
                 obs,
                 facts,
             });
-            judge(
-                &work.order_tool,
-                &mut slot.state,
-                policy,
-                event,
-                meta,
-                event_ms,
-                &ctx,
-                out,
-            );
+            (ctx, tool_policy)
         }
-        EventBody::SessionStarted => {
-            judge(
-                &work.order_other,
-                &mut slot.state,
-                &slot.policy,
-                event,
-                meta,
-                event_ms,
-                &Context::Other,
-                out,
-            );
-        }
-        EventBody::SessionCompleted(_) => {}
-    }
+        EventBody::SessionStarted => (Context::Other, None),
+        EventBody::SessionCompleted(_) => return,
+    };
+    let policy: &Policy = tool_policy.as_deref().unwrap_or(&slot.policy);
+    let order = match ctx {
+        Context::Llm(_) => &work.order_llm,
+        Context::Tool(_) => &work.order_tool,
+        Context::Other => &work.order_other,
+    };
+    judge(
+        order,
+        &mut slot.state,
+        policy,
+        event,
+        meta,
+        event_ms,
+        &ctx,
+        out,
+    );
 }
 
 /// Runs every detector on the updated state and emits what crosses a new level.

@@ -133,6 +133,18 @@ fn assert_each_once_as_replay(
     duplicates
 }
 
+/// The finding keys of the terminations and warnings read from the bus.
+fn finding_keys(
+    terminated: &[rdkafka::message::OwnedMessage],
+    warnings: &[rdkafka::message::OwnedMessage],
+) -> BTreeSet<String> {
+    terminated
+        .iter()
+        .chain(warnings)
+        .map(|m| finding_key(&json(m)))
+        .collect()
+}
+
 fn values(msgs: &[rdkafka::message::OwnedMessage]) -> Vec<serde_json::Value> {
     msgs.iter().map(json).collect()
 }
@@ -181,11 +193,7 @@ fn findings_on_the_bus_match_replay() {
     let warnings = read_topic(&brokers, &topics.warning, 1, limit, Duration::from_secs(1));
     run.stop_gracefully();
 
-    let got: BTreeSet<String> = values(&terminated)
-        .iter()
-        .chain(values(&warnings).iter())
-        .map(finding_key)
-        .collect();
+    let got = finding_keys(&terminated, &warnings);
     assert_eq!(got, want.findings, "findings differ from replay");
     let copies = by_event_id(&values(&terminated));
     let twice: Vec<_> = copies
@@ -460,11 +468,7 @@ fn two_topics_out_of_step_and_killed_mid_batch_give_replays_findings() {
     let warnings = read_topic(&brokers, &topics.warning, 1, limit, Duration::from_secs(1));
     run.stop_gracefully();
     assert_each_once_as_replay(&want, &terminated, &summaries);
-    let got: BTreeSet<String> = values(&terminated)
-        .iter()
-        .chain(values(&warnings).iter())
-        .map(finding_key)
-        .collect();
+    let got = finding_keys(&terminated, &warnings);
     let missing: Vec<_> = want.findings.difference(&got).collect();
     let extra: Vec<_> = got.difference(&want.findings).collect();
     assert!(
@@ -749,11 +753,7 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
         "each event applied once"
     );
 
-    let got: BTreeSet<String> = values(&terminated)
-        .iter()
-        .chain(values(&warnings).iter())
-        .map(finding_key)
-        .collect();
+    let got = finding_keys(&terminated, &warnings);
     assert_eq!(
         got, want.findings,
         "findings across the handover differ from replay"
