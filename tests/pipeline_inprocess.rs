@@ -81,6 +81,23 @@ impl Cluster {
         produce(&self.brokers(), &self.topics.input, events, &[]);
     }
 
+    /// Waits (up to 60 s) until the group has committed `events` input offsets in all:
+    /// everything produced so far is applied, stored and committed.
+    fn wait_committed(&self, events: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let committed: i64 =
+                committed_offsets(&self.brokers(), &self.group, &self.topics.input)
+                    .into_iter()
+                    .flatten()
+                    .sum();
+            if committed >= events as i64 || std::time::Instant::now() > deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn read(&self, topic: &str, min: usize) -> Vec<OwnedMessage> {
         read_topic(
             &self.brokers(),
@@ -204,7 +221,7 @@ fn the_changelog_rebuilds_a_fresh_state_directory() {
         .collect();
     cluster.produce(&open[..open.len() / 2]);
     let running = Running::start(a.clone(), cluster.brokers());
-    cluster.read(&cluster.topics.warning, 0);
+    cluster.wait_committed(open.len() / 2);
     let first = running.stop();
     assert_eq!(first.events, (open.len() / 2) as u64);
 
@@ -212,7 +229,7 @@ fn the_changelog_rebuilds_a_fresh_state_directory() {
     let b = cluster.config("b", "");
     cluster.produce(&open[open.len() / 2..]);
     let running = Running::start(b.clone(), cluster.brokers());
-    std::thread::sleep(Duration::from_secs(3));
+    cluster.wait_committed(open.len());
     let second = running.stop();
     assert!(second.restored_records > 0, "restored from the changelog");
     assert_eq!(second.events, (open.len() - open.len() / 2) as u64);
