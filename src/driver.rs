@@ -32,6 +32,9 @@ use crate::engine::{CloseAt, Engine, EventMeta};
 use crate::event::{parse_event, BadEvent, Event, ParseLimits};
 use crate::output::{ClosedBy, Output};
 
+/// Shards (engines) per worker thread when there is more than one thread.
+const SHARDS_PER_THREAD: usize = 4;
+
 /// Bytes read per batch by default (whole lines: a batch ends at the last line break).
 pub const BATCH_BYTES: usize = 1 << 20;
 
@@ -406,6 +409,14 @@ pub fn drive<S: Sink>(
     mut on_outputs: impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
 ) -> Result<(Read, Vec<S>), DriveError> {
     let threads = options.threads.max(1);
+    // More shards than threads: a shard's events run in order on one thread, so with
+    // one shard per thread the batch waits for the busiest; smaller shards let the
+    // threads even out (outputs are merged by place, whatever the count).
+    let shard_count = if threads > 1 {
+        threads * SHARDS_PER_THREAD
+    } else {
+        1
+    };
     let pool = (threads > 1)
         .then(|| {
             rayon::ThreadPoolBuilder::new()
@@ -417,7 +428,7 @@ pub fn drive<S: Sink>(
         .map_err(|e| DriveError::Read(std::io::Error::other(e)))?;
     let limits = config.limits;
     let keep = options.ordered_outputs;
-    let mut shards: Vec<Shard<S>> = (0..threads)
+    let mut shards: Vec<Shard<S>> = (0..shard_count)
         .map(|_| Shard {
             engine: Engine::new(config.clone()),
             sink: make_sink(),
@@ -440,7 +451,7 @@ pub fn drive<S: Sink>(
         let parsed = &batch.borrow_dependent().parsed;
         read.lines += parsed.len() as u64;
         let mut marks: Vec<Mark> = Vec::with_capacity(parsed.len());
-        let mut assigned: Vec<Vec<u32>> = vec![Vec::new(); threads];
+        let mut assigned: Vec<Vec<u32>> = vec![Vec::new(); shard_count];
         let mut stop = None;
         for (i, p) in parsed.iter().enumerate() {
             let line = first_line + i as u64;
@@ -457,7 +468,7 @@ pub fn drive<S: Sink>(
                         (None, None) => 0,
                     };
                     clock = Some(now);
-                    assigned[shard_of(&event.session_id, threads)].push(marks.len() as u32);
+                    assigned[shard_of(&event.session_id, shard_count)].push(marks.len() as u32);
                     marks.push(Mark {
                         index: i as u32,
                         line,
