@@ -9,6 +9,8 @@
 //! algorithms are written out here, not borrowed from a crate whose output could change
 //! with its version (the values live in stored session state).
 
+use crate::classes::{digits_and_words, eq2, spread8, Block, BLOCK};
+
 /// The multiplier of FxHash: odd, with well-spread bits.
 const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 
@@ -25,18 +27,6 @@ fn fold(h: u64) -> u32 {
 
 const LO: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = 0x8080_8080_8080_8080;
-
-/// The high bit of each byte of `x` that is an ASCII digit.
-#[inline]
-pub(crate) fn digit_bytes(x: u64) -> u64 {
-    // A byte is a digit when x ^ 0x30 < 10 (only 0x30..=0x39 map below 10), tested
-    // without carries between bytes: on 7-bit values, adding 0x76 sets the high bit
-    // exactly from 10 up.
-    let t = x ^ (0x30 * LO);
-    let low7 = t & !HI;
-    let ge10 = (low7 + 0x76 * LO) | t;
-    !ge10 & HI
-}
 
 /// The high bit of each byte of `x` that is zero (exact for every byte: no borrow
 /// crosses bytes).
@@ -149,62 +139,49 @@ impl Shape {
     /// Literal bytes (no escape sequence inside).
     #[inline]
     pub fn text(&mut self, bytes: &[u8]) {
-        // The state in locals: the loops below must not go through memory each byte.
-        let mut st = ShapeState {
-            hasher: self.hasher,
-            prev_word: self.prev_word,
-            prev_digit: self.prev_digit,
-        };
-        let mut rest = bytes;
-        while rest.len() >= 8 {
-            let w = load8(rest);
-            let digits = digit_bytes(w);
-            if digits == 0 {
-                st.hasher.word(w);
-                let last = rest[7];
-                st.prev_word = last.is_ascii_alphabetic() || last == b'_';
-                st.prev_digit = false;
-            } else if !st.has_lone_number(digits, word_bytes(w)) {
-                // Digits only inside words (`ident42`): kept as they are.
-                st.hasher.word(w);
-                let last = rest[7];
-                if last.is_ascii_digit() {
-                    st.prev_word = true;
-                    st.prev_digit = true;
-                } else {
-                    st.prev_word = last.is_ascii_alphabetic() || last == b'_';
-                    st.prev_digit = false;
-                }
-            } else {
-                st.chunk(&rest[..8]);
-            }
-            rest = &rest[8..];
+        let mut st = self.state();
+        let mut at = 0;
+        while at < bytes.len() {
+            let block = Block::at(bytes, at);
+            let (digits, words) = digits_and_words(&block.bytes);
+            st.block(&block, digits, words);
+            at += BLOCK;
         }
-        if !rest.is_empty() {
-            st.chunk(rest);
-        }
-        self.hasher = st.hasher;
-        self.prev_word = st.prev_word;
-        self.prev_digit = st.prev_digit;
+        self.keep(st);
     }
 
-    /// Canonical JSON text: escape sequences (`\n`, `\u001f`) separate, the rest is
-    /// literal.
+    /// Canonical JSON text: escape sequences (`\n`, `\u001f`) are hashed as they are
+    /// written and separate words, the rest is literal.
     pub fn json(&mut self, canonical: &[u8]) {
-        let mut i = 0;
-        while let Some(off) = memchr::memchr(b'\\', &canonical[i..]) {
-            let at = i + off;
-            self.text(&canonical[i..at]);
-            let len = if canonical.get(at + 1) == Some(&b'u') {
-                6
-            } else {
-                2
-            };
-            let end = (at + len).min(canonical.len());
-            self.escape(&canonical[at..end]);
-            i = end;
+        let mut st = self.state();
+        // The bytes of an escape that runs on past the end of its block.
+        let mut escape_carry = 0u64;
+        let mut at = 0;
+        while at < canonical.len() {
+            let block = Block::at(canonical, at);
+            let (digits, words) = digits_and_words(&block.bytes);
+            let (backslashes, _) = eq2(&block.bytes, b'\\', b'\\');
+            let mut escapes = escape_carry;
+            escape_carry = 0;
+            let mut starts = backslashes & block.valid & !escapes;
+            while starts != 0 {
+                let p = starts.trailing_zeros() as usize;
+                let len = if canonical.get(at + p + 1) == Some(&b'u') {
+                    6
+                } else {
+                    2
+                };
+                let span = ((1u128 << len) - 1) << p;
+                escapes |= span as u64;
+                escape_carry |= (span >> 64) as u64;
+                starts &= !(span as u64);
+            }
+            // An escape's bytes are neither digits nor word bytes: kept as written, and
+            // the byte after one starts afresh.
+            st.block(&block, digits & !escapes, words & !escapes);
+            at += BLOCK;
         }
-        self.text(&canonical[i..]);
+        self.keep(st);
     }
 
     /// An escape sequence (as written in JSON, `\n`, `\u00e9`): hashed, and a separator.
@@ -220,6 +197,23 @@ impl Shape {
     pub fn finish(self) -> u32 {
         fold(self.hasher.finish())
     }
+
+    // The state in locals while a text is read: the loops must not go through memory.
+    #[inline]
+    fn state(&self) -> ShapeState {
+        ShapeState {
+            hasher: self.hasher,
+            prev_word: self.prev_word,
+            prev_digit: self.prev_digit,
+        }
+    }
+
+    #[inline]
+    fn keep(&mut self, st: ShapeState) {
+        self.hasher = st.hasher;
+        self.prev_word = st.prev_word;
+        self.prev_digit = st.prev_digit;
+    }
 }
 
 struct ShapeState {
@@ -228,62 +222,56 @@ struct ShapeState {
     prev_digit: bool,
 }
 
-/// One bit per byte (bit i: byte i) from a mask with the high bit of each byte.
-#[inline]
-fn gather(mask: u64) -> u32 {
-    (((mask >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56) as u32
-}
-
-/// The high bit of each byte of `x` that continues a word: an ASCII letter or `_`.
-#[inline]
-fn word_bytes(x: u64) -> u64 {
-    let folded = (x | (0x20 * LO)) & !HI;
-    let ge_a = folded + (0x80 - b'a' as u64) * LO;
-    let gt_z = folded + (0x80 - b'z' as u64 - 1) * LO;
-    let letters = ge_a & !gt_z & !x & HI;
-    letters | zero_bytes(x ^ (b'_' as u64 * LO))
-}
-
 impl ShapeState {
-    /// Whether eight bytes hold a digit of a number that stands on its own: a run of
-    /// digits that starts after a byte that is not a letter or `_`, or continues such a
-    /// run from the bytes before.
+    /// One block, given its digits and word bytes: a number standing on its own (a run of
+    /// digits not right after a word byte) becomes one `0`, the digits of words stay.
     #[inline]
-    fn has_lone_number(&self, digits: u64, words: u64) -> bool {
-        let d = gather(digits);
-        let w = gather(words);
-        let d_before = (d << 1) | self.prev_digit as u32;
-        let w_before = (w << 1) | self.prev_word as u32;
-        let lone_starts = d & !d_before & !w_before;
-        let lone_continued = d & 1 != 0 && self.prev_digit && !self.prev_word;
-        lone_starts != 0 || lone_continued
-    }
-
-    /// Up to eight bytes, some of them digits: the kept bytes are gathered, then hashed
-    /// at once. Branch-free per byte (digits come at unpredictable places).
-    #[inline]
-    fn chunk(&mut self, chunk: &[u8]) {
-        let (mut kept, mut n) = (0u64, 0u32);
-        let (mut prev_word, mut prev_digit) = (self.prev_word, self.prev_digit);
-        for &b in chunk {
-            let digit = b.wrapping_sub(b'0') < 10;
-            let word = (b | 0x20).wrapping_sub(b'a') < 26 || b == b'_';
-            // A digit is kept as it is inside a word; a number standing on its own is
-            // one `0` (its first digit), the rest of it dropped.
-            let keep = !digit || prev_word || !prev_digit;
-            let out = if digit && !prev_word { b'0' } else { b };
-            kept |= (out as u64 * keep as u64) << (8 * n);
-            n += keep as u32;
-            // During a number, `prev_word` keeps saying whether it belongs to a word.
-            prev_word = if digit { prev_word } else { word };
-            prev_digit = digit;
-        }
-        self.prev_word = prev_word;
-        self.prev_digit = prev_digit;
-        if n == 8 {
-            self.hasher.word(kept);
+    fn block(&mut self, block: &Block, digits: u64, words: u64) {
+        let valid = block.valid;
+        let (digits, words) = (digits & valid, words & valid);
+        let (carry_digit, carry_word) = (u64::from(self.prev_digit), u64::from(self.prev_word));
+        // The first digit of each run in the block (bit 0 may go on with the last block's).
+        let run_heads = digits & !((digits << 1) | carry_digit);
+        let continued = digits & carry_digit;
+        // A run belongs to a word when the byte before it does (or, for a run that began
+        // in the last block, when that one did): marked at its head, then filled along
+        // the run by a carry that stops at the run's end.
+        let marks = (run_heads | continued) & ((words << 1) | carry_word);
+        let in_words = digits & !digits.wrapping_add(marks);
+        let zeros = run_heads & !in_words;
+        let dropped = digits & !in_words & !zeros;
+        let last = 63 - valid.leading_zeros();
+        if digits >> last & 1 == 1 {
+            self.prev_digit = true;
+            self.prev_word = in_words >> last & 1 == 1;
         } else {
-            self.hasher.bytes(kept, n);
+            self.prev_digit = false;
+            self.prev_word = words >> last & 1 == 1;
+        }
+        let kept = valid & !dropped;
+        for j in 0..BLOCK / 8 {
+            let keep = (kept >> (8 * j)) & 0xff;
+            if keep == 0 {
+                continue;
+            }
+            let mut w = block.word(j);
+            let zero = (zeros >> (8 * j)) & 0xff;
+            if zero != 0 {
+                let m = spread8(zero);
+                w = (w & !m) | (m & (b'0' as u64 * LO));
+            }
+            if keep == 0xff {
+                self.hasher.word(w);
+            } else {
+                let (mut gathered, mut n, mut k) = (0u64, 0u32, keep);
+                while k != 0 {
+                    let i = k.trailing_zeros();
+                    gathered |= ((w >> (8 * i)) & 0xff) << (8 * n);
+                    n += 1;
+                    k &= k - 1;
+                }
+                self.hasher.bytes(gathered, n);
+            }
         }
     }
 }
@@ -377,11 +365,8 @@ mod tests {
     fn swar_helpers_agree_with_the_bytewise_rules() {
         for b in 0..=255u8 {
             let w = u64::from_le_bytes([b, b'a', b, 0x80, b, b'9', b, 0xff]);
-            let digits = digit_bytes(w).to_le_bytes();
             let lower = lower8(w).to_le_bytes();
             for (i, &x) in w.to_le_bytes().iter().enumerate() {
-                assert_eq!(digits[i] == 0x80, x.is_ascii_digit(), "{x:#x}");
-                assert_eq!(digits[i] & 0x7f, 0);
                 assert_eq!(lower[i], x.to_ascii_lowercase(), "{x:#x}");
             }
         }
@@ -428,10 +413,34 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn the_fast_paths_follow_the_rule(text in "[a-c0-9_ .\\-]{0,80}", cut in 0usize..80) {
+        fn the_fast_paths_follow_the_rule(text in "[a-c0-9_ .\\-]{0,300}", cut in 0usize..300) {
             let b = text.as_bytes();
             let cut = cut.min(b.len());
             proptest::prop_assert_eq!(shape_of(&[&b[..cut], &b[cut..]]), shape_bytewise(b));
+        }
+
+        /// Canonical JSON read in blocks reads as its literal runs and escapes one by one.
+        #[test]
+        fn json_reads_as_its_runs_and_escapes(
+            parts in proptest::collection::vec(
+                ("[a-c0-9_ .]{0,70}", proptest::prop_oneof!["\\\\[nt\"\\\\]", "\\\\u00[01][0-9a-f]"]),
+                0..8,
+            ),
+            tail in "[a-c0-9_ .]{0,70}",
+        ) {
+            let mut canonical = String::new();
+            let mut expected = Shape::default();
+            for (text, escape) in &parts {
+                canonical.push_str(text);
+                canonical.push_str(escape);
+                expected.text(text.as_bytes());
+                expected.escape(escape.as_bytes());
+            }
+            canonical.push_str(&tail);
+            expected.text(tail.as_bytes());
+            let mut got = Shape::default();
+            got.json(canonical.as_bytes());
+            proptest::prop_assert_eq!(got.finish(), expected.finish(), "{:?}", canonical);
         }
     }
 
@@ -467,15 +476,6 @@ mod tests {
                 .map(token_hash)
                 .collect();
             assert_eq!(fast, slow, "from byte {cut}");
-        }
-        for b in 0..=255u8 {
-            let w = u64::from_le_bytes([b, b'a', b, b'Z', b, b'_', b, 0x80]);
-            let words = word_bytes(w);
-            for (i, x) in w.to_le_bytes().iter().enumerate() {
-                let expected = x.is_ascii_alphabetic() || *x == b'_';
-                assert_eq!(words.to_le_bytes()[i] == 0x80, expected, "{x:#x}");
-                assert_eq!(gather(words) >> i & 1 == 1, expected, "{x:#x}");
-            }
         }
         for b in 0..=255u8 {
             let w = u64::from_le_bytes([b, b' ', b, 0, b, b'\n', b, b]);

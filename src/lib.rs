@@ -11,6 +11,7 @@
 //! - [`fingerprint`]: canonical SHA-256 digests of actions and results;
 //! - [`text`]: features of assistant text (sketches, chanting);
 //! - [`hash`]: the fast in-process hashes (result shapes, text tokens);
+//! - [`classes`]: byte classes of 64-byte blocks as bit masks (SSE2 on x86_64);
 //! - [`state`]: bounded per-session state;
 //! - [`detectors`]: the detectors, one module each, and the list that makes them a set;
 //! - [`policy`] and [`config`]: levels, modes, thresholds and overrides;
@@ -21,6 +22,7 @@
 //! - [`replay`], [`backtest`] and [`eval`]: the file-driven commands.
 
 pub mod backtest;
+pub mod classes;
 pub mod config;
 pub mod demo;
 pub mod detectors;

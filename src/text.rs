@@ -8,7 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::hash::{each_token_hash, whitespace_bytes};
+use crate::classes::{whitespace, Block, BLOCK};
+use crate::hash::each_token_hash;
 
 /// Token hashes kept per sketch.
 pub const SKETCH_K: usize = 16;
@@ -215,22 +216,18 @@ fn word_gram_may_recur(s: &[u8], chunk: usize, times: u32, table: &mut Vec<u8>) 
         let at = space + 1;
         at <= last_start && count_gram(table, bits, load8(s, at), limit)
     };
-    let mut i = 0;
-    while i + 8 <= s.len() {
-        let mut ws = whitespace_bytes(load8(s, i));
+    let mut at = 0;
+    while at < s.len() {
+        let block = Block::at(s, at);
+        let mut ws = whitespace(&block.bytes) & block.valid;
         while ws != 0 {
-            let space = i + (ws.trailing_zeros() / 8) as usize;
+            let space = at + ws.trailing_zeros() as usize;
             if word_start(space, &mut prev_space, &mut longest_run) {
                 return true;
             }
             ws &= ws - 1;
         }
-        i += 8;
-    }
-    for space in i..s.len() {
-        if s[space].is_ascii_whitespace() && word_start(space, &mut prev_space, &mut longest_run) {
-            return true;
-        }
+        at += BLOCK;
     }
     longest_run = longest_run.max(s.len() - prev_space.map_or(0, |p| p + 1));
     longest_run >= reach && some_gram_may_recur(s, times, table)

@@ -1,0 +1,269 @@
+//! Byte classes of a 64-byte block as bit masks (bit i stands for byte i): the primitive
+//! the hot paths read text with, so that a rule about bytes ("a digit right after a
+//! letter", "the next `"` or `\`") becomes a few integer operations per block instead of
+//! a branch per byte.
+//!
+//! Guarantees: every function gives exactly the mask its byte-by-byte definition gives
+//! (the tests hold each to it for every byte value at every position); on x86_64 the
+//! masks come from SSE2, which every x86_64 processor has, so nothing is detected at run
+//! time; elsewhere from a portable loop.
+
+/// Bytes per block.
+pub const BLOCK: usize = 64;
+
+/// A block of a longer text: the 64 bytes at `at`, or the text's last bytes padded with
+/// zeros (a zero byte is in no class but `eq(0)`), with `valid` saying which are real.
+#[derive(Clone, Copy)]
+pub struct Block {
+    pub bytes: [u8; BLOCK],
+    pub valid: u64,
+}
+
+impl Block {
+    /// The block of `s` starting at `at` (`at < s.len()`).
+    #[inline]
+    pub fn at(s: &[u8], at: usize) -> Block {
+        match s.get(at..at + BLOCK) {
+            Some(full) => Block {
+                bytes: full.try_into().expect("64 bytes"),
+                valid: u64::MAX,
+            },
+            None => {
+                let tail = &s[at..];
+                let mut bytes = [0u8; BLOCK];
+                bytes[..tail.len()].copy_from_slice(tail);
+                Block {
+                    bytes,
+                    valid: (1u64 << tail.len()) - 1,
+                }
+            }
+        }
+    }
+
+    /// The eight bytes at `8 * j`, little-endian.
+    #[inline]
+    pub fn word(&self, j: usize) -> u64 {
+        u64::from_le_bytes(self.bytes[8 * j..8 * j + 8].try_into().expect("8 bytes"))
+    }
+}
+
+/// ASCII digits, and bytes that continue a word (ASCII letters and `_`).
+#[inline]
+pub fn digits_and_words(b: &[u8; BLOCK]) -> (u64, u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: SSE2 is part of the x86_64 baseline: every x86_64 processor has it.
+        unsafe { sse2::digits_and_words(b) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        portable::digits_and_words(b)
+    }
+}
+
+/// Bytes equal to `x`, and bytes equal to `y`.
+#[inline]
+pub fn eq2(b: &[u8; BLOCK], x: u8, y: u8) -> (u64, u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `digits_and_words`.
+        unsafe { sse2::eq2(b, x, y) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        portable::eq2(b, x, y)
+    }
+}
+
+/// ASCII whitespace (`u8::is_ascii_whitespace`: space, tab, line feed, form feed,
+/// carriage return).
+#[inline]
+pub fn whitespace(b: &[u8; BLOCK]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `digits_and_words`.
+        unsafe { sse2::whitespace(b) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        portable::whitespace(b)
+    }
+}
+
+/// The byte mask (0xff per set bit) of the low eight bits of `bits`.
+#[inline]
+pub fn spread8(bits: u64) -> u64 {
+    SPREAD[(bits & 0xff) as usize]
+}
+
+const SPREAD: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut bits = 0;
+    while bits < 256 {
+        let mut i = 0;
+        while i < 8 {
+            if bits >> i & 1 == 1 {
+                table[bits] |= 0xff << (8 * i);
+            }
+            i += 1;
+        }
+        bits += 1;
+    }
+    table
+};
+
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use core::arch::x86_64::*;
+
+    use super::BLOCK;
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn load(b: &[u8; BLOCK], i: usize) -> __m128i {
+        // SAFETY: `i < 4`, so the 16 bytes at `16 * i` are inside the 64-byte array;
+        // `loadu` has no alignment requirement.
+        unsafe { _mm_loadu_si128(b.as_ptr().add(16 * i) as *const __m128i) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn bits(m: __m128i, i: usize) -> u64 {
+        (_mm_movemask_epi8(m) as u16 as u64) << (16 * i)
+    }
+
+    /// `v - lo <= span` as unsigned bytes.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn in_range(v: __m128i, lo: u8, span: u8) -> __m128i {
+        let t = _mm_sub_epi8(v, _mm_set1_epi8(lo as i8));
+        _mm_cmpeq_epi8(_mm_min_epu8(t, _mm_set1_epi8(span as i8)), t)
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn digits_and_words(b: &[u8; BLOCK]) -> (u64, u64) {
+        let (mut digits, mut words) = (0, 0);
+        for i in 0..4 {
+            let v = load(b, i);
+            let letter = in_range(_mm_or_si128(v, _mm_set1_epi8(0x20)), b'a', 25);
+            let underscore = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'_' as i8));
+            digits |= bits(in_range(v, b'0', 9), i);
+            words |= bits(_mm_or_si128(letter, underscore), i);
+        }
+        (digits, words)
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn eq2(b: &[u8; BLOCK], x: u8, y: u8) -> (u64, u64) {
+        let (mut xs, mut ys) = (0, 0);
+        for i in 0..4 {
+            let v = load(b, i);
+            xs |= bits(_mm_cmpeq_epi8(v, _mm_set1_epi8(x as i8)), i);
+            ys |= bits(_mm_cmpeq_epi8(v, _mm_set1_epi8(y as i8)), i);
+        }
+        (xs, ys)
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn whitespace(b: &[u8; BLOCK]) -> u64 {
+        let mut ws = 0;
+        for i in 0..4 {
+            let v = load(b, i);
+            // Tab, line feed, vertical tab, form feed, carriage return are 9..=13; the
+            // vertical tab (11) is not ASCII whitespace.
+            let controls =
+                _mm_andnot_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x0b)), in_range(v, 0x09, 4));
+            let space = _mm_cmpeq_epi8(v, _mm_set1_epi8(b' ' as i8));
+            ws |= bits(_mm_or_si128(controls, space), i);
+        }
+        ws
+    }
+}
+
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+mod portable {
+    use super::BLOCK;
+
+    fn mask(b: &[u8; BLOCK], f: impl Fn(u8) -> bool) -> u64 {
+        b.iter()
+            .enumerate()
+            .fold(0, |m, (i, &x)| m | (u64::from(f(x)) << i))
+    }
+
+    pub fn digits_and_words(b: &[u8; BLOCK]) -> (u64, u64) {
+        (
+            mask(b, |x| x.is_ascii_digit()),
+            mask(b, |x| x.is_ascii_alphabetic() || x == b'_'),
+        )
+    }
+
+    pub fn eq2(b: &[u8; BLOCK], x: u8, y: u8) -> (u64, u64) {
+        (mask(b, |c| c == x), mask(b, |c| c == y))
+    }
+
+    pub fn whitespace(b: &[u8; BLOCK]) -> u64 {
+        mask(b, |x| x.is_ascii_whitespace())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every byte value at every position of a block.
+    fn blocks() -> impl Iterator<Item = [u8; BLOCK]> {
+        (0..=255u8).map(|v| {
+            let mut b = [0u8; BLOCK];
+            for (i, x) in b.iter_mut().enumerate() {
+                *x = v.wrapping_add((i as u8).wrapping_mul(97));
+            }
+            b
+        })
+    }
+
+    #[test]
+    fn masks_follow_the_bytewise_definitions() {
+        for b in blocks() {
+            let (d, w) = digits_and_words(&b);
+            let (q, s) = eq2(&b, b'"', b'\\');
+            let ws = whitespace(&b);
+            let (pd, pw) = portable::digits_and_words(&b);
+            assert_eq!((d, w), (pd, pw));
+            assert_eq!((q, s), portable::eq2(&b, b'"', b'\\'));
+            assert_eq!(ws, portable::whitespace(&b));
+            for (i, &x) in b.iter().enumerate() {
+                assert_eq!(d >> i & 1 == 1, x.is_ascii_digit(), "{x:#x}");
+                assert_eq!(w >> i & 1 == 1, x.is_ascii_alphabetic() || x == b'_');
+                assert_eq!(q >> i & 1 == 1, x == b'"');
+                assert_eq!(s >> i & 1 == 1, x == b'\\');
+                assert_eq!(ws >> i & 1 == 1, x.is_ascii_whitespace(), "{x:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn spread8_gives_one_byte_per_bit() {
+        for bits in 0..=255u64 {
+            let m = spread8(bits | 0xff00);
+            for i in 0..8 {
+                let byte = (m >> (8 * i)) & 0xff;
+                assert_eq!(byte, if bits >> i & 1 == 1 { 0xff } else { 0 }, "{bits:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_tail_block_is_padded_and_marked() {
+        let s = b"0123456789";
+        let b = Block::at(s, 4);
+        assert_eq!(b.valid, 0b111111);
+        assert_eq!(&b.bytes[..6], b"456789");
+        assert!(b.bytes[6..].iter().all(|&x| x == 0));
+        let long = [b'a'; 100];
+        assert_eq!(Block::at(&long, 0).valid, u64::MAX);
+        assert_eq!(Block::at(&long, 64).valid, (1 << 36) - 1);
+    }
+}
