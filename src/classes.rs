@@ -14,15 +14,16 @@ pub const BLOCK: usize = 64;
 /// A block of a longer text: the 64 bytes at `at`, or the text's last bytes padded with
 /// zeros (a zero byte is in no class but `eq(0)`), with `valid` saying which are real.
 #[derive(Clone, Copy)]
-pub struct Block {
-    pub bytes: [u8; BLOCK],
+pub struct Block<'a> {
+    pub bytes: &'a [u8; BLOCK],
     pub valid: u64,
 }
 
-impl Block {
-    /// The block of `s` starting at `at` (`at < s.len()`).
+impl<'a> Block<'a> {
+    /// The block of `s` starting at `at` (`at < s.len()`): borrowed from `s`, or for the
+    /// last bytes copied into `pad`.
     #[inline]
-    pub fn at(s: &[u8], at: usize) -> Block {
+    pub fn at(s: &'a [u8], at: usize, pad: &'a mut [u8; BLOCK]) -> Block<'a> {
         match s.get(at..at + BLOCK) {
             Some(full) => Block {
                 bytes: full.try_into().expect("64 bytes"),
@@ -30,10 +31,10 @@ impl Block {
             },
             None => {
                 let tail = &s[at..];
-                let mut bytes = [0u8; BLOCK];
-                bytes[..tail.len()].copy_from_slice(tail);
+                pad[..tail.len()].copy_from_slice(tail);
+                pad[tail.len()..].fill(0);
                 Block {
-                    bytes,
+                    bytes: pad,
                     valid: (1u64 << tail.len()) - 1,
                 }
             }
@@ -258,12 +259,13 @@ mod tests {
     #[test]
     fn a_tail_block_is_padded_and_marked() {
         let s = b"0123456789";
-        let b = Block::at(s, 4);
+        let mut pad = [7u8; BLOCK];
+        let b = Block::at(s, 4, &mut pad);
         assert_eq!(b.valid, 0b111111);
         assert_eq!(&b.bytes[..6], b"456789");
         assert!(b.bytes[6..].iter().all(|&x| x == 0));
         let long = [b'a'; 100];
-        assert_eq!(Block::at(&long, 0).valid, u64::MAX);
-        assert_eq!(Block::at(&long, 64).valid, (1 << 36) - 1);
+        assert_eq!(Block::at(&long, 0, &mut pad).valid, u64::MAX);
+        assert_eq!(Block::at(&long, 64, &mut pad).valid, (1 << 36) - 1);
     }
 }

@@ -18,7 +18,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use sha2::{Digest as _, Sha256};
 
 use crate::hash::Shape;
-use crate::json::{content_has_words, quote_or_escape, skip, unescape_into, Json};
+use crate::json::{checked_escape_len, content_has_words, skip, string_close, unescape_into, Json};
 
 /// A 128-bit truncated SHA-256 digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -347,7 +347,7 @@ fn words_of(s: &[u8]) -> bool {
             i += 1;
             continue;
         }
-        let end = string_end(s, i + 1);
+        let (end, _) = string_end(s, i + 1);
         let is_key = s.get(Canon::ws(s, end + 1)) == Some(&b':');
         if !is_key && content_has_words(&s[i + 1..end], &mut false) {
             return true;
@@ -357,17 +357,44 @@ fn words_of(s: &[u8]) -> bool {
     false
 }
 
-/// The closing quote of a string whose content starts at `from` (checked text).
+/// What a string's escapes are, learnt while its end is looked for.
+#[derive(Debug, Clone, Copy, Default)]
+struct Escapes {
+    any: bool,
+    /// Some escape is one canonical JSON writes otherwise (`\/`, `\u…`).
+    non_canonical: bool,
+    /// Some escape stands for a letter or a digit (only `\"`, `\\`, `\n`, `\r`, `\t` do
+    /// not).
+    non_neutral: bool,
+    /// Bytes the escapes take beyond the characters they stand for.
+    shrink: usize,
+}
+
+/// The closing quote of a string whose content starts at `from` (checked text), and what
+/// its escapes are.
 #[inline]
-fn string_end(s: &[u8], from: usize) -> usize {
-    let mut i = from;
-    loop {
-        i = quote_or_escape(s, i);
-        match s.get(i) {
-            Some(b'\\') => i += 2,
-            _ => return i.min(s.len()),
-        }
-    }
+fn string_end(s: &[u8], from: usize) -> (usize, Escapes) {
+    let mut e = Escapes::default();
+    let end = string_close(s, from, |at| {
+        let c = s.get(at + 1).copied().unwrap_or(0);
+        let len = checked_escape_len(s, at);
+        e.any = true;
+        e.non_canonical |= !CANONICAL_ESCAPES.contains(&c);
+        e.non_neutral |= !NEUTRAL_ESCAPES.contains(&c);
+        let char_len = if c == b'u' {
+            std::str::from_utf8(&s[(at + 2).min(s.len())..(at + 6).min(s.len())])
+                .ok()
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .and_then(char::from_u32)
+                .map_or(3, char::len_utf8)
+        } else {
+            1
+        };
+        e.shrink += len - char_len;
+        Ok(len)
+    })
+    .unwrap_or(s.len());
+    (end.min(s.len()), e)
 }
 
 /// One member of an object being written: where its key and value are.
@@ -403,19 +430,6 @@ fn is_plain_number(n: &[u8]) -> bool {
         [b'1'..=b'9', rest @ ..] => rest.len() <= 17 && rest.iter().all(u8::is_ascii_digit),
         _ => false,
     }
-}
-
-/// Every escape of a string's content is one of the given escape letters.
-fn escapes_only(content: &[u8], allowed: &[u8]) -> bool {
-    let mut i = 0;
-    while let Some(off) = memchr::memchr(b'\\', &content[i..]) {
-        let at = i + off;
-        match content.get(at + 1) {
-            Some(c) if allowed.contains(c) => i = at + 2,
-            _ => return false,
-        }
-    }
-    true
 }
 
 /// The escapes canonical JSON writes itself (any other is re-written).
@@ -507,8 +521,8 @@ impl<'s, 'k> Canon<'s, 'k> {
     fn value(&mut self, s: &[u8], i: usize, args_top: bool) -> usize {
         match s.get(i) {
             Some(b'"') => {
-                let end = string_end(s, i + 1);
-                self.string_value(&s[i + 1..end]);
+                let (end, escapes) = string_end(s, i + 1);
+                self.string_value(&s[i + 1..end], escapes);
                 end + 1
             }
             Some(b'{') => self.object(s, i, args_top),
@@ -591,9 +605,9 @@ impl<'s, 'k> Canon<'s, 'k> {
                     continue;
                 }
             }
-            let key_end = string_end(s, j + 1);
+            let (key_end, key_escapes) = string_end(s, j + 1);
             let mut key = (j as u32 + 1, key_end as u32);
-            let key_unescaped = memchr::memchr(b'\\', &s[j + 1..key_end]).is_some();
+            let key_unescaped = key_escapes.any;
             if key_unescaped {
                 let content = std::str::from_utf8(&s[j + 1..key_end]).unwrap_or("");
                 self.text.clear();
@@ -701,17 +715,18 @@ impl<'s, 'k> Canon<'s, 'k> {
     }
 
     /// A string value's content (between its quotes, as written).
-    fn string_value(&mut self, content: &[u8]) {
-        let escaped = memchr::memchr(b'\\', content).is_some();
+    fn string_value(&mut self, content: &[u8], escapes: Escapes) {
+        let escaped = escapes.any;
         if self.words == Some(false) && content_has_words(content, &mut false) {
             self.words = Some(true);
         }
         if let Some((ac, scan)) = self.pending.as_mut() {
-            // Only short strings read as a status (the unescaped length counts; an escape
-            // is at most 6 bytes for one character).
-            if !scan.any_short && content.len() <= PENDING_SCAN_MAX_BYTES * 6 {
+            // Only short strings read as a status (the unescaped length counts).
+            if !scan.any_short
+                && content.len().saturating_sub(escapes.shrink) <= PENDING_SCAN_MAX_BYTES
+            {
                 let short = if !escaped {
-                    (content.len() <= PENDING_SCAN_MAX_BYTES).then_some(content)
+                    Some(content)
                 } else {
                     self.text.clear();
                     unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
@@ -725,7 +740,7 @@ impl<'s, 'k> Canon<'s, 'k> {
         let Some(p) = self.patterns else {
             // No value patterns: the canonical form is the content itself unless it has an
             // escape canonical JSON writes otherwise.
-            if !escaped || escapes_only(content, CANONICAL_ESCAPES) {
+            if !escapes.non_canonical {
                 self.put(b"\"");
                 self.put(content);
                 self.put(b"\"");
@@ -734,7 +749,7 @@ impl<'s, 'k> Canon<'s, 'k> {
             }
             return;
         };
-        if escaped && (!p.custom.is_empty() || !escapes_only(content, NEUTRAL_ESCAPES)) {
+        if escaped && (!p.custom.is_empty() || escapes.non_neutral) {
             // Patterns are matched on the unescaped text.
             self.text.clear();
             unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);

@@ -140,10 +140,11 @@ impl Shape {
     #[inline]
     pub fn text(&mut self, bytes: &[u8]) {
         let mut st = self.state();
+        let mut pad = [0; BLOCK];
         let mut at = 0;
         while at < bytes.len() {
-            let block = Block::at(bytes, at);
-            let (digits, words) = digits_and_words(&block.bytes);
+            let block = Block::at(bytes, at, &mut pad);
+            let (digits, words) = digits_and_words(block.bytes);
             st.block(&block, digits, words);
             at += BLOCK;
         }
@@ -156,11 +157,12 @@ impl Shape {
         let mut st = self.state();
         // The bytes of an escape that runs on past the end of its block.
         let mut escape_carry = 0u64;
+        let mut pad = [0; BLOCK];
         let mut at = 0;
         while at < canonical.len() {
-            let block = Block::at(canonical, at);
-            let (digits, words) = digits_and_words(&block.bytes);
-            let (backslashes, _) = eq2(&block.bytes, b'\\', b'\\');
+            let block = Block::at(canonical, at, &mut pad);
+            let (digits, words) = digits_and_words(block.bytes);
+            let (backslashes, _) = eq2(block.bytes, b'\\', b'\\');
             let mut escapes = escape_carry;
             escape_carry = 0;
             let mut starts = backslashes & block.valid & !escapes;

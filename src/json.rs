@@ -12,6 +12,8 @@
 
 use std::borrow::Cow;
 
+use crate::classes::{eq2, Block, BLOCK};
+
 /// The fast pass gave up: serde_json decides (and says what is wrong, if anything).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bail;
@@ -128,20 +130,63 @@ pub fn has_control(s: &[u8]) -> bool {
     s.iter().fold(false, |found, &b| found | (b < 0x20))
 }
 
-/// The first `"` or `\` at or after `from` in checked text (or `s.len()`): the first
-/// sixteen bytes word by word (most strings are keys and short values), then memchr.
+/// The closing quote of a string whose content starts at `from` (or `s.len()` when there
+/// is none), for text without control characters: the first sixteen bytes word by word
+/// (most strings are keys and short values), then a 64-byte block at a time, so that a
+/// long text with an escape every line costs no more than one without. `escape(at)` is
+/// told of each `\` that starts an escape and gives the escape's length, or gives up.
 #[inline]
-pub fn quote_or_escape(s: &[u8], from: usize) -> usize {
+pub fn string_close(
+    s: &[u8],
+    from: usize,
+    mut escape: impl FnMut(usize) -> Result<usize, Bail>,
+) -> Result<usize, Bail> {
     let mut i = from;
     while i + 8 <= s.len() && i < from + 16 {
         let w = load8(s, i);
         let m = bytes_equal(w, b'"') | bytes_equal(w, b'\\');
-        if m != 0 {
-            return i + (m.trailing_zeros() / 8) as usize;
+        if m == 0 {
+            i += 8;
+            continue;
         }
-        i += 8;
+        let at = i + (m.trailing_zeros() / 8) as usize;
+        if s[at] == b'"' {
+            return Ok(at);
+        }
+        i = at + escape(at)?;
     }
-    memchr::memchr2(b'"', b'\\', &s[i.min(s.len())..]).map_or(s.len(), |k| i + k)
+    let mut pad = [0; BLOCK];
+    // The bytes at the start of a block that end an escape begun in the block before.
+    let mut skip = 0u64;
+    while i < s.len() {
+        let block = Block::at(s, i, &mut pad);
+        let (quotes, backslashes) = eq2(block.bytes, b'"', b'\\');
+        let mut stops = (quotes | backslashes) & block.valid & !skip;
+        skip = 0;
+        while stops != 0 {
+            let p = stops.trailing_zeros() as usize;
+            if quotes >> p & 1 == 1 {
+                return Ok(i + p);
+            }
+            let len = escape(i + p)?;
+            let span = ((1u128 << len.min(64)) - 1) << p;
+            stops &= !(span as u64);
+            skip = (span >> 64) as u64;
+        }
+        i += BLOCK;
+    }
+    Ok(s.len())
+}
+
+/// The length of the escape at `s[at]` (a `\`) in checked text: `\u` escapes are six
+/// bytes (checked text has no surrogate pairs), the others two.
+#[inline]
+pub fn checked_escape_len(s: &[u8], at: usize) -> usize {
+    if s.get(at + 1) == Some(&b'u') {
+        6
+    } else {
+        2
+    }
 }
 
 /// A validating pass over a JSON document, giving up on anything unusual.
@@ -196,13 +241,32 @@ impl<'a> Scanner<'a> {
     pub fn string(&mut self) -> Result<StrSpan, Bail> {
         self.eat(b'"')?;
         let start = self.pos;
+        if !self.clean {
+            return self.string_with_controls(start);
+        }
+        let s = self.s;
+        let mut escaped = false;
+        let end = string_close(s, start, |at| {
+            escaped = true;
+            valid_escape(s, at)
+        })?;
+        if end == s.len() {
+            return Err(Bail);
+        }
+        self.pos = end + 1;
+        Ok(StrSpan {
+            start,
+            end,
+            escaped,
+        })
+    }
+
+    /// A string in a document that has a control character somewhere: each run of plain
+    /// bytes is checked for one.
+    fn string_with_controls(&mut self, start: usize) -> Result<StrSpan, Bail> {
         let mut escaped = false;
         loop {
-            let i = if self.clean {
-                quote_or_escape(self.s, self.pos)
-            } else {
-                string_stop(self.s, self.pos)
-            };
+            let i = string_stop(self.s, self.pos);
             match self.s.get(i) {
                 Some(b'"') => {
                     self.pos = i + 1;
@@ -214,19 +278,7 @@ impl<'a> Scanner<'a> {
                 }
                 Some(b'\\') => {
                     escaped = true;
-                    match self.s.get(i + 1) {
-                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
-                            self.pos = i + 2
-                        }
-                        Some(b'u') => {
-                            let c = hex4(self.s, i + 2).ok_or(Bail)?;
-                            if (0xD800..=0xDFFF).contains(&c) {
-                                return Err(Bail); // surrogates: serde_json decides
-                            }
-                            self.pos = i + 6;
-                        }
-                        _ => return Err(Bail),
-                    }
+                    self.pos = i + valid_escape(self.s, i)?;
                 }
                 _ => return Err(Bail), // a control character, or the end
             }
@@ -382,6 +434,23 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// The length of the escape at `s[at]` (a `\`) if serde_json reads it as this module
+/// does: a simple escape, or `\u` with four hex digits that is not a surrogate.
+#[inline]
+fn valid_escape(s: &[u8], at: usize) -> Result<usize, Bail> {
+    match s.get(at + 1) {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(2),
+        Some(b'u') => {
+            let c = hex4(s, at + 2).ok_or(Bail)?;
+            if (0xD800..=0xDFFF).contains(&c) {
+                return Err(Bail); // surrogates: serde_json decides
+            }
+            Ok(6)
+        }
+        _ => Err(Bail),
+    }
+}
+
 /// Decodes the escape at `s[i]` (a `\`): the character and the escape's length.
 fn escape_at(s: &[u8], i: usize) -> Option<(char, usize)> {
     let c = match s.get(i + 1)? {
@@ -480,18 +549,12 @@ pub fn skip(s: &[u8], pos: usize) -> usize {
         match s.get(i) {
             None => return s.len(),
             Some(b'"') => {
-                i += 1;
-                loop {
-                    i = quote_or_escape(s, i);
-                    match s.get(i) {
-                        Some(b'\\') => i += 2,
-                        Some(_) => {
-                            i += 1;
-                            break;
-                        }
-                        None => return s.len(),
-                    }
+                let close =
+                    string_close(s, i + 1, |at| Ok(checked_escape_len(s, at))).unwrap_or(s.len());
+                if close >= s.len() {
+                    return s.len();
                 }
+                i = close + 1;
             }
             Some(b'{' | b'[') => {
                 depth += 1;
@@ -522,6 +585,8 @@ pub fn skip(s: &[u8], pos: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy;
+
     use super::*;
 
     fn scan(s: &str) -> Result<usize, Bail> {
@@ -591,28 +656,54 @@ mod tests {
         }
     }
 
-    #[test]
-    fn quote_or_escape_finds_the_first_of_either() {
-        for len in 0..48 {
-            for at in 0..=len {
-                for stop in [b'"', b'\\'] {
-                    let mut v = vec![b'a'; len];
-                    if at < len {
-                        v[at] = stop;
-                    }
-                    let want = v
-                        .iter()
-                        .position(|b| *b == b'"' || *b == b'\\')
-                        .unwrap_or(len);
-                    for from in 0..=at.min(len) {
-                        assert_eq!(
-                            quote_or_escape(&v, from),
-                            want,
-                            "len {len} at {at} from {from}"
-                        );
-                    }
+    /// A string's closing quote found byte by byte, as the definition.
+    fn close_bytewise(s: &[u8], from: usize) -> usize {
+        let mut i = from;
+        while i < s.len() {
+            match s[i] {
+                b'"' => return i,
+                b'\\' => i += checked_escape_len(s, i),
+                _ => i += 1,
+            }
+        }
+        s.len()
+    }
+
+    proptest::proptest! {
+        /// Blocks, escapes across their edges, the short path: the quote the byte-by-byte
+        /// walk finds, and every escape on the way told once.
+        #[test]
+        fn string_close_finds_the_closing_quote(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    "[a-z ]{0,70}".prop_map(String::from),
+                    proptest::prop_oneof![r#"\\[nt"\\/]"#, r"\\u00[0-9a-f]{2}"].prop_map(String::from),
+                ],
+                0..12,
+            ),
+            end in proptest::prop_oneof![r#"""#, r#"x""#, ""],
+            from in 0usize..3,
+        ) {
+            let text = format!("{}{end}", parts.concat());
+            let s = text.as_bytes();
+            let from = from.min(s.len());
+            let mut told = Vec::new();
+            let got = string_close(s, from, |at| {
+                told.push(at);
+                Ok(checked_escape_len(s, at))
+            });
+            proptest::prop_assert_eq!(got, Ok(close_bytewise(s, from)));
+            let mut expected = Vec::new();
+            let mut i = from;
+            while i < s.len() && s[i] != b'"' {
+                if s[i] == b'\\' {
+                    expected.push(i);
+                    i += checked_escape_len(s, i);
+                } else {
+                    i += 1;
                 }
             }
+            proptest::prop_assert_eq!(told, expected);
         }
     }
 

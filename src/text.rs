@@ -216,10 +216,11 @@ fn word_gram_may_recur(s: &[u8], chunk: usize, times: u32, table: &mut Vec<u8>) 
         let at = space + 1;
         at <= last_start && count_gram(table, bits, load8(s, at), limit)
     };
+    let mut pad = [0; BLOCK];
     let mut at = 0;
     while at < s.len() {
-        let block = Block::at(s, at);
-        let mut ws = whitespace(&block.bytes) & block.valid;
+        let block = Block::at(s, at, &mut pad);
+        let mut ws = whitespace(block.bytes) & block.valid;
         while ws != 0 {
             let space = at + ws.trailing_zeros() as usize;
             if word_start(space, &mut prev_space, &mut longest_run) {
