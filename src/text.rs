@@ -41,22 +41,28 @@ impl Mins {
     #[inline]
     fn insert(&mut self, h: u32) -> bool {
         let len = self.len as usize;
-        let pos = match self.vals[..len].binary_search(&h) {
-            Ok(_) => return false,
-            Err(pos) => pos,
-        };
-        if len == SKETCH_K {
-            if pos == SKETCH_K {
-                return true;
-            }
-            self.vals.copy_within(pos..SKETCH_K - 1, pos + 1);
-            self.vals[pos] = h;
+        // Over the whole fixed-size array, so that it compiles to a few vector compares
+        // instead of a binary search's unpredictable branches.
+        let (mut pos, mut present) = (0usize, false);
+        for (i, &v) in self.vals.iter().enumerate() {
+            let live = i < len;
+            pos += usize::from(live & (v < h));
+            present |= live & (v == h);
+        }
+        if present {
+            return false;
+        }
+        let full = len == SKETCH_K;
+        if full && pos == SKETCH_K {
             return true;
         }
-        self.vals.copy_within(pos..len, pos + 1);
+        let last = if full { SKETCH_K - 1 } else { len };
+        for i in (pos..last).rev() {
+            self.vals[i + 1] = self.vals[i];
+        }
         self.vals[pos] = h;
-        self.len += 1;
-        false
+        self.len += u8::from(!full);
+        full
     }
 }
 
@@ -117,31 +123,23 @@ impl TextSketch {
         let (a, b) = (self.mins(), other.mins());
         let exact = self.complete && other.complete;
         let limit = if exact { usize::MAX } else { SKETCH_K };
+        // Past its end a list reads as a value above any hash.
+        const END: u64 = 1 << 32;
+        let at = |list: &[u32], k: usize| list.get(k).map_or(END, |&v| u64::from(v));
         let (mut i, mut j, mut union, mut common) = (0, 0, 0usize, 0usize);
         // Walk the merged order: the first k of the union, and which of them both hold.
-        while union < limit && (i < a.len() || j < b.len()) {
-            match (a.get(i), b.get(j)) {
-                (Some(x), Some(y)) if x == y => {
-                    common += 1;
-                    i += 1;
-                    j += 1;
-                }
-                (Some(x), Some(y)) if x < y => i += 1,
-                (Some(_), Some(_)) => j += 1,
-                (Some(_), None) => {
-                    if !other.complete {
-                        break; // beyond what `other` can tell us
-                    }
-                    i += 1
-                }
-                (None, Some(_)) => {
-                    if !self.complete {
-                        break;
-                    }
-                    j += 1
-                }
-                (None, None) => break,
+        // Each step without branches on the values (they are random: no predictor wins).
+        while union < limit {
+            let (x, y) = (at(a, i), at(b, j));
+            // A list that has ended says nothing of what lies beyond unless its sketch is
+            // complete.
+            if (x == END && (y == END || !self.complete)) || (y == END && !other.complete) {
+                break;
             }
+            let (same, below) = (x == y, x < y);
+            common += usize::from(same);
+            i += usize::from(same | below);
+            j += usize::from(!below);
             union += 1;
         }
         if union == 0 {
@@ -426,6 +424,63 @@ mod tests {
 
     fn chant(text: &str) -> Option<Chant> {
         find_chant(text, 50, 10, 250, &mut ChantScratch::default())
+    }
+
+    /// The merge walk written with a branch per case, as the definition.
+    fn similarity_by_cases(x: &TextSketch, y: &TextSketch) -> f64 {
+        if x.is_empty() && y.is_empty() {
+            return 1.0;
+        }
+        let (a, b) = (x.mins(), y.mins());
+        let limit = if x.complete && y.complete {
+            usize::MAX
+        } else {
+            SKETCH_K
+        };
+        let (mut i, mut j, mut union, mut common) = (0, 0, 0usize, 0usize);
+        while union < limit && (i < a.len() || j < b.len()) {
+            match (a.get(i), b.get(j)) {
+                (Some(p), Some(q)) if p == q => {
+                    common += 1;
+                    i += 1;
+                    j += 1;
+                }
+                (Some(p), Some(q)) if p < q => i += 1,
+                (Some(_), Some(_)) => j += 1,
+                (Some(_), None) if !y.complete => break,
+                (Some(_), None) => i += 1,
+                (None, Some(_)) if !x.complete => break,
+                (None, Some(_)) => j += 1,
+                (None, None) => break,
+            }
+            union += 1;
+        }
+        if union == 0 {
+            0.0
+        } else {
+            common as f64 / union as f64
+        }
+    }
+
+    proptest::proptest! {
+        /// Sketches of token sets drawn from a small vocabulary (so that they overlap):
+        /// the bottom-k set of distinct hashes, and the similarity of the walk by cases.
+        #[test]
+        fn sketches_keep_the_smallest_hashes_and_compare_by_the_walk(
+            a in proptest::collection::vec(0u32..60, 0..40),
+            b in proptest::collection::vec(0u32..60, 0..40),
+        ) {
+            let text = |t: &[u32]| t.iter().map(|w| format!("w{w}")).collect::<Vec<_>>().join(" ");
+            let (x, y) = (TextSketch::of(&text(&a)), TextSketch::of(&text(&b)));
+            let mut hashes: Vec<u32> = a.iter().map(|w| crate::hash::token_hash(format!("w{w}").as_bytes())).collect();
+            hashes.sort_unstable();
+            hashes.dedup();
+            proptest::prop_assert_eq!(x.complete, hashes.len() <= SKETCH_K);
+            hashes.truncate(SKETCH_K);
+            proptest::prop_assert_eq!(x.mins(), &hashes[..]);
+            proptest::prop_assert_eq!(x.similarity(&y), similarity_by_cases(&x, &y));
+            proptest::prop_assert_eq!(y.similarity(&x), similarity_by_cases(&y, &x));
+        }
     }
 
     #[test]
