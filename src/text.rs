@@ -24,11 +24,21 @@ pub struct TextSketch {
 }
 
 /// Up to [`SKETCH_K`] hashes, ascending, inline (no allocation per sketch). Stored as a
-/// sequence of 4-byte little-endian values.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// sequence of 4-byte little-endian values. The places past `len` hold `u32::MAX`, so that
+/// an insertion can compare the whole array at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Mins {
     vals: [u32; SKETCH_K],
     len: u8,
+}
+
+impl Default for Mins {
+    fn default() -> Mins {
+        Mins {
+            vals: [u32::MAX; SKETCH_K],
+            len: 0,
+        }
+    }
 }
 
 impl Mins {
@@ -40,16 +50,19 @@ impl Mins {
     /// whether a value was dropped or refused for lack of room.
     #[inline]
     fn insert(&mut self, h: u32) -> bool {
-        let len = self.len as usize;
-        // Over the whole fixed-size array, so that it compiles to a few vector compares
-        // instead of a binary search's unpredictable branches.
-        let (mut pos, mut present) = (0usize, false);
-        for (i, &v) in self.vals.iter().enumerate() {
-            let live = i < len;
-            pos += usize::from(live & (v < h));
-            present |= live & (v == h);
+        #[cfg(target_arch = "x86_64")]
+        if h != u32::MAX {
+            // SAFETY: SSE2 is part of the x86_64 baseline.
+            return unsafe { sse2_insert(self, h) };
         }
-        if present {
+        self.insert_by_places(h)
+    }
+
+    /// [`Mins::insert`] place by place (the definition; `u32::MAX`, and other targets).
+    fn insert_by_places(&mut self, h: u32) -> bool {
+        let len = self.len as usize;
+        let pos = self.as_slice().iter().take_while(|&&v| v < h).count();
+        if self.vals.get(pos) == Some(&h) && pos < len {
             return false;
         }
         let full = len == SKETCH_K;
@@ -57,13 +70,61 @@ impl Mins {
             return true;
         }
         let last = if full { SKETCH_K - 1 } else { len };
-        for i in (pos..last).rev() {
-            self.vals[i + 1] = self.vals[i];
-        }
+        self.vals.copy_within(pos..last, pos + 1);
         self.vals[pos] = h;
         self.len += u8::from(!full);
         full
     }
+}
+
+/// [`Mins::insert`] for `h < u32::MAX` on four lanes at a time: the array is compared with
+/// `h` at once, and everything from `h`'s place on moves up one lane (the array shifted
+/// by one lane, where it is not below `h`, is `max(shifted, h)`: `h` at its place, the
+/// shifted values above it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn sse2_insert(m: &mut Mins, h: u32) -> bool {
+    use core::arch::x86_64::*;
+    // Unsigned order through signed compares: both sides with the top bit flipped.
+    let bias = _mm_set1_epi32(i32::MIN);
+    let hv = _mm_set1_epi32(h as i32);
+    let hb = _mm_xor_si128(hv, bias);
+    let ptr = m.vals.as_mut_ptr() as *mut __m128i;
+    // SAFETY: `vals` is 16 `u32`s, four 16-byte lanes; `loadu`/`storeu` need no alignment.
+    let v: [__m128i; 4] = std::array::from_fn(|k| unsafe { _mm_loadu_si128(ptr.add(k)) });
+    let mut below = [_mm_setzero_si128(); 4];
+    let (mut places, mut equal) = (0u32, 0i32);
+    for k in 0..4 {
+        below[k] = _mm_cmpgt_epi32(hb, _mm_xor_si128(v[k], bias));
+        places += (_mm_movemask_epi8(below[k]) as u32).count_ones() / 4;
+        equal |= _mm_movemask_epi8(_mm_cmpeq_epi32(v[k], hv));
+    }
+    // Unused places hold u32::MAX, never below `h` nor equal to it.
+    if equal != 0 {
+        return false;
+    }
+    let full = m.len as usize == SKETCH_K;
+    if full && places as usize == SKETCH_K {
+        return true;
+    }
+    for k in (0..4).rev() {
+        let carried = if k == 0 {
+            _mm_setzero_si128()
+        } else {
+            _mm_srli_si128(v[k - 1], 12)
+        };
+        let shifted = _mm_or_si128(_mm_slli_si128(v[k], 4), carried);
+        let above = _mm_cmpgt_epi32(_mm_xor_si128(shifted, bias), hb);
+        let moved = _mm_or_si128(_mm_and_si128(above, shifted), _mm_andnot_si128(above, hv));
+        let new = _mm_or_si128(
+            _mm_and_si128(below[k], v[k]),
+            _mm_andnot_si128(below[k], moved),
+        );
+        // SAFETY: as above.
+        unsafe { _mm_storeu_si128(ptr.add(k), new) };
+    }
+    m.len += u8::from(!full);
+    full
 }
 
 impl Serialize for Mins {
@@ -459,6 +520,27 @@ mod tests {
             0.0
         } else {
             common as f64 / union as f64
+        }
+    }
+
+    proptest::proptest! {
+        /// Lanes and places agree, the refusals and drops included, and unused places
+        /// stay `u32::MAX`.
+        #[test]
+        fn inserts_on_lanes_are_inserts_by_places(
+            values in proptest::collection::vec(
+                proptest::prop_oneof![0u32..40, proptest::num::u32::ANY, proptest::strategy::Just(u32::MAX)],
+                0..60,
+            ),
+        ) {
+            let (mut lanes, mut places) = (Mins::default(), Mins::default());
+            for v in values {
+                proptest::prop_assert_eq!(lanes.insert(v), places.insert_by_places(v), "{}", v);
+                proptest::prop_assert_eq!(lanes, places);
+                let len = lanes.len as usize;
+                proptest::prop_assert!(lanes.vals[len..].iter().all(|&x| x == u32::MAX));
+                proptest::prop_assert!(lanes.as_slice().windows(2).all(|w| w[0] < w[1]));
+            }
         }
     }
 
