@@ -9,7 +9,7 @@
 //! algorithms are written out here, not borrowed from a crate whose output could change
 //! with its version (the values live in stored session state).
 
-use crate::classes::{digits_and_words, eq2, spread8, Block, BLOCK};
+use crate::classes::{digits_and_words, eq2, spread8, whitespace, Block, BLOCK};
 
 /// The multiplier of FxHash: odd, with well-spread bits.
 const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
@@ -27,21 +27,6 @@ fn fold(h: u64) -> u32 {
 
 const LO: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = 0x8080_8080_8080_8080;
-
-/// The high bit of each byte of `x` that is zero (exact for every byte: no borrow
-/// crosses bytes).
-#[inline]
-pub(crate) fn zero_bytes(x: u64) -> u64 {
-    !(((x & !HI) + !HI) | x) & HI
-}
-
-/// The high bit of each byte of `x` that is ASCII whitespace (`u8::is_ascii_whitespace`:
-/// space, tab, line feed, form feed, carriage return).
-#[inline]
-pub(crate) fn whitespace_bytes(x: u64) -> u64 {
-    let eq = |b: u8| zero_bytes(x ^ (b as u64 * LO));
-    eq(b' ') | eq(b'\t') | eq(b'\n') | eq(0x0c) | eq(b'\r')
-}
 
 /// Lowercases the ASCII letters of eight bytes (other bytes unchanged).
 #[inline]
@@ -279,49 +264,78 @@ impl ShapeState {
 }
 
 /// The hashes of a text's whitespace-separated tokens, in order, ASCII case ignored:
-/// [`token_hash`] of each, computed eight bytes at a time over the text.
+/// [`token_hash`] of each. The tokens are found a block at a time (where a run of
+/// non-whitespace bytes starts and ends), then each is hashed straight from the text.
 #[inline]
 pub fn each_token_hash(text: &[u8], mut f: impl FnMut(u32)) {
-    let mut token = WordHasher::default();
-    let mut chunks = text.chunks_exact(8);
-    for chunk in &mut chunks {
-        let w = load8(chunk);
-        let mut ws = whitespace_bytes(w);
-        if ws == 0 {
-            token.word(lower8(w));
-            continue;
-        }
-        let lowered = lower8(w);
-        let mut at = 0u32; // the first byte of the chunk not yet taken
-        while ws != 0 {
-            let pos = ws.trailing_zeros() / 8;
-            if pos > at {
-                token.bytes((lowered >> (8 * at)) & low_bytes(pos - at), pos - at);
+    let mut pad = [0; BLOCK];
+    // Where the token that runs on into the next block started.
+    let mut open: Option<usize> = None;
+    let mut at = 0;
+    while at < text.len() {
+        let block = Block::at(text, at, &mut pad);
+        let inside = !whitespace(block.bytes) & block.valid;
+        let before = (inside << 1) | u64::from(open.is_some());
+        // Starts and ends alternate: a token ends at the first byte that is not in it.
+        let mut starts = inside & !before;
+        let mut ends = !inside & before & block.valid;
+        if let Some(start) = open {
+            if ends == 0 {
+                at += BLOCK;
+                continue;
             }
-            if token.len > 0 {
-                f(fold(token.finish()));
-                token = WordHasher::default();
+            f(token_hash_in(
+                text,
+                start,
+                at + ends.trailing_zeros() as usize,
+            ));
+            ends &= ends - 1;
+            open = None;
+        }
+        while starts != 0 {
+            let start = at + starts.trailing_zeros() as usize;
+            starts &= starts - 1;
+            if ends == 0 {
+                open = Some(start);
+                break;
             }
-            at = pos + 1;
-            ws &= ws - 1;
+            f(token_hash_in(
+                text,
+                start,
+                at + ends.trailing_zeros() as usize,
+            ));
+            ends &= ends - 1;
         }
-        if at < 8 {
-            token.bytes(lowered >> (8 * at), 8 - at);
-        }
+        at += BLOCK;
     }
-    for &b in chunks.remainder() {
-        if b.is_ascii_whitespace() {
-            if token.len > 0 {
-                f(fold(token.finish()));
-                token = WordHasher::default();
+    if let Some(start) = open {
+        f(token_hash_in(text, start, text.len()));
+    }
+}
+
+/// [`token_hash`] of `text[start..end]`, its last word loaded whole when the text goes on
+/// for eight bytes (and masked), copied otherwise.
+#[inline]
+fn token_hash_in(text: &[u8], start: usize, end: usize) -> u32 {
+    let mut h = 0u64;
+    let mut i = start;
+    while i + 8 <= end {
+        h = mix(h, lower8(load8(&text[i..])));
+        i += 8;
+    }
+    let n = end - i;
+    if n > 0 {
+        let w = match text.get(i..i + 8) {
+            Some(word) => load8(word) & low_bytes(n as u32),
+            None => {
+                let mut buf = [0u8; 8];
+                buf[..n].copy_from_slice(&text[i..end]);
+                u64::from_le_bytes(buf)
             }
-        } else {
-            token.byte(b.to_ascii_lowercase());
-        }
+        };
+        h = mix(h, lower8(w));
     }
-    if token.len > 0 {
-        f(fold(token.finish()));
-    }
+    fold(mix(h, (end - start) as u64))
 }
 
 /// A mask of the low `n` bytes (n <= 8).
@@ -421,6 +435,21 @@ mod tests {
             proptest::prop_assert_eq!(shape_of(&[&b[..cut], &b[cut..]]), shape_bytewise(b));
         }
 
+        /// Tokens across blocks, long ones and runs of whitespace: the hashes of the
+        /// tokens split out one by one.
+        #[test]
+        fn tokens_are_found_across_blocks(text in "([a-zA-Z_]{0,90}[ \t\n\r]{0,3}){0,12}", from in 0usize..5) {
+            let t = &text.as_bytes()[from.min(text.len())..];
+            let mut fast = Vec::new();
+            each_token_hash(t, |h| fast.push(h));
+            let slow: Vec<u32> = t
+                .split(|b| b.is_ascii_whitespace())
+                .filter(|s| !s.is_empty())
+                .map(token_hash)
+                .collect();
+            proptest::prop_assert_eq!(fast, slow);
+        }
+
         /// Canonical JSON read in blocks reads as its literal runs and escapes one by one.
         #[test]
         fn json_reads_as_its_runs_and_escapes(
@@ -478,15 +507,6 @@ mod tests {
                 .map(token_hash)
                 .collect();
             assert_eq!(fast, slow, "from byte {cut}");
-        }
-        for b in 0..=255u8 {
-            let w = u64::from_le_bytes([b, b' ', b, 0, b, b'\n', b, b]);
-            let ws = whitespace_bytes(w).to_le_bytes();
-            let zero = zero_bytes(w).to_le_bytes();
-            for (i, x) in w.to_le_bytes().iter().enumerate() {
-                assert_eq!(ws[i] == 0x80, x.is_ascii_whitespace(), "{x:#x}");
-                assert_eq!(zero[i] == 0x80, *x == 0, "{x:#x}");
-            }
         }
     }
 
