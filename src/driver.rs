@@ -359,14 +359,40 @@ self_cell::self_cell!(
     }
 );
 
+/// The containers a parsed batch borrows nothing in, kept from batch to batch (a batch's
+/// parsed events are ~360 bytes a line: allocated afresh, every batch would fault in its
+/// pages again).
+#[derive(Default)]
+struct Spare {
+    lines: Vec<&'static [u8]>,
+    parsed: Vec<Parsed<'static>>,
+}
+
+/// An empty vector of one lifetime as one of another, keeping its allocation: collecting
+/// an empty iterator of a vector into one of the same layout reuses it in place.
+fn relabel<'a, 'b, T: ?Sized>(mut v: Vec<&'a T>) -> Vec<&'b T> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
+fn relabel_parsed<'a, 'b>(mut v: Vec<Parsed<'a>>) -> Vec<Parsed<'b>> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
 fn parse_batch(
     batch: Batch,
     limits: &ParseLimits,
     pool: Option<&rayon::ThreadPool>,
+    spare: &mut Spare,
 ) -> ParsedBatch {
+    let (spare_lines, spare_parsed) = (
+        std::mem::take(&mut spare.lines),
+        std::mem::take(&mut spare.parsed),
+    );
     ParsedBatch::new(batch, |batch| {
         let bytes = batch.bytes();
-        let mut lines: Vec<&[u8]> = Vec::with_capacity(bytes.len() / 512 + 1);
+        let mut lines: Vec<&[u8]> = relabel(spare_lines);
         let mut start = 0;
         while start < bytes.len() {
             let end = memchr::memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |i| start + i + 1);
@@ -377,10 +403,15 @@ fn parse_batch(
             let t = trim_line(line);
             (!t.is_empty()).then(|| parse_event(t, limits))
         }
-        let parsed = match pool {
-            Some(_) => lines.par_iter().map(|l| parse(l, limits)).collect(),
-            None => lines.iter().map(|l| parse(l, limits)).collect(),
-        };
+        let mut parsed = relabel_parsed(spare_parsed);
+        match pool {
+            Some(_) => lines
+                .par_iter()
+                .map(|l| parse(l, limits))
+                .collect_into_vec(&mut parsed),
+            None => parsed.extend(lines.iter().map(|l| parse(l, limits))),
+        }
+        spare.lines = relabel(lines);
         Lines { parsed }
     })
 }
@@ -503,6 +534,7 @@ pub fn drive<S: Sink>(
         scope.spawn(move || read_batches(input, batch_bytes, tx, recycled));
         let mut rx = rx.into_iter();
         let mut current: Option<Ready> = None;
+        let mut spare = Spare::default();
         loop {
             let next = rx.next().transpose().map_err(DriveError::Read)?;
             if next.is_none() && current.is_none() {
@@ -520,7 +552,7 @@ pub fn drive<S: Sink>(
                     None => shards.iter_mut().for_each(run),
                 }
             };
-            let parse = |batch: Batch| parse_batch(batch, &limits, pool.as_ref());
+            let parse = |batch: Batch| parse_batch(batch, &limits, pool.as_ref(), &mut spare);
             let parsed_next = match (&pool, current.as_mut()) {
                 (Some(p), Some(ready)) => {
                     let shards = &mut shards;
@@ -541,7 +573,11 @@ pub fn drive<S: Sink>(
                 if let Some(e) = done.stop {
                     return Err(e);
                 }
-                let _ = recycle.send(done.batch.into_owner().buf);
+                let mut batch = done.batch;
+                batch.with_dependent_mut(|_, lines| {
+                    spare.parsed = relabel_parsed(std::mem::take(&mut lines.parsed));
+                });
+                let _ = recycle.send(batch.into_owner().buf);
             }
             current = parsed_next.map(|b| prepare(b, errors));
         }
