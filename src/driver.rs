@@ -368,16 +368,14 @@ struct Spare {
     parsed: Vec<Parsed<'static>>,
 }
 
-/// An empty vector of one lifetime as one of another, keeping its allocation: collecting
-/// an empty iterator of a vector into one of the same layout reuses it in place.
-fn relabel<'a, 'b, T: ?Sized>(mut v: Vec<&'a T>) -> Vec<&'b T> {
+/// An empty vector as one of the same type with another lifetime, keeping its
+/// allocation: collecting a vector's iterator into one of the same layout reuses it in
+/// place.
+fn relabel<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.clear();
-    v.into_iter().filter_map(|_| None).collect()
-}
-
-fn relabel_parsed<'a, 'b>(mut v: Vec<Parsed<'a>>) -> Vec<Parsed<'b>> {
-    v.clear();
-    v.into_iter().filter_map(|_| None).collect()
+    v.into_iter()
+        .map(|_| unreachable!("the vector was cleared"))
+        .collect()
 }
 
 fn parse_batch(
@@ -403,7 +401,7 @@ fn parse_batch(
             let t = trim_line(line);
             (!t.is_empty()).then(|| parse_event(t, limits))
         }
-        let mut parsed = relabel_parsed(spare_parsed);
+        let mut parsed = relabel(spare_parsed);
         match pool {
             Some(_) => lines
                 .par_iter()
@@ -575,7 +573,7 @@ pub fn drive<S: Sink>(
                 }
                 let mut batch = done.batch;
                 batch.with_dependent_mut(|_, lines| {
-                    spare.parsed = relabel_parsed(std::mem::take(&mut lines.parsed));
+                    spare.parsed = relabel(std::mem::take(&mut lines.parsed));
                 });
                 let _ = recycle.send(batch.into_owner().buf);
             }
