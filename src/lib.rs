@@ -35,6 +35,7 @@ pub mod fingerprint;
 pub mod hash;
 pub mod json;
 pub mod kafka;
+pub mod otlp;
 pub mod output;
 pub mod pipeline;
 pub mod policy;

@@ -1,0 +1,1097 @@
+//! Agents traced with OpenTelemetry, read as loopwarden events (DESIGN §1): each
+//! `ExportTraceServiceRequest` (OTLP protobuf, or OTLP JSON as the Collector's Kafka and
+//! file exporters write it) is exploded into `cost.attributed` and `tool.called` events.
+//!
+//! Which spans, and what they give (the names are the conventions' own: [`attr`] lists
+//! each one with its convention, and a test holds the list to the published packages):
+//! - GenAI semantic conventions: `gen_ai.operation.name` = `chat`, `text_completion` or
+//!   `generate_content` is an LLM call, `execute_tool` a tool call, `invoke_agent` and
+//!   `create_agent` an agent;
+//! - OpenInference: `openinference.span.kind` = `LLM`, `TOOL`, `AGENT` likewise;
+//! - any other span (HTTP, database, framework internals) is not an agent's step and is
+//!   left out.
+//!
+//! Guarantees: the mapping is a pure function of the request (the same request gives the
+//! same events, bytes included: the `event_id` is the span id, the time the span's end);
+//! a signal a span does not carry is not guessed (no token usage: the LLM call is left
+//! out and counted, since the contract requires it; no output messages: no `text` and no
+//! `tool_calls`); every event it makes passes [`crate::event::parse_event`]. What it
+//! cannot know from one request it does not invent: an agent's name, the session of a
+//! span without one of its own, the sub-agent depth and parent session come from
+//! ancestors found in the same request, and depth only when the chain to the trace's root
+//! is there.
+
+use std::collections::HashMap;
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value::Value, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::{status::StatusCode, Span};
+use prost::Message as _;
+use serde_json::{json, Map};
+
+use crate::event::{format_rfc3339_ms, hex};
+
+/// The attribute names the mapping reads, by convention.
+pub mod attr {
+    // OpenTelemetry GenAI semantic conventions.
+    pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
+    pub const GEN_AI_CONVERSATION_ID: &str = "gen_ai.conversation.id";
+    pub const GEN_AI_AGENT_ID: &str = "gen_ai.agent.id";
+    pub const GEN_AI_AGENT_NAME: &str = "gen_ai.agent.name";
+    pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    pub const GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+    pub const GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: &str =
+        "gen_ai.usage.cache_creation.input_tokens";
+    pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+    pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+    pub const GEN_AI_RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
+    pub const GEN_AI_OUTPUT_MESSAGES: &str = "gen_ai.output.messages";
+    pub const GEN_AI_TOOL_NAME: &str = "gen_ai.tool.name";
+    pub const GEN_AI_TOOL_CALL_ID: &str = "gen_ai.tool.call.id";
+    pub const GEN_AI_TOOL_CALL_ARGUMENTS: &str = "gen_ai.tool.call.arguments";
+    pub const GEN_AI_TOOL_CALL_RESULT: &str = "gen_ai.tool.call.result";
+    // OpenTelemetry general conventions.
+    pub const ERROR_TYPE: &str = "error.type";
+    pub const SESSION_ID: &str = "session.id";
+    // OpenInference.
+    pub const OPENINFERENCE_SPAN_KIND: &str = "openinference.span.kind";
+    pub const LLM_TOKEN_COUNT_PROMPT: &str = "llm.token_count.prompt";
+    pub const LLM_TOKEN_COUNT_COMPLETION: &str = "llm.token_count.completion";
+    pub const LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_READ: &str =
+        "llm.token_count.prompt_details.cache_read";
+    pub const LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_WRITE: &str =
+        "llm.token_count.prompt_details.cache_write";
+    pub const LLM_MODEL_NAME: &str = "llm.model_name";
+    pub const LLM_COST_TOTAL: &str = "llm.cost.total";
+    /// `llm.output_messages.<i>.message.content` and
+    /// `llm.output_messages.<i>.message.tool_calls.<j>.tool_call.function.name`.
+    pub const LLM_OUTPUT_MESSAGES: &str = "llm.output_messages";
+    pub const MESSAGE_CONTENT: &str = "message.content";
+    pub const MESSAGE_TOOL_CALLS: &str = "message.tool_calls";
+    pub const TOOL_NAME: &str = "tool.name";
+    pub const TOOL_CALL_ID: &str = "tool_call.id";
+    pub const INPUT_VALUE: &str = "input.value";
+    pub const OUTPUT_VALUE: &str = "output.value";
+    pub const AGENT_NAME: &str = "agent.name";
+
+    /// The convention each name belongs to, for the check against the published
+    /// packages: `gen_ai` (OpenTelemetry's GenAI attributes), `otel` (its general ones),
+    /// `openinference`.
+    pub const ALL: &[(&str, &str)] = &[
+        (GEN_AI_OPERATION_NAME, "gen_ai"),
+        (GEN_AI_CONVERSATION_ID, "gen_ai"),
+        (GEN_AI_AGENT_ID, "gen_ai"),
+        (GEN_AI_AGENT_NAME, "gen_ai"),
+        (GEN_AI_USAGE_INPUT_TOKENS, "gen_ai"),
+        (GEN_AI_USAGE_OUTPUT_TOKENS, "gen_ai"),
+        (GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "gen_ai"),
+        (GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, "gen_ai"),
+        (GEN_AI_REQUEST_MODEL, "gen_ai"),
+        (GEN_AI_RESPONSE_MODEL, "gen_ai"),
+        (GEN_AI_RESPONSE_FINISH_REASONS, "gen_ai"),
+        (GEN_AI_OUTPUT_MESSAGES, "gen_ai"),
+        (GEN_AI_TOOL_NAME, "gen_ai"),
+        (GEN_AI_TOOL_CALL_ID, "gen_ai"),
+        (GEN_AI_TOOL_CALL_ARGUMENTS, "gen_ai"),
+        (GEN_AI_TOOL_CALL_RESULT, "gen_ai"),
+        (ERROR_TYPE, "otel"),
+        (SESSION_ID, "otel"),
+        (OPENINFERENCE_SPAN_KIND, "openinference"),
+        (LLM_TOKEN_COUNT_PROMPT, "openinference"),
+        (LLM_TOKEN_COUNT_COMPLETION, "openinference"),
+        (LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_READ, "openinference"),
+        (LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_WRITE, "openinference"),
+        (LLM_MODEL_NAME, "openinference"),
+        (LLM_COST_TOTAL, "openinference"),
+        (LLM_OUTPUT_MESSAGES, "openinference"),
+        (MESSAGE_CONTENT, "openinference"),
+        (MESSAGE_TOOL_CALLS, "openinference"),
+        (TOOL_NAME, "openinference"),
+        (TOOL_CALL_ID, "openinference"),
+        (INPUT_VALUE, "openinference"),
+        (OUTPUT_VALUE, "openinference"),
+        (AGENT_NAME, "openinference"),
+    ];
+
+    /// The values of `gen_ai.operation.name` and `openinference.span.kind` the mapping
+    /// knows, with what they are.
+    pub const OPERATIONS: &[(&str, &str)] = &[
+        ("chat", "gen_ai"),
+        ("text_completion", "gen_ai"),
+        ("generate_content", "gen_ai"),
+        ("execute_tool", "gen_ai"),
+        ("invoke_agent", "gen_ai"),
+        ("create_agent", "gen_ai"),
+        ("LLM", "openinference"),
+        ("TOOL", "openinference"),
+        ("AGENT", "openinference"),
+    ];
+}
+
+/// How OTLP traces are encoded on the bus (the Collector's Kafka exporter `encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    OtlpProto,
+    OtlpJson,
+}
+
+impl Encoding {
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::OtlpProto => "otlp_proto",
+            Encoding::OtlpJson => "otlp_json",
+        }
+    }
+}
+
+/// A message that is not an OTLP trace export (poison: dead-letter it).
+#[derive(Debug, thiserror::Error)]
+pub enum OtlpError {
+    #[error("not an OTLP protobuf ExportTraceServiceRequest: {0}")]
+    Protobuf(#[from] prost::DecodeError),
+    #[error("not an OTLP JSON ExportTraceServiceRequest: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl OtlpError {
+    /// A short, bounded label for metrics and dead-letter headers.
+    pub fn reason(&self) -> &'static str {
+        "invalid_otlp"
+    }
+}
+
+/// Reads one message (or line) as a trace export.
+pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<ExportTraceServiceRequest, OtlpError> {
+    match encoding {
+        Encoding::OtlpProto => Ok(ExportTraceServiceRequest::decode(bytes)?),
+        Encoding::OtlpJson => Ok(serde_json::from_slice(bytes)?),
+    }
+}
+
+/// One event made of a span.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MappedEvent {
+    pub session_id: String,
+    /// The event as one JSON object (the input contract).
+    pub json: Vec<u8>,
+    /// W3C `traceparent` of the span: loopwarden's own spans for this event join the
+    /// agent's trace.
+    pub traceparent: String,
+    pub end_unix_nano: u64,
+}
+
+/// Why a span gave no event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Skipped {
+    /// An LLM call without token usage (the contract requires it).
+    NoTokenUsage,
+    /// A tool call without a tool name.
+    NoToolName,
+    /// Not an agent's LLM call, tool call or agent (HTTP, database, framework spans).
+    NotAgentStep,
+}
+
+impl Skipped {
+    pub const ALL: [Skipped; 3] = [
+        Skipped::NoTokenUsage,
+        Skipped::NoToolName,
+        Skipped::NotAgentStep,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Skipped::NoTokenUsage => "no_token_usage",
+            Skipped::NoToolName => "no_tool_name",
+            Skipped::NotAgentStep => "not_agent_step",
+        }
+    }
+}
+
+/// What a request gave.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MapReport {
+    pub spans: u64,
+    pub llm_calls: u64,
+    pub tool_calls: u64,
+    pub agents: u64,
+    /// Spans that gave no event, by reason (agent spans are not counted here: they give
+    /// names and depth to their descendants).
+    pub skipped: Vec<(Skipped, u64)>,
+}
+
+impl MapReport {
+    fn skip(&mut self, why: Skipped) {
+        match self.skipped.iter_mut().find(|(s, _)| *s == why) {
+            Some((_, n)) => *n += 1,
+            None => self.skipped.push((why, 1)),
+        }
+    }
+
+    pub fn add(&mut self, other: &MapReport) {
+        self.spans += other.spans;
+        self.llm_calls += other.llm_calls;
+        self.tool_calls += other.tool_calls;
+        self.agents += other.agents;
+        for &(why, n) in &other.skipped {
+            for _ in 0..n {
+                self.skip(why);
+            }
+        }
+    }
+
+    pub fn skipped(&self, why: Skipped) -> u64 {
+        self.skipped
+            .iter()
+            .find(|(s, _)| *s == why)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// What kind of step a span is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Llm,
+    Tool,
+    Agent,
+    Other,
+}
+
+/// A span with the resource it came from.
+struct Located<'r> {
+    span: &'r Span,
+    resource: &'r [KeyValue],
+    kind: Kind,
+}
+
+/// Maps trace exports to events.
+#[derive(Debug, Clone, Default)]
+pub struct Mapper {
+    /// An attribute naming the session when neither `gen_ai.conversation.id` nor
+    /// `session.id` does.
+    pub session_attribute: Option<String>,
+}
+
+impl Mapper {
+    /// Appends the events of `request` to `out`, in the order their spans ended.
+    pub fn map(
+        &self,
+        request: &ExportTraceServiceRequest,
+        out: &mut Vec<MappedEvent>,
+    ) -> MapReport {
+        let mut report = MapReport::default();
+        let mut spans: Vec<Located<'_>> = Vec::new();
+        for rs in &request.resource_spans {
+            let resource = rs.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]);
+            for ss in &rs.scope_spans {
+                for span in &ss.spans {
+                    spans.push(Located {
+                        span,
+                        resource,
+                        kind: kind_of(&span.attributes),
+                    });
+                }
+            }
+        }
+        report.spans = spans.len() as u64;
+        let by_id: HashMap<(&[u8], &[u8]), usize> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, l)| ((&l.span.trace_id[..], &l.span.span_id[..]), i))
+            .collect();
+        let request_events = out.len();
+        for (i, l) in spans.iter().enumerate() {
+            let fields = match l.kind {
+                Kind::Llm => match llm_fields(&l.span.attributes) {
+                    Some(f) => {
+                        report.llm_calls += 1;
+                        f
+                    }
+                    None => {
+                        report.skip(Skipped::NoTokenUsage);
+                        continue;
+                    }
+                },
+                Kind::Tool => match tool_fields(l.span) {
+                    Some(f) => {
+                        report.tool_calls += 1;
+                        f
+                    }
+                    None => {
+                        report.skip(Skipped::NoToolName);
+                        continue;
+                    }
+                },
+                Kind::Agent => {
+                    report.agents += 1;
+                    continue;
+                }
+                Kind::Other => {
+                    report.skip(Skipped::NotAgentStep);
+                    continue;
+                }
+            };
+            let lineage = Lineage::of(i, &spans, &by_id);
+            out.push(self.event(&spans, i, &lineage, fields));
+        }
+        // In the order the spans ended (ties: as they came), the order they happened in.
+        out[request_events..].sort_by_key(|e| e.end_unix_nano);
+        report
+    }
+
+    fn event(
+        &self,
+        spans: &[Located<'_>],
+        i: usize,
+        lineage: &Lineage,
+        fields: Map<String, serde_json::Value>,
+    ) -> MappedEvent {
+        let l = &spans[i];
+        let span = l.span;
+        let session_id = self.session_of(spans, i, lineage);
+        let mut event = fields;
+        event.insert("session_id".into(), json!(session_id));
+        event.insert("event_id".into(), json!(hex(&span.span_id)));
+        let end_ms = (span.end_time_unix_nano / 1_000_000) as i64;
+        event.insert("timestamp".into(), json!(format_rfc3339_ms(end_ms)));
+        let agent = agent_of(&span.attributes).or_else(|| {
+            lineage
+                .agents
+                .first()
+                .and_then(|&a| agent_of(&spans[a].span.attributes))
+        });
+        if let Some(agent) = agent {
+            event.insert("agent_id".into(), json!(agent));
+        }
+        if lineage.to_root {
+            if let Some(depth) = lineage.agents.len().checked_sub(1) {
+                event.insert("depth".into(), json!(depth));
+            }
+        }
+        // The nearest agent above this event's own agent, if its session differs.
+        if let Some(&parent_agent) = lineage.agents.get(1) {
+            let parent_session = self.session_of(spans, parent_agent, &lineage.above(parent_agent));
+            if parent_session != session_id {
+                event.insert("parent_session_id".into(), json!(parent_session));
+            }
+        }
+        let json = serde_json::to_vec(&serde_json::Value::Object(event))
+            .expect("a JSON map always serializes");
+        MappedEvent {
+            session_id,
+            json,
+            traceparent: format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id)),
+            end_unix_nano: span.end_time_unix_nano,
+        }
+    }
+
+    /// The session of span `i`: `gen_ai.conversation.id`, `session.id` or the configured
+    /// attribute, on the span, else on its nearest ancestor in the request that has one,
+    /// else on its resource; else its trace.
+    fn session_of(&self, spans: &[Located<'_>], i: usize, lineage: &Lineage) -> String {
+        let keys = [attr::GEN_AI_CONVERSATION_ID, attr::SESSION_ID];
+        let extra = self.session_attribute.as_deref();
+        fn find<'a>(attrs: &'a [KeyValue], keys: &[&str], extra: Option<&str>) -> Option<&'a str> {
+            keys.iter()
+                .copied()
+                .chain(extra)
+                .find_map(|k| string(attrs, k).filter(|s| !s.is_empty()))
+        }
+        let find = |attrs| find(attrs, &keys, extra);
+        std::iter::once(i)
+            .chain(lineage.ancestors.iter().copied())
+            .find_map(|a| find(&spans[a].span.attributes))
+            .or_else(|| find(spans[i].resource))
+            .map_or_else(|| hex(&spans[i].span.trace_id), str::to_string)
+    }
+}
+
+/// The ancestors of a span found in its request, nearest first.
+struct Lineage {
+    ancestors: Vec<usize>,
+    /// The agent spans among them, nearest first.
+    agents: Vec<usize>,
+    /// The chain reaches a span without a parent (the trace's root) inside the request.
+    to_root: bool,
+}
+
+impl Lineage {
+    fn of(i: usize, spans: &[Located<'_>], by_id: &HashMap<(&[u8], &[u8]), usize>) -> Lineage {
+        let mut lineage = Lineage {
+            ancestors: Vec::new(),
+            agents: Vec::new(),
+            to_root: false,
+        };
+        let mut at = i;
+        // Bounded: a malformed request may loop its parents.
+        for _ in 0..spans.len() {
+            let span = spans[at].span;
+            if span.parent_span_id.is_empty() {
+                lineage.to_root = true;
+                break;
+            }
+            match by_id.get(&(&span.trace_id[..], &span.parent_span_id[..])) {
+                Some(&parent) => {
+                    lineage.ancestors.push(parent);
+                    if spans[parent].kind == Kind::Agent {
+                        lineage.agents.push(parent);
+                    }
+                    at = parent;
+                }
+                None => break,
+            }
+        }
+        if spans[i].kind == Kind::Agent {
+            lineage.agents.insert(0, i);
+        }
+        lineage
+    }
+
+    /// The lineage of one of these ancestors: the ancestors above it.
+    fn above(&self, ancestor: usize) -> Lineage {
+        let from = self
+            .ancestors
+            .iter()
+            .position(|&a| a == ancestor)
+            .map_or(self.ancestors.len(), |p| p + 1);
+        let ancestors = self.ancestors[from..].to_vec();
+        let agents = self
+            .agents
+            .iter()
+            .copied()
+            .filter(|a| ancestors.contains(a))
+            .collect();
+        Lineage {
+            ancestors,
+            agents,
+            to_root: self.to_root,
+        }
+    }
+}
+
+fn kind_of(attrs: &[KeyValue]) -> Kind {
+    if let Some(k) = string(attrs, attr::OPENINFERENCE_SPAN_KIND) {
+        return match k {
+            "LLM" => Kind::Llm,
+            "TOOL" => Kind::Tool,
+            "AGENT" => Kind::Agent,
+            _ => Kind::Other,
+        };
+    }
+    match string(attrs, attr::GEN_AI_OPERATION_NAME) {
+        Some("chat" | "text_completion" | "generate_content") => Kind::Llm,
+        Some("execute_tool") => Kind::Tool,
+        Some("invoke_agent" | "create_agent") => Kind::Agent,
+        _ => Kind::Other,
+    }
+}
+
+fn agent_of(attrs: &[KeyValue]) -> Option<&str> {
+    [
+        attr::GEN_AI_AGENT_ID,
+        attr::GEN_AI_AGENT_NAME,
+        attr::AGENT_NAME,
+    ]
+    .into_iter()
+    .find_map(|k| string(attrs, k).filter(|s| !s.is_empty()))
+}
+
+/// The `cost.attributed` fields of an LLM span; `None` without token usage.
+fn llm_fields(a: &[KeyValue]) -> Option<Map<String, serde_json::Value>> {
+    let first = |keys: &[&str]| keys.iter().find_map(|k| count(a, k));
+    let input = first(&[
+        attr::GEN_AI_USAGE_INPUT_TOKENS,
+        attr::LLM_TOKEN_COUNT_PROMPT,
+    ])?;
+    let output = first(&[
+        attr::GEN_AI_USAGE_OUTPUT_TOKENS,
+        attr::LLM_TOKEN_COUNT_COMPLETION,
+    ])?;
+    let mut m = Map::new();
+    m.insert("type".into(), json!("cost.attributed"));
+    m.insert("input_tokens".into(), json!(input));
+    m.insert("output_tokens".into(), json!(output));
+    let cache_read = first(&[
+        attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+        attr::LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_READ,
+    ]);
+    if let Some(n) = cache_read {
+        m.insert("cache_read_tokens".into(), json!(n));
+    }
+    let cache_write = first(&[
+        attr::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
+        attr::LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_WRITE,
+    ]);
+    if let Some(n) = cache_write {
+        m.insert("cache_write_tokens".into(), json!(n));
+    }
+    let model = [
+        attr::GEN_AI_RESPONSE_MODEL,
+        attr::GEN_AI_REQUEST_MODEL,
+        attr::LLM_MODEL_NAME,
+    ]
+    .into_iter()
+    .find_map(|k| string(a, k));
+    if let Some(model) = model {
+        m.insert("model".into(), json!(model));
+    }
+    if let Some(cost) = number(a, attr::LLM_COST_TOTAL).filter(|c| *c >= 0.0 && c.is_finite()) {
+        m.insert("cost_usd".into(), json!(cost));
+    }
+    if let Some(reason) = strings(a, attr::GEN_AI_RESPONSE_FINISH_REASONS)
+        .into_iter()
+        .next()
+    {
+        m.insert("finish_reason".into(), json!(reason));
+    }
+    let said = string(a, attr::GEN_AI_OUTPUT_MESSAGES)
+        .and_then(output_messages)
+        .or_else(|| openinference_output(a));
+    if let Some((text, tool_calls)) = said {
+        if !text.is_empty() {
+            m.insert("text".into(), json!(text));
+        }
+        m.insert("tool_calls".into(), json!(tool_calls));
+    }
+    Some(m)
+}
+
+/// The text and the count of tool calls of `gen_ai.output.messages` (a JSON array of
+/// messages, each with `parts` of `type` `text` or `tool_call`).
+fn output_messages(messages: &str) -> Option<(String, u32)> {
+    let v: serde_json::Value = serde_json::from_str(messages).ok()?;
+    let mut text = String::new();
+    let mut calls = 0u32;
+    for message in v.as_array()? {
+        for part in message
+            .get("parts")
+            .and_then(|p| p.as_array())
+            .into_iter()
+            .flatten()
+        {
+            match part.get("type").and_then(|t| t.as_str()) {
+                Some("text") => {
+                    if let Some(c) = part.get("content").and_then(|c| c.as_str()) {
+                        if !text.is_empty() {
+                            text.push('\n');
+                        }
+                        text.push_str(c);
+                    }
+                }
+                Some("tool_call") => calls += 1,
+                _ => {}
+            }
+        }
+    }
+    Some((text, calls))
+}
+
+/// The text and the count of tool calls of OpenInference's flattened output messages.
+fn openinference_output(a: &[KeyValue]) -> Option<(String, u32)> {
+    let prefix = format!("{}.", attr::LLM_OUTPUT_MESSAGES);
+    let mut texts: Vec<(u32, &str)> = Vec::new();
+    let mut calls: Vec<(u32, u32)> = Vec::new();
+    let mut any = false;
+    for kv in a {
+        let Some(rest) = kv.key.strip_prefix(&prefix) else {
+            continue;
+        };
+        any = true;
+        let Some((index, field)) = rest.split_once('.') else {
+            continue;
+        };
+        let Ok(index) = index.parse::<u32>() else {
+            continue;
+        };
+        if field == attr::MESSAGE_CONTENT {
+            if let Some(Value::StringValue(s)) = kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                texts.push((index, s));
+            }
+        } else if let Some(call) = field
+            .strip_prefix(attr::MESSAGE_TOOL_CALLS)
+            .and_then(|r| r.strip_prefix('.'))
+            .and_then(|r| r.split('.').next())
+            .and_then(|j| j.parse::<u32>().ok())
+        {
+            calls.push((index, call));
+        }
+    }
+    if !any {
+        return None;
+    }
+    texts.sort_by_key(|(i, _)| *i);
+    calls.sort_unstable();
+    calls.dedup();
+    let text = texts.iter().map(|(_, t)| *t).collect::<Vec<_>>().join("\n");
+    Some((text, calls.len() as u32))
+}
+
+/// The `tool.called` fields of a tool span; `None` without a tool name.
+fn tool_fields(span: &Span) -> Option<Map<String, serde_json::Value>> {
+    let a = &span.attributes[..];
+    let tool = [attr::GEN_AI_TOOL_NAME, attr::TOOL_NAME]
+        .into_iter()
+        .find_map(|k| string(a, k).filter(|s| !s.is_empty()))?;
+    let mut m = Map::new();
+    m.insert("type".into(), json!("tool.called"));
+    m.insert("tool".into(), json!(tool));
+    let args = string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS).or_else(|| string(a, attr::INPUT_VALUE));
+    if let Some(args) = args {
+        m.insert("args".into(), json_or_text(args));
+    }
+    let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT).or_else(|| string(a, attr::OUTPUT_VALUE));
+    if let Some(result) = result {
+        m.insert("result".into(), json_or_text(result));
+    }
+    let call_id = string(a, attr::GEN_AI_TOOL_CALL_ID).or_else(|| string(a, attr::TOOL_CALL_ID));
+    if let Some(id) = call_id {
+        m.insert("call_id".into(), json!(id));
+    }
+    let error_type = string(a, attr::ERROR_TYPE);
+    let failed = span
+        .status
+        .as_ref()
+        .is_some_and(|s| s.code == StatusCode::Error as i32);
+    if failed || error_type.is_some() {
+        m.insert("is_error".into(), json!(true));
+    }
+    if let Some(kind) = error_type {
+        m.insert("error_kind".into(), json!(kind));
+    }
+    let duration_ns = span
+        .end_time_unix_nano
+        .saturating_sub(span.start_time_unix_nano);
+    m.insert(
+        "duration_ms".into(),
+        json!((duration_ns / 1_000) as f64 / 1_000.0),
+    );
+    Some(m)
+}
+
+/// A captured value: its JSON when it is JSON (arguments and results usually are), the
+/// text as a string otherwise.
+fn json_or_text(s: &str) -> serde_json::Value {
+    let t = s.trim_start();
+    if t.starts_with('{') || t.starts_with('[') {
+        if let Ok(v) = serde_json::from_str(s) {
+            return v;
+        }
+    }
+    json!(s)
+}
+
+fn value<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a Value> {
+    attrs
+        .iter()
+        .rev() // the last of repeated keys wins, as in a map
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v| v.value.as_ref())
+}
+
+fn string<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    match value(attrs, key)? {
+        Value::StringValue(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// A non-negative whole count (token counts arrive as ints, sometimes as doubles or
+/// strings).
+fn count(attrs: &[KeyValue], key: &str) -> Option<u64> {
+    match value(attrs, key)? {
+        Value::IntValue(n) => u64::try_from(*n).ok(),
+        Value::DoubleValue(d) if *d >= 0.0 && d.fract() == 0.0 && *d < 1e18 => Some(*d as u64),
+        Value::StringValue(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn number(attrs: &[KeyValue], key: &str) -> Option<f64> {
+    match value(attrs, key)? {
+        Value::IntValue(n) => Some(*n as f64),
+        Value::DoubleValue(d) => Some(*d),
+        Value::StringValue(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn strings<'a>(attrs: &'a [KeyValue], key: &str) -> Vec<&'a str> {
+    match value(attrs, key) {
+        Some(Value::StringValue(s)) => vec![s.as_str()],
+        Some(Value::ArrayValue(a)) => a
+            .values
+            .iter()
+            .filter_map(|v| match v.value.as_ref() {
+                Some(Value::StringValue(s)) => Some(s.as_str()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Status};
+
+    use super::*;
+    use crate::event::{parse_event, EventBody, ParseLimits};
+
+    fn kv(key: &str, v: Value) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: Some(AnyValue { value: Some(v) }),
+        }
+    }
+
+    fn s(key: &str, v: &str) -> KeyValue {
+        kv(key, Value::StringValue(v.into()))
+    }
+
+    fn i(key: &str, v: i64) -> KeyValue {
+        kv(key, Value::IntValue(v))
+    }
+
+    fn span(id: u8, parent: Option<u8>, end_ms: u64, attributes: Vec<KeyValue>) -> Span {
+        Span {
+            trace_id: vec![7; 16],
+            span_id: vec![id; 8],
+            parent_span_id: parent.map(|p| vec![p; 8]).unwrap_or_default(),
+            name: format!("span {id}"),
+            start_time_unix_nano: (end_ms - 5) * 1_000_000,
+            end_time_unix_nano: end_ms * 1_000_000,
+            attributes,
+            ..Span::default()
+        }
+    }
+
+    fn request(resource: Vec<KeyValue>, spans: Vec<Span>) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: resource,
+                    ..Resource::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..ScopeSpans::default()
+                }],
+                ..ResourceSpans::default()
+            }],
+        }
+    }
+
+    fn chat(id: u8, parent: Option<u8>, end_ms: u64) -> Span {
+        span(
+            id,
+            parent,
+            end_ms,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "chat"),
+                s(attr::GEN_AI_CONVERSATION_ID, "conv-1"),
+                i(attr::GEN_AI_USAGE_INPUT_TOKENS, 1200),
+                i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, 80),
+                i(attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 1000),
+                s(attr::GEN_AI_RESPONSE_MODEL, "model-x"),
+                kv(
+                    attr::GEN_AI_RESPONSE_FINISH_REASONS,
+                    Value::ArrayValue(ArrayValue {
+                        values: vec![AnyValue {
+                            value: Some(Value::StringValue("tool_calls".into())),
+                        }],
+                    }),
+                ),
+                s(
+                    attr::GEN_AI_OUTPUT_MESSAGES,
+                    r#"[{"role":"assistant","parts":[{"type":"text","content":"Let me read it."},{"type":"tool_call","id":"c1","name":"read","arguments":{"p":"a"}}],"finish_reason":"tool_call"}]"#,
+                ),
+            ],
+        )
+    }
+
+    fn tool(id: u8, parent: Option<u8>, end_ms: u64) -> Span {
+        span(
+            id,
+            parent,
+            end_ms,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
+                s(attr::GEN_AI_CONVERSATION_ID, "conv-1"),
+                s(attr::GEN_AI_TOOL_NAME, "read_file"),
+                s(attr::GEN_AI_TOOL_CALL_ID, "call-1"),
+                s(
+                    attr::GEN_AI_TOOL_CALL_ARGUMENTS,
+                    r#"{"path": "src/main.rs"}"#,
+                ),
+                s(attr::GEN_AI_TOOL_CALL_RESULT, "fn main() {}"),
+            ],
+        )
+    }
+
+    fn events(
+        mapper: &Mapper,
+        req: &ExportTraceServiceRequest,
+    ) -> (Vec<serde_json::Value>, MapReport) {
+        let mut out = Vec::new();
+        let report = mapper.map(req, &mut out);
+        let values = out
+            .iter()
+            .map(|e| {
+                // Every event is one the contract accepts.
+                parse_event(&e.json, &ParseLimits::default()).expect("a valid event");
+                serde_json::from_slice(&e.json).unwrap()
+            })
+            .collect();
+        (values, report)
+    }
+
+    #[test]
+    fn chat_and_tool_spans_become_llm_and_tool_calls() {
+        let req = request(vec![], vec![tool(2, None, 2_000), chat(1, None, 1_000)]);
+        let (ev, report) = events(&Mapper::default(), &req);
+        assert_eq!((report.llm_calls, report.tool_calls), (1, 1));
+        // In the order the spans ended.
+        let llm = &ev[0];
+        assert_eq!(llm["type"], "cost.attributed");
+        assert_eq!(llm["session_id"], "conv-1");
+        assert_eq!(llm["event_id"], "0101010101010101");
+        assert_eq!(llm["timestamp"], "1970-01-01T00:00:01.000Z");
+        assert_eq!(
+            (llm["input_tokens"].as_u64(), llm["output_tokens"].as_u64()),
+            (Some(1200), Some(80))
+        );
+        assert_eq!(llm["cache_read_tokens"], 1000);
+        assert_eq!(llm["model"], "model-x");
+        assert_eq!(llm["finish_reason"], "tool_calls");
+        assert_eq!(llm["text"], "Let me read it.");
+        assert_eq!(llm["tool_calls"], 1);
+        let t = &ev[1];
+        assert_eq!(t["type"], "tool.called");
+        assert_eq!(t["tool"], "read_file");
+        assert_eq!(t["args"], json!({"path": "src/main.rs"}));
+        assert_eq!(t["result"], "fn main() {}");
+        assert_eq!(t["call_id"], "call-1");
+        assert_eq!(t["duration_ms"], 5.0);
+        assert!(t.get("is_error").is_none());
+    }
+
+    #[test]
+    fn what_a_span_does_not_say_is_not_guessed() {
+        let mut bare = chat(1, None, 1_000);
+        bare.attributes
+            .retain(|kv| kv.key != attr::GEN_AI_OUTPUT_MESSAGES);
+        let mut no_usage = chat(2, None, 1_100);
+        no_usage
+            .attributes
+            .retain(|kv| kv.key != attr::GEN_AI_USAGE_INPUT_TOKENS);
+        let http = span(3, None, 1_200, vec![s("http.request.method", "GET")]);
+        let mut nameless = tool(4, None, 1_300);
+        nameless
+            .attributes
+            .retain(|kv| kv.key != attr::GEN_AI_TOOL_NAME);
+        let req = request(vec![], vec![bare, no_usage, http, nameless]);
+        let (ev, report) = events(&Mapper::default(), &req);
+        assert_eq!(ev.len(), 1);
+        assert!(ev[0].get("text").is_none() && ev[0].get("tool_calls").is_none());
+        assert_eq!(report.skipped(Skipped::NoTokenUsage), 1);
+        assert_eq!(report.skipped(Skipped::NotAgentStep), 1);
+        assert_eq!(report.skipped(Skipped::NoToolName), 1);
+    }
+
+    #[test]
+    fn failures_say_so() {
+        let mut failed = tool(1, None, 1_000);
+        failed.status = Some(Status {
+            code: StatusCode::Error as i32,
+            message: "boom".into(),
+        });
+        let mut typed = tool(2, None, 1_100);
+        typed.attributes.push(s(attr::ERROR_TYPE, "timeout"));
+        let (ev, _) = events(&Mapper::default(), &request(vec![], vec![failed, typed]));
+        assert_eq!(ev[0]["is_error"], true);
+        assert!(ev[0].get("error_kind").is_none());
+        assert_eq!(
+            (ev[1]["is_error"].clone(), ev[1]["error_kind"].clone()),
+            (json!(true), json!("timeout"))
+        );
+    }
+
+    #[test]
+    fn agents_name_their_steps_and_nested_agents_give_depth_and_parent() {
+        // root agent (conv-root) -> sub-agent (conv-sub) -> chat; the whole chain is here.
+        let root = span(
+            10,
+            None,
+            9_000,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+                s(attr::GEN_AI_AGENT_NAME, "planner"),
+                s(attr::GEN_AI_CONVERSATION_ID, "conv-root"),
+            ],
+        );
+        let sub = span(
+            11,
+            Some(10),
+            8_000,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+                s(attr::GEN_AI_AGENT_ID, "coder-7"),
+                s(attr::GEN_AI_CONVERSATION_ID, "conv-sub"),
+            ],
+        );
+        let mut step = chat(12, Some(11), 1_000);
+        step.attributes
+            .retain(|kv| kv.key != attr::GEN_AI_CONVERSATION_ID);
+        let (ev, report) = events(
+            &Mapper::default(),
+            &request(vec![], vec![step.clone(), sub.clone(), root]),
+        );
+        assert_eq!(report.agents, 2);
+        assert_eq!(ev[0]["agent_id"], "coder-7");
+        assert_eq!(
+            ev[0]["session_id"], "conv-sub",
+            "the nearest ancestor's session"
+        );
+        assert_eq!(ev[0]["depth"], 1);
+        assert_eq!(ev[0]["parent_session_id"], "conv-root");
+        // Without the root in the request, depth is not known (not guessed as 0).
+        let (ev, _) = events(&Mapper::default(), &request(vec![], vec![step, sub]));
+        assert_eq!(ev[0]["agent_id"], "coder-7");
+        assert!(ev[0].get("depth").is_none() && ev[0].get("parent_session_id").is_none());
+    }
+
+    #[test]
+    fn sessions_fall_back_in_order() {
+        let plain = |id: u8, extra: Vec<KeyValue>| {
+            let mut sp = chat(id, None, 1_000 + id as u64);
+            sp.attributes
+                .retain(|kv| kv.key != attr::GEN_AI_CONVERSATION_ID);
+            sp.attributes.extend(extra);
+            sp
+        };
+        let spans = vec![
+            plain(1, vec![s(attr::SESSION_ID, "oi-session")]),
+            plain(2, vec![s("app.thread", "thread-9")]),
+            plain(3, vec![]),
+        ];
+        let mapper = Mapper {
+            session_attribute: Some("app.thread".into()),
+        };
+        let (ev, _) = events(&mapper, &request(vec![], spans.clone()));
+        let sessions: Vec<&str> = ev
+            .iter()
+            .map(|e| e["session_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            sessions,
+            ["oi-session", "thread-9", "07070707070707070707070707070707"]
+        );
+        let (ev, _) = events(
+            &Mapper::default(),
+            &request(vec![s(attr::SESSION_ID, "from-resource")], spans),
+        );
+        assert_eq!(ev[2]["session_id"], "from-resource");
+        assert_eq!(
+            ev[1]["session_id"], "from-resource",
+            "not configured: app.thread is no session"
+        );
+    }
+
+    #[test]
+    fn openinference_spans_map_too() {
+        let llm = span(
+            1,
+            None,
+            1_000,
+            vec![
+                s(attr::OPENINFERENCE_SPAN_KIND, "LLM"),
+                s(attr::SESSION_ID, "s-oi"),
+                i(attr::LLM_TOKEN_COUNT_PROMPT, 300),
+                i(attr::LLM_TOKEN_COUNT_COMPLETION, 20),
+                s(attr::LLM_MODEL_NAME, "m"),
+                kv(attr::LLM_COST_TOTAL, Value::DoubleValue(0.002)),
+                s(
+                    "llm.output_messages.0.message.content",
+                    "Checking the file.",
+                ),
+                s(
+                    "llm.output_messages.0.message.tool_calls.0.tool_call.function.name",
+                    "read",
+                ),
+                s(
+                    "llm.output_messages.0.message.tool_calls.1.tool_call.function.name",
+                    "grep",
+                ),
+            ],
+        );
+        let tool = span(
+            2,
+            None,
+            1_100,
+            vec![
+                s(attr::OPENINFERENCE_SPAN_KIND, "TOOL"),
+                s(attr::SESSION_ID, "s-oi"),
+                s(attr::TOOL_NAME, "read"),
+                s(attr::INPUT_VALUE, r#"{"p": 1}"#),
+                s(attr::OUTPUT_VALUE, "contents"),
+            ],
+        );
+        let (ev, _) = events(&Mapper::default(), &request(vec![], vec![llm, tool]));
+        assert_eq!(ev[0]["input_tokens"], 300);
+        assert_eq!(ev[0]["cost_usd"], 0.002);
+        assert_eq!(ev[0]["text"], "Checking the file.");
+        assert_eq!(ev[0]["tool_calls"], 2);
+        assert_eq!(ev[1]["tool"], "read");
+        assert_eq!(ev[1]["args"], json!({"p": 1}));
+    }
+
+    #[test]
+    fn both_encodings_decode_and_garbage_is_refused() {
+        let req = request(vec![], vec![chat(1, None, 1_000)]);
+        let proto = req.encode_to_vec();
+        assert_eq!(decode(&proto, Encoding::OtlpProto).unwrap(), req);
+        // OTLP JSON as the Collector writes it: hex ids, nanoseconds as strings.
+        let json_text = r#"{"resourceSpans":[{"resource":{"attributes":[]},"scopeSpans":[{"scope":{"name":"x"},"spans":[
+            {"traceId":"07070707070707070707070707070707","spanId":"0101010101010101","name":"chat m","kind":3,
+             "startTimeUnixNano":"995000000","endTimeUnixNano":"1000000000",
+             "attributes":[{"key":"gen_ai.operation.name","value":{"stringValue":"chat"}},
+                           {"key":"gen_ai.usage.input_tokens","value":{"intValue":"12"}},
+                           {"key":"gen_ai.usage.output_tokens","value":{"intValue":3}}],
+             "status":{}}]}]}]}"#;
+        let from_json = decode(json_text.as_bytes(), Encoding::OtlpJson).unwrap();
+        let (ev, _) = events(&Mapper::default(), &from_json);
+        assert_eq!(
+            (
+                ev[0]["input_tokens"].as_u64(),
+                ev[0]["output_tokens"].as_u64()
+            ),
+            (Some(12), Some(3))
+        );
+        assert_eq!(ev[0]["event_id"], "0101010101010101");
+        for (bytes, enc) in [
+            (&b"\xff\x00garbage"[..], Encoding::OtlpProto),
+            (&b"{\"resourceSpans\": 3}"[..], Encoding::OtlpJson),
+        ] {
+            let e = decode(bytes, enc).unwrap_err();
+            assert_eq!(e.reason(), "invalid_otlp");
+            assert!(e.to_string().contains("ExportTraceServiceRequest"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_same_request_maps_to_the_same_bytes() {
+        let req = request(vec![], vec![chat(1, None, 1_000), tool(2, Some(1), 1_500)]);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        Mapper::default().map(&req, &mut a);
+        Mapper::default().map(&req, &mut b);
+        assert_eq!(a, b);
+        assert_eq!(
+            a[1].traceparent,
+            format!("00-{}-{}-01", "07".repeat(16), "02".repeat(8))
+        );
+    }
+}
