@@ -17,6 +17,7 @@ use crate::detectors::settings::Threshold;
 use crate::detectors::{Class, DetectorKind};
 use crate::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
 use crate::fingerprint::{BuiltinPattern, FingerprintSpec};
+use crate::ingest::{OtlpIngest, RawIngest};
 use crate::kafka::settings::{KafkaSettings, RawKafka};
 use crate::policy::{Levels, Mode, Policy, DEFAULT_GRACE_STEPS};
 
@@ -40,6 +41,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "LOOPWARDEN_TEST_BROKERS",
     "LOOPWARDEN_CRASH_SEED",
     "LOOPWARDEN_RECORD_REPLAY",
+    "LOOPWARDEN_OTEL_DIR",
 ];
 /// Prefix of the benchmarks' variables (`LOOPWARDEN_BENCH_RATE`, …), not config keys.
 pub const RESERVED_ENV_PREFIX: &str = "LOOPWARDEN_BENCH_";
@@ -246,6 +248,8 @@ pub struct Config {
     pub overrides: Vec<Override>,
     pub kafka: KafkaSettings,
     pub telemetry: TelemetrySettings,
+    /// `[ingest.otlp]`: OTLP traces on the bus mapped to events, when on.
+    pub ingest: Option<OtlpIngest>,
     /// The merged TOML this config was built from (for `check-config`).
     effective: toml::Table,
 }
@@ -521,6 +525,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "overrides",
     "kafka",
     "telemetry",
+    "ingest",
 ];
 
 impl Config {
@@ -610,6 +615,13 @@ impl Config {
         let raw_kafka: RawKafka = section(&table, "kafka", &mut errors);
         let mut kafka_errors = Vec::new();
         let kafka = KafkaSettings::validate(raw_kafka, &mut kafka_errors);
+        let raw_ingest: RawIngest = section(&table, "ingest", &mut errors);
+        let ingest = OtlpIngest::validate(
+            raw_ingest,
+            &kafka,
+            spans_to_kafka.then_some(spans_topic.as_str()),
+            &mut kafka_errors,
+        );
         for (key, message) in kafka_errors {
             errors.push(key, message);
         }
@@ -795,6 +807,7 @@ impl Config {
                 spans_topic,
                 owner_series_limit,
             },
+            ingest,
             effective: table,
         })
     }
@@ -965,6 +978,10 @@ impl Config {
             V::Integer(self.telemetry.owner_series_limit as i64),
         );
         root.insert("telemetry".into(), V::Table(telemetry));
+        root.insert(
+            "ingest".into(),
+            V::Table(OtlpIngest::to_toml(self.ingest.as_ref())),
+        );
         if let Some(o) = self.effective.get("overrides") {
             root.insert("overrides".into(), o.clone());
         }

@@ -33,6 +33,7 @@ pub mod event;
 pub mod feed;
 pub mod fingerprint;
 pub mod hash;
+pub mod ingest;
 pub mod json;
 pub mod kafka;
 pub mod otlp;

@@ -15,6 +15,7 @@ use loopwarden::config::Config;
 use loopwarden::demo::{demo, DemoOptions};
 use loopwarden::eval::run_corpus;
 use loopwarden::feed::{feed, write_truth, FeedProducer, Routing, Target, FILE_CLOCK};
+use loopwarden::ingest::{looks_like_otlp_json, OtlpIngest, OtlpJsonLines};
 use loopwarden::kafka::{self, embedded::EmbeddedBroker};
 use loopwarden::pipeline;
 use loopwarden::replay::{replay, Format, ReplayOptions};
@@ -56,6 +57,17 @@ enum LogFormat {
 enum FormatArg {
     Json,
     Table,
+}
+
+/// What an input file holds.
+#[derive(Copy, Clone, ValueEnum)]
+enum InputArg {
+    /// OTLP JSON when the first line is a trace export (`{"resourceSpans": …`), else events.
+    Auto,
+    /// loopwarden events, one JSON object a line.
+    Events,
+    /// OTLP JSON trace exports, one a line (the Collector's file exporter).
+    OtlpJson,
 }
 
 #[derive(Subcommand)]
@@ -143,6 +155,10 @@ enum Command {
         /// The output is the same for any number.
         #[arg(long, env = "LOOPWARDEN_THREADS")]
         threads: Option<usize>,
+        /// What the input holds: loopwarden events, or OTLP JSON trace exports (mapped as
+        /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line.
+        #[arg(long, value_enum, default_value = "auto")]
+        input_format: InputArg,
     },
     /// What enforcing a configuration would have done to recorded sessions: sessions
     /// warned and killed per detector and per outcome, the kills of successful sessions,
@@ -166,6 +182,10 @@ enum Command {
         /// The report is the same for any number.
         #[arg(long, env = "LOOPWARDEN_THREADS")]
         threads: Option<usize>,
+        /// What the input holds: loopwarden events, or OTLP JSON trace exports (mapped as
+        /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line.
+        #[arg(long, value_enum, default_value = "auto")]
+        input_format: InputArg,
     },
     /// Check a labelled scenario corpus: per case, whether its expectations hold, then
     /// totals (cases held, false alarms, false kills, late detections).
@@ -244,6 +264,30 @@ fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
     }
 }
 
+/// The input as event lines: OTLP JSON trace exports are mapped to events (reporting
+/// bad lines and a summary on stderr), events pass through.
+fn events_of(
+    mut input: Box<dyn BufRead + Send>,
+    format: InputArg,
+    config: &Config,
+) -> anyhow::Result<Box<dyn BufRead + Send>> {
+    let otlp = match format {
+        InputArg::Events => false,
+        InputArg::OtlpJson => true,
+        InputArg::Auto => looks_like_otlp_json(input.fill_buf().context("cannot read the input")?),
+    };
+    if !otlp {
+        return Ok(input);
+    }
+    let mapper = config
+        .ingest
+        .as_ref()
+        .map(OtlpIngest::mapper)
+        .unwrap_or_default();
+    let lines = OtlpJsonLines::new(input, mapper, Box::new(std::io::stderr()));
+    Ok(Box::new(BufReader::with_capacity(1 << 20, lines)))
+}
+
 /// Logs on stderr; RUST_LOG wins over `default_level`.
 fn init_logs(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -310,6 +354,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let mut topics = config.kafka.all_topics();
                     if config.telemetry.spans_to_kafka {
                         topics.push(&config.telemetry.spans_topic);
+                    }
+                    if let Some(ingest) = &config.ingest {
+                        topics.extend(ingest.topics.iter().map(String::as_str));
                     }
                     embedded = EmbeddedBroker::start(&topics, config.kafka.embedded_partitions)?;
                     let b = embedded.bootstrap_servers().to_string();
@@ -472,9 +519,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             format,
             strict,
             threads,
+            input_format,
         } => {
             let config = load_config(config.as_deref())?;
-            let mut reader = open_input(&input)?;
+            let mut reader = events_of(open_input(&input)?, input_format, &config)?;
             let options = ReplayOptions {
                 threads: threads_or_cores(threads)?,
                 strict,
@@ -498,6 +546,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             outcomes,
             format,
             threads,
+            input_format,
         } => {
             let config = load_config(config.as_deref())?;
             let outcomes = match outcomes {
@@ -505,7 +554,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .with_context(|| format!("in {}", path.display()))?,
                 None => Outcomes::default(),
             };
-            let mut reader = open_input(&input)?;
+            let mut reader = events_of(open_input(&input)?, input_format, &config)?;
             let threads = threads_or_cores(threads)?;
             let report = backtest(
                 config,

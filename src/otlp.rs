@@ -162,10 +162,17 @@ impl OtlpError {
     }
 }
 
-/// Reads one message (or line) as a trace export.
+/// Reads one message (or line) as a trace export. In JSON, an export
+/// (`{"resourceSpans": [...]}`, as the OpenTelemetry Collector writes it) or its bare
+/// array of resource spans (as rotel's Kafka exporter writes it).
 pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<ExportTraceServiceRequest, OtlpError> {
     match encoding {
         Encoding::OtlpProto => Ok(ExportTraceServiceRequest::decode(bytes)?),
+        Encoding::OtlpJson if bytes.trim_ascii_start().starts_with(b"[") => {
+            Ok(ExportTraceServiceRequest {
+                resource_spans: serde_json::from_slice(bytes)?,
+            })
+        }
         Encoding::OtlpJson => Ok(serde_json::from_slice(bytes)?),
     }
 }
@@ -739,7 +746,7 @@ mod tests {
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Status};
 
     use super::*;
-    use crate::event::{parse_event, EventBody, ParseLimits};
+    use crate::event::{parse_event, ParseLimits};
 
     fn kv(key: &str, v: Value) -> KeyValue {
         KeyValue {

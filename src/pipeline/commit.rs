@@ -19,7 +19,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
@@ -28,7 +28,6 @@ use tracing::{info, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
 use super::outbox::Outbox;
-use super::rebalance::RebalanceHandler;
 use super::PipelineError;
 use crate::kafka::settings::{Delivery, KafkaSettings};
 use crate::kafka::transactional_id;
@@ -112,10 +111,10 @@ impl Transactional {
     /// failure the same records and offsets are sent again in a new transaction. Returns
     /// `false` when the consumer group has moved on (our generation is fenced): the batch
     /// must then be dropped and its events read again by whoever owns them now.
-    pub fn commit(
+    pub fn commit<C: ConsumerContext>(
         &self,
         outbox: &mut Outbox,
-        consumer: &BaseConsumer<RebalanceHandler>,
+        consumer: &BaseConsumer<C>,
         offsets: &TopicPartitionList,
         backoff: &mut Backoff,
     ) -> Result<bool, PipelineError> {
@@ -148,10 +147,10 @@ impl Transactional {
     }
 
     /// One transaction: begin, send and await every record, send the offsets, commit.
-    fn attempt(
+    fn attempt<C: ConsumerContext>(
         &self,
         outbox: &mut Outbox,
-        consumer: &BaseConsumer<RebalanceHandler>,
+        consumer: &BaseConsumer<C>,
         offsets: &TopicPartitionList,
         backoff: &Backoff,
     ) -> Result<(), KafkaError> {

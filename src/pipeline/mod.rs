@@ -30,7 +30,8 @@
 //! - `commit`: the delivery mode (`Commit`) and exactly_once's transactions;
 //! - `changelog`: the changelog's writer and its restore reader;
 //! - `rebalance`: what happens when the group revokes or assigns partitions;
-//! - `backoff`: the one shutdown-aware retry rhythm.
+//! - `backoff`: the one shutdown-aware retry rhythm;
+//! - `ingest`: `[ingest.otlp]`, traces on the bus re-published as events (its own group).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,6 +53,7 @@ mod align;
 mod backoff;
 mod changelog;
 mod commit;
+mod ingest;
 mod outbox;
 mod outputs;
 mod rebalance;
@@ -60,6 +62,7 @@ mod worker;
 use backoff::Backoff;
 pub use changelog::{CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use commit::Commit;
+pub use ingest::{run_ingest, IngestStats};
 use outbox::{lock, Outbox};
 pub use outbox::{
     DLQ_MESSAGE, DLQ_REASON, DLQ_SOURCE_OFFSET, DLQ_SOURCE_PARTITION, DLQ_SOURCE_TOPIC,
@@ -211,12 +214,55 @@ pub fn run_observed(
     telemetry: Arc<Telemetry>,
 ) -> Result<RunStats, PipelineError> {
     let db = open_db(&config.state_path)?;
+    // The OTLP ingest, if on, runs beside the workers: a consumer group of its own that
+    // feeds the input topic they read.
+    let ingest = match config.ingest.clone() {
+        Some(ingest) => {
+            let (config, brokers, shutdown, telemetry) = (
+                config.clone(),
+                brokers.to_string(),
+                shutdown.clone(),
+                telemetry.clone(),
+            );
+            Some(
+                std::thread::Builder::new()
+                    .name("loopwarden-otlp-ingest".into())
+                    .spawn(move || run_ingest(config, ingest, &brokers, shutdown, telemetry))
+                    .map_err(PipelineError::Thread)?,
+            )
+        }
+        None => None,
+    };
     let workers = config.kafka.workers;
-    if workers == 1 {
-        return run_worker(config, brokers, db, shutdown, 0, telemetry);
+    let result = if workers == 1 {
+        run_worker(config, brokers, db, shutdown.clone(), 0, telemetry)
+    } else {
+        run_workers(config, brokers, db, shutdown.clone(), telemetry)
+    };
+    if result.is_err() {
+        shutdown.trigger();
     }
-    // Several members of the group in one process: each owns its partitions, engines and
-    // sled trees; while one waits for the broker or the disk, the other computes.
+    let ingested = match ingest.map(|t| t.join()) {
+        None => Ok(()),
+        Some(Ok(r)) => r.map(|_| ()),
+        Some(Err(_)) => Err(PipelineError::WorkerPanicked),
+    };
+    match (result, ingested) {
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+        (Ok(stats), Ok(())) => Ok(stats),
+    }
+}
+
+/// Several members of the group in one process: each owns its partitions, engines and
+/// sled trees; while one waits for the broker or the disk, the other computes.
+fn run_workers(
+    config: Arc<Config>,
+    brokers: &str,
+    db: sled::Db,
+    shutdown: Shutdown,
+    telemetry: Arc<Telemetry>,
+) -> Result<RunStats, PipelineError> {
+    let workers = config.kafka.workers;
     let threads: Vec<_> = (0..workers)
         .map(|i| {
             let (config, brokers, db, shutdown, telemetry) = (

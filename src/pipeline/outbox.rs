@@ -20,7 +20,6 @@ use rustc_hash::FxHashMap;
 use tracing::warn;
 
 use super::backoff::{Backoff, DeadlinePassed};
-use crate::event::BadEvent;
 use crate::kafka::settings::KafkaSettings;
 use crate::telemetry::Telemetry;
 
@@ -46,6 +45,8 @@ pub enum Sink {
     Summary,
     DeadLetter,
     Changelog,
+    /// Events the OTLP ingest publishes onto an input topic (see [`Outbox::publishing_to`]).
+    Ingested,
 }
 
 impl Sink {
@@ -57,6 +58,8 @@ impl Sink {
             Sink::Summary => &settings.summary_topic,
             Sink::DeadLetter => &settings.dlq_topic,
             Sink::Changelog => &settings.changelog_topic,
+            // Resolved by the outbox that publishes them.
+            Sink::Ingested => "",
         }
     }
 }
@@ -98,8 +101,8 @@ impl Record {
 }
 
 /// The dead letter of a bad message: its key, payload and headers, and where it came
-/// from and why it was refused.
-pub fn dead_letter(m: &BorrowedMessage<'_>, topic: &str, bad: &BadEvent) -> Record {
+/// from and why it was refused (`reason`: the bounded class; `message`: what and where).
+pub fn dead_letter(m: &BorrowedMessage<'_>, topic: &str, reason: &str, message: &str) -> Record {
     let source_headers = m
         .headers()
         .map(|h| {
@@ -117,8 +120,8 @@ pub fn dead_letter(m: &BorrowedMessage<'_>, topic: &str, bad: &BadEvent) -> Reco
             (DLQ_SOURCE_TOPIC, topic.as_bytes().to_vec()),
             (DLQ_SOURCE_PARTITION, m.partition().to_string().into_bytes()),
             (DLQ_SOURCE_OFFSET, m.offset().to_string().into_bytes()),
-            (DLQ_REASON, bad.reason().as_bytes().to_vec()),
-            (DLQ_MESSAGE, bad.to_string().into_bytes()),
+            (DLQ_REASON, reason.as_bytes().to_vec()),
+            (DLQ_MESSAGE, message.as_bytes().to_vec()),
         ],
         source_headers,
         source_ms: None,
@@ -165,6 +168,8 @@ pub struct Outbox {
     pub producer: BaseProducer<DeliveryTracker>,
     settings: KafkaSettings,
     telemetry: Arc<Telemetry>,
+    /// Where [`Sink::Ingested`] records go.
+    ingest_topic: String,
 }
 
 impl Outbox {
@@ -182,7 +187,21 @@ impl Outbox {
             producer,
             settings: settings.clone(),
             telemetry,
+            ingest_topic: String::new(),
         })
+    }
+
+    /// This outbox publishes [`Sink::Ingested`] records to `topic`.
+    pub fn publishing_to(mut self, topic: &str) -> Outbox {
+        self.ingest_topic = topic.to_string();
+        self
+    }
+
+    fn topic_of(&self, sink: Sink) -> &str {
+        match sink {
+            Sink::Ingested => &self.ingest_topic,
+            other => other.topic(&self.settings),
+        }
     }
 
     pub fn push(&mut self, record: Record) {
@@ -234,7 +253,7 @@ impl Outbox {
         for &i in indexes {
             let r = &self.records[i];
             let mut record =
-                BaseRecord::with_opaque_to(r.sink.topic(&self.settings), Box::new(i)).key(&r.key);
+                BaseRecord::with_opaque_to(self.topic_of(r.sink), Box::new(i)).key(&r.key);
             // A changelog tombstone has no value at all (compaction drops the key).
             if !(r.sink == Sink::Changelog && r.payload.is_empty()) {
                 record = record.payload(&r.payload);

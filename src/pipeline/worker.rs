@@ -287,7 +287,10 @@ impl Worker {
                 warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %bad, "dead-lettering bad message");
                 (
                     None,
-                    Pending::DeadLetter(dead_letter(m, &topic, &bad), bad.reason()),
+                    Pending::DeadLetter(
+                        dead_letter(m, &topic, bad.reason(), &bad.to_string()),
+                        bad.reason(),
+                    ),
                 )
             }
         };

@@ -87,6 +87,11 @@ pub struct Metrics {
     pub partitions_assigned: IntGauge,
     /// Spans dropped because the exporter could not keep up or reach its collector.
     pub spans_dropped: IntCounter,
+    /// Spans read by the OTLP ingest, by what they gave (an LLM call, a tool call, an
+    /// agent) or why they gave nothing.
+    pub otlp_spans: IntCounterVec,
+    /// Events the OTLP ingest published onto the input topic.
+    pub otlp_events_published: IntCounter,
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -232,6 +237,16 @@ impl Metrics {
                 "Spans dropped because the exporter's queue was full or its collector unreachable.",
             )
             .expect("valid metric"),
+            otlp_spans: counter_vec(
+                "loopwarden_otlp_spans_total",
+                "Spans read by the OTLP ingest, by outcome: llm_call, tool_call, agent (names and depth for its descendants), or why they gave no event (no_token_usage, no_tool_name, not_agent_step).",
+                &["outcome"],
+            ),
+            otlp_events_published: IntCounter::new(
+                "loopwarden_otlp_events_published_total",
+                "Events (and dead letters) the OTLP ingest published, keyed by session, onto the input topic.",
+            )
+            .expect("valid metric"),
         };
         let r = &m.registry;
         let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -260,6 +275,8 @@ impl Metrics {
             Box::new(m.restore_duration.clone()),
             Box::new(m.partitions_assigned.clone()),
             Box::new(m.spans_dropped.clone()),
+            Box::new(m.otlp_spans.clone()),
+            Box::new(m.otlp_events_published.clone()),
         ];
         for c in all {
             r.register(c).expect("metric names are unique");

@@ -1,0 +1,288 @@
+//! `[ingest.otlp]`: agents that only emit OpenTelemetry. Their traces arrive on topics of
+//! their own (an OpenTelemetry Collector's Kafka exporter writes them there, keyed by
+//! trace id or not at all), so an ingest step maps each trace export to loopwarden events
+//! ([`crate::otlp`]) and re-publishes them keyed by `session_id` onto an input topic — a
+//! repartition, so that a session's events reach the one instance that owns it. The same
+//! mapping reads OTLP JSON files for `replay` and `backtest` ([`OtlpJsonLines`]).
+//!
+//! Guarantees: settings are validated without I/O with every error reported at once; a
+//! file line that is not a trace export is reported with its line number and skipped,
+//! never dropped silently; the events of a line come out in the order their spans ended.
+
+use std::io::{BufRead, Read, Write};
+
+use serde::Deserialize;
+
+use crate::kafka::settings::KafkaSettings;
+use crate::otlp::{decode, Encoding, MapReport, MappedEvent, Mapper};
+
+/// `[ingest.otlp]` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOtlpIngest {
+    topics: Option<Vec<String>>,
+    encoding: Option<String>,
+    to_topic: Option<String>,
+    session_attribute: Option<String>,
+    group_id: Option<String>,
+}
+
+/// `[ingest]` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIngest {
+    otlp: Option<RawOtlpIngest>,
+}
+
+/// The OTLP ingest, when it is on (`topics` not empty).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtlpIngest {
+    /// The topics the Collector's Kafka exporter writes traces to.
+    pub topics: Vec<String>,
+    pub encoding: Encoding,
+    /// The input topic the mapped events are published to.
+    pub to_topic: String,
+    /// An attribute naming the session after `gen_ai.conversation.id` and `session.id`.
+    pub session_attribute: Option<String>,
+    /// The ingest's own consumer group.
+    pub group_id: String,
+}
+
+impl OtlpIngest {
+    pub fn mapper(&self) -> Mapper {
+        Mapper {
+            session_attribute: self.session_attribute.clone(),
+        }
+    }
+
+    /// Validates `[ingest]` against the Kafka settings it publishes into (and the spans
+    /// topic loopwarden itself writes, which it must not read back).
+    pub fn validate(
+        raw: RawIngest,
+        kafka: &KafkaSettings,
+        own_spans_topic: Option<&str>,
+        errors: &mut Vec<(String, String)>,
+    ) -> Option<OtlpIngest> {
+        let raw = raw.otlp?;
+        let topics = raw.topics.unwrap_or_default();
+        if topics.is_empty() {
+            return None;
+        }
+        let mut err =
+            |key: &str, message: String| errors.push((format!("ingest.otlp.{key}"), message));
+        for (i, t) in topics.iter().enumerate() {
+            if t.is_empty() || t.contains(char::is_whitespace) {
+                err(
+                    &format!("topics[{i}]"),
+                    format!("`{t}` is not a topic name"),
+                );
+            } else if kafka.input_topics.contains(t) {
+                err(
+                    &format!("topics[{i}]"),
+                    format!(
+                        "`{t}` is an input topic: the ingest would read back what it publishes"
+                    ),
+                );
+            } else if Some(t.as_str()) == own_spans_topic {
+                err(
+                    &format!("topics[{i}]"),
+                    format!(
+                        "`{t}` is where loopwarden publishes its own spans (telemetry.spans_topic)"
+                    ),
+                );
+            }
+        }
+        let encoding = match raw.encoding.as_deref().unwrap_or("otlp_proto") {
+            "otlp_proto" => Encoding::OtlpProto,
+            "otlp_json" => Encoding::OtlpJson,
+            other => {
+                err(
+                    "encoding",
+                    format!("`{other}` is not an encoding: otlp_proto or otlp_json"),
+                );
+                Encoding::OtlpProto
+            }
+        };
+        let to_topic = match raw.to_topic.filter(|t| !t.is_empty()) {
+            Some(t) => {
+                if !kafka.input_topics.contains(&t) {
+                    err(
+                        "to_topic",
+                        format!("`{t}` is not one of kafka.input_topics ({}): nothing would read the events", kafka.input_topics.join(", ")),
+                    );
+                }
+                t
+            }
+            None => kafka.input_topics.first().cloned().unwrap_or_default(),
+        };
+        let group_id = raw
+            .group_id
+            .filter(|g| !g.is_empty())
+            .unwrap_or_else(|| format!("{}-otlp", kafka.group_id));
+        if group_id == kafka.group_id {
+            err(
+                "group_id",
+                "must differ from kafka.group_id (the ingest is a consumer group of its own)"
+                    .into(),
+            );
+        }
+        Some(OtlpIngest {
+            topics,
+            encoding,
+            to_topic,
+            session_attribute: raw.session_attribute.filter(|s| !s.is_empty()),
+            group_id,
+        })
+    }
+
+    /// The section as the effective configuration prints it.
+    pub fn to_toml(ingest: Option<&OtlpIngest>) -> toml::Table {
+        use toml::Value as V;
+        let mut otlp = toml::Table::new();
+        let s = |v: &str| V::String(v.to_string());
+        match ingest {
+            Some(i) => {
+                otlp.insert(
+                    "topics".into(),
+                    V::Array(i.topics.iter().map(|t| s(t)).collect()),
+                );
+                otlp.insert("encoding".into(), s(i.encoding.name()));
+                otlp.insert("to_topic".into(), s(&i.to_topic));
+                otlp.insert(
+                    "session_attribute".into(),
+                    s(i.session_attribute.as_deref().unwrap_or("")),
+                );
+                otlp.insert("group_id".into(), s(&i.group_id));
+            }
+            None => {
+                otlp.insert("topics".into(), V::Array(Vec::new()));
+            }
+        }
+        let mut ingest_table = toml::Table::new();
+        ingest_table.insert("otlp".into(), V::Table(otlp));
+        ingest_table
+    }
+}
+
+/// Whether the first bytes of an input are OTLP JSON (a trace export per line, as the
+/// Collector's file exporter writes) rather than loopwarden events: the first line's
+/// object starts with `resourceSpans`.
+pub fn looks_like_otlp_json(head: &[u8]) -> bool {
+    let line = head.split(|b| *b == b'\n').next().unwrap_or(head);
+    let t = line.trim_ascii_start();
+    t.starts_with(b"{") && t[1..].trim_ascii_start().starts_with(b"\"resourceSpans\"")
+}
+
+/// OTLP JSON lines read as event lines: each trace export becomes the JSON lines of its
+/// events (in the order its spans ended), so `replay` and `backtest` run on traces as
+/// they run on events. A line that is not a trace export is reported to `errors` with
+/// its line number and skipped.
+pub struct OtlpJsonLines<R> {
+    input: R,
+    mapper: Mapper,
+    errors: Box<dyn Write + Send>,
+    line: Vec<u8>,
+    line_number: u64,
+    mapped: Vec<MappedEvent>,
+    /// Event lines ready, and how much of them was read.
+    out: Vec<u8>,
+    read: usize,
+    pub report: MapReport,
+    pub bad_lines: u64,
+    done: bool,
+}
+
+impl<R: BufRead> OtlpJsonLines<R> {
+    pub fn new(input: R, mapper: Mapper, errors: Box<dyn Write + Send>) -> OtlpJsonLines<R> {
+        OtlpJsonLines {
+            input,
+            mapper,
+            errors,
+            line: Vec::new(),
+            line_number: 0,
+            mapped: Vec::new(),
+            out: Vec::new(),
+            read: 0,
+            report: MapReport::default(),
+            bad_lines: 0,
+            done: false,
+        }
+    }
+
+    /// Maps input lines until some event text is ready or the input ends.
+    fn refill(&mut self) -> std::io::Result<()> {
+        if self.read == self.out.len() {
+            self.out.clear();
+            self.read = 0;
+        }
+        while self.out.is_empty() {
+            self.line.clear();
+            if self.done || self.input.read_until(b'\n', &mut self.line)? == 0 {
+                if !self.done {
+                    self.done = true;
+                    writeln!(self.errors, "{}", self.summary())?;
+                }
+                return Ok(());
+            }
+            self.line_number += 1;
+            let text = self.line.trim_ascii();
+            if text.is_empty() {
+                continue;
+            }
+            match decode(text, Encoding::OtlpJson) {
+                Ok(request) => {
+                    self.mapped.clear();
+                    let report = self.mapper.map(&request, &mut self.mapped);
+                    self.report.add(&report);
+                    for e in &self.mapped {
+                        self.out.extend_from_slice(&e.json);
+                        self.out.push(b'\n');
+                    }
+                }
+                Err(e) => {
+                    self.bad_lines += 1;
+                    writeln!(
+                        self.errors,
+                        "otlp line {}: {e} ({})",
+                        self.line_number,
+                        e.reason()
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<R> OtlpJsonLines<R> {
+    /// One line saying what the trace exports gave.
+    pub fn summary(&self) -> String {
+        let r = &self.report;
+        let skipped: Vec<String> = r
+            .skipped
+            .iter()
+            .map(|(why, n)| format!("{n} {}", why.name()))
+            .collect();
+        format!(
+            "otlp: {} lines ({} bad), {} spans: {} llm calls, {} tool calls, {} agents; no event from {}",
+            self.line_number,
+            self.bad_lines,
+            r.spans,
+            r.llm_calls,
+            r.tool_calls,
+            r.agents,
+            if skipped.is_empty() { "no span".to_string() } else { skipped.join(", ") }
+        )
+    }
+}
+
+impl<R: BufRead> Read for OtlpJsonLines<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.refill()?;
+        let ready = &self.out[self.read..];
+        let n = buf.len().min(ready.len());
+        buf[..n].copy_from_slice(&ready[..n]);
+        self.read += n;
+        Ok(n)
+    }
+}
