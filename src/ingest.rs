@@ -286,3 +286,135 @@ impl<R: BufRead> Read for OtlpJsonLines<R> {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::BufReader;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::config::Config;
+
+    fn config(toml: &str) -> Result<Config, Vec<String>> {
+        Config::from_toml_str(toml, "t", std::iter::empty())
+            .map_err(|e| e.key_errors().iter().map(|k| k.to_string()).collect())
+    }
+
+    #[test]
+    fn off_unless_topics_are_named_and_defaults_follow_the_kafka_section() {
+        assert_eq!(config("").unwrap().ingest, None);
+        assert_eq!(config("[ingest.otlp]\ntopics = []\n").unwrap().ingest, None);
+        let c = config("[kafka]\ngroup_id = \"lw\"\n[ingest.otlp]\ntopics = [\"agent-traces\"]\n")
+            .unwrap();
+        let i = c.ingest.clone().unwrap();
+        assert_eq!(i.encoding, Encoding::OtlpProto);
+        assert_eq!(i.to_topic, "cost.attributed");
+        assert_eq!(i.group_id, "lw-otlp");
+        assert_eq!(i.session_attribute, None);
+        // The effective configuration reads back to the same settings.
+        let again = config(&c.effective_toml()).unwrap();
+        assert_eq!(again.ingest, Some(i));
+    }
+
+    #[test]
+    fn every_mistake_is_reported_at_once() {
+        let errors = config(
+            "[telemetry]\nspans_to_kafka = true\n[ingest.otlp]\ntopics = [\"tool.called\", \"otlp_spans\", \"a b\"]\nencoding = \"zipkin\"\nto_topic = \"elsewhere\"\ngroup_id = \"loopwarden\"\nextra = 1\n",
+        )
+        .unwrap_err();
+        // The unknown key fails the section's parse (deny_unknown_fields) on its own.
+        assert!(
+            errors.iter().any(|e| e.contains("unknown field `extra`")),
+            "{errors:?}"
+        );
+        let errors = config(
+            "[telemetry]\nspans_to_kafka = true\n[ingest.otlp]\ntopics = [\"tool.called\", \"otlp_spans\", \"a b\"]\nencoding = \"zipkin\"\nto_topic = \"elsewhere\"\ngroup_id = \"loopwarden\"\n",
+        )
+        .unwrap_err();
+        let has = |key: &str, words: &str| {
+            errors
+                .iter()
+                .any(|e| e.starts_with(key) && e.contains(words))
+        };
+        assert!(
+            has("ingest.otlp.topics[0]", "is an input topic"),
+            "{errors:?}"
+        );
+        assert!(has("ingest.otlp.topics[1]", "its own spans"), "{errors:?}");
+        assert!(
+            has("ingest.otlp.topics[2]", "not a topic name"),
+            "{errors:?}"
+        );
+        assert!(
+            has("ingest.otlp.encoding", "otlp_proto or otlp_json"),
+            "{errors:?}"
+        );
+        assert!(
+            has("ingest.otlp.to_topic", "not one of kafka.input_topics"),
+            "{errors:?}"
+        );
+        assert!(has("ingest.otlp.group_id", "must differ"), "{errors:?}");
+    }
+
+    #[test]
+    fn otlp_json_is_told_from_events_by_its_first_line() {
+        assert!(looks_like_otlp_json(
+            b"  { \"resourceSpans\": []}\n{\"type\":1}"
+        ));
+        assert!(!looks_like_otlp_json(
+            b"{\"type\": \"tool.called\", \"resourceSpans\": 1}"
+        ));
+        assert!(!looks_like_otlp_json(b""));
+    }
+
+    /// A writer the test can read back.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn trace_lines_read_as_event_lines_and_bad_lines_are_reported() {
+        let export = |span: &str, end: &str| {
+            format!(
+                r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"0707070707070707070707070707070{span}","spanId":"010101010101010{span}","startTimeUnixNano":"1","endTimeUnixNano":"{end}","attributes":[{{"key":"gen_ai.operation.name","value":{{"stringValue":"execute_tool"}}}},{{"key":"gen_ai.tool.name","value":{{"stringValue":"read"}}}},{{"key":"gen_ai.conversation.id","value":{{"stringValue":"s"}}}}]}}]}}]}}]}}"#
+            )
+        };
+        let input = format!(
+            "{}\nnot json\n\n{}\n",
+            export("1", "2000000"),
+            export("2", "3000000")
+        );
+        let errors = Shared::default();
+        let lines = OtlpJsonLines::new(
+            BufReader::new(input.as_bytes()),
+            Mapper::default(),
+            Box::new(errors.clone()),
+        );
+        let text = std::io::read_to_string(BufReader::new(lines)).unwrap();
+        let events: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0]["event_id"], "0101010101010101");
+        assert_eq!(events[1]["timestamp"], "1970-01-01T00:00:00.003Z");
+        let said = String::from_utf8(errors.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            said.contains("otlp line 2: not an OTLP JSON ExportTraceServiceRequest"),
+            "{said}"
+        );
+        assert!(
+            said.contains("otlp: 4 lines (1 bad), 2 spans: 0 llm calls, 2 tool calls"),
+            "{said}"
+        );
+    }
+}

@@ -643,14 +643,19 @@ fn tool_fields(span: &Span) -> Option<Map<String, serde_json::Value>> {
     let mut m = Map::new();
     m.insert("type".into(), json!("tool.called"));
     m.insert("tool".into(), json!(tool));
+    // Arguments and results are there only with content capture on. Without them two
+    // calls cannot be told alike, so each is its own: arguments that name the span, and
+    // the span id as the result's digest (a result that cannot be read, judged as one that
+    // says something). Content detectors then never fire on it; counts, ceilings and
+    // error streaks still judge it.
     let args = string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS).or_else(|| string(a, attr::INPUT_VALUE));
-    if let Some(args) = args {
-        m.insert("args".into(), json_or_text(args));
-    }
+    let args = args.map_or_else(|| json!({UNCAPTURED: hex(&span.span_id)}), json_or_text);
+    m.insert("args".into(), args);
     let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT).or_else(|| string(a, attr::OUTPUT_VALUE));
-    if let Some(result) = result {
-        m.insert("result".into(), json_or_text(result));
-    }
+    match result {
+        Some(result) => m.insert("result".into(), json_or_text(result)),
+        None => m.insert("result_digest".into(), json!(hex(&span.span_id))),
+    };
     let call_id = string(a, attr::GEN_AI_TOOL_CALL_ID).or_else(|| string(a, attr::TOOL_CALL_ID));
     if let Some(id) = call_id {
         m.insert("call_id".into(), json!(id));
@@ -675,6 +680,9 @@ fn tool_fields(span: &Span) -> Option<Map<String, serde_json::Value>> {
     );
     Some(m)
 }
+
+/// The argument naming a call whose arguments were not captured.
+pub const UNCAPTURED: &str = "uncaptured_call";
 
 /// A captured value: its JSON when it is JSON (arguments and results usually are), the
 /// text as a string otherwise.
@@ -746,6 +754,7 @@ mod tests {
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Status};
 
     use super::*;
+    use crate::config::Config;
     use crate::event::{parse_event, ParseLimits};
 
     fn kv(key: &str, v: Value) -> KeyValue {
@@ -907,6 +916,42 @@ mod tests {
         assert_eq!(report.skipped(Skipped::NoTokenUsage), 1);
         assert_eq!(report.skipped(Skipped::NotAgentStep), 1);
         assert_eq!(report.skipped(Skipped::NoToolName), 1);
+    }
+
+    /// Findings of the default configuration's engine on `events`.
+    fn findings(events: &[serde_json::Value]) -> usize {
+        let mut engine = crate::engine::Engine::new(std::sync::Arc::new(Config::default()));
+        let mut out = Vec::new();
+        for v in events {
+            let bytes = serde_json::to_vec(v).unwrap();
+            let e = parse_event(&bytes, &ParseLimits::default()).unwrap();
+            engine.process(&e, &crate::engine::EventMeta::default(), &mut out);
+        }
+        out.len()
+    }
+
+    #[test]
+    fn calls_without_content_capture_are_each_their_own() {
+        let bare = |id: u8| {
+            let mut sp = tool(id, None, 1_000 + id as u64);
+            sp.attributes.retain(|kv| {
+                kv.key != attr::GEN_AI_TOOL_CALL_ARGUMENTS
+                    && kv.key != attr::GEN_AI_TOOL_CALL_RESULT
+            });
+            sp
+        };
+        let (ev, _) = events(
+            &Mapper::default(),
+            &request(vec![], (1..=8).map(bare).collect()),
+        );
+        assert_eq!(ev[0]["args"], json!({UNCAPTURED: "0101010101010101"}));
+        assert_eq!(ev[0]["result_digest"], "0101010101010101");
+        // Eight calls of one tool whose arguments and results are unknown: no loop found;
+        // the same eight calls with their (identical) content captured are one.
+        assert_eq!(findings(&ev), 0);
+        let captured = (1..=8).map(|i| tool(i, None, 1_000 + i as u64)).collect();
+        let (ev, _) = events(&Mapper::default(), &request(vec![], captured));
+        assert!(findings(&ev) > 0);
     }
 
     #[test]
