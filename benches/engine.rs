@@ -14,8 +14,13 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use loopwarden::config::Config;
 use loopwarden::engine::{Engine, EventMeta};
-use loopwarden::event::{parse_event, Event, ParseLimits};
+use loopwarden::event::{parse_event, parse_rfc3339_ms, Event, ParseLimits};
+use loopwarden::otlp::{attr, decode, Encoding, Mapper};
 use loopwarden::simulate::{prose, Rng};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value::Value as Attr, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message as _;
 use serde_json::json;
 
 /// The `i`-th event of session `sid` (JSON bytes), `looping` sessions repeat from step 6.
@@ -111,6 +116,79 @@ impl Fleet {
     }
 }
 
+/// The same events as OpenTelemetry spans (GenAI conventions, content captured), in trace
+/// exports of `per_request` spans, OTLP protobuf: what the ingest reads for them.
+fn as_trace_exports(raw: &[Vec<u8>], per_request: usize) -> Vec<Vec<u8>> {
+    let kv = |key: &str, value: Attr| KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(value) }),
+    };
+    let s = |key: &str, v: &str| kv(key, Attr::StringValue(v.into()));
+    let spans: Vec<Span> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let e: serde_json::Value = serde_json::from_slice(r).unwrap();
+            let sid = e["session_id"].as_str().unwrap();
+            let mut attributes = vec![
+                s(attr::GEN_AI_CONVERSATION_ID, sid),
+                s(attr::GEN_AI_AGENT_NAME, "coder"),
+            ];
+            if e["type"] == "cost.attributed" {
+                attributes.push(s(attr::GEN_AI_OPERATION_NAME, "chat"));
+                attributes.push(kv(
+                    attr::GEN_AI_USAGE_INPUT_TOKENS,
+                    Attr::IntValue(e["input_tokens"].as_i64().unwrap()),
+                ));
+                attributes.push(kv(
+                    attr::GEN_AI_USAGE_OUTPUT_TOKENS,
+                    Attr::IntValue(e["output_tokens"].as_i64().unwrap()),
+                ));
+                attributes.push(s(attr::GEN_AI_RESPONSE_MODEL, "model-x"));
+                let messages = serde_json::json!([{"role": "assistant", "parts": [
+                    {"type": "text", "content": e["text"]},
+                    {"type": "tool_call", "id": "c", "name": "read_file", "arguments": {}}]}]);
+                attributes.push(s(attr::GEN_AI_OUTPUT_MESSAGES, &messages.to_string()));
+            } else {
+                attributes.push(s(attr::GEN_AI_OPERATION_NAME, "execute_tool"));
+                attributes.push(s(attr::GEN_AI_TOOL_NAME, e["tool"].as_str().unwrap()));
+                attributes.push(s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, &e["args"].to_string()));
+                let result = match &e["result"] {
+                    serde_json::Value::String(t) => t.clone(),
+                    other => other.to_string(),
+                };
+                attributes.push(s(attr::GEN_AI_TOOL_CALL_RESULT, &result));
+            }
+            let end =
+                parse_rfc3339_ms(e["timestamp"].as_str().unwrap()).unwrap() as u64 * 1_000_000;
+            Span {
+                trace_id: (i as u128 / 64).to_be_bytes().to_vec(),
+                span_id: (i as u64 + 1).to_be_bytes().to_vec(),
+                name: "span".into(),
+                start_time_unix_nano: end - 1_000_000,
+                end_time_unix_nano: end,
+                attributes,
+                ..Span::default()
+            }
+        })
+        .collect();
+    spans
+        .chunks(per_request)
+        .map(|chunk| {
+            ExportTraceServiceRequest {
+                resource_spans: vec![ResourceSpans {
+                    scope_spans: vec![ScopeSpans {
+                        spans: chunk.to_vec(),
+                        ..ScopeSpans::default()
+                    }],
+                    ..ResourceSpans::default()
+                }],
+            }
+            .encode_to_vec()
+        })
+        .collect()
+}
+
 /// `LOOPWARDEN_BENCH_MANUAL=<sessions>`: generate a few batches first, then time only
 /// `process` over them (a clean target for `perf record`).
 fn manual(open: u64) {
@@ -175,6 +253,22 @@ fn bench_engine(c: &mut Criterion) {
             for r in &raw {
                 std::hint::black_box(parse_event(r, &ParseLimits::default()).unwrap());
             }
+        })
+    });
+    // The OTLP ingest: trace exports (OTLP protobuf, 100 spans each) decoded and mapped to
+    // events, as `[ingest.otlp]` does before publishing them; throughput in spans.
+    let exports = as_trace_exports(&raw, 100);
+    let mapper = Mapper::default();
+    group.bench_function("otlp_decode_and_map", |b| {
+        let mut events = Vec::with_capacity(BATCH);
+        b.iter(|| {
+            events.clear();
+            for x in &exports {
+                let request = decode(x, Encoding::OtlpProto).unwrap();
+                mapper.map(&request, &mut events);
+            }
+            assert_eq!(events.len(), BATCH);
+            std::hint::black_box(&events);
         })
     });
     for open in [1_000u64, 100_000, 1_000_000] {
