@@ -245,7 +245,13 @@ fn await_termination(brokers: &str, topic: &str, session: &str, log: &Path) -> s
 
 #[test]
 fn an_agent_traced_only_with_opentelemetry_is_terminated_through_a_collector_and_kafka() {
-    for (format, encoding) in [("protobuf", "otlp_proto"), ("json", "otlp_json")] {
+    // Both encodings at least once, and the protobuf path in exactly_once mode (the
+    // ingest's events, dead letters and offsets in one transaction).
+    for (format, encoding, delivery) in [
+        ("protobuf", "otlp_proto", "at_least_once"),
+        ("json", "otlp_json", "at_least_once"),
+        ("protobuf", "otlp_proto", "exactly_once"),
+    ] {
         let traces = common::unique("traces");
         let brokers = common::broker();
         common::create_topics(&brokers, &[(&traces, 2)]);
@@ -253,6 +259,13 @@ fn an_agent_traced_only_with_opentelemetry_is_terminated_through_a_collector_and
             2,
             &format!("[ingest.otlp]\ntopics = [\"{traces}\"]\nencoding = \"{encoding}\"\n"),
         );
+        if delivery == "exactly_once" {
+            let text = std::fs::read_to_string(&fx.cfg)
+                .unwrap()
+                .replace("[kafka]\n", "[kafka]\ndelivery = \"exactly_once\"\n");
+            assert!(text.contains("exactly_once"));
+            std::fs::write(&fx.cfg, text).unwrap();
+        }
         let run = common::spawn_run(&fx.cfg, &fx.dir.path().join("run.log"));
         let collector =
             Collector::start(&brokers, &traces, format, &fx.dir.path().join("rotel.log"));
@@ -301,6 +314,13 @@ fn an_agent_traced_only_with_opentelemetry_is_terminated_through_a_collector_and
             common::header(&dead[0], loopwarden::pipeline::DLQ_SOURCE_TOPIC).as_deref(),
             Some(traces.as_str())
         );
+        if delivery == "exactly_once" {
+            let log = run.log_text();
+            assert!(
+                log.matches("transactional producer ready").count() >= 2,
+                "{log}"
+            );
+        }
         drop(collector);
         run.stop_gracefully();
     }
