@@ -27,7 +27,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value::Value, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::{status::StatusCode, Span};
 use prost::Message as _;
-use serde_json::{json, Map};
+use serde_json::json;
 
 use crate::event::{format_rfc3339_ms, hex};
 
@@ -352,16 +352,16 @@ impl Mapper {
         spans: &[Located<'_>],
         i: usize,
         lineage: &Lineage,
-        fields: Map<String, serde_json::Value>,
+        fields: Obj,
     ) -> MappedEvent {
-        let l = &spans[i];
-        let span = l.span;
+        let span = spans[i].span;
         let session_id = self.session_of(spans, i, lineage);
         let mut event = fields;
-        event.insert("session_id".into(), json!(session_id));
-        event.insert("event_id".into(), json!(hex(&span.span_id)));
+        event
+            .str("session_id", &session_id)
+            .str("event_id", &hex(&span.span_id));
         let end_ms = (span.end_time_unix_nano / 1_000_000) as i64;
-        event.insert("timestamp".into(), json!(format_rfc3339_ms(end_ms)));
+        event.str("timestamp", &format_rfc3339_ms(end_ms));
         let agent = agent_of(&span.attributes).or_else(|| {
             lineage
                 .agents
@@ -369,25 +369,23 @@ impl Mapper {
                 .and_then(|&a| agent_of(&spans[a].span.attributes))
         });
         if let Some(agent) = agent {
-            event.insert("agent_id".into(), json!(agent));
+            event.str("agent_id", agent);
         }
         if lineage.to_root {
             if let Some(depth) = lineage.agents.len().checked_sub(1) {
-                event.insert("depth".into(), json!(depth));
+                event.num("depth", depth);
             }
         }
         // The nearest agent above this event's own agent, if its session differs.
         if let Some(&parent_agent) = lineage.agents.get(1) {
             let parent_session = self.session_of(spans, parent_agent, &lineage.above(parent_agent));
             if parent_session != session_id {
-                event.insert("parent_session_id".into(), json!(parent_session));
+                event.str("parent_session_id", &parent_session);
             }
         }
-        let json = serde_json::to_vec(&serde_json::Value::Object(event))
-            .expect("a JSON map always serializes");
         MappedEvent {
             session_id,
-            json,
+            json: event.finish(),
             traceparent: format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id)),
             end_unix_nano: span.end_time_unix_nano,
         }
@@ -504,8 +502,75 @@ fn agent_of(attrs: &[KeyValue]) -> Option<&str> {
     .find_map(|k| string(attrs, k).filter(|s| !s.is_empty()))
 }
 
+/// An event's JSON object written as it is built (no tree, no map): its fields in the
+/// order they are added, strings escaped as serde_json escapes them.
+struct Obj {
+    buf: Vec<u8>,
+}
+
+impl Obj {
+    fn new() -> Obj {
+        Obj {
+            buf: Vec::with_capacity(256),
+        }
+    }
+
+    fn key(&mut self, key: &str) {
+        self.buf.push(if self.buf.is_empty() { b'{' } else { b',' });
+        self.put(&key);
+        self.buf.push(b':');
+    }
+
+    fn put<T: serde::Serialize + ?Sized>(&mut self, value: &T) {
+        serde_json::to_writer(&mut self.buf, value).expect("strings and numbers serialize");
+    }
+
+    fn str(&mut self, key: &str, value: &str) -> &mut Obj {
+        self.key(key);
+        self.put(value);
+        self
+    }
+
+    fn num<T: serde::Serialize>(&mut self, key: &str, value: T) -> &mut Obj {
+        self.key(key);
+        self.put(&value);
+        self
+    }
+
+    /// A captured value: as it is when it is a JSON object or array (arguments and
+    /// results usually are), as a string otherwise.
+    fn json_or_text(&mut self, key: &str, text: &str) -> &mut Obj {
+        self.key(key);
+        let t = text.trim_ascii();
+        if (t.starts_with('{') || t.starts_with('[')) && is_json(t) {
+            self.buf.extend_from_slice(t.as_bytes());
+        } else {
+            self.put(text);
+        }
+        self
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.buf.push(b'}');
+        self.buf
+    }
+}
+
+/// Whether a text is one JSON value the event parser reads as serde_json does.
+fn is_json(text: &str) -> bool {
+    let mut sc = crate::json::Scanner::new(text.as_bytes(), crate::event::DEFAULT_MAX_NESTING);
+    if sc.value().is_ok() {
+        sc.ws();
+        if sc.at_end() {
+            return true;
+        }
+    }
+    // What the fast scanner gives up on (surrogate escapes, …) serde_json decides.
+    serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
 /// The `cost.attributed` fields of an LLM span; `None` without token usage.
-fn llm_fields(a: &[KeyValue]) -> Option<Map<String, serde_json::Value>> {
+fn llm_fields(a: &[KeyValue]) -> Option<Obj> {
     let first = |keys: &[&str]| keys.iter().find_map(|k| count(a, k));
     let input = first(&[
         attr::GEN_AI_USAGE_INPUT_TOKENS,
@@ -515,23 +580,23 @@ fn llm_fields(a: &[KeyValue]) -> Option<Map<String, serde_json::Value>> {
         attr::GEN_AI_USAGE_OUTPUT_TOKENS,
         attr::LLM_TOKEN_COUNT_COMPLETION,
     ])?;
-    let mut m = Map::new();
-    m.insert("type".into(), json!("cost.attributed"));
-    m.insert("input_tokens".into(), json!(input));
-    m.insert("output_tokens".into(), json!(output));
+    let mut m = Obj::new();
+    m.str("type", "cost.attributed")
+        .num("input_tokens", input)
+        .num("output_tokens", output);
     let cache_read = first(&[
         attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
         attr::LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_READ,
     ]);
     if let Some(n) = cache_read {
-        m.insert("cache_read_tokens".into(), json!(n));
+        m.num("cache_read_tokens", n);
     }
     let cache_write = first(&[
         attr::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
         attr::LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_WRITE,
     ]);
     if let Some(n) = cache_write {
-        m.insert("cache_write_tokens".into(), json!(n));
+        m.num("cache_write_tokens", n);
     }
     let model = [
         attr::GEN_AI_RESPONSE_MODEL,
@@ -541,25 +606,25 @@ fn llm_fields(a: &[KeyValue]) -> Option<Map<String, serde_json::Value>> {
     .into_iter()
     .find_map(|k| string(a, k));
     if let Some(model) = model {
-        m.insert("model".into(), json!(model));
+        m.str("model", model);
     }
     if let Some(cost) = number(a, attr::LLM_COST_TOTAL).filter(|c| *c >= 0.0 && c.is_finite()) {
-        m.insert("cost_usd".into(), json!(cost));
+        m.num("cost_usd", cost);
     }
     if let Some(reason) = strings(a, attr::GEN_AI_RESPONSE_FINISH_REASONS)
         .into_iter()
         .next()
     {
-        m.insert("finish_reason".into(), json!(reason));
+        m.str("finish_reason", reason);
     }
     let said = string(a, attr::GEN_AI_OUTPUT_MESSAGES)
         .and_then(output_messages)
         .or_else(|| openinference_output(a));
     if let Some((text, tool_calls)) = said {
         if !text.is_empty() {
-            m.insert("text".into(), json!(text));
+            m.str("text", &text);
         }
-        m.insert("tool_calls".into(), json!(tool_calls));
+        m.num("tool_calls", tool_calls);
     }
     Some(m)
 }
@@ -567,28 +632,33 @@ fn llm_fields(a: &[KeyValue]) -> Option<Map<String, serde_json::Value>> {
 /// The text and the count of tool calls of `gen_ai.output.messages` (a JSON array of
 /// messages, each with `parts` of `type` `text` or `tool_call`).
 fn output_messages(messages: &str) -> Option<(String, u32)> {
-    let v: serde_json::Value = serde_json::from_str(messages).ok()?;
+    #[derive(serde::Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow, default)]
+        parts: Vec<Part<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Part<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow)]
+        content: Option<std::borrow::Cow<'a, str>>,
+    }
+    let messages: Vec<Message<'_>> = serde_json::from_str(messages).ok()?;
     let mut text = String::new();
     let mut calls = 0u32;
-    for message in v.as_array()? {
-        for part in message
-            .get("parts")
-            .and_then(|p| p.as_array())
-            .into_iter()
-            .flatten()
-        {
-            match part.get("type").and_then(|t| t.as_str()) {
-                Some("text") => {
-                    if let Some(c) = part.get("content").and_then(|c| c.as_str()) {
-                        if !text.is_empty() {
-                            text.push('\n');
-                        }
-                        text.push_str(c);
+    for part in messages.iter().flat_map(|m| &m.parts) {
+        match part.kind.as_deref() {
+            Some("text") => {
+                if let Some(c) = &part.content {
+                    if !text.is_empty() {
+                        text.push('\n');
                     }
+                    text.push_str(c);
                 }
-                Some("tool_call") => calls += 1,
-                _ => {}
             }
+            Some("tool_call") => calls += 1,
+            _ => {}
         }
     }
     Some((text, calls))
@@ -635,30 +705,34 @@ fn openinference_output(a: &[KeyValue]) -> Option<(String, u32)> {
 }
 
 /// The `tool.called` fields of a tool span; `None` without a tool name.
-fn tool_fields(span: &Span) -> Option<Map<String, serde_json::Value>> {
+fn tool_fields(span: &Span) -> Option<Obj> {
     let a = &span.attributes[..];
     let tool = [attr::GEN_AI_TOOL_NAME, attr::TOOL_NAME]
         .into_iter()
         .find_map(|k| string(a, k).filter(|s| !s.is_empty()))?;
-    let mut m = Map::new();
-    m.insert("type".into(), json!("tool.called"));
-    m.insert("tool".into(), json!(tool));
+    let mut m = Obj::new();
+    m.str("type", "tool.called").str("tool", tool);
     // Arguments and results are there only with content capture on. Without them two
     // calls cannot be told alike, so each is its own: arguments that name the span, and
     // the span id as the result's digest (a result that cannot be read, judged as one that
     // says something). Content detectors then never fire on it; counts, ceilings and
     // error streaks still judge it.
-    let args = string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS).or_else(|| string(a, attr::INPUT_VALUE));
-    let args = args.map_or_else(|| json!({UNCAPTURED: hex(&span.span_id)}), json_or_text);
-    m.insert("args".into(), args);
-    let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT).or_else(|| string(a, attr::OUTPUT_VALUE));
-    match result {
-        Some(result) => m.insert("result".into(), json_or_text(result)),
-        None => m.insert("result_digest".into(), json!(hex(&span.span_id))),
+    let span_id = hex(&span.span_id);
+    match string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS).or_else(|| string(a, attr::INPUT_VALUE)) {
+        Some(args) => m.json_or_text("args", args),
+        None => {
+            m.key("args");
+            m.put(&json!({ UNCAPTURED: span_id }));
+            &mut m
+        }
+    };
+    match string(a, attr::GEN_AI_TOOL_CALL_RESULT).or_else(|| string(a, attr::OUTPUT_VALUE)) {
+        Some(result) => m.json_or_text("result", result),
+        None => m.str("result_digest", &span_id),
     };
     let call_id = string(a, attr::GEN_AI_TOOL_CALL_ID).or_else(|| string(a, attr::TOOL_CALL_ID));
     if let Some(id) = call_id {
-        m.insert("call_id".into(), json!(id));
+        m.str("call_id", id);
     }
     let error_type = string(a, attr::ERROR_TYPE);
     let failed = span
@@ -666,35 +740,20 @@ fn tool_fields(span: &Span) -> Option<Map<String, serde_json::Value>> {
         .as_ref()
         .is_some_and(|s| s.code == StatusCode::Error as i32);
     if failed || error_type.is_some() {
-        m.insert("is_error".into(), json!(true));
+        m.num("is_error", true);
     }
     if let Some(kind) = error_type {
-        m.insert("error_kind".into(), json!(kind));
+        m.str("error_kind", kind);
     }
     let duration_ns = span
         .end_time_unix_nano
         .saturating_sub(span.start_time_unix_nano);
-    m.insert(
-        "duration_ms".into(),
-        json!((duration_ns / 1_000) as f64 / 1_000.0),
-    );
+    m.num("duration_ms", (duration_ns / 1_000) as f64 / 1_000.0);
     Some(m)
 }
 
 /// The argument naming a call whose arguments were not captured.
 pub const UNCAPTURED: &str = "uncaptured_call";
-
-/// A captured value: its JSON when it is JSON (arguments and results usually are), the
-/// text as a string otherwise.
-fn json_or_text(s: &str) -> serde_json::Value {
-    let t = s.trim_start();
-    if t.starts_with('{') || t.starts_with('[') {
-        if let Ok(v) = serde_json::from_str(s) {
-            return v;
-        }
-    }
-    json!(s)
-}
 
 fn value<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a Value> {
     attrs
