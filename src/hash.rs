@@ -279,22 +279,15 @@ pub fn each_token_hash(text: &[u8], mut f: impl FnMut(u32)) {
         // Starts and ends alternate: a token ends at the first byte that is not in it.
         let mut starts = inside & !before;
         let mut ends = !inside & before & block.valid;
-        if let Some(start) = open {
-            if ends == 0 {
-                at += BLOCK;
-                continue;
-            }
-            f(token_hash_in(
-                text,
-                start,
-                at + ends.trailing_zeros() as usize,
-            ));
-            ends &= ends - 1;
-            open = None;
-        }
-        while starts != 0 {
-            let start = at + starts.trailing_zeros() as usize;
-            starts &= starts - 1;
+        // The token left open by the previous block ends first, then this block's own.
+        let mut carried = open.take();
+        while let Some(start) = carried.take().or_else(|| {
+            (starts != 0).then(|| {
+                let start = at + starts.trailing_zeros() as usize;
+                starts &= starts - 1;
+                start
+            })
+        }) {
             if ends == 0 {
                 open = Some(start);
                 break;

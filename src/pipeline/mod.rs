@@ -24,11 +24,13 @@
 //! The modules, in the order a batch meets them:
 //! - `mod.rs` (this): `run`, the worker threads, and the poll loop that cuts batches;
 //! - `worker`: a group member's partitions and the batch recipe (`finish_batch`);
+//! - `partition`: one assigned partition, and a polled message made an event or a dead
+//!   letter;
 //! - `align`: event-time order across a partition's input topics;
 //! - `outputs`: findings and summaries counted, given spans, made records;
 //! - `outbox`: records, their topics, dead letters, delivery until acknowledged;
 //! - `commit`: the delivery mode (`Commit`) and exactly_once's transactions;
-//! - `changelog`: the changelog's writer and its restore reader;
+//! - `changelog`: the changelog's format and writer; `changelog::restore`, its reader;
 //! - `rebalance`: what happens when the group revokes or assigns partitions;
 //! - `backoff`: the one shutdown-aware retry rhythm;
 //! - `ingest`: `[ingest.otlp]`, traces on the bus re-published as events (its own group).
@@ -56,6 +58,7 @@ mod commit;
 mod ingest;
 mod outbox;
 mod outputs;
+mod partition;
 mod rebalance;
 mod worker;
 

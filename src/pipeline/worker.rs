@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::BorrowedMessage;
@@ -21,55 +21,23 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use rustc_hash::FxHashMap;
 use tracing::{debug, error, info, warn};
 
-use super::align::{Aligner, Held};
+use super::align::Held;
 use super::backoff::{Backoff, DeadlinePassed};
 use super::changelog::{self, BatchIds, Restorer, CHANGELOG_POSITION};
 use super::commit::{Commit, TRANSACTION_CALL_TIMEOUT};
-use super::outbox::{dead_letter, Outbox, Record};
+use super::outbox::Outbox;
 use super::outputs::{self, Source};
+use super::partition::{now_ms, Partition, Pending};
 use super::rebalance::RebalanceHandler;
 use super::{PipelineError, RunStats};
 use crate::config::Config;
-use crate::engine::{Engine, EventMeta};
-use crate::event::{parse_event, Event};
+use crate::engine::Engine;
 use crate::kafka::cached_high_watermark;
 use crate::kafka::settings::KafkaSettings;
 use crate::output::Output;
 use crate::shutdown::Shutdown;
 use crate::store::{SledStore, StateStore, StoreBatch, StoreError};
 use crate::telemetry::Telemetry;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-/// A polled message waiting for its turn: an event, or a dead letter (which keeps its
-/// place so that the applied offsets stay a prefix of each topic).
-// Nearly every item is an event: boxing it to shrink the rare dead letter's slot would
-// cost an allocation per event.
-#[allow(clippy::large_enum_variant)]
-enum Pending {
-    Event(Event<'static>, EventMeta, Source),
-    DeadLetter(Record, &'static str),
-}
-
-/// One assigned partition number (partition *p* of every input topic).
-struct Partition {
-    engine: Engine,
-    store: SledStore,
-    /// Last applied offset per input topic.
-    applied: BTreeMap<Arc<str>, i64>,
-    /// Polled messages not applied yet, released across topics in event-time order.
-    held: Aligner<Pending>,
-    /// Whether state or offsets changed since the last store.
-    dirty: bool,
-    /// Wall time and engine clock at the last event, for the idle clock.
-    last_event_wall: Instant,
-    clock_at_last_event: Option<i64>,
-}
 
 /// Everything a batch touches.
 pub struct Worker {
@@ -219,19 +187,9 @@ impl Worker {
             offsets = ?applied,
             "partition assigned"
         );
-        let clock = engine.watermark();
-        self.partitions.insert(
-            partition,
-            Partition {
-                engine,
-                store,
-                applied,
-                held: Aligner::new(self.inputs.len(), self.settings().align_wait),
-                dirty: false,
-                last_event_wall: Instant::now(),
-                clock_at_last_event: clock,
-            },
-        );
+        let align_wait = self.settings().align_wait;
+        let p = Partition::new(engine, store, applied, self.inputs.len(), align_wait);
+        self.partitions.insert(partition, p);
         Ok(())
     }
 
@@ -263,37 +221,7 @@ impl Worker {
             self.telemetry.metrics.events_skipped.inc();
             return Ok(());
         }
-        let payload = m.payload().unwrap_or_default();
-        let (time, pending) = match parse_event(payload, &limits) {
-            Ok(event) => {
-                let meta = EventMeta {
-                    topic: Some(topic),
-                    partition: Some(partition),
-                    offset: Some(offset),
-                    message_timestamp_ms: m.timestamp().to_millis(),
-                    processing_time_ms: Some(now_ms()),
-                };
-                let event_ms = event
-                    .timestamp_ms
-                    .or(meta.message_timestamp_ms)
-                    .unwrap_or(0);
-                let source = Source::of(m, meta.message_timestamp_ms);
-                (
-                    Some(event_ms),
-                    Pending::Event(event.into_owned(), meta, source),
-                )
-            }
-            Err(bad) => {
-                warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %bad, "dead-lettering bad message");
-                (
-                    None,
-                    Pending::DeadLetter(
-                        dead_letter(m, &topic, bad.reason(), &bad.to_string()),
-                        bad.reason(),
-                    ),
-                )
-            }
-        };
+        let (time, pending) = Pending::of(m, topic, &limits);
         p.held.push(
             topic_index,
             Held {
@@ -379,24 +307,7 @@ impl Worker {
         self.apply_ready();
         let idle_after = self.config.kafka.idle_after;
         for p in self.partitions.values_mut() {
-            if !p.held.is_empty() {
-                continue;
-            }
-            let idle = p.last_event_wall.elapsed();
-            let Some(clock) = p.clock_at_last_event else {
-                continue;
-            };
-            if idle < idle_after {
-                continue;
-            }
-            let before = self.scratch.len();
-            p.engine.advance_clock(
-                clock.saturating_add(idle.as_millis() as i64),
-                &mut self.scratch,
-            );
-            if self.scratch.len() > before {
-                p.dirty = true;
-            }
+            p.advance_idle_clock(idle_after, &mut self.scratch);
         }
         self.queue_outputs();
     }
@@ -456,18 +367,9 @@ impl Worker {
     fn take_changes(&mut self) -> (Vec<(i32, StoreBatch)>, TopicPartitionList) {
         let mut batches = Vec::new();
         let mut commit = TopicPartitionList::new();
-        for (&partition, p) in self.partitions.iter_mut().filter(|(_, p)| p.dirty) {
-            let offsets: Vec<(String, i64)> = p
-                .applied
-                .iter()
-                .map(|(t, o)| (format!("{t}/{partition}"), *o))
-                .collect();
-            if let Some(batch) = p.engine.take_changes(&offsets) {
+        for (&partition, p) in &mut self.partitions {
+            if let Some(batch) = p.take_changes(partition, &mut commit) {
                 batches.push((partition, batch));
-            }
-            p.dirty = false;
-            for (t, o) in &p.applied {
-                let _ = commit.add_partition_offset(t, partition, Offset::Offset(o + 1));
             }
         }
         (batches, commit)

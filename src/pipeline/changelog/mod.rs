@@ -1,0 +1,166 @@
+//! The changelog: every stored batch of a partition's session states, also written to
+//! the changelog topic (partition *p* holds input partition *p*), so that another
+//! instance, or this one on a fresh disk, can rebuild the state before consuming.
+//!
+//! Format: one `session` record per changed session (key: the session id; value: its
+//! state, with the state format in a header; no value when it closed), then one `commit`
+//! record (key `loopwarden/commit`; value: JSON with the batch's input offsets and how
+//! many session records it has). Every record of a batch carries the batch's id in a
+//! header.
+//!
+//! Why one produce round is enough: a batch's session records and its commit record are
+//! produced together, the commit record last, and counted as a batch only when the
+//! restorer has seen all of the batch's session records (by batch id and count) before
+//! the commit record. On one partition the idempotent producer keeps the send order, so
+//! normally they arrive in order; when a session record fails and is sent again after
+//! the commit record, the writer sends the commit record again after it
+//! ([`queue_commits`]), and the restorer applies the batch at that second commit. A batch
+//! whose process died before it was complete never gets a complete commit: its records
+//! are dropped at the next batch's commit (its events were consumed again, into that
+//! batch).
+//!
+//! Guarantees: the restorer applies whole batches only, each as one atomic store batch
+//! with the changelog position, so a restore interrupted anywhere resumes where it
+//! stopped, and a trailing incomplete batch is left out (its events are consumed
+//! again). Records of the earlier format (no batch id; the commit record a JSON array of
+//! offsets, produced only after its records were acknowledged) are still read.
+
+mod restore;
+
+pub use restore::Restorer;
+
+use super::outbox::{Outbox, Record, Sink};
+use crate::store::{StoreBatch, STATE_FORMAT};
+
+/// Header of changelog records: `session` or `commit` (see the module docs).
+pub const CHANGELOG_KIND: &str = "loopwarden.changelog";
+const CHANGELOG_COMMIT_KEY: &[u8] = b"loopwarden/commit";
+/// Header of changelog session records: the state format of their payload. Records of
+/// another format (or none: format 1) are skipped on restore; those sessions start anew.
+pub const CHANGELOG_STATE_FORMAT: &str = "loopwarden.state_format";
+/// Header of every record of a batch: the batch's id (decimal), unique per writer.
+pub const CHANGELOG_BATCH: &str = "loopwarden.changelog.batch";
+/// Store key of the last changelog offset the local state reflects.
+pub const CHANGELOG_POSITION: &str = "changelog/position";
+
+/// A commit record's value.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommitValue {
+    batch: u64,
+    /// Session records of the batch on this partition.
+    records: usize,
+    offsets: Vec<(String, i64)>,
+}
+
+/// Ids for the batches one writer puts on the changelog: distinct across writers and
+/// restarts (the start time, the process id and the writer's number in the process seed
+/// them), counting up within one.
+pub struct BatchIds(u64);
+
+impl Default for BatchIds {
+    fn default() -> BatchIds {
+        BatchIds::new()
+    }
+}
+
+impl BatchIds {
+    pub fn new() -> BatchIds {
+        static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let seed = nanos ^ (u64::from(std::process::id()) << 32) ^ (writer << 56);
+        // The low 20 bits count batches; the seed is spread over the rest.
+        BatchIds(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) & !0xF_FFFF)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(1);
+        self.0
+    }
+}
+
+fn record(partition: i32, batch: u64, key: &[u8], payload: Vec<u8>, kind: &str) -> Record {
+    Record {
+        sink: Sink::Changelog,
+        partition: Some(partition),
+        key: key.to_vec(),
+        payload,
+        headers: vec![
+            (CHANGELOG_KIND, kind.as_bytes().to_vec()),
+            (CHANGELOG_BATCH, batch.to_string().into_bytes()),
+        ],
+        source_headers: Vec::new(),
+        source_ms: None,
+    }
+}
+
+/// Queues a batch's changelog records in the outbox, one set per changed partition: its
+/// session records, then its commit record.
+pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
+    for (partition, changes) in batches {
+        for (id, state) in &changes.puts {
+            let mut r = record(*partition, batch, id.as_bytes(), state.clone(), "session");
+            r.headers.push((
+                CHANGELOG_STATE_FORMAT,
+                STATE_FORMAT.to_string().into_bytes(),
+            ));
+            outbox.push(r);
+        }
+        for id in &changes.deletes {
+            outbox.push(record(
+                *partition,
+                batch,
+                id.as_bytes(),
+                Vec::new(),
+                "session",
+            ));
+        }
+    }
+    queue_commits(outbox, batches, batch, |_| true);
+}
+
+/// Queues the commit records of the batch's partitions that `which` picks (again, after
+/// some of their session records were sent late).
+pub fn queue_commits(
+    outbox: &mut Outbox,
+    batches: &[(i32, StoreBatch)],
+    batch: u64,
+    which: impl Fn(i32) -> bool,
+) {
+    for (partition, changes) in batches.iter().filter(|(p, _)| which(*p)) {
+        // Distinct keys: what the restorer counts (a key may be written twice).
+        let mut keys: Vec<&str> = changes.puts.iter().map(|(k, _)| k.as_str()).collect();
+        keys.extend(changes.deletes.iter().map(String::as_str));
+        keys.sort_unstable();
+        keys.dedup();
+        let value = CommitValue {
+            batch,
+            records: keys.len(),
+            offsets: changes.offsets.clone(),
+        };
+        let payload = serde_json::to_vec(&value).expect("plain data serialises");
+        outbox.push(record(
+            *partition,
+            batch,
+            CHANGELOG_COMMIT_KEY,
+            payload,
+            "commit",
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_ids_differ_between_writers_and_count_up() {
+        let (mut a, mut b) = (BatchIds::new(), BatchIds::new());
+        let (a1, a2, b1) = (a.next(), a.next(), b.next());
+        assert_eq!(a2, a1 + 1);
+        assert_ne!(a1, b1);
+    }
+}

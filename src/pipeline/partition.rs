@@ -1,0 +1,162 @@
+//! One assigned partition number (partition *p* of every input topic) as a worker holds
+//! it: its engine, its sled tree, the offsets applied per input topic and the polled
+//! messages waiting in its aligner, and what it turns a polled message into.
+//!
+//! Guarantees: a partition's changes are taken together with the offsets they reflect
+//! (one store batch), and the offsets to commit are exactly the applied ones.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tracing::warn;
+
+use super::align::Aligner;
+use super::outbox::{dead_letter, Record};
+use super::outputs::Source;
+use crate::engine::{Engine, EventMeta};
+use crate::event::{parse_event, Event, ParseLimits};
+use crate::output::Output;
+use crate::store::{SledStore, StoreBatch};
+
+pub(super) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A polled message waiting for its turn: an event, or a dead letter (which keeps its
+/// place so that the applied offsets stay a prefix of each topic).
+// Nearly every item is an event: boxing it to shrink the rare dead letter's slot would
+// cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Pending {
+    Event(Event<'static>, EventMeta, Source),
+    DeadLetter(Record, &'static str),
+}
+
+/// One assigned partition number (partition *p* of every input topic).
+pub(super) struct Partition {
+    pub engine: Engine,
+    pub store: SledStore,
+    /// Last applied offset per input topic.
+    pub applied: BTreeMap<Arc<str>, i64>,
+    /// Polled messages not applied yet, released across topics in event-time order.
+    pub held: Aligner<Pending>,
+    /// Whether state or offsets changed since the last store.
+    pub dirty: bool,
+    /// Wall time and engine clock at the last event, for the idle clock.
+    pub last_event_wall: Instant,
+    pub clock_at_last_event: Option<i64>,
+}
+
+impl Pending {
+    /// A polled message of input `topic`, parsed: an event with its event time (the
+    /// message's timestamp when the event has none), or a dead letter saying why not.
+    pub fn of(
+        m: &BorrowedMessage<'_>,
+        topic: Arc<str>,
+        limits: &ParseLimits,
+    ) -> (Option<i64>, Pending) {
+        let (partition, offset) = (m.partition(), m.offset());
+        let payload = m.payload().unwrap_or_default();
+        match parse_event(payload, limits) {
+            Ok(event) => {
+                let meta = EventMeta {
+                    topic: Some(topic),
+                    partition: Some(partition),
+                    offset: Some(offset),
+                    message_timestamp_ms: m.timestamp().to_millis(),
+                    processing_time_ms: Some(now_ms()),
+                };
+                let event_ms = event
+                    .timestamp_ms
+                    .or(meta.message_timestamp_ms)
+                    .unwrap_or(0);
+                let source = Source::of(m, meta.message_timestamp_ms);
+                (
+                    Some(event_ms),
+                    Pending::Event(event.into_owned(), meta, source),
+                )
+            }
+            Err(bad) => {
+                warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %bad, "dead-lettering bad message");
+                (
+                    None,
+                    Pending::DeadLetter(
+                        dead_letter(m, &topic, bad.reason(), &bad.to_string()),
+                        bad.reason(),
+                    ),
+                )
+            }
+        }
+    }
+}
+
+impl Partition {
+    /// A partition loaded from its store, its aligner waiting `align_wait` across the
+    /// `topics` input topics.
+    pub fn new(
+        engine: Engine,
+        store: SledStore,
+        applied: BTreeMap<Arc<str>, i64>,
+        topics: usize,
+        align_wait: Duration,
+    ) -> Partition {
+        let clock_at_last_event = engine.watermark();
+        Partition {
+            engine,
+            store,
+            applied,
+            held: Aligner::new(topics, align_wait),
+            dirty: false,
+            last_event_wall: Instant::now(),
+            clock_at_last_event,
+        }
+    }
+
+    /// Advances the engine's clock by the wall time since the last event, once nothing
+    /// has been applied or held for `idle_after` (closing silent sessions).
+    pub fn advance_idle_clock(&mut self, idle_after: Duration, outputs: &mut Vec<Output>) {
+        if !self.held.is_empty() {
+            return;
+        }
+        let idle = self.last_event_wall.elapsed();
+        let Some(clock) = self.clock_at_last_event else {
+            return;
+        };
+        if idle < idle_after {
+            return;
+        }
+        let before = outputs.len();
+        self.engine
+            .advance_clock(clock.saturating_add(idle.as_millis() as i64), outputs);
+        if outputs.len() > before {
+            self.dirty = true;
+        }
+    }
+
+    /// Takes the changes since the last store (sessions and applied offsets, one store
+    /// batch) and adds the offsets to commit once stored; nothing when unchanged.
+    pub fn take_changes(
+        &mut self,
+        partition: i32,
+        commit: &mut TopicPartitionList,
+    ) -> Option<StoreBatch> {
+        if !std::mem::take(&mut self.dirty) {
+            return None;
+        }
+        let offsets: Vec<(String, i64)> = self
+            .applied
+            .iter()
+            .map(|(t, o)| (format!("{t}/{partition}"), *o))
+            .collect();
+        for (t, o) in &self.applied {
+            let _ = commit.add_partition_offset(t, partition, Offset::Offset(o + 1));
+        }
+        self.engine.take_changes(&offsets)
+    }
+}
