@@ -38,7 +38,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use tracing::{error, info, warn};
 
@@ -72,7 +72,7 @@ pub use outbox::{
     DLQ_TRUNCATED_FROM,
 };
 use rebalance::RebalanceHandler;
-use worker::Worker;
+use worker::{Finish, Worker};
 
 /// Why `run` stopped with an error. Bad messages (poison) never get here: they are
 /// dead-lettered; transient failures (broker away, disk write failing) are retried with
@@ -359,7 +359,7 @@ fn run_worker(
     let result = consume(&consumer, &settings, &shutdown);
     let mut w = lock(&consumer.context().worker);
     let result = result
-        .and_then(|()| w.finish_batch(&consumer, CommitMode::Sync))
+        .and_then(|()| w.finish_batch(&consumer, Finish::Settle))
         .and_then(|()| w.flush_store());
     let held = w.held();
     if held > 0 {
@@ -470,7 +470,7 @@ fn consume(
             return Err(e);
         }
         w.tick_idle();
-        w.finish_batch(consumer, CommitMode::Async)?;
+        w.finish_batch(consumer, Finish::Overlap)?;
     }
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! header saying how long it was, so it is never lost. Records name their topic by kind
 //! ([`Sink`]), resolved by name from the settings.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -128,13 +129,16 @@ pub fn dead_letter(m: &BorrowedMessage<'_>, topic: &str, reason: &str, message: 
     }
 }
 
-/// Collects failed deliveries (the opaque is the record's index in the outbox) and the
-/// highest acknowledged changelog offset per partition.
+/// Collects failed deliveries (the opaque is the record's epoch and index in the outbox)
+/// and the highest acknowledged changelog offset per partition. Reports of an earlier
+/// epoch (records given up by [`Outbox::clear`] while in flight) are ignored: their
+/// indexes refer to nothing now, and their changelog offsets to no stored batch.
 #[derive(Default)]
 pub struct DeliveryTracker {
     failed: Mutex<Vec<(usize, KafkaError)>>,
     changelog_topic: String,
     changelog_offsets: Mutex<FxHashMap<i32, i64>>,
+    epoch: AtomicU64,
 }
 
 impl ClientContext for DeliveryTracker {
@@ -144,10 +148,14 @@ impl ClientContext for DeliveryTracker {
 }
 
 impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = Box<usize>;
-    fn delivery(&self, result: &DeliveryResult<'_>, index: Box<usize>) {
+    type DeliveryOpaque = Box<(u64, usize)>;
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Box<(u64, usize)>) {
+        let (epoch, index) = *opaque;
+        if epoch != self.epoch.load(Ordering::Acquire) {
+            return;
+        }
         match result {
-            Err((e, _)) => lock(&self.failed).push((*index, e.clone())),
+            Err((e, _)) => lock(&self.failed).push((index, e.clone())),
             Ok(m) if m.topic() == self.changelog_topic => {
                 let mut offsets = lock(&self.changelog_offsets);
                 let o = offsets.entry(m.partition()).or_insert(m.offset());
@@ -162,9 +170,12 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The records of the batch in hand and the producer they go through.
+/// The records of the batch in hand and the producer they go through: the first `sent`
+/// are with the producer until [`Outbox::settle`] sees them acknowledged; records pushed
+/// meanwhile (the next batch's) wait behind them.
 pub struct Outbox {
     pub records: Vec<Record>,
+    sent: usize,
     pub producer: BaseProducer<DeliveryTracker>,
     settings: KafkaSettings,
     telemetry: Arc<Telemetry>,
@@ -184,6 +195,7 @@ impl Outbox {
         })?;
         Ok(Outbox {
             records: Vec::new(),
+            sent: 0,
             producer,
             settings: settings.clone(),
             telemetry,
@@ -216,10 +228,14 @@ impl Outbox {
         self.records.is_empty()
     }
 
-    /// Drops the records (a batch given up: its events are read again).
+    /// Drops the records, sent or not (a batch given up: its events are read again);
+    /// reports still to come for them are ignored.
     pub fn clear(&mut self) {
         self.records.clear();
-        lock(&self.producer.context().failed).clear();
+        self.sent = 0;
+        let tracker = self.producer.context();
+        tracker.epoch.fetch_add(1, Ordering::AcqRel);
+        lock(&tracker.failed).clear();
     }
 
     /// Counts `records` sent again (a retried delivery or transaction).
@@ -250,10 +266,11 @@ impl Outbox {
     /// Hands the records at `indexes` to the producer (waiting while its queue is full);
     /// a record it refuses outright is recorded as failed, like a failed delivery.
     pub fn send(&mut self, indexes: &[usize]) {
+        let epoch = self.producer.context().epoch.load(Ordering::Acquire);
         for &i in indexes {
             let r = &self.records[i];
             let mut record =
-                BaseRecord::with_opaque_to(self.topic_of(r.sink), Box::new(i)).key(&r.key);
+                BaseRecord::with_opaque_to(self.topic_of(r.sink), Box::new((epoch, i))).key(&r.key);
             // A changelog tombstone has no value at all (compaction drops the key).
             if !(r.sink == Sink::Changelog && r.payload.is_empty()) {
                 record = record.payload(&r.payload);
@@ -311,22 +328,31 @@ impl Outbox {
         failed
     }
 
-    /// Produces every record and waits until the broker has acknowledged each one,
-    /// sending failures again with backoff; empties the outbox. Returns the changelog
+    /// Hands the records not sent yet to the producer without waiting for the broker;
+    /// they stay in the outbox until [`Outbox::settle`] has seen each one acknowledged.
+    pub fn send_all(&mut self) {
+        let unsent: Vec<usize> = (self.sent..self.records.len()).collect();
+        self.send(&unsent);
+        self.sent = self.records.len();
+    }
+
+    /// Whether records are with the producer, not yet settled.
+    pub fn has_sent(&self) -> bool {
+        self.sent > 0
+    }
+
+    /// Waits until the broker has acknowledged every record sent, sending failures again
+    /// with backoff, then drops them (records pushed since stay). Returns the changelog
     /// partitions with a record that had to be sent again (so it may now follow records
     /// sent after it).
-    pub fn deliver(&mut self, backoff: &mut Backoff) -> Result<Vec<i32>, DeadlinePassed> {
+    pub fn settle(&mut self, backoff: &mut Backoff) -> Result<Vec<i32>, DeadlinePassed> {
         let mut resent = Vec::new();
-        if self.records.is_empty() {
-            return Ok(resent);
-        }
-        let mut pending: Vec<usize> = (0..self.records.len()).collect();
         loop {
-            self.send(&pending);
             self.await_acks(backoff)?;
             let failed = self.take_failed();
             if failed.is_empty() {
-                self.records.clear();
+                self.records.drain(..self.sent);
+                self.sent = 0;
                 resent.sort_unstable();
                 resent.dedup();
                 return Ok(resent);
@@ -341,8 +367,16 @@ impl Outbox {
             self.retried(failed.len());
             let (_, first) = &failed[0];
             warn!(failed = failed.len(), error = %first, backoff_ms = backoff.delay_ms(), "output delivery failed; retrying");
-            pending = failed.iter().map(|(i, _)| *i).collect();
+            let pending: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
             backoff.pause()?;
+            self.send(&pending);
         }
+    }
+
+    /// Produces every record and waits until the broker has acknowledged each one
+    /// ([`Outbox::send_all`], then [`Outbox::settle`]).
+    pub fn deliver(&mut self, backoff: &mut Backoff) -> Result<Vec<i32>, DeadlinePassed> {
+        self.send_all();
+        self.settle(backoff)
     }
 }

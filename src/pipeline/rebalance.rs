@@ -9,13 +9,13 @@
 
 use std::sync::Mutex;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tracing::{error, info, warn};
 
 use super::outbox::lock;
-use super::worker::Worker;
+use super::worker::{Finish, Worker};
 
 /// The consumer's context: owns the worker, so the poll loop and the callbacks (both on
 /// the consumer's thread) share it without contention.
@@ -57,7 +57,7 @@ impl ConsumerContext for RebalanceHandler {
                     // last committed point.
                     warn!(partitions = ?revoked, "assignment lost; dropping the unstored batch");
                     w.drop_unstored();
-                } else if let Err(e) = w.finish_batch(consumer, CommitMode::Sync) {
+                } else if let Err(e) = w.finish_batch(consumer, Finish::Settle) {
                     error!(error = %e, "cannot store the batch before the revoke");
                     w.fatal.get_or_insert(e);
                 }

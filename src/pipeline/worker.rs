@@ -24,7 +24,7 @@ use tracing::{debug, error, info, warn};
 use super::align::Held;
 use super::backoff::{Backoff, DeadlinePassed};
 use super::changelog::{self, BatchIds, Restorer, CHANGELOG_POSITION};
-use super::commit::{Commit, TRANSACTION_CALL_TIMEOUT};
+use super::commit::{Commit, Transactional, TRANSACTION_CALL_TIMEOUT};
 use super::outbox::Outbox;
 use super::outputs::{self, Source};
 use super::partition::{now_ms, Partition, Pending};
@@ -38,6 +38,36 @@ use crate::output::Output;
 use crate::shutdown::Shutdown;
 use crate::store::{SledStore, StateStore, StoreBatch, StoreError};
 use crate::telemetry::Telemetry;
+
+/// How far [`Worker::finish_batch`] takes a batch before it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The poll loop: at_least_once leaves the batch's records in flight while the next
+    /// batch is polled (stored and committed once acknowledged, at the next batch's end);
+    /// the offset commit does not wait for the broker.
+    Overlap,
+    /// A revoke or a stop: the batch acknowledged, stored and committed (waiting for the
+    /// commit) before it returns.
+    Settle,
+}
+
+/// A batch from its records' send to its store: what is stored and committed once the
+/// broker has acknowledged every record.
+struct Unacked {
+    changes: Vec<(i32, StoreBatch)>,
+    /// The input offsets to commit once stored.
+    offsets: TopicPartitionList,
+    /// Its changelog batch id.
+    batch: u64,
+    /// The Kafka timestamps of the events behind its findings (latency metric).
+    finding_sources: Vec<i64>,
+    /// When each of its events was polled (processing latency).
+    polled: Vec<Instant>,
+    sent: Instant,
+}
+
+/// An acknowledged batch and the changelog offsets its records reached.
+type Acked = (Unacked, FxHashMap<i32, i64>);
 
 /// Everything a batch touches.
 pub struct Worker {
@@ -70,6 +100,8 @@ pub struct Worker {
     applying: Duration,
     /// Ids of the batches this worker writes to the changelog.
     batch_ids: BatchIds,
+    /// at_least_once: the batch whose records are with the producer.
+    unacked: Option<Unacked>,
 }
 
 impl Worker {
@@ -108,6 +140,7 @@ impl Worker {
             consumed: FxHashMap::default(),
             applying: Duration::ZERO,
             batch_ids: BatchIds::new(),
+            unacked: None,
         }
     }
 
@@ -122,13 +155,17 @@ impl Worker {
 
     /// Whether the batch in hand has anything to finish.
     pub(super) fn has_work(&self) -> bool {
-        !self.outbox.is_empty() || self.partitions.values().any(|p| p.dirty)
+        !self.outbox.is_empty()
+            || self.unacked.is_some()
+            || self.partitions.values().any(|p| p.dirty)
     }
 
     /// Forgets the batch in hand without writing anything (an assignment lost, a fatal
     /// error): its events are read again from the committed offsets.
     pub(super) fn drop_unstored(&mut self) {
+        self.unacked = None;
         self.outbox.clear();
+        self.outbox.forget_changelog_positions();
         self.polled.clear();
         for p in self.partitions.values_mut() {
             p.held.clear();
@@ -152,6 +189,7 @@ impl Worker {
 
     /// Drops all in-memory partitions (after a fatal error: nothing more is stored).
     pub(super) fn abandon(&mut self) {
+        self.unacked = None;
         self.outbox.clear();
         self.partitions.clear();
     }
@@ -376,9 +414,13 @@ impl Worker {
     }
 
     /// Stores the batches (one atomic sled batch per partition) and flushes the database.
-    fn store(&mut self, batches: Vec<(i32, StoreBatch)>) -> Result<(), PipelineError> {
+    /// `positions`: the changelog offsets the batches' records reached.
+    fn store(
+        &mut self,
+        batches: Vec<(i32, StoreBatch)>,
+        positions: FxHashMap<i32, i64>,
+    ) -> Result<(), PipelineError> {
         let mut backoff = Backoff::new(self.settings(), &self.shutdown);
-        let positions = self.outbox.take_changelog_positions();
         let stored_any = !batches.is_empty();
         for (partition, mut batch) in batches {
             if let Some(o) = positions.get(&partition) {
@@ -447,73 +489,181 @@ impl Worker {
         }
     }
 
-    /// Ends a batch, as a recipe: apply what is ready, take the changes, make them
-    /// durable the delivery mode's way, then record how long each step took.
-    /// at_least_once: deliver (findings, changelog records, then their commit records),
-    /// store, commit the offsets. exactly_once: one transaction (findings, changelog,
-    /// offsets), then store.
+    /// Ends a batch, as a recipe. at_least_once: the batch before is acknowledged
+    /// (nothing of this one is sent before, so the changelog holds whole batches in
+    /// order) → apply what is ready → take the changes → send (findings, changelog
+    /// records, their commit records) → store and commit the batch before. This batch's
+    /// acknowledgements are awaited at the next batch's end, while the next batch is
+    /// polled: the round trip is off the path of the next batch's findings. With
+    /// [`Finish::Settle`] this batch is also acknowledged, stored and committed before
+    /// returning. exactly_once: apply → take the changes → one transaction (findings,
+    /// changelog, offsets) → store.
     pub(super) fn finish_batch(
         &mut self,
         consumer: &BaseConsumer<RebalanceHandler>,
-        mode: CommitMode,
+        finish: Finish,
     ) -> Result<(), PipelineError> {
+        let mode = match finish {
+            Finish::Overlap => CommitMode::Async,
+            Finish::Settle => CommitMode::Sync,
+        };
+        let previous = self.acknowledge()?;
         self.apply_ready();
-        let (batches, offsets) = self.take_changes();
-        let finding_sources: Vec<i64> = self
-            .outbox
-            .records
+        let (changes, offsets) = self.take_changes();
+        let finding_sources: Vec<i64> = self.outbox.records[..]
             .iter()
             .filter_map(|r| r.source_ms)
             .collect();
-        let started = Instant::now();
-        if !self.deliver(consumer, &batches, &offsets)? {
-            // The group moved on: the batch is dropped and read again by the new owner.
-            self.rewind(consumer);
-            self.report_gauges();
-            return Ok(());
-        }
-        let delivered = Instant::now();
-        let now = now_ms();
+        let polled = std::mem::take(&mut self.polled);
         let telemetry = self.telemetry.clone();
-        let metrics = &telemetry.metrics;
-        for source in finding_sources {
+        let stage = |name: &str, took: Duration| {
+            telemetry
+                .metrics
+                .batch_stages
+                .with_label_values(&[name])
+                .observe(took.as_secs_f64())
+        };
+        stage("apply", std::mem::take(&mut self.applying));
+        let this = Unacked {
+            changes,
+            offsets,
+            batch: self.batch_ids.next(),
+            finding_sources,
+            polled,
+            sent: Instant::now(),
+        };
+        let transaction = match &self.commit {
+            Commit::AtLeastOnce { .. } => None,
+            Commit::ExactlyOnce(transaction) => Some(transact(
+                transaction,
+                &mut self.outbox,
+                consumer,
+                &this,
+                &self.config.kafka,
+                &self.shutdown,
+            )?),
+        };
+        if transaction.is_some() {
+            let took = this.sent.elapsed().as_secs_f64();
+            self.telemetry.metrics.commit_duration.observe(took);
+        }
+        match transaction {
+            None => {
+                self.send(this);
+                if let Some(previous) = previous {
+                    self.store_and_commit(previous, consumer, mode)?;
+                }
+                if finish == Finish::Settle {
+                    if let Some(this) = self.acknowledge()? {
+                        self.store_and_commit(this, consumer, mode)?;
+                    }
+                }
+            }
+            Some(false) => {
+                // The group moved on: the batch is dropped and read again by the new owner.
+                self.rewind(consumer);
+            }
+            Some(true) => {
+                stage("deliver", this.sent.elapsed());
+                self.delivered(&this);
+                let positions = self.outbox.take_changelog_positions();
+                self.store_and_commit((this, positions), consumer, mode)?;
+            }
+        }
+        self.report_gauges();
+        Ok(())
+    }
+
+    /// at_least_once: waits until the broker has acknowledged the batch in flight
+    /// (sending failures again with backoff), then returns it with the changelog
+    /// positions it reached, ready to be stored.
+    fn acknowledge(&mut self) -> Result<Option<Acked>, PipelineError> {
+        let Some(unacked) = self.unacked.take() else {
+            return Ok(None);
+        };
+        let waited = Instant::now();
+        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
+        let deadline = |outbox: &Outbox, b: &Backoff| PipelineError::deadline(b, outbox.len());
+        let late = self
+            .outbox
+            .settle(&mut backoff)
+            .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
+        if !late.is_empty() {
+            // A record went again after its commit record: so does the commit.
+            changelog::queue_commits(&mut self.outbox, &unacked.changes, unacked.batch, |p| {
+                late.contains(&p)
+            });
+            // Whatever of the next batch waits in the outbox goes with them: its
+            // findings may precede its store, and its changelog records are not queued yet.
+            self.outbox.send_all();
+            self.outbox
+                .settle(&mut backoff)
+                .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
+        }
+        self.telemetry
+            .metrics
+            .batch_stages
+            .with_label_values(&["deliver"])
+            .observe(waited.elapsed().as_secs_f64());
+        self.delivered(&unacked);
+        let positions = self.outbox.take_changelog_positions();
+        Ok(Some((unacked, positions)))
+    }
+
+    /// Counts a batch's outputs as on the broker: how long they took, and each
+    /// finding's produce → delivered latency.
+    fn delivered(&self, batch: &Unacked) {
+        let metrics = &self.telemetry.metrics;
+        metrics
+            .delivery_duration
+            .observe(batch.sent.elapsed().as_secs_f64());
+        let now = now_ms();
+        for source in &batch.finding_sources {
             metrics
                 .produce_to_finding_latency
                 .observe((now - source).max(0) as f64 / 1e3);
         }
-        let stored_any = !batches.is_empty();
-        self.store(batches)?;
-        let stored = Instant::now();
-        let commit_offsets =
-            matches!(self.commit, Commit::AtLeastOnce { .. }) && offsets.count() > 0;
-        if commit_offsets {
-            if let Err(e) = consumer.commit(&offsets, mode) {
-                // sled holds the truth: a lost commit only means re-reading and skipping.
-                warn!(error = %e, "offset commit failed; the stored offsets still hold");
-            }
-        }
-        let done = Instant::now();
+    }
+
+    /// Stores an acknowledged batch (one atomic sled batch per partition), then commits
+    /// its input offsets (at_least_once; exactly_once committed them in the transaction).
+    fn store_and_commit(
+        &mut self,
+        (batch, positions): Acked,
+        consumer: &BaseConsumer<RebalanceHandler>,
+        mode: CommitMode,
+    ) -> Result<(), PipelineError> {
+        let telemetry = self.telemetry.clone();
+        let metrics = &telemetry.metrics;
         let stage = |name: &str, took: Duration| {
             metrics
                 .batch_stages
                 .with_label_values(&[name])
                 .observe(took.as_secs_f64())
         };
-        stage("apply", std::mem::take(&mut self.applying));
-        stage("deliver", delivered - started);
+        let started = Instant::now();
+        let stored_any = !batch.changes.is_empty();
+        self.store(batch.changes, positions)?;
+        let stored = Instant::now();
         if stored_any {
-            stage("store", stored - delivered);
+            stage("store", stored - started);
             metrics
                 .flush_duration
-                .observe((stored - delivered).as_secs_f64());
+                .observe((stored - started).as_secs_f64());
         }
+        let commit_offsets =
+            matches!(self.commit, Commit::AtLeastOnce { .. }) && batch.offsets.count() > 0;
         if commit_offsets {
-            stage("commit", done - stored);
-            metrics
-                .commit_duration
-                .observe((done - stored).as_secs_f64());
+            if let Err(e) = consumer.commit(&batch.offsets, mode) {
+                // sled holds the truth: a lost commit only means re-reading and skipping.
+                warn!(error = %e, "offset commit failed; the stored offsets still hold");
+            }
+            let took = stored.elapsed();
+            stage("commit", took);
+            metrics.commit_duration.observe(took.as_secs_f64());
         }
-        for polled in self.polled.drain(..) {
+        let done = Instant::now();
+        for polled in batch.polled {
             metrics
                 .processing_latency
                 .observe((done - polled).as_secs_f64());
@@ -521,65 +671,39 @@ impl Worker {
         self.stats.batches += 1;
         metrics.batches.inc();
         debug!(
-            deliver_ms = (delivered - started).as_secs_f64() * 1e3,
-            store_ms = (stored - delivered).as_secs_f64() * 1e3,
+            store_ms = (stored - started).as_secs_f64() * 1e3,
             commit_ms = (done - stored).as_secs_f64() * 1e3,
             "batch finished"
         );
-        self.report_gauges();
         Ok(())
     }
 
-    /// Puts the batch on the broker the delivery mode's way; `false` when a transaction
-    /// found the group moved on (the batch must be dropped).
-    fn deliver(
-        &mut self,
-        consumer: &BaseConsumer<RebalanceHandler>,
-        batches: &[(i32, StoreBatch)],
-        offsets: &TopicPartitionList,
-    ) -> Result<bool, PipelineError> {
-        let started = Instant::now();
-        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
-        let deadline = |outbox: &Outbox, b: &Backoff| PipelineError::deadline(b, outbox.len());
-        let metrics = self.telemetry.clone();
-        let batch = self.batch_ids.next();
-        match &self.commit {
-            Commit::AtLeastOnce { changelog } => {
-                if *changelog {
-                    // Findings, session records and commit records in one produce round.
-                    changelog::queue(&mut self.outbox, batches, batch);
-                }
-                let late = self
-                    .outbox
-                    .deliver(&mut backoff)
-                    .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
-                if !late.is_empty() {
-                    // A record went again after its commit record: so does the commit.
-                    changelog::queue_commits(&mut self.outbox, batches, batch, |p| {
-                        late.contains(&p)
-                    });
-                    self.outbox
-                        .deliver(&mut backoff)
-                        .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
-                }
-                metrics
-                    .metrics
-                    .delivery_duration
-                    .observe(started.elapsed().as_secs_f64());
-                Ok(true)
-            }
-            Commit::ExactlyOnce(transaction) => {
-                // The transaction makes the batch atomic; the commit records still mark
-                // where each batch ends, so one restore path serves both modes.
-                changelog::queue(&mut self.outbox, batches, batch);
-                let committed =
-                    transaction.commit(&mut self.outbox, consumer, offsets, &mut backoff)?;
-                metrics
-                    .metrics
-                    .commit_duration
-                    .observe(started.elapsed().as_secs_f64());
-                Ok(committed)
-            }
+    /// at_least_once: hands the batch's records (with its changelog records) to the
+    /// producer and keeps the batch until [`Worker::acknowledge`].
+    fn send(&mut self, batch: Unacked) {
+        if matches!(self.commit, Commit::AtLeastOnce { changelog: true }) {
+            changelog::queue(&mut self.outbox, &batch.changes, batch.batch);
+        }
+        self.outbox.send_all();
+        if self.outbox.has_sent() || batch.offsets.count() > 0 || !batch.changes.is_empty() {
+            self.unacked = Some(batch);
         }
     }
+}
+
+/// exactly_once: the batch's records, its changelog records and its input offsets in one
+/// transaction; `false` when the group moved on (the batch must be dropped).
+fn transact(
+    transaction: &Transactional,
+    outbox: &mut Outbox,
+    consumer: &BaseConsumer<RebalanceHandler>,
+    batch: &Unacked,
+    settings: &KafkaSettings,
+    shutdown: &Shutdown,
+) -> Result<bool, PipelineError> {
+    let mut backoff = Backoff::new(settings, shutdown);
+    // The transaction makes the batch atomic; the commit records still mark where each
+    // batch ends, so one restore path serves both modes.
+    changelog::queue(outbox, &batch.changes, batch.batch);
+    transaction.commit(outbox, consumer, &batch.offsets, &mut backoff)
 }
