@@ -607,6 +607,11 @@ mod fast {
     }
 }
 
+/// Whether a JSON text nests at most `limit` deep (strings skipped).
+pub(crate) fn nesting_within(bytes: &[u8], limit: usize) -> bool {
+    check_nesting(bytes, limit).is_ok()
+}
+
 /// Rejects documents nested deeper than `limit` before serde sees them (serde_json's own
 /// recursion limit is 128 and reports a less useful error).
 fn check_nesting(bytes: &[u8], limit: usize) -> Result<(), BadEvent> {

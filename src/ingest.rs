@@ -13,7 +13,8 @@ use std::io::{BufRead, Read, Write};
 
 use serde::Deserialize;
 
-use crate::kafka::settings::KafkaSettings;
+use crate::event::ParseLimits;
+use crate::kafka::settings::{valid_topic, KafkaSettings};
 use crate::otlp::{decode, Encoding, MapReport, MappedEvent, Mapper};
 
 /// `[ingest.otlp]` as written.
@@ -49,9 +50,11 @@ pub struct OtlpIngest {
 }
 
 impl OtlpIngest {
-    pub fn mapper(&self) -> Mapper {
+    /// The mapping for this ingest, within the event parser's `limits`.
+    pub fn mapper(ingest: Option<&OtlpIngest>, limits: &ParseLimits) -> Mapper {
         Mapper {
-            session_attribute: self.session_attribute.clone(),
+            session_attribute: ingest.and_then(|i| i.session_attribute.clone()),
+            max_nesting: limits.max_nesting,
         }
     }
 
@@ -71,21 +74,31 @@ impl OtlpIngest {
         let mut err =
             |key: &str, message: String| errors.push((format!("ingest.otlp.{key}"), message));
         for (i, t) in topics.iter().enumerate() {
-            if t.is_empty() || t.contains(char::is_whitespace) {
+            let at = format!("topics[{i}]");
+            if !valid_topic(t) {
                 err(
-                    &format!("topics[{i}]"),
-                    format!("`{t}` is not a topic name"),
+                    &at,
+                    format!("`{t}` is not a valid topic name (1-249 of [a-zA-Z0-9._-])"),
                 );
+            } else if topics[..i].contains(t) {
+                err(&at, format!("`{t}` is listed twice"));
             } else if kafka.input_topics.contains(t) {
                 err(
-                    &format!("topics[{i}]"),
+                    &at,
                     format!(
                         "`{t}` is an input topic: the ingest would read back what it publishes"
                     ),
                 );
+            } else if kafka.output_topics().contains(&t.as_str()) || *t == kafka.changelog_topic {
+                err(
+                    &at,
+                    format!(
+                        "`{t}` is a topic loopwarden writes (findings, dead letters or changelog)"
+                    ),
+                );
             } else if Some(t.as_str()) == own_spans_topic {
                 err(
-                    &format!("topics[{i}]"),
+                    &at,
                     format!(
                         "`{t}` is where loopwarden publishes its own spans (telemetry.spans_topic)"
                     ),
@@ -328,7 +341,7 @@ mod tests {
             "{errors:?}"
         );
         let errors = config(
-            "[telemetry]\nspans_to_kafka = true\n[ingest.otlp]\ntopics = [\"tool.called\", \"otlp_spans\", \"a b\"]\nencoding = \"zipkin\"\nto_topic = \"elsewhere\"\ngroup_id = \"loopwarden\"\n",
+            "[telemetry]\nspans_to_kafka = true\n[ingest.otlp]\ntopics = [\"tool.called\", \"otlp_spans\", \"a b\", \"loopwarden.dlq\", \"t\", \"t\", \"loopwarden.state-changelog\"]\nencoding = \"zipkin\"\nto_topic = \"elsewhere\"\ngroup_id = \"loopwarden\"\n",
         )
         .unwrap_err();
         let has = |key: &str, words: &str| {
@@ -342,7 +355,16 @@ mod tests {
         );
         assert!(has("ingest.otlp.topics[1]", "its own spans"), "{errors:?}");
         assert!(
-            has("ingest.otlp.topics[2]", "not a topic name"),
+            has("ingest.otlp.topics[2]", "not a valid topic name"),
+            "{errors:?}"
+        );
+        assert!(
+            has("ingest.otlp.topics[3]", "loopwarden writes"),
+            "{errors:?}"
+        );
+        assert!(has("ingest.otlp.topics[5]", "listed twice"), "{errors:?}");
+        assert!(
+            has("ingest.otlp.topics[6]", "loopwarden writes"),
             "{errors:?}"
         );
         assert!(

@@ -279,11 +279,7 @@ fn events_of(
     if !otlp {
         return Ok(input);
     }
-    let mapper = config
-        .ingest
-        .as_ref()
-        .map(OtlpIngest::mapper)
-        .unwrap_or_default();
+    let mapper = OtlpIngest::mapper(config.ingest.as_ref(), &config.limits);
     let lines = OtlpJsonLines::new(input, mapper, Box::new(std::io::stderr()));
     Ok(Box::new(BufReader::with_capacity(1 << 20, lines)))
 }

@@ -15,7 +15,9 @@
 //! same events, bytes included: the `event_id` is the span id, the time the span's end);
 //! a signal a span does not carry is not guessed (no token usage: the LLM call is left
 //! out and counted, since the contract requires it; no output messages: no `text` and no
-//! `tool_calls`); every event it makes passes [`crate::event::parse_event`]. What it
+//! `tool_calls`); what it makes is an event [`crate::event::parse_event`] reads, but for
+//! what no mapping can mend (a session id over 256 bytes, an event over
+//! `engine.max_event_bytes`), which the ingest dead-letters and `replay` reports. What it
 //! cannot know from one request it does not invent: an agent's name, the session of a
 //! span without one of its own, the sub-agent depth and parent session come from
 //! ancestors found in the same request, and depth only when the chain to the trace's root
@@ -149,6 +151,8 @@ impl Encoding {
 /// A message that is not an OTLP trace export (poison: dead-letter it).
 #[derive(Debug, thiserror::Error)]
 pub enum OtlpError {
+    #[error("an empty message (a tombstone?) is not an OTLP trace export")]
+    Empty,
     #[error("not an OTLP protobuf ExportTraceServiceRequest: {0}")]
     Protobuf(#[from] prost::DecodeError),
     #[error("not an OTLP JSON ExportTraceServiceRequest: {0}")]
@@ -166,6 +170,10 @@ impl OtlpError {
 /// (`{"resourceSpans": [...]}`, as the OpenTelemetry Collector writes it) or its bare
 /// array of resource spans (as rotel's Kafka exporter writes it).
 pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<ExportTraceServiceRequest, OtlpError> {
+    if bytes.is_empty() {
+        // Protobuf would read it as an export without spans.
+        return Err(OtlpError::Empty);
+    }
     match encoding {
         Encoding::OtlpProto => Ok(ExportTraceServiceRequest::decode(bytes)?),
         Encoding::OtlpJson if bytes.trim_ascii_start().starts_with(b"[") => {
@@ -198,13 +206,16 @@ pub enum Skipped {
     NoToolName,
     /// Not an agent's LLM call, tool call or agent (HTTP, database, framework spans).
     NotAgentStep,
+    /// An LLM or tool call without a valid trace id and span id (OTLP requires both).
+    InvalidIds,
 }
 
 impl Skipped {
-    pub const ALL: [Skipped; 3] = [
+    pub const ALL: [Skipped; 4] = [
         Skipped::NoTokenUsage,
         Skipped::NoToolName,
         Skipped::NotAgentStep,
+        Skipped::InvalidIds,
     ];
 
     pub fn name(self) -> &'static str {
@@ -212,6 +223,7 @@ impl Skipped {
             Skipped::NoTokenUsage => "no_token_usage",
             Skipped::NoToolName => "no_tool_name",
             Skipped::NotAgentStep => "not_agent_step",
+            Skipped::InvalidIds => "invalid_ids",
         }
     }
 }
@@ -273,11 +285,23 @@ struct Located<'r> {
 }
 
 /// Maps trace exports to events.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Mapper {
     /// An attribute naming the session when neither `gen_ai.conversation.id` nor
     /// `session.id` does.
     pub session_attribute: Option<String>,
+    /// The event parser's nesting limit (`engine.max_nesting`): a captured argument or
+    /// result embedded as JSON must stay within it one level down, inside the event.
+    pub max_nesting: usize,
+}
+
+impl Default for Mapper {
+    fn default() -> Mapper {
+        Mapper {
+            session_attribute: None,
+            max_nesting: crate::event::DEFAULT_MAX_NESTING,
+        }
+    }
 }
 
 impl Mapper {
@@ -302,13 +326,13 @@ impl Mapper {
             }
         }
         report.spans = spans.len() as u64;
-        let by_id: HashMap<(&[u8], &[u8]), usize> = spans
-            .iter()
-            .enumerate()
-            .map(|(i, l)| ((&l.span.trace_id[..], &l.span.span_id[..]), i))
-            .collect();
+        let ancestry = Ancestry::of(&spans, |attrs| self.session_named(attrs).is_some());
         let request_events = out.len();
         for (i, l) in spans.iter().enumerate() {
+            if matches!(l.kind, Kind::Llm | Kind::Tool) && !valid_ids(l.span) {
+                report.skip(Skipped::InvalidIds);
+                continue;
+            }
             let fields = match l.kind {
                 Kind::Llm => match llm_fields(&l.span.attributes) {
                     Some(f) => {
@@ -320,7 +344,7 @@ impl Mapper {
                         continue;
                     }
                 },
-                Kind::Tool => match tool_fields(l.span) {
+                Kind::Tool => match tool_fields(l.span, self.max_nesting) {
                     Some(f) => {
                         report.tool_calls += 1;
                         f
@@ -339,8 +363,7 @@ impl Mapper {
                     continue;
                 }
             };
-            let lineage = Lineage::of(i, &spans, &by_id);
-            out.push(self.event(&spans, i, &lineage, fields));
+            out.push(self.event(&spans, i, &ancestry, fields));
         }
         // In the order the spans ended (ties: as they came), the order they happened in.
         out[request_events..].sort_by_key(|e| e.end_unix_nano);
@@ -351,34 +374,33 @@ impl Mapper {
         &self,
         spans: &[Located<'_>],
         i: usize,
-        lineage: &Lineage,
+        ancestry: &Ancestry,
         fields: Obj,
     ) -> MappedEvent {
         let span = spans[i].span;
-        let session_id = self.session_of(spans, i, lineage);
+        let session_id = self.session_of(spans, ancestry, i);
         let mut event = fields;
         event
             .str("session_id", &session_id)
             .str("event_id", &hex(&span.span_id));
         let end_ms = (span.end_time_unix_nano / 1_000_000) as i64;
         event.str("timestamp", &format_rfc3339_ms(end_ms));
-        let agent = agent_of(&span.attributes).or_else(|| {
-            lineage
-                .agents
-                .first()
-                .and_then(|&a| agent_of(&spans[a].span.attributes))
-        });
-        if let Some(agent) = agent {
-            event.str("agent_id", agent);
+        // The span's own agent attributes, else its nearest agent's (not one further up:
+        // a sub-agent's steps are the sub-agent's).
+        let agent = ancestry.agent[i];
+        let agent_id = agent_of(&span.attributes)
+            .or_else(|| agent.and_then(|a| agent_of(&spans[a].span.attributes)));
+        if let Some(agent_id) = agent_id {
+            event.str("agent_id", agent_id);
         }
-        if lineage.to_root {
-            if let Some(depth) = lineage.agents.len().checked_sub(1) {
+        if ancestry.rooted[i] {
+            if let Some(depth) = ancestry.agents[i].checked_sub(1) {
                 event.num("depth", depth);
             }
         }
         // The nearest agent above this event's own agent, if its session differs.
-        if let Some(&parent_agent) = lineage.agents.get(1) {
-            let parent_session = self.session_of(spans, parent_agent, &lineage.above(parent_agent));
+        if let Some(parent_agent) = agent.and_then(|a| ancestry.parent_agent(a)) {
+            let parent_session = self.session_of(spans, ancestry, parent_agent);
             if parent_session != session_id {
                 event.str("parent_session_id", &parent_session);
             }
@@ -391,87 +413,123 @@ impl Mapper {
         }
     }
 
-    /// The session of span `i`: `gen_ai.conversation.id`, `session.id` or the configured
-    /// attribute, on the span, else on its nearest ancestor in the request that has one,
-    /// else on its resource; else its trace.
-    fn session_of(&self, spans: &[Located<'_>], i: usize, lineage: &Lineage) -> String {
-        let keys = [attr::GEN_AI_CONVERSATION_ID, attr::SESSION_ID];
-        let extra = self.session_attribute.as_deref();
-        fn find<'a>(attrs: &'a [KeyValue], keys: &[&str], extra: Option<&str>) -> Option<&'a str> {
-            keys.iter()
-                .copied()
-                .chain(extra)
-                .find_map(|k| string(attrs, k).filter(|s| !s.is_empty()))
-        }
-        let find = |attrs| find(attrs, &keys, extra);
-        std::iter::once(i)
-            .chain(lineage.ancestors.iter().copied())
-            .find_map(|a| find(&spans[a].span.attributes))
-            .or_else(|| find(spans[i].resource))
+    /// The session an attribute list names: `gen_ai.conversation.id`, `session.id` or the
+    /// configured attribute.
+    fn session_named<'a>(&self, attrs: &'a [KeyValue]) -> Option<&'a str> {
+        [attr::GEN_AI_CONVERSATION_ID, attr::SESSION_ID]
+            .into_iter()
+            .chain(self.session_attribute.as_deref())
+            .find_map(|k| string(attrs, k).filter(|s| !s.is_empty()))
+    }
+
+    /// The session of span `i`: named on the span, else on its nearest ancestor in the
+    /// request that names one, else on its resource; else its trace.
+    fn session_of(&self, spans: &[Located<'_>], ancestry: &Ancestry, i: usize) -> String {
+        ancestry.named[i]
+            .and_then(|n| self.session_named(&spans[n].span.attributes))
+            .or_else(|| self.session_named(spans[i].resource))
             .map_or_else(|| hex(&spans[i].span.trace_id), str::to_string)
     }
 }
 
-/// The ancestors of a span found in its request, nearest first.
-struct Lineage {
-    ancestors: Vec<usize>,
-    /// The agent spans among them, nearest first.
-    agents: Vec<usize>,
-    /// The chain reaches a span without a parent (the trace's root) inside the request.
-    to_root: bool,
+/// A span's ids as OTLP requires them: a 16-byte trace id and an 8-byte span id, neither
+/// all zeros. Without them there is no `event_id` and no trace to join.
+fn valid_ids(span: &Span) -> bool {
+    span.trace_id.len() == 16
+        && span.span_id.len() == 8
+        && span.trace_id.iter().any(|&b| b != 0)
+        && span.span_id.iter().any(|&b| b != 0)
 }
 
-impl Lineage {
-    fn of(i: usize, spans: &[Located<'_>], by_id: &HashMap<(&[u8], &[u8]), usize>) -> Lineage {
-        let mut lineage = Lineage {
-            ancestors: Vec::new(),
-            agents: Vec::new(),
-            to_root: false,
+/// What each span of a request inherits from its ancestors found in the same request
+/// (itself included), resolved once per request: O(spans), however deep the traces.
+struct Ancestry {
+    parent: Vec<Option<usize>>,
+    /// The nearest span naming a session.
+    named: Vec<Option<usize>>,
+    /// The nearest agent span.
+    agent: Vec<Option<usize>>,
+    /// How many agent spans the chain holds.
+    agents: Vec<usize>,
+    /// The chain reaches a span without a parent (the trace's root) inside the request.
+    rooted: Vec<bool>,
+}
+
+impl Ancestry {
+    fn of(spans: &[Located<'_>], names_session: impl Fn(&[KeyValue]) -> bool) -> Ancestry {
+        let by_id: HashMap<(&[u8], &[u8]), usize> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, l)| ((&l.span.trace_id[..], &l.span.span_id[..]), i))
+            .collect();
+        let parent: Vec<Option<usize>> = spans
+            .iter()
+            .map(|l| {
+                let s = l.span;
+                let key = (&s.trace_id[..], &s.parent_span_id[..]);
+                (!s.parent_span_id.is_empty())
+                    .then(|| by_id.get(&key).copied())
+                    .flatten()
+            })
+            .collect();
+        let n = spans.len();
+        let mut a = Ancestry {
+            parent,
+            named: vec![None; n],
+            agent: vec![None; n],
+            agents: vec![0; n],
+            rooted: vec![false; n],
         };
-        let mut at = i;
-        // Bounded: a malformed request may loop its parents.
-        for _ in 0..spans.len() {
-            let span = spans[at].span;
-            if span.parent_span_id.is_empty() {
-                lineage.to_root = true;
-                break;
-            }
-            match by_id.get(&(&span.trace_id[..], &span.parent_span_id[..])) {
-                Some(&parent) => {
-                    lineage.ancestors.push(parent);
-                    if spans[parent].kind == Kind::Agent {
-                        lineage.agents.push(parent);
-                    }
-                    at = parent;
+        #[derive(Clone, Copy, PartialEq)]
+        enum State {
+            New,
+            OnChain,
+            Done,
+        }
+        let mut state = vec![State::New; n];
+        let mut chain = Vec::new();
+        for start in 0..n {
+            // Climb to a resolved span, the root, a parent not in the request, or a span
+            // already on this chain (a malformed request may loop its parents).
+            let mut at = start;
+            let mut above = loop {
+                match state[at] {
+                    State::Done => break Some(at),
+                    State::OnChain => break None,
+                    State::New => {}
                 }
-                None => break,
+                state[at] = State::OnChain;
+                chain.push(at);
+                match a.parent[at] {
+                    Some(p) => at = p,
+                    None => break None,
+                }
+            };
+            // Resolve from the top down.
+            while let Some(x) = chain.pop() {
+                let (named, agent, agents, rooted) = match above {
+                    Some(p) => (a.named[p], a.agent[p], a.agents[p], a.rooted[p]),
+                    None => (None, None, 0, spans[x].span.parent_span_id.is_empty()),
+                };
+                let is_agent = spans[x].kind == Kind::Agent;
+                a.named[x] = if names_session(&spans[x].span.attributes) {
+                    Some(x)
+                } else {
+                    named
+                };
+                a.agent[x] = if is_agent { Some(x) } else { agent };
+                a.agents[x] = agents + usize::from(is_agent);
+                a.rooted[x] = rooted;
+                state[x] = State::Done;
+                above = Some(x);
             }
         }
-        if spans[i].kind == Kind::Agent {
-            lineage.agents.insert(0, i);
-        }
-        lineage
+        a
     }
 
-    /// The lineage of one of these ancestors: the ancestors above it.
-    fn above(&self, ancestor: usize) -> Lineage {
-        let from = self
-            .ancestors
-            .iter()
-            .position(|&a| a == ancestor)
-            .map_or(self.ancestors.len(), |p| p + 1);
-        let ancestors = self.ancestors[from..].to_vec();
-        let agents = self
-            .agents
-            .iter()
-            .copied()
-            .filter(|a| ancestors.contains(a))
-            .collect();
-        Lineage {
-            ancestors,
-            agents,
-            to_root: self.to_root,
-        }
+    /// The nearest agent above agent span `agent`.
+    fn parent_agent(&self, agent: usize) -> Option<usize> {
+        self.parent[agent].and_then(|p| self.agent[p])
     }
 }
 
@@ -538,11 +596,14 @@ impl Obj {
     }
 
     /// A captured value: as it is when it is a JSON object or array (arguments and
-    /// results usually are), as a string otherwise.
-    fn json_or_text(&mut self, key: &str, text: &str) -> &mut Obj {
+    /// results usually are) the event parser reads within its nesting limit, as a string
+    /// otherwise.
+    fn json_or_text(&mut self, key: &str, text: &str, max_nesting: usize) -> &mut Obj {
         self.key(key);
         let t = text.trim_ascii();
-        if (t.starts_with('{') || t.starts_with('[')) && is_json(t) {
+        // One level is the event object itself.
+        let room = max_nesting.saturating_sub(1);
+        if (t.starts_with('{') || t.starts_with('[')) && is_json(t, room) {
             self.buf.extend_from_slice(t.as_bytes());
         } else {
             self.put(text);
@@ -556,17 +617,20 @@ impl Obj {
     }
 }
 
-/// Whether a text is one JSON value the event parser reads as serde_json does.
-fn is_json(text: &str) -> bool {
-    let mut sc = crate::json::Scanner::new(text.as_bytes(), crate::event::DEFAULT_MAX_NESTING);
+/// Whether a text is one JSON value, nested at most `max_nesting` deep, that the event
+/// parser reads: its fast scanner, or where that gives up (surrogate escapes, …)
+/// serde_json into a value, as the parser's slow path does (which refuses lone
+/// surrogates).
+fn is_json(text: &str, max_nesting: usize) -> bool {
+    let mut sc = crate::json::Scanner::new(text.as_bytes(), max_nesting);
     if sc.value().is_ok() {
         sc.ws();
         if sc.at_end() {
             return true;
         }
     }
-    // What the fast scanner gives up on (surrogate escapes, …) serde_json decides.
-    serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+    crate::event::nesting_within(text.as_bytes(), max_nesting)
+        && serde_json::from_str::<serde_json::Value>(text).is_ok()
 }
 
 /// The `cost.attributed` fields of an LLM span; `None` without token usage.
@@ -705,7 +769,7 @@ fn openinference_output(a: &[KeyValue]) -> Option<(String, u32)> {
 }
 
 /// The `tool.called` fields of a tool span; `None` without a tool name.
-fn tool_fields(span: &Span) -> Option<Obj> {
+fn tool_fields(span: &Span, max_nesting: usize) -> Option<Obj> {
     let a = &span.attributes[..];
     let tool = [attr::GEN_AI_TOOL_NAME, attr::TOOL_NAME]
         .into_iter()
@@ -719,7 +783,7 @@ fn tool_fields(span: &Span) -> Option<Obj> {
     // error streaks still judge it.
     let span_id = hex(&span.span_id);
     match string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS).or_else(|| string(a, attr::INPUT_VALUE)) {
-        Some(args) => m.json_or_text("args", args),
+        Some(args) => m.json_or_text("args", args, max_nesting),
         None => {
             m.key("args");
             m.put(&json!({ UNCAPTURED: span_id }));
@@ -727,7 +791,7 @@ fn tool_fields(span: &Span) -> Option<Obj> {
         }
     };
     match string(a, attr::GEN_AI_TOOL_CALL_RESULT).or_else(|| string(a, attr::OUTPUT_VALUE)) {
-        Some(result) => m.json_or_text("result", result),
+        Some(result) => m.json_or_text("result", result, max_nesting),
         None => m.str("result_digest", &span_id),
     };
     let call_id = string(a, attr::GEN_AI_TOOL_CALL_ID).or_else(|| string(a, attr::TOOL_CALL_ID));
@@ -1091,6 +1155,7 @@ mod tests {
         ];
         let mapper = Mapper {
             session_attribute: Some("app.thread".into()),
+            ..Mapper::default()
         };
         let (ev, _) = events(&mapper, &request(vec![], spans.clone()));
         let sessions: Vec<&str> = ev
@@ -1204,5 +1269,117 @@ mod tests {
             a[1].traceparent,
             format!("00-{}-{}-01", "07".repeat(16), "02".repeat(8))
         );
+    }
+
+    #[test]
+    fn deep_and_looping_parent_chains_resolve() {
+        let id = |n: u32| {
+            let mut v = vec![1u8; 8];
+            v[4..].copy_from_slice(&n.to_be_bytes());
+            v
+        };
+        let agent = |n: u32, parent: Option<u32>| {
+            let mut sp = span(
+                1,
+                None,
+                9_000,
+                vec![
+                    s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+                    s(attr::GEN_AI_AGENT_NAME, &format!("a{n}")),
+                    s(attr::GEN_AI_CONVERSATION_ID, &format!("c{n}")),
+                ],
+            );
+            sp.span_id = id(n);
+            sp.parent_span_id = parent.map(id).unwrap_or_default();
+            sp
+        };
+        let step_below = |parent: u32| {
+            let mut step = chat(2, None, 1_000);
+            step.parent_span_id = id(parent);
+            step.attributes
+                .retain(|kv| kv.key != attr::GEN_AI_CONVERSATION_ID);
+            step
+        };
+        // 3,000 agents, each the parent of the next, and a step below the last.
+        let mut spans: Vec<Span> = (0..3_000).map(|n| agent(n, n.checked_sub(1))).collect();
+        spans.reverse(); // children before parents: resolution must not depend on order
+        spans.push(step_below(2_999));
+        let (ev, report) = events(&Mapper::default(), &request(vec![], spans));
+        assert_eq!(report.agents, 3_000);
+        assert_eq!(ev[0]["agent_id"], "a2999");
+        assert_eq!(ev[0]["session_id"], "c2999");
+        assert_eq!(ev[0]["depth"], 2_999);
+        assert_eq!(ev[0]["parent_session_id"], "c2998");
+        // Two agents that are each other's parent: the step still maps, without a depth.
+        let looped = vec![agent(1, Some(2)), agent(2, Some(1)), step_below(1)];
+        let (ev, _) = events(&Mapper::default(), &request(vec![], looped));
+        assert_eq!(ev[0]["agent_id"], "a1");
+        assert_eq!(ev[0]["session_id"], "c1");
+        assert_eq!(ev[0]["parent_session_id"], "c2");
+        assert!(ev[0].get("depth").is_none(), "{}", ev[0]);
+    }
+
+    #[test]
+    fn steps_without_valid_ids_are_skipped_and_counted() {
+        let mut no_span_id = chat(1, None, 1_000);
+        no_span_id.span_id.clear();
+        let mut zero_trace = tool(2, None, 1_100);
+        zero_trace.trace_id = vec![0; 16];
+        let (ev, report) = events(
+            &Mapper::default(),
+            &request(vec![], vec![no_span_id, zero_trace, chat(3, None, 1_200)]),
+        );
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0]["event_id"], "0303030303030303");
+        assert_eq!(report.skipped(Skipped::InvalidIds), 2);
+    }
+
+    #[test]
+    fn captured_values_are_embedded_only_as_the_event_parser_reads_them() {
+        let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let with = |args: &str, result: &str| {
+            let mut t = tool(2, None, 1_500);
+            t.attributes.retain(|kv| {
+                kv.key != attr::GEN_AI_TOOL_CALL_ARGUMENTS
+                    && kv.key != attr::GEN_AI_TOOL_CALL_RESULT
+            });
+            t.attributes.push(s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, args));
+            t.attributes.push(s(attr::GEN_AI_TOOL_CALL_RESULT, result));
+            let (ev, _) = events(&Mapper::default(), &request(vec![], vec![t]));
+            ev.into_iter().next().unwrap()
+        };
+        let limit = crate::event::DEFAULT_MAX_NESTING;
+        // Inside the event object, a value may nest one level less than the limit.
+        let ev = with(&nested(limit - 1), &nested(limit));
+        assert!(ev["args"].is_array(), "{}", ev["args"]);
+        assert_eq!(ev["result"], nested(limit));
+        // A lone surrogate escape is text; a valid pair is JSON.
+        let ev = with(r#"{"a":"\ud800"}"#, r#"{"a":"\ud83d\ude00"}"#);
+        assert_eq!(ev["args"], r#"{"a":"\ud800"}"#);
+        assert_eq!(ev["result"]["a"], "\u{1f600}");
+        // A lower configured limit is followed too.
+        let shallow = Mapper {
+            max_nesting: 3,
+            ..Mapper::default()
+        };
+        let mut t = tool(2, None, 1_500);
+        t.attributes
+            .push(s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, &nested(3)));
+        let mut out = Vec::new();
+        shallow.map(&request(vec![], vec![t]), &mut out);
+        let limits = ParseLimits {
+            max_nesting: 3,
+            ..ParseLimits::default()
+        };
+        parse_event(&out[0].json, &limits).expect("within the configured nesting");
+    }
+
+    #[test]
+    fn an_empty_message_is_not_an_export() {
+        for enc in [Encoding::OtlpProto, Encoding::OtlpJson] {
+            let e = decode(b"", enc).unwrap_err();
+            assert!(matches!(e, OtlpError::Empty), "{e}");
+            assert_eq!(e.reason(), "invalid_otlp");
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! What it shows: a batch is delivered, stored and committed (a restart re-reads nothing
 //! and re-emits nothing); the changelog rebuilds a fresh state directory; two members of
 //! the group share the partitions and together find what `replay` finds; bad messages are
-//! dead-lettered with their reason. Transactions, pause/resume, SIGKILL and several
+//! dead-lettered with their reason; the OTLP ingest re-publishes spans keyed by session and
+//! dead-letters what the engine would refuse. Transactions, pause/resume, SIGKILL and several
 //! processes stay in `tests/pipeline.rs` against Tansu (the mock cluster does not show
 //! them faithfully).
 
@@ -322,5 +323,118 @@ fn bad_messages_are_dead_lettered_with_their_reason() {
             Some(cluster.topics.input.as_str())
         );
         assert!(header(m, "loopwarden.error.message").is_some());
+    }
+}
+
+/// One OTLP protobuf export of `spans`, all in one trace.
+fn export(spans: Vec<opentelemetry_proto::tonic::trace::v1::Span>) -> Vec<u8> {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+    use prost::Message as _;
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..ScopeSpans::default()
+            }],
+            ..ResourceSpans::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// A GenAI `execute_tool` span of `session` whose captured result is `result`.
+fn tool_span(id: u8, session: &str, result: &str) -> opentelemetry_proto::tonic::trace::v1::Span {
+    use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, KeyValue};
+    let kv = |k: &str, v: &str| KeyValue {
+        key: k.into(),
+        value: Some(AnyValue {
+            value: Some(Value::StringValue(v.into())),
+        }),
+    };
+    opentelemetry_proto::tonic::trace::v1::Span {
+        trace_id: vec![9; 16],
+        span_id: vec![id; 8],
+        name: "execute_tool read".into(),
+        start_time_unix_nano: 1_700_000_000_000_000_000,
+        end_time_unix_nano: 1_700_000_000_100_000_000,
+        attributes: vec![
+            kv("gen_ai.operation.name", "execute_tool"),
+            kv("gen_ai.conversation.id", session),
+            kv("gen_ai.tool.name", "read"),
+            kv("gen_ai.tool.call.arguments", r#"{"path":"a.txt"}"#),
+            kv("gen_ai.tool.call.result", result),
+        ],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_otlp_ingest_republishes_by_session_and_dead_letters_what_the_engine_would_refuse() {
+    let cluster = Cluster::start();
+    let traces = unique("traces");
+    cluster.broker.create_topic(&traces, 2).unwrap();
+    let config = cluster.config(
+        "a",
+        &format!("[engine]\nmax_event_bytes = 4096\n[ingest.otlp]\ntopics = [\"{traces}\"]\n"),
+    );
+    let long_session = "s".repeat(300);
+    let messages = vec![
+        export(vec![
+            tool_span(1, "sess-ok", "fine"),
+            tool_span(2, "sess-ok", &"x".repeat(5_000)),
+            tool_span(3, &long_session, "fine"),
+        ]),
+        b"\x0a\xff\xff garbage".to_vec(),
+        Vec::new(),
+    ];
+    produce(&cluster.brokers(), &traces, &messages, &[]);
+    let shutdown = Shutdown::new();
+    let ingest = {
+        let (config, brokers, shutdown) = (config.clone(), cluster.brokers(), shutdown.clone());
+        let ingest = config.ingest.clone().expect("ingest on");
+        let telemetry = Arc::new(loopwarden::telemetry::Telemetry::new());
+        std::thread::spawn(move || {
+            loopwarden::pipeline::run_ingest(config, ingest, &brokers, shutdown, telemetry)
+        })
+    };
+    let dead = cluster.read(&cluster.topics.dlq, 4);
+    let events = cluster.read(&cluster.topics.input, 1);
+    shutdown.trigger();
+    let stats = ingest.join().unwrap().unwrap();
+    assert_eq!(
+        (stats.messages, stats.events, stats.dead_lettered),
+        (3, 1, 4)
+    );
+    assert_eq!(events.len(), 1);
+    let event = json(&events[0]);
+    assert_eq!(event["session_id"], "sess-ok");
+    assert_eq!(event["event_id"], "0101010101010101");
+    use rdkafka::Message as _;
+    assert_eq!(events[0].key(), Some(&b"sess-ok"[..]), "keyed by session");
+    assert_eq!(
+        header(&events[0], "traceparent").unwrap(),
+        format!("00-{}-{}-01", "09".repeat(16), "01".repeat(8))
+    );
+    let mut reasons: Vec<String> = dead
+        .iter()
+        .map(|m| header(m, "loopwarden.error.reason").unwrap())
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        ["invalid_otlp", "invalid_otlp", "invalid_value", "oversized"]
+    );
+    for m in &dead {
+        assert_eq!(
+            header(m, "loopwarden.source.topic").as_deref(),
+            Some(traces.as_str())
+        );
+        let why = header(m, "loopwarden.error.message").unwrap();
+        match header(m, "loopwarden.error.reason").unwrap().as_str() {
+            "oversized" => assert!(why.contains("span 0202020202020202"), "{why}"),
+            "invalid_value" => assert!(why.contains("session_id"), "{why}"),
+            _ => assert!(why.contains("not an OTLP"), "{why}"),
+        }
     }
 }

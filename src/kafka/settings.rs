@@ -167,7 +167,7 @@ impl Default for KafkaSettings {
 }
 
 /// A Kafka topic name as the broker accepts it.
-fn valid_topic(name: &str) -> bool {
+pub(crate) fn valid_topic(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 249
         && name != "."

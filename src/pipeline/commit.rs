@@ -23,8 +23,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::TopicPartitionList;
-use tracing::{info, warn};
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{debug, info, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
 use super::outbox::Outbox;
@@ -244,4 +244,25 @@ pub fn crash_point(name: &str) {
         std::process::exit(86);
     }
     let _ = name;
+}
+
+/// Seeks every assigned partition back to its committed offset (the start when none is
+/// committed): after a fenced transaction the batch is dropped and read again from there.
+pub fn seek_to_committed<C: ConsumerContext>(consumer: &BaseConsumer<C>) {
+    let Ok(assigned) = consumer.assignment() else {
+        return;
+    };
+    let committed = consumer
+        .committed_offsets(assigned.clone(), TRANSACTION_CALL_TIMEOUT)
+        .unwrap_or(assigned);
+    for e in committed.elements() {
+        let to = match e.offset() {
+            Offset::Offset(o) => Offset::Offset(o),
+            _ => Offset::Beginning,
+        };
+        if let Err(error) = consumer.seek(e.topic(), e.partition(), to, Duration::from_secs(10)) {
+            // A partition that is no longer ours starts from the committed offset anyway.
+            debug!(topic = e.topic(), partition = e.partition(), %error, "cannot seek back");
+        }
+    }
 }

@@ -4,12 +4,14 @@
 //! owns it (a repartition, as Kafka Streams does before a keyed step).
 //!
 //! Per batch, in this order: map every polled message (a message that is not a trace
-//! export is dead-lettered with its reason) → deliver the events and dead letters until
+//! export, or a span whose event the engine would refuse, is dead-lettered with its
+//! reason) → deliver the events and dead letters until
 //! each is acknowledged → commit the trace topics' offsets. At least once: a crash before
 //! the commit maps and publishes the batch again, with the same `event_id`s (span ids),
 //! which the engine drops as exact duplicates. In `exactly_once` mode the events, the dead
 //! letters and the offsets are one transaction, and the engine's `read_committed`
-//! consumer sees each event once. Each event carries its span's `traceparent` header, so
+//! consumer sees each event once; a transaction fenced by a rebalance is dropped and its
+//! messages read again from the committed offsets. Each event carries its span's `traceparent` header, so
 //! loopwarden's spans for it land in the agent's trace.
 
 use std::sync::Arc;
@@ -21,10 +23,11 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
-use super::commit::Commit;
+use super::commit::{seek_to_committed, Commit};
 use super::outbox::{dead_letter, Outbox, Record, Sink};
 use super::PipelineError;
 use crate::config::Config;
+use crate::event::{parse_event, ParseLimits, MAX_SESSION_ID_BYTES};
 use crate::ingest::OtlpIngest;
 use crate::kafka::settings::KafkaSettings;
 use crate::kafka::{consumer_config, producer_config};
@@ -88,12 +91,14 @@ pub fn run_ingest(
         })?;
     info!(brokers, group = %ingest.group_id, topics = ?topics, encoding = ingest.encoding.name(), to_topic = %ingest.to_topic, "ingesting otlp traces");
     let mut batch = IngestBatch {
-        mapper: ingest.mapper(),
+        mapper: OtlpIngest::mapper(Some(&ingest), &config.limits),
+        limits: config.limits,
         ingest: &ingest,
         settings: &settings,
         telemetry: &telemetry,
         stats: IngestStats::default(),
         mapped: Vec::new(),
+        batch_events: 0,
         offsets: TopicPartitionList::new(),
     };
     let result = batch.consume(&consumer, &mut outbox, &commit, &shutdown);
@@ -111,11 +116,14 @@ pub fn run_ingest(
 /// The batch in hand and what the ingest has done.
 struct IngestBatch<'a> {
     mapper: Mapper,
+    limits: ParseLimits,
     ingest: &'a OtlpIngest,
     settings: &'a KafkaSettings,
     telemetry: &'a Telemetry,
     stats: IngestStats,
     mapped: Vec<MappedEvent>,
+    /// The events (not dead letters) of the batch in hand.
+    batch_events: u64,
     /// The next offset to read per trace partition, once the batch is delivered.
     offsets: TopicPartitionList,
 }
@@ -174,14 +182,9 @@ impl IngestBatch<'_> {
         let request = match decode(m.payload().unwrap_or_default(), self.ingest.encoding) {
             Ok(r) => r,
             Err(e) => {
-                self.stats.dead_lettered += 1;
-                self.telemetry
-                    .metrics
-                    .bad_events
-                    .with_label_values(&[e.reason()])
-                    .inc();
                 warn!(topic = m.topic(), partition = m.partition(), offset = m.offset(), error = %e, "dead-lettering a message that is not a trace export");
-                outbox.push(dead_letter(m, m.topic(), e.reason(), &e.to_string()));
+                let letter = dead_letter(m, m.topic(), e.reason(), &e.to_string());
+                self.dead_letter(outbox, letter, e.reason());
                 return;
             }
         };
@@ -189,18 +192,49 @@ impl IngestBatch<'_> {
         let report = self.mapper.map(&request, &mut self.mapped);
         count_spans(self.telemetry, &report);
         self.stats.spans.add(&report);
-        for e in self.mapped.drain(..) {
+        let mapped = std::mem::take(&mut self.mapped);
+        for e in &mapped {
+            // What no mapping can mend (an oversized event, a session id over the
+            // contract's limit) is refused here, where the span can still be named,
+            // rather than by the engine or by the broker.
+            if let Err(bad) = parse_event(&e.json, &self.limits) {
+                let span_id = e.traceparent.split('-').nth(2).unwrap_or_default();
+                let what = format!(
+                    "span {span_id} of this export maps to an event the engine refuses: {bad}"
+                );
+                warn!(topic = m.topic(), partition = m.partition(), offset = m.offset(), error = %what, "dead-lettering a span");
+                let mut letter = dead_letter(m, m.topic(), bad.reason(), &what);
+                letter.key = e.session_id.as_bytes()
+                    [..e.session_id.len().min(MAX_SESSION_ID_BYTES)]
+                    .to_vec();
+                letter.payload.clone_from(&e.json);
+                letter.payload.truncate(self.limits.max_event_bytes);
+                self.dead_letter(outbox, letter, bad.reason());
+                continue;
+            }
             self.stats.events += 1;
+            self.batch_events += 1;
             outbox.push(Record {
                 sink: Sink::Ingested,
                 partition: None,
-                key: e.session_id.into_bytes(),
-                payload: e.json,
-                headers: vec![("traceparent", e.traceparent.into_bytes())],
+                key: e.session_id.as_bytes().to_vec(),
+                payload: e.json.clone(),
+                headers: vec![("traceparent", e.traceparent.as_bytes().to_vec())],
                 source_headers: Vec::new(),
                 source_ms: None,
             });
         }
+        self.mapped = mapped;
+    }
+
+    fn dead_letter(&mut self, outbox: &mut Outbox, letter: Record, reason: &str) {
+        self.stats.dead_lettered += 1;
+        self.telemetry
+            .metrics
+            .bad_events
+            .with_label_values(&[reason])
+            .inc();
+        outbox.push(letter);
     }
 
     /// Delivers the batch's records, then commits its offsets (or does both in one
@@ -235,15 +269,20 @@ impl IngestBatch<'_> {
             }
             Commit::ExactlyOnce(transaction) => {
                 if !transaction.commit(outbox, consumer, &self.offsets, &mut backoff)? {
-                    warn!(records, "otlp ingest batch dropped: the group moved on (its new owner reads it again)");
+                    warn!(records, "otlp ingest batch dropped: the group moved on; reading it again from the committed offsets");
                     outbox.clear();
+                    seek_to_committed(consumer);
+                    self.offsets = TopicPartitionList::new();
+                    self.batch_events = 0;
+                    return Ok(());
                 }
             }
         }
         self.telemetry
             .metrics
             .otlp_events_published
-            .inc_by(records as u64);
+            .inc_by(self.batch_events);
+        self.batch_events = 0;
         self.offsets = TopicPartitionList::new();
         Ok(())
     }

@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::{Message, TopicPartitionList};
 use rustc_hash::FxHashMap;
 use tracing::{debug, error, info, warn};
 
 use super::align::Held;
 use super::backoff::{Backoff, DeadlinePassed};
 use super::changelog::{self, BatchIds, Restorer, CHANGELOG_POSITION};
-use super::commit::{Commit, Transactional, TRANSACTION_CALL_TIMEOUT};
+use super::commit::{seek_to_committed, Commit, Transactional};
 use super::outbox::Outbox;
 use super::outputs::{self, Source};
 use super::partition::{now_ms, Partition, Pending};
@@ -381,23 +381,7 @@ impl Worker {
         self.polled.clear();
         self.partitions.clear();
         self.outbox.forget_changelog_positions();
-        let Ok(assigned) = consumer.assignment() else {
-            return;
-        };
-        let committed = consumer
-            .committed_offsets(assigned.clone(), TRANSACTION_CALL_TIMEOUT)
-            .unwrap_or(assigned);
-        for e in committed.elements() {
-            let to = match e.offset() {
-                Offset::Offset(o) => Offset::Offset(o),
-                _ => Offset::Beginning,
-            };
-            if let Err(error) = consumer.seek(e.topic(), e.partition(), to, Duration::from_secs(10))
-            {
-                // A partition that is no longer ours starts from the committed offset anyway.
-                debug!(topic = e.topic(), partition = e.partition(), %error, "cannot seek back");
-            }
-        }
+        seek_to_committed(consumer);
     }
 
     /// Takes every changed partition's changes (sessions + offsets, one batch each) and

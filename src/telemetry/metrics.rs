@@ -239,12 +239,12 @@ impl Metrics {
             .expect("valid metric"),
             otlp_spans: counter_vec(
                 "loopwarden_otlp_spans_total",
-                "Spans read by the OTLP ingest, by outcome: llm_call, tool_call, agent (names and depth for its descendants), or why they gave no event (no_token_usage, no_tool_name, not_agent_step).",
+                "Spans read by the OTLP ingest, by outcome: llm_call, tool_call, agent (names and depth for its descendants), or why they gave no event (no_token_usage, no_tool_name, not_agent_step, invalid_ids).",
                 &["outcome"],
             ),
             otlp_events_published: IntCounter::new(
                 "loopwarden_otlp_events_published_total",
-                "Events (and dead letters) the OTLP ingest published, keyed by session, onto the input topic.",
+                "Events the OTLP ingest published, keyed by session, onto the input topic (dead letters not counted).",
             )
             .expect("valid metric"),
         };

@@ -22,7 +22,9 @@
 //! Guarantees: the restorer applies whole batches only, each as one atomic store batch
 //! with the changelog position, so a restore interrupted anywhere resumes where it
 //! stopped, and a trailing incomplete batch is left out (its events are consumed
-//! again). Records of the earlier format (no batch id; the commit record a JSON array of
+//! again); a batch whose input offsets are behind those already applied is skipped (an
+//! owner that lost the partition while that batch was in flight wrote it; the next owner
+//! consumed its events again into later batches, which it must not turn back). Records of the earlier format (no batch id; the commit record a JSON array of
 //! offsets, produced only after its records were acknowledged) are still read.
 
 mod restore;

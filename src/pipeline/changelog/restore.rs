@@ -83,10 +83,17 @@ impl Restorer {
             .iter()
             .map(|t| format!("{t}/{partition}"))
             .collect();
+        let mut applied_offsets = FxHashMap::default();
+        for key in &input_keys {
+            if let Some(o) = store.offset(key)? {
+                applied_offsets.insert(key.clone(), o);
+            }
+        }
         let mut batches = Assembler {
             partition,
             input_keys,
             committed,
+            applied_offsets,
             ..Assembler::default()
         };
         self.read(partition, from, high, |m| batches.add(Entry::of(m), store))?;
@@ -97,6 +104,7 @@ impl Restorer {
             session_records = batches.session_records,
             left_out = batches.records.len(),
             uncommitted_batches = batches.uncommitted,
+            stale_batches = batches.stale,
             incomplete_commits = batches.incomplete,
             ms = started.elapsed().as_millis() as u64,
             "partition state restored"
@@ -264,7 +272,11 @@ struct Assembler {
     /// Session records since the last applied batch, with their batch id (`None`: the
     /// earlier format).
     records: Vec<(Option<u64>, String, Change)>,
+    /// The input offsets applied so far (the local state's, then each applied batch's).
+    applied_offsets: FxHashMap<String, i64>,
     applied: u64,
+    /// Batches behind `applied_offsets`, skipped (see [`Assembler::commit`]).
+    stale: u64,
     session_records: u64,
     uncommitted: u64,
     /// Commit records seen before all their batch's session records.
@@ -385,6 +397,21 @@ impl Assembler {
             self.uncommitted += 1;
             return Ok(());
         }
+        // A batch behind the input already applied was written by an owner that lost the
+        // partition while the batch was in flight (at least once, a batch's records are
+        // acknowledged after the next batch is polled); the next owner consumed the same
+        // events again into later batches, so applying it would turn newer state back.
+        // Equal offsets are not behind: a batch of idle closes applies no new event.
+        let behind = offsets
+            .iter()
+            .any(|(k, o)| self.applied_offsets.get(k).is_some_and(|a| o < a));
+        if behind {
+            self.stale += 1;
+            return Ok(());
+        }
+        for (k, o) in &offsets {
+            self.applied_offsets.insert(k.clone(), *o);
+        }
         // The last copy of each key, in the order the keys first came.
         let mut last: FxHashMap<String, usize> = FxHashMap::default();
         let mut order: Vec<(String, Change)> = Vec::new();
@@ -458,10 +485,21 @@ mod tests {
     }
 
     fn commit(offset: i64, batch: u64, records: usize, value: &mut Vec<u8>) -> Entry<'_> {
+        commit_at(offset, batch, records, offset * 10, value)
+    }
+
+    /// A commit record at changelog `offset` of a batch that applied input up to `input`.
+    fn commit_at(
+        offset: i64,
+        batch: u64,
+        records: usize,
+        input: i64,
+        value: &mut Vec<u8>,
+    ) -> Entry<'_> {
         *value = serde_json::to_vec(&CommitValue {
             batch,
             records,
-            offsets: vec![("in/0".into(), offset * 10)],
+            offsets: vec![("in/0".into(), input)],
         })
         .unwrap();
         Entry {
@@ -506,6 +544,26 @@ mod tests {
             .contains(&(CHANGELOG_POSITION.to_string(), 2)));
         assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 20)));
         assert_eq!((a.applied, a.incomplete), (1, 0));
+    }
+
+    #[test]
+    fn a_batch_behind_the_input_already_applied_is_skipped() {
+        let (mut v1, mut v2, mut v3) = (Vec::new(), Vec::new(), Vec::new());
+        let entries = vec![
+            // The next owner's batch, through input offset 30...
+            session(0, 9, "a", b"new"),
+            commit_at(1, 9, 1, 30, &mut v1),
+            // ...then the earlier owner's batch through 20, landing late.
+            session(2, 7, "a", b"old"),
+            commit_at(3, 7, 1, 20, &mut v2),
+            // A batch of idle closes: no new input, still applied.
+            session(4, 10, "a", b"closed"),
+            commit_at(5, 10, 1, 30, &mut v3),
+        ];
+        let (a, stored) = feed(entries);
+        assert_eq!((a.applied, a.stale), (2, 1));
+        let states: Vec<_> = stored.0.iter().map(|b| keys(b)[0].1).collect();
+        assert_eq!(states, vec![&b"new"[..], &b"closed"[..]]);
     }
 
     #[test]
