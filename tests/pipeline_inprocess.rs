@@ -1,7 +1,8 @@
 //! The pipeline in-process on the embedded broker (librdkafka's mock cluster): the middle
 //! test layer, fast enough to run on every change (no broker to install, no subprocess).
 //! What it shows: a batch is delivered, stored and committed (a restart re-reads nothing
-//! and re-emits nothing); the changelog rebuilds a fresh state directory; two members of
+//! and re-emits nothing); findings go out as their events are applied, before their
+//! batch closes; the changelog rebuilds a fresh state directory; two members of
 //! the group share the partitions and together find what `replay` finds; bad messages are
 //! dead-lettered with their reason; the OTLP ingest re-publishes spans keyed by session and
 //! dead-letters what the engine would refuse. Transactions, pause/resume, SIGKILL and several
@@ -206,6 +207,37 @@ fn a_batch_is_delivered_stored_and_committed_and_a_restart_re_reads_nothing() {
         cluster.read(&cluster.topics.terminated, 0).len(),
         want.len(),
         "nothing re-emitted"
+    );
+}
+
+#[test]
+fn findings_go_out_as_their_event_is_applied_and_the_batch_is_still_committed_whole() {
+    let cluster = Cluster::start();
+    // One batch for the whole run: it closes only at the stop.
+    let mut config = (*cluster.config("a", "")).clone();
+    config.kafka.max_batch_wait = Duration::from_secs(120);
+    config.kafka.max_batch_events = 1_000_000;
+    let config = Arc::new(config);
+    let (events, _) = fleet(30, 0.5, 5);
+    let (_, want) = replayed(&config, &events);
+    assert!(!want.is_empty(), "the fleet loops");
+    cluster.produce(&events);
+    let running = Running::start(config.clone(), cluster.brokers());
+    let terminated = cluster.read(&cluster.topics.terminated, want.len());
+    let got: BTreeSet<String> = event_ids(&terminated).into_iter().collect();
+    assert_eq!(got, want, "terminations out while the batch is open");
+    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
+    assert!(
+        committed.iter().all(Option::is_none),
+        "nothing committed before the batch closes: {committed:?}"
+    );
+    let stats = running.stop();
+    assert_eq!(stats.events, events.len() as u64);
+    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
+    assert_eq!(
+        committed.iter().flatten().sum::<i64>(),
+        events.len() as i64,
+        "the batch stored and committed at the stop"
     );
 }
 

@@ -141,10 +141,12 @@ impl IngestBatch<'_> {
             let mut started: Option<Instant> = None;
             let mut in_batch = 0usize;
             loop {
+                // At most 100 ms at a time: a stop is seen within it.
+                let idle_poll = Duration::from_millis(100);
                 let timeout = match started {
-                    None => Duration::from_millis(100),
+                    None => idle_poll,
                     Some(t) => match self.settings.max_batch_wait.checked_sub(t.elapsed()) {
-                        Some(left) if !left.is_zero() => left,
+                        Some(left) if !left.is_zero() => left.min(idle_poll),
                         _ => break,
                     },
                 };
@@ -163,7 +165,8 @@ impl IngestBatch<'_> {
                             break;
                         }
                     }
-                    None if in_batch > 0 || shutdown.is_triggered() => break,
+                    None if shutdown.is_triggered() => break,
+                    // An open batch's time is checked at the top.
                     None => {}
                 }
             }

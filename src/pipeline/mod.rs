@@ -5,10 +5,13 @@
 //!
 //! Guarantees (at-least-once end to end), per batch and in this order:
 //! 1. apply: polled messages are applied to their partition's engine (or dead-lettered)
-//!    in event-time order across the input topics (`align`);
+//!    as they come, in event-time order across the input topics (`align`); at least
+//!    once, their findings are produced at once;
 //! 2. deliver: every output record of the batch is produced and acknowledged — failures
 //!    are retried with backoff, never dropped (`outbox`; in exactly_once one transaction
-//!    holds outputs, changelog and offsets: `commit`);
+//!    holds outputs, changelog and offsets: `commit`). At least once, the batch's records
+//!    are acknowledged while the next batch is polled, and before any of the next
+//!    batch's changelog records is sent (so the changelog keeps whole batches in order);
 //! 3. store: each changed partition writes its session states and its applied offsets in
 //!    one atomic sled batch; without the changelog the database is flushed to disk here,
 //!    with it sled flushes in the background (the changelog already holds the batch, and
@@ -322,8 +325,13 @@ fn run_worker(
     if let Some(id) = commit.transactional_id() {
         producer_config.set("transactional.id", id);
     }
-    let outbox = Outbox::new(&producer_config, &settings, telemetry.clone())
+    let mut outbox = Outbox::new(&producer_config, &settings, telemetry.clone())
         .map_err(PipelineError::Client)?;
+    if matches!(commit, Commit::AtLeastOnce { changelog: true }) {
+        outbox = outbox
+            .with_changelog_producer(&producer_config)
+            .map_err(PipelineError::Client)?;
+    }
     let worker = Worker::new(
         config.clone(),
         db,
@@ -411,8 +419,10 @@ fn consume(
                     .map_or(idle_poll, |due| {
                         due.saturating_duration_since(Instant::now()).min(idle_poll)
                     }),
+                // At most `idle_poll` at a time: a stop is seen within it, however long
+                // the batch may wait.
                 Some(t) => match wait.checked_sub(t.elapsed()) {
-                    Some(left) if !left.is_zero() => left,
+                    Some(left) if !left.is_zero() => left.min(idle_poll),
                     _ => {
                         timed_out = true;
                         break;
@@ -436,8 +446,12 @@ fn consume(
                     }
                 }
                 None => {
-                    if in_batch > 0 || shutdown.is_triggered() {
+                    if shutdown.is_triggered() {
                         break;
+                    }
+                    if in_batch > 0 {
+                        // The batch's time is checked at the top.
+                        continue;
                     }
                     let mut w = lock(&consumer.context().worker);
                     if let Some(e) = w.fatal.take() {

@@ -6,7 +6,9 @@
 //! (failures are sent again with backoff, never dropped) or the shutdown deadline has
 //! passed; a dead letter the broker refuses as too large is cut to its first 64 KiB with a
 //! header saying how long it was, so it is never lost. Records name their topic by kind
-//! ([`Sink`]), resolved by name from the settings.
+//! ([`Sink`]), resolved by name from the settings. At least once with the changelog, the
+//! changelog's records go through a producer of their own, so a finding never waits
+//! behind a batch's changelog records on the connection to the broker.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -139,6 +141,8 @@ pub struct DeliveryTracker {
     changelog_topic: String,
     changelog_offsets: Mutex<FxHashMap<i32, i64>>,
     epoch: AtomicU64,
+    /// Observes each finding's produce → acknowledged latency as its report arrives.
+    finding_latency: Option<prometheus::Histogram>,
 }
 
 impl ClientContext for DeliveryTracker {
@@ -148,11 +152,16 @@ impl ClientContext for DeliveryTracker {
 }
 
 impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = Box<(u64, usize)>;
-    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Box<(u64, usize)>) {
-        let (epoch, index) = *opaque;
+    /// The outbox's epoch, the record's index in it, and the Kafka timestamp of the
+    /// event behind it (findings).
+    type DeliveryOpaque = Box<(u64, usize, Option<i64>)>;
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
+        let (epoch, index, source_ms) = *opaque;
         if epoch != self.epoch.load(Ordering::Acquire) {
             return;
+        }
+        if let (Ok(_), Some(source), Some(h)) = (result, source_ms, &self.finding_latency) {
+            h.observe((super::partition::now_ms() - source).max(0) as f64 / 1e3);
         }
         match result {
             Err((e, _)) => lock(&self.failed).push((index, e.clone())),
@@ -177,6 +186,11 @@ pub struct Outbox {
     pub records: Vec<Record>,
     sent: usize,
     pub producer: BaseProducer<DeliveryTracker>,
+    /// at_least_once with the changelog: the changelog's records go through a producer
+    /// (and connections) of their own, so that a finding is not queued behind a batch's
+    /// changelog records on the way to the broker. Findings and changelog records are
+    /// ordered by the batch recipe (acknowledged, then stored), not by the producer.
+    changelog_producer: Option<BaseProducer<DeliveryTracker>>,
     settings: KafkaSettings,
     telemetry: Arc<Telemetry>,
     /// Where [`Sink::Ingested`] records go.
@@ -191,16 +205,43 @@ impl Outbox {
     ) -> Result<Outbox, KafkaError> {
         let producer = producer_config.create_with_context(DeliveryTracker {
             changelog_topic: settings.changelog_topic.clone(),
+            finding_latency: Some(telemetry.metrics.produce_to_finding_latency.clone()),
             ..DeliveryTracker::default()
         })?;
         Ok(Outbox {
             records: Vec::new(),
             sent: 0,
             producer,
+            changelog_producer: None,
             settings: settings.clone(),
             telemetry,
             ingest_topic: String::new(),
         })
+    }
+
+    /// The changelog's records go through a producer of their own, made from
+    /// `producer_config` (not for transactions: those need one producer).
+    pub fn with_changelog_producer(
+        mut self,
+        producer_config: &rdkafka::ClientConfig,
+    ) -> Result<Outbox, KafkaError> {
+        self.changelog_producer = Some(producer_config.create_with_context(DeliveryTracker {
+            changelog_topic: self.settings.changelog_topic.clone(),
+            ..DeliveryTracker::default()
+        })?);
+        Ok(self)
+    }
+
+    /// The producers records go through: the main one, then the changelog's if separate.
+    fn producers(&self) -> impl Iterator<Item = &BaseProducer<DeliveryTracker>> {
+        std::iter::once(&self.producer).chain(self.changelog_producer.as_ref())
+    }
+
+    fn producer_for(&self, sink: Sink) -> &BaseProducer<DeliveryTracker> {
+        match (&self.changelog_producer, sink) {
+            (Some(changelog), Sink::Changelog) => changelog,
+            _ => &self.producer,
+        }
     }
 
     /// This outbox publishes [`Sink::Ingested`] records to `topic`.
@@ -233,9 +274,11 @@ impl Outbox {
     pub fn clear(&mut self) {
         self.records.clear();
         self.sent = 0;
-        let tracker = self.producer.context();
-        tracker.epoch.fetch_add(1, Ordering::AcqRel);
-        lock(&tracker.failed).clear();
+        for producer in self.producers() {
+            let tracker = producer.context();
+            tracker.epoch.fetch_add(1, Ordering::AcqRel);
+            lock(&tracker.failed).clear();
+        }
     }
 
     /// Counts `records` sent again (a retried delivery or transaction).
@@ -248,29 +291,36 @@ impl Outbox {
 
     /// The highest acknowledged changelog offset per partition since the last call.
     pub fn take_changelog_positions(&self) -> FxHashMap<i32, i64> {
-        std::mem::take(&mut *lock(&self.producer.context().changelog_offsets))
+        let tracker = self.producer_for(Sink::Changelog).context();
+        std::mem::take(&mut *lock(&tracker.changelog_offsets))
     }
 
     /// Forgets acknowledged changelog offsets (a batch given up).
     pub fn forget_changelog_positions(&self) {
-        lock(&self.producer.context().changelog_offsets).clear();
+        lock(
+            &self
+                .producer_for(Sink::Changelog)
+                .context()
+                .changelog_offsets,
+        )
+        .clear();
     }
 
     /// The first failure recorded since the last [`Outbox::take_failed`].
     pub fn first_failure(&self) -> Option<KafkaError> {
-        lock(&self.producer.context().failed)
-            .first()
-            .map(|(_, e)| e.clone())
+        self.producers()
+            .find_map(|p| lock(&p.context().failed).first().map(|(_, e)| e.clone()))
     }
 
     /// Hands the records at `indexes` to the producer (waiting while its queue is full);
     /// a record it refuses outright is recorded as failed, like a failed delivery.
     pub fn send(&mut self, indexes: &[usize]) {
-        let epoch = self.producer.context().epoch.load(Ordering::Acquire);
         for &i in indexes {
             let r = &self.records[i];
-            let mut record =
-                BaseRecord::with_opaque_to(self.topic_of(r.sink), Box::new((epoch, i))).key(&r.key);
+            let producer = self.producer_for(r.sink);
+            let epoch = producer.context().epoch.load(Ordering::Acquire);
+            let opaque = Box::new((epoch, i, r.source_ms));
+            let mut record = BaseRecord::with_opaque_to(self.topic_of(r.sink), opaque).key(&r.key);
             // A changelog tombstone has no value at all (compaction drops the key).
             if !(r.sink == Sink::Changelog && r.payload.is_empty()) {
                 record = record.payload(&r.payload);
@@ -282,14 +332,14 @@ impl Outbox {
                 record = record.headers(h);
             }
             loop {
-                match self.producer.send(record) {
+                match producer.send(record) {
                     Ok(()) => break,
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        self.producer.poll(Duration::from_millis(5));
+                        producer.poll(Duration::from_millis(5));
                         record = back;
                     }
                     Err((e, _)) => {
-                        lock(&self.producer.context().failed).push((i, e));
+                        lock(&producer.context().failed).push((i, e));
                         break;
                     }
                 }
@@ -299,10 +349,12 @@ impl Outbox {
 
     /// Waits until the producer has nothing in flight (or the deadline passed).
     pub fn await_acks(&self, backoff: &Backoff) -> Result<(), DeadlinePassed> {
-        while self.producer.in_flight_count() > 0 {
-            self.producer.poll(Duration::from_millis(1));
-            if backoff.past_deadline() {
-                return Err(DeadlinePassed);
+        for producer in self.producers() {
+            while producer.in_flight_count() > 0 {
+                producer.poll(Duration::from_millis(1));
+                if backoff.past_deadline() {
+                    return Err(DeadlinePassed);
+                }
             }
         }
         Ok(())
@@ -311,7 +363,11 @@ impl Outbox {
     /// Takes the failed deliveries; a dead letter the broker refused as too large is cut
     /// to its first bytes (with a header saying how long it was), so it is never lost.
     pub fn take_failed(&mut self) -> Vec<(usize, KafkaError)> {
-        let failed = std::mem::take(&mut *lock(&self.producer.context().failed));
+        let mut failed = Vec::new();
+        for producer in self.producers() {
+            failed.append(&mut lock(&producer.context().failed));
+        }
+        failed.sort_by_key(|(i, _)| *i);
         for (i, e) in &failed {
             let r = &mut self.records[*i];
             let too_large = matches!(
@@ -337,6 +393,10 @@ impl Outbox {
     }
 
     /// Whether records are with the producer, not yet settled.
+    pub fn has_unsent(&self) -> bool {
+        self.sent < self.records.len()
+    }
+
     pub fn has_sent(&self) -> bool {
         self.sent > 0
     }

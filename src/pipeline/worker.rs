@@ -2,8 +2,11 @@
 //! assigned partitions (engine, sled tree, applied offsets, held events), the outbox,
 //! the delivery mode and the restorer.
 //!
-//! The batch lifecycle is [`Worker::finish_batch`]: apply what the aligners release →
-//! take the changes → deliver (or transact) → store → commit.
+//! Events are applied as they are polled (what the aligners release), and at least once
+//! their findings are sent at once. The batch lifecycle is [`Worker::finish_batch`]:
+//! acknowledge the batch before (at least once it stays in flight while this one is
+//! polled) → apply what is left → take the changes → send them with the changelog (or
+//! transact) → store and commit the batch before.
 //!
 //! Guarantees: an event is applied at most once per stored state (offsets at or below a
 //! partition's applied offset are skipped); a partition's state and its applied offsets
@@ -27,7 +30,7 @@ use super::changelog::{self, BatchIds, Restorer, CHANGELOG_POSITION};
 use super::commit::{seek_to_committed, Commit, Transactional};
 use super::outbox::Outbox;
 use super::outputs::{self, Source};
-use super::partition::{now_ms, Partition, Pending};
+use super::partition::{Partition, Pending};
 use super::rebalance::RebalanceHandler;
 use super::{PipelineError, RunStats};
 use crate::config::Config;
@@ -59,8 +62,6 @@ struct Unacked {
     offsets: TopicPartitionList,
     /// Its changelog batch id.
     batch: u64,
-    /// The Kafka timestamps of the events behind its findings (latency metric).
-    finding_sources: Vec<i64>,
     /// When each of its events was polled (processing latency).
     polled: Vec<Instant>,
     sent: Instant,
@@ -260,61 +261,81 @@ impl Worker {
             return Ok(());
         }
         let (time, pending) = Pending::of(m, topic, &limits);
+        let polled = Instant::now();
         p.held.push(
             topic_index,
             Held {
                 time,
                 offset,
-                polled: Instant::now(),
+                polled,
                 item: pending,
             },
         );
+        // Applied as it comes (not at the batch's end), and at least once its findings
+        // go out at once: they need not wait for the batch before to be acknowledged
+        // (only the changelog's records do), and are acknowledged before this batch's
+        // offsets are committed all the same.
+        self.apply_ready_in(partition, polled);
+        self.queue_outputs();
+        self.applying += polled.elapsed();
+        if matches!(self.commit, Commit::AtLeastOnce { .. }) && self.outbox.has_unsent() {
+            self.outbox.send_all();
+        }
         Ok(())
     }
 
     /// Applies what the partitions' aligners release (events to their engines, dead
     /// letters to the outbox), advancing the applied offsets, and queues the outputs.
     pub(super) fn apply_ready(&mut self) {
-        let now = Instant::now();
-        let started = now;
-        let metrics = &self.telemetry.metrics;
-        for p in self.partitions.values_mut() {
-            let late = p.engine.counters().late_events;
-            let mut applied_any = false;
-            while let Some((topic, held)) = p.held.pop_ready(now) {
-                applied_any = true;
-                p.applied.insert(self.inputs[topic].clone(), held.offset);
-                self.polled.push(held.polled);
-                match held.item {
-                    Pending::Event(event, meta, source) => {
-                        self.stats.events += 1;
-                        let kind = event.body.type_name();
-                        self.consumed
-                            .entry(kind)
-                            .or_insert_with(|| metrics.events_consumed.with_label_values(&[kind]))
-                            .inc();
-                        p.engine.process(&event, &meta, &mut self.scratch);
-                        self.scratch_sources.resize(self.scratch.len(), source);
-                    }
-                    Pending::DeadLetter(record, reason) => {
-                        self.stats.dead_lettered += 1;
-                        metrics.bad_events.with_label_values(&[reason]).inc();
-                        self.outbox.push(record);
-                    }
-                }
-            }
-            if !applied_any {
-                continue;
-            }
-            p.dirty = true;
-            metrics
-                .late_events
-                .inc_by(p.engine.counters().late_events - late);
-            p.last_event_wall = Instant::now();
-            p.clock_at_last_event = p.engine.watermark();
+        let started = Instant::now();
+        let ready: Vec<i32> = self.partitions.keys().copied().collect();
+        for partition in ready {
+            self.apply_ready_in(partition, started);
         }
         self.queue_outputs();
         self.applying += started.elapsed();
+    }
+
+    /// What partition `partition`'s aligner releases, applied (outputs stay in
+    /// `scratch` until [`Worker::queue_outputs`]).
+    fn apply_ready_in(&mut self, partition: i32, now: Instant) {
+        let Some(p) = self.partitions.get_mut(&partition) else {
+            return;
+        };
+        let metrics = &self.telemetry.metrics;
+        let late = p.engine.counters().late_events;
+        let mut applied_any = false;
+        while let Some((topic, held)) = p.held.pop_ready(now) {
+            applied_any = true;
+            p.applied.insert(self.inputs[topic].clone(), held.offset);
+            self.polled.push(held.polled);
+            match held.item {
+                Pending::Event(event, meta, source) => {
+                    self.stats.events += 1;
+                    let kind = event.body.type_name();
+                    self.consumed
+                        .entry(kind)
+                        .or_insert_with(|| metrics.events_consumed.with_label_values(&[kind]))
+                        .inc();
+                    p.engine.process(&event, &meta, &mut self.scratch);
+                    self.scratch_sources.resize(self.scratch.len(), source);
+                }
+                Pending::DeadLetter(record, reason) => {
+                    self.stats.dead_lettered += 1;
+                    metrics.bad_events.with_label_values(&[reason]).inc();
+                    self.outbox.push(record);
+                }
+            }
+        }
+        if !applied_any {
+            return;
+        }
+        p.dirty = true;
+        metrics
+            .late_events
+            .inc_by(p.engine.counters().late_events - late);
+        p.last_event_wall = now;
+        p.clock_at_last_event = p.engine.watermark();
     }
 
     /// When the next held event that waits for another topic may go.
@@ -494,10 +515,6 @@ impl Worker {
         let previous = self.acknowledge()?;
         self.apply_ready();
         let (changes, offsets) = self.take_changes();
-        let finding_sources: Vec<i64> = self.outbox.records[..]
-            .iter()
-            .filter_map(|r| r.source_ms)
-            .collect();
         let polled = std::mem::take(&mut self.polled);
         let telemetry = self.telemetry.clone();
         let stage = |name: &str, took: Duration| {
@@ -512,7 +529,6 @@ impl Worker {
             changes,
             offsets,
             batch: self.batch_ids.next(),
-            finding_sources,
             polled,
             sent: Instant::now(),
         };
@@ -594,19 +610,13 @@ impl Worker {
         Ok(Some((unacked, positions)))
     }
 
-    /// Counts a batch's outputs as on the broker: how long they took, and each
-    /// finding's produce → delivered latency.
+    /// Counts a batch's outputs as on the broker: how long they took (each finding's
+    /// produce → acknowledged latency is observed as its report arrives).
     fn delivered(&self, batch: &Unacked) {
-        let metrics = &self.telemetry.metrics;
-        metrics
+        self.telemetry
+            .metrics
             .delivery_duration
             .observe(batch.sent.elapsed().as_secs_f64());
-        let now = now_ms();
-        for source in &batch.finding_sources {
-            metrics
-                .produce_to_finding_latency
-                .observe((now - source).max(0) as f64 / 1e3);
-        }
     }
 
     /// Stores an acknowledged batch (one atomic sled batch per partition), then commits

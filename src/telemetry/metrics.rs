@@ -188,7 +188,7 @@ impl Metrics {
             ),
             produce_to_finding_latency: histogram(
                 "loopwarden_produce_to_finding_latency_seconds",
-                "From the Kafka timestamp of the event that fired a finding to the finding's delivery.",
+                "From the Kafka timestamp of the event that fired a finding to the broker's acknowledgement of the finding (exactly_once: before its transaction commits).",
             ),
             commit_duration: histogram(
                 "loopwarden_commit_duration_seconds",
@@ -205,7 +205,7 @@ impl Metrics {
             batch_stages: HistogramVec::new(
                 HistogramOpts::new(
                     "loopwarden_batch_stage_seconds",
-                    "A batch's time per stage: wait (first event polled to the batch closing), apply (events through the engines), deliver (records produced and acknowledged, or the whole transaction), store (sled write and fsync), commit (offset commit).",
+                    "A batch's time per stage: wait (first event polled to the batch closing), apply (events through the engines), deliver (waiting for the broker to acknowledge the batch before, whose records were in flight while this one was polled; exactly_once: the whole transaction), store (sled write and fsync), commit (offset commit).",
                 )
                 .buckets(LATENCY_BUCKETS.to_vec()),
                 &["stage"],
