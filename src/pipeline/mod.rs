@@ -325,13 +325,8 @@ fn run_worker(
     if let Some(id) = commit.transactional_id() {
         producer_config.set("transactional.id", id);
     }
-    let mut outbox = Outbox::new(&producer_config, &settings, telemetry.clone())
+    let outbox = Outbox::new(&producer_config, &settings, telemetry.clone())
         .map_err(PipelineError::Client)?;
-    if matches!(commit, Commit::AtLeastOnce { changelog: true }) {
-        outbox = outbox
-            .with_changelog_producer(&producer_config)
-            .map_err(PipelineError::Client)?;
-    }
     let worker = Worker::new(
         config.clone(),
         db,

@@ -6,9 +6,7 @@
 //! (failures are sent again with backoff, never dropped) or the shutdown deadline has
 //! passed; a dead letter the broker refuses as too large is cut to its first 64 KiB with a
 //! header saying how long it was, so it is never lost. Records name their topic by kind
-//! ([`Sink`]), resolved by name from the settings. At least once with the changelog, the
-//! changelog's records go through a producer of their own, so a finding never waits
-//! behind a batch's changelog records on the connection to the broker.
+//! ([`Sink`]), resolved by name from the settings.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -186,11 +184,6 @@ pub struct Outbox {
     pub records: Vec<Record>,
     sent: usize,
     pub producer: BaseProducer<DeliveryTracker>,
-    /// at_least_once with the changelog: the changelog's records go through a producer
-    /// (and connections) of their own, so that a finding is not queued behind a batch's
-    /// changelog records on the way to the broker. Findings and changelog records are
-    /// ordered by the batch recipe (acknowledged, then stored), not by the producer.
-    changelog_producer: Option<BaseProducer<DeliveryTracker>>,
     settings: KafkaSettings,
     telemetry: Arc<Telemetry>,
     /// Where [`Sink::Ingested`] records go.
@@ -212,36 +205,10 @@ impl Outbox {
             records: Vec::new(),
             sent: 0,
             producer,
-            changelog_producer: None,
             settings: settings.clone(),
             telemetry,
             ingest_topic: String::new(),
         })
-    }
-
-    /// The changelog's records go through a producer of their own, made from
-    /// `producer_config` (not for transactions: those need one producer).
-    pub fn with_changelog_producer(
-        mut self,
-        producer_config: &rdkafka::ClientConfig,
-    ) -> Result<Outbox, KafkaError> {
-        self.changelog_producer = Some(producer_config.create_with_context(DeliveryTracker {
-            changelog_topic: self.settings.changelog_topic.clone(),
-            ..DeliveryTracker::default()
-        })?);
-        Ok(self)
-    }
-
-    /// The producers records go through: the main one, then the changelog's if separate.
-    fn producers(&self) -> impl Iterator<Item = &BaseProducer<DeliveryTracker>> {
-        std::iter::once(&self.producer).chain(self.changelog_producer.as_ref())
-    }
-
-    fn producer_for(&self, sink: Sink) -> &BaseProducer<DeliveryTracker> {
-        match (&self.changelog_producer, sink) {
-            (Some(changelog), Sink::Changelog) => changelog,
-            _ => &self.producer,
-        }
     }
 
     /// This outbox publishes [`Sink::Ingested`] records to `topic`.
@@ -274,11 +241,9 @@ impl Outbox {
     pub fn clear(&mut self) {
         self.records.clear();
         self.sent = 0;
-        for producer in self.producers() {
-            let tracker = producer.context();
-            tracker.epoch.fetch_add(1, Ordering::AcqRel);
-            lock(&tracker.failed).clear();
-        }
+        let tracker = self.producer.context();
+        tracker.epoch.fetch_add(1, Ordering::AcqRel);
+        lock(&tracker.failed).clear();
     }
 
     /// Counts `records` sent again (a retried delivery or transaction).
@@ -291,34 +256,27 @@ impl Outbox {
 
     /// The highest acknowledged changelog offset per partition since the last call.
     pub fn take_changelog_positions(&self) -> FxHashMap<i32, i64> {
-        let tracker = self.producer_for(Sink::Changelog).context();
-        std::mem::take(&mut *lock(&tracker.changelog_offsets))
+        std::mem::take(&mut *lock(&self.producer.context().changelog_offsets))
     }
 
     /// Forgets acknowledged changelog offsets (a batch given up).
     pub fn forget_changelog_positions(&self) {
-        lock(
-            &self
-                .producer_for(Sink::Changelog)
-                .context()
-                .changelog_offsets,
-        )
-        .clear();
+        lock(&self.producer.context().changelog_offsets).clear();
     }
 
     /// The first failure recorded since the last [`Outbox::take_failed`].
     pub fn first_failure(&self) -> Option<KafkaError> {
-        self.producers()
-            .find_map(|p| lock(&p.context().failed).first().map(|(_, e)| e.clone()))
+        lock(&self.producer.context().failed)
+            .first()
+            .map(|(_, e)| e.clone())
     }
 
     /// Hands the records at `indexes` to the producer (waiting while its queue is full);
     /// a record it refuses outright is recorded as failed, like a failed delivery.
     pub fn send(&mut self, indexes: &[usize]) {
+        let epoch = self.producer.context().epoch.load(Ordering::Acquire);
         for &i in indexes {
             let r = &self.records[i];
-            let producer = self.producer_for(r.sink);
-            let epoch = producer.context().epoch.load(Ordering::Acquire);
             let opaque = Box::new((epoch, i, r.source_ms));
             let mut record = BaseRecord::with_opaque_to(self.topic_of(r.sink), opaque).key(&r.key);
             // A changelog tombstone has no value at all (compaction drops the key).
@@ -332,14 +290,14 @@ impl Outbox {
                 record = record.headers(h);
             }
             loop {
-                match producer.send(record) {
+                match self.producer.send(record) {
                     Ok(()) => break,
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        producer.poll(Duration::from_millis(5));
+                        self.producer.poll(Duration::from_millis(5));
                         record = back;
                     }
                     Err((e, _)) => {
-                        lock(&producer.context().failed).push((i, e));
+                        lock(&self.producer.context().failed).push((i, e));
                         break;
                     }
                 }
@@ -349,12 +307,10 @@ impl Outbox {
 
     /// Waits until the producer has nothing in flight (or the deadline passed).
     pub fn await_acks(&self, backoff: &Backoff) -> Result<(), DeadlinePassed> {
-        for producer in self.producers() {
-            while producer.in_flight_count() > 0 {
-                producer.poll(Duration::from_millis(1));
-                if backoff.past_deadline() {
-                    return Err(DeadlinePassed);
-                }
+        while self.producer.in_flight_count() > 0 {
+            self.producer.poll(Duration::from_millis(1));
+            if backoff.past_deadline() {
+                return Err(DeadlinePassed);
             }
         }
         Ok(())
@@ -363,11 +319,7 @@ impl Outbox {
     /// Takes the failed deliveries; a dead letter the broker refused as too large is cut
     /// to its first bytes (with a header saying how long it was), so it is never lost.
     pub fn take_failed(&mut self) -> Vec<(usize, KafkaError)> {
-        let mut failed = Vec::new();
-        for producer in self.producers() {
-            failed.append(&mut lock(&producer.context().failed));
-        }
-        failed.sort_by_key(|(i, _)| *i);
+        let failed = std::mem::take(&mut *lock(&self.producer.context().failed));
         for (i, e) in &failed {
             let r = &mut self.records[*i];
             let too_large = matches!(
@@ -392,11 +344,12 @@ impl Outbox {
         self.sent = self.records.len();
     }
 
-    /// Whether records are with the producer, not yet settled.
+    /// Whether records wait to be handed to the producer.
     pub fn has_unsent(&self) -> bool {
         self.sent < self.records.len()
     }
 
+    /// Whether records are with the producer, not yet settled.
     pub fn has_sent(&self) -> bool {
         self.sent > 0
     }
