@@ -20,8 +20,11 @@ pub const DEFAULT_DLQ_TOPIC: &str = "loopwarden.dlq";
 pub const DEFAULT_CHANGELOG_TOPIC: &str = "loopwarden.state-changelog";
 /// A batch closes at this many events…
 pub const DEFAULT_MAX_BATCH_EVENTS: usize = 20_000;
-/// …or this long after its first event, whichever comes first.
-pub const DEFAULT_MAX_BATCH_WAIT_MS: u64 = 10;
+/// …or this long after its first event, whichever comes first. At least once a batch
+/// paces only the store and the commit (findings go out as they are found), so it can be
+/// long; exactly once its findings wait for its transaction, so it is short.
+pub const DEFAULT_MAX_BATCH_WAIT_MS: u64 = 100;
+pub const DEFAULT_MAX_BATCH_WAIT_EXACTLY_ONCE_MS: u64 = 10;
 pub const DEFAULT_SHUTDOWN_DEADLINE_SECS: u64 = 30;
 /// A partition with no events for this long has its clock advanced by wall-clock time.
 pub const DEFAULT_IDLE_AFTER_SECS: u64 = 5;
@@ -376,9 +379,12 @@ impl KafkaSettings {
             changelog_topic,
             delivery,
             max_batch_events,
-            max_batch_wait: Duration::from_millis(
-                raw.max_batch_wait_ms.unwrap_or(DEFAULT_MAX_BATCH_WAIT_MS),
-            ),
+            max_batch_wait: Duration::from_millis(raw.max_batch_wait_ms.unwrap_or(
+                match delivery {
+                    Delivery::AtLeastOnce => DEFAULT_MAX_BATCH_WAIT_MS,
+                    Delivery::ExactlyOnce => DEFAULT_MAX_BATCH_WAIT_EXACTLY_ONCE_MS,
+                },
+            )),
             shutdown_deadline: Duration::from_secs(shutdown),
             idle_after: Duration::from_secs(idle_after),
             align_wait: Duration::from_millis(align_wait),
@@ -522,6 +528,12 @@ mod tests {
         assert_eq!(s.input_topics, ["cost.attributed", "tool.called"]);
         assert_eq!(s.dlq_topic, "loopwarden.dlq");
         assert_eq!(s.brokers, None);
+        // At least once findings do not wait for their batch; exactly once they do.
+        assert_eq!(s.max_batch_wait, Duration::from_millis(100));
+        let (s, _) = validate("delivery = \"exactly_once\"\n");
+        assert_eq!(s.max_batch_wait, Duration::from_millis(10));
+        let (s, _) = validate("delivery = \"exactly_once\"\nmax_batch_wait_ms = 40\n");
+        assert_eq!(s.max_batch_wait, Duration::from_millis(40));
     }
 
     #[test]

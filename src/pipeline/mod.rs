@@ -402,11 +402,19 @@ fn consume(
     // wait, so the fixed cost of delivering and storing a batch is spread over more
     // events; once caught up, batches are short again (latency).
     let mut wait = settings.max_batch_wait;
+    // Held events whose wait for another topic ended are released at least this often
+    // while a batch is open (a partition's own messages release its events at once).
+    let sweep_every = Duration::from_millis(5);
     while !shutdown.is_triggered() {
         let mut in_batch = 0usize;
         let mut started: Option<Instant> = None;
         let mut timed_out = false;
+        let mut swept = Instant::now();
         loop {
+            if started.is_some() && swept.elapsed() >= sweep_every {
+                lock(&consumer.context().worker).release_due();
+                swept = Instant::now();
+            }
             let timeout = match started {
                 // Idle: wake up for a held event whose wait for another topic ends.
                 None => lock(&consumer.context().worker)
@@ -414,10 +422,10 @@ fn consume(
                     .map_or(idle_poll, |due| {
                         due.saturating_duration_since(Instant::now()).min(idle_poll)
                     }),
-                // At most `idle_poll` at a time: a stop is seen within it, however long
-                // the batch may wait.
+                // At most `sweep_every` at a time: a stop and due events are seen
+                // within it, however long the batch may wait.
                 Some(t) => match wait.checked_sub(t.elapsed()) {
-                    Some(left) if !left.is_zero() => left.min(idle_poll),
+                    Some(left) if !left.is_zero() => left.min(sweep_every),
                     _ => {
                         timed_out = true;
                         break;

@@ -278,10 +278,23 @@ impl Worker {
         self.apply_ready_in(partition, polled);
         self.queue_outputs();
         self.applying += polled.elapsed();
+        self.send_findings();
+        Ok(())
+    }
+
+    /// at_least_once: hands the outputs found so far to the producer without waiting for
+    /// the batch's end (exactly_once: they wait for its transaction).
+    fn send_findings(&mut self) {
         if matches!(self.commit, Commit::AtLeastOnce { .. }) && self.outbox.has_unsent() {
             self.outbox.send_all();
         }
-        Ok(())
+    }
+
+    /// Applies what every partition's aligner releases by now (events whose wait for
+    /// another topic ended) and sends their findings.
+    pub(super) fn release_due(&mut self) {
+        self.apply_ready();
+        self.send_findings();
     }
 
     /// Applies what the partitions' aligners release (events to their engines, dead
