@@ -211,9 +211,10 @@ fn findings_on_the_bus_match_replay() {
     }
     let got_summaries = by_event_id(&values(&summaries));
     for (id, s) in &want.summaries {
-        let copies = got_summaries
-            .get(id)
-            .unwrap_or_else(|| panic!("summary {id} missing"));
+        let copies = got_summaries.get(id).unwrap_or_else(|| {
+            let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap_or_default();
+            panic!("summary {id} missing; log:\n{log}")
+        });
         assert_eq!(&copies[0], s, "summary {id} differs from replay");
     }
 }

@@ -460,9 +460,10 @@ fn consume(
                     if let Some(e) = w.fatal.take() {
                         return Err(e);
                     }
-                    w.tick_idle();
-                    // Keeps the lag gauge current while the input is idle.
+                    // Keeps the lag gauge current while the input is idle, and tells an
+                    // idle partition from one whose events wait on the broker.
                     w.lag(consumer);
+                    w.tick_idle();
                     if w.has_work() {
                         break;
                     }

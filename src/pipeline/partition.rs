@@ -51,6 +51,9 @@ pub(super) struct Partition {
     /// Wall time and engine clock at the last event, for the idle clock.
     pub last_event_wall: Instant,
     pub clock_at_last_event: Option<i64>,
+    /// Messages of this partition wait on the broker (as the client last saw it): it is
+    /// behind, not idle, and its clock waits for its events.
+    pub behind: bool,
 }
 
 impl Pending {
@@ -115,13 +118,16 @@ impl Partition {
             dirty: false,
             last_event_wall: Instant::now(),
             clock_at_last_event,
+            behind: false,
         }
     }
 
     /// Advances the engine's clock by the wall time since the last event, once nothing
-    /// has been applied or held for `idle_after` (closing silent sessions).
+    /// has been applied or held for `idle_after` and nothing waits on the broker (closing
+    /// silent sessions; a consumer that stalls or lags must not expire the sessions whose
+    /// events it has not read yet).
     pub fn advance_idle_clock(&mut self, idle_after: Duration, outputs: &mut Vec<Output>) {
-        if !self.held.is_empty() {
+        if !self.held.is_empty() || self.behind {
             return;
         }
         let idle = self.last_event_wall.elapsed();
@@ -158,5 +164,51 @@ impl Partition {
             let _ = commit.add_partition_offset(t, partition, Offset::Offset(o + 1));
         }
         self.engine.take_changes(&offsets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::engine::EventMeta;
+    use crate::event::parse_event;
+
+    /// A partition on real sled with one open session, its last event `idle` ago.
+    fn partition_with_a_session(dir: &std::path::Path, idle: Duration) -> Partition {
+        let config = Arc::new(
+            Config::from_toml_str("[engine]\nsession_gap_secs = 2\n", "t", std::iter::empty())
+                .unwrap(),
+        );
+        let db = sled::open(dir).unwrap();
+        let store = SledStore::partition(&db, 0).unwrap();
+        let mut engine = Engine::restore(config, &store).unwrap();
+        let event = br#"{"type":"tool.called","session_id":"s","timestamp":"2026-11-25T10:00:00Z","tool":"read","args":{"p":1},"result":"x"}"#;
+        let mut out = Vec::new();
+        engine.process(
+            &parse_event(event, &ParseLimits::default()).unwrap(),
+            &EventMeta::default(),
+            &mut out,
+        );
+        let mut p = Partition::new(engine, store, BTreeMap::new(), 1, Duration::ZERO);
+        p.last_event_wall = Instant::now().checked_sub(idle).unwrap();
+        p.clock_at_last_event = p.engine.watermark();
+        p
+    }
+
+    #[test]
+    fn the_idle_clock_closes_silent_sessions_but_waits_while_events_wait_on_the_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = partition_with_a_session(dir.path(), Duration::from_secs(3));
+        let mut out = Vec::new();
+        p.behind = true;
+        p.advance_idle_clock(Duration::from_secs(1), &mut out);
+        assert!(out.is_empty(), "behind: its events are not read yet");
+        p.behind = false;
+        p.advance_idle_clock(Duration::from_secs(1), &mut out);
+        assert!(
+            out.iter().any(|o| matches!(o, Output::Summary(_))),
+            "idle past the session gap: the session closes ({out:?})"
+        );
     }
 }

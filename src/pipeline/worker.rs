@@ -385,14 +385,16 @@ impl Worker {
     }
 
     /// Messages waiting on the broker behind what this worker applied, by the client's
-    /// cached high watermarks (no request).
-    /// Also sets the per-partition lag gauge.
-    pub(super) fn lag(&self, consumer: &BaseConsumer<RebalanceHandler>) -> i64 {
+    /// cached high watermarks (no request). Also sets the per-partition lag gauge, and
+    /// marks the partitions that are behind (their idle clock waits).
+    pub(super) fn lag(&mut self, consumer: &BaseConsumer<RebalanceHandler>) -> i64 {
         let mut lag = 0;
-        for (&partition, p) in &self.partitions {
+        for (&partition, p) in &mut self.partitions {
+            let mut waiting = 0;
             for (topic, applied) in &p.applied {
                 if let Some(high) = cached_high_watermark(consumer.client(), topic, partition) {
                     let behind = (high - applied - 1).max(0);
+                    waiting = waiting.max(behind);
                     lag += behind;
                     self.telemetry
                         .metrics
@@ -401,6 +403,9 @@ impl Worker {
                         .set(behind);
                 }
             }
+            // One offset behind is caught up: a transaction's commit marker takes an
+            // offset and is never delivered.
+            p.behind = waiting > 1;
         }
         lag
     }
