@@ -162,7 +162,8 @@ fn as_trace_exports(raw: &[Vec<u8>], per_request: usize) -> Vec<Vec<u8>> {
             let end =
                 parse_rfc3339_ms(e["timestamp"].as_str().unwrap()).unwrap() as u64 * 1_000_000;
             Span {
-                trace_id: (i as u128 / 64).to_be_bytes().to_vec(),
+                // Ids as OTLP requires them: never all zeros.
+                trace_id: (i as u128 / 64 + 1).to_be_bytes().to_vec(),
                 span_id: (i as u64 + 1).to_be_bytes().to_vec(),
                 name: "span".into(),
                 start_time_unix_nano: end - 1_000_000,
