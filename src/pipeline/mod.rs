@@ -26,7 +26,8 @@
 //!
 //! The modules, in the order a batch meets them:
 //! - `mod.rs` (this): `run`, the worker threads, and the poll loop that cuts batches;
-//! - `worker`: a group member's partitions and the batch recipe (`finish_batch`);
+//! - `worker`: a group member's partitions, events applied as they are polled;
+//! - `batch`: the batch recipe (`finish_batch`): acknowledge, send, store, commit;
 //! - `partition`: one assigned partition, and a polled message made an event or a dead
 //!   letter;
 //! - `align`: event-time order across a partition's input topics;
@@ -56,6 +57,7 @@ use crate::telemetry::Telemetry;
 
 mod align;
 mod backoff;
+mod batch;
 mod changelog;
 mod commit;
 mod ingest;
@@ -66,6 +68,7 @@ mod rebalance;
 mod worker;
 
 use backoff::Backoff;
+use batch::Finish;
 pub use changelog::{CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use commit::Commit;
 pub use ingest::{run_ingest, IngestStats};
@@ -75,7 +78,7 @@ pub use outbox::{
     DLQ_TRUNCATED_FROM,
 };
 use rebalance::RebalanceHandler;
-use worker::{Finish, Worker};
+use worker::Worker;
 
 /// Why `run` stopped with an error. Bad messages (poison) never get here: they are
 /// dead-lettered; transient failures (broker away, disk write failing) are retried with
@@ -396,82 +399,15 @@ fn consume(
     settings: &KafkaSettings,
     shutdown: &Shutdown,
 ) -> Result<(), PipelineError> {
-    let idle_poll = Duration::from_millis(100);
     // Adaptive batching: while there is a backlog (a batch runs out of time with more
     // messages waiting on the broker than it took), batches grow up to 8× the configured
     // wait, so the fixed cost of delivering and storing a batch is spread over more
     // events; once caught up, batches are short again (latency).
     let mut wait = settings.max_batch_wait;
-    // Held events whose wait for another topic ended are released at least this often
-    // while a batch is open (a partition's own messages release its events at once).
-    let sweep_every = Duration::from_millis(5);
     while !shutdown.is_triggered() {
-        let mut in_batch = 0usize;
-        let mut started: Option<Instant> = None;
-        let mut timed_out = false;
-        let mut swept = Instant::now();
-        loop {
-            if started.is_some() && swept.elapsed() >= sweep_every {
-                lock(&consumer.context().worker).release_due();
-                swept = Instant::now();
-            }
-            let timeout = match started {
-                // Idle: wake up for a held event whose wait for another topic ends.
-                None => lock(&consumer.context().worker)
-                    .next_due()
-                    .map_or(idle_poll, |due| {
-                        due.saturating_duration_since(Instant::now()).min(idle_poll)
-                    }),
-                // At most `sweep_every` at a time: a stop and due events are seen
-                // within it, however long the batch may wait.
-                Some(t) => match wait.checked_sub(t.elapsed()) {
-                    Some(left) if !left.is_zero() => left.min(sweep_every),
-                    _ => {
-                        timed_out = true;
-                        break;
-                    }
-                },
-            };
-            match consumer.poll(timeout) {
-                Some(Ok(m)) => {
-                    let mut w = lock(&consumer.context().worker);
-                    w.handle(&m)?;
-                    in_batch += 1;
-                    started.get_or_insert_with(Instant::now);
-                    if in_batch >= settings.max_batch_events {
-                        break;
-                    }
-                }
-                Some(Err(e)) => {
-                    warn!(error = %e, "consumer error");
-                    if in_batch > 0 {
-                        break;
-                    }
-                }
-                None => {
-                    if shutdown.is_triggered() {
-                        break;
-                    }
-                    if in_batch > 0 {
-                        // The batch's time is checked at the top.
-                        continue;
-                    }
-                    let mut w = lock(&consumer.context().worker);
-                    if let Some(e) = w.fatal.take() {
-                        return Err(e);
-                    }
-                    // Keeps the lag gauge current while the input is idle, and tells an
-                    // idle partition from one whose events wait on the broker.
-                    w.lag(consumer);
-                    w.tick_idle();
-                    if w.has_work() {
-                        break;
-                    }
-                }
-            }
-        }
+        let polled = poll_batch(consumer, settings, shutdown, wait)?;
         let mut w = lock(&consumer.context().worker);
-        if let Some(first_polled) = started {
+        if let Some(first_polled) = polled.started {
             w.telemetry
                 .metrics
                 .batch_stages
@@ -479,7 +415,7 @@ fn consume(
                 .observe(first_polled.elapsed().as_secs_f64());
         }
         let lag = w.lag(consumer);
-        wait = if timed_out && lag > in_batch as i64 {
+        wait = if polled.timed_out && lag > polled.messages as i64 {
             (wait * 2).min(settings.max_batch_wait * 8)
         } else {
             settings.max_batch_wait
@@ -491,4 +427,90 @@ fn consume(
         w.finish_batch(consumer, Finish::Overlap)?;
     }
     Ok(())
+}
+
+/// What one batch's polling took.
+struct Polled {
+    messages: usize,
+    /// When its first message came (`None`: the batch holds only idle-clock work).
+    started: Option<Instant>,
+    /// It ended because its time was up (not because it was full or there was a stop).
+    timed_out: bool,
+}
+
+/// Polls (and, through the worker, applies) one batch's messages: until `wait` after
+/// the first one, `max_batch_events` of them, a stop, or idle-clock work to finish.
+fn poll_batch(
+    consumer: &BaseConsumer<RebalanceHandler>,
+    settings: &KafkaSettings,
+    shutdown: &Shutdown,
+    wait: Duration,
+) -> Result<Polled, PipelineError> {
+    let idle_poll = Duration::from_millis(100);
+    // Held events whose wait for another topic ended are released at least this often
+    // while a batch is open (a partition's own messages release its events at once).
+    let sweep_every = Duration::from_millis(5);
+    let mut polled = Polled {
+        messages: 0,
+        started: None,
+        timed_out: false,
+    };
+    let mut swept = Instant::now();
+    loop {
+        if polled.started.is_some() && swept.elapsed() >= sweep_every {
+            lock(&consumer.context().worker).release_due();
+            swept = Instant::now();
+        }
+        let timeout = match polled.started {
+            // Idle: wake up for a held event whose wait for another topic ends.
+            None => lock(&consumer.context().worker)
+                .next_due()
+                .map_or(idle_poll, |due| {
+                    due.saturating_duration_since(Instant::now()).min(idle_poll)
+                }),
+            // At most `sweep_every` at a time: a stop and due events are seen within it,
+            // however long the batch may wait.
+            Some(t) => match wait.checked_sub(t.elapsed()) {
+                Some(left) if !left.is_zero() => left.min(sweep_every),
+                _ => {
+                    polled.timed_out = true;
+                    return Ok(polled);
+                }
+            },
+        };
+        match consumer.poll(timeout) {
+            Some(Ok(m)) => {
+                lock(&consumer.context().worker).handle(&m)?;
+                polled.messages += 1;
+                polled.started.get_or_insert_with(Instant::now);
+                if polled.messages >= settings.max_batch_events {
+                    return Ok(polled);
+                }
+            }
+            Some(Err(e)) => {
+                warn!(error = %e, "consumer error");
+                if polled.messages > 0 {
+                    return Ok(polled);
+                }
+            }
+            // The batch's time is checked at the top.
+            None if polled.messages > 0 && !shutdown.is_triggered() => {}
+            None => {
+                if shutdown.is_triggered() {
+                    return Ok(polled);
+                }
+                let mut w = lock(&consumer.context().worker);
+                if let Some(e) = w.fatal.take() {
+                    return Err(e);
+                }
+                // Keeps the lag gauge current while the input is idle, and tells an idle
+                // partition from one whose events wait on the broker.
+                w.lag(consumer);
+                w.tick_idle();
+                if w.has_work() {
+                    return Ok(polled);
+                }
+            }
+        }
+    }
 }

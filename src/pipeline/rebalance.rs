@@ -16,8 +16,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tracing::{error, info, warn};
 
+use super::batch::Finish;
 use super::outbox::lock;
-use super::worker::{Finish, Worker};
+use super::worker::Worker;
 
 /// The consumer's context: owns the worker, so the poll loop and the callbacks (both on
 /// the consumer's thread) share it without contention.

@@ -3,10 +3,8 @@
 //! the delivery mode and the restorer.
 //!
 //! Events are applied as they are polled (what the aligners release), and at least once
-//! their findings are sent at once. The batch lifecycle is [`Worker::finish_batch`]:
-//! acknowledge the batch before (at least once it stays in flight while this one is
-//! polled) → apply what is left → take the changes → send them with the changelog (or
-//! transact) → store and commit the batch before.
+//! their findings are sent at once. A batch ends with [`Worker::finish_batch`], the
+//! recipe in `batch.rs`.
 //!
 //! Guarantees: an event is applied at most once per stored state (offsets at or below a
 //! partition's applied offset are skipped); a partition's state and its applied offsets
@@ -18,16 +16,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::{Message, TopicPartitionList};
+use rdkafka::Message;
 use rustc_hash::FxHashMap;
-use tracing::{debug, error, info, warn};
+use tracing::{info, warn};
 
 use super::align::Held;
-use super::backoff::{Backoff, DeadlinePassed};
-use super::changelog::{self, BatchIds, Restorer, CHANGELOG_POSITION};
-use super::commit::{seek_to_committed, Commit, Transactional};
+use super::batch::Unacked;
+use super::changelog::{BatchIds, Restorer};
+use super::commit::{seek_to_committed, Commit};
 use super::outbox::Outbox;
 use super::outputs::{self, Source};
 use super::partition::{Partition, Pending};
@@ -39,70 +37,42 @@ use crate::kafka::cached_high_watermark;
 use crate::kafka::settings::KafkaSettings;
 use crate::output::Output;
 use crate::shutdown::Shutdown;
-use crate::store::{SledStore, StateStore, StoreBatch, StoreError};
+use crate::store::{SledStore, StateStore, StoreError};
 use crate::telemetry::Telemetry;
-
-/// How far [`Worker::finish_batch`] takes a batch before it returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// The poll loop: at_least_once leaves the batch's records in flight while the next
-    /// batch is polled (stored and committed once acknowledged, at the next batch's end);
-    /// the offset commit does not wait for the broker.
-    Overlap,
-    /// A revoke or a stop: the batch acknowledged, stored and committed (waiting for the
-    /// commit) before it returns.
-    Settle,
-}
-
-/// A batch from its records' send to its store: what is stored and committed once the
-/// broker has acknowledged every record.
-struct Unacked {
-    changes: Vec<(i32, StoreBatch)>,
-    /// The input offsets to commit once stored.
-    offsets: TopicPartitionList,
-    /// Its changelog batch id.
-    batch: u64,
-    /// When each of its events was polled (processing latency).
-    polled: Vec<Instant>,
-    sent: Instant,
-}
-
-/// An acknowledged batch and the changelog offsets its records reached.
-type Acked = (Unacked, FxHashMap<i32, i64>);
 
 /// Everything a batch touches.
 pub struct Worker {
-    config: Arc<Config>,
-    db: sled::Db,
+    pub(super) config: Arc<Config>,
+    pub(super) db: sled::Db,
     pub(super) outbox: Outbox,
     pub(super) commit: Commit,
-    restorer: Restorer,
-    partitions: BTreeMap<i32, Partition>,
+    pub(super) restorer: Restorer,
+    pub(super) partitions: BTreeMap<i32, Partition>,
     /// The input topics, in configuration order (the aligners' topic indexes).
-    inputs: Vec<Arc<str>>,
-    shutdown: Shutdown,
+    pub(super) inputs: Vec<Arc<str>>,
+    pub(super) shutdown: Shutdown,
     pub(super) stats: RunStats,
     /// A fatal error raised inside a rebalance callback, for the poll loop to return.
     pub(super) fatal: Option<PipelineError>,
     pub(super) telemetry: Arc<Telemetry>,
-    scratch: Vec<Output>,
+    pub(super) scratch: Vec<Output>,
     /// For each output in `scratch`, where the event that produced it came from.
-    scratch_sources: Vec<Source>,
+    pub(super) scratch_sources: Vec<Source>,
     /// When each event of the current batch was polled (processing latency).
-    polled: Vec<Instant>,
+    pub(super) polled: Vec<Instant>,
     /// What this worker last added to the process-wide gauges.
-    reported_sessions: i64,
-    reported_partitions: i64,
+    pub(super) reported_sessions: i64,
+    pub(super) reported_partitions: i64,
     /// When the state directory's size was last measured.
-    store_size_at: Option<Instant>,
+    pub(super) store_size_at: Option<Instant>,
     /// `events_consumed` per event type, resolved once (not a labelled lookup per event).
-    consumed: FxHashMap<&'static str, prometheus::IntCounter>,
+    pub(super) consumed: FxHashMap<&'static str, prometheus::IntCounter>,
     /// Time spent applying events since the last batch finished.
-    applying: Duration,
+    pub(super) applying: Duration,
     /// Ids of the batches this worker writes to the changelog.
-    batch_ids: BatchIds,
+    pub(super) batch_ids: BatchIds,
     /// at_least_once: the batch whose records are with the producer.
-    unacked: Option<Unacked>,
+    pub(super) unacked: Option<Unacked>,
 }
 
 impl Worker {
@@ -145,7 +115,7 @@ impl Worker {
         }
     }
 
-    fn settings(&self) -> &KafkaSettings {
+    pub(super) fn settings(&self) -> &KafkaSettings {
         &self.config.kafka
     }
 
@@ -360,7 +330,7 @@ impl Worker {
     }
 
     /// Moves the engine outputs in `scratch` to the outbox (shadow findings stay local).
-    fn queue_outputs(&mut self) {
+    pub(super) fn queue_outputs(&mut self) {
         // Outputs of the idle clock have no triggering message.
         self.scratch_sources
             .resize(self.scratch.len(), Source::default());
@@ -423,60 +393,6 @@ impl Worker {
         seek_to_committed(consumer);
     }
 
-    /// Takes every changed partition's changes (sessions + offsets, one batch each) and
-    /// the offsets to commit once they are stored.
-    fn take_changes(&mut self) -> (Vec<(i32, StoreBatch)>, TopicPartitionList) {
-        let mut batches = Vec::new();
-        let mut commit = TopicPartitionList::new();
-        for (&partition, p) in &mut self.partitions {
-            if let Some(batch) = p.take_changes(partition, &mut commit) {
-                batches.push((partition, batch));
-            }
-        }
-        (batches, commit)
-    }
-
-    /// Stores the batches (one atomic sled batch per partition) and flushes the database.
-    /// `positions`: the changelog offsets the batches' records reached.
-    fn store(
-        &mut self,
-        batches: Vec<(i32, StoreBatch)>,
-        positions: FxHashMap<i32, i64>,
-    ) -> Result<(), PipelineError> {
-        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
-        let stored_any = !batches.is_empty();
-        for (partition, mut batch) in batches {
-            if let Some(o) = positions.get(&partition) {
-                batch.offsets.push((CHANGELOG_POSITION.to_string(), *o));
-            }
-            let Some(p) = self.partitions.get_mut(&partition) else {
-                continue;
-            };
-            loop {
-                match p.store.commit(batch.clone()) {
-                    Ok(()) => break,
-                    Err(StoreError::Io(e)) => {
-                        error!(partition, error = %e, "state store write failed; retrying");
-                        if self.shutdown.is_triggered() {
-                            return Err(StoreError::Io(e).into());
-                        }
-                        backoff.sleep();
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        // Without the changelog, sled is the only record of the state: it reaches the disk
-        // before the offsets are committed. With it, the changelog and the group's offsets
-        // already hold the batch, so the fsync stays off the batch's path (sled flushes in
-        // the background): after a crash, the restore reads whatever sled missed from the
-        // changelog, from the last position sled holds.
-        if stored_any && !self.commit.changelog() {
-            self.db.flush().map_err(StoreError::Io)?;
-        }
-        Ok(())
-    }
-
     /// Puts everything stored so far on disk (a clean stop: the next start restores
     /// nothing).
     pub(super) fn flush_store(&self) -> Result<(), PipelineError> {
@@ -511,211 +427,4 @@ impl Worker {
             self.store_size_at = Some(Instant::now());
         }
     }
-
-    /// Ends a batch, as a recipe. at_least_once: the batch before is acknowledged
-    /// (nothing of this one is sent before, so the changelog holds whole batches in
-    /// order) → apply what is ready → take the changes → send (findings, changelog
-    /// records, their commit records) → store and commit the batch before. This batch's
-    /// acknowledgements are awaited at the next batch's end, while the next batch is
-    /// polled: the round trip is off the path of the next batch's findings. With
-    /// [`Finish::Settle`] this batch is also acknowledged, stored and committed before
-    /// returning. exactly_once: apply → take the changes → one transaction (findings,
-    /// changelog, offsets) → store.
-    pub(super) fn finish_batch(
-        &mut self,
-        consumer: &BaseConsumer<RebalanceHandler>,
-        finish: Finish,
-    ) -> Result<(), PipelineError> {
-        let mode = match finish {
-            Finish::Overlap => CommitMode::Async,
-            Finish::Settle => CommitMode::Sync,
-        };
-        let previous = self.acknowledge()?;
-        self.apply_ready();
-        let (changes, offsets) = self.take_changes();
-        let polled = std::mem::take(&mut self.polled);
-        let telemetry = self.telemetry.clone();
-        let stage = |name: &str, took: Duration| {
-            telemetry
-                .metrics
-                .batch_stages
-                .with_label_values(&[name])
-                .observe(took.as_secs_f64())
-        };
-        stage("apply", std::mem::take(&mut self.applying));
-        let this = Unacked {
-            changes,
-            offsets,
-            batch: self.batch_ids.next(),
-            polled,
-            sent: Instant::now(),
-        };
-        let transaction = match &self.commit {
-            Commit::AtLeastOnce { .. } => None,
-            Commit::ExactlyOnce(transaction) => Some(transact(
-                transaction,
-                &mut self.outbox,
-                consumer,
-                &this,
-                &self.config.kafka,
-                &self.shutdown,
-            )?),
-        };
-        if transaction.is_some() {
-            let took = this.sent.elapsed().as_secs_f64();
-            self.telemetry.metrics.commit_duration.observe(took);
-        }
-        match transaction {
-            None => {
-                self.send(this);
-                if let Some(previous) = previous {
-                    self.store_and_commit(previous, consumer, mode)?;
-                }
-                if finish == Finish::Settle {
-                    if let Some(this) = self.acknowledge()? {
-                        self.store_and_commit(this, consumer, mode)?;
-                    }
-                }
-            }
-            Some(false) => {
-                // The group moved on: the batch is dropped and read again by the new owner.
-                self.rewind(consumer);
-            }
-            Some(true) => {
-                stage("deliver", this.sent.elapsed());
-                self.delivered(&this);
-                let positions = self.outbox.take_changelog_positions();
-                self.store_and_commit((this, positions), consumer, mode)?;
-            }
-        }
-        self.report_gauges();
-        Ok(())
-    }
-
-    /// at_least_once: waits until the broker has acknowledged the batch in flight
-    /// (sending failures again with backoff), then returns it with the changelog
-    /// positions it reached, ready to be stored.
-    fn acknowledge(&mut self) -> Result<Option<Acked>, PipelineError> {
-        let Some(unacked) = self.unacked.take() else {
-            return Ok(None);
-        };
-        let waited = Instant::now();
-        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
-        let deadline = |outbox: &Outbox, b: &Backoff| PipelineError::deadline(b, outbox.len());
-        let late = self
-            .outbox
-            .settle(&mut backoff)
-            .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
-        if !late.is_empty() {
-            // A record went again after its commit record: so does the commit.
-            changelog::queue_commits(&mut self.outbox, &unacked.changes, unacked.batch, |p| {
-                late.contains(&p)
-            });
-            // Whatever of the next batch waits in the outbox goes with them: its
-            // findings may precede its store, and its changelog records are not queued yet.
-            self.outbox.send_all();
-            self.outbox
-                .settle(&mut backoff)
-                .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
-        }
-        self.telemetry
-            .metrics
-            .batch_stages
-            .with_label_values(&["deliver"])
-            .observe(waited.elapsed().as_secs_f64());
-        self.delivered(&unacked);
-        let positions = self.outbox.take_changelog_positions();
-        Ok(Some((unacked, positions)))
-    }
-
-    /// Counts a batch's outputs as on the broker: how long they took (each finding's
-    /// produce → acknowledged latency is observed as its report arrives).
-    fn delivered(&self, batch: &Unacked) {
-        self.telemetry
-            .metrics
-            .delivery_duration
-            .observe(batch.sent.elapsed().as_secs_f64());
-    }
-
-    /// Stores an acknowledged batch (one atomic sled batch per partition), then commits
-    /// its input offsets (at_least_once; exactly_once committed them in the transaction).
-    fn store_and_commit(
-        &mut self,
-        (batch, positions): Acked,
-        consumer: &BaseConsumer<RebalanceHandler>,
-        mode: CommitMode,
-    ) -> Result<(), PipelineError> {
-        let telemetry = self.telemetry.clone();
-        let metrics = &telemetry.metrics;
-        let stage = |name: &str, took: Duration| {
-            metrics
-                .batch_stages
-                .with_label_values(&[name])
-                .observe(took.as_secs_f64())
-        };
-        let started = Instant::now();
-        let stored_any = !batch.changes.is_empty();
-        self.store(batch.changes, positions)?;
-        let stored = Instant::now();
-        if stored_any {
-            stage("store", stored - started);
-            metrics
-                .flush_duration
-                .observe((stored - started).as_secs_f64());
-        }
-        let commit_offsets =
-            matches!(self.commit, Commit::AtLeastOnce { .. }) && batch.offsets.count() > 0;
-        if commit_offsets {
-            if let Err(e) = consumer.commit(&batch.offsets, mode) {
-                // sled holds the truth: a lost commit only means re-reading and skipping.
-                warn!(error = %e, "offset commit failed; the stored offsets still hold");
-            }
-            let took = stored.elapsed();
-            stage("commit", took);
-            metrics.commit_duration.observe(took.as_secs_f64());
-        }
-        let done = Instant::now();
-        for polled in batch.polled {
-            metrics
-                .processing_latency
-                .observe((done - polled).as_secs_f64());
-        }
-        self.stats.batches += 1;
-        metrics.batches.inc();
-        debug!(
-            store_ms = (stored - started).as_secs_f64() * 1e3,
-            commit_ms = (done - stored).as_secs_f64() * 1e3,
-            "batch finished"
-        );
-        Ok(())
-    }
-
-    /// at_least_once: hands the batch's records (with its changelog records) to the
-    /// producer and keeps the batch until [`Worker::acknowledge`].
-    fn send(&mut self, batch: Unacked) {
-        if matches!(self.commit, Commit::AtLeastOnce { changelog: true }) {
-            changelog::queue(&mut self.outbox, &batch.changes, batch.batch);
-        }
-        self.outbox.send_all();
-        if self.outbox.has_sent() || batch.offsets.count() > 0 || !batch.changes.is_empty() {
-            self.unacked = Some(batch);
-        }
-    }
-}
-
-/// exactly_once: the batch's records, its changelog records and its input offsets in one
-/// transaction; `false` when the group moved on (the batch must be dropped).
-fn transact(
-    transaction: &Transactional,
-    outbox: &mut Outbox,
-    consumer: &BaseConsumer<RebalanceHandler>,
-    batch: &Unacked,
-    settings: &KafkaSettings,
-    shutdown: &Shutdown,
-) -> Result<bool, PipelineError> {
-    let mut backoff = Backoff::new(settings, shutdown);
-    // The transaction makes the batch atomic; the commit records still mark where each
-    // batch ends, so one restore path serves both modes.
-    changelog::queue(outbox, &batch.changes, batch.batch);
-    transaction.commit(outbox, consumer, &batch.offsets, &mut backoff)
 }
