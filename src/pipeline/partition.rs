@@ -21,6 +21,10 @@ use crate::event::{parse_event, Event, ParseLimits};
 use crate::output::Output;
 use crate::store::{SledStore, StoreBatch};
 
+/// How many times `idle_after` a partition that is behind waits before its clock
+/// advances anyway.
+pub const BEHIND_WAITS: u32 = 4;
+
 pub(super) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -123,18 +127,25 @@ impl Partition {
     }
 
     /// Advances the engine's clock by the wall time since the last event, once nothing
-    /// has been applied or held for `idle_after` and nothing waits on the broker (closing
-    /// silent sessions; a consumer that stalls or lags must not expire the sessions whose
-    /// events it has not read yet).
+    /// has been applied or held for `idle_after` (closing silent sessions). While
+    /// messages wait on the broker the partition is behind, not idle, and waits up to
+    /// [`BEHIND_WAITS`] × `idle_after`: a consumer that stalls or lags must not expire
+    /// the sessions whose events it has not read yet, and a watermark that never comes
+    /// level (aborted transactions at a partition's end) must not keep them open forever.
     pub fn advance_idle_clock(&mut self, idle_after: Duration, outputs: &mut Vec<Output>) {
-        if !self.held.is_empty() || self.behind {
+        if !self.held.is_empty() {
             return;
         }
         let idle = self.last_event_wall.elapsed();
         let Some(clock) = self.clock_at_last_event else {
             return;
         };
-        if idle < idle_after {
+        let threshold = if self.behind {
+            idle_after.saturating_mul(BEHIND_WAITS)
+        } else {
+            idle_after
+        };
+        if idle < threshold {
             return;
         }
         let before = outputs.len();
@@ -209,6 +220,16 @@ mod tests {
         assert!(
             out.iter().any(|o| matches!(o, Output::Summary(_))),
             "idle past the session gap: the session closes ({out:?})"
+        );
+        // Behind for longer than BEHIND_WAITS × idle_after: it advances all the same.
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = partition_with_a_session(dir.path(), Duration::from_secs(5));
+        let mut out = Vec::new();
+        p.behind = true;
+        p.advance_idle_clock(Duration::from_secs(1), &mut out);
+        assert!(
+            out.iter().any(|o| matches!(o, Output::Summary(_))),
+            "behind, but for too long ({out:?})"
         );
     }
 }

@@ -3,10 +3,11 @@
 //!
 //! Guarantees: a revoked partition's batch is finished (delivered, stored, committed)
 //! before the revoke is acknowledged, so its next owner starts where this one stopped;
-//! an assignment that was *lost* (the group went on without us) writes nothing more of
-//! those partitions, since another member may own them already (records of a batch
-//! already in flight may still land: findings are then published twice with one event
-//! id, and the changelog restorer skips that batch as behind the next owner's); an assigned partition is
+//! an assignment that was *lost* (the group went on without us) stores and commits
+//! nothing more of those partitions, since another member may own them already; records
+//! of a batch already in flight are seen delivered first (its changelog records may land,
+//! so its findings must too: published twice at worst, with one event id; the restorer
+//! skips that batch where it is behind the next owner's); an assigned partition is
 //! loaded from sled (and restored from the changelog) before it is consumed.
 
 use std::sync::Mutex;

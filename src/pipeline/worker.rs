@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::Message;
+use rdkafka::{Message, Offset};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use super::align::Held;
+use super::backoff::{Backoff, DeadlinePassed};
 use super::batch::Unacked;
 use super::changelog::{BatchIds, Restorer};
 use super::commit::{seek_to_committed, Commit};
@@ -131,10 +132,23 @@ impl Worker {
             || self.partitions.values().any(|p| p.dirty)
     }
 
-    /// Forgets the batch in hand without writing anything (an assignment lost, a fatal
-    /// error): its events are read again from the committed offsets.
+    /// Forgets the batch in hand without storing or committing anything (an assignment
+    /// lost): its events are read again from the committed offsets by their next owner.
+    /// Records already with the producer are seen delivered first (a failure sent again):
+    /// their batch's changelog records may land, and a restore from them skips those
+    /// events as applied, so their findings must be on the bus too (published twice at
+    /// worst, with one `event_id`). What was not sent yet is dropped.
     pub(super) fn drop_unstored(&mut self) {
         self.unacked = None;
+        if self.outbox.has_sent() {
+            let mut backoff = Backoff::new(&self.config.kafka, &self.shutdown);
+            if let Err(DeadlinePassed) = self.outbox.settle(&mut backoff) {
+                warn!(
+                    records = self.outbox.len(),
+                    "shutdown deadline passed while delivering the records of a lost assignment"
+                );
+            }
+        }
         self.outbox.clear();
         self.outbox.forget_changelog_positions();
         self.polled.clear();
@@ -202,8 +216,9 @@ impl Worker {
         Ok(())
     }
 
-    /// Takes one polled message: parsed, it waits in its partition's aligner (an event,
-    /// or a dead letter for a bad one) until [`Worker::apply_ready`] applies it.
+    /// Takes one polled message: parsed (an event, or a dead letter for a bad one), it
+    /// goes through its partition's aligner and is applied as soon as the aligner
+    /// releases it (at once with one input topic).
     pub(super) fn handle(&mut self, m: &BorrowedMessage<'_>) -> Result<(), PipelineError> {
         let partition = m.partition();
         if !self.partitions.contains_key(&partition) {
@@ -359,23 +374,32 @@ impl Worker {
     /// marks the partitions that are behind (their idle clock waits).
     pub(super) fn lag(&mut self, consumer: &BaseConsumer<RebalanceHandler>) -> i64 {
         let mut lag = 0;
+        // The consumer's position steps over transaction markers, which take offsets
+        // and are never delivered; the applied offset does not.
+        let positions = consumer.position().ok();
         for (&partition, p) in &mut self.partitions {
-            let mut waiting = 0;
+            let mut waiting = false;
             for (topic, applied) in &p.applied {
                 if let Some(high) = cached_high_watermark(consumer.client(), topic, partition) {
                     let behind = (high - applied - 1).max(0);
-                    waiting = waiting.max(behind);
                     lag += behind;
                     self.telemetry
                         .metrics
                         .consumer_lag
                         .with_label_values(&[&**topic, &partition.to_string()])
                         .set(behind);
+                    let next = positions
+                        .as_ref()
+                        .and_then(|tpl| tpl.find_partition(topic, partition))
+                        .and_then(|e| match e.offset() {
+                            Offset::Offset(o) => Some(o),
+                            _ => None,
+                        })
+                        .unwrap_or(applied + 1);
+                    waiting |= high > next;
                 }
             }
-            // One offset behind is caught up: a transaction's commit marker takes an
-            // offset and is never delivered.
-            p.behind = waiting > 1;
+            p.behind = waiting;
         }
         lag
     }

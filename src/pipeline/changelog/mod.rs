@@ -15,17 +15,23 @@
 //! normally they arrive in order; when a session record fails and is sent again after
 //! the commit record, the writer sends the commit record again after it
 //! ([`queue_commits`]), and the restorer applies the batch at that second commit. A batch
-//! whose process died before it was complete never gets a complete commit: its records
-//! are dropped at the next batch's commit (its events were consumed again, into that
-//! batch).
+//! that never got a complete commit (its process died) is never applied: its records are
+//! dropped at the same writer's next complete commit, or left out at the end (its events
+//! were consumed again, into a later batch). Records of different writers may
+//! interleave (an owner that lost the partition while a batch was in flight, and the
+//! next owner): batches are told apart by id, never by position.
 //!
 //! Guarantees: the restorer applies whole batches only, each as one atomic store batch
 //! with the changelog position, so a restore interrupted anywhere resumes where it
-//! stopped, and a trailing incomplete batch is left out (its events are consumed
-//! again); a batch whose input offsets are behind those already applied is skipped (an
-//! owner that lost the partition while that batch was in flight wrote it; the next owner
-//! consumed its events again into later batches, which it must not turn back). Records of the earlier format (no batch id; the commit record a JSON array of
-//! offsets, produced only after its records were acknowledged) are still read.
+//! stopped, and a trailing incomplete batch is left out (its events are consumed again);
+//! a batch whose input offsets are behind those already applied is skipped (an owner
+//! that lost the partition while that batch was in flight wrote it; the next owner
+//! consumed its events again into later batches, which it must not turn back). Left as
+//! is: such a late batch with exactly the input offsets already applied (the next owner
+//! re-applied exactly its events and nothing more yet) is applied; it holds the state
+//! after the same events. Records of the earlier format (no batch id; the commit record a
+//! JSON array of offsets, produced only after its records were acknowledged) are still
+//! read.
 
 mod restore;
 
@@ -76,6 +82,12 @@ impl BatchIds {
         let seed = nanos ^ (u64::from(std::process::id()) << 32) ^ (writer << 56);
         // The low 20 bits count batches; the seed is spread over the rest.
         BatchIds(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) & !0xF_FFFF)
+    }
+
+    /// The writer a batch id belongs to (ids of one writer share all but the low 20
+    /// bits, which count its batches).
+    pub fn writer_of(batch: u64) -> u64 {
+        batch >> 20
     }
 
     pub fn next(&mut self) -> u64 {

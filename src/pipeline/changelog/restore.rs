@@ -12,7 +12,8 @@ use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use super::{
-    CommitValue, CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_POSITION, CHANGELOG_STATE_FORMAT,
+    BatchIds, CommitValue, CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_POSITION,
+    CHANGELOG_STATE_FORMAT,
 };
 use crate::kafka::settings::{Delivery, KafkaSettings};
 use crate::pipeline::backoff::Backoff;
@@ -378,8 +379,10 @@ impl Assembler {
 
     /// A complete commit record of `batch` at changelog offset `at`: the batch's records
     /// (in the order written; the last copy of a key wins) are stored with its input
-    /// offsets and the changelog position. Records of other batches held so far belong to
-    /// batches that never completed and are dropped.
+    /// offsets and the changelog position. Records held for earlier batches of the same
+    /// writer belong to batches that never completed and are dropped; those of other
+    /// writers stay (another writer's batch may be half written around this one, as when
+    /// an owner that lost the partition still had a batch in flight).
     fn commit(
         &mut self,
         batch: Option<u64>,
@@ -387,7 +390,21 @@ impl Assembler {
         at: i64,
         store: &mut impl StateStore,
     ) -> Result<(), PipelineError> {
-        let records = std::mem::take(&mut self.records);
+        let (records, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.records)
+            .into_iter()
+            .partition(|(b, _, _)| *b == batch);
+        self.records = match batch {
+            // The earlier format: everything before its commit belonged to it.
+            None => Vec::new(),
+            Some(this) => others
+                .into_iter()
+                .filter(|(b, _, _)| {
+                    b.is_some_and(|b| {
+                        BatchIds::writer_of(b) != BatchIds::writer_of(this) || b > this
+                    })
+                })
+                .collect(),
+        };
         let covered = self.committed.as_ref().is_none_or(|c| {
             offsets
                 .iter()
@@ -402,20 +419,18 @@ impl Assembler {
         // acknowledged after the next batch is polled); the next owner consumed the same
         // events again into later batches, so applying it would turn newer state back.
         // Equal offsets are not behind: a batch of idle closes applies no new event.
-        let behind = offsets
-            .iter()
-            .any(|(k, o)| self.applied_offsets.get(k).is_some_and(|a| o < a));
+        let inputs = || offsets.iter().filter(|(k, _)| self.input_keys.contains(k));
+        let behind = inputs().any(|(k, o)| self.applied_offsets.get(k).is_some_and(|a| o < a));
         if behind {
             self.stale += 1;
             return Ok(());
         }
-        for (k, o) in &offsets {
-            self.applied_offsets.insert(k.clone(), *o);
-        }
+        let applied: Vec<(String, i64)> = inputs().cloned().collect();
+        self.applied_offsets.extend(applied);
         // The last copy of each key, in the order the keys first came.
         let mut last: FxHashMap<String, usize> = FxHashMap::default();
         let mut order: Vec<(String, Change)> = Vec::new();
-        for (_, key, state) in records.into_iter().filter(|(b, _, _)| *b == batch) {
+        for (_, key, state) in records {
             match last.get(&key) {
                 Some(&i) => order[i].1 = state,
                 None => {
@@ -488,7 +503,8 @@ mod tests {
         commit_at(offset, batch, records, offset * 10, value)
     }
 
-    /// A commit record at changelog `offset` of a batch that applied input up to `input`.
+    /// A commit record at changelog `offset` of a batch that applied input up to `input`
+    /// (and, as the engine writes, its watermark: not an input offset).
     fn commit_at(
         offset: i64,
         batch: u64,
@@ -499,7 +515,10 @@ mod tests {
         *value = serde_json::to_vec(&CommitValue {
             batch,
             records,
-            offsets: vec![("in/0".into(), input)],
+            offsets: vec![
+                ("in/0".into(), input),
+                ("engine/watermark".into(), 1_000_000 - input),
+            ],
         })
         .unwrap();
         Entry {
@@ -513,7 +532,10 @@ mod tests {
     }
 
     fn feed(entries: Vec<Entry<'_>>) -> (Assembler, Stored) {
-        let mut a = Assembler::default();
+        let mut a = Assembler {
+            input_keys: vec!["in/0".into()],
+            ..Assembler::default()
+        };
         let mut stored = Stored::default();
         for e in entries {
             a.add(e, &mut stored).unwrap();
@@ -564,6 +586,27 @@ mod tests {
         assert_eq!((a.applied, a.stale), (2, 1));
         let states: Vec<_> = stored.0.iter().map(|b| keys(b)[0].1).collect();
         assert_eq!(states, vec![&b"new"[..], &b"closed"[..]]);
+    }
+
+    #[test]
+    fn batches_of_two_writers_interleaved_are_each_applied_whole() {
+        // Writer B (ids 2<<20 …) is the next owner; writer A (ids 1<<20 …) lost the
+        // partition with a batch in flight, which lands in the middle of B's batch.
+        let (a_batch, b_batch) = ((1 << 20) + 5, (2 << 20) + 1);
+        let (mut v1, mut v2) = (Vec::new(), Vec::new());
+        let entries = vec![
+            session(0, b_batch, "x", b"B-x"),
+            session(1, a_batch, "y", b"A-y"),
+            commit_at(2, a_batch, 1, 20, &mut v1),
+            session(3, b_batch, "z", b"B-z"),
+            commit_at(4, b_batch, 2, 30, &mut v2),
+        ];
+        let (a, stored) = feed(entries);
+        assert_eq!((a.applied, a.incomplete, a.stale), (2, 0, 0));
+        assert_eq!(
+            keys(&stored.0[1]),
+            vec![("x", &b"B-x"[..]), ("z", &b"B-z"[..])]
+        );
     }
 
     #[test]
