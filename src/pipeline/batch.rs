@@ -110,10 +110,11 @@ impl Worker {
         Ok(())
     }
 
-    /// Ends a batch, as a recipe. at_least_once: the batch before is acknowledged
-    /// (nothing of this one is sent before, so the changelog holds whole batches in
-    /// order) → apply what is ready → take the changes → send (findings, changelog
-    /// records, their commit records) → store and commit the batch before. This batch's
+    /// Ends a batch, as a recipe. at_least_once: the batch before is acknowledged (none
+    /// of this one's changelog records is sent before, so the changelog holds whole
+    /// batches in order; its findings went out as they were found) → apply what is
+    /// ready → take the changes → send (findings not sent yet, changelog records, their
+    /// commit records) → store and commit the batch before. This batch's
     /// acknowledgements are awaited at the next batch's end, while the next batch is
     /// polled: the round trip is off the path of the next batch's findings. With
     /// [`Finish::Settle`] this batch is also acknowledged, stored and committed before
