@@ -256,17 +256,22 @@ fn bench_engine(c: &mut Criterion) {
             }
         })
     });
-    // The OTLP ingest: trace exports (OTLP protobuf, 100 spans each) decoded and mapped to
-    // events, as `[ingest.otlp]` does before publishing them; throughput in spans.
+    // The OTLP ingest: trace exports (OTLP protobuf, 100 spans each) decoded, mapped to
+    // events and each event checked by the event parser, as `[ingest.otlp]` does before
+    // publishing them; throughput in spans.
     let exports = as_trace_exports(&raw, 100);
     let mapper = Mapper::default();
-    group.bench_function("otlp_decode_and_map", |b| {
+    group.bench_function("otlp_ingest", |b| {
         let mut events = Vec::with_capacity(BATCH);
+        let limits = ParseLimits::default();
         b.iter(|| {
             events.clear();
             for x in &exports {
                 let request = decode(x, Encoding::OtlpProto).unwrap();
                 mapper.map(&request, &mut events);
+            }
+            for e in &events {
+                parse_event(&e.json, &limits).unwrap();
             }
             assert_eq!(events.len(), BATCH);
             std::hint::black_box(&events);

@@ -349,33 +349,19 @@ mod tests {
                 .iter()
                 .any(|e| e.starts_with(key) && e.contains(words))
         };
-        assert!(
-            has("ingest.otlp.topics[0]", "is an input topic"),
-            "{errors:?}"
-        );
-        assert!(has("ingest.otlp.topics[1]", "its own spans"), "{errors:?}");
-        assert!(
-            has("ingest.otlp.topics[2]", "not a valid topic name"),
-            "{errors:?}"
-        );
-        assert!(
-            has("ingest.otlp.topics[3]", "loopwarden writes"),
-            "{errors:?}"
-        );
-        assert!(has("ingest.otlp.topics[5]", "listed twice"), "{errors:?}");
-        assert!(
-            has("ingest.otlp.topics[6]", "loopwarden writes"),
-            "{errors:?}"
-        );
-        assert!(
-            has("ingest.otlp.encoding", "otlp_proto or otlp_json"),
-            "{errors:?}"
-        );
-        assert!(
-            has("ingest.otlp.to_topic", "not one of kafka.input_topics"),
-            "{errors:?}"
-        );
-        assert!(has("ingest.otlp.group_id", "must differ"), "{errors:?}");
+        for (key, words) in [
+            ("ingest.otlp.topics[0]", "is an input topic"),
+            ("ingest.otlp.topics[1]", "its own spans"),
+            ("ingest.otlp.topics[2]", "not a valid topic name"),
+            ("ingest.otlp.topics[3]", "loopwarden writes"),
+            ("ingest.otlp.topics[5]", "listed twice"),
+            ("ingest.otlp.topics[6]", "loopwarden writes"),
+            ("ingest.otlp.encoding", "otlp_proto or otlp_json"),
+            ("ingest.otlp.to_topic", "not one of kafka.input_topics"),
+            ("ingest.otlp.group_id", "must differ"),
+        ] {
+            assert!(has(key, words), "{key}: {words}: {errors:?}");
+        }
     }
 
     #[test]

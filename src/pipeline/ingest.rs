@@ -195,8 +195,8 @@ impl IngestBatch<'_> {
         let report = self.mapper.map(&request, &mut self.mapped);
         count_spans(self.telemetry, &report);
         self.stats.spans.add(&report);
-        let mapped = std::mem::take(&mut self.mapped);
-        for e in &mapped {
+        let mut mapped = std::mem::take(&mut self.mapped);
+        for e in mapped.drain(..) {
             // What no mapping can mend (an oversized event, a session id over the
             // contract's limit) is refused here, where the span can still be named,
             // rather than by the engine or by the broker.
@@ -210,7 +210,7 @@ impl IngestBatch<'_> {
                 letter.key = e.session_id.as_bytes()
                     [..e.session_id.len().min(MAX_SESSION_ID_BYTES)]
                     .to_vec();
-                letter.payload.clone_from(&e.json);
+                letter.payload = e.json;
                 letter.payload.truncate(self.limits.max_event_bytes);
                 self.dead_letter(outbox, letter, bad.reason());
                 continue;
@@ -220,9 +220,9 @@ impl IngestBatch<'_> {
             outbox.push(Record {
                 sink: Sink::Ingested,
                 partition: None,
-                key: e.session_id.as_bytes().to_vec(),
-                payload: e.json.clone(),
-                headers: vec![("traceparent", e.traceparent.as_bytes().to_vec())],
+                key: e.session_id.into_bytes(),
+                payload: e.json,
+                headers: vec![("traceparent", e.traceparent.into_bytes())],
                 source_headers: Vec::new(),
                 source_ms: None,
             });

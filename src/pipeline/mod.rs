@@ -457,20 +457,21 @@ fn poll_batch(
     };
     let mut swept = Instant::now();
     loop {
-        if polled.started.is_some() && swept.elapsed() >= sweep_every {
+        let now = Instant::now();
+        if polled.started.is_some() && now.duration_since(swept) >= sweep_every {
             lock(&consumer.context().worker).release_due();
-            swept = Instant::now();
+            swept = now;
         }
         let timeout = match polled.started {
             // Idle: wake up for a held event whose wait for another topic ends.
             None => lock(&consumer.context().worker)
                 .next_due()
                 .map_or(idle_poll, |due| {
-                    due.saturating_duration_since(Instant::now()).min(idle_poll)
+                    due.saturating_duration_since(now).min(idle_poll)
                 }),
             // At most `sweep_every` at a time: a stop and due events are seen within it,
             // however long the batch may wait.
-            Some(t) => match wait.checked_sub(t.elapsed()) {
+            Some(t) => match wait.checked_sub(now.duration_since(t)) {
                 Some(left) if !left.is_zero() => left.min(sweep_every),
                 _ => {
                     polled.timed_out = true;

@@ -159,7 +159,7 @@ impl ProducerContext for DeliveryTracker {
             return;
         }
         if let (Ok(_), Some(source), Some(h)) = (result, source_ms, &self.finding_latency) {
-            h.observe((super::partition::now_ms() - source).max(0) as f64 / 1e3);
+            h.observe((crate::feed::wall_ms() - source).max(0) as f64 / 1e3);
         }
         match result {
             Err((e, _)) => lock(&self.failed).push((index, e.clone())),

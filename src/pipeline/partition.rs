@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -18,19 +18,13 @@ use super::outbox::{dead_letter, Record};
 use super::outputs::Source;
 use crate::engine::{Engine, EventMeta};
 use crate::event::{parse_event, Event, ParseLimits};
+use crate::feed::wall_ms;
 use crate::output::Output;
 use crate::store::{SledStore, StoreBatch};
 
 /// How many times `idle_after` a partition that is behind waits before its clock
 /// advances anyway.
 pub const BEHIND_WAITS: u32 = 4;
-
-pub(super) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
 
 /// A polled message waiting for its turn: an event, or a dead letter (which keeps its
 /// place so that the applied offsets stay a prefix of each topic).
@@ -77,7 +71,7 @@ impl Pending {
                     partition: Some(partition),
                     offset: Some(offset),
                     message_timestamp_ms: m.timestamp().to_millis(),
-                    processing_time_ms: Some(now_ms()),
+                    processing_time_ms: Some(wall_ms()),
                 };
                 let event_ms = event
                     .timestamp_ms

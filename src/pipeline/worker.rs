@@ -141,7 +141,7 @@ impl Worker {
     pub(super) fn drop_unstored(&mut self) {
         self.unacked = None;
         if self.outbox.has_sent() {
-            let mut backoff = Backoff::new(&self.config.kafka, &self.shutdown);
+            let mut backoff = Backoff::new(self.settings(), &self.shutdown);
             if let Err(DeadlinePassed) = self.outbox.settle(&mut backoff) {
                 warn!(
                     records = self.outbox.len(),
@@ -278,8 +278,11 @@ impl Worker {
     /// Applies what every partition's aligner releases by now (events whose wait for
     /// another topic ended) and sends their findings.
     pub(super) fn release_due(&mut self) {
-        self.apply_ready();
-        self.send_findings();
+        // One input topic holds nothing: its events are applied as they are polled.
+        if self.held() > 0 {
+            self.apply_ready();
+            self.send_findings();
+        }
     }
 
     /// Applies what the partitions' aligners release (events to their engines, dead
