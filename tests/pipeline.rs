@@ -51,8 +51,10 @@ fn expected(config: Arc<Config>, events: &[Vec<u8>]) -> Expected {
     e
 }
 
-/// The terminations and summaries on the bus, once at least as many as `want` holds have
-/// arrived (or `limit` passed), plus whatever else arrives within a moment.
+/// The terminations and summaries on the bus, once every one `want` holds has arrived by
+/// `event_id` (or `limit` passed), plus whatever else arrives within a moment. Counting
+/// messages instead would stop early: re-emitted copies and summaries of sessions that
+/// did not complete count too.
 fn read_expected(
     brokers: &str,
     topics: &Topics,
@@ -63,15 +65,19 @@ fn read_expected(
     Vec<rdkafka::message::OwnedMessage>,
 ) {
     let quiet = Duration::from_millis(500);
-    let summaries = read_topic(brokers, &topics.summary, want.summaries.len(), limit, quiet);
-    let terminated = read_topic(
-        brokers,
-        &topics.terminated,
-        want.terminations.len(),
-        limit,
-        quiet,
-    );
+    let summaries = read_topic_until(brokers, &topics.summary, limit, quiet, |out| {
+        has_every(out, &want.summaries)
+    });
+    let terminated = read_topic_until(brokers, &topics.terminated, limit, quiet, |out| {
+        has_every(out, &want.terminations)
+    });
     (terminated, summaries)
+}
+
+/// Whether `out` holds a message of every `event_id` in `want`.
+fn has_every<V>(out: &[rdkafka::message::OwnedMessage], want: &BTreeMap<String, V>) -> bool {
+    let got = by_event_id(&values(out));
+    want.keys().all(|id| got.contains_key(id))
 }
 
 /// Every termination and completed-session summary of replay is on the bus, no other

@@ -399,7 +399,21 @@ pub fn read_topic(
     limit: Duration,
     quiet: Duration,
 ) -> Vec<OwnedMessage> {
-    drain(&reader(brokers, &[topic]), topic, min, limit, quiet)
+    drain(&reader(brokers, &[topic]), topic, limit, quiet, |out| {
+        out.len() >= min
+    })
+}
+
+/// Every message of `topic` (all partitions, from the start) once `done` holds for what
+/// has arrived (or `limit` passed), then whatever else arrives within `quiet`.
+pub fn read_topic_until(
+    brokers: &str,
+    topic: &str,
+    limit: Duration,
+    quiet: Duration,
+    done: impl Fn(&[OwnedMessage]) -> bool,
+) -> Vec<OwnedMessage> {
+    drain(&reader(brokers, &[topic]), topic, limit, quiet, done)
 }
 
 /// [`read_topic`] with the usual patience: up to 60 s for `min` records, then until
@@ -417,15 +431,15 @@ pub fn read_at_least(brokers: &str, topic: &str, min: usize) -> Vec<OwnedMessage
 /// [`read_topic`] including the records of open transactions (`read_uncommitted`).
 pub fn read_topic_uncommitted(brokers: &str, topic: &str, quiet: Duration) -> Vec<OwnedMessage> {
     let consumer = reader_isolated(brokers, &[topic], "read_uncommitted");
-    drain(&consumer, topic, usize::MAX, quiet, quiet)
+    drain(&consumer, topic, quiet, quiet, |_| false)
 }
 
 fn drain(
     consumer: &BaseConsumer,
     topic: &str,
-    min: usize,
     limit: Duration,
     quiet: Duration,
+    done: impl Fn(&[OwnedMessage]) -> bool,
 ) -> Vec<OwnedMessage> {
     let mut out = Vec::new();
     let until = Instant::now() + limit;
@@ -439,7 +453,7 @@ fn drain(
             Some(Err(e)) => panic!("reading {topic}: {e}"),
             None => {}
         }
-        if out.len() >= min && last.elapsed() >= quiet {
+        if last.elapsed() >= quiet && done(&out) {
             break;
         }
         if Instant::now() > until {
