@@ -23,6 +23,11 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message as _;
 use serde_json::json;
 
+// The allocator `loopwarden` itself runs on (src/main.rs), so that the engine is measured
+// as it runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The `i`-th event of session `sid` (JSON bytes), `looping` sessions repeat from step 6.
 fn event_json(rng: &mut Rng, sid: &str, step: u64, looping: bool, ts_ms: i64) -> Vec<u8> {
     let ts = loopwarden::event::format_rfc3339_ms(ts_ms);
