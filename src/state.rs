@@ -858,6 +858,50 @@ mod tests {
         }
     }
 
+    /// A state as a running instance stores it: its rings wrapped around (more calls,
+    /// turns and event ids than they hold), named and other tools, a poll.
+    fn stored_state() -> SessionState {
+        let mut s = SessionState::new(1_000, 1_000);
+        for i in 0..45u64 {
+            let mut obs = tool(i % 9, i * 31 % 11);
+            obs.poll = i % 13 == 0;
+            obs.is_error = i % 17 == 0;
+            s.observe_tool(&format!("tool_{}", i % 11), obs, 8);
+            s.is_duplicate(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+        for t in 0..8 {
+            let text = format!("turn {t}: reading the file again, then the tests {}", t % 3);
+            let sketch = crate::text::TextSketch::of(&text);
+            s.observe_llm(
+                true,
+                false,
+                1_000 + t,
+                200,
+                Some(50),
+                None,
+                Some(0.01),
+                Some(1),
+                None,
+                Some(&sketch),
+                0.85,
+            );
+        }
+        s
+    }
+
+    /// The bytes a state written by an earlier release reads back to, and writes again
+    /// unchanged: an upgrade restores every open session from the store and changelog.
+    #[test]
+    fn stored_states_read_back_byte_for_byte() {
+        let stored = include_bytes!("../tests/fixtures/session-state.postcard");
+        let state = SessionState::from_bytes(stored).expect("a stored state reads back");
+        assert_eq!(state.to_bytes(), stored.as_slice());
+        assert_eq!(state, stored_state());
+        assert_eq!(state.run.window.len(), WINDOW_CALLS);
+        assert_eq!(state.run.sketches.len(), TURN_SKETCHES);
+        assert_eq!(state.recent_event_ids.len(), RECENT_EVENT_IDS);
+    }
+
     #[test]
     fn window_and_rings_stay_bounded() {
         let mut s = SessionState::new(0, 0);
