@@ -13,7 +13,8 @@ use std::collections::BinaryHeap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
+use hashbrown::hash_map::EntryRef;
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet, FxHasher};
 
 use crate::config::{Config, ToolClasses};
 use crate::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
@@ -102,7 +103,9 @@ struct Work {
 /// The detection engine over one stream of events (one Kafka partition, or one file).
 pub struct Engine {
     config: Arc<Config>,
-    sessions: FxHashMap<String, Slot>,
+    /// hashbrown's own map for `entry_ref`: an event finds (or opens) its session in one
+    /// probe, without an owned key.
+    sessions: hashbrown::HashMap<String, Slot, FxBuildHasher>,
     expiry: BinaryHeap<Reverse<(i64, String)>>,
     watermark: Option<i64>,
     work: Work,
@@ -141,6 +144,13 @@ impl Work {
             tool_policies: FxHashMap::default(),
             classes: FxHashMap::default(),
         }
+    }
+
+    /// The policy key and policy of a session opened by `event`.
+    fn policy_of(&mut self, event: &Event<'_>) -> (u64, Arc<Policy>) {
+        let (tenant, agent) = (event.tenant.as_deref(), event.agent_id.as_deref());
+        let key = policy_key(tenant, agent);
+        (key, self.policy(key, tenant, agent))
     }
 
     fn policy(&mut self, key: u64, tenant: Option<&str>, agent: Option<&str>) -> Arc<Policy> {
@@ -271,7 +281,7 @@ impl Engine {
         Engine {
             work: Work::new(config.clone()),
             config,
-            sessions: FxHashMap::default(),
+            sessions: hashbrown::HashMap::default(),
             expiry: BinaryHeap::new(),
             watermark: None,
             dirty: None,
@@ -489,15 +499,26 @@ impl Engine {
         self.expire(out);
 
         let id: &str = &event.session_id;
-        if !self.sessions.contains_key(id) {
-            self.open(event, event_ms, now);
-        }
         if let Some(d) = self.dirty.as_mut() {
             if !d.contains(id) {
                 d.insert(id.to_string());
             }
         }
-        let slot = self.sessions.get_mut(id).expect("opened above");
+        let slot = match self.sessions.entry_ref(id) {
+            EntryRef::Occupied(found) => found.into_mut(),
+            EntryRef::Vacant(unknown) => {
+                let (key, policy) = self.work.policy_of(event);
+                let deadline = now.saturating_add(gap);
+                self.expiry.push(Reverse((deadline, id.to_string())));
+                self.counters.sessions_opened += 1;
+                unknown.insert(Slot {
+                    state: SessionState::new(event_ms, now),
+                    scheduled: deadline,
+                    policy,
+                    policy_key: key,
+                })
+            }
+        };
         // Reschedule lazily: only when the deadline moved by more than an eighth of the gap.
         let new_deadline = now.saturating_add(gap);
         if new_deadline > slot.scheduled.saturating_add(gap / 8) {
@@ -522,26 +543,6 @@ impl Engine {
         if let Some(c) = completion {
             self.close(id, ClosedBy::Completed, Some(c), out);
         }
-    }
-
-    /// Opens a session for an event of an unknown one.
-    fn open(&mut self, event: &Event<'_>, event_ms: i64, now: i64) {
-        let (tenant, agent) = (event.tenant.as_deref(), event.agent_id.as_deref());
-        let key = policy_key(tenant, agent);
-        let policy = self.work.policy(key, tenant, agent);
-        let deadline = now.saturating_add(self.config.engine.session_gap_ms);
-        let id = event.session_id.to_string();
-        self.expiry.push(Reverse((deadline, id.clone())));
-        self.sessions.insert(
-            id,
-            Slot {
-                state: SessionState::new(event_ms, now),
-                scheduled: deadline,
-                policy,
-                policy_key: key,
-            },
-        );
-        self.counters.sessions_opened += 1;
     }
 }
 
