@@ -178,7 +178,7 @@ impl Worker {
             }
             Some(false) => {
                 // The group moved on: the batch is dropped and read again by the new owner.
-                self.rewind(consumer);
+                self.rewind(consumer)?;
             }
             Some(true) => {
                 stage("deliver", this.sent.elapsed());

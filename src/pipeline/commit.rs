@@ -13,8 +13,10 @@
 //!
 //! Guarantees: a transaction that fails abortably is aborted and the same batch is sent
 //! again in a new one (the engine state it came from is unchanged); a fenced group
-//! generation drops the batch (whoever owns the partitions now reads it again); a fatal
-//! producer error ends the run.
+//! generation drops the batch and moves the consumer back to the committed offsets
+//! (whoever owns the partitions now reads it again; when the consumer cannot be moved
+//! back, the run ends rather than go on past the batch); a fatal producer error ends the
+//! run.
 
 use std::path::Path;
 use std::time::Duration;
@@ -24,7 +26,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
 use super::outbox::Outbox;
@@ -246,23 +248,120 @@ pub fn crash_point(name: &str) {
     let _ = name;
 }
 
+/// Attempts of [`seek_to_committed`] before the run ends instead.
+const REWIND_ATTEMPTS: u32 = 5;
+
 /// Seeks every assigned partition back to its committed offset (the start when none is
 /// committed): after a fenced transaction the batch is dropped and read again from there.
-pub fn seek_to_committed<C: ConsumerContext>(consumer: &BaseConsumer<C>) {
-    let Ok(assigned) = consumer.assignment() else {
-        return;
-    };
-    let committed = consumer
-        .committed_offsets(assigned.clone(), TRANSACTION_CALL_TIMEOUT)
-        .unwrap_or(assigned);
+/// A partition the group let us keep goes on from where the consumer is otherwise, past
+/// the dropped batch, whose events would then never be applied: so a failed seek is
+/// retried with `backoff`, and after [`REWIND_ATTEMPTS`] the run ends with an error (a
+/// restart resumes from the committed offsets).
+pub fn seek_to_committed<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    backoff: &mut Backoff,
+) -> Result<(), PipelineError> {
+    let mut attempt = 1;
+    loop {
+        let error = match seek_back(consumer) {
+            Ok(()) => return Ok(()),
+            Err(error) => error,
+        };
+        if attempt == REWIND_ATTEMPTS || backoff.pause().is_err() {
+            return Err(PipelineError::Rewind(error));
+        }
+        warn!(%error, attempt, backoff_ms = backoff.delay_ms(), "cannot move back to the committed offsets; retrying");
+        attempt += 1;
+    }
+}
+
+fn seek_back<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> Result<(), KafkaError> {
+    let assigned = consumer.assignment()?;
+    let committed = consumer.committed_offsets(assigned, TRANSACTION_CALL_TIMEOUT)?;
     for e in committed.elements() {
         let to = match e.offset() {
             Offset::Offset(o) => Offset::Offset(o),
             _ => Offset::Beginning,
         };
-        if let Err(error) = consumer.seek(e.topic(), e.partition(), to, Duration::from_secs(10)) {
-            // A partition that is no longer ours starts from the committed offset anyway.
-            debug!(topic = e.topic(), partition = e.partition(), %error, "cannot seek back");
+        consumer.seek(e.topic(), e.partition(), to, Duration::from_secs(10))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::embedded::EmbeddedBroker;
+    use crate::shutdown::Shutdown;
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::CommitMode;
+    use rdkafka::producer::{BaseProducer, BaseRecord};
+    use rdkafka::Message;
+
+    /// (partition, offset) of the next `n` messages `consumer` reads.
+    fn read(consumer: &BaseConsumer, n: usize) -> Vec<(i32, i64)> {
+        let mut got = Vec::new();
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while got.len() < n && std::time::Instant::now() < until {
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                let m = m.expect("a message");
+                got.push((m.partition(), m.offset()));
+            }
         }
+        got.sort();
+        got
+    }
+
+    /// After a fenced transaction the dropped batch is read again: each assigned partition
+    /// goes back to its committed offset, one without any to its start.
+    #[test]
+    fn seek_to_committed_reads_the_dropped_batch_again() {
+        let broker = EmbeddedBroker::start(&["input"], 2).expect("mock cluster");
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap_servers())
+            .create()
+            .expect("producer");
+        for partition in 0..2 {
+            for i in 0..5 {
+                let payload = format!("{partition}-{i}");
+                producer
+                    .send(
+                        BaseRecord::<(), _>::to("input")
+                            .payload(&payload)
+                            .partition(partition),
+                    )
+                    .expect("queued");
+            }
+        }
+        producer.flush(Duration::from_secs(30)).expect("produced");
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap_servers())
+            .set("group.id", "rewind")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        let mut all = TopicPartitionList::new();
+        for partition in 0..2 {
+            all.add_partition_offset("input", partition, Offset::Beginning)
+                .expect("partition");
+        }
+        consumer.assign(&all).expect("assigned");
+        assert_eq!(read(&consumer, 10).len(), 10);
+        let mut committed = TopicPartitionList::new();
+        committed
+            .add_partition_offset("input", 0, Offset::Offset(3))
+            .expect("partition");
+        consumer
+            .commit(&committed, CommitMode::Sync)
+            .expect("committed");
+
+        let shutdown = Shutdown::new();
+        let mut backoff = Backoff::new(&KafkaSettings::default(), &shutdown);
+        seek_to_committed(&consumer, &mut backoff).expect("moved back");
+        let again = read(&consumer, 7);
+        assert_eq!(
+            again,
+            [(0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
+        );
     }
 }

@@ -104,6 +104,8 @@ pub enum PipelineError {
         transactional_id: String,
         source: KafkaError,
     },
+    #[error("cannot move the consumer back to the committed offsets after a fenced transaction ({0}); stopping so that a restart reads the dropped batch again")]
+    Rewind(#[source] KafkaError),
     #[error("shutdown deadline ({secs} s) passed with {undelivered} output record(s) undelivered; nothing was stored or committed for them, so a restart processes their events again")]
     DeadlineExceeded { secs: u64, undelivered: usize },
 }

@@ -411,13 +411,16 @@ impl Worker {
     /// state of every partition goes (it is loaded again from sled and the changelog on
     /// the next event) and the consumer is moved back to the group's committed offsets,
     /// which are where the last committed transaction left them.
-    pub(super) fn rewind(&mut self, consumer: &BaseConsumer<RebalanceHandler>) {
+    pub(super) fn rewind(
+        &mut self,
+        consumer: &BaseConsumer<RebalanceHandler>,
+    ) -> Result<(), PipelineError> {
         warn!(partitions = ?self.partitions.keys().collect::<Vec<_>>(), "consumer group moved on during the transaction; dropping the batch and reading it again");
         self.outbox.clear();
         self.polled.clear();
         self.partitions.clear();
         self.outbox.forget_changelog_positions();
-        seek_to_committed(consumer);
+        seek_to_committed(consumer, &mut Backoff::new(self.settings(), &self.shutdown))
     }
 
     /// Puts everything stored so far on disk (a clean stop: the next start restores
