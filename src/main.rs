@@ -282,7 +282,7 @@ fn events_of(
     }
     let mapper = OtlpIngest::mapper(config.ingest.as_ref(), &config.limits);
     let lines = OtlpJsonLines::new(input, mapper, Box::new(std::io::stderr()));
-    Ok(Box::new(BufReader::with_capacity(1 << 20, lines)))
+    Ok(Box::new(BufReader::with_capacity(1 << 16, lines)))
 }
 
 /// Logs on stderr; RUST_LOG wins over `default_level`.

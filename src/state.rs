@@ -858,10 +858,12 @@ mod tests {
         }
     }
 
-    /// A state as a running instance stores it: its rings wrapped around (more calls,
-    /// turns and event ids than they hold), named and other tools, a poll.
+    /// A state as a running instance stores it: identity, its rings wrapped around (more
+    /// calls, turns and event ids than they hold), named and other tools, a poll, an
+    /// episode with findings, a termination.
     fn stored_state() -> SessionState {
         let mut s = SessionState::new(1_000, 1_000);
+        s.note_identity(Some("run-7"), Some("coder"), Some("acme"));
         for i in 0..45u64 {
             let mut obs = tool(i % 9, i * 31 % 11);
             obs.poll = i % 13 == 0;
@@ -886,11 +888,25 @@ mod tests {
                 0.85,
             );
         }
+        s.count_finding(DetectorKind::Repeat, Level::Warning);
+        s.count_finding(DetectorKind::Repeat, Level::Terminate);
+        s.episodes[DetectorKind::Repeat.index()] = Episode {
+            number: 2,
+            emitted: Level::Warning.bit() | Level::Terminate.bit(),
+            subject: 0xfeed_f00d,
+            warned_at_step: Some(40),
+        };
+        s.termination = Some(Termination {
+            detector: DetectorKind::Repeat,
+            at_ms: 5_000,
+            shadow: false,
+        });
         s
     }
 
-    /// The bytes a state written by an earlier release reads back to, and writes again
-    /// unchanged: an upgrade restores every open session from the store and changelog.
+    /// A stored state (the fixture was written by this format's first release) reads
+    /// back and writes again byte for byte: an upgrade restores every open session from
+    /// the store and changelog. A change to the format must fail here.
     #[test]
     fn stored_states_read_back_byte_for_byte() {
         let stored = include_bytes!("../tests/fixtures/session-state.postcard");

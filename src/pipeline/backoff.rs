@@ -65,6 +65,11 @@ impl Backoff {
         stopped
     }
 
+    /// Whether shutdown was asked for.
+    pub fn stopping(&self) -> bool {
+        self.shutdown.is_triggered()
+    }
+
     /// Whether shutdown was asked for more than the shutdown deadline ago.
     pub fn past_deadline(&self) -> bool {
         self.shutdown

@@ -248,37 +248,58 @@ pub fn crash_point(name: &str) {
     let _ = name;
 }
 
-/// Attempts of [`seek_to_committed`] before the run ends instead.
-const REWIND_ATTEMPTS: u32 = 5;
+/// How long [`seek_to_committed`] keeps retrying before the run ends instead: well
+/// inside `max.poll.interval.ms` (it does not poll meanwhile), long enough for a group
+/// coordinator to move.
+const REWIND_BUDGET: Duration = Duration::from_secs(30);
 
-/// Seeks every assigned partition back to its committed offset (the start when none is
-/// committed): after a fenced transaction the batch is dropped and read again from there.
-/// A partition the group let us keep goes on from where the consumer is otherwise, past
-/// the dropped batch, whose events would then never be applied: so a failed seek is
-/// retried with `backoff`, and after [`REWIND_ATTEMPTS`] the run ends with an error (a
-/// restart resumes from the committed offsets).
+/// Seeks every assigned partition but those in `revoking` back to its committed offset
+/// (the start when none is committed): after a fenced transaction the batch is dropped
+/// and read again from there. A partition the group let us keep would otherwise go on
+/// past the dropped batch, whose events would then never be applied: so a failure is
+/// retried with `backoff`, and past [`REWIND_BUDGET`] the run ends with an error (a
+/// restart resumes from the committed offsets). Nothing to do at a stop (the restart
+/// does it) or for partitions being revoked (their next owner starts from there).
 pub fn seek_to_committed<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
+    revoking: &[i32],
     backoff: &mut Backoff,
 ) -> Result<(), PipelineError> {
-    let mut attempt = 1;
+    let started = std::time::Instant::now();
     loop {
-        let error = match seek_back(consumer) {
+        if backoff.stopping() {
+            info!("stopping: the dropped batch is read again from the committed offsets at the next start");
+            return Ok(());
+        }
+        let error = match seek_back(consumer, revoking) {
             Ok(()) => return Ok(()),
             Err(error) => error,
         };
-        if attempt == REWIND_ATTEMPTS || backoff.pause().is_err() {
+        if started.elapsed() >= REWIND_BUDGET {
             return Err(PipelineError::Rewind(error));
         }
-        warn!(%error, attempt, backoff_ms = backoff.delay_ms(), "cannot move back to the committed offsets; retrying");
-        attempt += 1;
+        warn!(%error, backoff_ms = backoff.delay_ms(), "cannot move back to the committed offsets; retrying");
+        backoff.sleep();
     }
 }
 
-fn seek_back<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> Result<(), KafkaError> {
-    let assigned = consumer.assignment()?;
-    let committed = consumer.committed_offsets(assigned, TRANSACTION_CALL_TIMEOUT)?;
+fn seek_back<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    revoking: &[i32],
+) -> Result<(), KafkaError> {
+    let mut kept = TopicPartitionList::new();
+    for e in consumer.assignment()?.elements() {
+        if !revoking.contains(&e.partition()) {
+            kept.add_partition(e.topic(), e.partition());
+        }
+    }
+    if kept.count() == 0 {
+        return Ok(());
+    }
+    let committed = consumer.committed_offsets(kept, TRANSACTION_CALL_TIMEOUT)?;
     for e in committed.elements() {
+        // A partition's own fetch error comes with an invalid offset: not "none committed".
+        e.error()?;
         let to = match e.offset() {
             Offset::Offset(o) => Offset::Offset(o),
             _ => Offset::Beginning,
@@ -357,11 +378,22 @@ mod tests {
 
         let shutdown = Shutdown::new();
         let mut backoff = Backoff::new(&KafkaSettings::default(), &shutdown);
-        seek_to_committed(&consumer, &mut backoff).expect("moved back");
+        seek_to_committed(&consumer, &[], &mut backoff).expect("moved back");
         let again = read(&consumer, 7);
         assert_eq!(
             again,
             [(0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
         );
+
+        // A partition being revoked stays where it is (its next owner starts from the
+        // committed offset): partition 1 is read to its end above, so only partition 0
+        // comes again.
+        seek_to_committed(&consumer, &[1], &mut backoff).expect("moved back");
+        assert_eq!(read(&consumer, 2), [(0, 3), (0, 4)]);
+        assert!(consumer.poll(Duration::from_millis(500)).is_none());
+        // At a stop nothing moves: the next start reads from the committed offsets.
+        shutdown.trigger();
+        seek_to_committed(&consumer, &[], &mut backoff).expect("nothing to do");
+        assert!(consumer.poll(Duration::from_millis(500)).is_none());
     }
 }

@@ -274,7 +274,7 @@ impl IngestBatch<'_> {
                 if !transaction.commit(outbox, consumer, &self.offsets, &mut backoff)? {
                     warn!(records, "otlp ingest batch dropped: the group moved on; reading it again from the committed offsets");
                     outbox.clear();
-                    seek_to_committed(consumer, &mut backoff)?;
+                    seek_to_committed(consumer, &[], &mut backoff)?;
                     self.offsets = TopicPartitionList::new();
                     self.batch_events = 0;
                     return Ok(());

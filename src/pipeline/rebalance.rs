@@ -61,9 +61,13 @@ impl ConsumerContext for RebalanceHandler {
                     // last committed point.
                     warn!(partitions = ?revoked, "assignment lost; dropping the unstored batch");
                     w.drop_unstored();
-                } else if let Err(e) = w.finish_batch(consumer, Finish::Settle) {
-                    error!(error = %e, "cannot store the batch before the revoke");
-                    w.fatal.get_or_insert(e);
+                } else {
+                    w.revoking.clone_from(&revoked);
+                    if let Err(e) = w.finish_batch(consumer, Finish::Settle) {
+                        error!(error = %e, "cannot store the batch before the revoke");
+                        w.fatal.get_or_insert(e);
+                    }
+                    w.revoking.clear();
                 }
                 w.release(&revoked);
                 info!(partitions = ?revoked, "partitions revoked");

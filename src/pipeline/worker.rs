@@ -55,6 +55,8 @@ pub struct Worker {
     pub(super) stats: RunStats,
     /// A fatal error raised inside a rebalance callback, for the poll loop to return.
     pub(super) fatal: Option<PipelineError>,
+    /// The partitions a revoke is taking away while their batch is finished.
+    pub(super) revoking: Vec<i32>,
     pub(super) telemetry: Arc<Telemetry>,
     pub(super) scratch: Vec<Output>,
     /// For each output in `scratch`, where the event that produced it came from.
@@ -102,6 +104,7 @@ impl Worker {
             shutdown: shutdown.clone(),
             stats: RunStats::default(),
             fatal: None,
+            revoking: Vec::new(),
             telemetry,
             scratch: Vec::new(),
             scratch_sources: Vec::new(),
@@ -420,7 +423,8 @@ impl Worker {
         self.polled.clear();
         self.partitions.clear();
         self.outbox.forget_changelog_positions();
-        seek_to_committed(consumer, &mut Backoff::new(self.settings(), &self.shutdown))
+        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
+        seek_to_committed(consumer, &self.revoking, &mut backoff)
     }
 
     /// Puts everything stored so far on disk (a clean stop: the next start restores
