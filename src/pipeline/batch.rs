@@ -177,7 +177,8 @@ impl Worker {
                 }
             }
             Some(false) => {
-                // The group moved on: the batch is dropped and read again by the new owner.
+                // The group moved on: the batch is dropped and read again from the
+                // committed offsets, by the new owner or (partitions we keep) by us.
                 self.rewind(consumer)?;
             }
             Some(true) => {
