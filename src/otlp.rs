@@ -1337,7 +1337,8 @@ mod tests {
     #[test]
     fn captured_values_are_embedded_only_as_the_event_parser_reads_them() {
         let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-        let with = |args: &str, result: &str| {
+        // A tool span capturing exactly these arguments and result.
+        let capturing = |args: &str, result: &str| {
             let mut t = tool(2, None, 1_500);
             t.attributes.retain(|kv| {
                 kv.key != attr::GEN_AI_TOOL_CALL_ARGUMENTS
@@ -1345,7 +1346,13 @@ mod tests {
             });
             t.attributes.push(s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, args));
             t.attributes.push(s(attr::GEN_AI_TOOL_CALL_RESULT, result));
-            let (ev, _) = events(&Mapper::default(), &request(vec![], vec![t]));
+            t
+        };
+        let with = |args: &str, result: &str| {
+            let (ev, _) = events(
+                &Mapper::default(),
+                &request(vec![], vec![capturing(args, result)]),
+            );
             ev.into_iter().next().unwrap()
         };
         let limit = crate::event::DEFAULT_MAX_NESTING;
@@ -1362,11 +1369,11 @@ mod tests {
             max_nesting: 3,
             ..Mapper::default()
         };
-        let mut t = tool(2, None, 1_500);
-        t.attributes
-            .push(s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, &nested(3)));
         let mut out = Vec::new();
-        shallow.map(&request(vec![], vec![t]), &mut out);
+        shallow.map(
+            &request(vec![], vec![capturing(&nested(3), "ok")]),
+            &mut out,
+        );
         let limits = ParseLimits {
             max_nesting: 3,
             ..ParseLimits::default()
