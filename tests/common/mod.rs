@@ -399,9 +399,7 @@ pub fn read_topic(
     limit: Duration,
     quiet: Duration,
 ) -> Vec<OwnedMessage> {
-    drain(&reader(brokers, &[topic]), topic, limit, quiet, |out| {
-        out.len() >= min
-    })
+    read_topic_until(brokers, topic, limit, quiet, |out| out.len() >= min)
 }
 
 /// Every message of `topic` (all partitions, from the start) once `done` holds for what
