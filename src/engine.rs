@@ -504,11 +504,11 @@ impl Engine {
                 d.insert(id.to_string());
             }
         }
+        let deadline = now.saturating_add(gap);
         let slot = match self.sessions.entry_ref(id) {
             EntryRef::Occupied(found) => found.into_mut(),
             EntryRef::Vacant(unknown) => {
                 let (key, policy) = self.work.policy_of(event);
-                let deadline = now.saturating_add(gap);
                 self.expiry.push(Reverse((deadline, id.to_string())));
                 self.counters.sessions_opened += 1;
                 unknown.insert(Slot {
@@ -520,10 +520,9 @@ impl Engine {
             }
         };
         // Reschedule lazily: only when the deadline moved by more than an eighth of the gap.
-        let new_deadline = now.saturating_add(gap);
-        if new_deadline > slot.scheduled.saturating_add(gap / 8) {
-            slot.scheduled = new_deadline;
-            self.expiry.push(Reverse((new_deadline, id.to_string())));
+        if deadline > slot.scheduled.saturating_add(gap / 8) {
+            slot.scheduled = deadline;
+            self.expiry.push(Reverse((deadline, id.to_string())));
         }
         if slot.state.is_duplicate(hash_id(&event.event_id)) {
             self.counters.duplicates += 1;
