@@ -9,7 +9,7 @@
 //! order); exactly once, a batch's findings, changelog records and offsets are one
 //! transaction.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::TopicPartitionList;
@@ -134,14 +134,8 @@ impl Worker {
         let (changes, offsets) = self.take_changes();
         let polled = std::mem::take(&mut self.polled);
         let telemetry = self.telemetry.clone();
-        let stage = |name: &str, took: Duration| {
-            telemetry
-                .metrics
-                .batch_stages
-                .with_label_values(&[name])
-                .observe(took.as_secs_f64())
-        };
-        stage("apply", std::mem::take(&mut self.applying));
+        let metrics = &telemetry.metrics;
+        metrics.observe_stage("apply", std::mem::take(&mut self.applying));
         let this = Unacked {
             changes,
             offsets,
@@ -182,7 +176,7 @@ impl Worker {
                 self.rewind(consumer)?;
             }
             Some(true) => {
-                stage("deliver", this.sent.elapsed());
+                metrics.observe_stage("deliver", this.sent.elapsed());
                 self.delivered(&this);
                 let positions = self.outbox.take_changelog_positions();
                 self.store_and_commit((this, positions), consumer, mode)?;
@@ -220,9 +214,7 @@ impl Worker {
         }
         self.telemetry
             .metrics
-            .batch_stages
-            .with_label_values(&["deliver"])
-            .observe(waited.elapsed().as_secs_f64());
+            .observe_stage("deliver", waited.elapsed());
         self.delivered(&unacked);
         let positions = self.outbox.take_changelog_positions();
         Ok(Some((unacked, positions)))
@@ -247,18 +239,12 @@ impl Worker {
     ) -> Result<(), PipelineError> {
         let telemetry = self.telemetry.clone();
         let metrics = &telemetry.metrics;
-        let stage = |name: &str, took: Duration| {
-            metrics
-                .batch_stages
-                .with_label_values(&[name])
-                .observe(took.as_secs_f64())
-        };
         let started = Instant::now();
         let stored_any = !batch.changes.is_empty();
         self.store(batch.changes, positions)?;
         let stored = Instant::now();
         if stored_any {
-            stage("store", stored - started);
+            metrics.observe_stage("store", stored - started);
             metrics
                 .flush_duration
                 .observe((stored - started).as_secs_f64());
@@ -271,7 +257,7 @@ impl Worker {
                 warn!(error = %e, "offset commit failed; the stored offsets still hold");
             }
             let took = stored.elapsed();
-            stage("commit", took);
+            metrics.observe_stage("commit", took);
             metrics.commit_duration.observe(took.as_secs_f64());
         }
         let done = Instant::now();

@@ -412,9 +412,7 @@ fn consume(
         if let Some(first_polled) = polled.started {
             w.telemetry
                 .metrics
-                .batch_stages
-                .with_label_values(&["wait"])
-                .observe(first_polled.elapsed().as_secs_f64());
+                .observe_stage("wait", first_polled.elapsed());
         }
         let lag = w.lag(consumer);
         wait = if polled.timed_out && lag > polled.messages as i64 {

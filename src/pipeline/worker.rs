@@ -142,7 +142,6 @@ impl Worker {
     /// events as applied, so their findings must be on the bus too (published twice at
     /// worst, with one `event_id`). What was not sent yet is dropped.
     pub(super) fn drop_unstored(&mut self) {
-        self.unacked = None;
         if self.outbox.has_sent() {
             let mut backoff = Backoff::new(self.settings(), &self.shutdown);
             if let Err(DeadlinePassed) = self.outbox.settle(&mut backoff) {
@@ -152,12 +151,19 @@ impl Worker {
                 );
             }
         }
-        self.outbox.clear();
-        self.outbox.forget_changelog_positions();
-        self.polled.clear();
+        self.forget_batch();
         for p in self.partitions.values_mut() {
             p.held.clear();
         }
+    }
+
+    /// Forgets the batch in hand: its records, its changelog positions and its latency
+    /// marks (nothing of it will be stored or committed).
+    fn forget_batch(&mut self) {
+        self.unacked = None;
+        self.outbox.clear();
+        self.outbox.forget_changelog_positions();
+        self.polled.clear();
     }
 
     /// Lets revoked partitions go (their batch already finished or dropped).
@@ -177,8 +183,7 @@ impl Worker {
 
     /// Drops all in-memory partitions (after a fatal error: nothing more is stored).
     pub(super) fn abandon(&mut self) {
-        self.unacked = None;
-        self.outbox.clear();
+        self.forget_batch();
         self.partitions.clear();
     }
 
@@ -419,10 +424,8 @@ impl Worker {
         consumer: &BaseConsumer<RebalanceHandler>,
     ) -> Result<(), PipelineError> {
         warn!(partitions = ?self.partitions.keys().collect::<Vec<_>>(), "consumer group moved on during the transaction; dropping the batch and reading it again");
-        self.outbox.clear();
-        self.polled.clear();
+        self.forget_batch();
         self.partitions.clear();
-        self.outbox.forget_changelog_positions();
         let mut backoff = Backoff::new(self.settings(), &self.shutdown);
         seek_to_committed(consumer, &self.revoking, &mut backoff)
     }

@@ -108,6 +108,13 @@ impl Metrics {
         Metrics::with_owner_series_limit(DEFAULT_OWNER_SERIES_LIMIT)
     }
 
+    /// Observes how long a batch spent in `stage` (see [`Metrics::batch_stages`]).
+    pub fn observe_stage(&self, stage: &str, took: std::time::Duration) {
+        self.batch_stages
+            .with_label_values(&[stage])
+            .observe(took.as_secs_f64());
+    }
+
     /// Metrics whose per-owner family holds at most `owner_series_limit` owners.
     pub fn with_owner_series_limit(owner_series_limit: usize) -> Metrics {
         let m = Metrics {
