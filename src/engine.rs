@@ -557,18 +557,19 @@ fn apply(
     out: &mut Vec<Output>,
 ) {
     let st = &mut slot.state;
-    st.note_identity(
-        event.run_id.as_deref(),
-        event.agent_id.as_deref(),
-        event.tenant.as_deref(),
-    );
+    let relabelled = st.note_labels(event.agent_id.as_deref(), event.tenant.as_deref());
+    st.note_run(event.run_id.as_deref());
     if let Some(d) = event.depth {
         st.stats.max_depth = Some(st.stats.max_depth.map_or(d, |m| m.max(d)));
     }
-    let key = policy_key(st.tenant.as_deref(), st.agent_id.as_deref());
-    if key != slot.policy_key {
-        slot.policy = work.policy(key, st.tenant.as_deref(), st.agent_id.as_deref());
-        slot.policy_key = key;
+    // The policy follows the labels as stored (capped): resolved again only when they
+    // changed (a session's first labelled event, or a relabelling).
+    if relabelled {
+        let key = policy_key(st.tenant.as_deref(), st.agent_id.as_deref());
+        if key != slot.policy_key {
+            slot.policy = work.policy(key, st.tenant.as_deref(), st.agent_id.as_deref());
+            slot.policy_key = key;
+        }
     }
     // The event's context for the detectors, and the tool override's policy if any.
     let (ctx, tool_policy) = match &event.body {

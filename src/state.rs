@@ -385,16 +385,32 @@ impl SessionState {
         agent_id: Option<&str>,
         tenant: Option<&str>,
     ) -> bool {
+        self.note_labels(agent_id, tenant);
+        self.note_run(run_id)
+    }
+
+    /// Records the agent and tenant an event names; true when either label was set anew
+    /// (so the session's policy may have changed).
+    pub fn note_labels(&mut self, agent_id: Option<&str>, tenant: Option<&str>) -> bool {
+        let mut relabelled = false;
         if let Some(a) = agent_id {
             if self.agent_id.as_deref() != Some(a) {
                 self.agent_id = Some(cap_label(a));
+                relabelled = true;
             }
         }
         if let Some(t) = tenant {
             if self.tenant.as_deref() != Some(t) {
                 self.tenant = Some(cap_label(t));
+                relabelled = true;
             }
         }
+        relabelled
+    }
+
+    /// Records the `run_id` an event names; true when it starts a new run (see
+    /// [`SessionState::note_identity`]).
+    pub fn note_run(&mut self, run_id: Option<&str>) -> bool {
         let Some(run) = run_id else { return false };
         if self.run_id.as_deref() == Some(run) {
             return false;
@@ -589,17 +605,7 @@ impl SessionState {
         facts.action_count = action_count;
         facts.subject_count = subject_count;
         facts.recent_len = recent_len as u32;
-        facts.recent_distinct = {
-            let slice = &mut recent[..recent_len];
-            slice.sort_unstable();
-            let mut distinct = 0;
-            for i in 0..slice.len() {
-                if i == 0 || slice[i] != slice[i - 1] {
-                    distinct += 1;
-                }
-            }
-            distinct
-        };
+        facts.recent_distinct = distinct_pairs(&recent[..recent_len]);
 
         // Streaks against the previous call.
         let last = r.window.back().copied();
@@ -839,9 +845,32 @@ impl SessionState {
     }
 }
 
+/// How many distinct pairs `pairs` holds. The window is short (`low_novelty` looks at 8
+/// calls by default): comparing each pair with the ones before it costs less than sorting
+/// a copy, up to the window's 30.
+fn distinct_pairs(pairs: &[(u64, u64)]) -> u32 {
+    let mut distinct = 0;
+    for (i, p) in pairs.iter().enumerate() {
+        distinct += u32::from(!pairs[..i].contains(p));
+    }
+    distinct
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The count without sorting is the number of distinct pairs (as a set counts
+        /// them), for windows up to the longest with few values (so pairs recur).
+        #[test]
+        fn distinct_pairs_counts_a_set(
+            pairs in proptest::collection::vec((0u64..4, 0u64..3), 0..=WINDOW_CALLS)
+        ) {
+            let set: std::collections::BTreeSet<_> = pairs.iter().collect();
+            proptest::prop_assert_eq!(distinct_pairs(&pairs) as usize, set.len());
+        }
+    }
 
     fn tool(action: u64, result: u64) -> ToolObservation {
         ToolObservation {
