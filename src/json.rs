@@ -58,7 +58,7 @@ const HI: u64 = 0x8080_8080_8080_8080;
 
 /// The high bit of each byte of `x` equal to `b` (exact for the lowest such byte).
 #[inline]
-fn bytes_equal(x: u64, b: u8) -> u64 {
+pub(crate) fn bytes_equal(x: u64, b: u8) -> u64 {
     let v = x ^ (b as u64 * LO);
     v.wrapping_sub(LO) & !v & HI
 }

@@ -293,6 +293,71 @@ fn word_gram_may_recur(s: &[u8], chunk: usize, times: u32, table: &mut Vec<u8>) 
     longest_run >= reach && some_gram_may_recur(s, times, table)
 }
 
+/// [`word_gram_may_recur`] over a whole text before its prose is picked out, so that a
+/// text that cannot chant costs neither the copy of its prose nor a second count. Each
+/// gram is cut after its first line break (a missing last one read as there): a prose
+/// line is a line of the text followed by a line break, so every gram the prose count
+/// would find at a word start is found here too, at the same word start in the text
+/// (one byte after whitespace there as well), with the same bytes. Counts here are at
+/// least the prose's, and the text's longest run without whitespace at least the
+/// prose's: "no" stays certain. Needs `chunk >= 9` (a gram of eight whole bytes fits
+/// inside the window after its whitespace).
+fn line_gram_may_recur(text: &[u8], chunk: usize, times: u32, table: &mut Vec<u8>) -> bool {
+    debug_assert!(chunk >= 9);
+    let reach = chunk - 8;
+    let bits = bucket_bits(text.len() / 4);
+    table.clear();
+    table.resize(1 << bits, 0);
+    let limit = times.min(255) as u8;
+    let mut prev_space: Option<usize> = None;
+    let mut longest_run = 0usize;
+    let mut pad = [0; BLOCK];
+    let mut at = 0;
+    while at < text.len() {
+        let block = Block::at(text, at, &mut pad);
+        let mut ws = whitespace(block.bytes) & block.valid;
+        while ws != 0 {
+            let space = at + ws.trailing_zeros() as usize;
+            longest_run = longest_run.max(space - prev_space.map_or(0, |p| p + 1));
+            prev_space = Some(space);
+            if count_gram(table, bits, line_gram(text, space + 1), limit) {
+                return true;
+            }
+            ws &= ws - 1;
+        }
+        at += BLOCK;
+    }
+    longest_run = longest_run.max(text.len() - prev_space.map_or(0, |p| p + 1));
+    longest_run >= reach
+}
+
+/// The (up to) eight bytes of `s` from `at` (at most `s.len()`), cut after the first line
+/// break, the end of the text reading as one; zeros past the cut.
+#[inline]
+fn line_gram(s: &[u8], at: usize) -> u64 {
+    let w = match s.get(at..at + 8) {
+        Some(word) => u64::from_le_bytes(word.try_into().expect("eight bytes")),
+        None => {
+            let rest = &s[at..];
+            let mut buf = [0u8; 8];
+            buf[..rest.len()].copy_from_slice(rest);
+            buf[rest.len()] = b'\n'; // rest is shorter than eight bytes
+            u64::from_le_bytes(buf)
+        }
+    };
+    let breaks = crate::json::bytes_equal(w, b'\n');
+    if breaks == 0 {
+        return w;
+    }
+    // Keep the bytes up to the first break (its high bit marks it), zero the rest.
+    let keep = (breaks.trailing_zeros() + 1) as u64; // bits up to the break's high bit
+    if keep >= 64 {
+        w
+    } else {
+        w & ((1u64 << keep) - 1)
+    }
+}
+
 fn bucket_bits(n: usize) -> u32 {
     n.next_power_of_two().clamp(256, 8192).trailing_zeros()
 }
@@ -384,6 +449,9 @@ pub fn find_chant(
         slots,
         generation,
     } = scratch;
+    if chunk >= 9 && !line_gram_may_recur(text.as_bytes(), chunk, min_repeats, grams) {
+        return None;
+    }
     prose(text, filtered);
     let s = filtered.as_slice();
     if s.len() < chunk + min_repeats as usize - 1 || s.len() > u32::MAX as usize / 2 {
@@ -659,6 +727,48 @@ mod tests {
             }
         }
 
+        /// The count over the whole text rules out only texts whose prose the exact
+        /// search finds no chant in, whatever lines the prose leaves out between the
+        /// repeats (so that the prose joins lines the text keeps apart).
+        #[test]
+        fn line_grams_never_rule_out_a_chant_in_the_prose(
+            unit in "[ab \n]{1,12}[a-z]{0,12}",
+            markers in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just("|"),
+                    proptest::strategy::Just("#"),
+                    proptest::strategy::Just(">"),
+                    proptest::strategy::Just("-"),
+                    proptest::strategy::Just("```\n```"),
+                ],
+                0..4,
+            ),
+            repeats in 2usize..14,
+            chunk in 9usize..40,
+            min_repeats in 2u32..12,
+            ends_with_break in proptest::bool::ANY,
+        ) {
+            // Each repeat followed by layout lines of its own (numbered): the prose joins
+            // the repeats, the text keeps them apart with different bytes each time.
+            let mut text = String::new();
+            for i in 0..repeats {
+                text.push_str(&unit);
+                for m in &markers {
+                    text.push_str(&format!("\n{m} {i}"));
+                }
+                text.push('\n');
+            }
+            if !ends_with_break {
+                text.pop();
+            }
+            let mut prose_bytes = Vec::new();
+            prose(&text, &mut prose_bytes);
+            let exact = find_chant_exact(&prose_bytes, chunk, min_repeats, 10_000, &mut ChantScratch::default());
+            if exact.is_some() {
+                proptest::prop_assert!(line_gram_may_recur(text.as_bytes(), chunk, min_repeats, &mut Vec::new()));
+            }
+        }
+
         /// A chanted word glued to a different prefix each time: no word-start gram
         /// repeats, only the long runs without whitespace give it away.
         #[test]
@@ -685,6 +795,16 @@ mod tests {
                 proptest::prop_assert!(word_gram_may_recur(s, chunk, min_repeats, &mut Vec::new()));
             }
         }
+    }
+
+    #[test]
+    fn line_grams_end_at_the_first_line_break_or_the_text() {
+        let g = |s: &str, at: usize| line_gram(s.as_bytes(), at).to_le_bytes();
+        assert_eq!(&g("abcdefghij", 1), b"bcdefghi");
+        assert_eq!(&g("ab\ncdefghij", 0), b"ab\n\0\0\0\0\0");
+        assert_eq!(&g("abcdefg\nhij", 0), b"abcdefg\n");
+        assert_eq!(&g("xyz", 1), b"yz\n\0\0\0\0\0");
+        assert_eq!(&g("xyz", 3), b"\n\0\0\0\0\0\0\0");
     }
 
     #[test]
