@@ -28,7 +28,7 @@ use crate::output::{
 use crate::policy::{Level, Mode, Policy};
 use crate::state::{SessionState, ToolObservation};
 use crate::store::{StateStore, StoreBatch, StoreError};
-use crate::text::{find_chant, Chant, ChantScratch, TextSketch};
+use crate::text::{turn_features, Chant, ChantScratch, TextSketch};
 
 /// Where an event came from, for `trigger` and for the event-time fallback.
 #[derive(Debug, Clone, Default)]
@@ -225,10 +225,10 @@ impl Work {
         };
         self.text.clear();
         json::unescape_into(content, &mut self.text);
-        let sketch = is_turn.then(|| TextSketch::of(&self.text));
         let rt = &policy.detectors.repetitive_text;
-        let chant = find_chant(
+        let (sketch, chant) = turn_features(
             &self.text,
+            is_turn,
             rt.chunk_chars.get(),
             rt.min_repeats.get() as u32,
             rt.max_avg_spacing_chars,

@@ -267,14 +267,28 @@ impl ShapeState {
 /// [`token_hash`] of each. The tokens are found a block at a time (where a run of
 /// non-whitespace bytes starts and ends), then each is hashed straight from the text.
 #[inline]
-pub fn each_token_hash(text: &[u8], mut f: impl FnMut(u32)) {
+pub fn each_token_hash(text: &[u8], f: impl FnMut(u32)) {
+    each_token_hash_and_space(text, f, |_, _| {});
+}
+
+/// [`each_token_hash`], and each block's whitespace on the way: `spaces(at, mask)` with
+/// bit `i` of `mask` set when `text[at + i]` is ASCII whitespace (once per 64 bytes, in
+/// order), so that a second feature of the text needs no pass of its own.
+#[inline]
+pub fn each_token_hash_and_space(
+    text: &[u8],
+    mut f: impl FnMut(u32),
+    mut spaces: impl FnMut(usize, u64),
+) {
     let mut pad = [0; BLOCK];
     // Where the token that runs on into the next block started.
     let mut open: Option<usize> = None;
     let mut at = 0;
     while at < text.len() {
         let block = Block::at(text, at, &mut pad);
-        let inside = !whitespace(block.bytes) & block.valid;
+        let ws = whitespace(block.bytes) & block.valid;
+        spaces(at, ws);
+        let inside = !ws & block.valid;
         let before = (inside << 1) | u64::from(open.is_some());
         // Starts and ends alternate: a token ends at the first byte that is not in it.
         let mut starts = inside & !before;

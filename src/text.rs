@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::classes::{whitespace, Block, BLOCK};
-use crate::hash::each_token_hash;
+use crate::hash::{each_token_hash, each_token_hash_and_space};
 
 /// Token hashes kept per sketch.
 pub const SKETCH_K: usize = 16;
@@ -150,21 +150,36 @@ impl<'de> Deserialize<'de> for Mins {
     }
 }
 
+/// A sketch being built, token by token.
+#[derive(Default)]
+struct Sketching {
+    mins: Mins,
+    overflowed: bool,
+}
+
+impl Sketching {
+    #[inline]
+    fn token(&mut self, h: u32) {
+        if self.mins.len as usize == SKETCH_K && h > self.mins.vals[SKETCH_K - 1] {
+            self.overflowed = true;
+            return;
+        }
+        self.overflowed |= self.mins.insert(h);
+    }
+
+    fn finish(self) -> TextSketch {
+        TextSketch {
+            mins: self.mins,
+            complete: !self.overflowed,
+        }
+    }
+}
+
 impl TextSketch {
     pub fn of(text: &str) -> TextSketch {
-        let mut mins = Mins::default();
-        let mut overflowed = false;
-        each_token_hash(text.as_bytes(), |h| {
-            if mins.len as usize == SKETCH_K && h > mins.vals[SKETCH_K - 1] {
-                overflowed = true;
-                return;
-            }
-            overflowed |= mins.insert(h);
-        });
-        TextSketch {
-            mins,
-            complete: !overflowed,
-        }
+        let mut sketch = Sketching::default();
+        each_token_hash(text.as_bytes(), |h| sketch.token(h));
+        sketch.finish()
     }
 
     /// The smallest distinct token hashes, ascending.
@@ -303,32 +318,76 @@ fn word_gram_may_recur(s: &[u8], chunk: usize, times: u32, table: &mut Vec<u8>) 
 /// prose's: "no" stays certain. Needs `chunk >= 9` (a gram of eight whole bytes fits
 /// inside the window after its whitespace).
 fn line_gram_may_recur(text: &[u8], chunk: usize, times: u32, table: &mut Vec<u8>) -> bool {
-    debug_assert!(chunk >= 9);
-    let reach = chunk - 8;
-    let bits = bucket_bits(text.len() / 4);
-    table.clear();
-    table.resize(1 << bits, 0);
-    let limit = times.min(255) as u8;
-    let mut prev_space: Option<usize> = None;
-    let mut longest_run = 0usize;
+    let mut count = LineGrams::new(text, chunk, times, table);
     let mut pad = [0; BLOCK];
     let mut at = 0;
-    while at < text.len() {
+    while at < text.len() && !count.found {
         let block = Block::at(text, at, &mut pad);
-        let mut ws = whitespace(block.bytes) & block.valid;
+        count.spaces(at, whitespace(block.bytes) & block.valid);
+        at += BLOCK;
+    }
+    count.may_recur()
+}
+
+/// The count of [`line_gram_may_recur`], fed a block's whitespace at a time.
+struct LineGrams<'a> {
+    text: &'a [u8],
+    table: &'a mut Vec<u8>,
+    bits: u32,
+    limit: u8,
+    reach: usize,
+    prev_space: Option<usize>,
+    longest_run: usize,
+    /// Some gram's bucket reached the limit (counting stops).
+    found: bool,
+}
+
+impl<'a> LineGrams<'a> {
+    fn new(text: &'a [u8], chunk: usize, times: u32, table: &'a mut Vec<u8>) -> LineGrams<'a> {
+        debug_assert!(chunk >= 9);
+        let bits = bucket_bits(text.len() / 4);
+        table.clear();
+        table.resize(1 << bits, 0);
+        LineGrams {
+            text,
+            table,
+            bits,
+            limit: times.min(255) as u8,
+            reach: chunk - 8,
+            prev_space: None,
+            longest_run: 0,
+            found: false,
+        }
+    }
+
+    /// The whitespace of the 64 bytes at `at` (bit `i`: `text[at + i]`).
+    #[inline]
+    fn spaces(&mut self, at: usize, mut ws: u64) {
+        if self.found {
+            return;
+        }
         while ws != 0 {
             let space = at + ws.trailing_zeros() as usize;
-            longest_run = longest_run.max(space - prev_space.map_or(0, |p| p + 1));
-            prev_space = Some(space);
-            if count_gram(table, bits, line_gram(text, space + 1), limit) {
-                return true;
+            let run = space - self.prev_space.map_or(0, |p| p + 1);
+            self.longest_run = self.longest_run.max(run);
+            self.prev_space = Some(space);
+            if count_gram(
+                self.table,
+                self.bits,
+                line_gram(self.text, space + 1),
+                self.limit,
+            ) {
+                self.found = true;
+                return;
             }
             ws &= ws - 1;
         }
-        at += BLOCK;
     }
-    longest_run = longest_run.max(text.len() - prev_space.map_or(0, |p| p + 1));
-    longest_run >= reach
+
+    fn may_recur(&self) -> bool {
+        let tail = self.text.len() - self.prev_space.map_or(0, |p| p + 1);
+        self.found || self.longest_run.max(tail) >= self.reach
+    }
 }
 
 /// The (up to) eight bytes of `s` from `at` (at most `s.len()`), cut after the first line
@@ -442,6 +501,53 @@ pub fn find_chant(
     if text.len() < chunk + min_repeats as usize - 1 || chunk == 0 {
         return None;
     }
+    if chunk >= 9 && !line_gram_may_recur(text.as_bytes(), chunk, min_repeats, &mut scratch.grams) {
+        return None;
+    }
+    chant_in_prose(text, chunk, min_repeats, max_spacing, scratch)
+}
+
+/// A turn's text features in one pass over it: its sketch (when `sketch`) and whether it
+/// chants ([`find_chant`] with `chunk`, `min_repeats`, `max_spacing`), the word-start
+/// grams counted off the same blocks the tokens are found in.
+pub fn turn_features(
+    text: &str,
+    sketch: bool,
+    chunk: usize,
+    min_repeats: u32,
+    max_spacing: usize,
+    scratch: &mut ChantScratch,
+) -> (Option<TextSketch>, Option<Chant>) {
+    let may_chant = text.len() >= chunk + min_repeats.max(2) as usize - 1 && chunk != 0;
+    if !(sketch && may_chant && chunk >= 9) {
+        let s = sketch.then(|| TextSketch::of(text));
+        return (
+            s,
+            find_chant(text, chunk, min_repeats, max_spacing, scratch),
+        );
+    }
+    let bytes = text.as_bytes();
+    let mut sketching = Sketching::default();
+    let mut grams = LineGrams::new(bytes, chunk, min_repeats.max(2), &mut scratch.grams);
+    each_token_hash_and_space(bytes, |h| sketching.token(h), |at, ws| grams.spaces(at, ws));
+    let chant = if grams.may_recur() {
+        chant_in_prose(text, chunk, min_repeats, max_spacing, scratch)
+    } else {
+        None
+    };
+    (Some(sketching.finish()), chant)
+}
+
+/// [`find_chant`] past the count over the whole text: the prose picked out, counted again
+/// and searched.
+fn chant_in_prose(
+    text: &str,
+    chunk: usize,
+    min_repeats: u32,
+    max_spacing: usize,
+    scratch: &mut ChantScratch,
+) -> Option<Chant> {
+    let min_repeats = min_repeats.max(2);
     let ChantScratch {
         filtered,
         grams,
@@ -449,9 +555,6 @@ pub fn find_chant(
         slots,
         generation,
     } = scratch;
-    if chunk >= 9 && !line_gram_may_recur(text.as_bytes(), chunk, min_repeats, grams) {
-        return None;
-    }
     prose(text, filtered);
     let s = filtered.as_slice();
     if s.len() < chunk + min_repeats as usize - 1 || s.len() > u32::MAX as usize / 2 {
@@ -794,6 +897,24 @@ mod tests {
             if exact.is_some() {
                 proptest::prop_assert!(word_gram_may_recur(s, chunk, min_repeats, &mut Vec::new()));
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// The one pass gives what the sketch and the chant search give on their own.
+        #[test]
+        fn turn_features_are_the_sketch_and_the_chant(
+            unit in "[a-c \n]{1,20}[a-z]{0,30}",
+            filler in "[a-c \n|#-]{0,30}",
+            repeats in 1usize..16,
+            chunk in 0usize..60,
+            min_repeats in 0u32..12,
+            sketch in proptest::bool::ANY,
+        ) {
+            let text = format!("{filler}{}", format!("{unit}{filler}").repeat(repeats));
+            let (s, c) = turn_features(&text, sketch, chunk, min_repeats, 250, &mut ChantScratch::default());
+            proptest::prop_assert_eq!(s, sketch.then(|| TextSketch::of(&text)));
+            proptest::prop_assert_eq!(c, find_chant(&text, chunk, min_repeats, 250, &mut ChantScratch::default()));
         }
     }
 
