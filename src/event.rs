@@ -394,9 +394,11 @@ pub fn parse_event<'a>(bytes: &'a [u8], limits: &ParseLimits) -> Result<Event<'a
             limit: limits.max_event_bytes,
         });
     }
-    let text = match std::str::from_utf8(bytes) {
+    // SIMD validation for the common case; std's only to say where a bad byte is.
+    let text = match simdutf8::basic::from_utf8(bytes).map_err(|_| std::str::from_utf8(bytes)) {
         Ok(t) => t,
-        Err(e) => {
+        Err(Ok(t)) => t, // unreachable: both validate UTF-8; std's answer stands
+        Err(Err(e)) => {
             return Err(BadEvent::InvalidUtf8 {
                 offset: e.valid_up_to(),
             })
@@ -933,6 +935,23 @@ mod tests {
             }
             other => panic!("unexpected body {other:?}"),
         }
+    }
+
+    #[test]
+    fn invalid_utf8_is_reported_where_it_starts() {
+        let mut line = br#"{"type":"session.started","session_id":"s","x":"caf"#.to_vec();
+        let at = line.len();
+        line.extend_from_slice(b"\xc3(\"}"); // a lead byte without its continuation
+        match parse_event(&line, &ParseLimits::default()) {
+            Err(e @ BadEvent::InvalidUtf8 { .. }) => {
+                assert_eq!(e, BadEvent::InvalidUtf8 { offset: at });
+                assert_eq!(e.reason(), "invalid_utf8");
+            }
+            other => panic!("expected invalid UTF-8, got {other:?}"),
+        }
+        // The same text with a whole two-byte character parses.
+        line[at + 1] = 0xa9;
+        assert!(parse_event(&line, &ParseLimits::default()).is_ok());
     }
 
     #[test]
