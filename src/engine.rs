@@ -28,7 +28,7 @@ use crate::output::{
 use crate::policy::{Level, Mode, Policy};
 use crate::state::{SessionState, ToolObservation};
 use crate::store::{StateStore, StoreBatch, StoreError};
-use crate::text::{turn_features, Chant, ChantScratch, TextSketch};
+use crate::text::{turn_features, Chant, ChantRule, ChantScratch, TextSketch};
 
 /// Where an event came from, for `trigger` and for the event-time fallback.
 #[derive(Debug, Clone, Default)]
@@ -226,14 +226,12 @@ impl Work {
         self.text.clear();
         json::unescape_into(content, &mut self.text);
         let rt = &policy.detectors.repetitive_text;
-        let (sketch, chant) = turn_features(
-            &self.text,
-            is_turn,
-            rt.chunk_chars.get(),
-            rt.min_repeats.get() as u32,
-            rt.max_avg_spacing_chars,
-            &mut self.chant,
-        );
+        let rule = ChantRule {
+            chunk: rt.chunk_chars.get(),
+            min_repeats: rt.min_repeats.get() as u32,
+            max_spacing: rt.max_avg_spacing_chars,
+        };
+        let (sketch, chant) = turn_features(&self.text, is_turn, rule, &mut self.chant);
         (sketch, chant, true)
     }
 

@@ -487,51 +487,60 @@ fn prose(text: &str, out: &mut Vec<u8>) {
     }
 }
 
-/// Looks for a `chunk`-byte window that occurs at least `min_repeats` times with its last
-/// `min_repeats` occurrences at most `max_spacing` bytes apart on average.
-pub fn find_chant(
-    text: &str,
-    chunk: usize,
-    min_repeats: u32,
-    max_spacing: usize,
-    scratch: &mut ChantScratch,
-) -> Option<Chant> {
-    let min_repeats = min_repeats.max(2);
-    // The shortest chanting text: the window plus one byte per further repeat.
-    if text.len() < chunk + min_repeats as usize - 1 || chunk == 0 {
+/// What chanting is: a `chunk`-byte window that occurs at least `min_repeats` times with
+/// its last `min_repeats` occurrences at most `max_spacing` bytes apart on average.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChantRule {
+    pub chunk: usize,
+    pub min_repeats: u32,
+    pub max_spacing: usize,
+}
+
+impl ChantRule {
+    /// Fewer than two occurrences are no repeat.
+    fn min_repeats(&self) -> u32 {
+        self.min_repeats.max(2)
+    }
+
+    /// The shortest text that can chant: the window plus one byte per further repeat.
+    fn fits(&self, len: usize) -> bool {
+        self.chunk != 0 && len >= self.chunk + self.min_repeats() as usize - 1
+    }
+}
+
+/// Looks for a window of `text` that chants by `rule`.
+pub fn find_chant(text: &str, rule: ChantRule, scratch: &mut ChantScratch) -> Option<Chant> {
+    if !rule.fits(text.len()) {
         return None;
     }
-    if chunk >= 9 && !line_gram_may_recur(text.as_bytes(), chunk, min_repeats, &mut scratch.grams) {
+    let grams = &mut scratch.grams;
+    if rule.chunk >= 9
+        && !line_gram_may_recur(text.as_bytes(), rule.chunk, rule.min_repeats(), grams)
+    {
         return None;
     }
-    chant_in_prose(text, chunk, min_repeats, max_spacing, scratch)
+    chant_in_prose(text, rule, scratch)
 }
 
 /// A turn's text features in one pass over it: its sketch (when `sketch`) and whether it
-/// chants ([`find_chant`] with `chunk`, `min_repeats`, `max_spacing`), the word-start
-/// grams counted off the same blocks the tokens are found in.
+/// chants ([`find_chant`]), the word-start grams counted off the same blocks the tokens
+/// are found in.
 pub fn turn_features(
     text: &str,
     sketch: bool,
-    chunk: usize,
-    min_repeats: u32,
-    max_spacing: usize,
+    rule: ChantRule,
     scratch: &mut ChantScratch,
 ) -> (Option<TextSketch>, Option<Chant>) {
-    let may_chant = text.len() >= chunk + min_repeats.max(2) as usize - 1 && chunk != 0;
-    if !(sketch && may_chant && chunk >= 9) {
+    if !(sketch && rule.fits(text.len()) && rule.chunk >= 9) {
         let s = sketch.then(|| TextSketch::of(text));
-        return (
-            s,
-            find_chant(text, chunk, min_repeats, max_spacing, scratch),
-        );
+        return (s, find_chant(text, rule, scratch));
     }
     let bytes = text.as_bytes();
     let mut sketching = Sketching::default();
-    let mut grams = LineGrams::new(bytes, chunk, min_repeats.max(2), &mut scratch.grams);
+    let mut grams = LineGrams::new(bytes, rule.chunk, rule.min_repeats(), &mut scratch.grams);
     each_token_hash_and_space(bytes, |h| sketching.token(h), |at, ws| grams.spaces(at, ws));
     let chant = if grams.may_recur() {
-        chant_in_prose(text, chunk, min_repeats, max_spacing, scratch)
+        chant_in_prose(text, rule, scratch)
     } else {
         None
     };
@@ -540,14 +549,8 @@ pub fn turn_features(
 
 /// [`find_chant`] past the count over the whole text: the prose picked out, counted again
 /// and searched.
-fn chant_in_prose(
-    text: &str,
-    chunk: usize,
-    min_repeats: u32,
-    max_spacing: usize,
-    scratch: &mut ChantScratch,
-) -> Option<Chant> {
-    let min_repeats = min_repeats.max(2);
+fn chant_in_prose(text: &str, rule: ChantRule, scratch: &mut ChantScratch) -> Option<Chant> {
+    let (chunk, min_repeats, max_spacing) = (rule.chunk, rule.min_repeats(), rule.max_spacing);
     let ChantScratch {
         filtered,
         grams,
@@ -557,7 +560,7 @@ fn chant_in_prose(
     } = scratch;
     prose(text, filtered);
     let s = filtered.as_slice();
-    if s.len() < chunk + min_repeats as usize - 1 || s.len() > u32::MAX as usize / 2 {
+    if !rule.fits(s.len()) || s.len() > u32::MAX as usize / 2 {
         return None;
     }
     if chunk >= 8 && !word_gram_may_recur(s, chunk, min_repeats, grams) {
@@ -655,7 +658,12 @@ mod tests {
     use super::*;
 
     fn chant(text: &str) -> Option<Chant> {
-        find_chant(text, 50, 10, 250, &mut ChantScratch::default())
+        let rule = ChantRule {
+            chunk: 50,
+            min_repeats: 10,
+            max_spacing: 250,
+        };
+        find_chant(text, rule, &mut ChantScratch::default())
     }
 
     /// The merge walk written with a branch per case, as the definition.
@@ -912,9 +920,10 @@ mod tests {
             sketch in proptest::bool::ANY,
         ) {
             let text = format!("{filler}{}", format!("{unit}{filler}").repeat(repeats));
-            let (s, c) = turn_features(&text, sketch, chunk, min_repeats, 250, &mut ChantScratch::default());
+            let rule = ChantRule { chunk, min_repeats, max_spacing: 250 };
+            let (s, c) = turn_features(&text, sketch, rule, &mut ChantScratch::default());
             proptest::prop_assert_eq!(s, sketch.then(|| TextSketch::of(&text)));
-            proptest::prop_assert_eq!(c, find_chant(&text, chunk, min_repeats, 250, &mut ChantScratch::default()));
+            proptest::prop_assert_eq!(c, find_chant(&text, rule, &mut ChantScratch::default()));
         }
     }
 
