@@ -394,11 +394,10 @@ pub fn parse_event<'a>(bytes: &'a [u8], limits: &ParseLimits) -> Result<Event<'a
             limit: limits.max_event_bytes,
         });
     }
-    // SIMD validation for the common case; std's only to say where a bad byte is.
-    let text = match simdutf8::basic::from_utf8(bytes).map_err(|_| std::str::from_utf8(bytes)) {
+    // SIMD validation, with std's error (where the first bad byte is).
+    let text = match simdutf8::compat::from_utf8(bytes) {
         Ok(t) => t,
-        Err(Ok(t)) => t, // unreachable: both validate UTF-8; std's answer stands
-        Err(Err(e)) => {
+        Err(e) => {
             return Err(BadEvent::InvalidUtf8 {
                 offset: e.valid_up_to(),
             })

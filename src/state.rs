@@ -375,20 +375,6 @@ impl SessionState {
         Ok(s)
     }
 
-    /// Records identity fields; a new `run_id` resets the loop detectors' state — a
-    /// changed one, or the first one of a session that had sent events without one (a
-    /// runtime that starts naming runs has started a new one). An event without `run_id`
-    /// stays in the current run.
-    pub fn note_identity(
-        &mut self,
-        run_id: Option<&str>,
-        agent_id: Option<&str>,
-        tenant: Option<&str>,
-    ) -> bool {
-        self.note_labels(agent_id, tenant);
-        self.note_run(run_id)
-    }
-
     /// Records the agent and tenant an event names; true when either label was set anew
     /// (so the session's policy may have changed).
     pub fn note_labels(&mut self, agent_id: Option<&str>, tenant: Option<&str>) -> bool {
@@ -408,8 +394,10 @@ impl SessionState {
         relabelled
     }
 
-    /// Records the `run_id` an event names; true when it starts a new run (see
-    /// [`SessionState::note_identity`]).
+    /// Records the `run_id` an event names; true when it starts a new run, which resets
+    /// the loop detectors' state: a changed `run_id`, or the first one of a session that
+    /// had sent events without one (a runtime that starts naming runs has started a new
+    /// one). An event without `run_id` stays in the current run.
     pub fn note_run(&mut self, run_id: Option<&str>) -> bool {
         let Some(run) = run_id else { return false };
         if self.run_id.as_deref() == Some(run) {
@@ -892,7 +880,8 @@ mod tests {
     /// episode with findings, a termination.
     fn stored_state() -> SessionState {
         let mut s = SessionState::new(1_000, 1_000);
-        s.note_identity(Some("run-7"), Some("coder"), Some("acme"));
+        s.note_labels(Some("coder"), Some("acme"));
+        s.note_run(Some("run-7"));
         for i in 0..45u64 {
             let mut obs = tool(i % 9, i * 31 % 11);
             obs.poll = i % 13 == 0;
@@ -994,30 +983,27 @@ mod tests {
     fn a_first_run_id_after_events_without_one_is_a_new_run() {
         let mut s = SessionState::new(0, 0);
         s.touch(0, 0);
-        assert!(
-            !s.note_identity(Some("a"), None, None),
-            "the session's first event"
-        );
+        assert!(!s.note_run(Some("a")), "the session's first event");
         let mut s = SessionState::new(0, 0);
         for _ in 0..2 {
             s.touch(0, 0);
-            s.note_identity(None, None, None);
+            s.note_run(None);
             s.observe_tool("read", tool(1, 1), 8);
         }
         s.touch(0, 0);
-        assert!(s.note_identity(Some("a"), None, None));
+        assert!(s.note_run(Some("a")));
         assert_eq!(s.run.window.len(), 0);
         s.touch(0, 0);
-        assert!(!s.note_identity(None, None, None), "no run_id: same run");
+        assert!(!s.note_run(None), "no run_id: same run");
     }
 
     #[test]
     fn run_change_resets_loop_state_but_not_counters() {
         let mut s = SessionState::new(0, 0);
-        s.note_identity(Some("a"), None, None);
+        s.note_run(Some("a"));
         s.observe_tool("read", tool(1, 1), 8);
         s.observe_tool("read", tool(1, 1), 8);
-        assert!(s.note_identity(Some("b"), None, None));
+        assert!(s.note_run(Some("b")));
         assert_eq!(s.run.window.len(), 0);
         assert_eq!(s.stats.tool_calls, 2);
     }

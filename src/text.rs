@@ -408,13 +408,8 @@ fn line_gram(s: &[u8], at: usize) -> u64 {
     if breaks == 0 {
         return w;
     }
-    // Keep the bytes up to the first break (its high bit marks it), zero the rest.
-    let keep = (breaks.trailing_zeros() + 1) as u64; // bits up to the break's high bit
-    if keep >= 64 {
-        w
-    } else {
-        w & ((1u64 << keep) - 1)
-    }
+    // Keep the bits up to the first break's high bit (which marks it), zero the rest.
+    w & (u64::MAX >> (63 - breaks.trailing_zeros()))
 }
 
 fn bucket_bits(n: usize) -> u32 {
