@@ -13,8 +13,10 @@
 //! threads (a property test holds it).
 //!
 //! The input is read in batches of whole lines on a thread of its own. A batch is parsed
-//! on every core (its events borrow from its bytes) while the batch before it is applied
-//! by the shards; then its clock is computed in one short pass and its outputs merged.
+//! on every core (its events borrow from its bytes, each hashed to its shard) while the
+//! batch before it is applied by the shards and, on the calling thread, the outputs of
+//! the batch before that are merged and handed on; then the parsed batch's clock is
+//! computed in one short pass, the only step the workers wait for.
 //! Memory stays bounded by the batch size and the open sessions, whatever the input's
 //! length.
 
@@ -137,8 +139,15 @@ struct Mark {
     clock: i64,
 }
 
-/// A batch's lines as parsed: an event, a bad line, or nothing (an empty line).
+/// A batch's line as parsed: an event, a bad line, or nothing (an empty line).
 type Parsed<'b> = Option<Result<Event<'b>, BadEvent>>;
+
+/// A batch's line as parsed, and the shard of its event's session (hashed on the
+/// parsing threads, not in the sequential pass).
+struct Line<'b> {
+    parsed: Parsed<'b>,
+    shard: u32,
+}
 
 struct Shard<S> {
     engine: Engine,
@@ -159,12 +168,12 @@ impl<S: Sink> Shard<S> {
         marks.get(i).map_or(u64::MAX, |m| m.line)
     }
 
-    fn run(&mut self, parsed: &[Parsed<'_>], marks: &[Mark], keep: bool) {
+    fn run(&mut self, lines: &[Line<'_>], marks: &[Mark], keep: bool) {
         let meta = EventMeta::default();
         let mine = std::mem::take(&mut self.mine);
         for &k in &mine {
             let mark = &marks[k as usize];
-            let Some(Ok(event)) = &parsed[mark.index as usize] else {
+            let Some(Ok(event)) = &lines[mark.index as usize].parsed else {
                 continue; // marks are made of events only
             };
             self.engine.advance_clock_with_deadlines(
@@ -349,7 +358,7 @@ fn trim_line(line: &[u8]) -> &[u8] {
 
 /// A batch's lines as parsed, borrowing from its bytes.
 struct Lines<'b> {
-    parsed: Vec<Parsed<'b>>,
+    parsed: Vec<Line<'b>>,
 }
 
 self_cell::self_cell!(
@@ -368,7 +377,7 @@ self_cell::self_cell!(
 #[derive(Default)]
 struct Spare {
     lines: Vec<&'static [u8]>,
-    parsed: Vec<Parsed<'static>>,
+    parsed: Vec<Line<'static>>,
 }
 
 /// An empty vector as one of the same type with another lifetime, keeping its
@@ -384,6 +393,7 @@ fn relabel<T, U>(mut v: Vec<T>) -> Vec<U> {
 fn parse_batch(
     batch: Batch,
     limits: &ParseLimits,
+    shards: usize,
     pool: Option<&rayon::ThreadPool>,
     spare: &mut Spare,
 ) -> ParsedBatch {
@@ -400,17 +410,22 @@ fn parse_batch(
             lines.push(&bytes[start..end]);
             start = end;
         }
-        fn parse<'b>(line: &'b [u8], limits: &ParseLimits) -> Parsed<'b> {
+        fn parse<'b>(line: &'b [u8], limits: &ParseLimits, shards: usize) -> Line<'b> {
             let t = trim_line(line);
-            (!t.is_empty()).then(|| parse_event(t, limits))
+            let parsed = (!t.is_empty()).then(|| parse_event(t, limits));
+            let shard = match &parsed {
+                Some(Ok(event)) => shard_of(&event.session_id, shards) as u32,
+                _ => 0,
+            };
+            Line { parsed, shard }
         }
         let mut parsed = relabel(spare_parsed);
         match pool {
             Some(_) => lines
                 .par_iter()
-                .map(|l| parse(l, limits))
+                .map(|l| parse(l, limits, shards))
                 .collect_into_vec(&mut parsed),
-            None => parsed.extend(lines.iter().map(|l| parse(l, limits))),
+            None => parsed.extend(lines.iter().map(|l| parse(l, limits, shards))),
         }
         spare.lines = relabel(lines);
         Lines { parsed }
@@ -485,9 +500,9 @@ pub fn drive<S: Sink>(
         let mut marks: Vec<Mark> = Vec::with_capacity(parsed.len());
         let mut assigned: Vec<Vec<u32>> = vec![Vec::new(); shard_count];
         let mut stop = None;
-        for (i, p) in parsed.iter().enumerate() {
+        for (i, l) in parsed.iter().enumerate() {
             let line = first_line + i as u64;
-            match p {
+            match &l.parsed {
                 None => {}
                 Some(Ok(event)) => {
                     read.events += 1;
@@ -500,7 +515,7 @@ pub fn drive<S: Sink>(
                         (None, None) => 0,
                     };
                     clock = Some(now);
-                    assigned[shard_of(&event.session_id, shard_count)].push(marks.len() as u32);
+                    assigned[l.shard as usize].push(marks.len() as u32);
                     marks.push(Mark {
                         index: i as u32,
                         line,
@@ -534,54 +549,80 @@ pub fn drive<S: Sink>(
         let batch_bytes = options.batch_bytes.max(1);
         scope.spawn(move || read_batches(input, batch_bytes, tx, recycled));
         let mut rx = rx.into_iter();
+        // Three batches in flight: `current` is applied by the shards while `next` is
+        // parsed and, on this thread, the outputs of `applied` (the batch before) are
+        // merged and handed on and its events dropped. Nothing sequential waits for the
+        // workers but the short pass of `prepare`.
         let mut current: Option<Ready> = None;
+        let mut applied: Option<ParsedBatch> = None;
         let mut spare = Spare::default();
         loop {
             let next = rx.next().transpose().map_err(DriveError::Read)?;
             if next.is_none() && current.is_none() {
-                return Ok(());
+                break;
             }
-            // Apply the current batch per shard while the next one is parsed.
-            let apply = |shards: &mut Vec<Shard<S>>, ready: &mut Ready| {
+            let mut parsing = std::mem::take(&mut spare);
+            let mut parsed_next = None;
+            let mut handed_on = Ok(());
+            let parse = |parsed_next: &mut Option<ParsedBatch>| {
+                *parsed_next =
+                    next.map(|b| parse_batch(b, &limits, shard_count, pool.as_ref(), &mut parsing));
+            };
+            let apply = |shards: &mut Vec<Shard<S>>, ready: Option<&mut Ready>| {
+                let Some(ready) = ready else { return };
                 for (shard, mine) in shards.iter_mut().zip(ready.assigned.iter_mut()) {
                     std::mem::swap(&mut shard.mine, mine);
                 }
-                let parsed = &ready.batch.borrow_dependent().parsed;
-                let run = |s: &mut Shard<S>| s.run(parsed, &ready.marks, keep);
+                let lines = &ready.batch.borrow_dependent().parsed;
+                let run = |s: &mut Shard<S>| s.run(lines, &ready.marks, keep);
                 match &pool {
                     Some(_) => shards.par_iter_mut().for_each(run),
                     None => shards.iter_mut().for_each(run),
                 }
             };
-            let parse = |batch: Batch| parse_batch(batch, &limits, pool.as_ref(), &mut spare);
-            let parsed_next = match (&pool, current.as_mut()) {
-                (Some(p), Some(ready)) => {
-                    let shards = &mut shards;
-                    p.install(|| rayon::join(|| next.map(parse), || apply(shards, ready)))
-                        .0
+            let mut finish_applied = |handed_on: &mut Result<(), DriveError>| {
+                if keep {
+                    *handed_on = emit(&mut merged, &mut outputs, &mut on_outputs);
                 }
-                (Some(p), None) => p.install(|| next.map(parse)),
-                (None, Some(ready)) => {
-                    apply(&mut shards, ready);
-                    next.map(parse)
+                if let Some(mut batch) = applied.take() {
+                    batch.with_dependent_mut(|_, lines| {
+                        spare.parsed = relabel(std::mem::take(&mut lines.parsed));
+                    });
+                    let _ = recycle.send(batch.into_owner().buf);
                 }
-                (None, None) => next.map(parse),
             };
+            match &pool {
+                Some(p) => p.in_place_scope(|s| {
+                    s.spawn(|_| parse(&mut parsed_next));
+                    s.spawn(|_| apply(&mut shards, current.as_mut()));
+                    finish_applied(&mut handed_on);
+                }),
+                None => {
+                    apply(&mut shards, current.as_mut());
+                    finish_applied(&mut handed_on);
+                    parse(&mut parsed_next);
+                }
+            }
+            handed_on?;
+            spare.lines = parsing.lines;
             if let Some(done) = current.take() {
                 if keep {
-                    emit(&mut shards, &mut merged, &mut outputs, &mut on_outputs)?;
+                    collect(&mut shards, &mut merged);
                 }
                 if let Some(e) = done.stop {
+                    if keep {
+                        emit(&mut merged, &mut outputs, &mut on_outputs)?;
+                    }
                     return Err(e);
                 }
-                let mut batch = done.batch;
-                batch.with_dependent_mut(|_, lines| {
-                    spare.parsed = relabel(std::mem::take(&mut lines.parsed));
-                });
-                let _ = recycle.send(batch.into_owner().buf);
+                applied = Some(done.batch);
             }
             current = parsed_next.map(|b| prepare(b, errors));
         }
+        if keep {
+            emit(&mut merged, &mut outputs, &mut on_outputs)?;
+        }
+        Ok(())
     })?;
     let finish = |s: &mut Shard<S>| s.end(keep);
     match &pool {
@@ -589,24 +630,100 @@ pub fn drive<S: Sink>(
         None => shards.iter_mut().for_each(finish),
     }
     if keep {
-        emit(&mut shards, &mut merged, &mut outputs, &mut on_outputs)?;
+        collect(&mut shards, &mut merged);
+        emit(&mut merged, &mut outputs, &mut on_outputs)?;
     }
     Ok((read, shards.into_iter().map(|s| s.sink).collect()))
 }
 
-/// Merges the shards' placed outputs in one thread's order and hands them on.
-fn emit<S>(
-    shards: &mut [Shard<S>],
+/// Moves the shards' placed outputs to `merged`.
+fn collect<S>(shards: &mut [Shard<S>], merged: &mut Vec<(Place, Output, String)>) {
+    for s in shards.iter_mut() {
+        merged.append(&mut s.placed);
+    }
+}
+
+/// Puts the collected outputs in one thread's order and hands them on.
+fn emit(
     merged: &mut Vec<(Place, Output, String)>,
     outputs: &mut Vec<(Output, String)>,
     on_outputs: &mut impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
 ) -> Result<(), DriveError> {
-    for s in shards.iter_mut() {
-        merged.append(&mut s.placed);
+    if merged.is_empty() {
+        return Ok(());
     }
     merged.sort_by(compare);
     outputs.extend(merged.drain(..).map(|(_, o, json)| (o, json)));
     on_outputs(outputs)?;
     outputs.clear();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::{replay, Format, ReplayOptions};
+
+    /// Replays `input` strictly, in batches of about `batch_bytes`: what was written,
+    /// and the error.
+    fn strict_replay(input: &str, threads: usize, batch_bytes: usize) -> (String, String) {
+        let mut out = Vec::new();
+        let err = replay(
+            Arc::new(Config::default()),
+            &mut input.as_bytes(),
+            &mut out,
+            &mut std::io::sink(),
+            Format::Json,
+            ReplayOptions {
+                threads,
+                strict: true,
+                batch_bytes,
+            },
+        )
+        .expect_err("a bad line under --strict");
+        (String::from_utf8(out).unwrap(), err.to_string())
+    }
+
+    #[test]
+    fn strict_stops_after_the_bad_lines_batch_with_its_outputs_on_any_number_of_threads() {
+        let sessions = std::fs::read_to_string("examples/sessions.jsonl").unwrap();
+        let lines: Vec<&str> = sessions.lines().collect();
+        // The bad line well past the first batches, so that batches before it are
+        // applied, handed on and dropped while later ones are parsed.
+        let at = lines.len() * 3 / 4;
+        let mut input = String::new();
+        for (i, line) in lines.iter().enumerate() {
+            if i == at {
+                input.push_str("{oops\n");
+            }
+            input.push_str(line);
+            input.push('\n');
+        }
+        // What the events before the bad line cause, but for the end of input's closes.
+        let mut whole = Vec::new();
+        replay(
+            Arc::new(Config::default()),
+            &mut lines[..at].join("\n").as_bytes(),
+            &mut whole,
+            &mut std::io::sink(),
+            Format::Json,
+            ReplayOptions::default(),
+        )
+        .unwrap();
+        let before: String = String::from_utf8(whole)
+            .unwrap()
+            .lines()
+            .filter(|o| !o.contains(r#""closed_by":"end_of_input""#))
+            .map(|o| format!("{o}\n"))
+            .collect();
+        assert!(before.lines().count() >= 3, "{before}");
+        let (one, err) = strict_replay(&input, 1, 600);
+        assert!(err.contains(&format!("line {}", at + 1)), "{err}");
+        assert_eq!(one, before);
+        for threads in [2, 3] {
+            let (many, many_err) = strict_replay(&input, threads, 600);
+            assert_eq!(many, one, "{threads} threads");
+            assert_eq!(many_err, err);
+        }
+    }
 }
