@@ -76,6 +76,20 @@ pub fn eq2(b: &[u8; BLOCK], x: u8, y: u8) -> (u64, u64) {
     }
 }
 
+/// Bytes equal to `x` or `y` among sixteen (the short steps of a string search).
+#[inline]
+pub fn eq_either16(b: &[u8; 16], x: u8, y: u8) -> u16 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `digits_and_words`.
+        unsafe { sse2::eq_either16(b, x, y) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        portable::eq_either16(b, x, y)
+    }
+}
+
 /// ASCII whitespace (`u8::is_ascii_whitespace`: space, tab, line feed, form feed,
 /// carriage return).
 #[inline]
@@ -169,6 +183,18 @@ mod sse2 {
 
     #[inline]
     #[target_feature(enable = "sse2")]
+    pub fn eq_either16(b: &[u8; 16], x: u8, y: u8) -> u16 {
+        // SAFETY: the sixteen bytes are the array; `loadu` has no alignment requirement.
+        let v = unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) };
+        let m = _mm_or_si128(
+            _mm_cmpeq_epi8(v, _mm_set1_epi8(x as i8)),
+            _mm_cmpeq_epi8(v, _mm_set1_epi8(y as i8)),
+        );
+        _mm_movemask_epi8(m) as u16
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
     pub fn whitespace(b: &[u8; BLOCK]) -> u64 {
         let mut ws = 0;
         for i in 0..4 {
@@ -208,6 +234,12 @@ mod portable {
     pub fn whitespace(b: &[u8; BLOCK]) -> u64 {
         mask(b, |x| x.is_ascii_whitespace())
     }
+
+    pub fn eq_either16(b: &[u8; 16], x: u8, y: u8) -> u16 {
+        b.iter()
+            .enumerate()
+            .fold(0, |m, (i, &c)| m | (u16::from(c == x || c == y) << i))
+    }
 }
 
 #[cfg(test)]
@@ -231,6 +263,9 @@ mod tests {
             let (d, w) = digits_and_words(&b);
             let (q, s) = eq2(&b, b'"', b'\\');
             let ws = whitespace(&b);
+            let head: &[u8; 16] = b[..16].try_into().unwrap();
+            let either = eq_either16(head, b'"', b'\\');
+            assert_eq!(either, portable::eq_either16(head, b'"', b'\\'));
             let (pd, pw) = portable::digits_and_words(&b);
             assert_eq!((d, w), (pd, pw));
             assert_eq!((q, s), portable::eq2(&b, b'"', b'\\'));
@@ -241,6 +276,9 @@ mod tests {
                 assert_eq!(q >> i & 1 == 1, x == b'"');
                 assert_eq!(s >> i & 1 == 1, x == b'\\');
                 assert_eq!(ws >> i & 1 == 1, x.is_ascii_whitespace(), "{x:#x}");
+                if i < 16 {
+                    assert_eq!(either >> i & 1 == 1, x == b'"' || x == b'\\');
+                }
             }
         }
     }

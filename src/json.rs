@@ -12,7 +12,7 @@
 
 use std::borrow::Cow;
 
-use crate::classes::{eq2, Block, BLOCK};
+use crate::classes::{eq2, eq_either16, BLOCK};
 
 /// The fast pass gave up: serde_json decides (and says what is wrong, if anything).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,10 +131,11 @@ pub fn has_control(s: &[u8]) -> bool {
 }
 
 /// The closing quote of a string whose content starts at `from` (or `s.len()` when there
-/// is none), for text without control characters: the first sixteen bytes word by word
-/// (most strings are keys and short values), then a 64-byte block at a time, so that a
-/// long text with an escape every line costs no more than one without. `escape(at)` is
-/// told of each `\` that starts an escape and gives the escape's length, or gives up.
+/// is none), for text without control characters: sixteen bytes at a time over the first
+/// 32 bytes (most strings are keys and short values) and over the last bytes of the text
+/// (no block is padded), 64 bytes at a time in between, so that a long text with an
+/// escape every line costs no more than one without. `escape(at)` is told of each `\`
+/// that starts an escape and gives the escape's length, or gives up.
 #[inline]
 pub fn string_close(
     s: &[u8],
@@ -142,38 +143,54 @@ pub fn string_close(
     mut escape: impl FnMut(usize) -> Result<usize, Bail>,
 ) -> Result<usize, Bail> {
     let mut i = from;
-    while i + 8 <= s.len() && i < from + 16 {
-        let w = load8(s, i);
-        let m = bytes_equal(w, b'"') | bytes_equal(w, b'\\');
-        if m == 0 {
-            i += 8;
-            continue;
-        }
-        let at = i + (m.trailing_zeros() / 8) as usize;
-        if s[at] == b'"' {
-            return Ok(at);
-        }
-        i = at + escape(at)?;
-    }
-    let mut pad = [0; BLOCK];
-    // The bytes at the start of a block that end an escape begun in the block before.
-    let mut skip = 0u64;
-    while i < s.len() {
-        let block = Block::at(s, i, &mut pad);
-        let (quotes, backslashes) = eq2(block.bytes, b'"', b'\\');
-        let mut stops = (quotes | backslashes) & block.valid & !skip;
-        skip = 0;
-        while stops != 0 {
-            let p = stops.trailing_zeros() as usize;
-            if quotes >> p & 1 == 1 {
-                return Ok(i + p);
+    loop {
+        while let Some(chunk) = s.get(i..i + 16) {
+            if i >= from + 32 && i + BLOCK <= s.len() {
+                break; // a long string: on by blocks
             }
-            let len = escape(i + p)?;
-            let span = ((1u128 << len.min(64)) - 1) << p;
-            stops &= !(span as u64);
-            skip = (span >> 64) as u64;
+            let chunk: &[u8; 16] = chunk.try_into().expect("sixteen bytes");
+            let m = eq_either16(chunk, b'"', b'\\');
+            if m == 0 {
+                i += 16;
+                continue;
+            }
+            let at = i + m.trailing_zeros() as usize;
+            if s[at] == b'"' {
+                return Ok(at);
+            }
+            i = at + escape(at)?;
         }
-        i += BLOCK;
+        if i + BLOCK > s.len() {
+            break; // fewer than sixteen bytes left
+        }
+        while let Some(block) = s.get(i..i + BLOCK) {
+            let block: &[u8; BLOCK] = block.try_into().expect("a whole block");
+            let (quotes, backslashes) = eq2(block, b'"', b'\\');
+            let mut stops = quotes | backslashes;
+            let mut next = i + BLOCK;
+            while stops != 0 {
+                let p = stops.trailing_zeros() as usize;
+                if quotes >> p & 1 == 1 {
+                    return Ok(i + p);
+                }
+                let len = escape(i + p)?;
+                if p + len >= BLOCK {
+                    // The escape ends the block or runs past it: the next block starts
+                    // right after it.
+                    next = i + p + len;
+                    break;
+                }
+                stops &= !(((1u64 << len) - 1) << p);
+            }
+            i = next;
+        }
+    }
+    while i < s.len() {
+        match s[i] {
+            b'"' => return Ok(i),
+            b'\\' => i += escape(i)?,
+            _ => i += 1,
+        }
     }
     Ok(s.len())
 }
