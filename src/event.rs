@@ -836,9 +836,14 @@ fn parse_common_rfc3339_ms(s: &str) -> Option<i64> {
     let b = s.as_bytes();
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
         let d = b.get(r)?;
-        d.iter().try_fold(0i64, |acc, c| {
-            c.is_ascii_digit().then(|| acc * 10 + (c - b'0') as i64)
-        })
+        let mut acc = 0i64;
+        let mut bad = false;
+        for &c in d {
+            let digit = c.wrapping_sub(b'0');
+            bad |= digit > 9;
+            acc = acc * 10 + i64::from(digit);
+        }
+        (!bad).then_some(acc)
     };
     if b.len() < 20
         || b[4] != b'-'
@@ -901,12 +906,54 @@ fn parse_common_rfc3339_ms(s: &str) -> Option<i64> {
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
     let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_secs;
+    if secs >= 0 {
+        // Rounding toward zero is rounding down here: no 128-bit division.
+        return Some(secs * 1000 + nanos / 1_000_000);
+    }
     let total_nanos = secs as i128 * 1_000_000_000 + nanos as i128;
     i64::try_from(total_nanos / 1_000_000).ok()
 }
 
+/// Unix milliseconds of 0000-01-01T00:00:00Z and of 10000-01-01T00:00:00Z: the times
+/// with a four-digit year.
+const FOUR_DIGIT_YEARS_MS: std::ops::Range<i64> = -62_167_219_200_000..253_402_300_800_000;
+
 /// Formats Unix milliseconds as RFC 3339 (UTC, millisecond precision).
 pub fn format_rfc3339_ms(ms: i64) -> String {
+    if !FOUR_DIGIT_YEARS_MS.contains(&ms) {
+        return format_rfc3339_ms_by_time(ms);
+    }
+    // Outputs carry two times each: written digit by digit, not through `format!`.
+    let (days, ms_of_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut v: i64| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, month);
+    put(8, 2, day);
+    put(11, 2, ms_of_day / 3_600_000);
+    put(14, 2, ms_of_day / 60_000 % 60);
+    put(17, 2, ms_of_day / 1000 % 60);
+    put(20, 3, ms_of_day % 1000);
+    String::from_utf8(out.to_vec()).expect("ASCII digits and separators")
+}
+
+/// [`format_rfc3339_ms`] by the `time` crate, for the years that do not have four digits.
+fn format_rfc3339_ms_by_time(ms: i64) -> String {
     let t = OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
         .unwrap_or(OffsetDateTime::UNIX_EPOCH);
     let (y, mo, d) = (t.year(), t.month() as u8, t.day());
@@ -934,6 +981,34 @@ mod tests {
             }
             other => panic!("unexpected body {other:?}"),
         }
+    }
+
+    #[test]
+    fn times_are_formatted_as_the_time_crate_formats_them() {
+        let (first, end) = (FOUR_DIGIT_YEARS_MS.start, FOUR_DIGIT_YEARS_MS.end);
+        let edges = [
+            first - 1,
+            first,
+            first + 1,
+            -1,
+            0,
+            1,
+            951_782_400_000,
+            end - 1,
+            end,
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let spread = (0..20_000).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            first + (state % (end - first) as u64) as i64
+        });
+        for ms in edges.into_iter().chain(spread) {
+            assert_eq!(format_rfc3339_ms(ms), format_rfc3339_ms_by_time(ms), "{ms}");
+        }
+        assert_eq!(format_rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_rfc3339_ms(end - 1), "9999-12-31T23:59:59.999Z");
     }
 
     #[test]
@@ -1022,6 +1097,23 @@ mod tests {
         };
         let ok = br#"{"type":"session.started","session_id":"[[[[{{{{\"]]]"}"#;
         assert!(parse_event(ok, &limits).is_ok());
+    }
+
+    proptest::proptest! {
+        /// The usual shape read without the `time` crate gives what the crate gives, for
+        /// any year, fraction and offset (and a day, hour or second out of range).
+        #[test]
+        fn timestamps_are_read_as_the_time_crate_reads_them(
+            s in "[0-9]{4}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9](\\.[0-9]{1,10})?(Z|[+-][0-2][0-9]:[0-5][0-9])"
+        ) {
+            let by_time = OffsetDateTime::parse(&s, &Rfc3339)
+                .ok()
+                .and_then(|t| i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok());
+            proptest::prop_assert_eq!(parse_rfc3339_ms(&s), by_time);
+            if let Some(ms) = parse_common_rfc3339_ms(&s) {
+                proptest::prop_assert_eq!(Some(ms), by_time);
+            }
+        }
     }
 
     #[test]

@@ -330,7 +330,9 @@ pub fn each_token_hash_and_space(
 
 /// [`token_hash`] of `text[start..end]`, its last word loaded whole when the text goes on
 /// for eight bytes (and masked), copied otherwise.
-#[inline]
+// Always inlined: it runs once per token, and the compiler once left it out of line (a
+// call per token: about 12 % more instructions for a turn's text features).
+#[inline(always)]
 fn token_hash_in(text: &[u8], start: usize, end: usize) -> u32 {
     let mut h = 0u64;
     let mut i = start;
