@@ -185,6 +185,21 @@ pub fn string_close(
             i = next;
         }
     }
+    // The last fifteen bytes or fewer (the end of a line's last string): eight at a time,
+    // then one by one.
+    while i + 8 <= s.len() {
+        let w = load8(s, i);
+        let m = bytes_equal(w, b'"') | bytes_equal(w, b'\\');
+        if m == 0 {
+            i += 8;
+            continue;
+        }
+        let at = i + (m.trailing_zeros() / 8) as usize;
+        if s[at] == b'"' {
+            return Ok(at);
+        }
+        i = at + escape(at)?;
+    }
     while i < s.len() {
         match s[i] {
             b'"' => return Ok(i),
