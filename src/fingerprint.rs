@@ -971,6 +971,32 @@ mod tests {
     }
 
     #[test]
+    fn key_sets_match_whole_keys_only() {
+        let set = KeySet::new(&["abc", "ab_dd", "Request-ID"]);
+        assert!(set.contains(b"ABC") && set.contains(b"a_b_c") && set.contains(b"abdd"));
+        assert!(set.contains(b"request_id") && set.contains(b"requestId"));
+        assert!(!set.contains(b"abcd") && !set.contains(b"ab") && !set.contains(b"abd"));
+        let long = "k".repeat(70);
+        assert!(KeySet::new(&[long.as_str()]).contains(format!("{long}_").as_bytes()));
+        assert!(!KeySet::new(&[long.as_str()]).contains(&long.as_bytes()[1..]));
+    }
+
+    proptest::proptest! {
+        /// A key is in the set when it equals one of the set's keys once `_` and `-` are
+        /// dropped and letters lowercased, whatever its length (a long one included).
+        #[test]
+        fn key_sets_match_keys_as_normalized(
+            // Two letters: keys share prefixes and lengths often.
+            set in proptest::collection::vec("[abAB_-]{0,5}|[ab_]{60,70}", 0..8),
+            key in "[abAB_-]{0,6}|[ab_-]{60,72}",
+        ) {
+            let normalized = |k: &str| normalize_key(k.as_bytes()).collect::<Vec<u8>>();
+            let expected = set.iter().any(|k| normalized(k) == normalized(&key));
+            proptest::prop_assert_eq!(KeySet::new(&set).contains(key.as_bytes()), expected);
+        }
+    }
+
+    #[test]
     fn shapes_read_a_number_as_any_number_but_keep_the_digits_of_words() {
         let f = Fingerprinter::default();
         let shape = |s: &str| res(&f, &json!(s)).shape;
