@@ -15,8 +15,9 @@
 //! The input is read in batches of whole lines on a thread of its own. A batch is parsed
 //! on every core (its events borrow from its bytes, each hashed to its shard) while the
 //! batch before it is applied by the shards and, on the calling thread, the outputs of
-//! the batch before that are merged and handed on; then the parsed batch's clock is
-//! computed in one short pass, the only step the workers wait for.
+//! the batch before that are merged and handed on (so outputs leave one batch behind the
+//! reading, and the workers wait when handing them on is slower than the batch); then the
+//! parsed batch's clock is computed in one short sequential pass.
 //! Memory stays bounded by the batch size and the open sessions, whatever the input's
 //! length.
 
@@ -551,13 +552,22 @@ pub fn drive<S: Sink>(
         let mut rx = rx.into_iter();
         // Three batches in flight: `current` is applied by the shards while `next` is
         // parsed and, on this thread, the outputs of `applied` (the batch before) are
-        // merged and handed on and its events dropped. Nothing sequential waits for the
-        // workers but the short pass of `prepare`.
+        // merged and handed on and its events dropped. So a batch's outputs are handed on
+        // once the batch after next has been read (or the input ends).
         let mut current: Option<Ready> = None;
         let mut applied: Option<ParsedBatch> = None;
         let mut spare = Spare::default();
         loop {
-            let next = rx.next().transpose().map_err(DriveError::Read)?;
+            let next = match rx.next().transpose() {
+                Ok(next) => next,
+                Err(e) => {
+                    // What the applied batches caused is handed on before the error.
+                    if keep {
+                        emit(&mut merged, &mut outputs, &mut on_outputs)?;
+                    }
+                    return Err(DriveError::Read(e));
+                }
+            };
             if next.is_none() && current.is_none() {
                 break;
             }
@@ -664,13 +674,44 @@ mod tests {
     use super::*;
     use crate::replay::{replay, Format, ReplayOptions};
 
+    /// An input that gives one line a read (so that a batch holds as few lines as its
+    /// size allows), then the end or, with `fail`, an error.
+    struct Trickle<'a> {
+        data: &'a [u8],
+        fail: bool,
+    }
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.data.is_empty() && self.fail {
+                return Err(std::io::Error::other("the disk went away"));
+            }
+            let line = memchr::memchr(b'\n', self.data).map_or(self.data.len(), |i| i + 1);
+            let n = buf.len().min(line);
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    fn trickle(data: &str, fail: bool) -> std::io::BufReader<Trickle<'_>> {
+        // A buffer smaller than the driver's reads: they go straight to the input.
+        std::io::BufReader::with_capacity(
+            16,
+            Trickle {
+                data: data.as_bytes(),
+                fail,
+            },
+        )
+    }
+
     /// Replays `input` strictly, in batches of about `batch_bytes`: what was written,
     /// and the error.
     fn strict_replay(input: &str, threads: usize, batch_bytes: usize) -> (String, String) {
         let mut out = Vec::new();
         let err = replay(
             Arc::new(Config::default()),
-            &mut input.as_bytes(),
+            &mut trickle(input, false),
             &mut out,
             &mut std::io::sink(),
             Format::Json,
@@ -724,6 +765,62 @@ mod tests {
             let (many, many_err) = strict_replay(&input, threads, 600);
             assert_eq!(many, one, "{threads} threads");
             assert_eq!(many_err, err);
+        }
+    }
+
+    #[test]
+    fn a_read_error_comes_after_the_outputs_of_every_applied_batch() {
+        let sessions = std::fs::read_to_string("examples/sessions.jsonl").unwrap();
+        let lines: Vec<&str> = sessions.lines().collect();
+        // What the first `n` lines cause, but for the end of input's closes.
+        let caused = |n: usize| {
+            let mut out = Vec::new();
+            replay(
+                Arc::new(Config::default()),
+                &mut lines[..n].join("\n").as_bytes(),
+                &mut out,
+                &mut std::io::sink(),
+                Format::Json,
+                ReplayOptions::default(),
+            )
+            .unwrap();
+            String::from_utf8(out)
+                .unwrap()
+                .lines()
+                .filter(|o| !o.contains(r#""closed_by":"end_of_input""#))
+                .map(|o| format!("{o}\n"))
+                .collect::<String>()
+        };
+        // A line that causes an output, and one more line after it: batches of one line
+        // each, then the input fails. The last batch read is parsed but never applied;
+        // every batch before it was, and its outputs must be out before the error.
+        let k = (2..lines.len())
+            .rev()
+            .find(|&k| caused(k) != caused(k - 1))
+            .expect("some line causes an output");
+        let input: String = lines[..=k].iter().map(|l| format!("{l}\n")).collect();
+        for threads in [1, 2] {
+            let mut out = Vec::new();
+            let err = replay(
+                Arc::new(Config::default()),
+                &mut trickle(&input, true),
+                &mut out,
+                &mut std::io::sink(),
+                Format::Json,
+                ReplayOptions {
+                    threads,
+                    strict: false,
+                    batch_bytes: 1,
+                },
+            )
+            .expect_err("the input failed")
+            .to_string();
+            assert!(err.contains("the disk went away"), "{err}");
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                caused(k),
+                "{threads} threads"
+            );
         }
     }
 }
