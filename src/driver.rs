@@ -558,7 +558,14 @@ pub fn drive<S: Sink>(
         let mut applied: Option<ParsedBatch> = None;
         let mut spare = Spare::default();
         loop {
-            let next = match rx.next().transpose() {
+            // A batch that stops the drive (`--strict`) is the last one read.
+            let stopping = current.as_ref().is_some_and(|c| c.stop.is_some());
+            let read = if stopping {
+                Ok(None)
+            } else {
+                rx.next().transpose()
+            };
+            let next = match read {
                 Ok(next) => next,
                 Err(e) => {
                     // What the applied batches caused is handed on before the error.
@@ -765,6 +772,33 @@ mod tests {
             let (many, many_err) = strict_replay(&input, threads, 600);
             assert_eq!(many, one, "{threads} threads");
             assert_eq!(many_err, err);
+        }
+    }
+
+    #[test]
+    fn a_strict_stop_reads_no_further() {
+        // The bad line is the last one before the input fails: the stop is reported,
+        // not the failure of a read it had no need for.
+        let input = "{\"type\":\"session.started\",\"session_id\":\"s\"}\n{oops\n";
+        for threads in [1, 2] {
+            let err = replay(
+                Arc::new(Config::default()),
+                &mut trickle(input, true),
+                &mut Vec::new(),
+                &mut std::io::sink(),
+                Format::Json,
+                ReplayOptions {
+                    threads,
+                    strict: true,
+                    batch_bytes: 1,
+                },
+            )
+            .expect_err("a bad line under --strict")
+            .to_string();
+            assert!(
+                err.starts_with("line 2:") && err.contains("--strict"),
+                "{err}"
+            );
         }
     }
 
