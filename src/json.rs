@@ -713,12 +713,14 @@ mod tests {
                 ],
                 0..12,
             ),
-            end in proptest::prop_oneof![r#"""#, r#"x""#, ""],
-            from in 0usize..3,
+            // A close, none, or an escape cut off by the end of the text.
+            end in proptest::prop_oneof![r#"""#, r#"x""#, "", r"\\", r"\\u00"],
+            // At the start, a few bytes in, or anywhere up to just past the end.
+            from in proptest::prop_oneof![0usize..3, 0usize..1000],
         ) {
             let text = format!("{}{end}", parts.concat());
             let s = text.as_bytes();
-            let from = from.min(s.len());
+            let from = from.min(s.len() + 1);
             let mut told = Vec::new();
             let got = string_close(s, from, |at| {
                 told.push(at);
