@@ -270,12 +270,20 @@ fn an_agent_traced_only_with_opentelemetry_is_terminated_through_a_collector_and
         let collector =
             Collector::start(&brokers, &traces, format, &fx.dir.path().join("rotel.log"));
 
+        // The whole trace in one export: the agent's name comes from its `invoke_agent`
+        // span, which ends last, and only steps exported in the same request inherit it
+        // (README, OTLP). In smaller batches the steps before it carry no agent id, unless
+        // the collector happens to merge the exports (its batch timeout): a flaky test.
         let conversation = common::unique("conv");
         agent(&[
             "--conversation",
             &conversation,
             "--otlp-http",
             &collector.http,
+            "--batch",
+            "512",
+            "--export-delay-ms",
+            "600000",
         ]);
         let stopped = await_termination(&brokers, &fx.topics.terminated, &conversation, &run.log);
         assert_eq!(stopped["agent_id"], "coder", "{encoding}: {stopped}");

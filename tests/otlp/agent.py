@@ -12,6 +12,7 @@ again and again. Its spans go where the arguments say:
                     exporter writes it: hex ids, integer enums, 64-bit ints as strings)
 
 Usage: agent.py --conversation ID [--healthy N] [--loops N] [--style gen_ai|openinference]
+                [--batch N] [--export-delay-ms MS]
 """
 import argparse
 import base64
@@ -150,6 +151,8 @@ def main():
     p.add_argument("--proto")
     p.add_argument("--json")
     p.add_argument("--batch", type=int, default=16, help="spans per export batch")
+    p.add_argument("--export-delay-ms", type=int, default=50,
+                   help="the span processor's schedule delay: a batch leaves at latest this long after its first span")
     args = p.parse_args()
 
     provider = TracerProvider(resource=Resource.create({"service.name": "coder-agent"}))
@@ -159,7 +162,8 @@ def main():
         exporter = OTLPSpanExporter(endpoint=args.otlp_http.rstrip("/") + "/v1/traces")
     else:
         exporter = keeper = Requests()
-    provider.add_span_processor(BatchSpanProcessor(exporter, max_export_batch_size=args.batch, schedule_delay_millis=50))
+    provider.add_span_processor(BatchSpanProcessor(
+        exporter, max_export_batch_size=args.batch, schedule_delay_millis=args.export_delay_ms))
     run(provider.get_tracer("loopwarden.tests.agent"), args)
     provider.force_flush()
     provider.shutdown()
