@@ -431,7 +431,7 @@ fn two_topics_out_of_step_and_killed_mid_batch_give_replays_findings() {
     let text = std::fs::read_to_string(&cfg).unwrap().replace(
         &format!("input_topics = [\"{}\"]", topics.input),
         &format!(
-            "input_topics = [\"{}\", \"{tools}\"]\nalign_wait_ms = 3000",
+            "input_topics = [\"{}\", \"{tools}\"]\nalign_wait_ms = 10000\nidle_after_secs = 20",
             topics.input
         ),
     );
@@ -446,9 +446,10 @@ fn two_topics_out_of_step_and_killed_mid_batch_give_replays_findings() {
     let feed = |topic: String, events: Vec<Vec<u8>>, delay_ms: u64| {
         let brokers = brokers.clone();
         std::thread::spawn(move || {
+            let producer = producer(&brokers);
             std::thread::sleep(Duration::from_millis(delay_ms));
             for chunk in events.chunks(events.len() / 20 + 1) {
-                produce(&brokers, &topic, chunk, &[]);
+                produce_with(&producer, &topic, chunk, &[]);
                 std::thread::sleep(Duration::from_millis(200));
             }
         })
@@ -727,13 +728,14 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
 
     produce(&brokers, &topics.input, first, &[]);
     let a = spawn_run(&cfg_a, &log_a);
-    // Let A work through the first half, then stop it gracefully.
+    // Let A work through the first half (its summaries, then 3 s without another: on a
+    // slow machine joining the group alone may take seconds), then stop it gracefully.
     let _ = read_topic(
         &brokers,
         &topics.summary,
-        usize::MAX,
-        Duration::from_secs(8),
-        Duration::from_secs(8),
+        1,
+        Duration::from_secs(60),
+        Duration::from_secs(3),
     );
     a.stop_gracefully();
     let a_log = std::fs::read_to_string(&log_a).unwrap();

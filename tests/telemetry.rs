@@ -167,13 +167,18 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
             .or_default() += 1.0;
     }
     let _ = read_at_least(&brokers, &topics.summary, completed);
-    // Every event applied and every batch finished before the scrape.
+    // Every event applied and every batch finished before the scrape. A message's latency
+    // is recorded when its batch is stored, which (at least once) is at the end of the
+    // batch after it: wait for that too, not only for the events' counters.
     let deadline = Instant::now() + Duration::from_secs(30);
     let metrics = loop {
         let (status, body) = get(&addr, "/metrics");
         assert_eq!(status, 200);
         if total(&body, "loopwarden_events_consumed_total") >= events.len() as f64
             && total(&body, "loopwarden_sessions_closed_total") >= completed as f64
+            && total(&body, "loopwarden_processing_latency_seconds_count")
+                >= events.len() as f64 + 1.0
+            && total(&body, "loopwarden_bad_events_total") >= 1.0
             || Instant::now() > deadline
         {
             break body;

@@ -126,7 +126,8 @@ mod tests {
     #[test]
     fn sleep_says_shutdown_and_pause_runs_until_the_deadline() {
         let shutdown = Shutdown::new();
-        let mut b = backoff(&shutdown, 60_000, 60_000, 50);
+        // A deadline a stalled test thread does not pass before the asserts before it.
+        let mut b = backoff(&shutdown, 60_000, 60_000, 1_000);
         shutdown.trigger();
         // A minute's delay, but shutdown came: no wait, and the caller is told.
         assert!(b.sleep());
@@ -136,7 +137,7 @@ mod tests {
             Ok(()),
             "after shutdown, before the deadline: retry"
         );
-        std::thread::sleep(Duration::from_millis(60));
+        std::thread::sleep(Duration::from_millis(1_100));
         assert!(b.past_deadline());
         assert_eq!(b.pause(), Err(DeadlinePassed));
     }

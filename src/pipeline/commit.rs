@@ -170,24 +170,20 @@ impl Transactional {
             let group = consumer.group_metadata().ok_or(KafkaError::Subscription(
                 "no consumer group metadata".into(),
             ))?;
-            outbox.producer.send_offsets_to_transaction(
-                offsets,
-                &group,
-                TRANSACTION_CALL_TIMEOUT,
-            )?;
+            // A call that timed out while the broker was slow may be retried (librdkafka's
+            // contract); aborting instead would throw away a batch already on the broker.
+            retrying(backoff, "transaction offsets", || {
+                outbox.producer.send_offsets_to_transaction(
+                    offsets,
+                    &group,
+                    TRANSACTION_CALL_TIMEOUT,
+                )
+            })?;
         }
         crash_point("txn-before-commit");
-        let mut commit_backoff = backoff.fresh();
-        loop {
-            match outbox.producer.commit_transaction(TRANSACTION_CALL_TIMEOUT) {
-                Ok(()) => return Ok(()),
-                Err(e) if is_retriable(&e) && !backoff.past_deadline() => {
-                    warn!(error = %e, "transaction commit not confirmed yet; retrying");
-                    let _ = commit_backoff.pause();
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        retrying(backoff, "transaction commit", || {
+            outbox.producer.commit_transaction(TRANSACTION_CALL_TIMEOUT)
+        })
     }
 
     /// Aborts the open transaction, retrying while the broker is away.
@@ -220,6 +216,25 @@ fn is_fatal(e: &KafkaError) -> bool {
 }
 
 /// A transaction call that timed out or met a passing broker error: call it again.
+/// `call` again while it fails with a retriable error and `backoff`'s deadline holds.
+fn retrying(
+    backoff: &Backoff,
+    what: &str,
+    mut call: impl FnMut() -> Result<(), KafkaError>,
+) -> Result<(), KafkaError> {
+    let mut pause = backoff.fresh();
+    loop {
+        match call() {
+            Ok(()) => return Ok(()),
+            Err(e) if is_retriable(&e) && !backoff.past_deadline() => {
+                warn!(error = %e, what, "not confirmed yet; retrying");
+                let _ = pause.pause();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn is_retriable(e: &KafkaError) -> bool {
     matches!(e, KafkaError::Flush(_)) || rd_error(e).is_some_and(|rd| rd.is_retriable())
 }
@@ -318,6 +333,51 @@ mod tests {
     use rdkafka::consumer::CommitMode;
     use rdkafka::producer::{BaseProducer, BaseRecord};
     use rdkafka::Message;
+
+    /// A transactional call is tried again while it fails retriably (a call that timed
+    /// out while the broker was slow), not again after any other error or past the
+    /// shutdown deadline.
+    #[test]
+    fn retrying_repeats_only_retriable_failures_within_the_deadline() {
+        let retriable = || KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut);
+        let settings = KafkaSettings {
+            retry_backoff_min: Duration::from_millis(1),
+            retry_backoff_max: Duration::from_millis(2),
+            shutdown_deadline: Duration::from_millis(200),
+            ..KafkaSettings::default()
+        };
+        let shutdown = Shutdown::new();
+        let backoff = Backoff::new(&settings, &shutdown);
+        let mut calls = 0;
+        let twice_then_ok = retrying(&backoff, "test", || {
+            calls += 1;
+            if calls < 3 {
+                Err(retriable())
+            } else {
+                Ok(())
+            }
+        });
+        assert!(twice_then_ok.is_ok());
+        assert_eq!(calls, 3);
+
+        let mut calls = 0;
+        let refused = retrying(&backoff, "test", || {
+            calls += 1;
+            Err(KafkaError::Subscription("no group".into()))
+        });
+        assert!(matches!(refused, Err(KafkaError::Subscription(_))));
+        assert_eq!(calls, 1, "not retriable: returned at once");
+
+        // After shutdown, retried until the deadline, then the error is returned.
+        shutdown.trigger();
+        let mut calls = 0;
+        let late = retrying(&backoff, "test", || {
+            calls += 1;
+            Err(retriable())
+        });
+        assert!(matches!(late, Err(KafkaError::Flush(_))));
+        assert!(calls > 1, "{calls} calls: retried before the deadline");
+    }
 
     /// (partition, offset) of the next `n` messages `consumer` reads.
     fn read(consumer: &BaseConsumer, n: usize) -> Vec<(i32, i64)> {

@@ -329,12 +329,27 @@ pub fn session_of(payload: &[u8]) -> Vec<u8> {
 
 /// Produces messages (key = session id when the payload has one), waiting for every ack.
 pub fn produce(brokers: &str, topic: &str, payloads: &[Vec<u8>], headers: &[(&str, &str)]) {
-    let producer: BaseProducer = ClientConfig::new()
+    produce_with(&producer(brokers), topic, payloads, headers);
+}
+
+/// An idempotent producer for [`produce_with`] (one per feeding thread: a producer per
+/// chunk would add its start-up to every chunk's time).
+pub fn producer(brokers: &str) -> BaseProducer {
+    ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
         .set("message.max.bytes", "10000000")
         .create()
-        .unwrap();
+        .unwrap()
+}
+
+/// [`produce`] through `producer`: every payload keyed by its session, then flushed.
+pub fn produce_with(
+    producer: &BaseProducer,
+    topic: &str,
+    payloads: &[Vec<u8>],
+    headers: &[(&str, &str)],
+) {
     for p in payloads {
         let key = session_of(p);
         let mut h = OwnedHeaders::new();
@@ -357,7 +372,7 @@ pub fn produce(brokers: &str, topic: &str, payloads: &[Vec<u8>], headers: &[(&st
     }
     producer
         .flush(Duration::from_secs(120))
-        .unwrap_or_else(|e| panic!("producing to {topic} on {brokers}: {e}"));
+        .unwrap_or_else(|e| panic!("producing to {topic}: {e}"));
 }
 
 /// A consumer assigned every partition of `topics` from the start (no group join, so it
