@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::detectors::{DetectorKind, DETECTOR_COUNT};
-use crate::driver::{drive, DriveError, Options, Sink, Step};
+use crate::driver::{drive, DriveError, Input, Options, Sink, Step};
 use crate::event::{Event, EventBody, Outcome};
 use crate::output::Output;
 use crate::policy::Level;
@@ -330,7 +330,7 @@ impl Sink for Backtest<'_> {
 /// same for any number).
 pub fn backtest(
     config: Arc<Config>,
-    input: &mut (dyn BufRead + Send),
+    input: Input<'_>,
     outcomes: &Outcomes,
     errors: &mut dyn Write,
     threads: usize,
@@ -528,14 +528,22 @@ mod tests {
         let config = Arc::new(Config::default());
         let report = backtest(
             config.clone(),
-            &mut &input[..],
+            Input::Reader(&mut &input[..]),
             &outcomes,
             &mut std::io::sink(),
             1,
         )
         .unwrap();
-        // The sessions split over three engines: the same report.
-        let split = backtest(config, &mut &input[..], &outcomes, &mut std::io::sink(), 3).unwrap();
+        // The sessions split over three engines, read in place: the same report.
+        let bytes = Arc::new(input.clone());
+        let split = backtest(
+            config,
+            Input::Bytes(bytes),
+            &outcomes,
+            &mut std::io::sink(),
+            3,
+        )
+        .unwrap();
         assert_eq!(split, report);
         assert_eq!((report.success.sessions, report.failure.sessions), (2, 1));
         assert_eq!((report.success.killed, report.failure.killed), (1, 1));

@@ -12,14 +12,15 @@
 //! session id. Merging by place gives the same bytes as one thread, for any number of
 //! threads (a property test holds it).
 //!
-//! The input is read in batches of whole lines on a thread of its own. A batch is parsed
+//! The input is read in batches of whole lines on a thread of its own, or, when its bytes
+//! are already in memory (a mapped file), cut into batches in place. A batch is parsed
 //! on every core (its events borrow from its bytes, each hashed to its shard) while the
 //! batch before it is applied by the shards and, on the calling thread, the outputs of
 //! the batch before that are merged and handed on (so outputs leave one batch behind the
 //! reading, and the workers wait when handing them on is slower than the batch); then the
 //! parsed batch's clock is computed in one short sequential pass.
 //! Memory stays bounded by the batch size and the open sessions, whatever the input's
-//! length.
+//! length (a mapped file's pages are the page cache's, read once in order).
 
 use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
@@ -272,17 +273,74 @@ fn shard_of(session: &str, shards: usize) -> usize {
     (h.finish() % shards as u64) as usize
 }
 
+/// What a drive reads.
+pub enum Input<'a> {
+    /// Read in batches on a thread of its own, each copied into a buffer (standard input,
+    /// a decompressed file, OTLP mapped to events).
+    Reader(&'a mut (dyn BufRead + Send)),
+    /// Bytes already in memory, such as a mapped file: each batch is a slice of them, so
+    /// nothing is copied (reading a file costs its copy from the page cache otherwise, a
+    /// tenth of a one-thread replay's CPU, taken from the workers on a busy machine).
+    Bytes(Arc<dyn AsRef<[u8]> + Send + Sync>),
+}
+
 /// A batch of whole lines: the first `len` bytes of a buffer that is handed back and
-/// forth between the reader and the driver, so that it is neither allocated nor zeroed
-/// again for every batch.
-struct Batch {
-    buf: Vec<u8>,
-    len: usize,
+/// forth between the reader and the driver (so that it is neither allocated nor zeroed
+/// again for every batch), or a slice of the input's bytes.
+enum Batch {
+    Buffer {
+        buf: Vec<u8>,
+        len: usize,
+    },
+    Slice {
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        start: usize,
+        end: usize,
+    },
 }
 
 impl Batch {
     fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+        match self {
+            Batch::Buffer { buf, len } => &buf[..*len],
+            Batch::Slice { bytes, start, end } => &(**bytes).as_ref()[*start..*end],
+        }
+    }
+}
+
+/// Whole-line batches of bytes in memory, as [`read_batches`] cuts a read input: about
+/// `batch_bytes` each, ending at the last line break (a longer line is taken whole), the
+/// last one perhaps without a line break.
+struct Slices {
+    bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    at: usize,
+    batch_bytes: usize,
+}
+
+impl Iterator for Slices {
+    type Item = std::io::Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let all = (*self.bytes).as_ref();
+        let start = self.at;
+        if start >= all.len() {
+            return None;
+        }
+        let want = start.saturating_add(self.batch_bytes).min(all.len());
+        let end = if want == all.len() {
+            want
+        } else {
+            match memchr::memrchr(b'\n', &all[start..want]) {
+                Some(i) => start + i + 1,
+                None => memchr::memchr(b'\n', &all[want..]).map_or(all.len(), |i| want + i + 1),
+            }
+        };
+        self.at = end;
+        Some(Ok(Batch::Slice {
+            bytes: self.bytes.clone(),
+            start,
+            end,
+        }))
     }
 }
 
@@ -336,7 +394,7 @@ fn read_batches(
             carry.extend_from_slice(&buf[nl + 1..len]);
             len = nl + 1;
         }
-        if len > 0 && tx.send(Ok(Batch { buf, len })).is_err() {
+        if len > 0 && tx.send(Ok(Batch::Buffer { buf, len })).is_err() {
             return;
         }
         if eof {
@@ -450,7 +508,7 @@ struct Ready {
 /// thread's order. Returns what was read and the shards' sinks.
 pub fn drive<S: Sink>(
     config: Arc<Config>,
-    input: &mut (dyn BufRead + Send),
+    input: Input<'_>,
     errors: &mut dyn Write,
     options: Options,
     make_sink: impl Fn() -> S,
@@ -545,11 +603,20 @@ pub fn drive<S: Sink>(
     };
 
     std::thread::scope(|scope| -> Result<(), DriveError> {
-        let (tx, rx) = mpsc::sync_channel(2);
         let (recycle, recycled) = mpsc::channel();
         let batch_bytes = options.batch_bytes.max(1);
-        scope.spawn(move || read_batches(input, batch_bytes, tx, recycled));
-        let mut rx = rx.into_iter();
+        let mut rx: Box<dyn Iterator<Item = std::io::Result<Batch>>> = match input {
+            Input::Reader(input) => {
+                let (tx, rx) = mpsc::sync_channel(2);
+                scope.spawn(move || read_batches(input, batch_bytes, tx, recycled));
+                Box::new(rx.into_iter())
+            }
+            Input::Bytes(bytes) => Box::new(Slices {
+                bytes,
+                at: 0,
+                batch_bytes,
+            }),
+        };
         // Three batches in flight: `current` is applied by the shards while `next` is
         // parsed and, on this thread, the outputs of `applied` (the batch before) are
         // merged and handed on and its events dropped. So a batch's outputs are handed on
@@ -605,7 +672,9 @@ pub fn drive<S: Sink>(
                     batch.with_dependent_mut(|_, lines| {
                         spare.parsed = relabel(std::mem::take(&mut lines.parsed));
                     });
-                    let _ = recycle.send(batch.into_owner().buf);
+                    if let Batch::Buffer { buf, .. } = batch.into_owner() {
+                        let _ = recycle.send(buf);
+                    }
                 }
             };
             match &pool {
@@ -681,6 +750,39 @@ mod tests {
     use super::*;
     use crate::replay::{replay, Format, ReplayOptions};
 
+    proptest::proptest! {
+        /// In-place batches are whole lines, in order, all of the input: each ends at a
+        /// line break (but the input's last), and holds at most `batch_bytes` unless it is
+        /// one line longer than that.
+        #[test]
+        fn slices_cut_whole_lines_of_about_the_batch_size(
+            lines in proptest::collection::vec("[a-z]{0,40}", 0..60),
+            end_break in proptest::bool::ANY,
+            batch_bytes in 1usize..120,
+        ) {
+            let mut text = lines.join("\n");
+            if end_break {
+                text.push('\n');
+            }
+            let bytes: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(text.clone().into_bytes());
+            let slices = Slices { bytes, at: 0, batch_bytes };
+            let mut joined = Vec::new();
+            let mut batches = slices.map(|b| b.unwrap().bytes().to_vec()).peekable();
+            while let Some(batch) = batches.next() {
+                proptest::prop_assert!(!batch.is_empty());
+                let last = batches.peek().is_none();
+                proptest::prop_assert!(last || batch.ends_with(b"\n"), "{:?}", batch);
+                let lines_in = batch.iter().filter(|&&b| b == b'\n').count();
+                proptest::prop_assert!(
+                    batch.len() <= batch_bytes || lines_in <= 1,
+                    "{} bytes in {} lines", batch.len(), lines_in
+                );
+                joined.extend_from_slice(&batch);
+            }
+            proptest::prop_assert_eq!(joined, text.into_bytes());
+        }
+    }
+
     /// An input that gives one line a read (so that a batch holds as few lines as its
     /// size allows), then the end or, with `fail`, an error.
     struct Trickle<'a> {
@@ -718,7 +820,7 @@ mod tests {
         let mut out = Vec::new();
         let err = replay(
             Arc::new(Config::default()),
-            &mut trickle(input, false),
+            Input::Reader(&mut trickle(input, false)),
             &mut out,
             &mut std::io::sink(),
             Format::Json,
@@ -751,7 +853,7 @@ mod tests {
         let mut whole = Vec::new();
         replay(
             Arc::new(Config::default()),
-            &mut lines[..at].join("\n").as_bytes(),
+            Input::Reader(&mut lines[..at].join("\n").as_bytes()),
             &mut whole,
             &mut std::io::sink(),
             Format::Json,
@@ -783,7 +885,7 @@ mod tests {
         for threads in [1, 2] {
             let err = replay(
                 Arc::new(Config::default()),
-                &mut trickle(input, true),
+                Input::Reader(&mut trickle(input, true)),
                 &mut Vec::new(),
                 &mut std::io::sink(),
                 Format::Json,
@@ -811,7 +913,7 @@ mod tests {
             let mut out = Vec::new();
             replay(
                 Arc::new(Config::default()),
-                &mut lines[..n].join("\n").as_bytes(),
+                Input::Reader(&mut lines[..n].join("\n").as_bytes()),
                 &mut out,
                 &mut std::io::sink(),
                 Format::Json,
@@ -837,7 +939,7 @@ mod tests {
             let mut out = Vec::new();
             let err = replay(
                 Arc::new(Config::default()),
-                &mut trickle(&input, true),
+                Input::Reader(&mut trickle(&input, true)),
                 &mut out,
                 &mut std::io::sink(),
                 Format::Json,

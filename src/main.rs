@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use loopwarden::backtest::{backtest, Outcomes};
 use loopwarden::config::Config;
 use loopwarden::demo::{demo, DemoOptions};
+use loopwarden::driver::Input;
 use loopwarden::eval::run_corpus;
 use loopwarden::feed::{feed, write_truth, FeedProducer, Routing, Target, FILE_CLOCK};
 use loopwarden::ingest::{looks_like_otlp_json, OtlpIngest, OtlpJsonLines};
@@ -60,7 +61,7 @@ enum FormatArg {
 }
 
 /// What an input file holds.
-#[derive(Copy, Clone, ValueEnum)]
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
 enum InputArg {
     /// OTLP JSON when the first line is a trace export (`{"resourceSpans": …`), else events.
     Auto,
@@ -159,6 +160,11 @@ enum Command {
         /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line.
         #[arg(long, value_enum, default_value = "auto")]
         input_format: InputArg,
+        /// Read a file with read calls instead of mapping it into memory (mapped, a file
+        /// cut short while it is read ends the process with SIGBUS: use this for a log
+        /// that may be truncated, e.g. rotated with copytruncate, while it is read).
+        #[arg(long)]
+        no_mmap: bool,
     },
     /// What enforcing a configuration would have done to recorded sessions: sessions
     /// warned and killed per detector and per outcome, the kills of successful sessions,
@@ -186,6 +192,11 @@ enum Command {
         /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line.
         #[arg(long, value_enum, default_value = "auto")]
         input_format: InputArg,
+        /// Read a file with read calls instead of mapping it into memory (mapped, a file
+        /// cut short while it is read ends the process with SIGBUS: use this for a log
+        /// that may be truncated, e.g. rotated with copytruncate, while it is read).
+        #[arg(long)]
+        no_mmap: bool,
     },
     /// Check a labelled scenario corpus: per case, whether its expectations hold, then
     /// totals (cases held, false alarms, false kills, late detections).
@@ -263,6 +274,57 @@ fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
     } else {
         Ok(Box::new(BufReader::with_capacity(BUFFER, f)))
     }
+}
+
+/// The events `replay` and `backtest` read.
+enum Events {
+    Reader(Box<dyn BufRead + Send>),
+    Mapped(Arc<memmap2::Mmap>),
+}
+
+impl Events {
+    fn input(&mut self) -> Input<'_> {
+        match self {
+            Events::Reader(reader) => Input::Reader(&mut **reader),
+            Events::Mapped(map) => Input::Bytes(map.clone()),
+        }
+    }
+}
+
+/// The events of `path`: a plain file of events mapped into memory when `mmap` allows
+/// (read in place, no copy), anything else read (standard input, `.gz`, OTLP JSON mapped
+/// to events, a pipe, an empty file, or a file the system does not map).
+fn open_events(
+    path: &Path,
+    format: InputArg,
+    config: &Config,
+    mmap: bool,
+) -> anyhow::Result<Events> {
+    let plain = path != Path::new("-") && path.extension().is_none_or(|e| e != "gz");
+    if mmap && plain && format != InputArg::OtlpJson {
+        let f =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let meta = f
+            .metadata()
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if meta.is_file() && meta.len() > 0 {
+            // SAFETY: the map is only read. A file changed while mapped changes what is
+            // read, as a read would; one cut short ends the process (SIGBUS), which
+            // `--no-mmap` avoids, as the option's help says.
+            if let Ok(map) = unsafe { memmap2::Mmap::map(&f) } {
+                let _ = map.advise(memmap2::Advice::Sequential);
+                let head = &map[..map.len().min(1 << 16)];
+                if format == InputArg::Events || !looks_like_otlp_json(head) {
+                    return Ok(Events::Mapped(Arc::new(map)));
+                }
+            }
+        }
+    }
+    Ok(Events::Reader(events_of(
+        open_input(path)?,
+        format,
+        config,
+    )?))
 }
 
 /// The input as event lines: OTLP JSON trace exports are mapped to events (reporting
@@ -517,9 +579,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             strict,
             threads,
             input_format,
+            no_mmap,
         } => {
             let config = load_config(config.as_deref())?;
-            let mut reader = events_of(open_input(&input)?, input_format, &config)?;
+            let mut events = open_events(&input, input_format, &config, !no_mmap)?;
             let options = ReplayOptions {
                 threads: threads_or_cores(threads)?,
                 strict,
@@ -532,7 +595,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 FormatArg::Json => Format::Json,
                 FormatArg::Table => Format::Table,
             };
-            let report = replay(config, &mut *reader, &mut out, &mut err, format, options)?;
+            let report = replay(config, events.input(), &mut out, &mut err, format, options)?;
             drop(out);
             eprintln!("{report}");
             Ok(ExitCode::SUCCESS)
@@ -544,6 +607,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             format,
             threads,
             input_format,
+            no_mmap,
         } => {
             let config = load_config(config.as_deref())?;
             let outcomes = match outcomes {
@@ -551,11 +615,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .with_context(|| format!("in {}", path.display()))?,
                 None => Outcomes::default(),
             };
-            let mut reader = events_of(open_input(&input)?, input_format, &config)?;
+            let mut events = open_events(&input, input_format, &config, !no_mmap)?;
             let threads = threads_or_cores(threads)?;
             let report = backtest(
                 config,
-                &mut *reader,
+                events.input(),
                 &outcomes,
                 &mut std::io::stderr(),
                 threads,

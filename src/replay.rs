@@ -6,11 +6,11 @@
 //! skipped (or fatal with `strict`); the end of input closes every open session; the
 //! output is the same for any number of threads ([`crate::driver`]).
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::driver::{drive, DriveError, Options};
+use crate::driver::{drive, DriveError, Input, Options};
 use crate::output::Output;
 
 /// How outputs are printed.
@@ -103,7 +103,7 @@ fn write_output(o: &Output, format: Format, out: &mut dyn Write) -> std::io::Res
 /// reports to `errors`.
 pub fn replay(
     config: Arc<Config>,
-    input: &mut (dyn BufRead + Send),
+    input: Input<'_>,
     out: &mut dyn Write,
     errors: &mut dyn Write,
     format: Format,

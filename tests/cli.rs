@@ -340,3 +340,56 @@ fn simulate_writes_events_and_ground_truth_that_replay_agrees_with() {
         looping.iter().map(|s| s.to_string()).collect();
     assert_eq!(terminated, expected);
 }
+
+#[test]
+fn a_file_mapped_read_or_piped_replays_and_backtests_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    // A bad line in the middle and no line break at the end.
+    let mut input = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sessions.jsonl"),
+    )
+    .unwrap();
+    let middle = input.len() / 2;
+    let cut = middle + input[middle..].find('\n').unwrap() + 1;
+    input.insert_str(cut, "{\"type\": 1}\n");
+    let input = input.trim_end().to_string();
+    std::fs::write(&path, &input).unwrap();
+    for command in ["replay", "backtest"] {
+        let piped = run_with_stdin(
+            &[command, "-", "--threads", "1", "--format", "json"],
+            &input,
+        );
+        assert!(piped.status.success(), "{}", text(&piped.stderr));
+        assert!(
+            text(&piped.stderr).contains("line 22: "),
+            "{}",
+            text(&piped.stderr)
+        );
+        for threads in ["1", "2"] {
+            for extra in [&[][..], &["--no-mmap"][..]] {
+                let out = bin()
+                    .arg(command)
+                    .arg(&path)
+                    .args(["--threads", threads, "--format", "json"])
+                    .args(extra)
+                    .output()
+                    .unwrap();
+                let how = format!("{command} --threads {threads} {extra:?}");
+                assert_eq!(text(&out.stdout), text(&piped.stdout), "{how}");
+                assert_eq!(text(&out.stderr), text(&piped.stderr), "{how}");
+            }
+        }
+    }
+    // An empty file is read (it cannot be mapped): nothing to replay.
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let out = bin().arg("replay").arg(&empty).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+    assert!(
+        text(&out.stderr).contains("replayed 0 events from 0 lines"),
+        "{}",
+        text(&out.stderr)
+    );
+}

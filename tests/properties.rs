@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use loopwarden::config::Config;
+use loopwarden::driver::Input;
 use loopwarden::engine::{Engine, EventMeta};
 use loopwarden::event::{parse_event, Event, ParseLimits};
 use loopwarden::output::{ClosedBy, Output};
@@ -272,11 +273,19 @@ proptest! {
                 _ => {}
             }
         }
+        // Read through a reader (odd thread counts) or in place (even ones, as a mapped
+        // file is): batches cut alike, the same outputs.
         let replay = |threads: usize| {
             let mut out = Vec::new();
+            let mut reader = lines.as_bytes();
+            let input = if threads % 2 == 1 {
+                Input::Reader(&mut reader)
+            } else {
+                Input::Bytes(Arc::new(lines.clone().into_bytes()))
+            };
             loopwarden::replay::replay(
                 config(),
-                &mut lines.as_bytes(),
+                input,
                 &mut out,
                 &mut std::io::sink(),
                 loopwarden::replay::Format::Json,

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use loopwarden::config::Config;
+use loopwarden::driver::Input;
 use loopwarden::feed::{feed, Target, FILE_CLOCK};
 use loopwarden::replay::{replay, Format, ReplayOptions};
 use loopwarden::shutdown::Shutdown;
@@ -90,7 +91,7 @@ fn replay_digest(input: &[u8], threads: usize) -> (String, usize) {
     let mut output = Vec::new();
     replay(
         Arc::new(Config::default()),
-        &mut &input[..],
+        Input::Reader(&mut &input[..]),
         &mut output,
         &mut std::io::sink(),
         Format::Json,
