@@ -20,7 +20,8 @@
 //! reading, and the workers wait when handing them on is slower than the batch); then the
 //! parsed batch's clock is computed in one short sequential pass.
 //! Memory stays bounded by the batch size and the open sessions, whatever the input's
-//! length (a mapped file's pages are the page cache's, read once in order).
+//! length (a mapped file's pages are the page cache's, read once in order: they count in
+//! the resident memory, and the kernel takes them back when it needs to).
 
 use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
@@ -777,6 +778,14 @@ mod tests {
                     batch.len() <= batch_bytes || lines_in <= 1,
                     "{} bytes in {} lines", batch.len(), lines_in
                 );
+                // Not smaller than it need be: the next line would not have fitted.
+                if let Some(next) = batches.peek() {
+                    let next_line = memchr::memchr(b'\n', next).map_or(next.len(), |i| i + 1);
+                    proptest::prop_assert!(
+                        batch.len() + next_line > batch_bytes,
+                        "{} bytes, then a line of {}", batch.len(), next_line
+                    );
+                }
                 joined.extend_from_slice(&batch);
             }
             proptest::prop_assert_eq!(joined, text.into_bytes());

@@ -160,9 +160,11 @@ enum Command {
         /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line.
         #[arg(long, value_enum, default_value = "auto")]
         input_format: InputArg,
-        /// Read a file with read calls instead of mapping it into memory (mapped, a file
-        /// cut short while it is read ends the process with SIGBUS: use this for a log
-        /// that may be truncated, e.g. rotated with copytruncate, while it is read).
+        /// Read a file with read calls instead of mapping it into memory. Use it for a
+        /// file that may change during the run: mapped, a file cut short (e.g. rotated
+        /// with copytruncate) or failing on disk ends the process with SIGBUS, one
+        /// rewritten in place may be read half old, half new, and one that grows is read
+        /// only up to its size at the start.
         #[arg(long)]
         no_mmap: bool,
     },
@@ -192,9 +194,11 @@ enum Command {
         /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line.
         #[arg(long, value_enum, default_value = "auto")]
         input_format: InputArg,
-        /// Read a file with read calls instead of mapping it into memory (mapped, a file
-        /// cut short while it is read ends the process with SIGBUS: use this for a log
-        /// that may be truncated, e.g. rotated with copytruncate, while it is read).
+        /// Read a file with read calls instead of mapping it into memory. Use it for a
+        /// file that may change during the run: mapped, a file cut short (e.g. rotated
+        /// with copytruncate) or failing on disk ends the process with SIGBUS, one
+        /// rewritten in place may be read half old, half new, and one that grows is read
+        /// only up to its size at the start.
         #[arg(long)]
         no_mmap: bool,
     },
@@ -250,7 +254,6 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Arc<Config>> {
     Ok(Arc::new(config))
 }
 
-/// A file (decompressed when its name ends in `.gz`) or standard input (`-`).
 /// `--threads`, or every core available.
 fn threads_or_cores(threads: Option<usize>) -> anyhow::Result<usize> {
     match threads {
@@ -260,6 +263,7 @@ fn threads_or_cores(threads: Option<usize>) -> anyhow::Result<usize> {
     }
 }
 
+/// A file (decompressed when its name ends in `.gz`) or standard input (`-`).
 fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
     // Small: the driver reads whole batches into buffers of its own, and a read larger
     // than the buffer bypasses it (a large one would copy every byte once more).
@@ -293,7 +297,7 @@ impl Events {
 
 /// The events of `path`: a plain file of events mapped into memory when `mmap` allows
 /// (read in place, no copy), anything else read (standard input, `.gz`, OTLP JSON mapped
-/// to events, a pipe, an empty file, or a file the system does not map).
+/// to events, a pipe or FIFO, an empty file, or a file the system does not map).
 fn open_events(
     path: &Path,
     format: InputArg,
@@ -301,22 +305,21 @@ fn open_events(
     mmap: bool,
 ) -> anyhow::Result<Events> {
     let plain = path != Path::new("-") && path.extension().is_none_or(|e| e != "gz");
-    if mmap && plain && format != InputArg::OtlpJson {
+    // Told apart before opening: a FIFO opened twice would lose its writer's data.
+    let regular = || std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > 0);
+    if mmap && plain && format != InputArg::OtlpJson && regular() {
         let f =
             std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let meta = f
-            .metadata()
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if meta.is_file() && meta.len() > 0 {
-            // SAFETY: the map is only read. A file changed while mapped changes what is
-            // read, as a read would; one cut short ends the process (SIGBUS), which
-            // `--no-mmap` avoids, as the option's help says.
-            if let Ok(map) = unsafe { memmap2::Mmap::map(&f) } {
-                let _ = map.advise(memmap2::Advice::Sequential);
-                let head = &map[..map.len().min(1 << 16)];
-                if format == InputArg::Events || !looks_like_otlp_json(head) {
-                    return Ok(Events::Mapped(Arc::new(map)));
-                }
+        // SAFETY: the map is only read, and the slices borrowed from it never outlive it
+        // (the batches hold the `Arc`). What no read could do is the caller's risk, said
+        // in `--no-mmap`'s help and the README: a file cut short or failing on disk while
+        // mapped ends the process (SIGBUS), and one rewritten in place may change bytes
+        // already checked (appending is harmless: the map ends at the size it had).
+        if let Ok(map) = unsafe { memmap2::Mmap::map(&f) } {
+            let _ = map.advise(memmap2::Advice::Sequential);
+            let head = &map[..map.len().min(1 << 16)];
+            if format == InputArg::Events || !looks_like_otlp_json(head) {
+                return Ok(Events::Mapped(Arc::new(map)));
             }
         }
     }
@@ -703,5 +706,93 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opened(path: &Path, format: InputArg, mmap: bool) -> &'static str {
+        match open_events(path, format, &Config::default(), mmap).unwrap() {
+            Events::Mapped(_) => "mapped",
+            Events::Reader(_) => "read",
+        }
+    }
+
+    #[test]
+    fn a_plain_file_of_events_is_mapped_anything_else_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("events.jsonl");
+        std::fs::write(&events, "{\"type\": \"session.started\"}\n").unwrap();
+        let otlp = dir.path().join("traces.jsonl");
+        std::fs::write(&otlp, "{\"resourceSpans\": []}\n").unwrap();
+        let empty = dir.path().join("empty.jsonl");
+        std::fs::write(&empty, "").unwrap();
+        let gz = dir.path().join("events.jsonl.gz");
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), Default::default());
+        encoder.write_all(b"{}\n").unwrap();
+        std::fs::write(&gz, encoder.finish().unwrap()).unwrap();
+
+        assert_eq!(opened(&events, InputArg::Auto, true), "mapped");
+        assert_eq!(opened(&events, InputArg::Events, true), "mapped");
+        assert_eq!(opened(&events, InputArg::Auto, false), "read", "--no-mmap");
+        assert_eq!(
+            opened(&otlp, InputArg::Auto, true),
+            "read",
+            "OTLP is mapped to events"
+        );
+        assert_eq!(
+            opened(&otlp, InputArg::Events, true),
+            "mapped",
+            "said to be events"
+        );
+        assert_eq!(opened(&empty, InputArg::Auto, true), "read");
+        assert_eq!(opened(&gz, InputArg::Auto, true), "read");
+        assert!(open_events(
+            &dir.path().join("missing"),
+            InputArg::Auto,
+            &Config::default(),
+            true
+        )
+        .is_err());
+    }
+
+    /// A FIFO is read, not mapped, and its writer's data all arrives (`open_events`
+    /// tells it apart by `stat`, without opening it: a FIFO opened, closed and opened
+    /// again may lose what its writer wrote between, or wait for a writer that has gone).
+    #[test]
+    fn a_fifo_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("events.fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let lines: String = (0..1000).map(|i| format!("{{\"n\": {i}}}\n")).collect();
+        let writer = {
+            let (fifo, lines) = (fifo.clone(), lines.clone());
+            // Opening for writing waits for the reader; written, then closed.
+            std::thread::spawn(move || std::fs::write(fifo, lines).unwrap())
+        };
+        // Read on a thread of its own, so that a read that waits for a writer that has
+        // gone fails the test on the timeout instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut events = open_events(&fifo, InputArg::Auto, &Config::default(), true)?;
+            let Input::Reader(reader) = events.input() else {
+                anyhow::bail!("a FIFO cannot be mapped")
+            };
+            let mut got = String::new();
+            reader.read_to_string(&mut got)?;
+            tx.send(got)?;
+            Ok(())
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the FIFO read to its end");
+        writer.join().unwrap();
+        assert_eq!(got, lines);
     }
 }

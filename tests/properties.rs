@@ -273,15 +273,15 @@ proptest! {
                 _ => {}
             }
         }
-        // Read through a reader (odd thread counts) or in place (even ones, as a mapped
-        // file is): batches cut alike, the same outputs.
+        // Read in place (odd thread counts, as a mapped file is) or through a reader
+        // (even ones): batches cut alike, the same outputs.
         let replay = |threads: usize| {
             let mut out = Vec::new();
             let mut reader = lines.as_bytes();
             let input = if threads % 2 == 1 {
-                Input::Reader(&mut reader)
-            } else {
                 Input::Bytes(Arc::new(lines.clone().into_bytes()))
+            } else {
+                Input::Reader(&mut reader)
             };
             loopwarden::replay::replay(
                 config(),

@@ -215,7 +215,6 @@ fn is_fatal(e: &KafkaError) -> bool {
     rd_error(e).is_some_and(|rd| rd.is_fatal())
 }
 
-/// A transaction call that timed out or met a passing broker error: call it again.
 /// `call` again while it fails with a retriable error and `backoff`'s deadline holds.
 fn retrying(
     backoff: &Backoff,
@@ -235,6 +234,7 @@ fn retrying(
     }
 }
 
+/// A transaction call that timed out or met a passing broker error: call it again.
 fn is_retriable(e: &KafkaError) -> bool {
     matches!(e, KafkaError::Flush(_)) || rd_error(e).is_some_and(|rd| rd.is_retriable())
 }
