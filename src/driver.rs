@@ -606,7 +606,7 @@ pub fn drive<S: Sink>(
     std::thread::scope(|scope| -> Result<(), DriveError> {
         let (recycle, recycled) = mpsc::channel();
         let batch_bytes = options.batch_bytes.max(1);
-        let mut rx: Box<dyn Iterator<Item = std::io::Result<Batch>>> = match input {
+        let mut batches: Box<dyn Iterator<Item = std::io::Result<Batch>>> = match input {
             Input::Reader(input) => {
                 let (tx, rx) = mpsc::sync_channel(2);
                 scope.spawn(move || read_batches(input, batch_bytes, tx, recycled));
@@ -631,7 +631,7 @@ pub fn drive<S: Sink>(
             let read = if stopping {
                 Ok(None)
             } else {
-                rx.next().transpose()
+                batches.next().transpose()
             };
             let next = match read {
                 Ok(next) => next,
