@@ -295,6 +295,16 @@ pub fn spawn_run_with_env(config: &Path, log: &Path, env: &[(&str, &str)]) -> Ru
     }
 }
 
+/// A run a failing test leaves behind is killed, not left consuming.
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Running {
     pub fn kill9(mut self) {
         self.child.kill().unwrap();
