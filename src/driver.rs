@@ -823,24 +823,45 @@ mod tests {
         )
     }
 
-    /// Replays `input` strictly, in batches of about `batch_bytes`: what was written,
-    /// and the error.
-    fn strict_replay(input: &str, threads: usize, batch_bytes: usize) -> (String, String) {
+    /// Replays `input` with the default configuration: what was written, and how it ended.
+    fn replayed(
+        input: Input<'_>,
+        options: ReplayOptions,
+    ) -> (String, Result<crate::replay::ReplayReport, DriveError>) {
         let mut out = Vec::new();
-        let err = replay(
+        let ended = replay(
             Arc::new(Config::default()),
-            Input::Reader(&mut trickle(input, false)),
+            input,
             &mut out,
             &mut std::io::sink(),
             Format::Json,
-            ReplayOptions {
-                threads,
-                strict: true,
-                batch_bytes,
-            },
-        )
-        .expect_err("a bad line under --strict");
-        (String::from_utf8(out).unwrap(), err.to_string())
+            options,
+        );
+        (String::from_utf8(out).unwrap(), ended)
+    }
+
+    /// Replays `input` strictly, in batches of about `batch_bytes`: what was written,
+    /// and the error.
+    fn strict_replay(input: &str, threads: usize, batch_bytes: usize) -> (String, String) {
+        let options = ReplayOptions {
+            threads,
+            strict: true,
+            batch_bytes,
+        };
+        let (out, ended) = replayed(Input::Reader(&mut trickle(input, false)), options);
+        let err = ended.expect_err("a bad line under --strict");
+        (out, err.to_string())
+    }
+
+    /// What the first `n` lines cause, but for the end of input's closes.
+    fn caused_by_first(lines: &[&str], n: usize) -> String {
+        let input = lines[..n].join("\n");
+        let (out, ended) = replayed(Input::Reader(&mut input.as_bytes()), Default::default());
+        ended.unwrap();
+        out.lines()
+            .filter(|o| !o.contains(r#""closed_by":"end_of_input""#))
+            .map(|o| format!("{o}\n"))
+            .collect()
     }
 
     #[test]
@@ -859,22 +880,7 @@ mod tests {
             input.push('\n');
         }
         // What the events before the bad line cause, but for the end of input's closes.
-        let mut whole = Vec::new();
-        replay(
-            Arc::new(Config::default()),
-            Input::Reader(&mut lines[..at].join("\n").as_bytes()),
-            &mut whole,
-            &mut std::io::sink(),
-            Format::Json,
-            ReplayOptions::default(),
-        )
-        .unwrap();
-        let before: String = String::from_utf8(whole)
-            .unwrap()
-            .lines()
-            .filter(|o| !o.contains(r#""closed_by":"end_of_input""#))
-            .map(|o| format!("{o}\n"))
-            .collect();
+        let before = caused_by_first(&lines, at);
         assert!(before.lines().count() >= 3, "{before}");
         let (one, err) = strict_replay(&input, 1, 600);
         assert!(err.contains(&format!("line {}", at + 1)), "{err}");
@@ -892,20 +898,13 @@ mod tests {
         // not the failure of a read it had no need for.
         let input = "{\"type\":\"session.started\",\"session_id\":\"s\"}\n{oops\n";
         for threads in [1, 2] {
-            let err = replay(
-                Arc::new(Config::default()),
-                Input::Reader(&mut trickle(input, true)),
-                &mut Vec::new(),
-                &mut std::io::sink(),
-                Format::Json,
-                ReplayOptions {
-                    threads,
-                    strict: true,
-                    batch_bytes: 1,
-                },
-            )
-            .expect_err("a bad line under --strict")
-            .to_string();
+            let options = ReplayOptions {
+                threads,
+                strict: true,
+                batch_bytes: 1,
+            };
+            let (_, ended) = replayed(Input::Reader(&mut trickle(input, true)), options);
+            let err = ended.expect_err("a bad line under --strict").to_string();
             assert!(
                 err.starts_with("line 2:") && err.contains("--strict"),
                 "{err}"
@@ -917,25 +916,7 @@ mod tests {
     fn a_read_error_comes_after_the_outputs_of_every_applied_batch() {
         let sessions = std::fs::read_to_string("examples/sessions.jsonl").unwrap();
         let lines: Vec<&str> = sessions.lines().collect();
-        // What the first `n` lines cause, but for the end of input's closes.
-        let caused = |n: usize| {
-            let mut out = Vec::new();
-            replay(
-                Arc::new(Config::default()),
-                Input::Reader(&mut lines[..n].join("\n").as_bytes()),
-                &mut out,
-                &mut std::io::sink(),
-                Format::Json,
-                ReplayOptions::default(),
-            )
-            .unwrap();
-            String::from_utf8(out)
-                .unwrap()
-                .lines()
-                .filter(|o| !o.contains(r#""closed_by":"end_of_input""#))
-                .map(|o| format!("{o}\n"))
-                .collect::<String>()
-        };
+        let caused = |n: usize| caused_by_first(&lines, n);
         // A line that causes an output, and one more line after it: batches of one line
         // each, then the input fails. The last batch read is parsed but never applied;
         // every batch before it was, and its outputs must be out before the error.
@@ -945,27 +926,15 @@ mod tests {
             .expect("some line causes an output");
         let input: String = lines[..=k].iter().map(|l| format!("{l}\n")).collect();
         for threads in [1, 2] {
-            let mut out = Vec::new();
-            let err = replay(
-                Arc::new(Config::default()),
-                Input::Reader(&mut trickle(&input, true)),
-                &mut out,
-                &mut std::io::sink(),
-                Format::Json,
-                ReplayOptions {
-                    threads,
-                    strict: false,
-                    batch_bytes: 1,
-                },
-            )
-            .expect_err("the input failed")
-            .to_string();
+            let options = ReplayOptions {
+                threads,
+                strict: false,
+                batch_bytes: 1,
+            };
+            let (out, ended) = replayed(Input::Reader(&mut trickle(&input, true)), options);
+            let err = ended.expect_err("the input failed").to_string();
             assert!(err.contains("the disk went away"), "{err}");
-            assert_eq!(
-                String::from_utf8(out).unwrap(),
-                caused(k),
-                "{threads} threads"
-            );
+            assert_eq!(out, caused(k), "{threads} threads");
         }
     }
 }

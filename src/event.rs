@@ -997,13 +997,8 @@ mod tests {
             end - 1,
             end,
         ];
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let spread = (0..20_000).map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            first + (state % (end - first) as u64) as i64
-        });
+        let mut rng = crate::simulate::Rng::new(7);
+        let spread = (0..20_000).map(|_| first + rng.below((end - first) as u64) as i64);
         for ms in edges.into_iter().chain(spread) {
             assert_eq!(format_rfc3339_ms(ms), format_rfc3339_ms_by_time(ms), "{ms}");
         }
