@@ -76,6 +76,21 @@ pub fn eq2(b: &[u8; BLOCK], x: u8, y: u8) -> (u64, u64) {
     }
 }
 
+/// The bytes that end a run of plain JSON string content: `"`, `\\` and control
+/// characters (below 0x20, which a string may not hold unescaped).
+#[inline]
+pub fn string_stops(b: &[u8; BLOCK]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `digits_and_words`.
+        unsafe { sse2::string_stops(b) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        portable::string_stops(b)
+    }
+}
+
 /// Bytes equal to `x` or `y` among sixteen (the short steps of a string search).
 #[inline]
 pub fn eq_either16(b: &[u8; 16], x: u8, y: u8) -> u16 {
@@ -183,6 +198,20 @@ mod sse2 {
 
     #[inline]
     #[target_feature(enable = "sse2")]
+    pub fn string_stops(b: &[u8; BLOCK]) -> u64 {
+        let mut stops = 0;
+        for i in 0..4 {
+            let v = load(b, i);
+            let quote = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8));
+            let backslash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
+            let control = in_range(v, 0, 0x1f);
+            stops |= bits(_mm_or_si128(_mm_or_si128(quote, backslash), control), i);
+        }
+        stops
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
     pub fn eq_either16(b: &[u8; 16], x: u8, y: u8) -> u16 {
         // SAFETY: the sixteen bytes are the array; `loadu` has no alignment requirement.
         let v = unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) };
@@ -235,6 +264,10 @@ mod portable {
         mask(b, |x| x.is_ascii_whitespace())
     }
 
+    pub fn string_stops(b: &[u8; BLOCK]) -> u64 {
+        mask(b, |x| x == b'"' || x == b'\\' || x < 0x20)
+    }
+
     pub fn eq_either16(b: &[u8; 16], x: u8, y: u8) -> u16 {
         b.iter()
             .enumerate()
@@ -263,6 +296,8 @@ mod tests {
             let (d, w) = digits_and_words(&b);
             let (q, s) = eq2(&b, b'"', b'\\');
             let ws = whitespace(&b);
+            let stops = string_stops(&b);
+            assert_eq!(stops, portable::string_stops(&b));
             let head: &[u8; 16] = b[..16].try_into().unwrap();
             let either = eq_either16(head, b'"', b'\\');
             assert_eq!(either, portable::eq_either16(head, b'"', b'\\'));
@@ -276,6 +311,7 @@ mod tests {
                 assert_eq!(q >> i & 1 == 1, x == b'"');
                 assert_eq!(s >> i & 1 == 1, x == b'\\');
                 assert_eq!(ws >> i & 1 == 1, x.is_ascii_whitespace(), "{x:#x}");
+                assert_eq!(stops >> i & 1 == 1, x == b'"' || x == b'\\' || x < 0x20);
                 if i < 16 {
                     assert_eq!(either >> i & 1 == 1, x == b'"' || x == b'\\');
                 }

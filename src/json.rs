@@ -12,7 +12,7 @@
 
 use std::borrow::Cow;
 
-use crate::classes::{eq2, eq_either16, BLOCK};
+use crate::classes::{eq2, eq_either16, string_stops, Block, BLOCK};
 
 /// The fast pass gave up: serde_json decides (and says what is wrong, if anything).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,38 +63,9 @@ pub(crate) fn bytes_equal(x: u64, b: u8) -> u64 {
     v.wrapping_sub(LO) & !v & HI
 }
 
-/// The high bit of each byte of `x` below `n` (n <= 128; exact for the lowest one).
-#[inline]
-fn bytes_below(x: u64, n: u8) -> u64 {
-    x.wrapping_sub(n as u64 * LO) & !x & HI
-}
-
 #[inline]
 fn load8(s: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(s[at..at + 8].try_into().expect("eight bytes"))
-}
-
-/// The first byte at or after `from` that ends a run of plain string bytes: `"`, `\` or
-/// a control character; `s.len()` if none.
-#[inline]
-pub fn string_stop(s: &[u8], from: usize) -> usize {
-    let mut i = from;
-    while i + 8 <= s.len() {
-        let w = load8(s, i);
-        let m = bytes_equal(w, b'"') | bytes_equal(w, b'\\') | bytes_below(w, 0x20);
-        if m != 0 {
-            return i + (m.trailing_zeros() / 8) as usize;
-        }
-        i += 8;
-    }
-    while i < s.len() {
-        let b = s[i];
-        if b == b'"' || b == b'\\' || b < 0x20 {
-            return i;
-        }
-        i += 1;
-    }
-    s.len()
 }
 
 fn hex4(s: &[u8], at: usize) -> Option<u32> {
@@ -122,12 +93,6 @@ pub enum NumKind {
     Integer,
     /// With a fraction or an exponent.
     Float,
-}
-
-/// Whether a text has a control character (a byte below 0x20) anywhere: one pass the
-/// compiler vectorizes, after which strings need only be searched for `"` and `\`.
-pub fn has_control(s: &[u8]) -> bool {
-    s.iter().fold(false, |found, &b| found | (b < 0x20))
 }
 
 /// The closing quote of a string whose content starts at `from` (or `s.len()` when there
@@ -227,8 +192,11 @@ pub struct Scanner<'a> {
     pub pos: usize,
     depth: usize,
     max_depth: usize,
-    /// The text has no control character: strings need no check for them.
-    clean: bool,
+    /// The 64-byte block (at a multiple of 64) whose string stops are in `stops`.
+    stops_block: usize,
+    /// The bytes of that block that end plain string content ([`string_stops`]): found
+    /// once per block, so the many short keys and values in one cost a shift each.
+    stops: u64,
 }
 
 impl<'a> Scanner<'a> {
@@ -238,7 +206,30 @@ impl<'a> Scanner<'a> {
             pos: 0,
             depth: 0,
             max_depth,
-            clean: !has_control(s),
+            stops_block: usize::MAX,
+            stops: 0,
+        }
+    }
+
+    /// The first `"`, `\` or control character at or after `from`; `s.len()` if none.
+    #[inline]
+    fn next_stop(&mut self, mut from: usize) -> usize {
+        loop {
+            let block = from & !(BLOCK - 1);
+            if block != self.stops_block {
+                if block >= self.s.len() {
+                    return self.s.len();
+                }
+                let mut pad = [0; BLOCK];
+                let b = Block::at(self.s, block, &mut pad);
+                self.stops = string_stops(b.bytes) & b.valid;
+                self.stops_block = block;
+            }
+            let ahead = self.stops >> (from - block);
+            if ahead != 0 {
+                return from + ahead.trailing_zeros() as usize;
+            }
+            from = block + BLOCK;
         }
     }
 
@@ -273,44 +264,22 @@ impl<'a> Scanner<'a> {
     pub fn string(&mut self) -> Result<StrSpan, Bail> {
         self.eat(b'"')?;
         let start = self.pos;
-        if !self.clean {
-            return self.string_with_controls(start);
-        }
-        let s = self.s;
         let mut escaped = false;
-        let end = string_close(s, start, |at| {
-            escaped = true;
-            valid_escape(s, at)
-        })?;
-        if end == s.len() {
-            return Err(Bail);
-        }
-        self.pos = end + 1;
-        Ok(StrSpan {
-            start,
-            end,
-            escaped,
-        })
-    }
-
-    /// A string in a document that has a control character somewhere: each run of plain
-    /// bytes is checked for one.
-    fn string_with_controls(&mut self, start: usize) -> Result<StrSpan, Bail> {
-        let mut escaped = false;
+        let mut i = start;
         loop {
-            let i = string_stop(self.s, self.pos);
-            match self.s.get(i) {
+            let at = self.next_stop(i);
+            match self.s.get(at) {
                 Some(b'"') => {
-                    self.pos = i + 1;
+                    self.pos = at + 1;
                     return Ok(StrSpan {
                         start,
-                        end: i,
+                        end: at,
                         escaped,
                     });
                 }
                 Some(b'\\') => {
                     escaped = true;
-                    self.pos = i + valid_escape(self.s, i)?;
+                    i = at + valid_escape(self.s, at)?;
                 }
                 _ => return Err(Bail), // a control character, or the end
             }
@@ -617,7 +586,7 @@ pub fn skip(s: &[u8], pos: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use proptest::strategy::Strategy;
+    use proptest::strategy::{Just, Strategy};
 
     use super::*;
 
@@ -674,17 +643,48 @@ mod tests {
         assert!(scan(&ok).is_ok());
     }
 
-    #[test]
-    fn string_stops_at_quotes_escapes_and_controls() {
-        let s = b"0123456789abcdef\"";
-        assert_eq!(string_stop(s, 0), 16);
-        assert_eq!(string_stop(b"abc\\d", 0), 3);
-        assert_eq!(string_stop(b"abcdefghij\x01", 0), 10);
-        assert_eq!(string_stop(b"abcdefghij", 0), 10);
-        for n in 0..40 {
-            let mut v = vec![b'a'; n];
-            v.push(b'"');
-            assert_eq!(string_stop(&v, 0), n);
+    proptest::proptest! {
+        /// Strings read one after another, each block's stops found once and shared by
+        /// the strings in it (strings across block edges, escapes, control characters):
+        /// every string's span is its content, and the first one with a control character
+        /// gives up, as serde_json refuses the document.
+        #[test]
+        fn scanner_reads_strings_one_after_another(
+            strings in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::prop_oneof![
+                        "[a-z é]{0,70}".prop_map(String::from),
+                        r#"\\[nt"\\/]"#.prop_map(String::from),
+                        r"\\u00[0-9a-f]{2}".prop_map(String::from),
+                        proptest::prop_oneof![Just("\u{1}"), Just("\n"), Just("\u{1f}")].prop_map(String::from),
+                    ],
+                    0..6,
+                )
+                .prop_map(|parts| parts.concat()),
+                1..12,
+            ),
+        ) {
+            let doc = format!(
+                "[{}]",
+                strings.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(",")
+            );
+            let mut sc = Scanner::new(doc.as_bytes(), 64);
+            sc.open(b'[').unwrap();
+            for (i, content) in strings.iter().enumerate() {
+                if i > 0 {
+                    sc.eat(b',').unwrap();
+                }
+                let got = sc.string();
+                if content.bytes().any(|b| b < 0x20) {
+                    proptest::prop_assert_eq!(got, Err(Bail));
+                    proptest::prop_assert!(serde_json::from_str::<serde_json::Value>(&doc).is_err());
+                    return Ok(());
+                }
+                let span = got.unwrap();
+                proptest::prop_assert_eq!(&doc[span.start..span.end], content.as_str());
+                proptest::prop_assert_eq!(span.escaped, content.contains('\\'));
+            }
+            proptest::prop_assert_eq!(scan(&doc), Ok(doc.len()));
         }
     }
 
