@@ -4,7 +4,8 @@
 //! Workload: thousands of interleaved sessions; ~60 % tool calls (args ~100 B, results
 //! 0.2–2 kB, a tenth of them polls), ~40 % LLM calls (turn text 0.2–0.8 kB); one session
 //! in ten falls into a loop (same call and result) after a healthy start.
-//! `cargo bench --bench engine` runs it: `parse_only`, then `process` (engine alone) and
+//! `cargo bench --bench engine` runs it: `parse_only` (and, for reference, a SIMD JSON
+//! parser of the field on the same lines), then `process` (engine alone) and
 //! `parse_and_process` (one core's work per event) with 1k, 100k and 1M sessions open;
 //! set `LOOPWARDEN_BENCH_MAX_SESSIONS` to skip the larger cases on small machines.
 //! Whole-process replay is timed by `benches/vs-seeds`.
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use loopwarden::config::Config;
 use loopwarden::engine::{Engine, EventMeta};
-use loopwarden::event::{parse_event, parse_rfc3339_ms, Event, ParseLimits};
+use loopwarden::event::{parse_event, parse_rfc3339_ms, Event, EventBody, ParseLimits};
 use loopwarden::otlp::{attr, decode, Encoding, Mapper};
 use loopwarden::simulate::{prose, Rng};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -22,6 +23,7 @@ use opentelemetry_proto::tonic::common::v1::{any_value::Value as Attr, AnyValue,
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message as _;
 use serde_json::json;
+use sha2::{Digest as _, Sha256};
 
 // The allocator `loopwarden` itself runs on (src/main.rs), so that the engine is measured
 // as it runs.
@@ -258,6 +260,51 @@ fn bench_engine(c: &mut Criterion) {
         b.iter(|| {
             for r in &raw {
                 std::hint::black_box(parse_event(r, &ParseLimits::default()).unwrap());
+            }
+        })
+    });
+    // References, not loopwarden's code: a SIMD JSON parser of the field (sonic-rs) on the
+    // same lines, reading each event's members with their values kept as raw JSON (as
+    // the event reader keeps `args`, `result` and `text`), and building its document of
+    // the whole event. They show where the event parser stands.
+    group.bench_function("reference/sonic_rs_members", |b| {
+        b.iter(|| {
+            for r in &raw {
+                for member in sonic_rs::to_object_iter(r.as_slice()) {
+                    let (key, value) = member.unwrap();
+                    std::hint::black_box((key, value.as_raw_str().len()));
+                }
+            }
+        })
+    });
+    group.bench_function("reference/sonic_rs_document", |b| {
+        b.iter(|| {
+            for r in &raw {
+                let document: sonic_rs::Value = sonic_rs::from_slice(r).unwrap();
+                std::hint::black_box(document);
+            }
+        })
+    });
+    // The SHA-256 that DESIGN §2 asks of every tool call's fingerprints, alone: over each
+    // event's `args` and `result` as written (their canonical forms are about as long).
+    // With `parse_only`, a floor under `parse_and_process` that no engine work removes.
+    let hashed: Vec<String> = raw
+        .iter()
+        .filter_map(
+            |r| match parse_event(r, &ParseLimits::default()).unwrap().body {
+                EventBody::ToolCall(call) => Some(format!(
+                    "{}{}",
+                    call.args.as_ref().map_or("", |a| a.as_str()),
+                    call.result.as_ref().map_or("", |r| r.as_str())
+                )),
+                _ => None,
+            },
+        )
+        .collect();
+    group.bench_function("reference/sha256_of_args_and_results", |b| {
+        b.iter(|| {
+            for text in &hashed {
+                std::hint::black_box(Sha256::digest(text.as_bytes()));
             }
         })
     });
