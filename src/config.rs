@@ -68,7 +68,8 @@ impl std::fmt::Display for KeyError {
 /// Why a configuration was refused (always fatal).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    // The cause is said by the error chain (`{:#}`), not twice.
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
@@ -603,10 +604,10 @@ impl Config {
         let spans_topic = raw_telemetry
             .spans_topic
             .unwrap_or_else(|| DEFAULT_SPANS_TOPIC.to_string());
-        if spans_topic.is_empty() || spans_topic.contains(char::is_whitespace) {
+        if !crate::kafka::settings::valid_topic(&spans_topic) {
             errors.push(
                 "telemetry.spans_topic",
-                format!("`{spans_topic}` is not a topic name"),
+                format!("`{spans_topic}` is not a valid topic name (1-249 of [a-zA-Z0-9._-])"),
             );
         }
         let owner_series_limit = raw_telemetry
@@ -624,6 +625,22 @@ impl Config {
         );
         for (key, message) in kafka_errors {
             errors.push(key, message);
+        }
+        if spans_to_kafka {
+            // Spans are OTLP protobuf: on an input topic they would be read back as bad
+            // events, on the changelog as broken state.
+            let shared = if kafka.input_topics.contains(&spans_topic) {
+                Some("an input topic")
+            } else {
+                (kafka.changelog && kafka.changelog_topic == spans_topic)
+                    .then_some("the changelog topic")
+            };
+            if let Some(other) = shared {
+                errors.push(
+                    "telemetry.spans_topic",
+                    format!("`{spans_topic}` is also {other}: spans need a topic of their own"),
+                );
+            }
         }
 
         // engine
@@ -1033,6 +1050,29 @@ mod tests {
         ] {
             assert!(keys.contains(&expected), "missing {expected} in {keys:?}");
         }
+    }
+
+    #[test]
+    fn spans_on_the_bus_need_a_topic_of_their_own() {
+        for (text, expected) in [
+            ("[telemetry]\nspans_topic = \"a/b\"\n", "not a valid topic name"),
+            (
+                "[telemetry]\nspans_to_kafka = true\nspans_topic = \"tool.called\"\n",
+                "also an input topic",
+            ),
+            (
+                "[telemetry]\nspans_to_kafka = true\nspans_topic = \"s\"\n[kafka]\nchangelog_topic = \"s\"\n",
+                "also the changelog topic",
+            ),
+        ] {
+            let err = cfg(text).unwrap_err();
+            let errors = err.key_errors();
+            assert_eq!(errors.len(), 1, "{text}: {err}");
+            assert_eq!(errors[0].key, "telemetry.spans_topic");
+            assert!(errors[0].message.contains(expected), "{err}");
+        }
+        // Off the bus, the topic is not used.
+        cfg("[telemetry]\nspans_topic = \"tool.called\"\n").unwrap();
     }
 
     #[test]

@@ -219,8 +219,12 @@ enum Command {
     /// Validate a configuration file (and LOOPWARDEN_* overrides), report every error at
     /// once, and print the effective configuration.
     CheckConfig {
-        /// The file to check; without it, the built-in defaults plus the environment.
+        /// The file to check (it wins over `--config`); without either, the built-in
+        /// defaults plus the environment.
         file: Option<PathBuf>,
+        /// The file to check, named as the other commands take it.
+        #[arg(long, short, env = "LOOPWARDEN_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Ask a running `loopwarden run` whether it is alive (`/healthz`) or ready
     /// (`/readyz`): exits 0 on HTTP 2xx, 1 otherwise. For container health checks, where
@@ -246,12 +250,37 @@ fn share(s: &str) -> Result<f64, String> {
 }
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<Arc<Config>> {
-    let env = std::env::vars();
+    let env = config_env(std::env::vars_os())?.into_iter();
     let config = match path {
         Some(p) => Config::load(p, env)?,
         None => Config::from_toml_str("", "defaults", env)?,
     };
     Ok(Arc::new(config))
+}
+
+/// The process environment as the configuration reads it: a `LOOPWARDEN_…` variable whose
+/// name or value is not UTF-8 is an error naming it; any other such variable is none of
+/// the configuration's business and is passed over (`std::env::vars` would panic on it).
+fn config_env(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let prefix = loopwarden::config::ENV_PREFIX.as_bytes();
+    let mut env = Vec::new();
+    for (name, value) in vars {
+        let ours = name.as_encoded_bytes().starts_with(prefix);
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => env.push((name, value)),
+            (Ok(name), Err(_)) if ours => {
+                anyhow::bail!("environment variable {name}: its value is not UTF-8")
+            }
+            (Err(name), _) if ours => anyhow::bail!(
+                "environment variable {}: its name is not UTF-8",
+                name.to_string_lossy()
+            ),
+            _ => {}
+        }
+    }
+    Ok(env)
 }
 
 /// `--threads`, or every core available.
@@ -686,8 +715,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::CheckConfig { file } => {
-            let config = load_config(file.as_deref())?;
+        Command::CheckConfig { file, config } => {
+            let config = load_config(file.or(config).as_deref())?;
             print!("{}", config.effective_toml());
             eprintln!("configuration is valid");
             Ok(ExitCode::SUCCESS)
@@ -718,6 +747,37 @@ mod tests {
             Events::Mapped(_) => "mapped",
             Events::Reader(_) => "read",
         }
+    }
+
+    #[test]
+    fn the_environment_is_read_without_panicking_on_bytes_that_are_not_utf8() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let var = |name: &[u8], value: &[u8]| {
+            (
+                OsString::from_vec(name.to_vec()),
+                OsString::from_vec(value.to_vec()),
+            )
+        };
+        // Someone else's variable that is not UTF-8: passed over.
+        let env = config_env(
+            [
+                var(b"X", b"\xff"),
+                var(b"\xfe", b"1"),
+                var(b"LOOPWARDEN_MODE", b"warn"),
+            ]
+            .into_iter(),
+        )
+        .unwrap();
+        assert_eq!(env, vec![("LOOPWARDEN_MODE".into(), "warn".into())]);
+        // Ours: an error that names it.
+        let err = config_env([var(b"LOOPWARDEN_MODE", b"w\xffrn")].into_iter()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "environment variable LOOPWARDEN_MODE: its value is not UTF-8"
+        );
+        let err = config_env([var(b"LOOPWARDEN_\xff", b"1")].into_iter()).unwrap_err();
+        assert!(err.to_string().contains("its name is not UTF-8"), "{err}");
     }
 
     #[test]

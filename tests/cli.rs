@@ -220,6 +220,62 @@ fn environment_overrides_apply_to_check_config() {
 }
 
 #[test]
+fn check_config_reads_the_file_the_other_commands_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let seven = dir.path().join("seven.toml");
+    std::fs::write(&seven, "[detectors.repeat]\nterminate_at = 7\n").unwrap();
+    let nine = dir.path().join("nine.toml");
+    std::fs::write(&nine, "[detectors.repeat]\nterminate_at = 9\n").unwrap();
+    let repeat_terminate_at = |out: &std::process::Output| {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let eff: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
+        eff["detectors"]["repeat"]["terminate_at"].as_float()
+    };
+    let by_env = bin()
+        .args(["check-config"])
+        .env("LOOPWARDEN_CONFIG", &seven)
+        .output()
+        .unwrap();
+    assert_eq!(repeat_terminate_at(&by_env), Some(7.0));
+    let by_flag = bin()
+        .args(["check-config", "--config"])
+        .arg(&seven)
+        .output()
+        .unwrap();
+    assert_eq!(repeat_terminate_at(&by_flag), Some(7.0));
+    let named = bin()
+        .args(["check-config"])
+        .arg(&nine)
+        .env("LOOPWARDEN_CONFIG", &seven)
+        .output()
+        .unwrap();
+    assert_eq!(repeat_terminate_at(&named), Some(9.0));
+}
+
+#[test]
+fn a_variable_that_is_not_utf8_is_named_or_passed_over() {
+    use std::os::unix::ffi::OsStrExt;
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"w\xffrn");
+    let theirs = bin()
+        .args(["check-config"])
+        .env("SOMEONE_ELSES", not_utf8)
+        .output()
+        .unwrap();
+    assert!(theirs.status.success(), "{}", text(&theirs.stderr));
+    let ours = bin()
+        .args(["check-config"])
+        .env("LOOPWARDEN_MODE", not_utf8)
+        .output()
+        .unwrap();
+    assert_eq!(ours.status.code(), Some(2), "{}", text(&ours.stderr));
+    assert!(
+        text(&ours.stderr).contains("LOOPWARDEN_MODE: its value is not UTF-8"),
+        "{}",
+        text(&ours.stderr)
+    );
+}
+
+#[test]
 fn the_example_config_documents_the_defaults() {
     let example = loopwarden::config::Config::load(
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/loopwarden.toml")),

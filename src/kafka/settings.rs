@@ -60,8 +60,15 @@ impl Delivery {
 }
 
 /// librdkafka properties loopwarden sets itself, and why a user may not.
+/// (librdkafka's aliases of them too: `metadata.broker.list` is what `bootstrap.servers`
+/// names, and `auto.commit.enable` is the old name of `enable.auto.commit`.)
 pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
     ("bootstrap.servers", "set kafka.brokers instead"),
+    ("metadata.broker.list", "set kafka.brokers instead"),
+    (
+        "auto.commit.enable",
+        "offsets are committed only after state is stored (at-least-once)",
+    ),
     ("group.id", "set kafka.group_id instead"),
     (
         "enable.auto.commit",
@@ -180,6 +187,24 @@ pub(crate) fn valid_topic(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
+/// Why a value of a librdkafka property would break the idempotent producer that every
+/// output goes through, if it would; librdkafka itself says so only when the client is
+/// created, at `run`, where `check-config` should have said it.
+fn breaks_idempotence(name: &str, value: &str) -> Option<&'static str> {
+    let number = value.trim().parse::<i64>().ok();
+    match name {
+        "acks" | "request.required.acks" => (!matches!(value.trim(), "all" | "-1"))
+            .then_some("the idempotent producer needs acks from every in-sync replica: all or -1"),
+        "max.in.flight" | "max.in.flight.requests.per.connection" => number
+            .is_some_and(|n| n > 5)
+            .then_some("the idempotent producer keeps order with at most 5 requests in flight"),
+        "retries" | "message.send.max.retries" => number
+            .is_some_and(|n| n < 1)
+            .then_some("the idempotent producer needs retries (at least 1)"),
+        _ => None,
+    }
+}
+
 /// What `to_toml` shows instead of a secret property's value.
 pub const REDACTED: &str = "(redacted)";
 
@@ -219,6 +244,12 @@ fn properties(
                 continue;
             }
         };
+        if section != "consumer" {
+            if let Some(why) = breaks_idempotence(&name, &value) {
+                errors.push((key, format!("`{value}` is refused: {why}")));
+                continue;
+            }
+        }
         // librdkafka checks names and values in memory: no broker is contacted.
         let mut probe = rdkafka::ClientConfig::new();
         probe.set(&name, &value);
@@ -292,6 +323,29 @@ impl KafkaSettings {
                     format!(
                         "`{t}` is also an output topic: loopwarden would read its own findings"
                     ),
+                ));
+            }
+        }
+        // The changelog holds session state: a topic it shares would mix state records
+        // with events (read back as bad input) or with findings (read by consumers).
+        if raw.changelog.unwrap_or(true) {
+            let shared = if input_topics.contains(&changelog_topic) {
+                Some("an input topic".to_string())
+            } else {
+                [
+                    ("warning_topic", &warning_topic),
+                    ("terminated_topic", &terminated_topic),
+                    ("summary_topic", &summary_topic),
+                    ("dlq_topic", &dlq_topic),
+                ]
+                .into_iter()
+                .find(|(_, t)| **t == changelog_topic)
+                .map(|(key, _)| format!("kafka.{key}"))
+            };
+            if let Some(other) = shared {
+                errors.push((
+                    "kafka.changelog_topic".into(),
+                    format!("`{changelog_topic}` is also {other}: the changelog needs a topic of its own"),
                 ));
             }
         }
@@ -571,6 +625,51 @@ mod tests {
         let (_, errors) = validate("delivery = \"exactly_once\"\nchangelog = false\n");
         assert_eq!(errors.len(), 1);
         assert!(errors[0].1.contains("kafka.changelog"), "{errors:?}");
+    }
+
+    #[test]
+    fn aliases_of_owned_properties_and_values_breaking_idempotence_are_refused() {
+        let (_, errors) = validate(
+            "[client]\n\"metadata.broker.list\" = \"evil:9092\"\n[consumer]\n\"auto.commit.enable\" = \"true\"\n\"acks\" = \"0\"\n[producer]\nacks = \"1\"\n\"max.in.flight\" = 6\nretries = 0\n\"linger.ms\" = 5\n",
+        );
+        let keys: Vec<&str> = errors.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "kafka.client.metadata.broker.list",
+                "kafka.consumer.auto.commit.enable",
+                "kafka.producer.acks",
+                "kafka.producer.max.in.flight",
+                "kafka.producer.retries",
+            ],
+            "{errors:?}"
+        );
+        let (s, errors) =
+            validate("[producer]\nacks = \"all\"\n\"max.in.flight\" = 5\nretries = 3\n");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.producer["acks"], "all");
+    }
+
+    #[test]
+    fn the_changelog_topic_is_shared_with_no_other() {
+        for (shared, other) in [
+            ("changelog_topic = \"tool.called\"\n", "an input topic"),
+            (
+                "changelog_topic = \"x\"\nsummary_topic = \"x\"\n",
+                "kafka.summary_topic",
+            ),
+            (
+                "changelog_topic = \"x\"\ndlq_topic = \"x\"\n",
+                "kafka.dlq_topic",
+            ),
+        ] {
+            let (_, errors) = validate(shared);
+            assert_eq!(errors.len(), 1, "{shared}: {errors:?}");
+            assert_eq!(errors[0].0, "kafka.changelog_topic");
+            assert!(errors[0].1.contains(other), "{errors:?}");
+        }
+        let (_, errors) = validate("changelog = false\nchangelog_topic = \"tool.called\"\n");
+        assert!(errors.is_empty(), "{errors:?}");
     }
 
     #[test]
