@@ -292,6 +292,8 @@ enum Batch {
     Buffer {
         buf: Vec<u8>,
         len: usize,
+        /// The lines the reader cut short, in order.
+        cut: Vec<LongLine>,
     },
     Slice {
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
@@ -300,11 +302,26 @@ enum Batch {
     },
 }
 
+/// A line longer than an event may be, cut short by [`read_batches`]: where it starts in
+/// its batch, and its length without its line break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LongLine {
+    start: usize,
+    size: usize,
+}
+
 impl Batch {
     fn bytes(&self) -> &[u8] {
         match self {
-            Batch::Buffer { buf, len } => &buf[..*len],
+            Batch::Buffer { buf, len, .. } => &buf[..*len],
             Batch::Slice { bytes, start, end } => &(**bytes).as_ref()[*start..*end],
+        }
+    }
+
+    fn cut(&self) -> &[LongLine] {
+        match self {
+            Batch::Buffer { cut, .. } => cut,
+            Batch::Slice { .. } => &[],
         }
     }
 }
@@ -346,13 +363,18 @@ impl Iterator for Slices {
 }
 
 /// Reads whole-line batches of `input` onto `tx` (the last one may lack a line break),
-/// reusing the buffers that come back on `recycled`.
+/// reusing the buffers that come back on `recycled`. A line longer than `line_limit` is
+/// kept only up to its first `line_limit + 1` bytes, enough to be judged oversized, and
+/// read past to its end; its length goes with the batch ([`Batch::Buffer`]'s `cut`). So
+/// the memory held stays about the batch size whatever the input (`/dev/zero` too).
 fn read_batches(
     input: &mut (dyn BufRead + Send),
     batch_bytes: usize,
+    line_limit: usize,
     tx: mpsc::SyncSender<std::io::Result<Batch>>,
     recycled: mpsc::Receiver<Vec<u8>>,
 ) {
+    let keep = line_limit.saturating_add(1);
     let mut carry: Vec<u8> = Vec::new();
     loop {
         let mut buf = recycled.try_recv().unwrap_or_default();
@@ -363,31 +385,81 @@ fn read_batches(
         buf[..carry.len()].copy_from_slice(&carry);
         let mut len = carry.len();
         carry.clear();
-        // Read up to the batch size, and on until the batch holds a line break (a line
-        // longer than a batch is read whole) or the input ends.
+        let mut cut = Vec::new();
+        // Where the line being read starts: after the last line break read (the carry
+        // is the start of a line), so `line_start > 0` once the batch holds one.
+        let mut line_start = 0;
+        // Read up to the batch size, and on until the batch holds a line break, or the
+        // input ends.
         let mut eof = false;
-        let mut searched = 0;
-        loop {
-            if len >= batch_bytes {
-                if memchr::memchr(b'\n', &buf[searched..len]).is_some() {
-                    break;
-                }
-                searched = len;
-            }
+        while !(len >= batch_bytes && line_start > 0) {
             if len == buf.len() {
                 buf.resize(len + (64 << 10), 0); // reading on for a line break
             }
-            match input.read(&mut buf[len..]) {
+            let n = match read_some(input, &mut buf[len..]) {
                 Ok(0) => {
                     eof = true;
                     break;
                 }
-                Ok(n) => len += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Ok(n) => n,
                 Err(e) => {
                     let _ = tx.send(Err(e));
                     return;
                 }
+            };
+            if let Some(i) = memchr::memrchr(b'\n', &buf[len..len + n]) {
+                line_start = len + i + 1;
+            }
+            len += n;
+            if len - line_start <= keep {
+                continue;
+            }
+            // A line too long to be an event: its first bytes stay, the rest is read
+            // past (in the buffer's free space) up to its line break.
+            let cut_start = line_start;
+            let mut size = len - line_start;
+            // Whether the last byte read past is a carriage return (of a `\r\n` line
+            // break, which is not counted, as in `parse_batch`).
+            let mut cr = buf[len - 1] == b'\r';
+            len = line_start + keep;
+            if buf.len() - len < (64 << 10) {
+                buf.resize(len + (64 << 10), 0);
+            }
+            loop {
+                let n = match read_some(input, &mut buf[len..]) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                if n == 0 {
+                    eof = true;
+                    break;
+                }
+                let Some(i) = memchr::memchr(b'\n', &buf[len..len + n]) else {
+                    size += n;
+                    cr = buf[len + n - 1] == b'\r';
+                    continue;
+                };
+                size += i;
+                if i > 0 {
+                    cr = buf[len + i - 1] == b'\r';
+                }
+                // The line break and what was read after it follow the kept bytes.
+                buf.copy_within(len + i..len + n, len);
+                let after = len + 1;
+                len += n - i;
+                line_start =
+                    memchr::memrchr(b'\n', &buf[after..len]).map_or(after, |j| after + j + 1);
+                break;
+            }
+            cut.push(LongLine {
+                start: cut_start,
+                size: size - usize::from(cr),
+            });
+            if eof {
+                break;
             }
         }
         if !eof {
@@ -395,11 +467,21 @@ fn read_batches(
             carry.extend_from_slice(&buf[nl + 1..len]);
             len = nl + 1;
         }
-        if len > 0 && tx.send(Ok(Batch::Buffer { buf, len })).is_err() {
+        if len > 0 && tx.send(Ok(Batch::Buffer { buf, len, cut })).is_err() {
             return;
         }
         if eof {
             return;
+        }
+    }
+}
+
+/// `read`, again when interrupted by a signal.
+fn read_some(input: &mut (dyn BufRead + Send), buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match input.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            read => return read,
         }
     }
 }
@@ -471,6 +553,20 @@ fn parse_batch(
             start = end;
         }
         fn parse<'b>(line: &'b [u8], limits: &ParseLimits, shards: usize) -> Line<'b> {
+            // A line's size is judged before it is trimmed, as the reader judges it when
+            // it cuts one short: whatever the input, the same lines are oversized.
+            let unbroken = line.strip_suffix(b"\n").unwrap_or(line);
+            let unbroken = unbroken.strip_suffix(b"\r").unwrap_or(unbroken);
+            if unbroken.len() > limits.max_event_bytes {
+                let oversized = BadEvent::Oversized {
+                    size: unbroken.len(),
+                    limit: limits.max_event_bytes,
+                };
+                return Line {
+                    parsed: Some(Err(oversized)),
+                    shard: 0,
+                };
+            }
             let t = trim_line(line);
             let parsed = (!t.is_empty()).then(|| parse_event(t, limits));
             let shard = match &parsed {
@@ -486,6 +582,18 @@ fn parse_batch(
                 .map(|l| parse(l, limits, shards))
                 .collect_into_vec(&mut parsed),
             None => parsed.extend(lines.iter().map(|l| parse(l, limits, shards))),
+        }
+        // The lines cut short were judged on their first bytes: their size is the whole.
+        for long in batch.cut() {
+            let at = lines
+                .partition_point(|l| (l.as_ptr() as usize - bytes.as_ptr() as usize) < long.start);
+            if let Some(Line {
+                parsed: Some(Err(BadEvent::Oversized { size, .. })),
+                ..
+            }) = parsed.get_mut(at)
+            {
+                *size = long.size;
+            }
         }
         spare.lines = relabel(lines);
         Lines { parsed }
@@ -609,7 +717,8 @@ pub fn drive<S: Sink>(
         let mut batches: Box<dyn Iterator<Item = std::io::Result<Batch>>> = match input {
             Input::Reader(input) => {
                 let (tx, rx) = mpsc::sync_channel(2);
-                scope.spawn(move || read_batches(input, batch_bytes, tx, recycled));
+                let line_limit = limits.max_event_bytes;
+                scope.spawn(move || read_batches(input, batch_bytes, line_limit, tx, recycled));
                 Box::new(rx.into_iter())
             }
             Input::Bytes(bytes) => Box::new(Slices {
@@ -748,6 +857,8 @@ fn emit(
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy;
+
     use super::*;
     use crate::replay::{replay, Format, ReplayOptions};
 
@@ -790,6 +901,208 @@ mod tests {
             }
             proptest::prop_assert_eq!(joined, text.into_bytes());
         }
+    }
+
+    /// Every batch `read_batches` reads from `input`, with a line limit of `limit`.
+    fn read_all(
+        input: &mut (dyn BufRead + Send),
+        batch_bytes: usize,
+        limit: usize,
+    ) -> Vec<(Vec<u8>, usize, Vec<LongLine>)> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let (_recycle, recycled) = mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| read_batches(input, batch_bytes, limit, tx, recycled));
+            rx.into_iter()
+                .map(|b| match b.unwrap() {
+                    Batch::Buffer { buf, len, cut } => (buf[..len].to_vec(), buf.len(), cut),
+                    Batch::Slice { .. } => unreachable!("the reader fills buffers"),
+                })
+                .collect()
+        })
+    }
+
+    proptest::proptest! {
+        /// Lines longer than an event may be are cut to their first `limit + 1` bytes,
+        /// their length told beside; every other byte comes through in order, in batches
+        /// of whole lines; and no buffer grows past the batch, one kept line and a read.
+        #[test]
+        fn the_reader_cuts_lines_too_long_to_be_events(
+            lines in proptest::collection::vec(
+                proptest::prop_oneof![
+                    "[a-z]{0,40}".prop_map(String::from),
+                    (50usize..400).prop_map(|n| "y".repeat(n)),
+                ],
+                0..30,
+            ),
+            end_break in proptest::bool::ANY,
+            crlf in proptest::bool::ANY,
+            batch_bytes in 1usize..200,
+            limit in 20usize..120,
+            chunk in 1usize..64,
+        ) {
+            let eol = if crlf { "\r\n" } else { "\n" };
+            let mut text = lines.join(eol);
+            if end_break {
+                text.push_str(eol);
+            }
+            let keep = limit + 1;
+            // The input's lines, each with its line break.
+            let mut expected: Vec<&[u8]> = Vec::new();
+            let mut rest = text.as_bytes();
+            while !rest.is_empty() {
+                let line_end = memchr::memchr(b'\n', rest).map_or(rest.len(), |i| i + 1);
+                expected.push(&rest[..line_end]);
+                rest = &rest[line_end..];
+            }
+            // The lines read: as they are, or cut short (first bytes, length).
+            let mut got: Vec<(Vec<u8>, Option<usize>)> = Vec::new();
+            // Reads of a few bytes: long lines arrive in pieces, as from a pipe.
+            let mut input = std::io::BufReader::with_capacity(1, Chunked { data: text.as_bytes(), chunk });
+            let batches = read_all(&mut input, batch_bytes, limit);
+            let count = batches.len();
+            for (i, (bytes, capacity, cut)) in batches.into_iter().enumerate() {
+                proptest::prop_assert!(i + 1 == count || bytes.ends_with(b"\n"));
+                proptest::prop_assert!(
+                    capacity <= batch_bytes.max(4096) + keep + (64 << 10) * 2,
+                    "a buffer of {} bytes", capacity
+                );
+                let mut cuts = cut.into_iter().peekable();
+                let mut start = 0;
+                while start < bytes.len() {
+                    let end = memchr::memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |j| start + j + 1);
+                    let size = cuts.next_if(|c| c.start == start).map(|c| c.size);
+                    got.push((bytes[start..end].to_vec(), size));
+                    start = end;
+                }
+                proptest::prop_assert!(cuts.next().is_none(), "a cut at no line's start");
+            }
+            proptest::prop_assert_eq!(got.len(), expected.len());
+            for ((line, cut), original) in got.iter().zip(&expected) {
+                let body = |l: &[u8]| -> usize {
+                    let l = l.strip_suffix(b"\n").unwrap_or(l);
+                    l.strip_suffix(b"\r").unwrap_or(l).len()
+                };
+                match cut {
+                    None => proptest::prop_assert_eq!(line.as_slice(), *original),
+                    Some(size) => {
+                        // Cut only when too long, to its first `keep` bytes and its break.
+                        proptest::prop_assert_eq!(*size, body(original));
+                        proptest::prop_assert!(*size > keep);
+                        let kept = line.strip_suffix(b"\n").unwrap_or(line);
+                        proptest::prop_assert_eq!(kept, &original[..keep]);
+                        proptest::prop_assert_eq!(line.ends_with(b"\n"), original.ends_with(b"\n"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// An input that gives at most `chunk` bytes a read.
+    struct Chunked<'a> {
+        data: &'a [u8],
+        chunk: usize,
+    }
+
+    impl std::io::Read for Chunked<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.chunk).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    /// An endless line (`/dev/zero`, a stuck writer) read with memory bounded by the
+    /// batch, reported as one oversized line of its real length.
+    #[test]
+    fn an_endless_line_is_read_past_in_bounded_memory() {
+        struct Zeros(usize);
+        impl std::io::Read for Zeros {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = buf.len().min(self.0);
+                buf[..n].fill(0);
+                self.0 -= n;
+                Ok(n)
+            }
+        }
+        let total = 64 << 20;
+        let mut input = std::io::BufReader::new(Zeros(total));
+        let batches = read_all(&mut input, 1 << 20, 1 << 20);
+        assert_eq!(batches.len(), 1);
+        let (bytes, capacity, cut) = &batches[0];
+        assert_eq!(bytes.len(), (1 << 20) + 1);
+        assert!(capacity < &(3 << 20), "{capacity}");
+        assert_eq!(
+            cut,
+            &[LongLine {
+                start: 0,
+                size: total
+            }]
+        );
+        // Through the driver: one bad line, oversized at its whole length.
+        let mut errors = Vec::new();
+        let mut input = std::io::BufReader::new(Zeros(total));
+        let report = replay(
+            Arc::new(Config::default()),
+            Input::Reader(&mut input),
+            &mut Vec::new(),
+            &mut errors,
+            Format::Json,
+            Default::default(),
+        )
+        .unwrap();
+        assert_eq!((report.lines, report.bad_lines), (1, 1));
+        let errors = String::from_utf8(errors).unwrap();
+        assert!(
+            errors.contains(&format!("message is {total} bytes")),
+            "{errors}"
+        );
+    }
+
+    #[test]
+    fn a_line_too_long_is_oversized_on_every_input_alike() {
+        let limit = Config::default().limits.max_event_bytes;
+        let event = r#"{"type":"session.started","session_id":"s"}"#;
+        // Too long by its padding alone: judged before it is trimmed.
+        let padded = format!("{event}{}", " ".repeat(limit));
+        let long = format!("{{\"type\":\"{}\"}}", "x".repeat(limit * 3));
+        let text = format!("{event}\n{padded}\n{long}\r\n{event}\n");
+        let run = |input: Input<'_>| {
+            let mut errors = Vec::new();
+            let report = replay(
+                Arc::new(Config::default()),
+                input,
+                &mut Vec::new(),
+                &mut errors,
+                Format::Json,
+                ReplayOptions {
+                    batch_bytes: 4096,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            (report.bad_lines, String::from_utf8(errors).unwrap())
+        };
+        let bytes: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(text.clone().into_bytes());
+        let in_place = run(Input::Bytes(bytes));
+        let read = run(Input::Reader(&mut trickle(&text, false)));
+        assert_eq!(in_place, read);
+        assert_eq!(in_place.0, 2, "{}", in_place.1);
+        assert!(
+            in_place
+                .1
+                .contains(&format!("line 2: message is {} bytes", padded.len())),
+            "{}",
+            in_place.1
+        );
+        assert!(
+            in_place
+                .1
+                .contains(&format!("line 3: message is {} bytes", long.len())),
+            "{}",
+            in_place.1
+        );
     }
 
     /// An input that gives one line a read (so that a batch holds as few lines as its
