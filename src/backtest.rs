@@ -99,35 +99,40 @@ impl Spend {
         self.cost_nanos as f64 / 1e9
     }
 
+    // Every sum saturates (at 2^64 - 1 tokens, ~9.2 billion USD): events may carry any
+    // count, and a total must never wrap around to a small or negative one.
     fn add_event(&mut self, event: &Event) {
         match &event.body {
             EventBody::LlmCall(c) => {
                 let cached = c.cache_read_tokens.unwrap_or(0).min(c.input_tokens);
-                self.tokens += c.input_tokens - cached + c.output_tokens;
-                self.cached_tokens += cached;
-                self.cost_nanos += (c.cost_usd.unwrap_or(0.0) * 1e9).round() as i64;
-                self.steps += 1;
+                let paid = (c.input_tokens - cached).saturating_add(c.output_tokens);
+                self.tokens = self.tokens.saturating_add(paid);
+                self.cached_tokens = self.cached_tokens.saturating_add(cached);
+                // A float's cast saturates too.
+                let nanos = (c.cost_usd.unwrap_or(0.0) * 1e9).round() as i64;
+                self.cost_nanos = self.cost_nanos.saturating_add(nanos);
+                self.steps = self.steps.saturating_add(1);
             }
-            EventBody::ToolCall(_) => self.tool_calls += 1,
+            EventBody::ToolCall(_) => self.tool_calls = self.tool_calls.saturating_add(1),
             _ => {}
         }
     }
 
     fn add(&mut self, other: &Spend) {
-        self.tokens += other.tokens;
-        self.cached_tokens += other.cached_tokens;
-        self.cost_nanos += other.cost_nanos;
-        self.steps += other.steps;
-        self.tool_calls += other.tool_calls;
+        self.tokens = self.tokens.saturating_add(other.tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
+        self.cost_nanos = self.cost_nanos.saturating_add(other.cost_nanos);
+        self.steps = self.steps.saturating_add(other.steps);
+        self.tool_calls = self.tool_calls.saturating_add(other.tool_calls);
     }
 
     fn minus(&self, other: &Spend) -> Spend {
         Spend {
-            tokens: self.tokens - other.tokens,
-            cached_tokens: self.cached_tokens - other.cached_tokens,
-            cost_nanos: (self.cost_nanos - other.cost_nanos).max(0),
-            steps: self.steps - other.steps,
-            tool_calls: self.tool_calls - other.tool_calls,
+            tokens: self.tokens.saturating_sub(other.tokens),
+            cached_tokens: self.cached_tokens.saturating_sub(other.cached_tokens),
+            cost_nanos: self.cost_nanos.saturating_sub(other.cost_nanos).max(0),
+            steps: self.steps.saturating_sub(other.steps),
+            tool_calls: self.tool_calls.saturating_sub(other.tool_calls),
         }
     }
 }
@@ -563,6 +568,24 @@ mod tests {
             .find(|d| d.detector == k.detector.name())
             .unwrap();
         assert_eq!(repeat.killed, [1, 1, 0]);
+    }
+
+    #[test]
+    fn spend_totals_saturate_instead_of_wrapping() {
+        let huge = |id: &str| json!({"type": "cost.attributed", "session_id": id, "input_tokens": u64::MAX / 2 + 1, "output_tokens": 1, "cost_usd": 1e308});
+        let input = lines(&[huge("a"), huge("b"), huge("a")]);
+        let report = backtest(
+            Arc::new(Config::default()),
+            Input::Reader(&mut &input[..]),
+            &Outcomes::default(),
+            &mut std::io::sink(),
+            2,
+        )
+        .unwrap();
+        let spend = report.unknown.spend;
+        assert_eq!(spend.tokens, u64::MAX);
+        assert_eq!(spend.cost_nanos, i64::MAX);
+        assert_eq!(spend.steps, 3);
     }
 
     #[test]

@@ -181,7 +181,13 @@ impl OtlpIngest {
 /// Collector's file exporter writes) rather than loopwarden events: the first line's
 /// object starts with `resourceSpans`.
 pub fn looks_like_otlp_json(head: &[u8]) -> bool {
-    let line = head.split(|b| *b == b'\n').next().unwrap_or(head);
+    // The first line that is not blank: blank lines are passed over everywhere else.
+    let Some(line) = head
+        .split(|b| *b == b'\n')
+        .find(|l| !l.trim_ascii().is_empty())
+    else {
+        return false;
+    };
     let t = line.trim_ascii_start();
     t.starts_with(b"{") && t[1..].trim_ascii_start().starts_with(b"\"resourceSpans\"")
 }

@@ -2,7 +2,7 @@
 //! `check-config`. Exit codes: 0 done, 1 `eval` cases failed, 2 any error (the message
 //! says what and where).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -63,7 +63,8 @@ enum FormatArg {
 /// What an input file holds.
 #[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
 enum InputArg {
-    /// OTLP JSON when the first line is a trace export (`{"resourceSpans": …`), else events.
+    /// OTLP JSON when the first line that is not blank is a trace export
+    /// (`{"resourceSpans": …`), else events.
     Auto,
     /// loopwarden events, one JSON object a line.
     Events,
@@ -157,7 +158,7 @@ enum Command {
         #[arg(long, env = "LOOPWARDEN_THREADS")]
         threads: Option<usize>,
         /// What the input holds: loopwarden events, or OTLP JSON trace exports (mapped as
-        /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line.
+        /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line that is not blank.
         #[arg(long, value_enum, default_value = "auto")]
         input_format: InputArg,
         /// Read a file with read calls instead of mapping it into memory. Use it for a
@@ -191,7 +192,7 @@ enum Command {
         #[arg(long, env = "LOOPWARDEN_THREADS")]
         threads: Option<usize>,
         /// What the input holds: loopwarden events, or OTLP JSON trace exports (mapped as
-        /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line.
+        /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line that is not blank.
         #[arg(long, value_enum, default_value = "auto")]
         input_format: InputArg,
         /// Read a file with read calls instead of mapping it into memory. Use it for a
@@ -292,20 +293,33 @@ fn threads_or_cores(threads: Option<usize>) -> anyhow::Result<usize> {
     }
 }
 
-/// A file (decompressed when its name ends in `.gz`) or standard input (`-`).
+/// The two bytes every gzip stream starts with (and no JSON line does).
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// A file or standard input (`-`), decompressed when it is gzip: told by its first two
+/// bytes, whatever its name.
 fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
     // Small: the driver reads whole batches into buffers of its own, and a read larger
     // than the buffer bypasses it (a large one would copy every byte once more).
     const BUFFER: usize = 1 << 16;
-    if path == Path::new("-") {
-        return Ok(Box::new(BufReader::with_capacity(BUFFER, std::io::stdin())));
-    }
-    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    if path.extension().is_some_and(|e| e == "gz") {
-        let gz = flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, f));
+    let name = path.display();
+    let mut raw: Box<dyn Read + Send> = if path == Path::new("-") {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(std::fs::File::open(path).with_context(|| format!("cannot open {name}"))?)
+    };
+    let mut head = Vec::with_capacity(2);
+    (&mut raw)
+        .take(2)
+        .read_to_end(&mut head)
+        .with_context(|| format!("cannot read {name}"))?;
+    let gzip = head == GZIP_MAGIC;
+    let whole = std::io::Cursor::new(head).chain(raw);
+    if gzip {
+        let gz = flate2::read::MultiGzDecoder::new(BufReader::with_capacity(BUFFER, whole));
         Ok(Box::new(BufReader::with_capacity(BUFFER, gz)))
     } else {
-        Ok(Box::new(BufReader::with_capacity(BUFFER, f)))
+        Ok(Box::new(BufReader::with_capacity(BUFFER, whole)))
     }
 }
 
@@ -347,7 +361,8 @@ fn open_events(
         if let Ok(map) = unsafe { memmap2::Mmap::map(&f) } {
             let _ = map.advise(memmap2::Advice::Sequential);
             let head = &map[..map.len().min(1 << 16)];
-            if format == InputArg::Events || !looks_like_otlp_json(head) {
+            let gzip = head.starts_with(&GZIP_MAGIC);
+            if !gzip && (format == InputArg::Events || !looks_like_otlp_json(head)) {
                 return Ok(Events::Mapped(Arc::new(map)));
             }
         }
@@ -369,7 +384,27 @@ fn events_of(
     let otlp = match format {
         InputArg::Events => false,
         InputArg::OtlpJson => true,
-        InputArg::Auto => looks_like_otlp_json(input.fill_buf().context("cannot read the input")?),
+        InputArg::Auto => {
+            // Read ahead to the first line that is not blank (a pipe's first read may
+            // hold less), then the input is read whole again.
+            let mut head = Vec::new();
+            loop {
+                let start = head.len();
+                let n = (&mut input)
+                    .take(1 << 16)
+                    .read_until(b'\n', &mut head)
+                    .context("cannot read the input")?;
+                if n == 0 || !head[start..].trim_ascii().is_empty() || head.len() >= 1 << 16 {
+                    break;
+                }
+            }
+            let otlp = looks_like_otlp_json(&head);
+            input = Box::new(BufReader::with_capacity(
+                1 << 16,
+                std::io::Cursor::new(head).chain(input),
+            ));
+            otlp
+        }
     };
     if !otlp {
         return Ok(input);
@@ -816,6 +851,46 @@ mod tests {
             true
         )
         .is_err());
+    }
+
+    /// Gzip is told by its bytes, not its name (a `.log` that is gzip, or standard
+    /// input), and OTLP JSON by its first line that is not blank.
+    #[test]
+    fn gzip_and_otlp_are_told_by_their_content() {
+        let read_all = |path: &Path, mmap: bool| {
+            let mut events = open_events(path, InputArg::Auto, &Config::default(), mmap).unwrap();
+            match events.input() {
+                Input::Reader(reader) => {
+                    let mut text = String::new();
+                    reader.read_to_string(&mut text).unwrap();
+                    text
+                }
+                Input::Bytes(bytes) => String::from_utf8((*bytes).as_ref().to_vec()).unwrap(),
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let lines = "{\"type\": \"session.started\", \"session_id\": \"s\"}\n".repeat(3);
+        let gz = dir.path().join("events.log");
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), Default::default());
+        encoder.write_all(lines.as_bytes()).unwrap();
+        std::fs::write(&gz, encoder.finish().unwrap()).unwrap();
+        assert_eq!(opened(&gz, InputArg::Auto, true), "read");
+        assert_eq!(read_all(&gz, true), lines);
+        assert_eq!(read_all(&gz, false), lines);
+        // One byte, and a file that is not gzip past its first byte: read as it is.
+        for text in ["x", "\u{1f}{}\n"] {
+            let odd = dir.path().join("odd.jsonl");
+            std::fs::write(&odd, text).unwrap();
+            assert_eq!(read_all(&odd, false), text);
+        }
+        let otlp = dir.path().join("traces.jsonl");
+        std::fs::write(&otlp, "\n  \r\n{\"resourceSpans\": []}\n").unwrap();
+        assert_eq!(
+            opened(&otlp, InputArg::Auto, true),
+            "read",
+            "mapped to events"
+        );
+        assert_eq!(read_all(&otlp, false), "", "no spans, no events");
     }
 
     /// A FIFO is read, not mapped, and its writer's data all arrives (`open_events`
