@@ -103,8 +103,13 @@ pub struct Options {
 
 /// The cores this process may use.
 pub fn available_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
 }
+
+/// The most threads a drive takes: each adds shards and their containers that every
+/// batch visits, so the fixed cost grows faster than the threads (at 1,000 threads an
+/// empty input took seconds); far more than a replay gains from.
+pub const MAX_THREADS: usize = 256;
 
 /// Where one engine over the whole input would have emitted an output.
 #[derive(Debug, Clone, Copy)]

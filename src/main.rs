@@ -153,7 +153,8 @@ enum Command {
         /// Stop at the first bad line instead of skipping it.
         #[arg(long)]
         strict: bool,
-        /// Worker threads, sessions split between them (default: the cores available).
+        /// Worker threads, sessions split between them, 1 to 256 (default: the cores
+        /// available, at most 256).
         /// The output is the same for any number.
         #[arg(long, env = "LOOPWARDEN_THREADS")]
         threads: Option<usize>,
@@ -187,7 +188,8 @@ enum Command {
         /// A table for people, or the report as one JSON object.
         #[arg(long, value_enum, default_value = "table")]
         format: FormatArg,
-        /// Worker threads, sessions split between them (default: the cores available).
+        /// Worker threads, sessions split between them, 1 to 256 (default: the cores
+        /// available, at most 256).
         /// The report is the same for any number.
         #[arg(long, env = "LOOPWARDEN_THREADS")]
         threads: Option<usize>,
@@ -288,6 +290,10 @@ fn config_env(
 fn threads_or_cores(threads: Option<usize>) -> anyhow::Result<usize> {
     match threads {
         Some(0) => anyhow::bail!("--threads must be at least 1"),
+        Some(n) if n > loopwarden::driver::MAX_THREADS => anyhow::bail!(
+            "--threads must be at most {} (it was {n})",
+            loopwarden::driver::MAX_THREADS
+        ),
         Some(n) => Ok(n),
         None => Ok(loopwarden::driver::available_threads()),
     }
@@ -782,6 +788,18 @@ mod tests {
             Events::Mapped(_) => "mapped",
             Events::Reader(_) => "read",
         }
+    }
+
+    #[test]
+    fn threads_are_one_to_the_most_a_drive_takes() {
+        assert_eq!(threads_or_cores(Some(3)).unwrap(), 3);
+        let max = loopwarden::driver::MAX_THREADS;
+        assert_eq!(threads_or_cores(Some(max)).unwrap(), max);
+        for bad in [0, max + 1, 100_000] {
+            assert!(threads_or_cores(Some(bad)).is_err(), "{bad}");
+        }
+        let cores = threads_or_cores(None).unwrap();
+        assert!((1..=max).contains(&cores), "{cores}");
     }
 
     #[test]
