@@ -683,6 +683,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             no_mmap,
         } => {
             let config = load_config(config.as_deref())?;
+            let stdin = Path::new("-");
+            if input == stdin && outcomes.as_deref() == Some(stdin) {
+                anyhow::bail!("the events and --outcomes cannot both be read from standard input");
+            }
             let outcomes = match outcomes {
                 Some(path) => Outcomes::read(&mut *open_input(&path)?)
                     .with_context(|| format!("in {}", path.display()))?,

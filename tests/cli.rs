@@ -437,6 +437,14 @@ fn a_file_mapped_read_or_piped_replays_and_backtests_alike() {
             }
         }
     }
+    // One standard input cannot hold both the events and the outcomes.
+    let both = run_with_stdin(&["backtest", "-", "--outcomes", "-"], &input);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(
+        text(&both.stderr).contains("cannot both be read from standard input"),
+        "{}",
+        text(&both.stderr)
+    );
     // An empty file is read (it cannot be mapped): nothing to replay.
     let empty = dir.path().join("empty.jsonl");
     std::fs::write(&empty, "").unwrap();
