@@ -131,9 +131,19 @@ impl Signal {
     /// `subject` in the window reaching `at` terminates (held back by the grace like any
     /// termination). Such an episode follows its subject: while it is open, events about
     /// other subjects (the calls interleaved with the loop) neither end nor advance it;
-    /// its subject coming back below `at` (with something new) ends it.
-    pub fn or_window(mut self, count: u32, at: Option<f64>, subject: u64, open: u64) -> Signal {
-        let Some(at) = at else { return self };
+    /// its subject coming back below `at` (with something new) ends it. A detector whose
+    /// `terminate_at` is off never terminates, by its window either.
+    pub fn or_window(
+        mut self,
+        levels: &Levels,
+        count: u32,
+        at: Option<f64>,
+        subject: u64,
+        open: u64,
+    ) -> Signal {
+        let Some(at) = at.filter(|_| levels.terminate_at.is_some()) else {
+            return self;
+        };
         if count as f64 >= at && self.level.is_none_or(|(l, _)| l < Level::Terminate) {
             self.level = Some((Level::Terminate, at));
             self.value = count as f64;

@@ -50,6 +50,7 @@ impl Detector for Repeat {
         }
         let open = st.episodes[DetectorKind::Repeat.index()].subject;
         let sig = Signal::of(st.run.repeat_streak as f64, levels).or_window(
+            levels,
             t.facts.outcome_count,
             self.window_terminate_at.get(),
             t.obs.action,
@@ -219,6 +220,19 @@ mod tests {
         let rep = of_with(cfg, &evs, Repeat);
         assert_eq!(rep, vec![(4, Level::Warning), (5, Level::Terminate)]);
         assert_eq!(of_with(cfg, &same(4), Repeat).len(), 2, "other tools keep 3/4");
+    }
+
+    #[test]
+    fn terminate_at_off_turns_the_window_kill_off_too() {
+        // The README's example: `repeat` never stops deploys.
+        let cfg = "[[overrides]]\ntool = \"deploy*\"\n[overrides.detectors.repeat]\nterminate_at = \"off\"\n";
+        let evs: Vec<Value> = (0..12)
+            .map(|_| call("deploy_app", json!({"env": "prod"}), json!("deployed v2")))
+            .collect();
+        assert_eq!(of_with(cfg, &evs, Repeat), vec![(2, Level::Warning)]);
+        // Other tools keep both kills.
+        let rep = of_with(cfg, &same(12), Repeat);
+        assert_eq!(rep, vec![(2, Level::Warning), (3, Level::Terminate)]);
     }
 
     #[test]

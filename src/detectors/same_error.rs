@@ -60,6 +60,7 @@ impl Detector for SameError {
         let open = st.episodes[DetectorKind::SameError.index()].subject;
         Some(
             Signal::of(st.run.same_error_streak as f64, levels).or_window(
+            levels,
                 t.facts.error_count,
                 self.window_terminate_at.get(),
                 error_subject(t),
