@@ -319,12 +319,14 @@ fn whole_floats_to_integers(table: &mut toml::Table) {
     table.iter_mut().for_each(|(_, v)| visit(v));
 }
 
-/// Applies `LOOPWARDEN_A__B=value` as `a.b = value` on `table`.
+/// Applies `LOOPWARDEN_A__B=value` as `a.b = value` on `table`; returns which variable
+/// set which key (`a.b`), so that an error about a key can name the variable.
 fn apply_env(
     table: &mut toml::Table,
     env: impl Iterator<Item = (String, String)>,
     errors: &mut Errors,
-) {
+) -> Vec<(String, String)> {
+    let mut set_by = Vec::new();
     for (name, raw) in env {
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
             continue;
@@ -356,8 +358,11 @@ fn apply_env(
         };
         if let Err(seg) = set_path(table, &path, value) {
             errors.push(name.clone(), format!("`{seg}` is not a table"));
+            continue;
         }
+        set_by.push((path.join("."), name));
     }
+    set_by
 }
 
 /// Sets `path` in `table`, creating tables on the way; fails on a non-table segment.
@@ -556,7 +561,7 @@ impl Config {
                     .unwrap_or_default(),
         })?;
         let mut errors = Errors { list: Vec::new() };
-        apply_env(&mut table, env, &mut errors);
+        let set_by_env = apply_env(&mut table, env, &mut errors);
         whole_floats_to_integers(&mut table);
         for key in table.keys() {
             if !TOP_LEVEL_KEYS.contains(&key.as_str()) {
@@ -799,6 +804,18 @@ impl Config {
         }
 
         if !errors.list.is_empty() {
+            // A key the environment set is the variable's doing, not the file's.
+            for e in &mut errors.list {
+                let by = set_by_env.iter().find(|(path, _)| {
+                    e.key == *path
+                        || e.key
+                            .strip_prefix(path.as_str())
+                            .is_some_and(|rest| rest.starts_with(['.', '[']))
+                });
+                if let Some((_, name)) = by {
+                    e.message.push_str(&format!(" (set by {name})"));
+                }
+            }
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
                 errors: errors.list,
@@ -1049,6 +1066,41 @@ mod tests {
             "tools.poll[0]",
         ] {
             assert!(keys.contains(&expected), "missing {expected} in {keys:?}");
+        }
+    }
+
+    #[test]
+    fn an_error_in_a_key_the_environment_set_names_the_variable() {
+        let env = [
+            ("LOOPWARDEN_KAFKA__GROUP_ID", "123"),
+            ("LOOPWARDEN_FOO", "1"),
+            ("LOOPWARDEN_ENGINE__SESSION_GAP_SECS", "60"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let err = Config::from_toml_str(
+            "[engine]\nmax_nesting = 1000\n",
+            "test.toml",
+            env.into_iter(),
+        )
+        .unwrap_err();
+        let messages: Vec<(&str, &str)> = err
+            .key_errors()
+            .iter()
+            .map(|e| (e.key.as_str(), e.message.as_str()))
+            .collect();
+        for (key, by) in [
+            ("kafka.group_id", Some("LOOPWARDEN_KAFKA__GROUP_ID")),
+            ("foo", Some("LOOPWARDEN_FOO")),
+            ("engine.max_nesting", None),
+        ] {
+            let (_, message) = messages
+                .iter()
+                .find(|(k, _)| *k == key)
+                .unwrap_or_else(|| panic!("{key} in {messages:?}"));
+            match by {
+                Some(name) => assert!(message.ends_with(&format!("(set by {name})")), "{message}"),
+                None => assert!(!message.contains("set by"), "{message}"),
+            }
         }
     }
 
