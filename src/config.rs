@@ -251,6 +251,8 @@ pub struct Config {
     pub telemetry: TelemetrySettings,
     /// `[ingest.otlp]`: OTLP traces on the bus mapped to events, when on.
     pub ingest: Option<OtlpIngest>,
+    /// `ingest.otlp.session_attribute`, for OTLP JSON files too (`replay`, `backtest`).
+    pub otlp_session_attribute: Option<String>,
     /// The merged TOML this config was built from (for `check-config`).
     effective: toml::Table,
 }
@@ -622,6 +624,7 @@ impl Config {
         let mut kafka_errors = Vec::new();
         let kafka = KafkaSettings::validate(raw_kafka, &mut kafka_errors);
         let raw_ingest: RawIngest = section(&table, "ingest", &mut errors);
+        let otlp_session_attribute = crate::ingest::session_attribute(&raw_ingest);
         let ingest = OtlpIngest::validate(
             raw_ingest,
             &kafka,
@@ -842,6 +845,7 @@ impl Config {
                 owner_series_limit,
             },
             ingest,
+            otlp_session_attribute,
             effective: table,
         })
     }
@@ -1014,7 +1018,10 @@ impl Config {
         root.insert("telemetry".into(), V::Table(telemetry));
         root.insert(
             "ingest".into(),
-            V::Table(OtlpIngest::to_toml(self.ingest.as_ref())),
+            V::Table(OtlpIngest::to_toml(
+                self.ingest.as_ref(),
+                self.otlp_session_attribute.as_deref(),
+            )),
         );
         if let Some(o) = self.effective.get("overrides") {
             root.insert("overrides".into(), o.clone());

@@ -51,9 +51,11 @@ pub struct OtlpIngest {
 
 impl OtlpIngest {
     /// The mapping for this ingest, within the event parser's `limits`.
-    pub fn mapper(ingest: Option<&OtlpIngest>, limits: &ParseLimits) -> Mapper {
+    /// (`replay` of OTLP JSON files maps with `ingest.otlp.session_attribute` as well,
+    /// the bus ingest on or off: [`session_attribute`].)
+    pub fn mapper(session_attribute: Option<&str>, limits: &ParseLimits) -> Mapper {
         Mapper {
-            session_attribute: ingest.and_then(|i| i.session_attribute.clone()),
+            session_attribute: session_attribute.map(str::to_string),
             max_nesting: limits.max_nesting,
         }
     }
@@ -66,11 +68,10 @@ impl OtlpIngest {
         own_spans_topic: Option<&str>,
         errors: &mut Vec<(String, String)>,
     ) -> Option<OtlpIngest> {
+        // Every key is checked, the ingest on or off (off, the keys are kept for later:
+        // a mistake in them should not wait for the day the topics are named).
         let raw = raw.otlp?;
         let topics = raw.topics.unwrap_or_default();
-        if topics.is_empty() {
-            return None;
-        }
         let mut err =
             |key: &str, message: String| errors.push((format!("ingest.otlp.{key}"), message));
         for (i, t) in topics.iter().enumerate() {
@@ -139,6 +140,9 @@ impl OtlpIngest {
                     .into(),
             );
         }
+        if topics.is_empty() {
+            return None;
+        }
         Some(OtlpIngest {
             topics,
             encoding,
@@ -149,7 +153,7 @@ impl OtlpIngest {
     }
 
     /// The section as the effective configuration prints it.
-    pub fn to_toml(ingest: Option<&OtlpIngest>) -> toml::Table {
+    pub fn to_toml(ingest: Option<&OtlpIngest>, session_attribute: Option<&str>) -> toml::Table {
         use toml::Value as V;
         let mut otlp = toml::Table::new();
         let s = |v: &str| V::String(v.to_string());
@@ -169,12 +173,24 @@ impl OtlpIngest {
             }
             None => {
                 otlp.insert("topics".into(), V::Array(Vec::new()));
+                if let Some(a) = session_attribute {
+                    otlp.insert("session_attribute".into(), s(a));
+                }
             }
         }
         let mut ingest_table = toml::Table::new();
         ingest_table.insert("otlp".into(), V::Table(otlp));
         ingest_table
     }
+}
+
+/// `ingest.otlp.session_attribute`, which the mapping of OTLP JSON files by `replay` and
+/// `backtest` follows too, whether or not the bus ingest is on.
+pub fn session_attribute(raw: &RawIngest) -> Option<String> {
+    raw.otlp
+        .as_ref()
+        .and_then(|o| o.session_attribute.clone())
+        .filter(|s| !s.is_empty())
 }
 
 /// Whether the first bytes of an input are OTLP JSON (a trace export per line, as the
@@ -317,6 +333,20 @@ mod tests {
     fn config(toml: &str) -> Result<Config, Vec<String>> {
         Config::from_toml_str(toml, "t", std::iter::empty())
             .map_err(|e| e.key_errors().iter().map(|k| k.to_string()).collect())
+    }
+
+    #[test]
+    fn keys_are_checked_with_the_ingest_off_and_the_session_attribute_serves_files() {
+        let err = config("[ingest.otlp]\nencoding = \"protobuf\"\nto_topic = \"nope\"\n")
+            .unwrap_err()
+            .join("\n");
+        assert!(err.contains("ingest.otlp.encoding"), "{err}");
+        assert!(err.contains("ingest.otlp.to_topic"), "{err}");
+        let c = config("[ingest.otlp]\nsession_attribute = \"app.session\"\n").unwrap();
+        assert_eq!(c.ingest, None);
+        assert_eq!(c.otlp_session_attribute.as_deref(), Some("app.session"));
+        let again = config(&c.effective_toml()).unwrap();
+        assert_eq!(again.otlp_session_attribute.as_deref(), Some("app.session"));
     }
 
     #[test]

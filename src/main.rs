@@ -415,7 +415,7 @@ fn events_of(
     if !otlp {
         return Ok(input);
     }
-    let mapper = OtlpIngest::mapper(config.ingest.as_ref(), &config.limits);
+    let mapper = OtlpIngest::mapper(config.otlp_session_attribute.as_deref(), &config.limits);
     let lines = OtlpJsonLines::new(input, mapper, Box::new(std::io::stderr()));
     Ok(Box::new(BufReader::with_capacity(1 << 16, lines)))
 }
