@@ -287,19 +287,62 @@ fn section<T: DeserializeOwned + Default>(
     }
 }
 
-fn decode<T: DeserializeOwned>(value: toml::Value, key: &str, errors: &mut Errors) -> Option<T> {
-    match serde_path_to_error::deserialize::<_, T>(value) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let path = e.path().to_string();
-            let full = if path == "." || path.is_empty() {
-                key.to_string()
-            } else {
-                format!("{key}.{path}")
-            };
-            errors.push(full, e.inner().message().to_string());
-            None
+/// Decodes `value` (the config's `key`), reporting every key of it serde refuses, not only
+/// the first: each refused key is taken out and the rest decoded again. Any refused key
+/// makes the whole value `None`, so that no check runs on defaults standing in for it.
+fn decode<T: DeserializeOwned>(
+    mut value: toml::Value,
+    key: &str,
+    errors: &mut Errors,
+) -> Option<T> {
+    let mut refused = false;
+    // Bounded: each round takes a key out (and a value has few).
+    for _ in 0..256 {
+        let e = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+            Ok(v) => return (!refused).then_some(v),
+            Err(e) => e,
+        };
+        refused = true;
+        let path = e.path().to_string();
+        let full = if path == "." || path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{key}.{path}")
+        };
+        errors.push(full, e.inner().message().to_string());
+        let segments: Vec<&serde_path_to_error::Segment> = e.path().iter().collect();
+        if !remove_at(&mut value, &segments) {
+            break;
         }
+    }
+    None
+}
+
+/// Takes the value at `path` out of `value`; false when there is none.
+fn remove_at(value: &mut toml::Value, path: &[&serde_path_to_error::Segment]) -> bool {
+    use serde_path_to_error::Segment;
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut cursor = value;
+    for seg in parents {
+        let next = match (seg, cursor) {
+            (Segment::Map { key }, toml::Value::Table(t)) => t.get_mut(key.as_str()),
+            (Segment::Seq { index }, toml::Value::Array(a)) => a.get_mut(*index),
+            _ => None,
+        };
+        match next {
+            Some(v) => cursor = v,
+            None => return false,
+        }
+    }
+    match (last, cursor) {
+        (Segment::Map { key }, toml::Value::Table(t)) => t.remove(key.as_str()).is_some(),
+        (Segment::Seq { index }, toml::Value::Array(a)) if *index < a.len() => {
+            a.remove(*index);
+            true
+        }
+        _ => false,
     }
 }
 
@@ -1132,6 +1175,22 @@ mod tests {
         }
         // Off the bus, the topic is not used.
         cfg("[telemetry]\nspans_topic = \"tool.called\"\n").unwrap();
+    }
+
+    #[test]
+    fn every_refused_key_of_a_section_is_reported() {
+        let err = cfg("[kafka]\nworkers = 0\nmax_batch_events = \"lots\"\nidle_after_secs = -1\nbogus = 1\n[engine]\nsession_gap_secs = -5\ngrace_steps = -1\n")
+            .unwrap_err();
+        let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+        for expected in [
+            "kafka.max_batch_events",
+            "kafka.idle_after_secs",
+            "kafka.bogus",
+            "engine.session_gap_secs",
+            "engine.grace_steps",
+        ] {
+            assert!(keys.contains(&expected), "missing {expected} in {keys:?}");
+        }
     }
 
     #[test]
