@@ -507,10 +507,15 @@ fn apply_detector(
     if !levels.rise() {
         errors.push(
             key.to_string(),
-            format!(
-                "thresholds must rise: warn_at {:?} <= critical_at {:?} <= terminate_at {:?}",
-                levels.warn_at, levels.critical_at, levels.terminate_at
-            ),
+            {
+                let shown = |t: Option<f64>| t.map_or_else(|| "off".to_string(), |v| v.to_string());
+                format!(
+                    "thresholds must rise (those not off): warn_at {} <= critical_at {} <= terminate_at {}",
+                    shown(levels.warn_at),
+                    shown(levels.critical_at),
+                    shown(levels.terminate_at)
+                )
+            },
         );
     }
     if let Err(problems) = policy.detectors.configure(kind, &table.settings) {
