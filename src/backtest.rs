@@ -474,7 +474,7 @@ impl Report {
             writeln!(
                 out,
                 "  {}  {} at step {} of {} ({} tokens after)",
-                k.session_id,
+                crate::event::printable(&k.session_id),
                 k.detector,
                 k.at_step,
                 k.steps,

@@ -700,11 +700,11 @@ pub fn drive<S: Sink>(
                     if options.strict {
                         stop = Some(DriveError::BadLine {
                             line,
-                            reason: e.to_string(),
+                            reason: e.detail(),
                         });
                         break;
                     }
-                    let _ = writeln!(errors, "line {line}: {e} ({})", e.reason());
+                    let _ = writeln!(errors, "line {line}: {} ({})", e.detail(), e.reason());
                 }
             }
         }

@@ -56,6 +56,23 @@ pub enum BadEvent {
 }
 
 impl BadEvent {
+    /// The error for a log line or a dead-letter header: at most [`DETAIL_BYTES`] (a bad
+    /// message's text is echoed in some errors, and may be as large as the message), with
+    /// control characters escaped (so that a crafted value cannot forge a line of a log or
+    /// drive a terminal).
+    pub fn detail(&self) -> String {
+        let full = self.to_string();
+        let shown = printable(&full);
+        if shown.len() <= DETAIL_BYTES {
+            return shown.into_owned();
+        }
+        let mut end = DETAIL_BYTES;
+        while !shown.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &shown[..end])
+    }
+
     /// A short, bounded label for metrics and dead-letter headers.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -71,6 +88,28 @@ impl BadEvent {
         }
     }
 }
+
+/// Text from the input as a terminal or a log line may show it: control characters
+/// (line breaks, escape sequences) escaped, the rest as it is.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
+/// The most of an error's text [`BadEvent::detail`] keeps.
+pub const DETAIL_BYTES: usize = 512;
 
 /// Limits applied before any JSON parsing.
 #[derive(Debug, Clone, Copy)]
@@ -967,6 +1006,26 @@ mod tests {
 
     fn parse(s: &str) -> Result<Event<'_>, BadEvent> {
         parse_event(s.as_bytes(), &ParseLimits::default())
+    }
+
+    #[test]
+    fn a_bad_events_detail_is_one_bounded_printable_line() {
+        let long = BadEvent::UnknownType(format!(
+            "foo\nline 99: fake\u{1b}[31m{}",
+            "x".repeat(100_000)
+        ));
+        let d = long.detail();
+        assert!(!d.chars().any(char::is_control), "{d}");
+        assert!(
+            d.starts_with("unknown event type `foo\\nline 99: fake\\u{1b}[31m"),
+            "{d}"
+        );
+        assert!(d.len() <= DETAIL_BYTES + '…'.len_utf8() && d.ends_with('…'));
+        let short = BadEvent::NotAnObject;
+        assert_eq!(short.detail(), short.to_string());
+        // Cut on a character boundary.
+        let wide = BadEvent::UnknownType("é".repeat(1000));
+        assert!(wide.detail().ends_with('…'));
     }
 
     #[test]

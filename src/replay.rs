@@ -51,7 +51,9 @@ fn table_header(out: &mut dyn Write) -> std::io::Result<()> {
     )
 }
 
+/// `s` shown (control characters escaped) in at most `n` characters.
 fn cut(s: &str, n: usize) -> String {
+    let s = crate::event::printable(s);
     if s.chars().count() <= n {
         s.to_string()
     } else {
@@ -79,7 +81,7 @@ fn write_output(o: &Output, format: Format, out: &mut dyn Write) -> std::io::Res
                     f.kind,
                     level,
                     f.detector.name(),
-                    f.reason
+                    crate::event::printable(&f.reason)
                 )
             }
             Output::Summary(s) => writeln!(

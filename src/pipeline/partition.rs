@@ -88,7 +88,7 @@ impl Pending {
                 (
                     None,
                     Pending::DeadLetter(
-                        dead_letter(m, &topic, bad.reason(), &bad.to_string()),
+                        dead_letter(m, &topic, bad.reason(), &bad.detail()),
                         bad.reason(),
                     ),
                 )
