@@ -33,7 +33,8 @@ pub struct Outcomes(FxHashMap<String, Outcome>);
 /// Why an outcomes file was refused (fatal).
 #[derive(Debug, thiserror::Error)]
 pub enum OutcomesError {
-    #[error("reading outcomes failed: {0}")]
+    // The cause is said by the error chain (`{:#}`), not twice.
+    #[error("reading outcomes failed")]
     Read(#[from] std::io::Error),
     #[error("outcomes line {line}: {reason} (expected {{\"session_id\": \"…\", \"outcome\": \"success\" | \"failure\"}})")]
     BadLine { line: u64, reason: String },
