@@ -777,15 +777,44 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::from(2)
         }
     }
 }
 
+/// An error and its causes on one line, each cause said once: many errors name their
+/// cause in their own message already (`{e:#}` would say it twice).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_says_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("kafka client: {0}")]
+        struct Wrapping(#[from] std::io::Error);
+        let io = || std::io::Error::other("broker down");
+        let e = anyhow::Error::from(Wrapping(io())).context("cannot start");
+        assert_eq!(error_chain(&e), "cannot start: kafka client: broker down");
+        let plain = anyhow::Error::from(io()).context("cannot read x");
+        assert_eq!(error_chain(&plain), "cannot read x: broker down");
+    }
 
     fn opened(path: &Path, format: InputArg, mmap: bool) -> &'static str {
         match open_events(path, format, &Config::default(), mmap).unwrap() {
