@@ -364,6 +364,124 @@ fn whole_floats_to_integers(table: &mut toml::Table) {
     table.iter_mut().for_each(|(_, v)| visit(v));
 }
 
+/// The literal start and end of a glob (up to its first and from its last special
+/// character), for telling two globs apart without the strings they match.
+fn glob_literals(glob: &GlobMatcher) -> (&str, &str) {
+    let pattern = glob.glob().glob();
+    let special = |c: char| matches!(c, '*' | '?' | '[' | ']' | '{' | '}' | '\\');
+    let start = pattern.find(special).map_or(pattern, |i| &pattern[..i]);
+    let end = pattern
+        .rfind(special)
+        .map_or(pattern, |i| &pattern[i + 1..]);
+    (start, end)
+}
+
+/// Whether no string matches both globs, as far as their literal starts (and, with
+/// `ends`, ends) tell: sure when true, a maybe when false.
+fn globs_disjoint(a: &GlobMatcher, b: &GlobMatcher, ends: bool) -> bool {
+    let ((a_start, a_end), (b_start, b_end)) = (glob_literals(a), glob_literals(b));
+    let apart = |x: &str, y: &str, f: fn(&str, &str) -> bool| !f(x, y) && !f(y, x);
+    apart(a_start, b_start, |x, y| x.starts_with(y))
+        || (ends && apart(a_end, b_end, |x, y| x.ends_with(y)))
+}
+
+/// Overrides are checked one by one against the base as they are read; this checks the
+/// ones that can apply together (the same session, or call) in the order they would be
+/// applied, since one may set `terminate_at` under the `warn_at` another set. Two exact
+/// tenants that differ never meet, nor globs whose literal starts (or, for agents, ends)
+/// differ; anything else may. Every combination of up to 12 overrides that set
+/// detectors is tried (pairs only beyond), the smallest first.
+fn check_overrides_together(policy: &Policy, overrides: &[Override], errors: &mut Errors) {
+    let setting: Vec<usize> = (0..overrides.len())
+        .filter(|&i| !overrides[i].detectors.is_empty())
+        .collect();
+    let n = setting.len();
+    if n < 2 {
+        return;
+    }
+    let meet = |a: &Override, b: &Override| {
+        let tenants = match (&a.tenant, &b.tenant) {
+            (Some(x), Some(y)) => x == y,
+            _ => true,
+        };
+        let agents = match (&a.agent, &b.agent) {
+            (Some(x), Some(y)) => !globs_disjoint(x, y, true),
+            _ => true,
+        };
+        // A tool glob matches a call's tool or its `tool.action` name: only literal
+        // starts tell two apart.
+        let tools = match (&a.tool, &b.tool) {
+            (Some(x), Some(y)) => !globs_disjoint(x, y, false),
+            _ => true,
+        };
+        tenants && agents && tools
+    };
+    let mut sets: Vec<Vec<usize>> = if n <= 12 {
+        (1u32..1 << n)
+            .filter(|m| m.count_ones() >= 2)
+            .map(|m| {
+                (0..n)
+                    .filter(|b| m >> b & 1 == 1)
+                    .map(|b| setting[b])
+                    .collect()
+            })
+            .collect()
+    } else {
+        (0..n)
+            .flat_map(|a| {
+                let setting = &setting;
+                (a + 1..n).map(move |b| vec![setting[a], setting[b]])
+            })
+            .collect()
+    };
+    sets.sort_by_key(Vec::len);
+    let mut reported: Vec<String> = Vec::new();
+    for set in sets {
+        if !set.iter().enumerate().all(|(x, &a)| {
+            set[x + 1..]
+                .iter()
+                .all(|&b| meet(&overrides[a], &overrides[b]))
+        }) {
+            continue;
+        }
+        // Session overrides first, then tool overrides, each in order (`policy_for`,
+        // `policy_for_tool`).
+        let mut order = set.clone();
+        order.sort_by_key(|&i| (overrides[i].tool.is_some(), i));
+        let mut p = policy.clone();
+        for (at, &i) in order.iter().enumerate() {
+            let mut found = Errors { list: Vec::new() };
+            for (kind, table) in &overrides[i].detectors {
+                apply_detector(
+                    *kind,
+                    table,
+                    &mut p,
+                    &format!("overrides[{i}].detectors.{kind}"),
+                    &mut found,
+                );
+            }
+            for e in found.list {
+                if reported.contains(&e.key) {
+                    continue;
+                }
+                let before: Vec<String> = order[..at]
+                    .iter()
+                    .map(|j| format!("overrides[{j}]"))
+                    .collect();
+                reported.push(e.key.clone());
+                errors.push(
+                    e.key,
+                    format!(
+                        "{}, applied after {} (which can match the same sessions or calls)",
+                        e.message,
+                        before.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+}
+
 /// Applies `LOOPWARDEN_A__B=value` as `a.b = value` on `table`; returns which variable
 /// set which key (`a.b`), so that an error about a key can name the variable.
 fn apply_env(
@@ -854,6 +972,9 @@ impl Config {
             });
         }
 
+        if errors.list.is_empty() {
+            check_overrides_together(&policy, &parsed_overrides, &mut errors);
+        }
         if !errors.list.is_empty() {
             // A key the environment set is the variable's doing, not the file's.
             for e in &mut errors.list {
@@ -1180,6 +1301,39 @@ mod tests {
         }
         // Off the bus, the topic is not used.
         cfg("[telemetry]\nspans_topic = \"tool.called\"\n").unwrap();
+    }
+
+    #[test]
+    fn overrides_that_can_apply_together_are_checked_together() {
+        let chain = |second: &str| {
+            format!("[[overrides]]\ntenant = \"t\"\n[overrides.detectors.stall]\nwarn_at = 10\nterminate_at = 20\n[[overrides]]\n{second}\n[overrides.detectors.stall]\nterminate_at = 6\n")
+        };
+        for meets in ["agent = \"*\"", "tenant = \"t\"", "agent = \"coder\""] {
+            let err = cfg(&chain(meets)).unwrap_err();
+            let errors = err.key_errors();
+            assert_eq!(errors.len(), 1, "{meets}: {err}");
+            assert_eq!(errors[0].key, "overrides[1].detectors.stall");
+            assert!(
+                errors[0].message.contains("applied after overrides[0]"),
+                "{err}"
+            );
+        }
+        // Overrides that never meet: other tenants, agents apart by their globs.
+        cfg(&chain("tenant = \"u\"")).unwrap();
+        let apart = "[[overrides]]\nagent = \"research-*\"\n[overrides.detectors.stall]\nwarn_at = 10\nterminate_at = 20\n[[overrides]]\nagent = \"coder-*\"\n[overrides.detectors.stall]\nterminate_at = 6\n";
+        cfg(apart).unwrap();
+        let ends_apart = apart
+            .replace("research-*", "*-research")
+            .replace("coder-*", "*-coder");
+        cfg(&ends_apart).unwrap();
+        // A tool override on top of a session override.
+        let tool = "[[overrides]]\nagent = \"a*\"\n[overrides.detectors.repeat]\nwarn_at = 6\nterminate_at = 9\nwindow_terminate_at = 12\n[[overrides]]\ntool = \"deploy*\"\n[overrides.detectors.repeat]\nterminate_at = 5\n";
+        let err = cfg(tool).unwrap_err();
+        assert_eq!(
+            err.key_errors()[0].key,
+            "overrides[1].detectors.repeat",
+            "{err}"
+        );
     }
 
     #[test]
