@@ -27,6 +27,9 @@ pub const DEFAULT_SESSION_GAP_SECS: u64 = 30 * 60;
 pub const DEFAULT_STATE_PATH: &str = "./loopwarden-state";
 /// Environment variables with this prefix override file keys (`__` separates levels).
 pub const ENV_PREFIX: &str = "LOOPWARDEN_";
+
+/// The longest `engine.session_gap_secs`: a century.
+pub const MAX_SESSION_GAP_SECS: u64 = 100 * 365 * 24 * 3600;
 /// Environment variables under the prefix that are not config keys: the command line's
 /// own (`--config`, `--log-format`, `--threads`) and the development tools' (broker and
 /// promtool scripts, tests, benchmarks), so that setting one never fails a command.
@@ -817,10 +820,21 @@ impl Config {
             }
         }
 
+        if state.path.as_deref().is_some_and(|p| p.trim().is_empty()) {
+            errors.push(
+                "state.path",
+                "must name a directory (empty, the store would be written into the working directory)",
+            );
+        }
         // engine
         let gap = engine.session_gap_secs.unwrap_or(DEFAULT_SESSION_GAP_SECS);
-        if gap == 0 {
-            errors.push("engine.session_gap_secs", "must be > 0");
+        // At most a century: beyond it, no session is meant to stay open, and the gap in
+        // milliseconds must fit event times.
+        if gap == 0 || gap > MAX_SESSION_GAP_SECS {
+            errors.push(
+                "engine.session_gap_secs",
+                format!("must be > 0 and at most {MAX_SESSION_GAP_SECS} (a century)"),
+            );
         }
         let limits = ParseLimits {
             max_event_bytes: engine.max_event_bytes.unwrap_or(DEFAULT_MAX_EVENT_BYTES),
@@ -1334,6 +1348,18 @@ mod tests {
             "overrides[1].detectors.repeat",
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_empty_state_path_and_an_endless_session_gap_are_refused() {
+        let err = cfg("[state]\npath = \"\"\n[engine]\nsession_gap_secs = 9223372036854775807\n")
+            .unwrap_err();
+        let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["state.path", "engine.session_gap_secs"], "{err}");
+        cfg(&format!(
+            "[engine]\nsession_gap_secs = {MAX_SESSION_GAP_SECS}\n"
+        ))
+        .unwrap();
     }
 
     #[test]
