@@ -322,10 +322,52 @@ fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
     let gzip = head == GZIP_MAGIC;
     let whole = std::io::Cursor::new(head).chain(raw);
     if gzip {
-        let gz = flate2::read::MultiGzDecoder::new(BufReader::with_capacity(BUFFER, whole));
+        let gz = GzipMembers {
+            decoder: Some(flate2::bufread::GzDecoder::new(BufReader::with_capacity(
+                BUFFER, whole,
+            ))),
+            name: name.to_string(),
+        };
         Ok(Box::new(BufReader::with_capacity(BUFFER, gz)))
     } else {
         Ok(Box::new(BufReader::with_capacity(BUFFER, whole)))
+    }
+}
+
+/// The members of a gzip file one after another, as `gzip -d` reads them: bytes after the
+/// last member that do not start another (zero padding, a partial copy) end the input
+/// with a warning, instead of failing it after everything was read.
+struct GzipMembers<R: BufRead> {
+    decoder: Option<flate2::bufread::GzDecoder<R>>,
+    name: String,
+}
+
+impl<R: BufRead> Read for GzipMembers<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let Some(decoder) = &mut self.decoder else {
+                return Ok(0);
+            };
+            let n = decoder.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // A member ended: another, the end, or bytes that are no member.
+            let mut rest = self.decoder.take().expect("a member was read").into_inner();
+            let head = rest.fill_buf()?;
+            if head.is_empty() {
+                return Ok(0);
+            }
+            if head[0] == GZIP_MAGIC[0] && head.get(1).is_none_or(|&b| b == GZIP_MAGIC[1]) {
+                self.decoder = Some(flate2::bufread::GzDecoder::new(rest));
+                continue;
+            }
+            eprintln!(
+                "warning: {}: what follows the last gzip member is not gzip; ignored",
+                self.name
+            );
+            return Ok(0);
+        }
     }
 }
 
@@ -942,6 +984,34 @@ mod tests {
             "mapped to events"
         );
         assert_eq!(read_all(&otlp, false), "", "no spans, no events");
+    }
+
+    /// Gzip members are read one after another, and bytes after the last that are no
+    /// member end the input (as `gzip -d` has it), where a corrupt member fails it.
+    #[test]
+    fn gzip_members_are_read_in_turn_and_trailing_bytes_ignored() {
+        let member = |text: &str| {
+            let mut encoder = flate2::write::GzEncoder::new(Vec::new(), Default::default());
+            encoder.write_all(text.as_bytes()).unwrap();
+            encoder.finish().unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let read_all = |bytes: &[u8]| {
+            let path = dir.path().join("events.jsonl.gz");
+            std::fs::write(&path, bytes).unwrap();
+            let mut text = String::new();
+            open_input(&path)?.read_to_string(&mut text)?;
+            anyhow::Ok(text)
+        };
+        let two = [member("{\"a\": 1}\n"), member("{\"b\": 2}\n")].concat();
+        assert_eq!(read_all(&two).unwrap(), "{\"a\": 1}\n{\"b\": 2}\n");
+        for trailing in [&[0u8; 100][..], b"garbage\n"] {
+            let padded = [&two[..], trailing].concat();
+            assert_eq!(read_all(&padded).unwrap(), "{\"a\": 1}\n{\"b\": 2}\n");
+        }
+        // A second member cut short is an error, not an end.
+        let cut = [&two[..], &member("{\"c\": 3}\n")[..12]].concat();
+        assert!(read_all(&cut).is_err());
     }
 
     /// A FIFO is read, not mapped, and its writer's data all arrives (`open_events`
