@@ -313,7 +313,15 @@ fn decode<T: DeserializeOwned>(
             format!("{key}.{path}")
         };
         errors.push(full, e.inner().message().to_string());
-        let segments: Vec<&serde_path_to_error::Segment> = e.path().iter().collect();
+        let mut segments: Vec<&serde_path_to_error::Segment> = e.path().iter().collect();
+        // An array loses the whole of it: taking one item out would shift the indices
+        // of the others, and a later error would name the wrong one.
+        while matches!(
+            segments.last(),
+            Some(serde_path_to_error::Segment::Seq { .. })
+        ) {
+            segments.pop();
+        }
         if !remove_at(&mut value, &segments) {
             break;
         }
@@ -437,7 +445,34 @@ fn check_overrides_together(policy: &Policy, overrides: &[Override], errors: &mu
             })
             .collect()
     };
-    sets.sort_by_key(Vec::len);
+    // An override that matches wherever all of a set match (its tenant, agent and tool
+    // each unset or one of the set's own) always applies with them: it joins the set.
+    let implied = |set: &[usize], o: &Override| {
+        let tenant = o
+            .tenant
+            .as_ref()
+            .is_none_or(|t| set.iter().any(|&i| overrides[i].tenant.as_ref() == Some(t)));
+        let glob = |pick: fn(&Override) -> Option<&GlobMatcher>| {
+            pick(o).is_none_or(|g| {
+                set.iter().any(|&i| {
+                    pick(&overrides[i]).is_some_and(|h| h.glob().glob() == g.glob().glob())
+                })
+            })
+        };
+        tenant && glob(|o| o.agent.as_ref()) && glob(|o| o.tool.as_ref())
+    };
+    for set in &mut sets {
+        let joining: Vec<usize> = setting
+            .iter()
+            .copied()
+            .filter(|i| !set.contains(i) && implied(set, &overrides[*i]))
+            .collect();
+        set.extend(joining);
+        set.sort_unstable();
+    }
+    // The smallest first, each once.
+    sets.sort_by(|a, b| (a.len(), a).cmp(&(b.len(), b)));
+    sets.dedup();
     let mut reported: Vec<String> = Vec::new();
     for set in sets {
         if !set.iter().enumerate().all(|(x, &a)| {
@@ -1340,6 +1375,9 @@ mod tests {
             .replace("research-*", "*-research")
             .replace("coder-*", "*-coder");
         cfg(&ends_apart).unwrap();
+        // Three for one tenant, rising after each: never two of them without the third.
+        let three = "[[overrides]]\ntenant = \"t\"\n[overrides.detectors.stall]\nwarn_at = 10\nterminate_at = 20\n[[overrides]]\ntenant = \"t\"\n[overrides.detectors.stall]\nwarn_at = 2\n[[overrides]]\ntenant = \"t\"\n[overrides.detectors.stall]\nterminate_at = 6\n";
+        cfg(three).unwrap();
         // A tool override on top of a session override.
         let tool = "[[overrides]]\nagent = \"a*\"\n[overrides.detectors.repeat]\nwarn_at = 6\nterminate_at = 9\nwindow_terminate_at = 12\n[[overrides]]\ntool = \"deploy*\"\n[overrides.detectors.repeat]\nterminate_at = 5\n";
         let err = cfg(tool).unwrap_err();
@@ -1376,6 +1414,11 @@ mod tests {
         ] {
             assert!(keys.contains(&expected), "missing {expected} in {keys:?}");
         }
+        // An array's first bad item, named by its own index, once.
+        let err =
+            cfg("[kafka]\ninput_topics = [\"a\", 1, 2]\n[tools]\npoll = [1, 2, 3]\n").unwrap_err();
+        let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["tools.poll[0]", "kafka.input_topics[1]"], "{err}");
     }
 
     #[test]

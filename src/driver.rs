@@ -588,16 +588,20 @@ fn parse_batch(
                 .collect_into_vec(&mut parsed),
             None => parsed.extend(lines.iter().map(|l| parse(l, limits, shards))),
         }
-        // The lines cut short were judged on their first bytes: their size is the whole.
+        // The lines cut short are oversized at their whole length, whatever their first
+        // bytes read as (a kept part ending in `\r` is one byte shorter once its break is
+        // stripped, and could read as an event).
         for long in batch.cut() {
             let at = lines
                 .partition_point(|l| (l.as_ptr() as usize - bytes.as_ptr() as usize) < long.start);
-            if let Some(Line {
-                parsed: Some(Err(BadEvent::Oversized { size, .. })),
-                ..
-            }) = parsed.get_mut(at)
-            {
-                *size = long.size;
+            if let Some(line) = parsed.get_mut(at) {
+                *line = Line {
+                    parsed: Some(Err(BadEvent::Oversized {
+                        size: long.size,
+                        limit: limits.max_event_bytes,
+                    })),
+                    shard: 0,
+                };
             }
         }
         spare.lines = relabel(lines);
@@ -1073,7 +1077,14 @@ mod tests {
         // Too long by its padding alone: judged before it is trimmed.
         let padded = format!("{event}{}", " ".repeat(limit));
         let long = format!("{{\"type\":\"{}\"}}", "x".repeat(limit * 3));
-        let text = format!("{event}\n{padded}\n{long}\r\n{event}\n");
+        // An event padded to the limit, then `\r` and more: cut after the `\r`, its
+        // first bytes would read as an event.
+        let event_then_cr = format!(
+            "{event}{}\r{}",
+            " ".repeat(limit - event.len()),
+            "x".repeat(100_000)
+        );
+        let text = format!("{event}\n{padded}\n{long}\r\n{event_then_cr}\n{event}\n");
         let run = |input: Input<'_>| {
             let mut errors = Vec::new();
             let report = replay(
@@ -1094,7 +1105,23 @@ mod tests {
         let in_place = run(Input::Bytes(bytes));
         let read = run(Input::Reader(&mut trickle(&text, false)));
         assert_eq!(in_place, read);
-        assert_eq!(in_place.0, 2, "{}", in_place.1);
+        // Read in pieces, so that the long lines are cut while read.
+        let chunked = Chunked {
+            data: text.as_bytes(),
+            chunk: 4096,
+        };
+        let cut = run(Input::Reader(&mut std::io::BufReader::with_capacity(
+            1, chunked,
+        )));
+        assert_eq!(in_place, cut);
+        assert_eq!(in_place.0, 3, "{}", in_place.1);
+        assert!(
+            in_place
+                .1
+                .contains(&format!("line 4: message is {} bytes", event_then_cr.len())),
+            "{}",
+            in_place.1
+        );
         assert!(
             in_place
                 .1

@@ -90,15 +90,20 @@ impl BadEvent {
 }
 
 /// Text from the input as a terminal or a log line may show it: control characters
-/// (line breaks, escape sequences) escaped, the rest as it is.
+/// (line breaks, escape sequences) and the bidirectional overrides that reorder a line
+/// escaped, the rest as it is.
 pub fn printable(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hidden) {
         return Cow::Borrowed(text);
     }
     Cow::Owned(
         text.chars()
             .map(|c| {
-                if c.is_control() {
+                if hidden(c) {
                     c.escape_default().to_string()
                 } else {
                     c.to_string()
@@ -1021,6 +1026,7 @@ mod tests {
             "{d}"
         );
         assert!(d.len() <= DETAIL_BYTES + '…'.len_utf8() && d.ends_with('…'));
+        assert_eq!(printable("a\u{202e}b"), "a\\u{202e}b");
         let short = BadEvent::NotAnObject;
         assert_eq!(short.detail(), short.to_string());
         // Cut on a character boundary.

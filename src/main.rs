@@ -267,10 +267,15 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Arc<Config>> {
 fn config_env(
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
 ) -> anyhow::Result<Vec<(String, String)>> {
-    let prefix = loopwarden::config::ENV_PREFIX.as_bytes();
+    use loopwarden::config::{ENV_PREFIX, RESERVED_ENV, RESERVED_ENV_PREFIX};
     let mut env = Vec::new();
     for (name, value) in vars {
-        let ours = name.as_encoded_bytes().starts_with(prefix);
+        let bytes = name.as_encoded_bytes();
+        // The command line's and the tools' own variables are not configuration keys
+        // (`LOOPWARDEN_CONFIG` may name a path that is not UTF-8).
+        let reserved = RESERVED_ENV.iter().any(|r| r.as_bytes() == bytes)
+            || bytes.starts_with(RESERVED_ENV_PREFIX.as_bytes());
+        let ours = bytes.starts_with(ENV_PREFIX.as_bytes()) && !reserved;
         match (name.into_string(), value.into_string()) {
             (Ok(name), Ok(value)) => env.push((name, value)),
             (Ok(name), Err(_)) if ours => {
@@ -323,8 +328,8 @@ fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
     let whole = std::io::Cursor::new(head).chain(raw);
     if gzip {
         let gz = GzipMembers {
-            decoder: Some(flate2::bufread::GzDecoder::new(BufReader::with_capacity(
-                BUFFER, whole,
+            state: Gzip::Member(Box::new(flate2::bufread::GzDecoder::new(
+                BufReader::with_capacity(BUFFER, whole),
             ))),
             name: name.to_string(),
         };
@@ -338,35 +343,65 @@ fn open_input(path: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
 /// last member that do not start another (zero padding, a partial copy) end the input
 /// with a warning, instead of failing it after everything was read.
 struct GzipMembers<R: BufRead> {
-    decoder: Option<flate2::bufread::GzDecoder<R>>,
+    state: Gzip<R>,
     name: String,
+}
+
+enum Gzip<R: BufRead> {
+    /// Inside a member.
+    Member(Box<flate2::bufread::GzDecoder<R>>),
+    /// After one: another, the end, or bytes that are no member.
+    Between(R),
+    Done,
 }
 
 impl<R: BufRead> Read for GzipMembers<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
-            let Some(decoder) = &mut self.decoder else {
-                return Ok(0);
-            };
-            let n = decoder.read(buf)?;
-            if n > 0 || buf.is_empty() {
-                return Ok(n);
+            match &mut self.state {
+                Gzip::Done => return Ok(0),
+                Gzip::Member(decoder) => {
+                    let n = decoder.read(buf)?;
+                    if n > 0 || buf.is_empty() {
+                        return Ok(n);
+                    }
+                    let Gzip::Member(decoder) = std::mem::replace(&mut self.state, Gzip::Done)
+                    else {
+                        unreachable!("matched a member")
+                    };
+                    self.state = Gzip::Between(decoder.into_inner());
+                }
+                Gzip::Between(rest) => {
+                    // An error here leaves the state as it is: a read again retries.
+                    let head = rest.fill_buf()?;
+                    let another = match head {
+                        [] => None,
+                        [first, more @ ..] => Some(
+                            *first == GZIP_MAGIC[0]
+                                && more.first().is_none_or(|&b| b == GZIP_MAGIC[1]),
+                        ),
+                    };
+                    match another {
+                        None => self.state = Gzip::Done,
+                        Some(true) => {
+                            let Gzip::Between(rest) =
+                                std::mem::replace(&mut self.state, Gzip::Done)
+                            else {
+                                unreachable!("matched between members")
+                            };
+                            self.state =
+                                Gzip::Member(Box::new(flate2::bufread::GzDecoder::new(rest)));
+                        }
+                        Some(false) => {
+                            eprintln!(
+                                "warning: {}: what follows the last gzip member is not gzip; ignored",
+                                self.name
+                            );
+                            self.state = Gzip::Done;
+                        }
+                    }
+                }
             }
-            // A member ended: another, the end, or bytes that are no member.
-            let mut rest = self.decoder.take().expect("a member was read").into_inner();
-            let head = rest.fill_buf()?;
-            if head.is_empty() {
-                return Ok(0);
-            }
-            if head[0] == GZIP_MAGIC[0] && head.get(1).is_none_or(|&b| b == GZIP_MAGIC[1]) {
-                self.decoder = Some(flate2::bufread::GzDecoder::new(rest));
-                continue;
-            }
-            eprintln!(
-                "warning: {}: what follows the last gzip member is not gzip; ignored",
-                self.name
-            );
-            return Ok(0);
         }
     }
 }
@@ -725,8 +760,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             no_mmap,
         } => {
             let config = load_config(config.as_deref())?;
-            let stdin = Path::new("-");
-            if input == stdin && outcomes.as_deref() == Some(stdin) {
+            let is_stdin = |p: &Path| {
+                p == Path::new("-")
+                    || p == Path::new("/dev/stdin")
+                    || p == Path::new("/proc/self/fd/0")
+            };
+            if is_stdin(&input) && outcomes.as_deref().is_some_and(is_stdin) {
                 anyhow::bail!("the events and --outcomes cannot both be read from standard input");
             }
             let outcomes = match outcomes {
@@ -906,6 +945,10 @@ mod tests {
         );
         let err = config_env([var(b"LOOPWARDEN_\xff", b"1")].into_iter()).unwrap_err();
         assert!(err.to_string().contains("its name is not UTF-8"), "{err}");
+        // A reserved variable naming a path that is not UTF-8: none of the config's.
+        let env =
+            config_env([var(b"LOOPWARDEN_CONFIG", b"/etc/caf\xe9.toml")].into_iter()).unwrap();
+        assert!(env.is_empty(), "{env:?}");
     }
 
     #[test]

@@ -193,8 +193,11 @@ pub(crate) fn valid_topic(name: &str) -> bool {
 fn breaks_idempotence(name: &str, value: &str) -> Option<&'static str> {
     let number = value.trim().parse::<i64>().ok();
     match name {
-        "acks" | "request.required.acks" => (!matches!(value.trim(), "all" | "-1"))
-            .then_some("the idempotent producer needs acks from every in-sync replica: all or -1"),
+        "acks" | "request.required.acks" => {
+            (!matches!(value.trim().to_ascii_lowercase().as_str(), "all" | "-1")).then_some(
+                "the idempotent producer needs acks from every in-sync replica: all or -1",
+            )
+        }
         "max.in.flight" | "max.in.flight.requests.per.connection" => number
             .is_some_and(|n| n > 5)
             .then_some("the idempotent producer keeps order with at most 5 requests in flight"),
@@ -645,9 +648,9 @@ mod tests {
             "{errors:?}"
         );
         let (s, errors) =
-            validate("[producer]\nacks = \"all\"\n\"max.in.flight\" = 5\nretries = 3\n");
+            validate("[producer]\nacks = \"ALL\"\n\"max.in.flight\" = 5\nretries = 3\n");
         assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(s.producer["acks"], "all");
+        assert_eq!(s.producer["acks"], "ALL");
     }
 
     #[test]

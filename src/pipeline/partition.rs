@@ -84,11 +84,12 @@ impl Pending {
                 )
             }
             Err(bad) => {
-                warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %bad, "dead-lettering bad message");
+                let detail = bad.detail();
+                warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %detail, "dead-lettering bad message");
                 (
                     None,
                     Pending::DeadLetter(
-                        dead_letter(m, &topic, bad.reason(), &bad.detail()),
+                        dead_letter(m, &topic, bad.reason(), &detail),
                         bad.reason(),
                     ),
                 )
