@@ -850,7 +850,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The variables the command line reads (clap's `env`): set but empty, they are taken as
+/// unset, as a deployment template that leaves one blank means (clap would refuse the
+/// empty value of every command).
+const COMMAND_LINE_ENV: [&str; 3] = [
+    "LOOPWARDEN_CONFIG",
+    "LOOPWARDEN_LOG_FORMAT",
+    "LOOPWARDEN_THREADS",
+];
+
 fn main() -> ExitCode {
+    for name in COMMAND_LINE_ENV {
+        if std::env::var_os(name).is_some_and(|v| v.is_empty()) {
+            // Before any other thread exists: nothing reads the environment meanwhile.
+            std::env::remove_var(name);
+        }
+    }
     let cli = Cli::parse();
     // Test builds only: crash points armed through the FAILPOINTS environment variable.
     #[cfg(feature = "failpoints")]

@@ -250,6 +250,16 @@ fn check_config_reads_the_file_the_other_commands_read() {
         .output()
         .unwrap();
     assert_eq!(repeat_terminate_at(&named), Some(9.0));
+    // Set but empty, as a template leaves it: unset.
+    let blank = bin()
+        .args(["check-config"])
+        .arg(&nine)
+        .env("LOOPWARDEN_CONFIG", "")
+        .env("LOOPWARDEN_THREADS", "")
+        .env("LOOPWARDEN_LOG_FORMAT", "")
+        .output()
+        .unwrap();
+    assert_eq!(repeat_terminate_at(&blank), Some(9.0));
 }
 
 #[test]
