@@ -254,7 +254,8 @@ pub struct Config {
     pub telemetry: TelemetrySettings,
     /// `[ingest.otlp]`: OTLP traces on the bus mapped to events, when on.
     pub ingest: Option<OtlpIngest>,
-    /// `ingest.otlp.session_attribute`, for OTLP JSON files too (`replay`, `backtest`).
+    /// `ingest.otlp.session_attribute`: names sessions in the OTLP mapping, of the bus
+    /// ingest and of OTLP JSON files (`replay`, `backtest`) alike.
     pub otlp_session_attribute: Option<String>,
     /// The merged TOML this config was built from (for `check-config`).
     effective: toml::Table,
@@ -329,10 +330,11 @@ fn decode<T: DeserializeOwned>(
     None
 }
 
-/// Takes the value at `path` out of `value`; false when there is none.
+/// Takes the table entry at `path` out of `value`; false when there is none (`decode`
+/// never takes out an array's item).
 fn remove_at(value: &mut toml::Value, path: &[&serde_path_to_error::Segment]) -> bool {
     use serde_path_to_error::Segment;
-    let Some((last, parents)) = path.split_last() else {
+    let Some((Segment::Map { key: last }, parents)) = path.split_last() else {
         return false;
     };
     let mut cursor = value;
@@ -347,12 +349,8 @@ fn remove_at(value: &mut toml::Value, path: &[&serde_path_to_error::Segment]) ->
             None => return false,
         }
     }
-    match (last, cursor) {
-        (Segment::Map { key }, toml::Value::Table(t)) => t.remove(key.as_str()).is_some(),
-        (Segment::Seq { index }, toml::Value::Array(a)) if *index < a.len() => {
-            a.remove(*index);
-            true
-        }
+    match cursor {
+        toml::Value::Table(t) => t.remove(last.as_str()).is_some(),
         _ => false,
     }
 }
@@ -818,7 +816,7 @@ impl Config {
         if !crate::kafka::settings::valid_topic(&spans_topic) {
             errors.push(
                 "telemetry.spans_topic",
-                format!("`{spans_topic}` is not a valid topic name (1-249 of [a-zA-Z0-9._-])"),
+                crate::kafka::settings::invalid_topic(&spans_topic),
             );
         }
         let owner_series_limit = raw_telemetry

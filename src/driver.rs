@@ -491,6 +491,12 @@ fn read_some(input: &mut (dyn BufRead + Send), buf: &mut [u8]) -> std::io::Resul
     }
 }
 
+/// A line without its line break (`\n` or `\r\n`), as its size is judged.
+fn unbroken(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
 fn trim_line(line: &[u8]) -> &[u8] {
     let mut end = line.len();
     while end > 0 && matches!(line[end - 1], b'\n' | b'\r' | b' ' | b'\t') {
@@ -560,8 +566,7 @@ fn parse_batch(
         fn parse<'b>(line: &'b [u8], limits: &ParseLimits, shards: usize) -> Line<'b> {
             // A line's size is judged before it is trimmed, as the reader judges it when
             // it cuts one short: whatever the input, the same lines are oversized.
-            let unbroken = line.strip_suffix(b"\n").unwrap_or(line);
-            let unbroken = unbroken.strip_suffix(b"\r").unwrap_or(unbroken);
+            let unbroken = unbroken(line);
             if unbroken.len() > limits.max_event_bytes {
                 let oversized = BadEvent::Oversized {
                     size: unbroken.len(),
@@ -988,16 +993,12 @@ mod tests {
             }
             proptest::prop_assert_eq!(got.len(), expected.len());
             for ((line, cut), original) in got.iter().zip(&expected) {
-                let body = |l: &[u8]| -> usize {
-                    let l = l.strip_suffix(b"\n").unwrap_or(l);
-                    l.strip_suffix(b"\r").unwrap_or(l).len()
-                };
                 match cut {
                     None => proptest::prop_assert_eq!(line.as_slice(), *original),
                     Some(size) => {
                         // Cut only when too long (a `\r` before the break counts until
                         // the break is seen), to its first `keep` bytes and its break.
-                        proptest::prop_assert_eq!(*size, body(original));
+                        proptest::prop_assert_eq!(*size, unbroken(original).len());
                         proptest::prop_assert!(*size > limit);
                         let kept = line.strip_suffix(b"\n").unwrap_or(line);
                         proptest::prop_assert_eq!(kept, &original[..keep]);

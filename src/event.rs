@@ -100,17 +100,15 @@ pub fn printable(text: &str) -> Cow<'_, str> {
     if !text.chars().any(hidden) {
         return Cow::Borrowed(text);
     }
-    Cow::Owned(
-        text.chars()
-            .map(|c| {
-                if hidden(c) {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect(),
-    )
+    let mut shown = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if hidden(c) {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    Cow::Owned(shown)
 }
 
 /// The most of an error's text [`BadEvent::detail`] keeps.

@@ -14,7 +14,7 @@ use std::io::{BufRead, Read, Write};
 use serde::Deserialize;
 
 use crate::event::ParseLimits;
-use crate::kafka::settings::{valid_topic, KafkaSettings};
+use crate::kafka::settings::{invalid_topic, valid_topic, KafkaSettings};
 use crate::otlp::{decode, Encoding, MapReport, MappedEvent, Mapper};
 
 /// `[ingest.otlp]` as written.
@@ -43,16 +43,14 @@ pub struct OtlpIngest {
     pub encoding: Encoding,
     /// The input topic the mapped events are published to.
     pub to_topic: String,
-    /// An attribute naming the session after `gen_ai.conversation.id` and `session.id`.
-    pub session_attribute: Option<String>,
     /// The ingest's own consumer group.
     pub group_id: String,
 }
 
 impl OtlpIngest {
-    /// The mapping for this ingest, within the event parser's `limits`.
-    /// (`replay` of OTLP JSON files maps with `ingest.otlp.session_attribute` as well,
-    /// the bus ingest on or off: [`session_attribute`].)
+    /// The mapping of spans to events, within the event parser's `limits`, naming sessions
+    /// by `session_attribute` after the standard attributes ([`session_attribute`]: the
+    /// same for the bus ingest and for OTLP JSON files).
     pub fn mapper(session_attribute: Option<&str>, limits: &ParseLimits) -> Mapper {
         Mapper {
             session_attribute: session_attribute.map(str::to_string),
@@ -77,10 +75,7 @@ impl OtlpIngest {
         for (i, t) in topics.iter().enumerate() {
             let at = format!("topics[{i}]");
             if !valid_topic(t) {
-                err(
-                    &at,
-                    format!("`{t}` is not a valid topic name (1-249 of [a-zA-Z0-9._-])"),
-                );
+                err(&at, invalid_topic(t));
             } else if topics[..i].contains(t) {
                 err(&at, format!("`{t}` is listed twice"));
             } else if kafka.input_topics.contains(t) {
@@ -147,12 +142,12 @@ impl OtlpIngest {
             topics,
             encoding,
             to_topic,
-            session_attribute: raw.session_attribute.filter(|s| !s.is_empty()),
             group_id,
         })
     }
 
-    /// The section as the effective configuration prints it.
+    /// The section as the effective configuration prints it (`session_attribute`: the
+    /// configuration's [`session_attribute`], which serves the bus ingest and files).
     pub fn to_toml(ingest: Option<&OtlpIngest>, session_attribute: Option<&str>) -> toml::Table {
         use toml::Value as V;
         let mut otlp = toml::Table::new();
@@ -167,7 +162,7 @@ impl OtlpIngest {
                 otlp.insert("to_topic".into(), s(&i.to_topic));
                 otlp.insert(
                     "session_attribute".into(),
-                    s(i.session_attribute.as_deref().unwrap_or("")),
+                    s(session_attribute.unwrap_or("")),
                 );
                 otlp.insert("group_id".into(), s(&i.group_id));
             }
@@ -359,7 +354,7 @@ mod tests {
         assert_eq!(i.encoding, Encoding::OtlpProto);
         assert_eq!(i.to_topic, "cost.attributed");
         assert_eq!(i.group_id, "lw-otlp");
-        assert_eq!(i.session_attribute, None);
+        assert_eq!(c.otlp_session_attribute, None);
         // The effective configuration reads back to the same settings.
         let again = config(&c.effective_toml()).unwrap();
         assert_eq!(again.ingest, Some(i));

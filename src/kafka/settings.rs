@@ -176,6 +176,11 @@ impl Default for KafkaSettings {
     }
 }
 
+/// What is said of a topic name that is not [`valid_topic`].
+pub(crate) fn invalid_topic(name: &str) -> String {
+    format!("`{name}` is not a valid topic name (1-249 of [a-zA-Z0-9._-])")
+}
+
 /// A Kafka topic name as the broker accepts it.
 pub(crate) fn valid_topic(name: &str) -> bool {
     !name.is_empty()
@@ -271,10 +276,7 @@ impl KafkaSettings {
         let mut topic = |key: &str, value: Option<String>, default: &str| -> String {
             let t = value.unwrap_or_else(|| default.to_string());
             if !valid_topic(&t) {
-                errors.push((
-                    format!("kafka.{key}"),
-                    format!("`{t}` is not a valid topic name (1-249 of [a-zA-Z0-9._-])"),
-                ));
+                errors.push((format!("kafka.{key}"), invalid_topic(&t)));
             }
             t
         };
@@ -302,10 +304,7 @@ impl KafkaSettings {
         }
         for (i, t) in input_topics.iter().enumerate() {
             if !valid_topic(t) {
-                errors.push((
-                    format!("kafka.input_topics[{i}]"),
-                    format!("`{t}` is not a valid topic name (1-249 of [a-zA-Z0-9._-])"),
-                ));
+                errors.push((format!("kafka.input_topics[{i}]"), invalid_topic(t)));
             }
             if input_topics[..i].contains(t) {
                 errors.push((

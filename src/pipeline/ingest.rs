@@ -91,7 +91,7 @@ pub fn run_ingest(
         })?;
     info!(brokers, group = %ingest.group_id, topics = ?topics, encoding = ingest.encoding.name(), to_topic = %ingest.to_topic, "ingesting otlp traces");
     let mut batch = IngestBatch {
-        mapper: OtlpIngest::mapper(ingest.session_attribute.as_deref(), &config.limits),
+        mapper: OtlpIngest::mapper(config.otlp_session_attribute.as_deref(), &config.limits),
         limits: config.limits,
         ingest: &ingest,
         settings: &settings,
