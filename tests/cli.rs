@@ -226,40 +226,33 @@ fn check_config_reads_the_file_the_other_commands_read() {
     std::fs::write(&seven, "[detectors.repeat]\nterminate_at = 7\n").unwrap();
     let nine = dir.path().join("nine.toml");
     std::fs::write(&nine, "[detectors.repeat]\nterminate_at = 9\n").unwrap();
-    let repeat_terminate_at = |out: &std::process::Output| {
+    // `repeat.terminate_at` of the effective configuration check-config prints.
+    let repeat_terminate_at = |args: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]| {
+        let out = bin()
+            .arg("check-config")
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{}", text(&out.stderr));
         let eff: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
         eff["detectors"]["repeat"]["terminate_at"].as_float()
     };
-    let by_env = bin()
-        .args(["check-config"])
-        .env("LOOPWARDEN_CONFIG", &seven)
-        .output()
-        .unwrap();
-    assert_eq!(repeat_terminate_at(&by_env), Some(7.0));
-    let by_flag = bin()
-        .args(["check-config", "--config"])
-        .arg(&seven)
-        .output()
-        .unwrap();
-    assert_eq!(repeat_terminate_at(&by_flag), Some(7.0));
-    let named = bin()
-        .args(["check-config"])
-        .arg(&nine)
-        .env("LOOPWARDEN_CONFIG", &seven)
-        .output()
-        .unwrap();
-    assert_eq!(repeat_terminate_at(&named), Some(9.0));
+    let (seven, nine) = (seven.as_os_str(), nine.as_os_str());
+    let by_env = repeat_terminate_at(&[], &[("LOOPWARDEN_CONFIG", seven)]);
+    assert_eq!(by_env, Some(7.0));
+    let by_flag = repeat_terminate_at(&["--config".as_ref(), seven], &[]);
+    assert_eq!(by_flag, Some(7.0));
+    let named = repeat_terminate_at(&[nine], &[("LOOPWARDEN_CONFIG", seven)]);
+    assert_eq!(named, Some(9.0));
     // Set but empty, as a template leaves it: unset.
-    let blank = bin()
-        .args(["check-config"])
-        .arg(&nine)
-        .env("LOOPWARDEN_CONFIG", "")
-        .env("LOOPWARDEN_THREADS", "")
-        .env("LOOPWARDEN_LOG_FORMAT", "")
-        .output()
-        .unwrap();
-    assert_eq!(repeat_terminate_at(&blank), Some(9.0));
+    let blank = "".as_ref();
+    let env = [
+        ("LOOPWARDEN_CONFIG", blank),
+        ("LOOPWARDEN_THREADS", blank),
+        ("LOOPWARDEN_LOG_FORMAT", blank),
+    ];
+    assert_eq!(repeat_terminate_at(&[nine], &env), Some(9.0));
 }
 
 #[test]
