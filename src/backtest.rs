@@ -17,18 +17,27 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
+use std::collections::hash_map::Entry;
 
 use crate::config::Config;
 use crate::detectors::{DetectorKind, DETECTOR_COUNT};
 use crate::driver::{drive, DriveError, Input, Options, Sink, Step};
-use crate::event::{Event, EventBody, Outcome};
+use crate::event::{printable, Event, EventBody, Outcome};
 use crate::output::Output;
 use crate::policy::Level;
 
 /// Outcomes given beside the events (`--outcomes`), for logs whose `session.completed`
 /// events do not carry one. An outcome on the event wins.
 #[derive(Debug, Clone, Default)]
-pub struct Outcomes(FxHashMap<String, Outcome>);
+pub struct Outcomes(FxHashMap<String, Given>);
+
+/// One session's outcome as given, and its place in the file (which entry a run used).
+#[derive(Debug, Clone, Copy)]
+struct Given {
+    outcome: Outcome,
+    entry: usize,
+    line: u64,
+}
 
 /// Why an outcomes file was refused (fatal).
 #[derive(Debug, thiserror::Error)]
@@ -41,7 +50,9 @@ pub enum OutcomesError {
 }
 
 impl Outcomes {
-    /// Reads JSON Lines of `{"session_id": …, "outcome": "success" | "failure"}`.
+    /// Reads JSON Lines of `{"session_id": …, "outcome": "success" | "failure"}`. A
+    /// session named twice must be given the same outcome both times: which of two
+    /// contradicting ones is true, the backtest cannot tell.
     pub fn read(input: &mut dyn BufRead) -> Result<Outcomes, OutcomesError> {
         #[derive(serde::Deserialize)]
         struct Line {
@@ -61,9 +72,33 @@ impl Outcomes {
             let parsed: Line = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
             let outcome = Outcome::parse(&parsed.outcome)
                 .ok_or_else(|| bad(format!("unknown outcome \"{}\"", parsed.outcome)))?;
-            map.insert(parsed.session_id, outcome);
+            let line = i as u64 + 1;
+            let entry = map.len();
+            match map.entry(parsed.session_id) {
+                Entry::Vacant(v) => {
+                    v.insert(Given {
+                        outcome,
+                        entry,
+                        line,
+                    });
+                }
+                Entry::Occupied(o) if o.get().outcome == outcome => {}
+                Entry::Occupied(o) => {
+                    return Err(bad(format!(
+                        "session \"{}\" is \"{}\" here but \"{}\" on line {}",
+                        printable(o.key()),
+                        outcome.name(),
+                        o.get().outcome.name(),
+                        o.get().line
+                    )))
+                }
+            }
         }
         Ok(Outcomes(map))
+    }
+
+    fn get(&self, session: &str) -> Option<&Given> {
+        self.0.get(session)
     }
 
     pub fn len(&self) -> usize {
@@ -186,6 +221,10 @@ pub struct Report {
     pub lines: u64,
     pub events: u64,
     pub bad_lines: u64,
+    /// Sessions `--outcomes` named, and how many of them no session in the events had (a
+    /// sign of ids written another way, or of another fleet's file).
+    pub outcomes_given: u64,
+    pub outcomes_unmatched: u64,
     /// By outcome: success, failure, unknown.
     pub success: Group,
     pub failure: Group,
@@ -217,6 +256,8 @@ struct Tally {
 
 struct Backtest<'a> {
     outcomes: &'a Outcomes,
+    /// Bit per `--outcomes` entry: some session closed under its id.
+    outcomes_used: Vec<u64>,
     open: FxHashMap<String, Tally>,
     report: Report,
     warned: [[u64; 3]; DETECTOR_COUNT],
@@ -248,7 +289,11 @@ impl Backtest<'_> {
 
     fn close(&mut self, session: &str, reported: Option<Outcome>) {
         let tally = self.open.remove(session).unwrap_or_default();
-        let outcome = reported.or_else(|| self.outcomes.0.get(session).copied());
+        let given = self.outcomes.get(session);
+        if let Some(g) = given {
+            self.outcomes_used[g.entry / 64] |= 1 << (g.entry % 64);
+        }
+        let outcome = reported.or(given.map(|g| g.outcome));
         let c = column(outcome);
         let group = match c {
             0 => &mut self.report.success,
@@ -283,6 +328,9 @@ impl Backtest<'_> {
 
     /// Another shard's sessions added to this one's (sessions are independent).
     fn absorb(&mut self, other: Backtest<'_>) {
+        for (mine, theirs) in self.outcomes_used.iter_mut().zip(&other.outcomes_used) {
+            *mine |= theirs;
+        }
         self.report.success.add(&other.report.success);
         self.report.failure.add(&other.report.failure);
         self.report.unknown.add(&other.report.unknown);
@@ -343,6 +391,7 @@ pub fn backtest(
 ) -> Result<Report, DriveError> {
     let make = || Backtest {
         outcomes,
+        outcomes_used: vec![0; outcomes.len().div_ceil(64)],
         open: FxHashMap::default(),
         report: Report::default(),
         warned: [[0; 3]; DETECTOR_COUNT],
@@ -363,6 +412,31 @@ pub fn backtest(
     report.lines = read.lines;
     report.events = read.events;
     report.bad_lines = read.bad_lines;
+    report.outcomes_given = outcomes.len() as u64;
+    let used = |g: &Given| run.outcomes_used[g.entry / 64] >> (g.entry % 64) & 1 == 1;
+    let mut unmatched: Vec<(&String, &Given)> =
+        outcomes.0.iter().filter(|(_, g)| !used(g)).collect();
+    report.outcomes_unmatched = unmatched.len() as u64;
+    if !unmatched.is_empty() {
+        unmatched.sort_by_key(|(_, g)| g.entry);
+        let first: Vec<String> = unmatched
+            .iter()
+            .take(3)
+            .map(|(id, g)| format!("\"{}\" (line {})", printable(id), g.line))
+            .collect();
+        let _ = writeln!(
+            errors,
+            "warning: {} of {} sessions in --outcomes are not in the events: {}{}",
+            unmatched.len(),
+            outcomes.len(),
+            first.join(", "),
+            if unmatched.len() > first.len() {
+                ", …"
+            } else {
+                ""
+            }
+        );
+    }
     for kind in DetectorKind::ALL {
         let (warned, killed) = (run.warned[kind.index()], run.killed[kind.index()]);
         if warned != [0; 3] || killed != [0; 3] {
@@ -410,9 +484,17 @@ impl Report {
         let sessions: u64 = g.iter().map(|g| g.sessions).sum();
         writeln!(
             out,
-            "backtest: {sessions} sessions, {} events ({} bad lines)\n",
+            "backtest: {sessions} sessions, {} events ({} bad lines)",
             self.events, self.bad_lines
         )?;
+        if self.outcomes_given > 0 {
+            writeln!(
+                out,
+                "outcomes given: {} ({} not in the events)",
+                self.outcomes_given, self.outcomes_unmatched
+            )?;
+        }
+        writeln!(out)?;
         let row = |out: &mut dyn Write, name: &str, cells: [String; 3]| {
             writeln!(
                 out,
@@ -595,5 +677,59 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 1") && e.contains("won"), "{e}");
+    }
+
+    #[test]
+    fn a_session_given_two_outcomes_is_refused_and_a_repeat_is_not() {
+        let line = |id: &str, outcome: &str| json!({"session_id": id, "outcome": outcome});
+        let first_three = [
+            line("a", "success"),
+            line("b", "failure"),
+            line("b", "failure"),
+        ];
+        let repeated = Outcomes::read(&mut &lines(&first_three)[..]).unwrap();
+        assert_eq!(repeated.len(), 2);
+        let mut all = first_three.to_vec();
+        all.push(line("a", "failure"));
+        let e = Outcomes::read(&mut &lines(&all)[..])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 4")
+                && e.contains("\"a\" is \"failure\" here but \"success\" on line 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn outcomes_of_sessions_not_in_the_events_are_counted_and_named() {
+        let mut evs = session("s1", false, None);
+        evs.extend(session("s2", false, None));
+        let outcomes = Outcomes::read(
+            &mut &b"{\"session_id\": \"S1\", \"outcome\": \"success\"}\n\
+                {\"session_id\": \"s2\", \"outcome\": \"failure\"}\n\
+                {\"session_id\": \"s3\", \"outcome\": \"success\"}\n"[..],
+        )
+        .unwrap();
+        let input = Arc::new(lines(&evs));
+        // On one engine and on two (where s1 and s2 may close on different ones).
+        for threads in [1, 2] {
+            let mut errors = Vec::new();
+            let report = backtest(
+                Arc::new(Config::default()),
+                Input::Bytes(input.clone()),
+                &outcomes,
+                &mut errors,
+                threads,
+            )
+            .unwrap();
+            assert_eq!((report.outcomes_given, report.outcomes_unmatched), (3, 2));
+            assert_eq!((report.failure.sessions, report.unknown.sessions), (1, 1));
+            let errors = String::from_utf8(errors).unwrap();
+            assert_eq!(
+                errors,
+                "warning: 2 of 3 sessions in --outcomes are not in the events: \"S1\" (line 1), \"s3\" (line 3)\n"
+            );
+        }
     }
 }
