@@ -691,8 +691,15 @@ fn judge(
         } else {
             level
         };
-        if level == Level::Terminate && st.termination.is_some() {
-            continue; // terminate at most once per session (a shadow one included)
+        // Terminate at most once per session, and a shadow termination once too. A
+        // shadow one does not hold back an enforced one: a detector tried out in shadow
+        // mode must not switch off the others' kills for the rest of the session.
+        if level == Level::Terminate
+            && st
+                .termination
+                .is_some_and(|t| !t.shadow || mode == Mode::Shadow)
+        {
+            continue;
         }
         let e = &mut st.episodes[kind.index()];
         let said_before = e.emitted & effective.bit() != 0;
@@ -884,6 +891,25 @@ mod tests {
 
     fn turn() -> serde_json::Value {
         json!({"type": "cost.attributed", "input_tokens": 10, "output_tokens": 5, "tool_calls": 1})
+    }
+
+    #[test]
+    fn a_shadow_termination_does_not_hold_back_an_enforced_one() {
+        let failing = json!({"type": "tool.called", "tool": "run", "args": {"x": 1}, "result": "boom", "is_error": true});
+        let mut events = vec![same_call(); 8];
+        events.extend(vec![failing; 8]);
+        let f = findings("[detectors.repeat]\nmode = \"shadow\"\n", &events);
+        let kills: Vec<(usize, &str)> = f
+            .iter()
+            .filter(|x| x.2 == Level::Terminate)
+            .map(|x| (x.0, x.1.as_str()))
+            .collect();
+        // `repeat`'s shadow kill of the first loop, then `error_repeat`'s real one of the
+        // second (after which the session is a tombstone: nothing more).
+        assert_eq!(kills.len(), 2, "{f:?}");
+        assert_eq!(kills[0], (5, "repeat"));
+        assert_eq!(kills[1].1, "error_repeat");
+        assert_eq!(f.last().unwrap().2, Level::Terminate, "{f:?}");
     }
 
     #[test]
