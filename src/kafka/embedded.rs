@@ -84,6 +84,34 @@ impl EmbeddedBroker {
         Ok(())
     }
 
+    /// Gives a partition a leader, or none (`None`: its records cannot be produced until
+    /// it has one again), as a broker's outage looks to its clients (tests).
+    pub fn set_leader(
+        &self,
+        topic: &str,
+        partition: i32,
+        leader: Option<i32>,
+    ) -> Result<(), EmbeddedError> {
+        let fail = |code: String| EmbeddedError::Topic {
+            topic: topic.to_string(),
+            code,
+        };
+        let name = CString::new(topic).map_err(|_| fail("name contains NUL".to_string()))?;
+        // SAFETY: live cluster, NUL-terminated name that outlives the call.
+        let err = unsafe {
+            rd::rd_kafka_mock_partition_set_leader(
+                self.cluster,
+                name.as_ptr(),
+                partition,
+                leader.unwrap_or(-1),
+            )
+        };
+        if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return Err(fail(format!("{err:?}")));
+        }
+        Ok(())
+    }
+
     /// `host:port` to give any Kafka client.
     pub fn bootstrap_servers(&self) -> &str {
         &self.bootstrap

@@ -110,11 +110,12 @@ impl Worker {
         Ok(())
     }
 
-    /// Ends a batch, as a recipe. at_least_once: the batch before is acknowledged (none
-    /// of this one's changelog records is sent before, so the changelog holds whole
-    /// batches in order; its findings went out as they were found) → apply what is
-    /// ready → take the changes → send (findings not sent yet, changelog records, their
-    /// commit records) → store and commit the batch before. This batch's
+    /// Ends a batch, as a recipe. at_least_once: the batch before is acknowledged, then
+    /// its changelog commit records sent and acknowledged (none of this one's changelog
+    /// records is sent before, so the changelog holds whole batches in order; its
+    /// findings went out as they were found) → apply what is ready → take the changes →
+    /// send (findings not sent yet, changelog session records) → store and commit the
+    /// batch before. This batch's
     /// acknowledgements are awaited at the next batch's end, while the next batch is
     /// polled: the round trip is off the path of the next batch's findings. With
     /// [`Finish::Settle`] this batch is also acknowledged, stored and committed before
@@ -196,17 +197,17 @@ impl Worker {
         let waited = Instant::now();
         let mut backoff = Backoff::new(self.settings(), &self.shutdown);
         let deadline = |outbox: &Outbox, b: &Backoff| PipelineError::deadline(b, outbox.len());
-        let late = self
-            .outbox
+        self.outbox
             .settle(&mut backoff)
             .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
-        if !late.is_empty() {
-            // A record went again after its commit record: so does the commit.
-            changelog::queue_commits(&mut self.outbox, &unacked.changes, unacked.batch, |p| {
-                late.contains(&p)
-            });
-            // Whatever of the next batch waits in the outbox goes with them: its
-            // findings may precede its store, and its changelog records are not queued yet.
+        if matches!(self.commit, Commit::AtLeastOnce { changelog: true })
+            && !unacked.changes.is_empty()
+        {
+            // Everything the batch produced is on the broker, and its session records:
+            // now its commit records (see the changelog's module docs). Whatever of the
+            // next batch waits in the outbox goes with them: its findings may precede
+            // its store, and its changelog records are not queued yet.
+            changelog::queue_commits(&mut self.outbox, &unacked.changes, unacked.batch, |_| true);
             self.outbox.send_all();
             self.outbox
                 .settle(&mut backoff)
@@ -280,7 +281,7 @@ impl Worker {
     /// producer and keeps the batch until [`Worker::acknowledge`].
     fn send(&mut self, batch: Unacked) {
         if matches!(self.commit, Commit::AtLeastOnce { changelog: true }) {
-            changelog::queue(&mut self.outbox, &batch.changes, batch.batch);
+            changelog::queue_sessions(&mut self.outbox, &batch.changes, batch.batch);
         }
         self.outbox.send_all();
         if self.outbox.has_sent() || batch.offsets.count() > 0 || !batch.changes.is_empty() {

@@ -355,28 +355,16 @@ impl Outbox {
     }
 
     /// Waits until the broker has acknowledged every record sent, sending failures again
-    /// with backoff, then drops them (records pushed since stay). Returns the changelog
-    /// partitions with a record that had to be sent again (so it may now follow records
-    /// sent after it).
-    pub fn settle(&mut self, backoff: &mut Backoff) -> Result<Vec<i32>, DeadlinePassed> {
-        let mut resent = Vec::new();
+    /// with backoff, then drops them (records pushed since stay).
+    pub fn settle(&mut self, backoff: &mut Backoff) -> Result<(), DeadlinePassed> {
         loop {
             self.await_acks(backoff)?;
             let failed = self.take_failed();
             if failed.is_empty() {
                 self.records.drain(..self.sent);
                 self.sent = 0;
-                resent.sort_unstable();
-                resent.dedup();
-                return Ok(resent);
+                return Ok(());
             }
-            resent.extend(
-                failed
-                    .iter()
-                    .map(|(i, _)| &self.records[*i])
-                    .filter(|r| r.sink == Sink::Changelog)
-                    .filter_map(|r| r.partition),
-            );
             self.retried(failed.len());
             let (_, first) = &failed[0];
             warn!(failed = failed.len(), error = %first, backoff_ms = backoff.delay_ms(), "output delivery failed; retrying");
@@ -388,7 +376,7 @@ impl Outbox {
 
     /// Produces every record and waits until the broker has acknowledged each one
     /// ([`Outbox::send_all`], then [`Outbox::settle`]).
-    pub fn deliver(&mut self, backoff: &mut Backoff) -> Result<Vec<i32>, DeadlinePassed> {
+    pub fn deliver(&mut self, backoff: &mut Backoff) -> Result<(), DeadlinePassed> {
         self.send_all();
         self.settle(backoff)
     }

@@ -8,13 +8,15 @@
 //! many session records it has). Every record of a batch carries the batch's id in a
 //! header.
 //!
-//! Why one produce round is enough: a batch's session records and its commit record are
-//! produced together, the commit record last, and counted as a batch only when the
-//! restorer has seen all of the batch's session records (by batch id and count) before
-//! the commit record. On one partition the idempotent producer keeps the send order, so
-//! normally they arrive in order; when a session record fails and is sent again after
-//! the commit record, the writer sends the commit record again after it
-//! ([`queue_commits`]), and the restorer applies the batch at that second commit. A batch
+//! The commit record is what makes a batch count: the restorer applies a batch only at a
+//! commit record that follows all of the batch's session records (by batch id and
+//! count). So no commit record may reach the broker before anything the batch's events
+//! produced: at_least_once sends the commit records only once the batch's session
+//! records and every output sent before them (findings, summaries, dead letters) are
+//! acknowledged ([`queue_commits`]). Otherwise a crash between a commit record's
+//! acknowledgement and a finding's could restore the batch, skip its events and lose
+//! the finding for good. exactly_once: one transaction holds outputs, records and commit
+//! records (a commit record sent again is applied at its first complete copy). A batch
 //! that never got a complete commit (its process died) is never applied: its records are
 //! dropped at the same writer's next complete commit, or left out at the end (its events
 //! were consumed again, into a later batch). Records of different writers may
@@ -112,8 +114,15 @@ fn record(partition: i32, batch: u64, key: &[u8], payload: Vec<u8>, kind: &str) 
 }
 
 /// Queues a batch's changelog records in the outbox, one set per changed partition: its
-/// session records, then its commit record.
+/// session records, then its commit record (exactly_once: one transaction holds them).
 pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
+    queue_sessions(outbox, batches, batch);
+    queue_commits(outbox, batches, batch, |_| true);
+}
+
+/// Queues a batch's session records only (at_least_once: its commit records follow once
+/// everything sent before them is acknowledged, [`queue_commits`]).
+pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
     for (partition, changes) in batches {
         for (id, state) in &changes.puts {
             let mut r = record(*partition, batch, id.as_bytes(), state.clone(), "session");
@@ -133,7 +142,6 @@ pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
             ));
         }
     }
-    queue_commits(outbox, batches, batch, |_| true);
 }
 
 /// Queues the commit records of the batch's partitions that `which` picks (again, after
