@@ -209,18 +209,39 @@ pub fn check_topics(
     Ok(first)
 }
 
+/// How long the changelog's records stay out of the log cleaner's reach
+/// (`min.compaction.lag.ms`). A batch counts on restore only at its commit record, and
+/// the commit records of a partition share one key, so compaction keeps the last one
+/// only: were a batch's commit record compacted away while its session records are
+/// still the latest of their sessions, a restore would leave those sessions out. A
+/// session open without a write for longer than its gap (plus the idle clock's wait) is
+/// closed, and the close is a newer record; twice that, and at least an hour, keeps every
+/// open session's batch whole for as long as loopwarden runs.
+pub fn changelog_compaction_lag(session_gap: Duration, idle_after: Duration) -> Duration {
+    (session_gap.saturating_add(idle_after))
+        .saturating_mul(2)
+        .max(Duration::from_secs(3600))
+}
+
 /// Makes sure the changelog topic exists with `partitions` partitions: creates it
-/// (compacted, the broker's default replication) when `existing` says it is missing.
+/// (compacted, the broker's default replication, `min.compaction.lag.ms` = `lag`) when
+/// `existing` says it is missing. An existing one's lag is checked in the background
+/// (a warning when it is shorter, see [`changelog_compaction_lag`]).
 pub fn ensure_changelog(
     settings: &KafkaSettings,
     brokers: &str,
     partitions: usize,
     existing: Option<usize>,
+    lag: Duration,
 ) -> Result<(), TopicError> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let topic = settings.changelog_topic.clone();
     match existing {
-        Some(has) if has == partitions => return Ok(()),
+        Some(has) if has == partitions => {
+            let config = client_config(settings, brokers);
+            std::thread::spawn(move || warn_on_short_compaction_lag(&config, &topic, lag));
+            return Ok(());
+        }
         Some(has) => {
             return Err(TopicError::ChangelogPartitions {
                 topic,
@@ -238,8 +259,10 @@ pub fn ensure_changelog(
         client_config(settings, brokers)
             .create()
             .map_err(|e| fail(e.to_string()))?;
+    let lag_ms = lag.as_millis().to_string();
     let new = NewTopic::new(&topic, partitions as i32, TopicReplication::Fixed(-1))
-        .set("cleanup.policy", "compact");
+        .set("cleanup.policy", "compact")
+        .set("min.compaction.lag.ms", &lag_ms);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -258,8 +281,51 @@ pub fn ensure_changelog(
             Err((_, code)) => return Err(fail(code.to_string())),
         }
     }
-    tracing::info!(topic = %topic, partitions, "changelog topic created (compacted)");
+    tracing::info!(topic = %topic, partitions, min_compaction_lag_ms = %lag_ms, "changelog topic created (compacted)");
     Ok(())
+}
+
+/// Reads an existing changelog topic's configuration and warns when it is compacted with
+/// a `min.compaction.lag.ms` below `lag`; a broker that cannot say is passed over (debug).
+fn warn_on_short_compaction_lag(config: &ClientConfig, topic: &str, lag: Duration) {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    let described = (|| -> Result<Option<(String, u64)>, String> {
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            config.create().map_err(|e| e.to_string())?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
+        let results = runtime
+            .block_on(admin.describe_configs(&[ResourceSpecifier::Topic(topic)], &options))
+            .map_err(|e| e.to_string())?;
+        let resource = results
+            .into_iter()
+            .next()
+            .ok_or("no answer")?
+            .map_err(|e| e.to_string())?;
+        let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
+        let policy = value("cleanup.policy").unwrap_or_default();
+        let lag_ms = value("min.compaction.lag.ms").and_then(|v| v.parse().ok());
+        Ok(lag_ms.map(|ms| (policy, ms)))
+    })();
+    match described {
+        Ok(Some((policy, ms)))
+            if policy.contains("compact") && u128::from(ms) < lag.as_millis() =>
+        {
+            tracing::warn!(
+                topic,
+                min_compaction_lag_ms = ms,
+                wanted_ms = lag.as_millis() as u64,
+                "the changelog topic may be compacted before its batches are whole: a restore could then leave open sessions out; raise min.compaction.lag.ms (kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config min.compaction.lag.ms=WANTED)"
+            );
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::debug!(topic, %error, "could not read the changelog topic's configuration")
+        }
+    }
 }
 
 #[cfg(test)]
@@ -284,6 +350,17 @@ mod tests {
             e.to_string().contains("b, out do not exist on k:9092"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_changelog_outlives_an_open_sessions_longest_silence_twice_and_an_hour_at_least() {
+        let lag = |gap, idle| {
+            changelog_compaction_lag(Duration::from_secs(gap), Duration::from_secs(idle)).as_secs()
+        };
+        assert_eq!(lag(1800, 5), 3610);
+        assert_eq!(lag(86_400, 5), 172_810);
+        assert_eq!(lag(1, 5), 3600);
+        assert!(lag(u64::MAX, 5) > 0, "saturates, never wraps");
     }
 
     #[test]

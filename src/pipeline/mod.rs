@@ -49,7 +49,8 @@ use tracing::{error, info, warn};
 use crate::config::Config;
 use crate::kafka::settings::KafkaSettings;
 use crate::kafka::{
-    check_topics, consumer_config, ensure_changelog, partition_counts, producer_config, TopicError,
+    changelog_compaction_lag, check_topics, consumer_config, ensure_changelog, partition_counts,
+    producer_config, TopicError,
 };
 use crate::shutdown::Shutdown;
 use crate::store::{open_db, StoreError};
@@ -157,6 +158,7 @@ fn wait_for_topics(
     settings: &KafkaSettings,
     brokers: &str,
     shutdown: &Shutdown,
+    compaction_lag: Duration,
 ) -> Result<Option<usize>, PipelineError> {
     let mut topics: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
     topics.extend(settings.output_topics());
@@ -193,7 +195,7 @@ fn wait_for_topics(
                     other => other?,
                 };
                 if settings.changelog {
-                    ensure_changelog(settings, brokers, partitions, changelog)?;
+                    ensure_changelog(settings, brokers, partitions, changelog, compaction_lag)?;
                 }
                 return Ok(Some(partitions));
             }
@@ -344,7 +346,11 @@ fn run_worker(
     let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)
         .create_with_context(RebalanceHandler::new(worker))
         .map_err(PipelineError::Client)?;
-    let Some(partitions) = wait_for_topics(&consumer, &settings, brokers, &shutdown)? else {
+    let session_gap = Duration::from_millis(config.engine.session_gap_ms.max(0) as u64);
+    let compaction_lag = changelog_compaction_lag(session_gap, settings.idle_after);
+    let Some(partitions) =
+        wait_for_topics(&consumer, &settings, brokers, &shutdown, compaction_lag)?
+    else {
         return Ok(RunStats::default());
     };
     {

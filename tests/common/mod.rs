@@ -132,6 +132,18 @@ pub fn create_topics(brokers: &str, topics: &[(&str, i32)]) {
     }
 }
 
+/// A topic's configuration value `name`, as the broker describes it.
+pub fn topic_config(brokers: &str, topic: &str, name: &str) -> Option<String> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let specifier = rdkafka::admin::ResourceSpecifier::Topic(topic);
+    let results = block_on(admin.describe_configs(&[specifier], &AdminOptions::new())).unwrap();
+    let resource = results.into_iter().next()?.ok()?;
+    resource.get(name).and_then(|e| e.value.clone())
+}
+
 /// The topics of one pipeline under test.
 #[derive(Clone, Debug)]
 pub struct Topics {
