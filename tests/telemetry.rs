@@ -129,10 +129,24 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     assert_eq!(healthcheck(&format!("http://{addr}/readyz")), Some(1));
 
     create_topics(&brokers, &topics.layout(2));
-    let (events, _) = fleet(80, 0.4, 71);
+    let (mut events, _) = fleet(80, 0.4, 71);
     let mut input = events.clone();
     input.push(b"{not json".to_vec());
     produce(&brokers, &topics.input, &input, &[]);
+    // Two events not keyed by their session: one without a key, one keyed otherwise.
+    let producer = producer(&brokers);
+    for (session, key) in [("unkeyed", None), ("miskeyed", Some("another-session"))] {
+        let event = format!(r#"{{"type": "session.started", "session_id": "{session}"}}"#);
+        let mut record = rdkafka::producer::BaseRecord::<str, str>::to(&topics.input)
+            .payload(&event)
+            .partition(0);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+        events.push(event.into_bytes());
+    }
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(10)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while get(&addr, "/readyz").0 != 200 {
         assert!(
@@ -194,6 +208,19 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     assert_eq!(
         samples(&metrics, "loopwarden_bad_events_total"),
         BTreeMap::from([("{reason=\"invalid_json\"}".to_string(), 1.0)])
+    );
+    assert_eq!(
+        samples(&metrics, "loopwarden_events_miskeyed_total"),
+        BTreeMap::from([
+            ("{key=\"missing\"}".to_string(), 1.0),
+            ("{key=\"other\"}".to_string(), 1.0)
+        ])
+    );
+    assert!(
+        run.log_text()
+            .contains("input message not keyed by its session_id"),
+        "{}",
+        run.log_text()
     );
     let terminations: BTreeMap<String, f64> = samples(&metrics, "loopwarden_terminations_total")
         .into_iter()

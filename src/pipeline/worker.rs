@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::telemetry::metrics::Metrics;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset};
@@ -254,6 +255,9 @@ impl Worker {
             return Ok(());
         }
         let (time, pending) = Pending::of(m, topic, &limits);
+        if let Pending::Event(event, ..) = &pending {
+            check_key(&self.telemetry.metrics, m, &event.session_id);
+        }
         let polled = Instant::now();
         p.held.push(
             topic_index,
@@ -463,5 +467,30 @@ impl Worker {
             }
             self.store_size_at = Some(Instant::now());
         }
+    }
+}
+
+/// Counts (and logs, at the 1st, 2nd, 4th, 8th… of each kind) an event whose message
+/// is not keyed by its `session_id`: DESIGN §1 asks producers to key by it, so that a
+/// session stays in one partition; one that is not may be judged in pieces.
+fn check_key(metrics: &Metrics, m: &BorrowedMessage<'_>, session_id: &str) {
+    let key = match m.key() {
+        None => "missing",
+        Some(k) if k != session_id.as_bytes() => "other",
+        Some(_) => return,
+    };
+    let counter = metrics.events_miskeyed.with_label_values(&[key]);
+    counter.inc();
+    let n = counter.get();
+    if n.is_power_of_two() {
+        warn!(
+            topic = m.topic(),
+            partition = m.partition(),
+            offset = m.offset(),
+            session_id = %crate::event::printable(session_id),
+            key,
+            count = n,
+            "input message not keyed by its session_id: the session may be split over partitions"
+        );
     }
 }

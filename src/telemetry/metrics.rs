@@ -46,6 +46,10 @@ pub struct Metrics {
     pub late_events: IntCounter,
     /// Bad input sent to the dead-letter topic, by reason.
     pub bad_events: IntCounterVec,
+    /// Input events whose message key is not their `session_id`, by `key`: `missing`
+    /// (unkeyed) or `other` (keyed by something else). Applied as usual, but such a
+    /// session may be split over partitions and instances.
+    pub events_miskeyed: IntCounterVec,
     /// Published findings, by detector, level and mode.
     pub findings: IntCounterVec,
     /// Findings a shadow-mode detector would have published.
@@ -145,6 +149,11 @@ impl Metrics {
                 "loopwarden_bad_events_total",
                 "Bad input messages sent to the dead-letter topic, by reason.",
                 &["reason"],
+            ),
+            events_miskeyed: counter_vec(
+                "loopwarden_events_miskeyed_total",
+                "Input events whose message key is not their session id (key: missing or other); applied as usual, but such a session may be split over partitions.",
+                &["key"],
             ),
             findings: counter_vec(
                 "loopwarden_findings_total",
@@ -261,6 +270,7 @@ impl Metrics {
             Box::new(m.events_skipped.clone()),
             Box::new(m.late_events.clone()),
             Box::new(m.bad_events.clone()),
+            Box::new(m.events_miskeyed.clone()),
             Box::new(m.findings.clone()),
             Box::new(m.findings_by_owner.clone()),
             Box::new(m.shadow_findings.clone()),
