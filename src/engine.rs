@@ -236,7 +236,7 @@ impl Work {
     }
 
     /// A tool call's fingerprints and classes, and its `tool.action` name if any.
-    fn tool_observation(&mut self, call: &ToolCall<'_>) -> (ToolObservation, bool) {
+    fn tool_observation(&mut self, call: &ToolCall<'_>, event_id: &str) -> (ToolObservation, bool) {
         let action = self
             .fingerprinter
             .action(&call.tool, call.args.as_ref(), &mut self.prints);
@@ -250,11 +250,18 @@ impl Work {
         let name = std::mem::take(&mut self.action_name);
         let classes = self.classify(&call.tool, has_action.then_some(name.as_str()));
         self.action_name = name;
-        let result = self.fingerprinter.result(
-            call.result.as_ref(),
-            call.result_digest.as_deref(),
-            &mut self.prints,
-        );
+        // A call that says nothing of its result (neither `result` nor `result_digest`)
+        // is not guessed to have returned what the last one did: its result is its own,
+        // named by the event's id (unique in a session: an exact duplicate is dropped
+        // before), as the OTLP ingest names an uncaptured one by its span. Counts,
+        // ceilings and error streaks still judge it.
+        let given = match (&call.result, &call.result_digest) {
+            (None, None) => Some(event_id),
+            (_, digest) => digest.as_deref(),
+        };
+        let result = self
+            .fingerprinter
+            .result(call.result.as_ref(), given, &mut self.prints);
         let unknown_tool = call.error_kind.as_deref() == Some("unknown_tool");
         let is_error = call.is_error || unknown_tool;
         let wordless = !result.has_words;
@@ -600,7 +607,7 @@ fn apply(
             (ctx, None)
         }
         EventBody::ToolCall(call) => {
-            let (obs, has_action) = work.tool_observation(call);
+            let (obs, has_action) = work.tool_observation(call, &event.event_id);
             let tool_policy = if work.config.has_tool_overrides() {
                 let name = std::mem::take(&mut work.action_name);
                 let p = work.tool_policy(slot, &call.tool, has_action.then_some(name.as_str()));
@@ -891,6 +898,26 @@ mod tests {
 
     fn turn() -> serde_json::Value {
         json!({"type": "cost.attributed", "input_tokens": 10, "output_tokens": 5, "tool_calls": 1})
+    }
+
+    #[test]
+    fn a_call_without_a_result_is_not_guessed_to_repeat_the_last_one() {
+        let unknown = json!({"type": "tool.called", "tool": "run_tests", "args": {}});
+        let f = findings("", &vec![unknown; 10]);
+        let loops: Vec<&str> = f
+            .iter()
+            .map(|x| x.1.as_str())
+            .filter(|d| ["repeat", "circuit_breaker", "low_novelty", "cycle"].contains(d))
+            .collect();
+        assert!(loops.is_empty(), "{f:?}");
+        // The same action naming the same result, `null` (a tool that said nothing), does.
+        let nothing =
+            json!({"type": "tool.called", "tool": "run_tests", "args": {}, "result": null});
+        let f = findings("", &vec![nothing; 10]);
+        assert!(
+            f.iter().any(|x| x.1 == "repeat" && x.2 == Level::Terminate),
+            "{f:?}"
+        );
     }
 
     #[test]

@@ -378,6 +378,7 @@ struct SerdeWire {
     turn: Option<u64>,
     tool: Option<String>,
     args: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
     result: Option<Value>,
     result_digest: Option<String>,
     is_error: Option<bool>,
@@ -386,6 +387,11 @@ struct SerdeWire {
     call_id: Option<String>,
     stop_reason: Option<String>,
     outcome: Option<String>,
+}
+
+/// A field that is there, `null` included (`Some(Value::Null)`); absent, it stays `None`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 impl From<SerdeWire> for Wire<'static> {
@@ -551,6 +557,13 @@ mod fast {
             Ok(Some(Json(Cow::Borrowed(&self.text[start..self.sc.pos]))))
         }
 
+        fn json_keeping_null(&mut self) -> Result<Option<Json<'a>>, Bail> {
+            if self.sc.null() {
+                return Ok(Some(Json(Cow::Borrowed("null"))));
+            }
+            self.json()
+        }
+
         fn string_literal(&mut self) -> Result<Option<Json<'a>>, Bail> {
             if self.sc.null() {
                 return Ok(None);
@@ -634,7 +647,9 @@ mod fast {
             b"turn" => read!(20, turn, unsigned),
             b"tool" => read!(21, tool, string),
             b"args" => read!(22, args, json),
-            b"result" => read!(23, result, json),
+            // A `null` result is a result (the tool said nothing), kept as written; an
+            // absent one is unknown.
+            b"result" => read!(23, result, json_keeping_null),
             b"result_digest" => read!(24, result_digest, string),
             b"is_error" => read!(25, is_error, boolean),
             b"error_kind" => read!(26, error_kind, string),
@@ -1093,6 +1108,20 @@ mod tests {
         let c = parse(r#"{"type":"session.started","session_id":"t"}"#).unwrap();
         assert_eq!(a.event_id, b.event_id);
         assert_ne!(a.event_id, c.event_id);
+    }
+
+    #[test]
+    fn a_null_result_is_a_result_and_an_absent_one_is_not_on_both_paths() {
+        let null = r#"{"type":"tool.called","session_id":"s","tool":"t","result":null}"#;
+        let absent = r#"{"type":"tool.called","session_id":"s","tool":"t"}"#;
+        let result = |wire: Wire<'_>| wire.result.map(|r| r.as_str().to_string());
+        let limits = ParseLimits::default();
+        let fast = |text| result(fast::read(text, limits.max_nesting).unwrap());
+        let slow = |text: &str| result(slow_read(text.as_bytes(), &limits).unwrap());
+        assert_eq!(fast(null), Some("null".into()));
+        assert_eq!(slow(null), Some("null".into()));
+        assert_eq!(fast(absent), None);
+        assert_eq!(slow(absent), None);
     }
 
     #[test]
