@@ -73,14 +73,26 @@ impl Detector for Repeat {
         ev.insert("result".into(), fp_hex(t.obs.result).into());
         ev.insert("recent".into(), recent_calls(st, 8));
         let times = in_a_row.max(in_window);
+        let calls = st.run.window.len();
+        // Said by the count that fired: in a row, or (between other calls) in the window.
+        let count = |nothing_new: &str| {
+            if in_window > in_a_row {
+                format!("{in_window} times with the same result in the last {calls} calls ({in_a_row} in a row)")
+            } else {
+                format!("{in_a_row} times in a row{nothing_new} ({in_window} with the same result in the last {calls} calls)")
+            }
+        };
         if t.obs.write {
             return Message::new(
-                format!("`{tool}` applied with the same arguments {in_a_row} times in a row ({in_window} with the same result in the last {} calls)", st.run.window.len()),
+                format!("`{tool}` applied with the same arguments {}", count("")),
                 format!("you applied the same `{tool}` {times} times; look at the target as it is now before changing it again"),
             );
         }
         Message::new(
-            format!("`{tool}` called with the same arguments {in_a_row} times in a row with nothing new in its result ({in_window} with the same result in the last {} calls)", st.run.window.len()),
+            format!(
+                "`{tool}` called with the same arguments {}",
+                count(" with nothing new in its result")
+            ),
             format!("you called `{tool}` with the same arguments {times} times and got the same result; try something different"),
         )
     }
