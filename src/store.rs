@@ -54,6 +54,20 @@ pub trait StateStore {
     fn session_bytes(&self, session: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
+/// A stored session as loaded: a state that cannot be read is poison for its session
+/// only (logged and passed over: the session starts anew), never for the partition,
+/// whose every instance would otherwise fail at each start.
+fn loaded(session: String, bytes: &[u8], out: &mut Vec<(String, SessionState)>) {
+    match decode(&session, bytes) {
+        Ok(state) => out.push((session, state)),
+        Err(error) => tracing::warn!(
+            session_id = %crate::event::printable(&session),
+            %error,
+            "skipping a stored session state that cannot be read; the session starts anew"
+        ),
+    }
+}
+
 fn decode(session: &str, bytes: &[u8]) -> Result<SessionState, StoreError> {
     SessionState::from_bytes(bytes).map_err(|source| StoreError::Corrupt {
         session: session.to_string(),
@@ -84,10 +98,11 @@ impl MemoryStore {
 
 impl StateStore for MemoryStore {
     fn load_sessions(&self) -> Result<Vec<(String, SessionState)>, StoreError> {
-        self.sessions
-            .iter()
-            .map(|(k, v)| Ok((k.clone(), decode(k, v)?)))
-            .collect()
+        let mut out = Vec::new();
+        for (k, v) in &self.sessions {
+            loaded(k.clone(), v, &mut out);
+        }
+        Ok(out)
     }
 
     fn offset(&self, partition: &str) -> Result<Option<i64>, StoreError> {
@@ -238,8 +253,7 @@ impl StateStore for SledStore {
         for item in self.tree.scan_prefix(SESSION_PREFIX) {
             let (k, v) = item?;
             let name = String::from_utf8_lossy(&k[SESSION_PREFIX.len()..]).into_owned();
-            let st = decode(&name, &v)?;
-            out.push((name, st));
+            loaded(name, &v, &mut out);
         }
         Ok(out)
     }
@@ -305,6 +319,30 @@ mod tests {
     }
 
     #[test]
+    fn a_session_state_that_cannot_be_read_is_passed_over_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sled = SledStore::open(dir.path()).unwrap();
+        let mut memory = MemoryStore::new();
+        let st = SessionState::new(42, 42);
+        for store in [&mut sled as &mut dyn StateStore, &mut memory] {
+            store
+                .commit(StoreBatch {
+                    puts: vec![
+                        ("garbled".into(), vec![0xff; 7]),
+                        ("fine".into(), st.to_bytes()),
+                    ],
+                    deletes: vec![],
+                    offsets: vec![],
+                })
+                .unwrap();
+            assert_eq!(
+                store.load_sessions().unwrap(),
+                vec![("fine".to_string(), st.clone())]
+            );
+        }
+    }
+
+    #[test]
     fn memory_store_applies_batches() {
         exercise(&mut MemoryStore::new());
     }
@@ -365,13 +403,7 @@ mod tests {
 
     #[test]
     fn corrupt_state_names_the_session() {
-        let mut m = MemoryStore::new();
-        m.commit(StoreBatch {
-            puts: vec![("bad".into(), vec![0xff, 0xff, 0xff])],
-            ..Default::default()
-        })
-        .unwrap();
-        let err = m.load_sessions().unwrap_err();
-        assert!(err.to_string().contains("bad"), "{err}");
+        let err = decode("bad", &[0xff, 0xff, 0xff]).unwrap_err();
+        assert!(err.to_string().contains("session bad"), "{err}");
     }
 }

@@ -53,9 +53,9 @@ pub const CHANGELOG_BATCH: &str = "loopwarden.changelog.batch";
 /// Store key of the last changelog offset the local state reflects.
 pub const CHANGELOG_POSITION: &str = "changelog/position";
 
-/// A commit record's value.
+/// A commit record's value (fields a later version adds are passed over: an older
+/// version rolled back to still reads its commit records).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 struct CommitValue {
     batch: u64,
     /// Session records of the batch on this partition.

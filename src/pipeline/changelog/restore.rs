@@ -321,16 +321,31 @@ impl Assembler {
         match m.kind {
             b"commit" => {
                 let value = m.payload.unwrap_or_default();
-                let bad = |e: serde_json::Error| PipelineError::Restore {
-                    partition: self.partition,
-                    reason: format!("commit record at offset {}: {e}", m.offset),
+                // A commit record that cannot be read is poison for its batch only: the
+                // batch is not applied (its events are consumed again), and the partition
+                // goes on, as it must for every instance that is given it.
+                let unreadable = |e: serde_json::Error| {
+                    warn!(
+                        partition = self.partition,
+                        offset = m.offset,
+                        error = %e,
+                        "skipping a changelog commit record that cannot be read"
+                    );
                 };
                 let (offsets, complete) = if value.first() == Some(&b'[') {
                     // The earlier format: everything before it belongs to the batch.
-                    let offsets = serde_json::from_slice(value).map_err(bad)?;
+                    let Ok(offsets) = serde_json::from_slice(value).map_err(unreadable) else {
+                        self.incomplete += 1;
+                        return Ok(());
+                    };
                     (offsets, Some(None))
                 } else {
-                    let commit: CommitValue = serde_json::from_slice(value).map_err(bad)?;
+                    let Ok(commit) =
+                        serde_json::from_slice::<CommitValue>(value).map_err(unreadable)
+                    else {
+                        self.incomplete += 1;
+                        return Ok(());
+                    };
                     let seen = self.distinct_records_of(Some(commit.batch));
                     (
                         commit.offsets,
@@ -566,6 +581,34 @@ mod tests {
             .contains(&(CHANGELOG_POSITION.to_string(), 2)));
         assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 20)));
         assert_eq!((a.applied, a.incomplete), (1, 0));
+    }
+
+    #[test]
+    fn an_unreadable_commit_record_is_passed_over_and_a_later_field_is_not_one() {
+        let mut v1 = Vec::new();
+        let garbled = Entry {
+            offset: 1,
+            kind: b"commit",
+            batch: Some(7),
+            format: None,
+            key: CHANGELOG_COMMIT_KEY,
+            payload: Some(b"{not json"),
+        };
+        // A field a later version adds, read by this one.
+        let mut later = commit(3, 8, 1, &mut v1);
+        let mut value: serde_json::Value = serde_json::from_slice(later.payload.unwrap()).unwrap();
+        value["added_later"] = serde_json::json!(true);
+        let v2 = serde_json::to_vec(&value).unwrap();
+        later.payload = Some(&v2);
+        let entries = vec![
+            session(0, 7, "a", b"A"),
+            garbled,
+            session(2, 8, "b", b"B"),
+            later,
+        ];
+        let (a, stored) = feed(entries);
+        assert_eq!((a.applied, a.incomplete), (1, 1));
+        assert_eq!(keys(&stored.0[0]), vec![("b", &b"B"[..])]);
     }
 
     #[test]
