@@ -71,7 +71,7 @@ pub fn run_ingest(
     if let Some(id) = commit.transactional_id() {
         producer.set("transactional.id", id);
     }
-    let mut outbox = Outbox::new(&producer, &settings, telemetry.clone())
+    let mut outbox = Outbox::new(&producer, &settings, telemetry.clone(), &shutdown)
         .map_err(PipelineError::Client)?
         .publishing_to(&ingest.to_topic);
     let consumer: BaseConsumer = consumer_config(&settings, brokers, 0)

@@ -332,7 +332,7 @@ fn run_worker(
     if let Some(id) = commit.transactional_id() {
         producer_config.set("transactional.id", id);
     }
-    let outbox = Outbox::new(&producer_config, &settings, telemetry.clone())
+    let outbox = Outbox::new(&producer_config, &settings, telemetry.clone(), &shutdown)
         .map_err(PipelineError::Client)?;
     let worker = Worker::new(
         config.clone(),

@@ -22,6 +22,7 @@ use tracing::warn;
 
 use super::backoff::{Backoff, DeadlinePassed};
 use crate::kafka::settings::KafkaSettings;
+use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
 
 /// Header names put on dead-lettered messages (after the message's own headers).
@@ -188,6 +189,8 @@ pub struct Outbox {
     telemetry: Arc<Telemetry>,
     /// Where [`Sink::Ingested`] records go.
     ingest_topic: String,
+    /// Bounds the wait for room in the producer's queue once shutdown has come.
+    shutdown: Shutdown,
 }
 
 impl Outbox {
@@ -195,6 +198,7 @@ impl Outbox {
         producer_config: &rdkafka::ClientConfig,
         settings: &KafkaSettings,
         telemetry: Arc<Telemetry>,
+        shutdown: &Shutdown,
     ) -> Result<Outbox, KafkaError> {
         let producer = producer_config.create_with_context(DeliveryTracker {
             changelog_topic: settings.changelog_topic.clone(),
@@ -208,6 +212,7 @@ impl Outbox {
             settings: settings.clone(),
             telemetry,
             ingest_topic: String::new(),
+            shutdown: shutdown.clone(),
         })
     }
 
@@ -293,6 +298,19 @@ impl Outbox {
                 match self.producer.send(record) {
                     Ok(()) => break,
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        // The queue drains as the broker acknowledges, or as its records
+                        // expire (`message.timeout.ms`, minutes): past the shutdown
+                        // deadline, the record fails instead, as the deadline says.
+                        let deadline = self.settings.shutdown_deadline;
+                        if self
+                            .shutdown
+                            .triggered_at()
+                            .is_some_and(|t| t.elapsed() >= deadline)
+                        {
+                            let full = KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull);
+                            lock(&self.producer.context().failed).push((i, full));
+                            break;
+                        }
                         self.producer.poll(Duration::from_millis(5));
                         record = back;
                     }
@@ -379,5 +397,55 @@ impl Outbox {
     pub fn deliver(&mut self, backoff: &mut Backoff) -> Result<(), DeadlinePassed> {
         self.send_all();
         self.settle(backoff)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_producer_queue_gives_up_at_the_shutdown_deadline() {
+        // A broker that never answers and a queue with room for one record: the second
+        // waits for room that only `message.timeout.ms` (an hour here) would make.
+        let mut settings = KafkaSettings::default();
+        settings.shutdown_deadline = Duration::from_millis(50);
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("queue.buffering.max.messages", "1")
+            .set("message.timeout.ms", "3600000");
+        let shutdown = Shutdown::new();
+        let mut outbox =
+            Outbox::new(&config, &settings, Arc::new(Telemetry::new()), &shutdown).unwrap();
+        for _ in 0..3 {
+            outbox.push(Record {
+                sink: Sink::Warning,
+                partition: None,
+                key: b"s".to_vec(),
+                payload: b"{}".to_vec(),
+                headers: Vec::new(),
+                source_headers: Vec::new(),
+                source_ms: None,
+            });
+        }
+        shutdown.trigger();
+        std::thread::sleep(Duration::from_millis(60));
+        let (done, finished) = std::sync::mpsc::channel();
+        let sender = std::thread::spawn(move || {
+            outbox.send_all();
+            let failed = outbox.take_failed();
+            done.send(failed.len()).unwrap();
+            // Nothing may wait on the silent broker when the producer is dropped.
+            outbox
+                .producer
+                .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+            outbox.clear();
+        });
+        let failed = finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("send_all returned past the deadline");
+        assert_eq!(failed, 2, "the records without room failed");
+        sender.join().unwrap();
     }
 }
