@@ -408,8 +408,10 @@ mod tests {
     fn a_full_producer_queue_gives_up_at_the_shutdown_deadline() {
         // A broker that never answers and a queue with room for one record: the second
         // waits for room that only `message.timeout.ms` (an hour here) would make.
-        let mut settings = KafkaSettings::default();
-        settings.shutdown_deadline = Duration::from_millis(50);
+        let settings = KafkaSettings {
+            shutdown_deadline: Duration::from_millis(50),
+            ..KafkaSettings::default()
+        };
         let mut config = rdkafka::ClientConfig::new();
         config
             .set("bootstrap.servers", "127.0.0.1:1")
