@@ -96,6 +96,10 @@ pub enum PipelineError {
     Store(#[from] StoreError),
     #[error("cannot restore partition {partition} from the changelog: {reason}")]
     Restore { partition: i32, reason: String },
+    /// Shutdown came while a partition was being restored: not a failure (the partition
+    /// is left unloaded, for the next owner), the rest drains as usual.
+    #[error("the restore of partition {partition} was interrupted by shutdown")]
+    RestoreInterrupted { partition: i32 },
     #[error("cannot start a worker thread: {0}")]
     Thread(std::io::Error),
     #[error("a worker thread panicked")]

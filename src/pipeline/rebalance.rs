@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 use super::batch::Finish;
 use super::outbox::lock;
 use super::worker::Worker;
+use super::PipelineError;
 
 /// The consumer's context: owns the worker, so the poll loop and the callbacks (both on
 /// the consumer's thread) share it without contention.
@@ -74,9 +75,18 @@ impl ConsumerContext for RebalanceHandler {
             }
             Rebalance::Assign(tpl) => {
                 for p in partitions_of(tpl) {
-                    if let Err(e) = w.acquire(p) {
-                        error!(partition = p, error = %e, "cannot load partition state");
-                        w.fatal.get_or_insert(e);
+                    match w.acquire(p) {
+                        Ok(()) => {}
+                        Err(PipelineError::RestoreInterrupted { .. }) => {
+                            info!(
+                                partition = p,
+                                "restore interrupted by shutdown; the partition is left unloaded"
+                            );
+                        }
+                        Err(e) => {
+                            error!(partition = p, error = %e, "cannot load partition state");
+                            w.fatal.get_or_insert(e);
+                        }
                     }
                 }
                 if w.fatal.is_none() {

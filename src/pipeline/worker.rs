@@ -232,7 +232,13 @@ impl Worker {
         let partition = m.partition();
         if !self.partitions.contains_key(&partition) {
             // Assignment callbacks always come first; this only guards against surprises.
-            self.acquire(partition)?;
+            match self.acquire(partition) {
+                Ok(()) => {}
+                // Shutting down: the message stays unapplied (and uncommitted), for
+                // whoever owns the partition next.
+                Err(PipelineError::RestoreInterrupted { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+            }
         }
         let Some(topic_index) = self.inputs.iter().position(|t| **t == *m.topic()) else {
             warn!(

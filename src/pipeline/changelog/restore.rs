@@ -59,10 +59,7 @@ impl Restorer {
         store: &mut SledStore,
         db: &sled::Db,
     ) -> Result<Restored, PipelineError> {
-        let shut_down = || PipelineError::Restore {
-            partition,
-            reason: "shut down before the restore finished".into(),
-        };
+        let shut_down = || PipelineError::RestoreInterrupted { partition };
         let (low, high) = self.extent(partition)?.ok_or_else(shut_down)?;
         let committed = match self.settings.delivery {
             Delivery::AtLeastOnce => None,
@@ -227,10 +224,7 @@ impl Restorer {
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {
                     if shutdown.is_triggered() {
                         let _ = reader.unassign();
-                        return Err(PipelineError::Restore {
-                            partition,
-                            reason: "shut down before the restore finished".into(),
-                        });
+                        return Err(PipelineError::RestoreInterrupted { partition });
                     }
                     // Nothing more to read right now (end of partition, or a poll that
                     // timed out). Transaction markers take offsets but are never handed
@@ -245,7 +239,13 @@ impl Restorer {
                         }
                     }
                 }
-                Some(Err(e)) => warn!(partition, error = %e, "changelog read error; retrying"),
+                Some(Err(e)) => {
+                    if shutdown.is_triggered() {
+                        let _ = reader.unassign();
+                        return Err(PipelineError::RestoreInterrupted { partition });
+                    }
+                    warn!(partition, error = %e, "changelog read error; retrying");
+                }
             }
         }
         let _ = reader.unassign();
@@ -563,6 +563,26 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect()
+    }
+
+    #[test]
+    fn a_restore_that_shutdown_interrupts_says_so_and_is_no_failure() {
+        // No broker answers: the restore retries reading the changelog's extent until
+        // shutdown, which (already triggered) ends it at the first retry.
+        let settings = KafkaSettings {
+            changelog_topic: "changelog".into(),
+            ..KafkaSettings::default()
+        };
+        let shutdown = Shutdown::new();
+        shutdown.trigger();
+        let mut restorer = Restorer::new(&settings, "127.0.0.1:1", &shutdown);
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::store::open_db(dir.path()).unwrap();
+        let mut store = SledStore::partition(&db, 0).unwrap();
+        match restorer.restore(0, &mut store, &db) {
+            Err(PipelineError::RestoreInterrupted { partition: 0 }) => {}
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
