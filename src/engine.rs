@@ -252,11 +252,17 @@ impl Work {
         self.action_name = name;
         // A call that says nothing of its result (neither `result` nor `result_digest`)
         // is not guessed to have returned what the last one did: its result is its own,
-        // named by the event's id (unique in a session: an exact duplicate is dropped
-        // before), as the OTLP ingest names an uncaptured one by its span. Counts,
+        // a digest of the event's id (unique in a session: an exact duplicate is dropped
+        // before), as the OTLP ingest names an uncaptured one by its span id. Hex of a
+        // hash, not the id itself: ids that differ only in a number (`call-7`, `call-8`)
+        // would read alike to the comparisons that read numbers as any number. Counts,
         // ceilings and error streaks still judge it.
+        let unknown;
         let given = match (&call.result, &call.result_digest) {
-            (None, None) => Some(event_id),
+            (None, None) => {
+                unknown = format!("{:016x}", hash_id(event_id));
+                Some(unknown.as_str())
+            }
             (_, digest) => digest.as_deref(),
         };
         let result = self
@@ -871,13 +877,32 @@ mod tests {
 
     /// (index, detector, level, event_id) of every finding of `events` under `config`.
     fn findings(config: &str, events: &[serde_json::Value]) -> Vec<(usize, String, Level, String)> {
+        let numbered: Vec<serde_json::Value> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let mut e = e.clone();
+                e["event_id"] = json!(format!("e{i}"));
+                e
+            })
+            .collect();
+        findings_keeping_ids(config, &numbered)
+    }
+
+    /// [`findings`] with the events' own ids (`e{i}` where one has none).
+    fn findings_keeping_ids(
+        config: &str,
+        events: &[serde_json::Value],
+    ) -> Vec<(usize, String, Level, String)> {
         let config = Arc::new(Config::from_toml_str(config, "t", std::iter::empty()).unwrap());
         let mut engine = Engine::new(config);
         let mut found = Vec::new();
         for (i, e) in events.iter().enumerate() {
             let mut e = e.clone();
             e["session_id"] = json!("s");
-            e["event_id"] = json!(format!("e{i}"));
+            if e.get("event_id").is_none() {
+                e["event_id"] = json!(format!("e{i}"));
+            }
             e["timestamp"] = json!(format_rfc3339_ms(1_800_000_000_000 + i as i64 * 1000));
             let line = e.to_string();
             let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
@@ -903,13 +928,31 @@ mod tests {
     #[test]
     fn a_call_without_a_result_is_not_guessed_to_repeat_the_last_one() {
         let unknown = json!({"type": "tool.called", "tool": "run_tests", "args": {}});
-        let f = findings("", &vec![unknown; 10]);
+        let f = findings("", &vec![unknown.clone(); 10]);
         let loops: Vec<&str> = f
             .iter()
             .map(|x| x.1.as_str())
             .filter(|d| ["repeat", "circuit_breaker", "low_novelty", "cycle"].contains(d))
             .collect();
         assert!(loops.is_empty(), "{f:?}");
+        // One such call a turn, failing, with ids that differ only in a number standing
+        // alone: neither old news nor the same error.
+        let failing =
+            json!({"type": "tool.called", "tool": "run_tests", "args": {}, "is_error": true});
+        let mut events = Vec::new();
+        for i in 0..8 {
+            events.push(turn());
+            let mut call = failing.clone();
+            call["event_id"] = json!(format!("call-{i}"));
+            events.push(call);
+        }
+        let f = findings_keeping_ids("", &events);
+        let judged: Vec<&str> = f
+            .iter()
+            .map(|x| x.1.as_str())
+            .filter(|d| ["no_new_information", "same_error", "repeat"].contains(d))
+            .collect();
+        assert!(judged.is_empty(), "{f:?}");
         // The same action naming the same result, `null` (a tool that said nothing), does.
         let nothing =
             json!({"type": "tool.called", "tool": "run_tests", "args": {}, "result": null});

@@ -74,7 +74,7 @@ impl Detector for Repeat {
         ev.insert("recent".into(), recent_calls(st, 8));
         let times = in_a_row.max(in_window);
         let calls = st.run.window.len();
-        // Said by the count that fired: in a row, or (between other calls) in the window.
+        // Led by the larger count: in a row, or (between other calls) in the window.
         let count = |nothing_new: &str| {
             if in_window > in_a_row {
                 format!("{in_window} times with the same result in the last {calls} calls ({in_a_row} in a row)")

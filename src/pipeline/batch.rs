@@ -117,7 +117,8 @@ impl Worker {
     /// send (findings not sent yet, changelog session records) → store and commit the
     /// batch before. This batch's
     /// acknowledgements are awaited at the next batch's end, while the next batch is
-    /// polled: the round trip is off the path of the next batch's findings. With
+    /// polled: that round trip is off the path of the next batch's findings; its commit
+    /// records' round trip is one more wait at that batch's end. With
     /// [`Finish::Settle`] this batch is also acknowledged, stored and committed before
     /// returning. exactly_once: apply → take the changes → one transaction (findings,
     /// changelog, offsets) → store.
@@ -207,7 +208,7 @@ impl Worker {
             // now its commit records (see the changelog's module docs). Whatever of the
             // next batch waits in the outbox goes with them: its findings may precede
             // its store, and its changelog records are not queued yet.
-            changelog::queue_commits(&mut self.outbox, &unacked.changes, unacked.batch, |_| true);
+            changelog::queue_commits(&mut self.outbox, &unacked.changes, unacked.batch);
             self.outbox.send_all();
             self.outbox
                 .settle(&mut backoff)

@@ -78,6 +78,7 @@ pub use outbox::{
     DLQ_MESSAGE, DLQ_REASON, DLQ_SOURCE_OFFSET, DLQ_SOURCE_PARTITION, DLQ_SOURCE_TOPIC,
     DLQ_TRUNCATED_FROM,
 };
+pub use partition::BEHIND_WAITS;
 use rebalance::RebalanceHandler;
 use worker::Worker;
 

@@ -5,10 +5,11 @@
 //! before the revoke is acknowledged, so its next owner starts where this one stopped;
 //! an assignment that was *lost* (the group went on without us) stores and commits
 //! nothing more of those partitions, since another member may own them already; records
-//! of a batch already in flight are seen delivered first (its changelog records may land,
-//! so its findings must too: published twice at worst, with one event id; the restorer
-//! skips that batch where it is behind the next owner's); an assigned partition is
-//! loaded from sled (and restored from the changelog) before it is consumed.
+//! of a batch already in flight are seen delivered first (findings published twice at
+//! worst, with one event id; the batch's changelog records carry no commit record, so no
+//! restore applies them); an assigned partition is loaded from sled (and restored from
+//! the changelog) before it is consumed. A restore that shutdown interrupts leaves its
+//! partition unloaded: not a failure.
 
 use std::sync::Mutex;
 

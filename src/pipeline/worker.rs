@@ -139,9 +139,10 @@ impl Worker {
     /// Forgets the batch in hand without storing or committing anything (an assignment
     /// lost): its events are read again from the committed offsets by their next owner.
     /// Records already with the producer are seen delivered first (a failure sent again):
-    /// their batch's changelog records may land, and a restore from them skips those
-    /// events as applied, so their findings must be on the bus too (published twice at
-    /// worst, with one `event_id`). What was not sent yet is dropped.
+    /// findings published twice at worst, with one `event_id`. (The batch's changelog
+    /// session records may land too, but without its commit records, sent only once
+    /// everything is acknowledged, no restore applies them.) What was not sent yet is
+    /// dropped.
     pub(super) fn drop_unstored(&mut self) {
         if self.outbox.has_sent() {
             let mut backoff = Backoff::new(self.settings(), &self.shutdown);

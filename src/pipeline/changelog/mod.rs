@@ -117,7 +117,7 @@ fn record(partition: i32, batch: u64, key: &[u8], payload: Vec<u8>, kind: &str) 
 /// session records, then its commit record (exactly_once: one transaction holds them).
 pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
     queue_sessions(outbox, batches, batch);
-    queue_commits(outbox, batches, batch, |_| true);
+    queue_commits(outbox, batches, batch);
 }
 
 /// Queues a batch's session records only (at_least_once: its commit records follow once
@@ -144,15 +144,9 @@ pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch:
     }
 }
 
-/// Queues the commit records of the batch's partitions that `which` picks (again, after
-/// some of their session records were sent late).
-pub fn queue_commits(
-    outbox: &mut Outbox,
-    batches: &[(i32, StoreBatch)],
-    batch: u64,
-    which: impl Fn(i32) -> bool,
-) {
-    for (partition, changes) in batches.iter().filter(|(p, _)| which(*p)) {
+/// Queues the commit records of the batch, one per changed partition.
+pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
+    for (partition, changes) in batches {
         // Distinct keys: what the restorer counts (a key may be written twice).
         let mut keys: Vec<&str> = changes.puts.iter().map(|(k, _)| k.as_str()).collect();
         keys.extend(changes.deletes.iter().map(String::as_str));

@@ -321,31 +321,19 @@ impl Assembler {
         match m.kind {
             b"commit" => {
                 let value = m.payload.unwrap_or_default();
-                // A commit record that cannot be read is poison for its batch only: the
-                // batch is not applied (its events are consumed again), and the partition
-                // goes on, as it must for every instance that is given it.
-                let unreadable = |e: serde_json::Error| {
-                    warn!(
-                        partition = self.partition,
-                        offset = m.offset,
-                        error = %e,
-                        "skipping a changelog commit record that cannot be read"
-                    );
+                // A commit record that cannot be read stops the restore: passing over it
+                // would drop its batch at the writer's next commit, whose input offsets
+                // cover the batch's events, and lose its changes for good.
+                let bad = |e: serde_json::Error| PipelineError::Restore {
+                    partition: self.partition,
+                    reason: format!("commit record at offset {}: {e}", m.offset),
                 };
                 let (offsets, complete) = if value.first() == Some(&b'[') {
                     // The earlier format: everything before it belongs to the batch.
-                    let Ok(offsets) = serde_json::from_slice(value).map_err(unreadable) else {
-                        self.incomplete += 1;
-                        return Ok(());
-                    };
+                    let offsets = serde_json::from_slice(value).map_err(bad)?;
                     (offsets, Some(None))
                 } else {
-                    let Ok(commit) =
-                        serde_json::from_slice::<CommitValue>(value).map_err(unreadable)
-                    else {
-                        self.incomplete += 1;
-                        return Ok(());
-                    };
+                    let commit: CommitValue = serde_json::from_slice(value).map_err(bad)?;
                     let seen = self.distinct_records_of(Some(commit.batch));
                     (
                         commit.offsets,
@@ -604,7 +592,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_commit_record_is_passed_over_and_a_later_field_is_not_one() {
+    fn an_unreadable_commit_record_stops_the_restore_and_a_later_field_does_not() {
         let mut v1 = Vec::new();
         let garbled = Entry {
             offset: 1,
@@ -614,20 +602,19 @@ mod tests {
             key: CHANGELOG_COMMIT_KEY,
             payload: Some(b"{not json"),
         };
-        // A field a later version adds, read by this one.
+        let mut a = Assembler::default();
+        let e = a
+            .add(garbled, &mut Stored::default())
+            .expect_err("an unreadable commit record is an error");
+        assert!(e.to_string().contains("offset 1"), "{e}");
+        // A field a later version adds, read by this one (a rollback).
         let mut later = commit(3, 8, 1, &mut v1);
         let mut value: serde_json::Value = serde_json::from_slice(later.payload.unwrap()).unwrap();
         value["added_later"] = serde_json::json!(true);
         let v2 = serde_json::to_vec(&value).unwrap();
         later.payload = Some(&v2);
-        let entries = vec![
-            session(0, 7, "a", b"A"),
-            garbled,
-            session(2, 8, "b", b"B"),
-            later,
-        ];
-        let (a, stored) = feed(entries);
-        assert_eq!((a.applied, a.incomplete), (1, 1));
+        let (a, stored) = feed(vec![session(2, 8, "b", b"B"), later]);
+        assert_eq!((a.applied, a.incomplete), (1, 0));
         assert_eq!(keys(&stored.0[0]), vec![("b", &b"B"[..])]);
     }
 
