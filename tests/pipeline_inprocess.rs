@@ -265,7 +265,9 @@ fn changelog_commits(cluster: &Cluster) -> usize {
 fn a_batch_counts_on_the_changelog_only_once_its_terminations_are_on_the_broker() {
     let cluster = Cluster::start();
     let mut config = (*cluster.config("a", "")).clone();
+    // The whole backlog in the first batch, so that its terminations are in it.
     config.kafka.max_batch_wait = Duration::from_millis(300);
+    config.kafka.max_batch_events = 1_000_000;
     let config = Arc::new(config);
     let (events, _) = fleet(30, 0.5, 5);
     let (_, want) = replayed(&config, &events);
