@@ -256,8 +256,8 @@ struct Tally {
 
 struct Backtest<'a> {
     outcomes: &'a Outcomes,
-    /// Bit per `--outcomes` entry: some session closed under its id.
-    outcomes_used: Vec<u64>,
+    /// Per `--outcomes` entry: some session closed under its id.
+    outcomes_used: Vec<bool>,
     open: FxHashMap<String, Tally>,
     report: Report,
     warned: [[u64; 3]; DETECTOR_COUNT],
@@ -291,7 +291,7 @@ impl Backtest<'_> {
         let tally = self.open.remove(session).unwrap_or_default();
         let given = self.outcomes.get(session);
         if let Some(g) = given {
-            self.outcomes_used[g.entry / 64] |= 1 << (g.entry % 64);
+            self.outcomes_used[g.entry] = true;
         }
         let outcome = reported.or(given.map(|g| g.outcome));
         let c = column(outcome);
@@ -329,7 +329,7 @@ impl Backtest<'_> {
     /// Another shard's sessions added to this one's (sessions are independent).
     fn absorb(&mut self, other: Backtest<'_>) {
         for (mine, theirs) in self.outcomes_used.iter_mut().zip(&other.outcomes_used) {
-            *mine |= theirs;
+            *mine |= *theirs;
         }
         self.report.success.add(&other.report.success);
         self.report.failure.add(&other.report.failure);
@@ -391,7 +391,7 @@ pub fn backtest(
 ) -> Result<Report, DriveError> {
     let make = || Backtest {
         outcomes,
-        outcomes_used: vec![0; outcomes.len().div_ceil(64)],
+        outcomes_used: vec![false; outcomes.len()],
         open: FxHashMap::default(),
         report: Report::default(),
         warned: [[0; 3]; DETECTOR_COUNT],
@@ -413,9 +413,11 @@ pub fn backtest(
     report.events = read.events;
     report.bad_lines = read.bad_lines;
     report.outcomes_given = outcomes.len() as u64;
-    let used = |g: &Given| run.outcomes_used[g.entry / 64] >> (g.entry % 64) & 1 == 1;
-    let mut unmatched: Vec<(&String, &Given)> =
-        outcomes.0.iter().filter(|(_, g)| !used(g)).collect();
+    let mut unmatched: Vec<(&String, &Given)> = outcomes
+        .0
+        .iter()
+        .filter(|(_, g)| !run.outcomes_used[g.entry])
+        .collect();
     report.outcomes_unmatched = unmatched.len() as u64;
     if !unmatched.is_empty() {
         unmatched.sort_by_key(|(_, g)| g.entry);
@@ -557,7 +559,7 @@ impl Report {
             writeln!(
                 out,
                 "  {}  {} at step {} of {} ({} tokens after)",
-                crate::event::printable(&k.session_id),
+                printable(&k.session_id),
                 k.detector,
                 k.at_step,
                 k.steps,
