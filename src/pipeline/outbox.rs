@@ -301,12 +301,7 @@ impl Outbox {
                         // The queue drains as the broker acknowledges, or as its records
                         // expire (`message.timeout.ms`, minutes): past the shutdown
                         // deadline, the record fails instead, as the deadline says.
-                        let deadline = self.settings.shutdown_deadline;
-                        if self
-                            .shutdown
-                            .triggered_at()
-                            .is_some_and(|t| t.elapsed() >= deadline)
-                        {
+                        if Backoff::new(&self.settings, &self.shutdown).past_deadline() {
                             let full = KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull);
                             lock(&self.producer.context().failed).push((i, full));
                             break;

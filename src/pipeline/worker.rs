@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::telemetry::metrics::Metrics;
+use prometheus::IntCounter;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset};
@@ -71,6 +72,8 @@ pub struct Worker {
     pub(super) store_size_at: Option<Instant>,
     /// `events_consumed` per event type, resolved once (not a labelled lookup per event).
     pub(super) consumed: FxHashMap<&'static str, prometheus::IntCounter>,
+    /// `events_miskeyed`, resolved once (an unkeyed producer sends every event so).
+    miskeyed: Miskeyed,
     /// Time spent applying events since the last batch finished.
     pub(super) applying: Duration,
     /// Ids of the batches this worker writes to the changelog.
@@ -106,7 +109,7 @@ impl Worker {
             stats: RunStats::default(),
             fatal: None,
             revoking: Vec::new(),
-            telemetry,
+            telemetry: telemetry.clone(),
             scratch: Vec::new(),
             scratch_sources: Vec::new(),
             polled: Vec::new(),
@@ -114,6 +117,7 @@ impl Worker {
             reported_partitions: 0,
             store_size_at: None,
             consumed: FxHashMap::default(),
+            miskeyed: Miskeyed::of(&telemetry.metrics),
             applying: Duration::ZERO,
             batch_ids: BatchIds::new(),
             unacked: None,
@@ -263,7 +267,7 @@ impl Worker {
         }
         let (time, pending) = Pending::of(m, topic, &limits);
         if let Pending::Event(event, ..) = &pending {
-            check_key(&self.telemetry.metrics, m, &event.session_id);
+            self.miskeyed.check(m, &event.session_id);
         }
         let polled = Instant::now();
         p.held.push(
@@ -477,27 +481,43 @@ impl Worker {
     }
 }
 
-/// Counts (and logs, at the 1st, 2nd, 4th, 8th… of each kind) an event whose message
-/// is not keyed by its `session_id`: DESIGN §1 asks producers to key by it, so that a
-/// session stays in one partition; one that is not may be judged in pieces.
-fn check_key(metrics: &Metrics, m: &BorrowedMessage<'_>, session_id: &str) {
-    let key = match m.key() {
-        None => "missing",
-        Some(k) if k != session_id.as_bytes() => "other",
-        Some(_) => return,
-    };
-    let counter = metrics.events_miskeyed.with_label_values(&[key]);
-    counter.inc();
-    let n = counter.get();
-    if n.is_power_of_two() {
-        warn!(
-            topic = m.topic(),
-            partition = m.partition(),
-            offset = m.offset(),
-            session_id = %crate::event::printable(session_id),
-            key,
-            count = n,
-            "input message not keyed by its session_id: the session may be split over partitions"
-        );
+/// Input events not keyed by their `session_id`, counted by how. DESIGN §1 asks producers
+/// to key by it, so that a session stays in one partition; one that is not may be judged
+/// in pieces.
+struct Miskeyed {
+    missing: IntCounter,
+    other: IntCounter,
+}
+
+impl Miskeyed {
+    fn of(metrics: &Metrics) -> Miskeyed {
+        let by = |key: &str| metrics.events_miskeyed.with_label_values(&[key]);
+        Miskeyed {
+            missing: by("missing"),
+            other: by("other"),
+        }
+    }
+
+    /// Counts (and logs, at the 1st, 2nd, 4th, 8th… of each kind) `m` when its key is
+    /// not `session_id`.
+    fn check(&self, m: &BorrowedMessage<'_>, session_id: &str) {
+        let (key, counter) = match m.key() {
+            None => ("missing", &self.missing),
+            Some(k) if k != session_id.as_bytes() => ("other", &self.other),
+            Some(_) => return,
+        };
+        counter.inc();
+        let n = counter.get();
+        if n.is_power_of_two() {
+            warn!(
+                topic = m.topic(),
+                partition = m.partition(),
+                offset = m.offset(),
+                session_id = %crate::event::printable(session_id),
+                key,
+                count = n,
+                "input message not keyed by its session_id: the session may be split over partitions"
+            );
+        }
     }
 }
