@@ -238,7 +238,7 @@ pub fn ensure_changelog(
     existing: Option<usize>,
     lag: Duration,
 ) -> Result<(), TopicError> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
     let topic = settings.changelog_topic.clone();
     match existing {
         Some(has) if has == partitions => {
@@ -259,18 +259,11 @@ pub fn ensure_changelog(
         topic: topic.clone(),
         reason,
     };
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-        client_config(settings, brokers)
-            .create()
-            .map_err(|e| fail(e.to_string()))?;
+    let (admin, runtime) = admin_client(&client_config(settings, brokers)).map_err(fail)?;
     let lag_ms = lag.as_millis().to_string();
     let new = NewTopic::new(&topic, partitions as i32, TopicReplication::Fixed(-1))
         .set("cleanup.policy", "compact")
         .set("min.compaction.lag.ms", &lag_ms);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| fail(e.to_string()))?;
     let options = AdminOptions::new()
         .request_timeout(Some(std::time::Duration::from_secs(30)))
         .operation_timeout(Some(std::time::Duration::from_secs(30)));
@@ -289,17 +282,25 @@ pub fn ensure_changelog(
     Ok(())
 }
 
+type Admin = rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>;
+
+/// An admin client, and a runtime of its own to wait on its requests with (the pipeline's
+/// threads have none).
+fn admin_client(config: &ClientConfig) -> Result<(Admin, tokio::runtime::Runtime), String> {
+    let admin = config.create().map_err(|e: KafkaError| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok((admin, runtime))
+}
+
 /// Reads an existing changelog topic's configuration and warns when it is compacted with
 /// a `min.compaction.lag.ms` below `lag`; a broker that cannot say is passed over (debug).
 fn warn_on_short_compaction_lag(config: &ClientConfig, topic: &str, lag: Duration) {
-    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::admin::{AdminOptions, ResourceSpecifier};
     let described = (|| -> Result<Option<(String, u64)>, String> {
-        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-            config.create().map_err(|e| e.to_string())?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
+        let (admin, runtime) = admin_client(config)?;
         let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
         let results = runtime
             .block_on(admin.describe_configs(&[ResourceSpecifier::Topic(topic)], &options))
