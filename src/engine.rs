@@ -875,25 +875,10 @@ mod tests {
     use super::*;
     use crate::event::{parse_event, ParseLimits};
 
-    /// (index, detector, level, event_id) of every finding of `events` under `config`.
+    /// (index, detector, level, event_id) of every finding of `events` under `config`,
+    /// the events in session `s`, a second apart, with their own ids (`e{i}` where one has
+    /// none).
     fn findings(config: &str, events: &[serde_json::Value]) -> Vec<(usize, String, Level, String)> {
-        let numbered: Vec<serde_json::Value> = events
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let mut e = e.clone();
-                e["event_id"] = json!(format!("e{i}"));
-                e
-            })
-            .collect();
-        findings_keeping_ids(config, &numbered)
-    }
-
-    /// [`findings`] with the events' own ids (`e{i}` where one has none).
-    fn findings_keeping_ids(
-        config: &str,
-        events: &[serde_json::Value],
-    ) -> Vec<(usize, String, Level, String)> {
         let config = Arc::new(Config::from_toml_str(config, "t", std::iter::empty()).unwrap());
         let mut engine = Engine::new(config);
         let mut found = Vec::new();
@@ -946,7 +931,7 @@ mod tests {
             call["event_id"] = json!(format!("call-{i}"));
             events.push(call);
         }
-        let f = findings_keeping_ids("", &events);
+        let f = findings("", &events);
         let judged: Vec<&str> = f
             .iter()
             .map(|x| x.1.as_str())
