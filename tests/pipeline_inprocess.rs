@@ -210,17 +210,27 @@ fn a_batch_is_delivered_stored_and_committed_and_a_restart_re_reads_nothing() {
     );
 }
 
-#[test]
-fn findings_go_out_as_their_event_is_applied_and_the_batch_is_still_committed_whole() {
-    let cluster = Cluster::start();
-    // One batch for the whole run: it closes only at the stop.
+/// Instance "a" of `cluster` with the whole backlog in one batch that closes after
+/// `batch_wait`, and a small looping fleet with the terminations replay finds in it.
+fn one_batch_of_loops(
+    cluster: &Cluster,
+    batch_wait: Duration,
+) -> (Arc<Config>, Vec<Vec<u8>>, BTreeSet<String>) {
     let mut config = (*cluster.config("a", "")).clone();
-    config.kafka.max_batch_wait = Duration::from_secs(120);
+    config.kafka.max_batch_wait = batch_wait;
     config.kafka.max_batch_events = 1_000_000;
     let config = Arc::new(config);
     let (events, _) = fleet(30, 0.5, 5);
     let (_, want) = replayed(&config, &events);
     assert!(!want.is_empty(), "the fleet loops");
+    (config, events, want)
+}
+
+#[test]
+fn findings_go_out_as_their_event_is_applied_and_the_batch_is_still_committed_whole() {
+    let cluster = Cluster::start();
+    // One batch for the whole run: it closes only at the stop.
+    let (config, events, want) = one_batch_of_loops(&cluster, Duration::from_secs(120));
     cluster.produce(&events);
     let running = Running::start(config.clone(), cluster.brokers());
     let terminated = cluster.read(&cluster.topics.terminated, want.len());
@@ -264,14 +274,8 @@ fn changelog_commits(cluster: &Cluster) -> usize {
 #[test]
 fn a_batch_counts_on_the_changelog_only_once_its_terminations_are_on_the_broker() {
     let cluster = Cluster::start();
-    let mut config = (*cluster.config("a", "")).clone();
     // The whole backlog in the first batch, so that its terminations are in it.
-    config.kafka.max_batch_wait = Duration::from_millis(300);
-    config.kafka.max_batch_events = 1_000_000;
-    let config = Arc::new(config);
-    let (events, _) = fleet(30, 0.5, 5);
-    let (_, want) = replayed(&config, &events);
-    assert!(!want.is_empty(), "the fleet loops");
+    let (config, events, want) = one_batch_of_loops(&cluster, Duration::from_millis(300));
     // The terminations' topic without a leader: they cannot be delivered; the changelog
     // can.
     let terminated = &cluster.topics.terminated;
