@@ -1011,6 +1011,49 @@ mod tests {
     }
 
     #[test]
+    fn tool_calls_no_llm_call_asked_for_are_steps() {
+        // A source whose LLM calls stop arriving (spans that lost their token counts): the
+        // grace of the critical warning ("terminates in 3 steps") is kept in tool calls.
+        let mut evs = vec![turn(), same_call()];
+        evs.extend(vec![same_call(); 10]);
+        let f = findings("", &evs);
+        let levels: Vec<(usize, Level)> = f.iter().map(|x| (x.0, x.2)).collect();
+        assert_eq!(
+            levels,
+            vec![
+                (3, Level::Warning),
+                (4, Level::Critical),
+                (6, Level::Terminate)
+            ]
+        );
+        // The calls one response asks for are that response's step, not steps of their
+        // own: three parallel calls per turn keep the grace counted in turns.
+        let mut evs = Vec::new();
+        for _ in 0..6 {
+            let mut t = turn();
+            t["tool_calls"] = json!(3);
+            evs.push(t);
+            evs.extend(vec![same_call(); 3]);
+        }
+        let f = findings("[detectors.repeat]\nwindow_terminate_at = \"off\"\n", &evs);
+        let levels: Vec<(usize, Level)> = f
+            .iter()
+            .filter(|x| x.1 == "repeat")
+            .map(|x| (x.0, x.2))
+            .collect();
+        // Warned at the 3rd call (turn 1, event 3), held at the 4th (turn 2, event 5);
+        // the kill waits three turns past the warning: turn 4's first call (event 13).
+        assert_eq!(
+            levels,
+            vec![
+                (3, Level::Warning),
+                (5, Level::Critical),
+                (13, Level::Terminate)
+            ]
+        );
+    }
+
+    #[test]
     fn a_loop_that_ends_within_the_grace_is_not_killed() {
         let mut evs = vec![same_call(); 5];
         evs.push(json!({"type": "tool.called", "tool": "edit", "args": {"p": 2}, "result": "y"}));

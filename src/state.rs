@@ -144,8 +144,12 @@ pub struct ToolCount {
 pub struct Counters {
     pub events: u64,
     /// The agent's steps: its LLM calls (each can carry a hint to the agent), and its
-    /// tool calls for as long as it has reported no LLM call. Never decreases.
+    /// tool calls that no LLM call asked for (a source that reports tool calls but lost
+    /// its LLM calls still takes steps). Never decreases.
     pub steps: u64,
+    /// Tool calls the latest LLM call asked for that have not come yet: each is part of
+    /// that call's step.
+    pub tool_calls_asked: u32,
     pub llm_calls: u64,
     pub turns: u64,
     pub tool_calls: u64,
@@ -191,7 +195,12 @@ pub struct RunState {
     /// Per cycle length k: how many trailing calls equal the call k before them.
     pub cycle_match: [u32; CYCLE_LENGTHS.len()],
     pub stall: u32,
+    /// Turns in a row that nearly repeat an earlier turn, with nothing learned since the
+    /// first of them.
     pub similar_streak: u32,
+    /// Of those, the turns in a row whose calls made no progress (see
+    /// [`RunState::turn_progressed`]): only these may terminate.
+    pub similar_stale: u32,
     pub sketches: VecDeque<TextSketch>,
     pub compaction_streak: u32,
     pub best_progress: Option<f64>,
@@ -203,6 +212,11 @@ pub struct RunState {
     /// before.
     pub turn_had_results: bool,
     pub turn_all_seen: bool,
+    /// Some call since the last turn made progress: it was a poll (a changed status is
+    /// progress; an unchanged one is `poll_no_progress`'s to judge, with the room polls
+    /// get), or its outcome is new to the window (the same call answering differently,
+    /// digits included: a price, a progress count; a failure up to its digits).
+    pub turn_progressed: bool,
     pub no_new_info_streak: u32,
 }
 
@@ -453,6 +467,9 @@ impl SessionState {
         let s = &mut self.stats;
         s.llm_calls += 1;
         s.steps += 1;
+        // The calls it asks for are part of its step; a response that does not say
+        // asks for one at most.
+        s.tool_calls_asked = tool_calls.unwrap_or(1);
         s.input_tokens = s.input_tokens.saturating_add(input);
         s.output_tokens = s.output_tokens.saturating_add(output);
         s.cache_read_tokens = s.cache_read_tokens.saturating_add(cache_read.unwrap_or(0));
@@ -496,15 +513,25 @@ impl SessionState {
         // A turn that brought something new is progress, however alike the words
         // (scrolling through a file page by page reads the same each turn).
         let learned = r.turn_had_results && !r.turn_all_seen;
+        let progressed = learned || r.turn_progressed;
         r.turn_had_results = false;
         r.turn_all_seen = true;
+        r.turn_progressed = false;
         if let Some(sk) = sketch.filter(|s| !s.is_empty()) {
             let similar = r
                 .sketches
                 .iter()
                 .any(|prev| prev.similarity(sk) >= min_similarity);
-            r.similar_streak = if similar && !learned {
-                r.similar_streak + 1
+            // The words repeat: the first such turn opens the streak whatever it learned,
+            // the next ones count while they learn nothing new. Repeated words may nudge;
+            // they may end the session only while the results stop changing too.
+            r.similar_streak = match (similar, learned) {
+                (false, _) => 0,
+                (true, true) => 1,
+                (true, false) => r.similar_streak + 1,
+            };
+            r.similar_stale = if similar && !progressed {
+                r.similar_stale + 1
             } else {
                 0
             };
@@ -520,7 +547,9 @@ impl SessionState {
         last_calls: usize,
     ) -> ToolFacts {
         self.stats.tool_calls += 1;
-        if self.stats.llm_calls == 0 {
+        if self.stats.tool_calls_asked > 0 {
+            self.stats.tool_calls_asked -= 1;
+        } else {
             self.stats.steps += 1;
         }
         let subject = self.episodes[DetectorKind::GenericRepeat.index()].subject;
@@ -560,10 +589,12 @@ impl SessionState {
         let judged_outcome = !obs.poll && !obs.retry_safe;
         let mut outcome_count = u32::from(judged_outcome);
         let mut error_count = u32::from(obs.error_text && !obs.retry_safe);
+        let mut outcome_seen = false;
         for prev in r.window.iter().rev() {
             if prev.same_pair(&rec) {
                 pair_count += 1;
             }
+            outcome_seen |= prev.same_outcome(&rec);
             if judged_outcome && prev.same_outcome(&rec) && !prev.has(CallRecord::RETRY_SAFE) {
                 outcome_count += 1;
             }
@@ -665,6 +696,13 @@ impl SessionState {
             let unchanged = match found {
                 Some(i) => {
                     let mut t = r.polls.remove(i);
+                    if t.result != rec.result {
+                        // A changed poll is progress for every detector: the job it
+                        // waits on is moving, even when each answer is a failure.
+                        r.error_repeat_streak = 0;
+                        r.same_error_streak = 0;
+                        r.error_streak = 0;
+                    }
                     t.unchanged = if t.result == rec.result {
                         t.unchanged + 1
                     } else {
@@ -689,6 +727,7 @@ impl SessionState {
             };
             facts.poll_unchanged = unchanged;
         }
+        r.turn_progressed |= obs.poll || !outcome_seen;
 
         // Information gain: a call is news when this action has not returned this result
         // (up to digits) before in the run (a new file written says "File updated" too).
@@ -922,14 +961,33 @@ mod tests {
         s
     }
 
-    /// A stored state (the fixture was written by this format's first release) reads
-    /// back and writes again byte for byte: an upgrade restores every open session from
-    /// the store and changelog. A change to the format must fail here.
+    /// A stored state (the fixture of the current format, written by that format's first
+    /// release) reads back and writes again byte for byte: an upgrade restores every open
+    /// session from the store and changelog. A change to the encoding must fail here:
+    /// either it was not meant (the layout moved), or it is a new format, which bumps
+    /// [`crate::store::STATE_FORMAT`] and records its own fixture
+    /// (`LOOPWARDEN_RECORD_STATE=1 cargo test --lib stored_states`).
     #[test]
     fn stored_states_read_back_byte_for_byte() {
-        let stored = include_bytes!("../tests/fixtures/session-state.postcard");
-        let state = SessionState::from_bytes(stored).expect("a stored state reads back");
-        assert_eq!(state.to_bytes(), stored.as_slice());
+        let format = crate::store::STATE_FORMAT;
+        let path = format!(
+            "{}/tests/fixtures/session-state-{format}.postcard",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        if std::env::var_os("LOOPWARDEN_RECORD_STATE").is_some()
+            && !std::path::Path::new(&path).exists()
+        {
+            std::fs::write(&path, stored_state().to_bytes()).unwrap();
+        }
+        let stored = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!("{path}: {e}; a new state format records its fixture with LOOPWARDEN_RECORD_STATE=1")
+        });
+        let state = SessionState::from_bytes(&stored).expect("a stored state reads back");
+        assert_eq!(
+            state.to_bytes(),
+            stored,
+            "format {format} encodes as its fixture"
+        );
         assert_eq!(state, stored_state());
         assert_eq!(state.run.window.len(), WINDOW_CALLS);
         assert_eq!(state.run.sketches.len(), TURN_SKETCHES);

@@ -1,7 +1,8 @@
 //! `loopwarden replay`'s output, byte for byte, on the inputs that say how the detectors
 //! judge: the scenario corpus, simulated fleets (seeds 1, 2, 3, as `loopwarden simulate
 //! --sessions 1000 --seed N --output …` writes them) and, when they are beside the
-//! checkout, the recorded real sessions (`../shared/real-sessions/sessions.jsonl.gz`).
+//! checkout, the recorded real sessions (`../shared/real-sessions/sessions.jsonl.gz` and
+//! `sessions-2.jsonl.gz`).
 //!
 //! The same bytes must come out of one thread and of several (sessions split between
 //! engines, `loopwarden replay --threads`).
@@ -75,8 +76,9 @@ fn fleet_events(seed: u64) -> Vec<u8> {
     out
 }
 
-fn real_sessions() -> Option<Vec<u8>> {
-    let path = manifest().join("../shared/real-sessions/sessions.jsonl.gz");
+/// One file of the recorded real sessions (`sessions.jsonl.gz`, `sessions-2.jsonl.gz`).
+fn real_sessions(file: &str) -> Option<Vec<u8>> {
+    let path = manifest().join("../shared/real-sessions").join(file);
     let file = std::fs::File::open(path).ok()?;
     let mut out = Vec::new();
     flate2::read::GzDecoder::new(file)
@@ -126,9 +128,16 @@ fn replay_output_is_what_was_recorded() {
     for seed in 1..=3 {
         inputs.push((format!("fleet-seed-{seed}"), fleet_events(seed)));
     }
-    match real_sessions() {
-        Some(events) => inputs.push(("real-sessions".into(), events)),
-        None => eprintln!("../shared/real-sessions is not beside the checkout: not compared"),
+    for (name, file) in [
+        ("real-sessions", "sessions.jsonl.gz"),
+        ("real-sessions-2", "sessions-2.jsonl.gz"),
+    ] {
+        match real_sessions(file) {
+            Some(events) => inputs.push((name.into(), events)),
+            None => {
+                eprintln!("../shared/real-sessions/{file} is not beside the checkout: not compared")
+            }
+        }
     }
     let now: BTreeMap<String, (String, usize)> = inputs
         .iter()

@@ -2,9 +2,16 @@
 //! (Jaccard similarity of lowercased whitespace tokens ≥ `min_similarity`).
 //!
 //! An agent saying the same thing each turn ("I have verified the file and will now mark
-//! the task complete") is stuck even when its tool calls vary. Warn at 3 such turns in a
-//! row, terminate at 5; 0.85 leaves room for the few words that change between honest
-//! steps of a plan.
+//! the task complete") may be stuck even when its tool calls vary. The streak counts
+//! repeated words with nothing learned since the first of them (a turn that brought new
+//! content, paging through a file, starts it over): warn at the 3rd such turn, as the
+//! seed does. Words alone never kill: the streak terminates (at 5) only when its turns
+//! also made no progress: nothing new learned, no call answering differently from the
+//! last time (a changed status, a new price: digits count), and no poll waiting on a job
+//! (an unchanged one is `poll_no_progress`'s to judge, with the room polls get). So an
+//! agent narrating "still running, checking again" while its job moves is nudged, never
+//! killed; one whose words and results both stand still is.
+//! 0.85 leaves room for the few words that change between honest steps of a plan.
 
 use serde::{Deserialize, Serialize};
 
@@ -37,7 +44,19 @@ impl Detector for SimilarTurns {
     }
 
     fn evaluate(&self, levels: &Levels, st: &SessionState, l: &LlmContext) -> Option<Signal> {
-        (l.is_turn && l.has_text).then(|| Signal::of(st.run.similar_streak as f64, levels))
+        (l.is_turn && l.has_text).then(|| {
+            let words = Signal::of(st.run.similar_streak as f64, levels);
+            let stale = st.run.similar_stale as f64;
+            if levels.terminate_at.is_some_and(|at| stale >= at - 1e-9) {
+                return words;
+            }
+            // While the results progress the words may nudge, never end the session.
+            let nudge_only = Levels {
+                terminate_at: None,
+                ..*levels
+            };
+            Signal::of(st.run.similar_streak as f64, &nudge_only)
+        })
     }
 
     fn describe(&self, _: &SessionState, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
@@ -74,13 +93,62 @@ mod tests {
 
     #[test]
     fn warns_at_3_and_terminates_at_5() {
-        // The same words each turn, and nothing new from the tools between them (the
-        // first result is news, so the count starts with the turn after it).
+        // The same words each turn, and nothing new from the tools between them. The 2nd
+        // turn (event 2) is the first similar one: it opens the streak though the call
+        // before it brought news (its first answer); the 3rd similar turn (event 6) warns.
         let evs = turns(7, |_| SAME.to_string(), |_| json!("unchanged"));
-        assert!(of_alone(&first(&evs, 8), SimilarTurns).is_empty());
+        assert!(of_alone(&first(&evs, 6), SimilarTurns).is_empty());
         assert_eq!(
             of_alone(&evs, SimilarTurns),
-            vec![(8, Level::Warning), (12, Level::Terminate)]
+            vec![(6, Level::Warning), (12, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn the_seeds_trading_agent_is_nudged_at_its_3rd_similar_turn_and_not_killed_while_prices_move(
+    ) {
+        // The seed's example: the same sentence each turn while re-checking a price that
+        // moves. Words alike: a nudge by the 3rd similar turn (event 6). Results still
+        // changing: never a kill, however long it goes on.
+        let text = |_| "I need to check the current price and make a trading decision".to_string();
+        let price = |i: usize| json!({"symbol": "AAPL", "price": 187.32 + i as f64 * 0.41});
+        let mut evs = Vec::new();
+        for i in 0..12 {
+            evs.push(turn(1, &text(i)));
+            evs.push(call("get_price", json!({"symbol": "AAPL"}), price(i)));
+        }
+        assert_eq!(of_alone(&evs, SimilarTurns), vec![(6, Level::Warning)]);
+    }
+
+    #[test]
+    fn a_job_whose_status_moves_is_nudged_never_killed_whatever_the_narration() {
+        // "Still running; checking again" each turn while the job reports 10 % … 90 %:
+        // a poll (its result reads as pending) whose result changes is progress.
+        let mut evs = vec![
+            turn(1, "I will start the training job now"),
+            call("start_job", json!({"name": "train"}), json!({"job_id": "j1"})),
+        ];
+        for p in (10..=90).step_by(10) {
+            evs.push(turn(1, "The job is still running; checking again."));
+            evs.push(call(
+                "get_job",
+                json!({"job_id": "j1"}),
+                json!({"state": "running", "progress": format!("{p}%")}),
+            ));
+        }
+        let found = of_alone(&evs, SimilarTurns);
+        assert_eq!(found, vec![(8, Level::Warning)], "a nudge, no kill");
+        // The same narration over a job that no longer moves is a loop: the unchanged
+        // polls are `poll_no_progress`'s (polls get room), while a call answering the
+        // same each time lets the words end the session.
+        let mut stuck = evs[..2].to_vec();
+        for _ in 0..9 {
+            stuck.push(turn(1, "The job is still running; checking again."));
+            stuck.push(call("tail_log", json!({"job_id": "j1"}), json!("epoch 3 loss 0.41")));
+        }
+        assert_eq!(
+            of_alone(&stuck, SimilarTurns),
+            vec![(8, Level::Warning), (14, Level::Terminate)]
         );
     }
 
