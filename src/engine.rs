@@ -28,7 +28,7 @@ use crate::output::{
 use crate::policy::{Level, Mode, Policy};
 use crate::state::{SessionState, ToolObservation};
 use crate::store::{StateStore, StoreBatch, StoreError};
-use crate::text::{turn_features, Chant, ChantRule, ChantScratch, TextSketch};
+use crate::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
 
 /// Where an event came from, for `trigger` and for the event-time fallback.
 #[derive(Debug, Clone, Default)]
@@ -208,20 +208,21 @@ impl Work {
         p
     }
 
-    /// The features of an LLM call's text: its sketch (turns only) and any chant.
+    /// The features of an LLM call's text: its sketch and opening (turns only) and any
+    /// chant.
     fn text_features(
         &mut self,
         call: &LlmCall<'_>,
         is_turn: bool,
         policy: &Policy,
-    ) -> (Option<TextSketch>, Option<Chant>, bool) {
+    ) -> (Option<TextSketch>, Option<u64>, Option<Chant>, bool) {
         let Some(content) = call
             .text
             .as_ref()
             .and_then(|t| json::string_content(t.as_str()))
             .filter(|c| !c.is_empty())
         else {
-            return (None, None, false);
+            return (None, None, None, false);
         };
         self.text.clear();
         json::unescape_into(content, &mut self.text);
@@ -232,7 +233,13 @@ impl Work {
             max_spacing: rt.max_avg_spacing_chars,
         };
         let (sketch, chant) = turn_features(&self.text, is_turn, rule, &mut self.chant);
-        (sketch, chant, true)
+        let words = policy.detectors.similar_turns.opening_words.get();
+        let opening = if is_turn {
+            opening(&self.text, words)
+        } else {
+            None
+        };
+        (sketch, opening, chant, true)
     }
 
     /// A tool call's fingerprints and classes, and its `tool.action` name if any.
@@ -588,7 +595,7 @@ fn apply(
             let is_turn = call.call_kind == CallKind::Turn;
             let is_compaction = call.call_kind == CallKind::Compaction;
             let policy = &slot.policy;
-            let (sketch, chant, has_text) = work.text_features(call, is_turn, policy);
+            let (sketch, opening, chant, has_text) = work.text_features(call, is_turn, policy);
             slot.state.observe_llm(
                 is_turn,
                 is_compaction,
@@ -600,6 +607,7 @@ fn apply(
                 call.tool_calls,
                 call.progress,
                 sketch.as_ref(),
+                opening,
                 policy.detectors.similar_turns.min_similarity.get(),
             );
             let ctx = Context::Llm(LlmContext {

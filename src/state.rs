@@ -202,6 +202,10 @@ pub struct RunState {
     /// [`RunState::turn_progressed`]): only these may terminate.
     pub similar_stale: u32,
     pub sketches: VecDeque<TextSketch>,
+    /// How the previous turns opened (see [`crate::text::opening`]), as many as
+    /// `sketches`; 0 for a turn too short to have an opening.
+    #[serde(with = "fixed::u64_deque")]
+    pub openings: VecDeque<u64>,
     pub compaction_streak: u32,
     pub best_progress: Option<f64>,
     pub progress_stale: u32,
@@ -217,6 +221,8 @@ pub struct RunState {
     /// get), or its outcome is new to the window (the same call answering differently,
     /// digits included: a price, a progress count; a failure up to its digits).
     pub turn_progressed: bool,
+    /// Some call since the last turn succeeded: the agent did something.
+    pub turn_succeeded: bool,
     pub no_new_info_streak: u32,
 }
 
@@ -462,6 +468,7 @@ impl SessionState {
         tool_calls: Option<u32>,
         progress: Option<f64>,
         sketch: Option<&TextSketch>,
+        opening: Option<u64>,
         min_similarity: f64,
     ) {
         let s = &mut self.stats;
@@ -514,28 +521,37 @@ impl SessionState {
         // (scrolling through a file page by page reads the same each turn).
         let learned = r.turn_had_results && !r.turn_all_seen;
         let progressed = learned || r.turn_progressed;
+        let did_something = r.turn_succeeded;
         r.turn_had_results = false;
         r.turn_all_seen = true;
         r.turn_progressed = false;
+        r.turn_succeeded = false;
         if let Some(sk) = sketch.filter(|s| !s.is_empty()) {
-            let similar = r
-                .sketches
-                .iter()
-                .any(|prev| prev.similarity(sk) >= min_similarity);
+            // Alike as a whole, or opening as an earlier turn did while nothing was done
+            // since (every call failed, or none was made): the same apology or
+            // restatement before a different body is still the agent saying it again.
+            let opens_alike = opening.is_some_and(|o| !did_something && r.openings.contains(&o));
+            let similar = opens_alike
+                || r.sketches
+                    .iter()
+                    .any(|prev| prev.similarity(sk) >= min_similarity);
             // The words repeat: the first such turn opens the streak whatever it learned,
             // the next ones count while they learn nothing new. Repeated words may nudge;
             // they may end the session only while the results stop changing too.
-            r.similar_streak = match (similar, learned) {
+            // A turn that opens as before with nothing done since learned nothing from
+            // its failures, however new each failure was.
+            r.similar_streak = match (similar, learned && !opens_alike) {
                 (false, _) => 0,
                 (true, true) => 1,
                 (true, false) => r.similar_streak + 1,
             };
-            r.similar_stale = if similar && !progressed {
+            r.similar_stale = if similar && (!progressed || opens_alike) {
                 r.similar_stale + 1
             } else {
                 0
             };
             push_bounded(&mut r.sketches, sk.clone(), TURN_SKETCHES);
+            push_bounded(&mut r.openings, opening.unwrap_or(0), TURN_SKETCHES);
         }
     }
 
@@ -728,6 +744,7 @@ impl SessionState {
             facts.poll_unchanged = unchanged;
         }
         r.turn_progressed |= obs.poll || !outcome_seen;
+        r.turn_succeeded |= !obs.is_error;
 
         // Information gain: a call is news when this action has not returned this result
         // (up to digits) before in the run (a new file written says "File updated" too).
@@ -942,6 +959,7 @@ mod tests {
                 Some(1),
                 None,
                 Some(&sketch),
+                crate::text::opening(&text, 8),
                 0.85,
             );
         }
@@ -1081,6 +1099,7 @@ mod tests {
             Some(0),
             None,
             Some(&TextSketch::of("hello there")),
+            None,
             0.85,
         );
         let back = SessionState::from_bytes(&s.to_bytes()).unwrap();

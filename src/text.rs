@@ -226,6 +226,43 @@ impl TextSketch {
     }
 }
 
+/// How a text opens: a digest of its first `words` words (runs of letters and digits,
+/// lowercased; markup and punctuation between them do not count), or `None` when it has
+/// fewer. An agent that opens every turn with the same apology or restatement while the
+/// rest of the text varies shows it here, where the whole text's similarity does not.
+pub fn opening(text: &str, words: usize) -> Option<u64> {
+    if words == 0 {
+        return None;
+    }
+    // FNV-1a over the words, a separator between them: stable across builds and
+    // platforms (it is stored), and the opening is short.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |b: u8| {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    let (mut seen, mut in_word) = (0, false);
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            if !in_word {
+                if seen == words {
+                    break;
+                }
+                seen += 1;
+                in_word = true;
+                mix(b' ');
+            }
+            for l in c.to_lowercase() {
+                let mut buf = [0u8; 4];
+                l.encode_utf8(&mut buf).bytes().for_each(&mut mix);
+            }
+        } else {
+            in_word = false;
+        }
+    }
+    (seen == words).then_some(h.max(1))
+}
+
 /// Evidence that one text chants.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Chant {
@@ -980,5 +1017,25 @@ mod tests {
         assert_eq!(chant(&code), None);
         let list = "- item that looks the same in every single line here\n".repeat(20);
         assert_eq!(chant(&list), None);
+    }
+
+    #[test]
+    fn an_opening_is_its_first_words_whatever_the_markup() {
+        let a = opening(
+            "<thoughts>\nYou're right - I should make a tool call to search",
+            8,
+        );
+        let b = opening(
+            "<thoughts> you're RIGHT: I should make a tool call, then edit",
+            8,
+        );
+        assert!(a.is_some());
+        assert_eq!(a, b);
+        assert_ne!(
+            a,
+            opening("You're right - I should make two tool calls to search", 8)
+        );
+        assert_eq!(opening("Too short to open", 8), None);
+        assert_eq!(opening("anything at all here", 0), None);
     }
 }

@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::settings::Share;
+use super::settings::{Bounded, Share};
 use super::{Class, Detector, Evidence, LlmContext, Message, Reading, Signal};
 use crate::policy::Levels;
 use crate::state::SessionState;
@@ -25,12 +25,17 @@ use crate::state::SessionState;
 pub struct SimilarTurns {
     /// Jaccard similarity at or above which two turns are "the same".
     pub min_similarity: Share,
+    /// A turn that opens with the same words as one of the previous 5 (this many
+    /// words), while every call since the last turn failed or none was made, counts as
+    /// similar too (0: off).
+    pub opening_words: Bounded<0, 64>,
 }
 
 impl Default for SimilarTurns {
     fn default() -> Self {
         SimilarTurns {
             min_similarity: Share::new(0.85),
+            opening_words: Bounded::new(8),
         }
     }
 }
@@ -157,6 +162,38 @@ mod tests {
         // Scrolling through a file: "let me scroll down" each turn, a new page each time.
         let evs = turns(8, |_| SAME.to_string(), words);
         assert!(of_alone(&evs, SimilarTurns).is_empty());
+    }
+
+    #[test]
+    fn the_same_opening_while_every_call_fails_is_saying_it_again() {
+        // "I apologize for the confusion..." then a different body each turn, and every
+        // action rejected: the whole texts differ, the opening repeats while nothing gets
+        // done. Warned at the 3rd such turn (event 6), killed two turns later.
+        let text = |i: usize| {
+            format!(
+                "I apologize for the confusion in my previous answer. This time I will {}",
+                words(i * 7)
+            )
+        };
+        let mut evs = Vec::new();
+        for i in 0..7 {
+            evs.push(turn(1, &text(i)));
+            evs.push(fail("EditCode", json!({"attempt": i}), Some("invalid_action")));
+        }
+        assert_eq!(
+            of_alone(&evs, SimilarTurns),
+            vec![(6, Level::Warning), (10, Level::Terminate)]
+        );
+        // The same openings over calls that work are an agent's habit, not a loop.
+        let mut working = Vec::new();
+        for i in 0..7 {
+            working.push(turn(1, &text(i)));
+            working.push(call("EditCode", json!({"attempt": i}), words(i)));
+        }
+        assert!(of_alone(&working, SimilarTurns).is_empty());
+        // Off with opening_words = 0.
+        let cfg = alone("similar_turns") + "opening_words = 0\n";
+        assert!(of_with(&cfg, &evs, SimilarTurns).is_empty());
     }
 
     #[test]
