@@ -1,7 +1,9 @@
-//! `turn_cap`: a hard ceiling on LLM calls in a session (all runs together).
+//! `turn_cap`: a hard ceiling on the steps of a session (all runs together): its LLM
+//! calls, and the tool calls no LLM call asked for (a source whose LLM calls stop
+//! arriving, or never came, still takes steps).
 //!
 //! Catches what no loop detector names: an agent that keeps taking steps, each one
-//! different, without ever finishing. Default 200 calls, warning at 80 % and 90 %: long
+//! different, without ever finishing. Default 200 steps, warning at 80 % and 90 %: long
 //! enough for real multi-hour coding sessions, short enough that a session stuck for a
 //! different reason every step still ends.
 
@@ -24,12 +26,12 @@ impl Detector for TurnCap {
     }
 
     fn evaluate(&self, levels: &Levels, state: &SessionState, _: Input<'_>) -> Option<Signal> {
-        Some(Signal::of(state.stats.llm_calls as f64, levels))
+        Some(Signal::of(state.stats.steps as f64, levels))
     }
 
     fn describe(&self, _: &SessionState, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
-            format!("{} LLM calls in the session (limit {})", r.count(), r.limit()),
+            format!("{} steps in the session (limit {})", r.count(), r.limit()),
             "you have used most of this session's step budget; finish the task or report what blocks you",
         )
     }
@@ -61,6 +63,19 @@ mod tests {
             ]
         );
         assert!(of_with(cfg, &calls(7), TurnCap).is_empty());
+    }
+
+    #[test]
+    fn tool_calls_no_llm_call_asked_for_are_steps() {
+        // One LLM call asking for one tool call, then tool calls alone: the first is the
+        // LLM call's, each later one a step of its own (steps 2..10).
+        let cfg = "[detectors.turn_cap]\nterminate_at = 10\n";
+        let mut evs = vec![llm(json!({"tool_calls": 1}))];
+        evs.extend((0..10).map(|i| call("fetch", json!({"page": i}), words(i))));
+        assert_eq!(of_with(cfg, &evs, TurnCap).last(), Some(&(10, Level::Terminate)));
+        assert!(of_with(cfg, &evs[..10], TurnCap)
+            .iter()
+            .all(|f| f.1 != Level::Terminate));
     }
 
     #[test]
