@@ -147,9 +147,14 @@ pub struct Counters {
     /// tool calls that no LLM call asked for (a source that reports tool calls but lost
     /// its LLM calls still takes steps). Never decreases.
     pub steps: u64,
-    /// Tool calls the latest LLM call asked for that have not come yet: each is part of
-    /// that call's step.
+    /// Tool calls the latest turn asked for that have not come yet: each is part of that
+    /// turn's step.
     pub tool_calls_asked: u32,
+    /// Tool calls since the latest turn, and the most that followed one turn so far: a
+    /// turn that does not say how many calls it asks for asks for as many as this
+    /// agent's turns have been seen to (one at least).
+    pub calls_since_turn: u32,
+    pub most_calls_per_turn: u32,
     pub llm_calls: u64,
     pub turns: u64,
     pub tool_calls: u64,
@@ -216,14 +221,32 @@ pub struct RunState {
     /// before.
     pub turn_had_results: bool,
     pub turn_all_seen: bool,
-    /// Some call since the last turn made progress: it was a poll (a changed status is
-    /// progress; an unchanged one is `poll_no_progress`'s to judge, with the room polls
-    /// get), or its outcome is new to the window (the same call answering differently,
-    /// digits included: a price, a progress count; a failure up to its digits).
-    pub turn_progressed: bool,
-    /// Some call since the last turn succeeded: the agent did something.
-    pub turn_succeeded: bool,
+    /// What happened since the last turn with text (`similar_turns` judges turns with
+    /// text; those without, common with native tool use, pass it on): bits of
+    /// [`RunState::LEARNED`], [`RunState::PROGRESSED`], [`RunState::SUCCEEDED`],
+    /// [`RunState::FAILED`], [`RunState::POLLED`].
+    pub since_text: u8,
+    /// Calls at the window's end since a poll's result last changed in this run (at
+    /// most the window; `None`: none has): only these can repeat an outcome, since the
+    /// job moving is progress for every detector.
+    pub since_poll_moved: Option<u8>,
     pub no_new_info_streak: u32,
+}
+
+impl RunState {
+    /// A turn since learned something new (see [`CallRecord::news_key`]).
+    pub const LEARNED: u8 = 1;
+    /// A call made progress: a poll (a changed status is progress; an unchanged one is
+    /// `poll_no_progress`'s to judge, with the room polls get), or an outcome new to the
+    /// window (the same call answering differently, digits included: a price, a
+    /// progress count; a failure up to its digits).
+    pub const PROGRESSED: u8 = 2;
+    /// A call succeeded: the agent did something.
+    pub const SUCCEEDED: u8 = 4;
+    /// A call failed.
+    pub const FAILED: u8 = 8;
+    /// A call was a poll.
+    pub const POLLED: u8 = 16;
 }
 
 /// Emission marks of one detector.
@@ -474,9 +497,14 @@ impl SessionState {
         let s = &mut self.stats;
         s.llm_calls += 1;
         s.steps += 1;
-        // The calls it asks for are part of its step; a response that does not say
-        // asks for one at most.
-        s.tool_calls_asked = tool_calls.unwrap_or(1);
+        if is_turn {
+            // The calls a turn asks for are part of its step; one that does not say asks
+            // for as many as this agent's turns have (a sub-agent's or a compaction's
+            // call asks for none of the agent's calls, and leaves the count alone).
+            s.most_calls_per_turn = s.most_calls_per_turn.max(s.calls_since_turn);
+            s.calls_since_turn = 0;
+            s.tool_calls_asked = tool_calls.unwrap_or(s.most_calls_per_turn.max(1));
+        }
         s.input_tokens = s.input_tokens.saturating_add(input);
         s.output_tokens = s.output_tokens.saturating_add(output);
         s.cache_read_tokens = s.cache_read_tokens.saturating_add(cache_read.unwrap_or(0));
@@ -519,18 +547,22 @@ impl SessionState {
         }
         // A turn that brought something new is progress, however alike the words
         // (scrolling through a file page by page reads the same each turn).
-        let learned = r.turn_had_results && !r.turn_all_seen;
-        let progressed = learned || r.turn_progressed;
-        let did_something = r.turn_succeeded;
+        if r.turn_had_results && !r.turn_all_seen {
+            r.since_text |= RunState::LEARNED;
+        }
         r.turn_had_results = false;
         r.turn_all_seen = true;
-        r.turn_progressed = false;
-        r.turn_succeeded = false;
         if let Some(sk) = sketch.filter(|s| !s.is_empty()) {
-            // Alike as a whole, or opening as an earlier turn did while nothing was done
-            // since (every call failed, or none was made): the same apology or
-            // restatement before a different body is still the agent saying it again.
-            let opens_alike = opening.is_some_and(|o| !did_something && r.openings.contains(&o));
+            let since = std::mem::take(&mut r.since_text);
+            let learned = since & RunState::LEARNED != 0;
+            let progressed = since & (RunState::LEARNED | RunState::PROGRESSED) != 0;
+            // Alike as a whole, or opening as an earlier turn did while nothing got done
+            // since (calls were made and every one failed, none of them a poll): the
+            // same apology or restatement before a different body is still the agent
+            // saying it again.
+            let nothing_done = since & (RunState::SUCCEEDED | RunState::POLLED | RunState::FAILED)
+                == RunState::FAILED;
+            let opens_alike = opening.is_some_and(|o| nothing_done && r.openings.contains(&o));
             let similar = opens_alike
                 || r.sketches
                     .iter()
@@ -563,6 +595,7 @@ impl SessionState {
         last_calls: usize,
     ) -> ToolFacts {
         self.stats.tool_calls += 1;
+        self.stats.calls_since_turn = self.stats.calls_since_turn.saturating_add(1);
         if self.stats.tool_calls_asked > 0 {
             self.stats.tool_calls_asked -= 1;
         } else {
@@ -606,15 +639,20 @@ impl SessionState {
         let mut outcome_count = u32::from(judged_outcome);
         let mut error_count = u32::from(obs.error_text && !obs.retry_safe);
         let mut outcome_seen = false;
-        for prev in r.window.iter().rev() {
-            if prev.same_pair(&rec) {
+        let repeatable = r.since_poll_moved.map_or(WINDOW_CALLS, usize::from);
+        for (i, prev) in r.window.iter().rev().enumerate() {
+            let same_outcome = prev.same_outcome(&rec);
+            outcome_seen |= same_outcome;
+            // Before a poll moved, nothing repeats: the job was progressing between.
+            let counts = i < repeatable;
+            if counts && prev.same_pair(&rec) {
                 pair_count += 1;
             }
-            outcome_seen |= prev.same_outcome(&rec);
-            if judged_outcome && prev.same_outcome(&rec) && !prev.has(CallRecord::RETRY_SAFE) {
+            if counts && judged_outcome && same_outcome && !prev.has(CallRecord::RETRY_SAFE) {
                 outcome_count += 1;
             }
-            if error_count > 0
+            if counts
+                && error_count > 0
                 && prev.has(CallRecord::ERROR_TEXT)
                 && !prev.has(CallRecord::RETRY_SAFE)
                 && prev.shape == rec.shape
@@ -718,6 +756,7 @@ impl SessionState {
                         r.error_repeat_streak = 0;
                         r.same_error_streak = 0;
                         r.error_streak = 0;
+                        r.since_poll_moved = Some(0);
                     }
                     t.unchanged = if t.result == rec.result {
                         t.unchanged + 1
@@ -743,8 +782,15 @@ impl SessionState {
             };
             facts.poll_unchanged = unchanged;
         }
-        r.turn_progressed |= obs.poll || !outcome_seen;
-        r.turn_succeeded |= !obs.is_error;
+        r.since_text |= if obs.poll || !outcome_seen {
+            RunState::PROGRESSED
+        } else {
+            0
+        } | if obs.is_error {
+            RunState::FAILED
+        } else {
+            RunState::SUCCEEDED
+        } | if obs.poll { RunState::POLLED } else { 0 };
 
         // Information gain: a call is news when this action has not returned this result
         // (up to digits) before in the run (a new file written says "File updated" too).
@@ -767,6 +813,9 @@ impl SessionState {
         r.stall = 0;
         r.compaction_streak = 0;
         push_bounded(&mut r.window, rec, WINDOW_CALLS);
+        r.since_poll_moved = r
+            .since_poll_moved
+            .map(|n| n.saturating_add(1).min(WINDOW_CALLS as u8));
 
         facts.cycle = self.longest_cycle();
         self.count_tool(tool, repeated);
@@ -1010,6 +1059,48 @@ mod tests {
         assert_eq!(state.run.window.len(), WINDOW_CALLS);
         assert_eq!(state.run.sketches.len(), TURN_SKETCHES);
         assert_eq!(state.recent_event_ids.len(), RECENT_EVENT_IDS);
+    }
+
+    /// An LLM call of `kind` (a turn unless `turn` is false) asking for `asks` calls.
+    fn llm_call(s: &mut SessionState, turn: bool, asks: Option<u32>) {
+        s.observe_llm(
+            turn, false, 100, 10, None, None, None, asks, None, None, None, 0.85,
+        );
+    }
+
+    #[test]
+    fn steps_are_turns_and_the_calls_no_turn_asked_for() {
+        // Three calls per turn, the turns saying so: one step a turn.
+        let mut s = SessionState::new(0, 0);
+        for _ in 0..4 {
+            llm_call(&mut s, true, Some(3));
+            for i in 0..3 {
+                s.observe_tool("read", tool(i, i), 8);
+            }
+        }
+        assert_eq!(s.stats.steps, 4);
+        // Turns that do not say ask for as many as this agent's turns have been seen to:
+        // the first turn's two extra calls are steps, later turns' are not.
+        let mut s = SessionState::new(0, 0);
+        for _ in 0..4 {
+            llm_call(&mut s, true, None);
+            for i in 0..3 {
+                s.observe_tool("read", tool(i, i), 8);
+            }
+        }
+        assert_eq!(s.stats.steps, 4 + 2);
+        // A sub-agent's LLM call between a turn and its call (a search tool ranking with a
+        // model of its own) is a step, and asks for none of the agent's calls.
+        let mut s = SessionState::new(0, 0);
+        llm_call(&mut s, true, Some(1));
+        llm_call(&mut s, false, Some(0));
+        s.observe_tool("search", tool(1, 1), 8);
+        assert_eq!(s.stats.steps, 2);
+        // Tool calls with no LLM call before them at all are steps each.
+        for i in 0..5 {
+            s.observe_tool("read", tool(i, i), 8);
+        }
+        assert_eq!(s.stats.steps, 7);
     }
 
     #[test]

@@ -196,6 +196,66 @@ mod tests {
         assert!(of_with(&cfg, &evs, SimilarTurns).is_empty());
     }
 
+    /// Nothing in `evs` terminates, under the defaults without grace.
+    fn never_killed(evs: &[serde_json::Value]) {
+        let kills: Vec<_> = run(evs)
+            .into_iter()
+            .filter(|f| f.2 == Level::Terminate)
+            .collect();
+        assert!(kills.is_empty(), "{kills:?}");
+    }
+
+    fn started_job() -> Vec<serde_json::Value> {
+        vec![
+            turn(1, "I will start the training job now"),
+            call("start_job", json!({"name": "train"}), json!({"job_id": "j1"})),
+        ]
+    }
+
+    #[test]
+    fn turns_without_text_pass_on_what_their_calls_did() {
+        // Native tool use: a turn with text and a poll that moves, then a turn without
+        // text and a sleep, again and again. The poll's progress reaches the next turn
+        // with text, and the sleep's same empty answer repeats nothing across it.
+        let mut evs = started_job();
+        for p in 0..12 {
+            evs.push(turn(1, "The job is still running; I will wait and check it again."));
+            let status = json!({"state": "running", "progress": format!("{}%", 5 * p)});
+            evs.push(call("get_job_status", json!({"job_id": "j1"}), status));
+            evs.push(llm(json!({"tool_calls": 1})));
+            evs.push(call("bash", json!({"command": "sleep 30"}), json!("")));
+        }
+        never_killed(&evs);
+    }
+
+    #[test]
+    fn a_failing_poll_that_moves_is_progress_whatever_the_opening() {
+        // A job API that answers "still running" as an error, with a progress that moves,
+        // and turns that open alike: no detector stops it.
+        let mut evs = started_job();
+        for p in 1..12 {
+            let text = format!("The job is still running, so I will check it again: {}", words(p));
+            evs.push(turn(1, &text));
+            let mut status = fail("get_job", json!({"job_id": "j1"}), None);
+            status["result"] = json!(format!("job still running: {}% complete", 8 * p));
+            evs.push(status);
+        }
+        never_killed(&evs);
+    }
+
+    #[test]
+    fn replies_that_open_alike_without_any_call_are_not_judged_on_their_openings() {
+        // A chat agent that reports no tool calls at all: signals a session does not send
+        // are not guessed, so its habit of opening replies alike is nothing.
+        let evs: Vec<_> = (0..8)
+            .map(|i| {
+                let text = format!("Thank you for your patience, I understand what you need: {}", words(5 * i));
+                llm(json!({ "text": text }))
+            })
+            .collect();
+        assert!(of_alone(&evs, SimilarTurns).is_empty());
+    }
+
     #[test]
     fn dissimilar_turns_are_not_counted() {
         let text = |i| format!("step {i}: {}", "word ".repeat(i + 1));
