@@ -993,6 +993,15 @@ mod tests {
         assert_eq!(f.last().map(|x| (x.0, x.2)), Some((3, Level::Terminate)));
     }
 
+    /// `repeat`'s findings under `config`, as (event index, level).
+    fn repeat_levels(config: &str, events: &[serde_json::Value]) -> Vec<(usize, Level)> {
+        findings(config, events)
+            .iter()
+            .filter(|x| x.1 == "repeat")
+            .map(|x| (x.0, x.2))
+            .collect()
+    }
+
     #[test]
     fn grace_is_counted_in_turns_when_the_session_reports_them() {
         // turn, call, turn, call, …: the warning comes with the 3rd call (turn 3); the kill
@@ -1002,14 +1011,8 @@ mod tests {
             evs.push(turn());
             evs.push(same_call());
         }
-        let f = findings("[detectors.repeat]\ngrace_steps = 3\n", &evs);
-        let levels: Vec<(usize, Level)> = f
-            .iter()
-            .filter(|x| x.1 == "repeat")
-            .map(|x| (x.0, x.2))
-            .collect();
         assert_eq!(
-            levels,
+            repeat_levels("[detectors.repeat]\ngrace_steps = 3\n", &evs),
             vec![
                 (5, Level::Warning),
                 (7, Level::Critical),
@@ -1043,16 +1046,10 @@ mod tests {
             evs.push(t);
             evs.extend(vec![same_call(); 3]);
         }
-        let f = findings("[detectors.repeat]\nwindow_terminate_at = \"off\"\n", &evs);
-        let levels: Vec<(usize, Level)> = f
-            .iter()
-            .filter(|x| x.1 == "repeat")
-            .map(|x| (x.0, x.2))
-            .collect();
         // Warned at the 3rd call (turn 1, event 3), held at the 4th (turn 2, event 5);
         // the kill waits three turns past the warning: turn 4's first call (event 13).
         assert_eq!(
-            levels,
+            repeat_levels("[detectors.repeat]\nwindow_terminate_at = \"off\"\n", &evs),
             vec![
                 (3, Level::Warning),
                 (5, Level::Critical),
