@@ -203,8 +203,8 @@ pub struct RunState {
     /// Turns in a row that nearly repeat an earlier turn, with nothing learned since the
     /// first of them.
     pub similar_streak: u32,
-    /// Of those, the turns in a row whose calls made no progress (see
-    /// [`RunState::turn_progressed`]): only these may terminate.
+    /// Of those, the turns in a row since which no call made progress (see
+    /// [`RunState::since_text`]): only these may terminate.
     pub similar_stale: u32,
     pub sketches: VecDeque<TextSketch>,
     /// How the previous turns opened (see [`crate::text::opening`]), as many as
@@ -1061,7 +1061,8 @@ mod tests {
         assert_eq!(state.recent_event_ids.len(), RECENT_EVENT_IDS);
     }
 
-    /// An LLM call of `kind` (a turn unless `turn` is false) asking for `asks` calls.
+    /// An LLM call (a turn, or a sub-agent's call when `turn` is false) asking for
+    /// `asks` calls.
     fn llm_call(s: &mut SessionState, turn: bool, asks: Option<u32>) {
         s.observe_llm(
             turn, false, 100, 10, None, None, None, asks, None, None, None, 0.85,

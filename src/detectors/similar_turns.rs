@@ -6,8 +6,8 @@
 //! repeated words with nothing learned since the first of them (a turn that brought new
 //! content, paging through a file, starts it over): warn at the 3rd such turn, as the
 //! seed does. Words alone never kill: the streak terminates (at 5) only when its turns
-//! also made no progress: nothing new learned, no call answering differently from the
-//! last time (a changed status, a new price: digits count), and no poll waiting on a job
+//! also made no progress: nothing new learned, no call with an outcome the window had not
+//! seen (a changed status, a new price: digits count), and no poll waiting on a job
 //! (an unchanged one is `poll_no_progress`'s to judge, with the room polls get). So an
 //! agent narrating "still running, checking again" while its job moves is nudged, never
 //! killed; one whose words and results both stand still is.
@@ -26,8 +26,8 @@ pub struct SimilarTurns {
     /// Jaccard similarity at or above which two turns are "the same".
     pub min_similarity: Share,
     /// A turn that opens with the same words as one of the previous 5 (this many
-    /// words), while every call since the last turn failed or none was made, counts as
-    /// similar too (0: off).
+    /// words), while calls were made since the last turn with text and every one failed
+    /// (none a poll), counts as similar, and as no progress, too (0: off).
     pub opening_words: Bounded<0, 64>,
 }
 
