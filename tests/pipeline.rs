@@ -485,6 +485,161 @@ fn two_topics_out_of_step_and_killed_mid_batch_give_replays_findings() {
     );
 }
 
+/// Busy loops on every core until dropped: crashes as they happen in production, while
+/// the machine is doing other work (a build beside it), not only on an idle one.
+struct CpuLoad(
+    Arc<std::sync::atomic::AtomicBool>,
+    Vec<std::thread::JoinHandle<()>>,
+);
+
+impl CpuLoad {
+    fn start() -> CpuLoad {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let spinners = (0..cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                    }
+                })
+            })
+            .collect();
+        CpuLoad(stop, spinners)
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in self.1.drain(..) {
+            let _ = s.join();
+        }
+    }
+}
+
+/// Issue 28's crash test: two input topics of four partitions, the default changelog,
+/// batches of 2,000 events and a static instance id, killed 5 times 0.5–4 s after a
+/// partition assignment while every core is busy with other work; then drained. Every
+/// termination replay gives is on the bus, from the same detector, and nothing else.
+///
+/// It fails on main (2–4 of ~240 terminations differ per run): the aligner applies one
+/// topic's events without the other's once `align_wait_ms` has passed, and after a
+/// restart on a busy machine the second topic's first fetch comes later than that, so
+/// the order (and with it a streak, an episode, an `event_id`) differs from replay's.
+/// `docs/DEVELOPMENT.md`, "Known: terminations that differ after crashes on a busy
+/// machine", says what was seen and the fix it points to. Ignored until that fix lands;
+/// `LOOPWARDEN_CRASH_SEED` and `CRASH_TEST_ALIGN_WAIT_MS` set the fleet and the
+/// wait.
+#[test]
+#[ignore = "issue 28: fails on main (event order across topics after a restart under load)"]
+fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(4, "");
+    let tools = format!("{}.tools", topics.input);
+    create_topics(&brokers, &[(&tools, 4)]);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("input_topics = [\"{}\"]", topics.input),
+        &format!(
+            "input_topics = [\"{}\", \"{tools}\"]\nmax_batch_events = 2000\ninstance_id = \"crash-test\"\nalign_wait_ms = {}",
+            topics.input,
+            std::env::var("CRASH_TEST_ALIGN_WAIT_MS").unwrap_or_else(|_| "100".into())
+        ),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let seed = std::env::var("LOOPWARDEN_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(std::process::id() as u64);
+    let (events, _) = fleet(600, 0.4, seed);
+    let want = expected(config_of(&cfg), &events);
+    eprintln!(
+        "busy crash test: {} events, {} terminations, seed {seed} (LOOPWARDEN_CRASH_SEED)",
+        events.len(),
+        want.terminations.len()
+    );
+    let (tool_calls, others): (Vec<Vec<u8>>, Vec<Vec<u8>>) = events
+        .iter()
+        .cloned()
+        .partition(|e| json_of(e)["type"] == "tool.called");
+    let feed = |topic: String, events: Vec<Vec<u8>>| {
+        let brokers = brokers.clone();
+        std::thread::spawn(move || {
+            let producer = producer(&brokers);
+            for chunk in events.chunks(events.len() / 40 + 1) {
+                produce_with(&producer, &topic, chunk, &[]);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+    };
+    let load = CpuLoad::start();
+    let feeders = [
+        feed(topics.input.clone(), others),
+        feed(tools.clone(), tool_calls),
+    ];
+    let log = dir.path().join("run.log");
+    let assigned = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("partition assigned")
+            .count()
+    };
+    let mut rng = Lcg(seed);
+    for k in 0..5 {
+        let before = assigned();
+        let run = spawn_run(&cfg, &log);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while assigned() == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let after = rng.next(500, 4000);
+        std::thread::sleep(Duration::from_millis(after));
+        eprintln!("kill -9 number {} at {after} ms after assignment", k + 1);
+        run.kill9();
+    }
+    for f in feeders {
+        f.join().unwrap();
+    }
+    let run = spawn_run(&cfg, &log);
+    let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(150));
+    drop(load);
+    run.stop_gracefully();
+    let got = by_event_id(&values(&terminated));
+    let lost: Vec<_> = want
+        .terminations
+        .keys()
+        .filter(|id| !got.contains_key(*id))
+        .collect();
+    if !lost.is_empty() {
+        eprintln!("{}", std::fs::read_to_string(&log).unwrap_or_default());
+        for id in &lost {
+            let t = &want.terminations[*id];
+            eprintln!(
+                "lost: {} {} at {}",
+                t["session_id"], t["detector"], t["trigger"]["event_id"]
+            );
+            for c in got
+                .values()
+                .flatten()
+                .filter(|c| c["session_id"] == t["session_id"])
+            {
+                eprintln!(
+                    "  on the bus instead: {} at {} (event_id {}), replay's stats {} / bus {}",
+                    c["detector"], c["trigger"]["event_id"], c["event_id"], t["stats"], c["stats"]
+                );
+            }
+        }
+    }
+    let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
+    eprintln!("busy crash test: nothing lost; {duplicates} re-emitted copies");
+}
+
 fn json_of(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes).unwrap()
 }
