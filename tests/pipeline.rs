@@ -371,26 +371,10 @@ fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
         })
     };
     let log = dir.path().join("run.log");
-    let kills = 5;
-    let assigned = || {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .matches("partition assigned")
-            .count()
-    };
-    for k in 0..kills {
-        let before = assigned();
-        let run = spawn_run(&cfg, &log);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while assigned() == before && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // Somewhere in the middle of consuming, delivering, storing or committing.
-        let after = rng.next(50, 1500);
-        std::thread::sleep(Duration::from_millis(after));
-        eprintln!("kill -9 number {} at {after} ms after assignment", k + 1);
-        run.kill9();
-    }
+    // Somewhere in the middle of consuming, delivering, storing or committing.
+    kill_after_assignments(&cfg, &log, 5, Duration::from_secs(30), || {
+        rng.next(50, 1500)
+    });
     feeder.join().unwrap();
     let run = spawn_run(&cfg, &log);
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
@@ -420,29 +404,19 @@ fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
 /// event-time order (`kafka.align_wait_ms`).
 #[test]
 fn two_topics_out_of_step_and_killed_mid_batch_give_replays_findings() {
-    let Fixture {
-        brokers,
-        topics,
-        dir,
-        cfg,
-    } = fixture(3, "");
-    let tools = format!("{}.tools", topics.input);
-    create_topics(&brokers, &[(&tools, 3)]);
-    let text = std::fs::read_to_string(&cfg).unwrap().replace(
-        &format!("input_topics = [\"{}\"]", topics.input),
-        &format!(
-            "input_topics = [\"{}\", \"{tools}\"]\nalign_wait_ms = 10000\nidle_after_secs = 20",
-            topics.input
-        ),
-    );
-    std::fs::write(&cfg, text).unwrap();
+    let (
+        Fixture {
+            brokers,
+            topics,
+            dir,
+            cfg,
+        },
+        tools,
+    ) = two_topic_fixture(3, "align_wait_ms = 10000\nidle_after_secs = 20");
     let (events, _) = fleet(200, 0.4, 23);
     let want = expected(config_of(&cfg), &events);
     assert!(want.terminations.len() > 40, "the fleet loops");
-    let (tool_calls, others): (Vec<Vec<u8>>, Vec<Vec<u8>>) = events
-        .iter()
-        .cloned()
-        .partition(|e| json_of(e)["type"] == "tool.called");
+    let (tool_calls, others) = tool_calls_and_others(&events);
     let feed = |topic: String, events: Vec<Vec<u8>>, delay_ms: u64| {
         let brokers = brokers.clone();
         std::thread::spawn(move || {
@@ -536,23 +510,21 @@ impl Drop for CpuLoad {
 #[test]
 #[ignore = "issue 28: fails on main (event order across topics after a restart under load)"]
 fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
-    let Fixture {
-        brokers,
-        topics,
-        dir,
-        cfg,
-    } = fixture(4, "");
-    let tools = format!("{}.tools", topics.input);
-    create_topics(&brokers, &[(&tools, 4)]);
-    let text = std::fs::read_to_string(&cfg).unwrap().replace(
-        &format!("input_topics = [\"{}\"]", topics.input),
+    let align_wait = std::env::var("CRASH_TEST_ALIGN_WAIT_MS").unwrap_or_else(|_| "100".into());
+    let (
+        Fixture {
+            brokers,
+            topics,
+            dir,
+            cfg,
+        },
+        tools,
+    ) = two_topic_fixture(
+        4,
         &format!(
-            "input_topics = [\"{}\", \"{tools}\"]\nmax_batch_events = 2000\ninstance_id = \"crash-test\"\nalign_wait_ms = {}",
-            topics.input,
-            std::env::var("CRASH_TEST_ALIGN_WAIT_MS").unwrap_or_else(|_| "100".into())
+            "max_batch_events = 2000\ninstance_id = \"crash-test\"\nalign_wait_ms = {align_wait}"
         ),
     );
-    std::fs::write(&cfg, text).unwrap();
     let seed = std::env::var("LOOPWARDEN_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -564,10 +536,7 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
         events.len(),
         want.terminations.len()
     );
-    let (tool_calls, others): (Vec<Vec<u8>>, Vec<Vec<u8>>) = events
-        .iter()
-        .cloned()
-        .partition(|e| json_of(e)["type"] == "tool.called");
+    let (tool_calls, others) = tool_calls_and_others(&events);
     let feed = |topic: String, events: Vec<Vec<u8>>| {
         let brokers = brokers.clone();
         std::thread::spawn(move || {
@@ -584,25 +553,10 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
         feed(tools.clone(), tool_calls),
     ];
     let log = dir.path().join("run.log");
-    let assigned = || {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .matches("partition assigned")
-            .count()
-    };
     let mut rng = Lcg(seed);
-    for k in 0..5 {
-        let before = assigned();
-        let run = spawn_run(&cfg, &log);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while assigned() == before && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let after = rng.next(500, 4000);
-        std::thread::sleep(Duration::from_millis(after));
-        eprintln!("kill -9 number {} at {after} ms after assignment", k + 1);
-        run.kill9();
-    }
+    kill_after_assignments(&cfg, &log, 5, Duration::from_secs(60), || {
+        rng.next(500, 4000)
+    });
     for f in feeders {
         f.join().unwrap();
     }
@@ -638,6 +592,61 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
     }
     let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
     eprintln!("busy crash test: nothing lost; {duplicates} re-emitted copies");
+}
+
+/// Starts `loopwarden run` `kills` times and SIGKILLs it `after()` ms after it logs a
+/// partition assignment (or `wait` passes without one).
+fn kill_after_assignments(
+    cfg: &std::path::Path,
+    log: &std::path::Path,
+    kills: usize,
+    wait: Duration,
+    mut after: impl FnMut() -> u64,
+) {
+    let assigned = || {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .matches("partition assigned")
+            .count()
+    };
+    for k in 0..kills {
+        let before = assigned();
+        let run = spawn_run(cfg, log);
+        let deadline = Instant::now() + wait;
+        while assigned() == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let after = after();
+        std::thread::sleep(Duration::from_millis(after));
+        eprintln!("kill -9 number {} at {after} ms after assignment", k + 1);
+        run.kill9();
+    }
+}
+
+/// A fixture whose input is two topics of `partitions` each, `<input>` and
+/// `<input>.tools` (as a runtime that writes LLM calls and tool calls apart), with
+/// `kafka` added to its `[kafka]` settings; and the second topic's name.
+fn two_topic_fixture(partitions: i32, kafka: &str) -> (Fixture, String) {
+    let fx = fixture(partitions, "");
+    let tools = format!("{}.tools", fx.topics.input);
+    create_topics(&fx.brokers, &[(&tools, partitions)]);
+    let text = std::fs::read_to_string(&fx.cfg).unwrap().replace(
+        &format!("input_topics = [\"{}\"]", fx.topics.input),
+        &format!(
+            "input_topics = [\"{}\", \"{tools}\"]\n{kafka}",
+            fx.topics.input
+        ),
+    );
+    std::fs::write(&fx.cfg, text).unwrap();
+    (fx, tools)
+}
+
+/// The tool calls among `events`, and the rest, each in order.
+fn tool_calls_and_others(events: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    events
+        .iter()
+        .cloned()
+        .partition(|e| json_of(e)["type"] == "tool.called")
 }
 
 fn json_of(bytes: &[u8]) -> serde_json::Value {
