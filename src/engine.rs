@@ -286,7 +286,7 @@ impl Work {
             error_text: is_error && !wordless,
             wordless,
             unknown_tool,
-            poll: classes.poll || result.pending,
+            poll: classes.poll || (result.pending && !is_error),
             retry_safe: classes.retry_safe,
             write: classes.write,
         };

@@ -227,8 +227,8 @@ pub struct RunState {
     /// [`RunState::FAILED`], [`RunState::POLLED`].
     pub since_text: u8,
     /// Calls at the window's end since a poll's result last changed in this run (at
-    /// most the window; `None`: none has): only these can repeat an outcome, since the
-    /// job moving is progress for every detector.
+    /// most the window; `None`: none has): a call that works (a `sleep`) repeats only
+    /// these, since waiting on a job that moves is no loop; a failure repeats them all.
     pub since_poll_moved: Option<u8>,
     pub no_new_info_streak: u32,
 }
@@ -499,11 +499,14 @@ impl SessionState {
         s.steps += 1;
         if is_turn {
             // The calls a turn asks for are part of its step; one that does not say asks
-            // for as many as this agent's turns have (a sub-agent's or a compaction's
-            // call asks for none of the agent's calls, and leaves the count alone).
+            // for as many as this agent's turns have.
             s.most_calls_per_turn = s.most_calls_per_turn.max(s.calls_since_turn);
             s.calls_since_turn = 0;
             s.tool_calls_asked = tool_calls.unwrap_or(s.most_calls_per_turn.max(1));
+        } else {
+            // A sub-agent's or a compaction's call covers the calls it says it asks for,
+            // on top of the turn's (it was a step itself), and none when it does not say.
+            s.tool_calls_asked = s.tool_calls_asked.saturating_add(tool_calls.unwrap_or(0));
         }
         s.input_tokens = s.input_tokens.saturating_add(input);
         s.output_tokens = s.output_tokens.saturating_add(output);
@@ -639,11 +642,17 @@ impl SessionState {
         let mut outcome_count = u32::from(judged_outcome);
         let mut error_count = u32::from(obs.error_text && !obs.retry_safe);
         let mut outcome_seen = false;
-        let repeatable = r.since_poll_moved.map_or(WINDOW_CALLS, usize::from);
+        // A call that works, between polls of a job that moves (a `sleep`, a look at the
+        // log), is waiting, not repeating: it counts only what came after the last move.
+        // A failure repeats across the poll as it would without it.
+        let repeatable = if !obs.is_error {
+            r.since_poll_moved.map_or(WINDOW_CALLS, usize::from)
+        } else {
+            WINDOW_CALLS
+        };
         for (i, prev) in r.window.iter().rev().enumerate() {
             let same_outcome = prev.same_outcome(&rec);
             outcome_seen |= same_outcome;
-            // Before a poll moved, nothing repeats: the job was progressing between.
             let counts = i < repeatable;
             if counts && prev.same_pair(&rec) {
                 pair_count += 1;
@@ -750,9 +759,10 @@ impl SessionState {
             let unchanged = match found {
                 Some(i) => {
                     let mut t = r.polls.remove(i);
-                    if t.result != rec.result {
+                    if t.result != rec.result && !obs.is_error {
                         // A changed poll is progress for every detector: the job it
-                        // waits on is moving, even when each answer is a failure.
+                        // waits on is moving. A failing poll's change is not (an error's
+                        // numbers are counters: "not running (attempt 7)").
                         r.error_repeat_streak = 0;
                         r.same_error_streak = 0;
                         r.error_streak = 0;
@@ -1091,17 +1101,21 @@ mod tests {
         }
         assert_eq!(s.stats.steps, 4 + 2);
         // A sub-agent's LLM call between a turn and its call (a search tool ranking with a
-        // model of its own) is a step, and asks for none of the agent's calls.
+        // model of its own) is a step, and asks for none of the agent's calls; one that
+        // asks for a call of its own covers it.
         let mut s = SessionState::new(0, 0);
         llm_call(&mut s, true, Some(1));
         llm_call(&mut s, false, Some(0));
         s.observe_tool("search", tool(1, 1), 8);
         assert_eq!(s.stats.steps, 2);
-        // Tool calls with no LLM call before them at all are steps each.
+        llm_call(&mut s, false, Some(1));
+        s.observe_tool("read", tool(2, 2), 8);
+        assert_eq!(s.stats.steps, 3);
+        // Tool calls no LLM call asked for are steps each.
         for i in 0..5 {
             s.observe_tool("read", tool(i, i), 8);
         }
-        assert_eq!(s.stats.steps, 7);
+        assert_eq!(s.stats.steps, 8);
     }
 
     #[test]

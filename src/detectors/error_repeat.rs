@@ -81,4 +81,21 @@ mod tests {
             vec![(2, Level::Warning)]
         );
     }
+
+    #[test]
+    fn a_failing_poll_whose_only_change_is_a_counter_is_still_stopped() {
+        // A poll by its name whose every answer is the same failure up to its attempt
+        // count: an error's numbers are counters, not a job moving.
+        let evs: Vec<Value> = (0..4)
+            .map(|i| {
+                let mut e = fail("service_status", json!({"name": "db"}), None);
+                e["result"] = json!(format!("Error: service not running (attempt {i})"));
+                e
+            })
+            .collect();
+        assert_eq!(
+            of(&evs, ErrorRepeat),
+            vec![(1, Level::Warning), (2, Level::Terminate)]
+        );
+    }
 }

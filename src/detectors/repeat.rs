@@ -289,4 +289,30 @@ mod tests {
             hints[0]
         );
     }
+
+    /// `between` and a status poll whose progress moves, in turn, 20 times each.
+    fn between_moving_polls(between: Value) -> Vec<Value> {
+        let mut evs = Vec::new();
+        for p in 0..20 {
+            evs.push(between.clone());
+            let status = json!({"state": "running", "progress": format!("{}%", 4 * p)});
+            evs.push(call("get_job_status", json!({"job": 1}), status));
+        }
+        evs
+    }
+
+    #[test]
+    fn a_call_that_works_between_polls_of_a_moving_job_is_waiting() {
+        let sleep = call("bash", json!({"command": "sleep 30"}), json!("slept 30s"));
+        assert!(of(&between_moving_polls(sleep), Repeat).is_empty());
+    }
+
+    #[test]
+    fn a_failure_repeated_between_polls_of_a_moving_job_is_still_a_loop() {
+        // The job moving is no progress of the deploy that keeps failing beside it.
+        let mut deploy = fail("deploy", json!({"env": "prod"}), None);
+        deploy["result"] = json!("Error: permission denied for user bot");
+        let found = of(&between_moving_polls(deploy), Repeat);
+        assert_eq!(found.last(), Some(&(14, Level::Terminate)), "{found:?}");
+    }
 }

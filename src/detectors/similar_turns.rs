@@ -229,18 +229,21 @@ mod tests {
     }
 
     #[test]
-    fn a_failing_poll_that_moves_is_progress_whatever_the_opening() {
-        // A job API that answers "still running" as an error, with a progress that moves,
-        // and turns that open alike: no detector stops it.
+    fn a_poll_between_turns_that_open_alike_keeps_the_words_from_killing() {
+        // A status poll that fails each time ("still running: N %") between turns that
+        // open alike: waiting on a job is not "nothing done", so the opening rule stays
+        // out (a failing poll whose only change is a number is the error detectors' to
+        // judge: an error's numbers read as counters).
         let mut evs = started_job();
         for p in 1..12 {
             let text = format!("The job is still running, so I will check it again: {}", words(p));
             evs.push(turn(1, &text));
-            let mut status = fail("get_job", json!({"job_id": "j1"}), None);
+            let mut status = fail("get_job_status", json!({"job_id": "j1"}), None);
             status["result"] = json!(format!("job still running: {}% complete", 8 * p));
             evs.push(status);
         }
-        never_killed(&evs);
+        let found = of_alone(&evs, SimilarTurns);
+        assert!(found.iter().all(|f| f.1 != Level::Terminate), "{found:?}");
     }
 
     #[test]
