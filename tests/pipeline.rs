@@ -372,7 +372,7 @@ fn sigkill_at_random_points_loses_nothing_and_counts_nothing_twice() {
     };
     let log = dir.path().join("run.log");
     // Somewhere in the middle of consuming, delivering, storing or committing.
-    kill_after_assignments(&cfg, &log, 5, Duration::from_secs(30), || {
+    kill_after_assignments(&cfg, &log, 4, 5, Duration::from_secs(30), || {
         rng.next(50, 1500)
     });
     feeder.join().unwrap();
@@ -554,7 +554,7 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
     ];
     let log = dir.path().join("run.log");
     let mut rng = Lcg(seed);
-    kill_after_assignments(&cfg, &log, 5, Duration::from_secs(60), || {
+    kill_after_assignments(&cfg, &log, 4, 5, Duration::from_secs(60), || {
         rng.next(500, 4000)
     });
     for f in feeders {
@@ -594,11 +594,13 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
     eprintln!("busy crash test: nothing lost; {duplicates} re-emitted copies");
 }
 
-/// Starts `loopwarden run` `kills` times and SIGKILLs it `after()` ms after it logs a
-/// partition assignment (or `wait` passes without one).
+/// Starts `loopwarden run` `kills` times and SIGKILLs it `after()` ms after it has
+/// logged the assignment of all `partitions` (or `wait` passed): a kill during the
+/// restores of a start would land before anything of it was stored.
 fn kill_after_assignments(
     cfg: &std::path::Path,
     log: &std::path::Path,
+    partitions: usize,
     kills: usize,
     wait: Duration,
     mut after: impl FnMut() -> u64,
@@ -613,7 +615,7 @@ fn kill_after_assignments(
         let before = assigned();
         let run = spawn_run(cfg, log);
         let deadline = Instant::now() + wait;
-        while assigned() == before && Instant::now() < deadline {
+        while assigned() < before + partitions && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         let after = after();
