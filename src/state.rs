@@ -571,10 +571,9 @@ impl SessionState {
                     .iter()
                     .any(|prev| prev.similarity(sk) >= min_similarity);
             // The words repeat: the first such turn opens the streak whatever it learned,
-            // the next ones count while they learn nothing new. Repeated words may nudge;
-            // they may end the session only while the results stop changing too.
-            // A turn that opens as before with nothing done since learned nothing from
-            // its failures, however new each failure was.
+            // the next ones count while they learn nothing new (a turn that opens as
+            // before with nothing done learned nothing from its failures). Repeated words
+            // may nudge; they end the session only while the results stand still too.
             r.similar_streak = match (similar, learned && !opens_alike) {
                 (false, _) => 0,
                 (true, true) => 1,
@@ -660,8 +659,8 @@ impl SessionState {
             if counts && judged_outcome && same_outcome && !prev.has(CallRecord::RETRY_SAFE) {
                 outcome_count += 1;
             }
-            if counts
-                && error_count > 0
+            // (A failure's window is never cut by a poll: `counts` always holds here.)
+            if error_count > 0
                 && prev.has(CallRecord::ERROR_TEXT)
                 && !prev.has(CallRecord::RETRY_SAFE)
                 && prev.shape == rec.shape
