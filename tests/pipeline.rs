@@ -1165,6 +1165,11 @@ fn exactly_once_commits_findings_changelog_and_offsets_together() {
         let mut env = vec![
             ("LOOPWARDEN_KAFKA__DELIVERY", "exactly_once"),
             ("LOOPWARDEN_KAFKA__MAX_BATCH_EVENTS", "150"),
+            // Full batches whatever the machine's load: every event is on the broker
+            // before a run starts, so a batch closes at 150 events, not on a timer
+            // that a busy machine can reach after a few (a batch that small may hold
+            // no finding, and the aborted one must).
+            ("LOOPWARDEN_KAFKA__MAX_BATCH_WAIT_MS", "10000"),
         ];
         if let Some(f) = failpoints {
             env.push(("FAILPOINTS", f));
