@@ -113,13 +113,14 @@ pub fn transactional_id(settings: &KafkaSettings, state_path: &Path, worker: usi
     }
 }
 
-/// The high watermark of a partition as the client last saw it in a fetch response (no
-/// request is made); `None` before the first fetch.
-pub fn cached_high_watermark<C: ClientContext>(
+/// The low and high watermarks of a partition as the client last saw them in a fetch
+/// response (no request is made): `None` before the first fetch answered; a low
+/// watermark the client has not learned yet is `None` within.
+pub fn cached_watermarks<C: ClientContext>(
     client: &Client<C>,
     topic: &str,
     partition: i32,
-) -> Option<i64> {
+) -> Option<(Option<i64>, i64)> {
     let topic = std::ffi::CString::new(topic).ok()?;
     let (mut low, mut high) = (-1i64, -1i64);
     // SAFETY: a live client handle, a NUL-terminated topic name and two out-pointers
@@ -134,7 +135,17 @@ pub fn cached_high_watermark<C: ClientContext>(
         )
     };
     (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
-        .then_some(high)
+        .then_some(((low >= 0).then_some(low), high))
+}
+
+/// The high watermark of a partition as the client last saw it in a fetch response (no
+/// request is made); `None` before the first fetch.
+pub fn cached_high_watermark<C: ClientContext>(
+    client: &Client<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    cached_watermarks(client, topic, partition).map(|(_, high)| high)
 }
 
 /// Partition count per topic as the cluster reports it (`None`: the topic is missing).

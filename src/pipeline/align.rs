@@ -1,21 +1,40 @@
 //! Event-time alignment of one partition's input topics (Kafka Streams'
-//! `max.task.idle.ms`). The runtime writes a session's LLM calls and tool calls to
-//! different topics; the consumer fetches each topic on its own schedule, so a backlog of
-//! one topic can arrive before the other's events that happened in between. The aligner
-//! holds each topic's polled events in offset order and hands out the head with the
-//! smallest event time, but only while every topic has something held: a topic with
-//! nothing held may still deliver an earlier event, so the heads wait for it, at most
-//! `wait` after they were polled. Ties go to the topic listed first, then offset order.
+//! `max.task.idle.ms`, with KIP-695's rule for topics known to be behind). The runtime
+//! writes a session's LLM calls and tool calls to different topics; the consumer fetches
+//! each topic on its own schedule, so a backlog of one topic can arrive before the
+//! other's events that happened in between. The aligner holds each topic's polled events
+//! in offset order and hands out the head with the smallest event time, but only while
+//! every topic has something held: a topic with nothing held may still deliver an
+//! earlier event, so the heads wait for it.
+//!
+//! How long they wait depends on what the client knows of that topic:
+//! - **Unpolled**: the broker holds events of it that were not polled yet (its fetch
+//!   position is below its high watermark, or no fetch answered since the assignment).
+//!   The heads wait for them: after a restart on a busy machine one topic's first fetch
+//!   can come seconds after the other's, and applying the other's backlog meanwhile
+//!   would judge sessions on a different order than replay's (findings lost or told by
+//!   another detector). A topic that claims unpolled events but delivers none for
+//!   [`UNPOLLED_WAIT_MAX`] is believed caught up until it delivers again (a high
+//!   watermark above an open transaction, a broker's stale watermark), so it can delay
+//!   the others once, never stall them.
+//! - **Caught up**: nothing more is known on the broker; a live event may still be on
+//!   its way, so the heads wait `wait` after they were polled.
+//!
+//! Ties go to the topic listed first, then offset order.
 //!
 //! Guarantees: each topic's events come out in offset order (so "applied up to offset o"
 //! stays a prefix and the stored offsets stay exact); the order out depends only on the
-//! held events and on which heads waited out `wait`, not on how the fetches were cut
-//! (a batch read again after a restart comes out the same when its topics are all
-//! there); an item without an event time (a dead letter) goes as soon as it heads its
-//! topic. Time is injected (`now`), so tests drive the clock.
+//! held events and on which heads waited out their wait, not on how the fetches were cut
+//! (a batch read again after a restart comes out as replay's when every topic's backlog
+//! is polled within [`UNPOLLED_WAIT_MAX`]); an item without an event time (a dead letter)
+//! goes as soon as it heads its topic. Time is injected (`now`), so tests drive the clock.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+/// How long a topic that claims unpolled events on the broker may hold the other topics'
+/// heads without delivering one (see the module's docs).
+pub const UNPOLLED_WAIT_MAX: Duration = Duration::from_secs(30);
 
 /// One polled message waiting to be applied.
 #[derive(Debug)]
@@ -28,81 +47,147 @@ pub struct Held<T> {
     pub item: T,
 }
 
+/// One input topic's held messages and what is known of its unpolled ones.
+#[derive(Debug)]
+struct Queue<T> {
+    held: VecDeque<Held<T>>,
+    /// Since when the broker is known to hold events of this topic not polled yet
+    /// (`None`: caught up as far as the client knows), restarted by each delivery.
+    unpolled_since: Option<Instant>,
+}
+
 /// The held messages of one partition, one queue per input topic.
 #[derive(Debug)]
 pub struct Aligner<T> {
-    queues: Vec<VecDeque<Held<T>>>,
+    queues: Vec<Queue<T>>,
     wait: Duration,
+    unpolled_wait_max: Duration,
 }
 
 impl<T> Aligner<T> {
-    /// An aligner for `topics` input topics (indexes `0..topics`, in configuration order).
-    pub fn new(topics: usize, wait: Duration) -> Aligner<T> {
+    /// An aligner for `topics` input topics (indexes `0..topics`, in configuration order),
+    /// created at `now`. Until told otherwise every topic counts as unpolled: before its
+    /// first fetch answers, nothing says the broker holds none of its events.
+    pub fn new(topics: usize, wait: Duration, now: Instant) -> Aligner<T> {
+        Aligner::with_unpolled_wait_max(topics, wait, UNPOLLED_WAIT_MAX, now)
+    }
+
+    /// [`Aligner::new`] with another bound on the wait for unpolled events.
+    pub fn with_unpolled_wait_max(
+        topics: usize,
+        wait: Duration,
+        unpolled_wait_max: Duration,
+        now: Instant,
+    ) -> Aligner<T> {
         Aligner {
-            queues: (0..topics.max(1)).map(|_| VecDeque::new()).collect(),
+            queues: (0..topics.max(1))
+                .map(|_| Queue {
+                    held: VecDeque::new(),
+                    unpolled_since: Some(now),
+                })
+                .collect(),
             wait,
+            unpolled_wait_max,
         }
     }
 
     /// Holds a message of topic `topic`; messages of one topic must come in offset order.
     pub fn push(&mut self, topic: usize, held: Held<T>) {
-        debug_assert!(self.queues[topic]
+        let queue = &mut self.queues[topic];
+        debug_assert!(queue
+            .held
             .back()
             .is_none_or(|last| last.offset < held.offset));
-        self.queues[topic].push_back(held);
+        // A delivery renews an unpolled topic's credit.
+        if let Some(since) = &mut queue.unpolled_since {
+            *since = held.polled;
+        }
+        queue.held.push_back(held);
     }
 
-    /// The head that goes next (smallest event time, ties to the first topic), and
-    /// whether it must wait (some topic has nothing held and it has an event time).
-    fn candidate(&self) -> Option<(usize, bool)> {
-        let mut next: Option<(usize, Option<i64>)> = None;
+    /// Records whether the broker holds events of `topic` that were not polled yet, as
+    /// the client knows at `now`.
+    pub fn set_unpolled(&mut self, topic: usize, unpolled: bool, now: Instant) {
+        let since = &mut self.queues[topic].unpolled_since;
+        if !unpolled {
+            *since = None;
+        } else if since.is_none() {
+            *since = Some(now);
+        }
+    }
+
+    /// Whether `topic` has nothing held (what it knows of the broker then matters).
+    pub fn is_drained(&self, topic: usize) -> bool {
+        self.queues[topic].held.is_empty()
+    }
+
+    /// The head that goes next (smallest event time, ties to the first topic), and when
+    /// it may go (`None`: at once): while some topic has nothing held, a head with an
+    /// event time waits `wait` after it was polled, and as long as an empty topic is
+    /// unpolled (at most `unpolled_wait_max` after that topic's last delivery).
+    fn candidate(&self) -> Option<(usize, Option<Instant>)> {
+        let mut next: Option<(usize, &Held<T>)> = None;
+        let mut due: Option<Instant> = None;
         let mut some_topic_empty = false;
         for (topic, queue) in self.queues.iter().enumerate() {
-            match queue.front() {
-                None => some_topic_empty = true,
+            match queue.held.front() {
+                None => {
+                    some_topic_empty = true;
+                    if let Some(since) = queue.unpolled_since {
+                        let until = since + self.unpolled_wait_max;
+                        due = Some(due.map_or(until, |d| d.max(until)));
+                    }
+                }
                 // `None < Some(_)`: an item without a time goes first.
-                Some(head) if next.is_none_or(|(_, t)| head.time < t) => {
-                    next = Some((topic, head.time))
+                Some(head) if next.is_none_or(|(_, n)| head.time < n.time) => {
+                    next = Some((topic, head))
                 }
                 Some(_) => {}
             }
         }
-        next.map(|(topic, time)| (topic, some_topic_empty && time.is_some()))
+        let (topic, head) = next?;
+        if !some_topic_empty || head.time.is_none() {
+            return Some((topic, None));
+        }
+        let grace = head.polled + self.wait;
+        Some((topic, Some(due.map_or(grace, |d| d.max(grace)))))
     }
 
     /// The next message to apply, if one may go at `now`: the head with the smallest
-    /// event time, when every topic has something held or that head has waited `wait`.
+    /// event time, when every topic has something held or that head's wait is over.
     pub fn pop_ready(&mut self, now: Instant) -> Option<(usize, Held<T>)> {
-        let (topic, must_wait) = self.candidate()?;
-        let head = self.queues[topic].front()?;
-        if must_wait && now.saturating_duration_since(head.polled) < self.wait {
+        let (topic, due) = self.candidate()?;
+        if due.is_some_and(|due| now < due) {
             return None;
         }
-        self.queues[topic].pop_front().map(|h| (topic, h))
+        self.queues[topic].held.pop_front().map(|h| (topic, h))
     }
 
     /// When the head that waits for another topic may go (`None`: nothing waits).
     pub fn next_due(&self) -> Option<Instant> {
-        let (topic, must_wait) = self.candidate()?;
-        must_wait.then(|| self.queues[topic].front().map(|h| h.polled + self.wait))?
+        self.candidate()?.1
     }
 
     /// The offset of the last message held for `topic`.
     pub fn last_offset(&self, topic: usize) -> Option<i64> {
-        self.queues[topic].back().map(|h| h.offset)
+        self.queues[topic].held.back().map(|h| h.offset)
     }
 
     pub fn len(&self) -> usize {
-        self.queues.iter().map(VecDeque::len).sum()
+        self.queues.iter().map(|q| q.held.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.queues.iter().all(VecDeque::is_empty)
+        self.queues.iter().all(|q| q.held.is_empty())
     }
 
-    /// Drops everything held (their offsets were never applied: they are read again).
-    pub fn clear(&mut self) {
-        self.queues.iter_mut().for_each(VecDeque::clear);
+    /// Drops everything held (their offsets were never applied: they are read again), at
+    /// `now`; every topic counts as unpolled again, its events back on the broker.
+    pub fn clear(&mut self, now: Instant) {
+        for queue in &mut self.queues {
+            queue.held.clear();
+            queue.unpolled_since = Some(now);
+        }
     }
 }
 
@@ -121,6 +206,15 @@ mod tests {
         }
     }
 
+    /// An aligner whose topics are all known to be caught up at `now`.
+    fn caught_up(topics: usize, wait: Duration, now: Instant) -> Aligner<&'static str> {
+        let mut a = Aligner::new(topics, wait, now);
+        for topic in 0..topics {
+            a.set_unpolled(topic, false, now);
+        }
+        a
+    }
+
     fn drain(a: &mut Aligner<&'static str>, now: Instant) -> Vec<(usize, i64)> {
         std::iter::from_fn(|| a.pop_ready(now))
             .map(|(t, h)| (t, h.offset))
@@ -130,7 +224,7 @@ mod tests {
     #[test]
     fn heads_go_in_event_time_order_while_every_topic_has_data() {
         let t0 = Instant::now();
-        let mut a = Aligner::new(2, WAIT);
+        let mut a = caught_up(2, WAIT, t0);
         // Topic 0 (LLM calls) at times 10, 30, 50; topic 1 (tool calls) at 20, 40.
         for (o, t) in [(0, 10), (1, 30), (2, 50)] {
             a.push(0, held(t, o, t0));
@@ -154,7 +248,7 @@ mod tests {
     #[test]
     fn a_head_waits_for_an_empty_topic_at_most_the_wait() {
         let t0 = Instant::now();
-        let mut a = Aligner::new(2, WAIT);
+        let mut a = caught_up(2, WAIT, t0);
         a.push(0, held(10, 0, t0));
         assert!(a.pop_ready(t0 + WAIT - Duration::from_millis(1)).is_none());
         assert_eq!(drain(&mut a, t0 + WAIT), vec![(0, 0)]);
@@ -163,7 +257,7 @@ mod tests {
     #[test]
     fn an_earlier_event_of_the_late_topic_goes_first_when_it_comes_in_time() {
         let t0 = Instant::now();
-        let mut a = Aligner::new(2, WAIT);
+        let mut a = caught_up(2, WAIT, t0);
         a.push(0, held(30, 0, t0));
         a.push(1, held(20, 0, t0 + Duration::from_millis(50)));
         assert_eq!(
@@ -177,7 +271,7 @@ mod tests {
     #[test]
     fn ties_go_to_the_first_topic_and_items_without_time_go_at_once() {
         let t0 = Instant::now();
-        let mut a = Aligner::new(2, WAIT);
+        let mut a = caught_up(2, WAIT, t0);
         a.push(1, held(10, 0, t0));
         a.push(0, held(10, 0, t0));
         a.push(
@@ -197,10 +291,10 @@ mod tests {
     #[test]
     fn one_topic_never_waits_and_zero_wait_never_holds() {
         let t0 = Instant::now();
-        let mut one = Aligner::new(1, WAIT);
+        let mut one = caught_up(1, WAIT, t0);
         one.push(0, held(10, 0, t0));
         assert_eq!(drain(&mut one, t0), vec![(0, 0)]);
-        let mut eager = Aligner::new(2, Duration::ZERO);
+        let mut eager = caught_up(2, Duration::ZERO, t0);
         eager.push(0, held(10, 0, t0));
         assert_eq!(drain(&mut eager, t0), vec![(0, 0)]);
     }
@@ -214,7 +308,7 @@ mod tests {
         let tool = [(0, 6), (1, 7), (2, 30), (3, 41)];
         let mut outs = Vec::new();
         for llm_first in [true, false] {
-            let mut a = Aligner::new(2, WAIT);
+            let mut a = caught_up(2, WAIT, t0);
             let mut out = Vec::new();
             for step in 0..4 {
                 let (first, second) = if llm_first { (0, 1) } else { (1, 0) };
@@ -241,5 +335,66 @@ mod tests {
                 (1, 3)
             ]
         );
+    }
+
+    #[test]
+    fn heads_wait_for_a_topic_with_unpolled_events_past_the_grace() {
+        // After a restart the tool calls' first fetch comes 3 s after the LLM calls'
+        // backlog: the LLM calls wait for it, then both go in event-time order.
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut a = Aligner::new(2, WAIT, t0);
+        a.set_unpolled(0, false, t0);
+        for (o, t) in [(0, 10), (1, 30)] {
+            a.push(0, held(t, o, t0));
+        }
+        assert_eq!(drain(&mut a, ms(3000)), vec![], "topic 1 is unpolled");
+        assert_eq!(a.next_due(), Some(t0 + UNPOLLED_WAIT_MAX));
+        a.push(1, held(20, 0, ms(3000)));
+        a.set_unpolled(1, false, ms(3000));
+        // Caught up now: the LLM call at 30 waits its grace only, from its poll, which
+        // ran out long ago.
+        assert_eq!(drain(&mut a, ms(3000)), vec![(0, 0), (1, 0), (0, 1)]);
+    }
+
+    #[test]
+    fn a_topic_that_stays_unpolled_without_delivering_delays_the_others_at_most_the_bound() {
+        let t0 = Instant::now();
+        let max = Duration::from_secs(2);
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut a = Aligner::with_unpolled_wait_max(2, WAIT, max, t0);
+        a.set_unpolled(0, false, t0);
+        a.push(0, held(10, 0, ms(500)));
+        // Still unpolled at every look (a watermark above an open transaction).
+        a.set_unpolled(1, true, ms(1000));
+        assert_eq!(drain(&mut a, ms(1999)), vec![]);
+        assert_eq!(drain(&mut a, ms(2000)), vec![(0, 0)]);
+        // Believed caught up from then on: the next head waits its grace only.
+        a.set_unpolled(1, true, ms(2100));
+        a.push(0, held(20, 1, ms(2100)));
+        assert_eq!(drain(&mut a, ms(2199)), vec![]);
+        assert_eq!(drain(&mut a, ms(2200)), vec![(0, 1)]);
+        // A delivery renews its credit: once drained, it is waited for again.
+        a.push(1, held(30, 0, ms(3000)));
+        assert_eq!(drain(&mut a, ms(3000)), vec![]);
+        a.push(0, held(40, 2, ms(3000)));
+        assert_eq!(drain(&mut a, ms(3000)), vec![(1, 0)]);
+        assert_eq!(drain(&mut a, ms(4999)), vec![]);
+        assert_eq!(drain(&mut a, ms(5000)), vec![(0, 2)]);
+    }
+
+    #[test]
+    fn a_new_aligner_waits_for_every_topic_until_its_fetch_answers() {
+        let t0 = Instant::now();
+        let mut a = Aligner::new(2, WAIT, t0);
+        a.push(0, held(10, 0, t0));
+        assert_eq!(drain(&mut a, t0 + WAIT), vec![]);
+        a.set_unpolled(1, false, t0 + WAIT);
+        assert_eq!(drain(&mut a, t0 + WAIT), vec![(0, 0)]);
+        // Cleared (an assignment dropped): unpolled again.
+        a.push(0, held(20, 1, t0 + WAIT));
+        a.clear(t0 + WAIT);
+        a.push(0, held(20, 1, t0 + WAIT));
+        assert_eq!(drain(&mut a, t0 + WAIT * 5), vec![]);
     }
 }

@@ -70,6 +70,8 @@ mod worker;
 
 use backoff::Backoff;
 use batch::Finish;
+#[doc(hidden)]
+pub use changelog::{assemble as assemble_changelog, RecordParts as ChangelogRecordParts};
 pub use changelog::{CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use commit::Commit;
 pub use ingest::{run_ingest, IngestStats};
@@ -97,6 +99,14 @@ pub enum PipelineError {
     Store(#[from] StoreError),
     #[error("cannot restore partition {partition} from the changelog: {reason}")]
     Restore { partition: i32, reason: String },
+    #[error("changelog topic `{topic}` partition {partition} holds state of consumer group `{writer}` (commit record at offset {offset}), and this deployment's group is `{ours}`: two deployments share one changelog topic; give this one a kafka.changelog_topic of its own (its sessions then start anew), or set kafka.group_id back to `{writer}` if this is that deployment")]
+    ChangelogOfAnotherGroup {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        writer: String,
+        ours: String,
+    },
     /// Shutdown came while a partition was being restored: not a failure (the partition
     /// is left unloaded, for the next owner), the rest drains as usual.
     #[error("the restore of partition {partition} was interrupted by shutdown")]
@@ -470,7 +480,9 @@ fn poll_batch(
     loop {
         let now = Instant::now();
         if polled.started.is_some() && now.duration_since(swept) >= sweep_every {
-            lock(&consumer.context().worker).release_due();
+            let mut w = lock(&consumer.context().worker);
+            w.observe_unpolled(consumer);
+            w.release_due();
             swept = now;
         }
         let timeout = match polled.started {
@@ -518,6 +530,7 @@ fn poll_batch(
                 // Keeps the lag gauge current while the input is idle, and tells an idle
                 // partition from one whose events wait on the broker.
                 w.lag(consumer);
+                w.observe_unpolled(consumer);
                 w.tick_idle();
                 if w.has_work() {
                     return Ok(polled);

@@ -113,7 +113,7 @@ impl Partition {
             engine,
             store,
             applied,
-            held: Aligner::new(topics, align_wait),
+            held: Aligner::new(topics, align_wait, Instant::now()),
             dirty: false,
             last_event_wall: Instant::now(),
             clock_at_last_event,

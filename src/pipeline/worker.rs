@@ -36,8 +36,8 @@ use super::rebalance::RebalanceHandler;
 use super::{PipelineError, RunStats};
 use crate::config::Config;
 use crate::engine::Engine;
-use crate::kafka::cached_high_watermark;
 use crate::kafka::settings::KafkaSettings;
+use crate::kafka::{cached_high_watermark, cached_watermarks};
 use crate::output::Output;
 use crate::shutdown::Shutdown;
 use crate::store::{SledStore, StateStore, StoreError};
@@ -159,7 +159,7 @@ impl Worker {
         }
         self.forget_batch();
         for p in self.partitions.values_mut() {
-            p.held.clear();
+            p.held.clear(Instant::now());
         }
     }
 
@@ -393,6 +393,47 @@ impl Worker {
             p.advance_idle_clock(idle_after, &mut self.scratch);
         }
         self.queue_outputs();
+    }
+
+    /// Tells each partition's aligner, for the input topics it holds nothing of, whether
+    /// the broker holds events of them that were not polled yet (by the client's cached
+    /// watermarks and the consumer's position; no request). Only while some held event
+    /// waits for another topic: otherwise the answer changes nothing.
+    pub(super) fn observe_unpolled(&mut self, consumer: &BaseConsumer<RebalanceHandler>) {
+        if self.inputs.len() < 2 || self.next_due().is_none() {
+            return;
+        }
+        let now = Instant::now();
+        let positions = consumer.position().ok();
+        let position = |topic: &str, partition: i32| {
+            let entry = positions.as_ref()?.find_partition(topic, partition)?;
+            match entry.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            }
+        };
+        for (&partition, p) in &mut self.partitions {
+            for (index, topic) in self.inputs.iter().enumerate() {
+                if !p.held.is_drained(index) {
+                    continue;
+                }
+                let unpolled = match cached_watermarks(consumer.client(), topic, partition) {
+                    // No fetch has answered since the client started.
+                    None => true,
+                    Some((low, high)) => {
+                        // Where the next poll reads: after the last message polled, else
+                        // after the last applied (a restored partition), else from the
+                        // start of the log (nothing of it was ever applied here).
+                        let next = position(topic, partition)
+                            .or_else(|| p.applied.get(topic).map(|o| o + 1))
+                            .or(low)
+                            .unwrap_or(0);
+                        high > next
+                    }
+                };
+                p.held.set_unpolled(index, unpolled, now);
+            }
+        }
     }
 
     /// Messages waiting on the broker behind what this worker applied, by the client's
