@@ -11,149 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use loopwarden::config::Config;
 use rdkafka::Message;
-
-fn config_of(path: &std::path::Path) -> Arc<Config> {
-    Arc::new(Config::load(path, std::iter::empty()).unwrap())
-}
-
-/// Replay's expectations: findings (warnings and terminations), and the summaries of the
-/// sessions that completed (the others close by idle time in `run`, by end of input here).
-struct Expected {
-    findings: BTreeSet<String>,
-    terminations: BTreeMap<String, serde_json::Value>,
-    summaries: BTreeMap<String, serde_json::Value>,
-}
-
-fn expected(config: Arc<Config>, events: &[Vec<u8>]) -> Expected {
-    let out = replay(config, events);
-    let mut e = Expected {
-        findings: BTreeSet::new(),
-        terminations: BTreeMap::new(),
-        summaries: BTreeMap::new(),
-    };
-    for v in out {
-        let id = v["event_id"].as_str().unwrap().to_string();
-        match v["type"].as_str().unwrap() {
-            "session.summary" if v["closed_by"] == "completed" => {
-                e.summaries.insert(id, v);
-            }
-            "session.summary" => {}
-            t => {
-                e.findings.insert(finding_key(&v));
-                if t == "session.terminated" {
-                    e.terminations.insert(id, v);
-                }
-            }
-        }
-    }
-    e
-}
-
-/// The terminations and summaries on the bus, once every one `want` holds has arrived by
-/// `event_id` (or `limit` passed), plus whatever else arrives within a moment. Counting
-/// messages instead would stop early: re-emitted copies and summaries of sessions that
-/// did not complete count too.
-fn read_expected(
-    brokers: &str,
-    topics: &Topics,
-    want: &Expected,
-    limit: Duration,
-) -> (
-    Vec<rdkafka::message::OwnedMessage>,
-    Vec<rdkafka::message::OwnedMessage>,
-) {
-    let quiet = Duration::from_millis(500);
-    let summaries = read_topic_until(brokers, &topics.summary, limit, quiet, |out| {
-        has_every(out, &want.summaries)
-    });
-    let terminated = read_topic_until(brokers, &topics.terminated, limit, quiet, |out| {
-        has_every(out, &want.terminations)
-    });
-    (terminated, summaries)
-}
-
-/// Whether `out` holds a message of every `event_id` in `want`.
-fn has_every<V>(out: &[rdkafka::message::OwnedMessage], want: &BTreeMap<String, V>) -> bool {
-    let got = by_event_id(&values(out));
-    want.keys().all(|id| got.contains_key(id))
-}
-
-/// Every termination and completed-session summary of replay is on the bus, no other
-/// termination, one termination per session, and every copy (at-least-once re-emissions
-/// share the `event_id`) carries replay's counters. Returns the number of extra copies.
-fn assert_each_once_as_replay(
-    want: &Expected,
-    terminated: &[rdkafka::message::OwnedMessage],
-    summaries: &[rdkafka::message::OwnedMessage],
-) -> usize {
-    let got = by_event_id(&values(terminated));
-    let missing: Vec<&String> = want
-        .terminations
-        .keys()
-        .filter(|id| !got.contains_key(*id))
-        .collect();
-    assert!(missing.is_empty(), "terminations lost: {missing:?}");
-    let extra: Vec<&String> = got
-        .keys()
-        .filter(|id| !want.terminations.contains_key(*id))
-        .collect();
-    assert!(
-        extra.is_empty(),
-        "terminations that replay does not produce: {extra:?}"
-    );
-    let mut per_session: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut duplicates = 0;
-    for (id, copies) in &got {
-        duplicates += copies.len() - 1;
-        for c in copies {
-            // Same counters in every copy: nothing was applied twice before it fired.
-            assert_eq!(
-                c["stats"], want.terminations[id]["stats"],
-                "termination {id} stats"
-            );
-            per_session
-                .entry(c["session_id"].as_str().unwrap().into())
-                .or_default()
-                .insert(id.clone());
-        }
-    }
-    assert!(
-        per_session.values().all(|ids| ids.len() == 1),
-        "one termination per session"
-    );
-    let got_summaries = by_event_id(&values(summaries));
-    for (id, s) in &want.summaries {
-        let copies = got_summaries
-            .get(id)
-            .unwrap_or_else(|| panic!("summary {id} lost"));
-        for c in copies {
-            assert_eq!(
-                c["stats"], s["stats"],
-                "summary {id}: counters differ from replay"
-            );
-            assert_eq!(c["stop_reason"], s["stop_reason"]);
-        }
-    }
-    duplicates
-}
-
-/// The finding keys of the terminations and warnings read from the bus.
-fn finding_keys(
-    terminated: &[rdkafka::message::OwnedMessage],
-    warnings: &[rdkafka::message::OwnedMessage],
-) -> BTreeSet<String> {
-    terminated
-        .iter()
-        .chain(warnings)
-        .map(|m| finding_key(&json(m)))
-        .collect()
-}
-
-fn values(msgs: &[rdkafka::message::OwnedMessage]) -> Vec<serde_json::Value> {
-    msgs.iter().map(json).collect()
-}
 
 /// The final "processed … events (… skipped …)" line of a run's log.
 fn processed(log: &str) -> (u64, u64) {
@@ -499,16 +357,14 @@ impl Drop for CpuLoad {
 /// partition assignment while every core is busy with other work; then drained. Every
 /// termination replay gives is on the bus, from the same detector, and nothing else.
 ///
-/// It fails on main (2–4 of ~240 terminations differ per run): the aligner applies one
-/// topic's events without the other's once `align_wait_ms` has passed, and after a
-/// restart on a busy machine the second topic's first fetch comes later than that, so
-/// the order (and with it a streak, an episode, an `event_id`) differs from replay's.
-/// `docs/DEVELOPMENT.md`, "Known: terminations that differ after crashes on a busy
-/// machine", says what was seen and the fix it points to. Ignored until that fix lands;
-/// `LOOPWARDEN_CRASH_SEED` and `CRASH_TEST_ALIGN_WAIT_MS` set the fleet and the
-/// wait.
+/// It failed before the aligner waited for unpolled events (2–11 of ~240 terminations
+/// differed per run): the aligner applied one topic's events without the other's once
+/// `align_wait_ms` had passed, and after a restart on a busy machine the second topic's
+/// first fetch came later than that, so the order (and with it a streak, an episode, an
+/// `event_id`) differed from replay's. `docs/DEVELOPMENT.md`, "Crashes on a busy
+/// machine", tells the story. `LOOPWARDEN_CRASH_SEED` and `CRASH_TEST_ALIGN_WAIT_MS` set
+/// the fleet and the wait; `scripts/busy-crash-runs` runs it for many seeds.
 #[test]
-#[ignore = "issue 28: fails on main (event order across topics after a restart under load)"]
 fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
     let align_wait = std::env::var("CRASH_TEST_ALIGN_WAIT_MS").unwrap_or_else(|_| "100".into());
     let (
@@ -954,6 +810,37 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
             "summary {id}: counters lost in the handover"
         );
     }
+
+    // Another deployment (a group and an input topic of its own) left on the same
+    // changelog topic refuses to restore the first one's sessions, naming both groups.
+    let group = config_of(&cfg_a).kafka.group_id.clone();
+    let (cfg_c, log_c) = fx.instance("c");
+    let other_input = format!("{}.other", topics.input);
+    create_topics(&brokers, &[(&other_input, 2)]);
+    let text = std::fs::read_to_string(&cfg_c)
+        .unwrap()
+        .replace(
+            &format!("group_id = \"{group}\""),
+            "group_id = \"another-deployment\"",
+        )
+        .replace(
+            &format!("input_topics = [\"{}\"]", topics.input),
+            &format!("input_topics = [\"{other_input}\"]"),
+        );
+    std::fs::write(&cfg_c, text).unwrap();
+    assert_eq!(config_of(&cfg_c).kafka.group_id, "another-deployment");
+    let mut c = spawn_run(&cfg_c, &log_c);
+    let status = wait_exit(&mut c, Duration::from_secs(60));
+    let c_log = c.log_text();
+    assert!(
+        !status.success(),
+        "a foreign changelog was restored:\n{c_log}"
+    );
+    assert!(
+        c_log.contains("`another-deployment`") && c_log.contains(&format!("`{group}`")),
+        "the error names both groups:\n{c_log}"
+    );
+    assert!(!c_log.contains("partition state restored"), "{c_log}");
 }
 
 /// A broker that stops answering (SIGSTOP) for 30 s mid-stream and comes back (SIGCONT):
@@ -971,16 +858,6 @@ fn a_paused_broker_stalls_the_pipeline_without_loss_or_double_counting() {
 fn a_paused_broker_stalls_exactly_once_transactions_without_loss_or_duplicates() {
     let duplicates = paused_broker(19094, "exactly_once");
     assert_eq!(duplicates, 0, "a termination committed twice");
-}
-
-/// The process's resident memory (kB), to print while the broker is away.
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        .unwrap_or(0)
 }
 
 /// Pauses a broker of its own on `port` for 30 s mid-stream under `delivery`; returns the

@@ -208,7 +208,12 @@ impl Worker {
             // now its commit records (see the changelog's module docs). Whatever of the
             // next batch waits in the outbox goes with them: its findings may precede
             // its store, and its changelog records are not queued yet.
-            changelog::queue_commits(&mut self.outbox, &unacked.changes, unacked.batch);
+            changelog::queue_commits(
+                &mut self.outbox,
+                &unacked.changes,
+                unacked.batch,
+                &self.config.kafka.group_id,
+            );
             self.outbox.send_all();
             self.outbox
                 .settle(&mut backoff)
@@ -304,6 +309,6 @@ fn transact(
     let mut backoff = Backoff::new(settings, shutdown);
     // The transaction makes the batch atomic; the commit records still mark where each
     // batch ends, so one restore path serves both modes.
-    changelog::queue(outbox, &batch.changes, batch.batch);
+    changelog::queue(outbox, &batch.changes, batch.batch, &settings.group_id);
     transaction.commit(outbox, consumer, &batch.offsets, &mut backoff)
 }

@@ -2,7 +2,7 @@
 //! `scripts/broker`, or the one named by LOOPWARDEN_TEST_BROKERS).
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -614,4 +614,155 @@ pub fn wait_exit(run: &mut Running, limit: Duration) -> ExitStatus {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+pub fn config_of(path: &std::path::Path) -> Arc<Config> {
+    Arc::new(Config::load(path, std::iter::empty()).unwrap())
+}
+
+/// Replay's expectations: findings (warnings and terminations), and the summaries of the
+/// sessions that completed (the others close by idle time in `run`, by end of input here).
+pub struct Expected {
+    pub findings: BTreeSet<String>,
+    pub terminations: BTreeMap<String, serde_json::Value>,
+    pub summaries: BTreeMap<String, serde_json::Value>,
+}
+
+pub fn expected(config: Arc<Config>, events: &[Vec<u8>]) -> Expected {
+    let out = replay(config, events);
+    let mut e = Expected {
+        findings: BTreeSet::new(),
+        terminations: BTreeMap::new(),
+        summaries: BTreeMap::new(),
+    };
+    for v in out {
+        let id = v["event_id"].as_str().unwrap().to_string();
+        match v["type"].as_str().unwrap() {
+            "session.summary" if v["closed_by"] == "completed" => {
+                e.summaries.insert(id, v);
+            }
+            "session.summary" => {}
+            t => {
+                e.findings.insert(finding_key(&v));
+                if t == "session.terminated" {
+                    e.terminations.insert(id, v);
+                }
+            }
+        }
+    }
+    e
+}
+
+/// The terminations and summaries on the bus, once every one `want` holds has arrived by
+/// `event_id` (or `limit` passed), plus whatever else arrives within a moment. Counting
+/// messages instead would stop early: re-emitted copies and summaries of sessions that
+/// did not complete count too.
+pub fn read_expected(
+    brokers: &str,
+    topics: &Topics,
+    want: &Expected,
+    limit: Duration,
+) -> (
+    Vec<rdkafka::message::OwnedMessage>,
+    Vec<rdkafka::message::OwnedMessage>,
+) {
+    let quiet = Duration::from_millis(500);
+    let summaries = read_topic_until(brokers, &topics.summary, limit, quiet, |out| {
+        has_every(out, &want.summaries)
+    });
+    let terminated = read_topic_until(brokers, &topics.terminated, limit, quiet, |out| {
+        has_every(out, &want.terminations)
+    });
+    (terminated, summaries)
+}
+
+/// Whether `out` holds a message of every `event_id` in `want`.
+pub fn has_every<V>(out: &[rdkafka::message::OwnedMessage], want: &BTreeMap<String, V>) -> bool {
+    let got = by_event_id(&values(out));
+    want.keys().all(|id| got.contains_key(id))
+}
+
+/// Every termination and completed-session summary of replay is on the bus, no other
+/// termination, one termination per session, and every copy (at-least-once re-emissions
+/// share the `event_id`) carries replay's counters. Returns the number of extra copies.
+pub fn assert_each_once_as_replay(
+    want: &Expected,
+    terminated: &[rdkafka::message::OwnedMessage],
+    summaries: &[rdkafka::message::OwnedMessage],
+) -> usize {
+    let got = by_event_id(&values(terminated));
+    let missing: Vec<&String> = want
+        .terminations
+        .keys()
+        .filter(|id| !got.contains_key(*id))
+        .collect();
+    assert!(missing.is_empty(), "terminations lost: {missing:?}");
+    let extra: Vec<&String> = got
+        .keys()
+        .filter(|id| !want.terminations.contains_key(*id))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "terminations that replay does not produce: {extra:?}"
+    );
+    let mut per_session: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut duplicates = 0;
+    for (id, copies) in &got {
+        duplicates += copies.len() - 1;
+        for c in copies {
+            // Same counters in every copy: nothing was applied twice before it fired.
+            assert_eq!(
+                c["stats"], want.terminations[id]["stats"],
+                "termination {id} stats"
+            );
+            per_session
+                .entry(c["session_id"].as_str().unwrap().into())
+                .or_default()
+                .insert(id.clone());
+        }
+    }
+    assert!(
+        per_session.values().all(|ids| ids.len() == 1),
+        "one termination per session"
+    );
+    let got_summaries = by_event_id(&values(summaries));
+    for (id, s) in &want.summaries {
+        let copies = got_summaries
+            .get(id)
+            .unwrap_or_else(|| panic!("summary {id} lost"));
+        for c in copies {
+            assert_eq!(
+                c["stats"], s["stats"],
+                "summary {id}: counters differ from replay"
+            );
+            assert_eq!(c["stop_reason"], s["stop_reason"]);
+        }
+    }
+    duplicates
+}
+
+/// The finding keys of the terminations and warnings read from the bus.
+pub fn finding_keys(
+    terminated: &[rdkafka::message::OwnedMessage],
+    warnings: &[rdkafka::message::OwnedMessage],
+) -> BTreeSet<String> {
+    terminated
+        .iter()
+        .chain(warnings)
+        .map(|m| finding_key(&json(m)))
+        .collect()
+}
+
+pub fn values(msgs: &[rdkafka::message::OwnedMessage]) -> Vec<serde_json::Value> {
+    msgs.iter().map(json).collect()
+}
+
+/// The process's resident memory (kB), (0 when it cannot be read).
+pub fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0)
 }

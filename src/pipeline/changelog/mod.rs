@@ -4,9 +4,15 @@
 //!
 //! Format: one `session` record per changed session (key: the session id; value: its
 //! state, with the state format in a header; no value when it closed), then one `commit`
-//! record (key `loopwarden/commit`; value: JSON with the batch's input offsets and how
-//! many session records it has). Every record of a batch carries the batch's id in a
-//! header.
+//! record (key `loopwarden/commit`; value: JSON with the consumer group that wrote it,
+//! the batch's input offsets and how many session records it has). Every record of a
+//! batch carries the batch's id in a header.
+//!
+//! A changelog belongs to one deployment (its consumer group): a restore that meets a
+//! commit record of another group stops with an error naming both groups, instead of
+//! taking that deployment's sessions for its own (two deployments left on the default
+//! changelog topic). Commit records that name no group (written before they did) are
+//! taken as the reader's own.
 //!
 //! The commit record is what makes a batch count: the restorer applies a batch only at a
 //! commit record that follows all of the batch's session records (by batch id and
@@ -37,7 +43,7 @@
 
 mod restore;
 
-pub use restore::Restorer;
+pub use restore::{assemble, RecordParts, Restorer};
 
 use super::outbox::{Outbox, Record, Sink};
 use crate::store::{StoreBatch, STATE_FORMAT};
@@ -57,6 +63,10 @@ pub const CHANGELOG_POSITION: &str = "changelog/position";
 /// version rolled back to still reads its commit records).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct CommitValue {
+    /// The consumer group of the deployment that wrote it (`None`: written before
+    /// records said so). A restore refuses another group's batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<String>,
     batch: u64,
     /// Session records of the batch on this partition.
     records: usize,
@@ -115,9 +125,9 @@ fn record(partition: i32, batch: u64, key: &[u8], payload: Vec<u8>, kind: &str) 
 
 /// Queues a batch's changelog records in the outbox, one set per changed partition: its
 /// session records, then its commit record (exactly_once: one transaction holds them).
-pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
+pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64, group: &str) {
     queue_sessions(outbox, batches, batch);
-    queue_commits(outbox, batches, batch);
+    queue_commits(outbox, batches, batch, group);
 }
 
 /// Queues a batch's session records only (at_least_once: its commit records follow once
@@ -144,8 +154,9 @@ pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch:
     }
 }
 
-/// Queues the commit records of the batch, one per changed partition.
-pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
+/// Queues the commit records of the batch, one per changed partition, written by the
+/// consumer group `group`.
+pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64, group: &str) {
     for (partition, changes) in batches {
         // Distinct keys: what the restorer counts (a key may be written twice).
         let mut keys: Vec<&str> = changes.puts.iter().map(|(k, _)| k.as_str()).collect();
@@ -153,6 +164,7 @@ pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: 
         keys.sort_unstable();
         keys.dedup();
         let value = CommitValue {
+            group: Some(group.to_string()),
             batch,
             records: keys.len(),
             offsets: changes.offsets.clone(),

@@ -89,6 +89,8 @@ impl Restorer {
         }
         let mut batches = Assembler {
             partition,
+            topic: self.settings.changelog_topic.clone(),
+            group: self.settings.group_id.clone(),
             input_keys,
             committed,
             applied_offsets,
@@ -266,6 +268,9 @@ enum Change {
 #[derive(Default)]
 struct Assembler {
     partition: i32,
+    /// The changelog topic and the reader's consumer group (whose batches it applies).
+    topic: String,
+    group: String,
     /// `topic/partition` keys of this partition's inputs.
     input_keys: Vec<String>,
     /// exactly_once: the group's committed offsets a batch must be covered by.
@@ -302,17 +307,62 @@ impl<'a> Entry<'a> {
             m.headers()
                 .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
         };
+        Entry::from_parts(
+            m.offset(),
+            RecordParts {
+                kind: header(CHANGELOG_KIND),
+                batch: header(CHANGELOG_BATCH),
+                format: header(CHANGELOG_STATE_FORMAT),
+                key: m.key(),
+                payload: m.payload(),
+            },
+        )
+    }
+
+    fn from_parts(offset: i64, parts: RecordParts<'a>) -> Entry<'a> {
         Entry {
-            offset: m.offset(),
-            kind: header(CHANGELOG_KIND).unwrap_or_default(),
-            batch: header(CHANGELOG_BATCH)
+            offset,
+            kind: parts.kind.unwrap_or_default(),
+            batch: parts
+                .batch
                 .and_then(|b| std::str::from_utf8(b).ok())
                 .and_then(|b| b.parse::<u64>().ok()),
-            format: header(CHANGELOG_STATE_FORMAT),
-            key: m.key().unwrap_or_default(),
-            payload: m.payload(),
+            format: parts.format,
+            key: parts.key.unwrap_or_default(),
+            payload: parts.payload,
         }
     }
+}
+
+/// A changelog record as it comes off the broker: its headers' values, key and payload.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordParts<'a> {
+    pub kind: Option<&'a [u8]>,
+    pub batch: Option<&'a [u8]>,
+    pub format: Option<&'a [u8]>,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+}
+
+/// For the fuzzers: what a restore of partition 0 (input `in/0`, group `ours`) makes of
+/// `records`, read in order from changelog offset 0, in `store`. Stops at the first
+/// record a restore stops at, with its error.
+#[doc(hidden)]
+pub fn assemble(
+    records: &[RecordParts<'_>],
+    store: &mut impl StateStore,
+) -> Result<(), PipelineError> {
+    let mut batches = Assembler {
+        topic: "loopwarden.changelog".into(),
+        group: "ours".into(),
+        input_keys: vec!["in/0".into()],
+        ..Assembler::default()
+    };
+    for (offset, parts) in records.iter().enumerate() {
+        batches.add(Entry::from_parts(offset as i64, *parts), store)?;
+    }
+    Ok(())
 }
 
 impl Assembler {
@@ -334,6 +384,15 @@ impl Assembler {
                     (offsets, Some(None))
                 } else {
                     let commit: CommitValue = serde_json::from_slice(value).map_err(bad)?;
+                    if let Some(writer) = commit.group.filter(|g| *g != self.group) {
+                        return Err(PipelineError::ChangelogOfAnotherGroup {
+                            topic: self.topic.clone(),
+                            partition: self.partition,
+                            offset: m.offset,
+                            writer,
+                            ours: self.group.clone(),
+                        });
+                    }
                     let seen = self.distinct_records_of(Some(commit.batch));
                     (
                         commit.offsets,
@@ -516,6 +575,7 @@ mod tests {
         value: &mut Vec<u8>,
     ) -> Entry<'_> {
         *value = serde_json::to_vec(&CommitValue {
+            group: Some("ours".into()),
             batch,
             records,
             offsets: vec![
@@ -536,6 +596,7 @@ mod tests {
 
     fn feed(entries: Vec<Entry<'_>>) -> (Assembler, Stored) {
         let mut a = Assembler {
+            group: "ours".into(),
             input_keys: vec!["in/0".into()],
             ..Assembler::default()
         };
@@ -615,6 +676,48 @@ mod tests {
         later.payload = Some(&v2);
         let (a, stored) = feed(vec![session(2, 8, "b", b"B"), later]);
         assert_eq!((a.applied, a.incomplete), (1, 0));
+        assert_eq!(keys(&stored.0[0]), vec![("b", &b"B"[..])]);
+    }
+
+    #[test]
+    fn another_groups_changelog_is_refused_naming_both_and_an_unnamed_one_is_ours() {
+        let mut v1 = Vec::new();
+        let mut theirs = commit(1, 7, 1, &mut v1);
+        let mut value: serde_json::Value = serde_json::from_slice(theirs.payload.unwrap()).unwrap();
+        value["group"] = serde_json::json!("billing-agents");
+        let v2 = serde_json::to_vec(&value).unwrap();
+        theirs.payload = Some(&v2);
+        let mut a = Assembler {
+            topic: "loopwarden.changelog".into(),
+            group: "ours".into(),
+            input_keys: vec!["in/0".into()],
+            ..Assembler::default()
+        };
+        let mut stored = Stored::default();
+        a.add(session(0, 7, "a", b"A"), &mut stored).unwrap();
+        let e = a
+            .add(theirs, &mut stored)
+            .expect_err("another group's batch is refused");
+        let text = e.to_string();
+        for said in [
+            "`billing-agents`",
+            "`ours`",
+            "loopwarden.changelog",
+            "offset 1",
+        ] {
+            assert!(text.contains(said), "{said} missing from: {text}");
+        }
+        assert!(stored.0.is_empty(), "nothing of theirs stored");
+        // A commit record written before records named their group is the reader's.
+        let mut v3 = Vec::new();
+        let mut unnamed = commit(3, 8, 1, &mut v3);
+        let mut value: serde_json::Value =
+            serde_json::from_slice(unnamed.payload.unwrap()).unwrap();
+        value.as_object_mut().unwrap().remove("group");
+        let v4 = serde_json::to_vec(&value).unwrap();
+        unnamed.payload = Some(&v4);
+        let (a, stored) = feed(vec![session(2, 8, "b", b"B"), unnamed]);
+        assert_eq!(a.applied, 1);
         assert_eq!(keys(&stored.0[0]), vec![("b", &b"B"[..])]);
     }
 
