@@ -458,6 +458,41 @@ pub fn parse_event<'a>(bytes: &'a [u8], limits: &ParseLimits) -> Result<Event<'a
     validate(wire, bytes)
 }
 
+/// For the fuzzers: whether both parse paths read `bytes` the same way. The fast path
+/// may give up on anything (the slow path then reads it), but what it accepts, the slow
+/// path must accept too and give the same event, or refuse for the same reason.
+#[doc(hidden)]
+pub fn parse_paths_disagree(bytes: &[u8], limits: &ParseLimits) -> Option<String> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let fast = fast::read(text, limits.max_nesting).ok()?;
+    let slow = match slow_read(bytes, limits) {
+        Ok(slow) => slow,
+        Err(e) => return Some(format!("the fast path read it, the slow path refused: {e}")),
+    };
+    // The fast path keeps `args`, `result` and `text` as written, the slow path as
+    // serde_json writes them again: the same values, compared as values.
+    let as_values = |e: Result<Event<'_>, BadEvent>| {
+        e.map(|mut e| {
+            let mut values = Vec::new();
+            match &mut e.body {
+                EventBody::ToolCall(t) => {
+                    for json in [&mut t.args, &mut t.result] {
+                        values.push(json.take().map(|j| j.to_value()));
+                    }
+                }
+                EventBody::LlmCall(l) => values.push(l.text.take().map(|j| j.to_value())),
+                _ => {}
+            }
+            (e.into_owned(), values)
+        })
+    };
+    let (fast, slow) = (
+        as_values(validate(fast, bytes)),
+        as_values(validate(slow, bytes)),
+    );
+    (fast != slow).then(|| format!("fast path: {fast:?}\nslow path: {slow:?}"))
+}
+
 /// The slow path: serde_json reads the event (and says exactly what is wrong with it).
 fn slow_read(bytes: &[u8], limits: &ParseLimits) -> Result<Wire<'static>, BadEvent> {
     check_nesting(bytes, limits.max_nesting)?;
@@ -1173,6 +1208,29 @@ mod tests {
                 "{err} for {:?}",
                 String::from_utf8_lossy(&bytes)
             );
+        }
+    }
+
+    #[test]
+    fn a_number_beyond_f64_is_refused_on_both_paths() {
+        // Found by the fuzzer: the fast path took `5e333…` inside `args`, serde_json
+        // refuses it ("number out of range").
+        let limits = ParseLimits::default();
+        for number in ["5e3333333333333333333", "1e400", &"9".repeat(400)] {
+            let line = format!(
+                r#"{{"type":"tool.called","session_id":"s","tool":"t","args":{{"a":[1,{number}]}}}}"#
+            );
+            let err = parse_event(line.as_bytes(), &limits).unwrap_err();
+            assert_eq!(err.reason(), "invalid_json", "{err}");
+            assert_eq!(parse_paths_disagree(line.as_bytes(), &limits), None);
+        }
+        // In range (an underflow is 0, as serde_json reads it) still takes the fast path.
+        for number in ["1e-400", "1.5e300", &"9".repeat(300)] {
+            let line = format!(
+                r#"{{"type":"tool.called","session_id":"s","tool":"t","args":{{"a":{number}}}}}"#
+            );
+            assert!(fast::read(&line, limits.max_nesting).is_ok(), "{number}");
+            assert_eq!(parse_paths_disagree(line.as_bytes(), &limits), None);
         }
     }
 

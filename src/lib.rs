@@ -32,6 +32,8 @@ pub mod eval;
 pub mod event;
 pub mod feed;
 pub mod fingerprint;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod hash;
 pub mod ingest;
 pub mod json;

@@ -1389,4 +1389,80 @@ mod tests {
             assert_eq!(e.reason(), "invalid_otlp");
         }
     }
+
+    /// Writes the OTLP fuzz targets' seed corpus (`fuzz/corpus/otlp_*`): exports of the
+    /// span shapes the mapper reads, in both encodings. Run once by hand; the fuzzer
+    /// grows the corpus from there (`scripts/fuzz`).
+    #[test]
+    #[ignore = "writes fuzz seeds: cargo test --lib write_otlp_fuzz_seeds -- --ignored"]
+    fn write_otlp_fuzz_seeds() {
+        use prost::Message as _;
+        let agent = span(
+            9,
+            None,
+            900,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+                s(attr::GEN_AI_CONVERSATION_ID, "conv-1"),
+            ],
+        );
+        let mut failing = tool(3, Some(9), 3_000);
+        failing.status = Some(Status {
+            code: 2,
+            message: "exit 1".into(),
+        });
+        let oi_llm = span(
+            4,
+            None,
+            1_000,
+            vec![
+                s(attr::OPENINFERENCE_SPAN_KIND, "LLM"),
+                s(attr::SESSION_ID, "s-oi"),
+                i(attr::LLM_TOKEN_COUNT_PROMPT, 300),
+                i(attr::LLM_TOKEN_COUNT_COMPLETION, 20),
+                kv(attr::LLM_COST_TOTAL, Value::DoubleValue(0.002)),
+                s("llm.output_messages.0.message.content", "Checking."),
+            ],
+        );
+        let oi_tool = span(
+            5,
+            Some(4),
+            1_100,
+            vec![
+                s(attr::OPENINFERENCE_SPAN_KIND, "TOOL"),
+                s(attr::SESSION_ID, "s-oi"),
+                s(attr::TOOL_NAME, "read"),
+                s(attr::INPUT_VALUE, r#"{"p": 1}"#),
+                s(attr::OUTPUT_VALUE, "contents"),
+            ],
+        );
+        let requests = [
+            request(vec![], vec![chat(1, None, 1_000), tool(2, None, 2_000)]),
+            request(
+                vec![s("service.name", "agent")],
+                vec![agent, chat(1, Some(9), 1_000), failing],
+            ),
+            request(vec![], vec![oi_llm, oi_tool]),
+            request(
+                vec![],
+                vec![span(6, None, 10, vec![s("http.method", "GET")])],
+            ),
+        ];
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+        for (n, req) in requests.iter().enumerate() {
+            for (dir, bytes) in [
+                ("otlp_proto", req.encode_to_vec()),
+                ("otlp_json", serde_json::to_vec(req).unwrap()),
+                (
+                    "otlp_json",
+                    serde_json::to_vec(&req.resource_spans).unwrap(),
+                ),
+            ] {
+                let dir = root.join(dir);
+                std::fs::create_dir_all(&dir).unwrap();
+                let name = format!("seed-{n}-{}", bytes.len());
+                std::fs::write(dir.join(name), &bytes).unwrap();
+            }
+        }
+    }
 }
