@@ -134,6 +134,11 @@ impl Restorer {
                 .set("isolation.level", "read_committed")
                 // Says at once when the read reaches the end (see `read`).
                 .set("enable.partition.eof", "true")
+                // Fetched records wait in a queue of at most 2 MiB (librdkafka's default
+                // is 64 MiB): a restore applies them slower than they arrive, and each
+                // restore's queue would otherwise stay in the process's heap (10 MB after
+                // the first restore of the hour-long soak, issue 28).
+                .set("queued.max.messages.kbytes", "2048")
                 .create()
                 .map_err(PipelineError::Client)?;
             self.reader = Some(reader);

@@ -1,0 +1,231 @@
+//! Soak: `loopwarden run` for an hour at a steady input rate, with a second member
+//! joining and leaving the group every few minutes and the broker going away twice;
+//! then the terminations on the bus are compared with `replay`'s.
+//!
+//! `cargo bench --bench soak` (the defaults: one hour, 200 events/s). Knobs (environment):
+//! `SOAK_SECS` (3600), `SOAK_RATE` (events/s, 200), `SOAK_MEMBER_SECS` (the second
+//! member joins, then leaves, every this many seconds; 120, so that the first member
+//! has restored partitions from the changelog once before the 5-minute reading that
+//! memory is measured against), `SOAK_OUTAGE_SECS` (each of
+//! the two broker outages; 20), `SOAK_PORT` (the broker of its own; 19096). It prints
+//! one line every 30 s and a JSON report at the end, and exits non-zero when a target is
+//! missed: the first member's RSS at the end more than 10 % above (or below) its RSS
+//! after 5 minutes, lag not back to 0 within 2 minutes of the input's end or above
+//! `rate × (outage + 60 s)` at any point, or terminations that differ from replay's (each
+//! lost, invented or with other counters; copies with the same `event_id` are counted).
+//!
+//! The broker is Tansu (`scripts/broker`), which keeps its data in memory only: a restart
+//! would empty it, so its outages are SIGSTOP … SIGCONT (no request answered, every
+//! connection stalled), as in the pipeline tests.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use loopwarden::simulate::{Fleet, FleetSpec};
+
+fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One 30 s reading.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Reading {
+    at_secs: u64,
+    produced: u64,
+    lag: i64,
+    rss_kb: u64,
+    second_member: bool,
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else is taken from the command line.
+    let secs = knob("SOAK_SECS", 3600);
+    let rate = knob("SOAK_RATE", 200).max(1);
+    let member_every = knob("SOAK_MEMBER_SECS", 120).max(1);
+    let outage = knob("SOAK_OUTAGE_SECS", 20);
+    let port = knob("SOAK_PORT", 19096) as u16;
+
+    let broker = OwnBroker::start(port);
+    let fx = fixture_on(broker.address.clone(), 4, "");
+    let config = config_of(&fx.cfg);
+    let group = config.kafka.group_id.clone();
+    let topic = fx.topics.input.clone();
+
+    // The input: a fleet whose event time runs at the input rate (replay reads the same
+    // events in the same order, so the idle clock and event time agree with it).
+    let total = (secs * rate) as usize;
+    let mut fleet = Fleet::new(FleetSpec {
+        sessions: total as u64 / 30 + 500,
+        concurrency: 400,
+        loop_share: 0.2,
+        seed: 28,
+    });
+    let step_ms = (1000 / rate).max(1) as i64;
+    let mut t = 1_763_000_000_000;
+    let mut events = Vec::with_capacity(total);
+    while events.len() < total {
+        let Some(e) = fleet.next_event(t) else { break };
+        events.push(e.json);
+        t += step_ms;
+    }
+    let want = expected(config.clone(), &events);
+    eprintln!(
+        "soak: {} events at {rate}/s over {secs} s, {} terminations expected; group {group}",
+        events.len(),
+        want.terminations.len()
+    );
+
+    // The steady producer.
+    let produced = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let feeder = {
+        let (brokers, topic, produced, done) = (
+            broker.address.clone(),
+            topic.clone(),
+            produced.clone(),
+            done.clone(),
+        );
+        let events = events.clone();
+        std::thread::spawn(move || {
+            let producer = producer(&brokers);
+            let start = Instant::now();
+            let per_tick = (rate / 10).max(1) as usize;
+            for (n, chunk) in events.chunks(per_tick).enumerate() {
+                let due = start + Duration::from_millis(100 * n as u64);
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                produce_with(&producer, &topic, chunk, &[]);
+                produced.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            }
+            done.store(true, Ordering::Relaxed);
+        })
+    };
+
+    let first = spawn_run(&fx.cfg, &fx.dir.path().join("first.log"));
+    let (cfg_b, log_b) = fx.instance("second");
+    let mut second: Option<Running> = None;
+    let outages = [secs / 3, 2 * secs / 3];
+    let mut readings: Vec<Reading> = Vec::new();
+    let start = Instant::now();
+    let mut next_reading = 30;
+    let mut next_toggle = member_every;
+    let mut next_outage = 0;
+    let mut drained_at = None;
+    let lag_of = |produced: u64| {
+        let committed: i64 = committed_offsets(&broker.address, &group, &topic)
+            .into_iter()
+            .map(|o| o.unwrap_or(0))
+            .sum();
+        produced as i64 - committed
+    };
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = start.elapsed().as_secs();
+        if next_outage < outages.len() && now >= outages[next_outage] {
+            eprintln!(
+                "soak: broker away for {outage} s ({} of 2)",
+                next_outage + 1
+            );
+            broker.signal("-STOP");
+            std::thread::sleep(Duration::from_secs(outage));
+            broker.signal("-CONT");
+            next_outage += 1;
+        }
+        if now >= next_toggle && now < secs {
+            match second.take() {
+                None => {
+                    eprintln!("soak: second member joins");
+                    second = Some(spawn_run(&cfg_b, &log_b));
+                }
+                Some(run) => {
+                    eprintln!("soak: second member leaves");
+                    run.stop_gracefully();
+                }
+            }
+            next_toggle += member_every;
+        }
+        if now >= next_reading {
+            let produced = produced.load(Ordering::Relaxed);
+            let r = Reading {
+                at_secs: now,
+                produced,
+                lag: lag_of(produced),
+                rss_kb: rss_kb(first.child.id()),
+                second_member: second.is_some(),
+            };
+            eprintln!("soak: {r:?}");
+            readings.push(r);
+            next_reading += 30;
+        }
+        if done.load(Ordering::Relaxed) {
+            let produced = produced.load(Ordering::Relaxed);
+            if lag_of(produced) <= 0 {
+                drained_at.get_or_insert(start.elapsed());
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(secs + 120 + 2 * outage) {
+                break;
+            }
+        }
+    }
+    feeder.join().unwrap();
+    let end_rss = rss_kb(first.child.id());
+    let (terminated, summaries) =
+        read_expected(&broker.address, &fx.topics, &want, Duration::from_secs(120));
+    if let Some(run) = second.take() {
+        run.stop_gracefully();
+    }
+    first.stop_gracefully();
+
+    // The report, then the targets.
+    let after_5_min = readings
+        .iter()
+        .find(|r| r.at_secs >= 300)
+        .map_or(0, |r| r.rss_kb);
+    let max_lag = readings.iter().map(|r| r.lag).max().unwrap_or(0);
+    let lag_bound = (rate * (outage + 60)) as i64;
+    let outcome =
+        std::panic::catch_unwind(|| assert_each_once_as_replay(&want, &terminated, &summaries));
+    let report = serde_json::json!({
+        "secs": secs,
+        "rate": rate,
+        "events": events.len(),
+        "terminations_expected": want.terminations.len(),
+        "terminations_as_replay": outcome.is_ok(),
+        "re_emitted_copies": outcome.as_ref().ok(),
+        "rss_kb_after_5_min": after_5_min,
+        "rss_kb_at_end": end_rss,
+        "max_lag_events": max_lag,
+        "lag_bound_events": lag_bound,
+        "drained_secs_after_input": drained_at.map(|d| d.as_secs().saturating_sub(secs)),
+        "readings": readings,
+    });
+    println!("{report}");
+    let mut missed = Vec::new();
+    if outcome.is_err() {
+        missed.push("terminations differ from replay's".to_string());
+    }
+    if after_5_min > 0 && (end_rss as f64 - after_5_min as f64).abs() > 0.1 * after_5_min as f64 {
+        missed.push(format!(
+            "RSS {end_rss} kB at the end vs {after_5_min} kB after 5 minutes"
+        ));
+    }
+    if max_lag > lag_bound {
+        missed.push(format!("lag reached {max_lag} events (bound {lag_bound})"));
+    }
+    if drained_at.is_none() {
+        missed.push("lag not back to 0 within 2 minutes of the input's end".into());
+    }
+    if !missed.is_empty() {
+        eprintln!("soak: targets missed: {}", missed.join("; "));
+        std::process::exit(1);
+    }
+    eprintln!("soak: every target held");
+}
