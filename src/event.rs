@@ -1216,7 +1216,14 @@ mod tests {
         // Found by the fuzzer: the fast path took `5e333…` inside `args`, serde_json
         // refuses it ("number out of range").
         let limits = ParseLimits::default();
-        for number in ["5e3333333333333333333", "1e400", &"9".repeat(400)] {
+        let near_max = format!("17976931348623158{}", "0".repeat(292));
+        for number in [
+            "5e3333333333333333333",
+            "1e400",
+            &"9".repeat(400),
+            "1.7976931348623158e308",
+            &near_max,
+        ] {
             let line = format!(
                 r#"{{"type":"tool.called","session_id":"s","tool":"t","args":{{"a":[1,{number}]}}}}"#
             );

@@ -13,12 +13,16 @@
 //!   The heads wait for them: after a restart on a busy machine one topic's first fetch
 //!   can come seconds after the other's, and applying the other's backlog meanwhile
 //!   would judge sessions on a different order than replay's (findings lost or told by
-//!   another detector). A topic that claims unpolled events but delivers none for
-//!   [`UNPOLLED_WAIT_MAX`] is believed caught up until it delivers again (a high
-//!   watermark above an open transaction, a broker's stale watermark), so it can delay
-//!   the others once, never stall them.
+//!   another detector). A topic that has just drained counts as unpolled until the
+//!   client is asked again (its next fetch may already be waiting). The wait is bounded:
+//!   a topic that stays unpolled for [`UNPOLLED_WAIT_MAX`] after it drained (or was
+//!   assigned) is believed caught up until it drains again or is seen caught up, so a
+//!   high watermark above an open transaction (read_committed hides its records until
+//!   the commit) delays the others at most that long each time, and never stalls them.
 //! - **Caught up**: nothing more is known on the broker; a live event may still be on
 //!   its way, so the heads wait `wait` after they were polled.
+//!
+//! `wait` zero turns alignment off: heads go as they come.
 //!
 //! Ties go to the topic listed first, then offset order.
 //!
@@ -51,8 +55,8 @@ pub struct Held<T> {
 #[derive(Debug)]
 struct Queue<T> {
     held: VecDeque<Held<T>>,
-    /// Since when the broker is known to hold events of this topic not polled yet
-    /// (`None`: caught up as far as the client knows), restarted by each delivery.
+    /// Since when this topic counts as unpolled (events of it on the broker not polled
+    /// yet, or not known since it drained); `None`: caught up as far as the client knows.
     unpolled_since: Option<Instant>,
 }
 
@@ -98,10 +102,6 @@ impl<T> Aligner<T> {
             .held
             .back()
             .is_none_or(|last| last.offset < held.offset));
-        // A delivery renews an unpolled topic's credit.
-        if let Some(since) = &mut queue.unpolled_since {
-            *since = held.polled;
-        }
         queue.held.push_back(held);
     }
 
@@ -146,7 +146,7 @@ impl<T> Aligner<T> {
             }
         }
         let (topic, head) = next?;
-        if !some_topic_empty || head.time.is_none() {
+        if !some_topic_empty || head.time.is_none() || self.wait.is_zero() {
             return Some((topic, None));
         }
         let grace = head.polled + self.wait;
@@ -160,7 +160,13 @@ impl<T> Aligner<T> {
         if due.is_some_and(|due| now < due) {
             return None;
         }
-        self.queues[topic].held.pop_front().map(|h| (topic, h))
+        let queue = &mut self.queues[topic];
+        let held = queue.held.pop_front()?;
+        if queue.held.is_empty() {
+            // What follows may already wait in the client: unknown until asked.
+            queue.unpolled_since = Some(now);
+        }
+        Some((topic, held))
     }
 
     /// When the head that waits for another topic may go (`None`: nothing waits).
@@ -215,10 +221,30 @@ mod tests {
         a
     }
 
+    /// What may go at `now`, the client never asked in between (a drained topic stays
+    /// unpolled).
     fn drain(a: &mut Aligner<&'static str>, now: Instant) -> Vec<(usize, i64)> {
         std::iter::from_fn(|| a.pop_ready(now))
             .map(|(t, h)| (t, h.offset))
             .collect()
+    }
+
+    /// What may go at `now`, the client saying whenever asked that nothing more waits on
+    /// the broker (each drained topic is caught up), as on a live stream.
+    fn drain_caught_up(a: &mut Aligner<&'static str>, now: Instant) -> Vec<(usize, i64)> {
+        let mut out = Vec::new();
+        loop {
+            out.extend(drain(a, now));
+            let unknown: Vec<usize> = (0..a.queues.len())
+                .filter(|&t| a.is_drained(t) && a.queues[t].unpolled_since.is_some())
+                .collect();
+            if unknown.is_empty() {
+                return out;
+            }
+            for t in unknown {
+                a.set_unpolled(t, false, now);
+            }
+        }
     }
 
     #[test]
@@ -233,14 +259,26 @@ mod tests {
             a.push(1, held(t, o, t0));
         }
         // 50 waits: topic 1 has nothing left that could come before it.
-        assert_eq!(drain(&mut a, t0), vec![(0, 0), (1, 0), (0, 1), (1, 1)]);
+        assert_eq!(
+            drain_caught_up(&mut a, t0),
+            vec![(0, 0), (1, 0), (0, 1), (1, 1)]
+        );
         assert_eq!(a.len(), 1);
         assert_eq!(a.next_due(), Some(t0 + WAIT));
         // A later tool call arrives: 50 goes, the tool call at 60 waits in its turn.
         a.push(1, held(60, 2, t0 + Duration::from_millis(5)));
-        assert_eq!(drain(&mut a, t0 + Duration::from_millis(5)), vec![(0, 2)]);
-        assert_eq!(drain(&mut a, t0 + Duration::from_millis(104)), vec![]);
-        assert_eq!(drain(&mut a, t0 + Duration::from_millis(105)), vec![(1, 2)]);
+        assert_eq!(
+            drain_caught_up(&mut a, t0 + Duration::from_millis(5)),
+            vec![(0, 2)]
+        );
+        assert_eq!(
+            drain_caught_up(&mut a, t0 + Duration::from_millis(104)),
+            vec![]
+        );
+        assert_eq!(
+            drain_caught_up(&mut a, t0 + Duration::from_millis(105)),
+            vec![(1, 2)]
+        );
         assert!(a.is_empty());
         assert_eq!(a.next_due(), None);
     }
@@ -251,7 +289,7 @@ mod tests {
         let mut a = caught_up(2, WAIT, t0);
         a.push(0, held(10, 0, t0));
         assert!(a.pop_ready(t0 + WAIT - Duration::from_millis(1)).is_none());
-        assert_eq!(drain(&mut a, t0 + WAIT), vec![(0, 0)]);
+        assert_eq!(drain_caught_up(&mut a, t0 + WAIT), vec![(0, 0)]);
     }
 
     #[test]
@@ -261,11 +299,11 @@ mod tests {
         a.push(0, held(30, 0, t0));
         a.push(1, held(20, 0, t0 + Duration::from_millis(50)));
         assert_eq!(
-            drain(&mut a, t0 + Duration::from_millis(50)),
+            drain_caught_up(&mut a, t0 + Duration::from_millis(50)),
             vec![(1, 0)],
             "the tool call at 20 goes first; the LLM call at 30 waits for topic 1 again"
         );
-        assert_eq!(drain(&mut a, t0 + WAIT), vec![(0, 0)]);
+        assert_eq!(drain_caught_up(&mut a, t0 + WAIT), vec![(0, 0)]);
     }
 
     #[test]
@@ -283,9 +321,9 @@ mod tests {
                 item: "dead letter",
             },
         );
-        assert_eq!(drain(&mut a, t0), vec![(0, 0), (0, 1)]);
+        assert_eq!(drain_caught_up(&mut a, t0), vec![(0, 0), (0, 1)]);
         // Topic 0 has nothing held now: the tool call waits for it.
-        assert_eq!(drain(&mut a, t0 + WAIT), vec![(1, 0)]);
+        assert_eq!(drain_caught_up(&mut a, t0 + WAIT), vec![(1, 0)]);
     }
 
     #[test]
@@ -293,8 +331,9 @@ mod tests {
         let t0 = Instant::now();
         let mut one = caught_up(1, WAIT, t0);
         one.push(0, held(10, 0, t0));
-        assert_eq!(drain(&mut one, t0), vec![(0, 0)]);
-        let mut eager = caught_up(2, Duration::ZERO, t0);
+        assert_eq!(drain_caught_up(&mut one, t0), vec![(0, 0)]);
+        // Zero turns alignment off: not even an unpolled topic holds a head.
+        let mut eager = Aligner::new(2, Duration::ZERO, t0);
         eager.push(0, held(10, 0, t0));
         assert_eq!(drain(&mut eager, t0), vec![(0, 0)]);
     }
@@ -315,10 +354,10 @@ mod tests {
                 for topic in [first, second] {
                     let (o, t) = if topic == 0 { llm[step] } else { tool[step] };
                     a.push(topic, held(t, o, t0));
-                    out.extend(drain(&mut a, t0));
+                    out.extend(drain_caught_up(&mut a, t0));
                 }
             }
-            out.extend(drain(&mut a, t0 + WAIT));
+            out.extend(drain_caught_up(&mut a, t0 + WAIT));
             outs.push(out);
         }
         assert_eq!(outs[0], outs[1]);
@@ -352,9 +391,13 @@ mod tests {
         assert_eq!(a.next_due(), Some(t0 + UNPOLLED_WAIT_MAX));
         a.push(1, held(20, 0, ms(3000)));
         a.set_unpolled(1, false, ms(3000));
-        // Caught up now: the LLM call at 30 waits its grace only, from its poll, which
-        // ran out long ago.
-        assert_eq!(drain(&mut a, ms(3000)), vec![(0, 0), (1, 0), (0, 1)]);
+        // The tool call at 20 drains its topic: what follows may already wait in the
+        // client, so the LLM call at 30 waits until the client is asked.
+        assert_eq!(drain(&mut a, ms(3000)), vec![(0, 0), (1, 0)]);
+        assert_eq!(a.next_due(), Some(ms(3000) + UNPOLLED_WAIT_MAX));
+        // Caught up: it waits its grace only, from its poll, which ran out long ago.
+        a.set_unpolled(1, false, ms(3000));
+        assert_eq!(drain(&mut a, ms(3000)), vec![(0, 1)]);
     }
 
     #[test]
@@ -374,7 +417,7 @@ mod tests {
         a.push(0, held(20, 1, ms(2100)));
         assert_eq!(drain(&mut a, ms(2199)), vec![]);
         assert_eq!(drain(&mut a, ms(2200)), vec![(0, 1)]);
-        // A delivery renews its credit: once drained, it is waited for again.
+        // Draining renews its credit: it is waited for again.
         a.push(1, held(30, 0, ms(3000)));
         assert_eq!(drain(&mut a, ms(3000)), vec![]);
         a.push(0, held(40, 2, ms(3000)));

@@ -99,7 +99,7 @@ pub enum PipelineError {
     Store(#[from] StoreError),
     #[error("cannot restore partition {partition} from the changelog: {reason}")]
     Restore { partition: i32, reason: String },
-    #[error("changelog topic `{topic}` partition {partition} holds state of consumer group `{writer}` (commit record at offset {offset}), and this deployment's group is `{ours}`: two deployments share one changelog topic; give this one a kafka.changelog_topic of its own (its sessions then start anew), or set kafka.group_id back to `{writer}` if this is that deployment")]
+    #[error("changelog topic `{topic}` partition {partition} holds state of consumer group `{writer}` (commit record at offset {offset}), and this deployment's group is `{ours}`: two deployments share one changelog topic; give this one a kafka.changelog_topic of its own and an empty state.path (its sessions then start anew), or set kafka.group_id back to `{writer}` if this is that deployment")]
     ChangelogOfAnotherGroup {
         topic: String,
         partition: i32,

@@ -52,6 +52,10 @@ pub(super) struct Partition {
     /// Messages of this partition wait on the broker (as the client last saw it): it is
     /// behind, not idle, and its clock waits for its events.
     pub behind: bool,
+    /// Each input topic's high watermark as the broker gave it at the assignment (`None`:
+    /// not asked, with one input topic, or no answer). The client's cached watermarks
+    /// outlive a revoke, so after a partition comes back they may be older than this.
+    pub high_at_assignment: Vec<Option<i64>>,
 }
 
 impl Pending {
@@ -118,6 +122,7 @@ impl Partition {
             last_event_wall: Instant::now(),
             clock_at_last_event,
             behind: false,
+            high_at_assignment: Vec::new(),
         }
     }
 

@@ -2,6 +2,7 @@
 //! before the partition is consumed, applying whole batches only (the format and why
 //! one produce round is enough: the parent module's docs).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -144,6 +145,24 @@ impl Restorer {
             self.reader = Some(reader);
         }
         Ok(self.reader.as_ref().expect("made above"))
+    }
+
+    /// The high watermark of partition `partition` of each of `topics`, as the broker
+    /// answers now (`None` where it does not within 5 s: one try, no retry).
+    pub fn high_watermarks(&mut self, topics: &[Arc<str>], partition: i32) -> Vec<Option<i64>> {
+        let Ok(reader) = self.reader() else {
+            return vec![None; topics.len()];
+        };
+        topics
+            .iter()
+            .map(|topic| {
+                reader
+                    .fetch_watermarks(topic, partition, Duration::from_secs(5))
+                    .map_err(|e| warn!(topic = %topic, partition, error = %e, "cannot read an input topic's high watermark at the assignment; its first fetch is waited for instead"))
+                    .ok()
+                    .map(|(_, high)| high)
+            })
+            .collect()
     }
 
     /// The changelog partition's (low, high) watermarks; `None` when shutdown came first.
