@@ -1177,11 +1177,11 @@ mod tests {
         );
     }
 
-    #[test]
-    fn openinference_spans_map_too() {
-        let llm = span(
-            1,
-            None,
+    /// An OpenInference LLM span (session `s-oi`) asking for two tools.
+    fn openinference_llm(id: u8, parent: Option<u8>) -> Span {
+        span(
+            id,
+            parent,
             1_000,
             vec![
                 s(attr::OPENINFERENCE_SPAN_KIND, "LLM"),
@@ -1203,10 +1203,14 @@ mod tests {
                     "grep",
                 ),
             ],
-        );
-        let tool = span(
-            2,
-            None,
+        )
+    }
+
+    /// An OpenInference tool span (session `s-oi`) of `read`.
+    fn openinference_tool(id: u8, parent: Option<u8>) -> Span {
+        span(
+            id,
+            parent,
             1_100,
             vec![
                 s(attr::OPENINFERENCE_SPAN_KIND, "TOOL"),
@@ -1215,7 +1219,12 @@ mod tests {
                 s(attr::INPUT_VALUE, r#"{"p": 1}"#),
                 s(attr::OUTPUT_VALUE, "contents"),
             ],
-        );
+        )
+    }
+
+    #[test]
+    fn openinference_spans_map_too() {
+        let (llm, tool) = (openinference_llm(1, None), openinference_tool(2, None));
         let (ev, _) = events(&Mapper::default(), &request(vec![], vec![llm, tool]));
         assert_eq!(ev[0]["input_tokens"], 300);
         assert_eq!(ev[0]["cost_usd"], 0.002);
@@ -1411,38 +1420,16 @@ mod tests {
             code: 2,
             message: "exit 1".into(),
         });
-        let oi_llm = span(
-            4,
-            None,
-            1_000,
-            vec![
-                s(attr::OPENINFERENCE_SPAN_KIND, "LLM"),
-                s(attr::SESSION_ID, "s-oi"),
-                i(attr::LLM_TOKEN_COUNT_PROMPT, 300),
-                i(attr::LLM_TOKEN_COUNT_COMPLETION, 20),
-                kv(attr::LLM_COST_TOTAL, Value::DoubleValue(0.002)),
-                s("llm.output_messages.0.message.content", "Checking."),
-            ],
-        );
-        let oi_tool = span(
-            5,
-            Some(4),
-            1_100,
-            vec![
-                s(attr::OPENINFERENCE_SPAN_KIND, "TOOL"),
-                s(attr::SESSION_ID, "s-oi"),
-                s(attr::TOOL_NAME, "read"),
-                s(attr::INPUT_VALUE, r#"{"p": 1}"#),
-                s(attr::OUTPUT_VALUE, "contents"),
-            ],
-        );
         let requests = [
             request(vec![], vec![chat(1, None, 1_000), tool(2, None, 2_000)]),
             request(
                 vec![s("service.name", "agent")],
                 vec![agent, chat(1, Some(9), 1_000), failing],
             ),
-            request(vec![], vec![oi_llm, oi_tool]),
+            request(
+                vec![],
+                vec![openinference_llm(4, None), openinference_tool(5, Some(4))],
+            ),
             request(
                 vec![],
                 vec![span(6, None, 10, vec![s("http.method", "GET")])],
