@@ -862,12 +862,11 @@ const COMMAND_LINE_ENV: [&str; 3] = [
 
 /// `loopwarden run` is a long-lived service whose resident memory must stay flat.
 /// mimalloc asks the kernel for transparent huge pages by default, and a heap spread over
-/// 2 MiB pages stays resident page by page: in the hour-long soak (issue 28) the first
-/// member's RSS rose from 71 MB after 5 minutes to over 100 MB within 40 minutes with
-/// huge pages, its heap being about 20 MB, and stays near 30 MB without them. So the
-/// service opts out
-/// (`PR_SET_THP_DISABLE`, what `MIMALLOC_ALLOW_THP=0` does); the batch commands keep
-/// huge pages for speed. Setting `MIMALLOC_ALLOW_THP` (to 1) leaves the choice to mimalloc.
+/// 2 MiB pages stays resident page by page: in the soak (issue 28) the first member's
+/// RSS rose from 71 MB after 5 minutes to over 100 MB within 40 minutes with huge pages,
+/// its heap being about 20 MB, and stayed between 27 and 38 MB without them (20- and
+/// 45-minute runs). So the service opts out (`PR_SET_THP_DISABLE`, what
+/// `MIMALLOC_ALLOW_THP=0` does); the batch commands keep huge pages for speed. Setting `MIMALLOC_ALLOW_THP` (to 1) leaves the choice to mimalloc.
 fn without_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {

@@ -275,20 +275,14 @@ fn two_topics_out_of_step_and_killed_mid_batch_give_replays_findings() {
     let want = expected(config_of(&cfg), &events);
     assert!(want.terminations.len() > 40, "the fleet loops");
     let (tool_calls, others) = tool_calls_and_others(&events);
-    let feed = |topic: String, events: Vec<Vec<u8>>, delay_ms: u64| {
-        let brokers = brokers.clone();
-        std::thread::spawn(move || {
-            let producer = producer(&brokers);
-            std::thread::sleep(Duration::from_millis(delay_ms));
-            for chunk in events.chunks(events.len() / 20 + 1) {
-                produce_with(&producer, &topic, chunk, &[]);
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        })
+    let pace = |delay_ms| Pace {
+        delay: Duration::from_millis(delay_ms),
+        chunks: 20,
+        pause: Duration::from_millis(200),
     };
     let feeders = [
-        feed(topics.input.clone(), others, 0),
-        feed(tools.clone(), tool_calls, 600),
+        feed_paced(&brokers, topics.input.clone(), others, pace(0)),
+        feed_paced(&brokers, tools.clone(), tool_calls, pace(600)),
     ];
     let log = dir.path().join("run.log");
     let mut rng = Lcg(std::process::id() as u64);
@@ -393,20 +387,15 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
         want.terminations.len()
     );
     let (tool_calls, others) = tool_calls_and_others(&events);
-    let feed = |topic: String, events: Vec<Vec<u8>>| {
-        let brokers = brokers.clone();
-        std::thread::spawn(move || {
-            let producer = producer(&brokers);
-            for chunk in events.chunks(events.len() / 40 + 1) {
-                produce_with(&producer, &topic, chunk, &[]);
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        })
+    let pace = Pace {
+        delay: Duration::ZERO,
+        chunks: 40,
+        pause: Duration::from_millis(250),
     };
     let load = CpuLoad::start();
     let feeders = [
-        feed(topics.input.clone(), others),
-        feed(tools.clone(), tool_calls),
+        feed_paced(&brokers, topics.input.clone(), others, pace),
+        feed_paced(&brokers, tools.clone(), tool_calls, pace),
     ];
     let log = dir.path().join("run.log");
     let mut rng = Lcg(seed);
@@ -448,6 +437,33 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
     }
     let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
     eprintln!("busy crash test: nothing lost; {duplicates} re-emitted copies");
+}
+
+/// How a feeder thread spreads its events over time: it waits `delay`, then produces
+/// them in about `chunks` chunks with `pause` after each.
+#[derive(Clone, Copy)]
+struct Pace {
+    delay: Duration,
+    chunks: usize,
+    pause: Duration,
+}
+
+/// Produces `events` to `topic` on a thread of its own, at `pace`.
+fn feed_paced(
+    brokers: &str,
+    topic: String,
+    events: Vec<Vec<u8>>,
+    pace: Pace,
+) -> std::thread::JoinHandle<()> {
+    let brokers = brokers.to_string();
+    std::thread::spawn(move || {
+        let producer = producer(&brokers);
+        std::thread::sleep(pace.delay);
+        for chunk in events.chunks(events.len() / pace.chunks + 1) {
+            produce_with(&producer, &topic, chunk, &[]);
+            std::thread::sleep(pace.pause);
+        }
+    })
 }
 
 /// Starts `loopwarden run` `kills` times and SIGKILLs it `after()` ms after it has
