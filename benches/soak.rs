@@ -55,6 +55,15 @@ fn main() {
 
     let broker = OwnBroker::start(port);
     let fx = fixture_on(broker.address.clone(), 4, "");
+    // The tests' 2 s group session suits a minute-long test; an hour under load with a
+    // member coming and going needs what production runs with (librdkafka's defaults are
+    // 45 s and 3 s; 10 s still lets a SIGKILLed member's partitions move on quickly).
+    // Under 2 s the group rebalanced over and over on a loaded machine and fetched nothing.
+    let text = std::fs::read_to_string(&fx.cfg)
+        .unwrap()
+        .replace("\"session.timeout.ms\" = 2000", "\"session.timeout.ms\" = 10000")
+        .replace("\"heartbeat.interval.ms\" = 200", "\"heartbeat.interval.ms\" = 1000");
+    std::fs::write(&fx.cfg, text).unwrap();
     let config = config_of(&fx.cfg);
     let group = config.kafka.group_id.clone();
     let topic = fx.topics.input.clone();

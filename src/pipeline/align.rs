@@ -58,6 +58,8 @@ struct Queue<T> {
     /// Since when this topic counts as unpolled (events of it on the broker not polled
     /// yet, or not known since it drained); `None`: caught up as far as the client knows.
     unpolled_since: Option<Instant>,
+    /// This stretch of being unpolled outlasted the bound and was reported.
+    overrun_reported: bool,
 }
 
 /// The held messages of one partition, one queue per input topic.
@@ -66,6 +68,9 @@ pub struct Aligner<T> {
     queues: Vec<Queue<T>>,
     wait: Duration,
     unpolled_wait_max: Duration,
+    /// Topics whose unpolled stretch outlasted the bound while a head went, not taken
+    /// yet (see [`Aligner::take_overruns`]).
+    overruns: Vec<usize>,
 }
 
 impl<T> Aligner<T> {
@@ -88,10 +93,12 @@ impl<T> Aligner<T> {
                 .map(|_| Queue {
                     held: VecDeque::new(),
                     unpolled_since: Some(now),
+                    overrun_reported: false,
                 })
                 .collect(),
             wait,
             unpolled_wait_max,
+            overruns: Vec::new(),
         }
     }
 
@@ -108,11 +115,12 @@ impl<T> Aligner<T> {
     /// Records whether the broker holds events of `topic` that were not polled yet, as
     /// the client knows at `now`.
     pub fn set_unpolled(&mut self, topic: usize, unpolled: bool, now: Instant) {
-        let since = &mut self.queues[topic].unpolled_since;
+        let queue = &mut self.queues[topic];
         if !unpolled {
-            *since = None;
-        } else if since.is_none() {
-            *since = Some(now);
+            queue.unpolled_since = None;
+            queue.overrun_reported = false;
+        } else if queue.unpolled_since.is_none() {
+            queue.unpolled_since = Some(now);
         }
     }
 
@@ -160,13 +168,34 @@ impl<T> Aligner<T> {
         if due.is_some_and(|due| now < due) {
             return None;
         }
+        if due.is_some() {
+            // The head goes without an empty topic that still claims unpolled events:
+            // the order may differ from replay's, so it is reported (once a stretch).
+            let max = self.unpolled_wait_max;
+            for (t, q) in self.queues.iter_mut().enumerate() {
+                let overrun = q.held.is_empty()
+                    && !q.overrun_reported
+                    && q.unpolled_since.is_some_and(|since| now >= since + max);
+                if overrun {
+                    q.overrun_reported = true;
+                    self.overruns.push(t);
+                }
+            }
+        }
         let queue = &mut self.queues[topic];
         let held = queue.held.pop_front()?;
         if queue.held.is_empty() {
             // What follows may already wait in the client: unknown until asked.
             queue.unpolled_since = Some(now);
+            queue.overrun_reported = false;
         }
         Some((topic, held))
+    }
+
+    /// The topics that stayed unpolled past the bound while other topics' heads went
+    /// without them since the last call, each once per such stretch.
+    pub fn take_overruns(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.overruns)
     }
 
     /// When the head that waits for another topic may go (`None`: nothing waits).
@@ -193,6 +222,7 @@ impl<T> Aligner<T> {
         for queue in &mut self.queues {
             queue.held.clear();
             queue.unpolled_since = Some(now);
+            queue.overrun_reported = false;
         }
     }
 }
@@ -411,12 +441,15 @@ mod tests {
         // Still unpolled at every look (a watermark above an open transaction).
         a.set_unpolled(1, true, ms(1000));
         assert_eq!(drain(&mut a, ms(1999)), vec![]);
+        assert!(a.take_overruns().is_empty(), "nothing went past the bound yet");
         assert_eq!(drain(&mut a, ms(2000)), vec![(0, 0)]);
+        assert_eq!(a.take_overruns(), vec![1], "the overrun is reported");
         // Believed caught up from then on: the next head waits its grace only.
         a.set_unpolled(1, true, ms(2100));
         a.push(0, held(20, 1, ms(2100)));
         assert_eq!(drain(&mut a, ms(2199)), vec![]);
         assert_eq!(drain(&mut a, ms(2200)), vec![(0, 1)]);
+        assert!(a.take_overruns().is_empty(), "once a stretch");
         // Draining renews its credit: it is waited for again.
         a.push(1, held(30, 0, ms(3000)));
         assert_eq!(drain(&mut a, ms(3000)), vec![]);
@@ -424,6 +457,7 @@ mod tests {
         assert_eq!(drain(&mut a, ms(3000)), vec![(1, 0)]);
         assert_eq!(drain(&mut a, ms(4999)), vec![]);
         assert_eq!(drain(&mut a, ms(5000)), vec![(0, 2)]);
+        assert_eq!(a.take_overruns(), vec![1], "a new stretch, reported again");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use rdkafka::{Message, Offset};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
-use super::align::Held;
+use super::align::{Held, UNPOLLED_WAIT_MAX};
 use super::backoff::{Backoff, DeadlinePassed};
 use super::batch::Unacked;
 use super::changelog::{BatchIds, Restorer};
@@ -356,6 +356,15 @@ impl Worker {
                     self.outbox.push(record);
                 }
             }
+        }
+        for topic in p.held.take_overruns() {
+            warn!(
+                partition,
+                topic = %self.inputs[topic],
+                waited_secs = UNPOLLED_WAIT_MAX.as_secs(),
+                "input topic still unpolled after the bound; its partition's other topics go on without it"
+            );
+            metrics.align_overruns.inc();
         }
         if !applied_any {
             return;

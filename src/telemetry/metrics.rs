@@ -44,6 +44,9 @@ pub struct Metrics {
     /// Events whose own time was behind their partition's clock by more than
     /// `session_gap_secs` (a lagging producer clock or a backlog); judged as usual.
     pub late_events: IntCounter,
+    /// Times a partition's heads went on without an input topic that still claimed
+    /// unpolled events after the aligner's bound (the order may then differ from replay's).
+    pub align_overruns: IntCounter,
     /// Bad input sent to the dead-letter topic, by reason.
     pub bad_events: IntCounterVec,
     /// Input events whose message key is not their `session_id`, by `key`: `missing`
@@ -227,6 +230,11 @@ impl Metrics {
                 &["stage"],
             )
             .expect("valid metric"),
+            align_overruns: IntCounter::new(
+                "loopwarden_align_overruns_total",
+                "Times a partition's events went on without an input topic that still claimed unpolled events after 30 s.",
+            )
+            .expect("valid metric"),
             delivery_retries: IntCounter::new(
                 "loopwarden_delivery_retries_total",
                 "Output records whose delivery failed and was retried.",
@@ -269,6 +277,7 @@ impl Metrics {
             Box::new(m.events_consumed.clone()),
             Box::new(m.events_skipped.clone()),
             Box::new(m.late_events.clone()),
+            Box::new(m.align_overruns.clone()),
             Box::new(m.bad_events.clone()),
             Box::new(m.events_miskeyed.clone()),
             Box::new(m.findings.clone()),
