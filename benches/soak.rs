@@ -7,7 +7,9 @@
 //! member joins, then leaves, every this many seconds; 120, so that the first member
 //! has restored partitions from the changelog once before the 5-minute reading that
 //! memory is measured against), `SOAK_OUTAGE_SECS` (each of
-//! the two broker outages; 20), `SOAK_PORT` (the broker of its own; 19096). It prints
+//! the two broker outages; 20), `SOAK_PORT` (the broker of its own; 19096),
+//! `SOAK_SECOND_DEBUG` (librdkafka debug contexts for the second member, e.g.
+//! `fetch,cgrp`; its log is kept under the bench's temporary directory). It prints
 //! one line every 30 s and a JSON report at the end, and exits non-zero when a target is
 //! missed: the first member's RSS at the end more than 10 % above (or below) its RSS
 //! after 5 minutes, lag not back to 0 within 2 minutes of the input's end or above
@@ -61,8 +63,14 @@ fn main() {
     // Under 2 s the group rebalanced over and over on a loaded machine and fetched nothing.
     let text = std::fs::read_to_string(&fx.cfg)
         .unwrap()
-        .replace("\"session.timeout.ms\" = 2000", "\"session.timeout.ms\" = 10000")
-        .replace("\"heartbeat.interval.ms\" = 200", "\"heartbeat.interval.ms\" = 1000");
+        .replace(
+            "\"session.timeout.ms\" = 2000",
+            "\"session.timeout.ms\" = 10000",
+        )
+        .replace(
+            "\"heartbeat.interval.ms\" = 200",
+            "\"heartbeat.interval.ms\" = 1000",
+        );
     std::fs::write(&fx.cfg, text).unwrap();
     let config = config_of(&fx.cfg);
     let group = config.kafka.group_id.clone();
@@ -119,6 +127,13 @@ fn main() {
 
     let first = spawn_run(&fx.cfg, &fx.dir.path().join("first.log"));
     let (cfg_b, log_b) = fx.instance("second");
+    if let Ok(debug) = std::env::var("SOAK_SECOND_DEBUG") {
+        // librdkafka's own debug contexts for the member that comes and goes (e.g.
+        // "fetch,cgrp"): the config ends in its [kafka.consumer] table.
+        let mut text = std::fs::read_to_string(&cfg_b).unwrap();
+        text.push_str(&format!("\"debug\" = \"{debug}\"\n"));
+        std::fs::write(&cfg_b, text).unwrap();
+    }
     let mut second: Option<Running> = None;
     let outages = [secs / 3, 2 * secs / 3];
     let mut readings: Vec<Reading> = Vec::new();

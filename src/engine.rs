@@ -17,6 +17,7 @@ use hashbrown::hash_map::EntryRef;
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet, FxHasher};
 
 use crate::config::{Config, ToolClasses};
+use crate::content::ContentSample;
 use crate::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
 use crate::event::{format_rfc3339_ms, CallKind, Completion, Event, EventBody, LlmCall, ToolCall};
 use crate::fingerprint::{self, Fingerprinter};
@@ -289,6 +290,11 @@ impl Work {
             poll: classes.poll || (result.pending && !is_error),
             retry_safe: classes.retry_safe,
             write: classes.write,
+            content: if wordless {
+                ContentSample::default()
+            } else {
+                self.prints.content_sample()
+            },
         };
         (obs, has_action)
     }

@@ -14,6 +14,7 @@
 //! `serde_json::Value` is built; the tests hold the result to a tree walk over
 //! serde_json's values for any JSON.
 
+use crate::content::ContentSample;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use sha2::{Digest as _, Sha256};
 
@@ -338,6 +339,19 @@ impl Fingerprinter {
         }
     }
 }
+
+impl Scratch {
+    /// The lines the last result fingerprinted showed, sampled (see [`crate::content`]);
+    /// its first [`CONTENT_BYTES_MAX`] bytes are read.
+    pub fn content_sample(&self) -> ContentSample {
+        let c = &self.canonical;
+        ContentSample::of_canonical(&c[..c.len().min(CONTENT_BYTES_MAX)])
+    }
+}
+
+/// Bytes of a result's canonical text read for its content sample: what an agent reads
+/// of a long output is its beginning, and the work per call stays bounded.
+pub const CONTENT_BYTES_MAX: usize = 8 * 1024;
 
 /// Whether any string value (not a key) of a JSON text says something in words.
 fn words_of(s: &[u8]) -> bool {

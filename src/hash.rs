@@ -20,7 +20,7 @@ fn mix(h: u64, word: u64) -> u64 {
 }
 
 #[inline]
-fn fold(h: u64) -> u32 {
+pub(crate) fn fold(h: u64) -> u32 {
     let h = h ^ (h >> 29);
     (h as u32) ^ ((h >> 32) as u32)
 }
@@ -363,6 +363,21 @@ fn low_bytes(n: u32) -> u64 {
     } else {
         (1u64 << (8 * n)) - 1
     }
+}
+
+/// The hash of a line of output, as written (case kept).
+#[inline]
+pub fn line_hash(line: &[u8]) -> u32 {
+    let mut h = WordHasher::default();
+    let mut rest = line;
+    while rest.len() >= 8 {
+        h.word(load8(rest));
+        rest = &rest[8..];
+    }
+    for &b in rest {
+        h.byte(b);
+    }
+    fold(h.finish())
 }
 
 /// The hash of a token, ASCII case ignored.

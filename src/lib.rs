@@ -24,6 +24,7 @@
 pub mod backtest;
 pub mod classes;
 pub mod config;
+pub mod content;
 pub mod demo;
 pub mod detectors;
 pub mod driver;

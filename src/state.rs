@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use crate::content::ContentSample;
 use crate::detectors::{DetectorKind, DETECTOR_COUNT};
 use crate::policy::Level;
 use crate::text::TextSketch;
@@ -28,8 +29,13 @@ pub const RECENT_EVENT_IDS: usize = 16;
 pub const POLL_TRACKERS: usize = 4;
 /// Longest `run_id` / `agent_id` / `tenant` kept.
 pub const MAX_LABEL: usize = 64;
-/// The serialized size every session state stays under (DESIGN §4 target).
+/// The serialized size session states stay under (DESIGN §4 target): every state the
+/// adversarial and property tests drive, and real sessions (270–800 bytes typical).
 pub const STATE_BYTES_BOUND: usize = 2048;
+/// The size no state can pass: every ring full and every label and tool name at its
+/// cap at once (3,025 bytes). Above DESIGN §4's 2 KiB: the rings alone take 1.6 kB, and
+/// eight tool names and three labels at their caps another 0.5 kB.
+pub const STATE_BYTES_MAX: usize = 3 * 1024;
 /// The tool-call window of loop detectors (DESIGN §3: the last 30 calls of the run).
 pub const WINDOW_CALLS: usize = 30;
 /// Sketches of previous turns kept for `similar_turns`.
@@ -57,6 +63,20 @@ mod fixed {
         }
         pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
             Ok(u32::from_le_bytes(<[u8; 4]>::deserialize(d)?))
+        }
+    }
+
+    pub mod u16_deque {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &VecDeque<u16>, s: S) -> Result<S::Ok, S::Error> {
+            let bytes: Vec<[u8; 2]> = v.iter().map(|x| x.to_le_bytes()).collect();
+            bytes.serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<VecDeque<u16>, D::Error> {
+            Ok(Vec::<[u8; 2]>::deserialize(d)?
+                .into_iter()
+                .map(u16::from_le_bytes)
+                .collect())
         }
     }
 
@@ -231,22 +251,29 @@ pub struct RunState {
     /// these, since waiting on a job that moves is no loop; a failure repeats them all.
     pub since_poll_moved: Option<u8>,
     pub no_new_info_streak: u32,
+    /// Lines the run's results showed, sampled (see [`crate::content`]), oldest first.
+    #[serde(with = "fixed::u16_deque")]
+    pub seen_lines: VecDeque<u16>,
 }
 
 impl RunState {
-    /// A turn since learned something new (see [`CallRecord::news_key`]).
+    /// A call since learned something new: an answer this action had not given before
+    /// (see [`CallRecord::news_key`]) that showed lines the run had not seen.
     pub const LEARNED: u8 = 1;
     /// A call made progress: a poll (a changed status is progress; an unchanged one is
     /// `poll_no_progress`'s to judge, with the room polls get), or an outcome new to the
     /// window (the same call answering differently, digits included: a price, a
     /// progress count; a failure up to its digits).
     pub const PROGRESSED: u8 = 2;
-    /// A call succeeded: the agent did something.
+    /// A call succeeded: the agent did something (a write, or a read that showed
+    /// something the run had not seen).
     pub const SUCCEEDED: u8 = 4;
     /// A call failed.
     pub const FAILED: u8 = 8;
     /// A call was a poll.
     pub const POLLED: u8 = 16;
+    /// A read succeeded that showed only lines the run had seen (see [`crate::content`]).
+    pub const REREAD: u8 = 32;
 }
 
 /// Emission marks of one detector.
@@ -395,6 +422,8 @@ pub struct ToolObservation {
     pub poll: bool,
     pub retry_safe: bool,
     pub write: bool,
+    /// The lines the result showed, sampled (empty when it says nothing in words).
+    pub content: ContentSample,
 }
 
 impl SessionState {
@@ -548,11 +577,6 @@ impl SessionState {
                 r.no_new_info_streak = 0;
             }
         }
-        // A turn that brought something new is progress, however alike the words
-        // (scrolling through a file page by page reads the same each turn).
-        if r.turn_had_results && !r.turn_all_seen {
-            r.since_text |= RunState::LEARNED;
-        }
         r.turn_had_results = false;
         r.turn_all_seen = true;
         if let Some(sk) = sketch.filter(|s| !s.is_empty()) {
@@ -560,11 +584,12 @@ impl SessionState {
             let learned = since & RunState::LEARNED != 0;
             let progressed = since & (RunState::LEARNED | RunState::PROGRESSED) != 0;
             // Alike as a whole, or opening as an earlier turn did while nothing got done
-            // since (calls were made and every one failed, none of them a poll): the
+            // since (calls were made and each failed or showed only what the run had
+            // seen, none of them a poll): the
             // same apology or restatement before a different body is still the agent
             // saying it again.
-            let nothing_done = since & (RunState::SUCCEEDED | RunState::POLLED | RunState::FAILED)
-                == RunState::FAILED;
+            let nothing_done = since & (RunState::SUCCEEDED | RunState::POLLED) == 0
+                && since & (RunState::FAILED | RunState::REREAD) != 0;
             let opens_alike = opening.is_some_and(|o| nothing_done && r.openings.contains(&o));
             let similar = opens_alike
                 || r.sketches
@@ -791,12 +816,23 @@ impl SessionState {
             };
             facts.poll_unchanged = unchanged;
         }
-        r.since_text |= if obs.poll || !outcome_seen {
+        // A read that showed only lines the run had seen (a rephrased search finding the
+        // code it found before, a file viewed again through another tool or range) is
+        // neither news nor progress, whatever its arguments. Every result's lines count
+        // as seen from then on (an edit shows the agent its new code too).
+        let known_content = !obs.is_error
+            && !obs.poll
+            && !obs.write
+            && obs.content.all_seen_in(&r.seen_lines) == Some(true);
+        obs.content.remember_in(&mut r.seen_lines);
+        r.since_text |= if obs.poll || !(outcome_seen || known_content) {
             RunState::PROGRESSED
         } else {
             0
         } | if obs.is_error {
             RunState::FAILED
+        } else if known_content {
+            RunState::REREAD
         } else {
             RunState::SUCCEEDED
         } | if obs.poll { RunState::POLLED } else { 0 };
@@ -816,6 +852,12 @@ impl SessionState {
             }
             if !seen {
                 push_bounded(&mut r.seen_pairs, pair, SEEN_PAIRS);
+                // Learned, for `similar_turns`, unless what it showed was all seen
+                // before. (`no_new_information` judges answers as a whole: re-reading
+                // part of a file read before, to work on it, is how work looks.)
+                if !known_content {
+                    r.since_text |= RunState::LEARNED;
+                }
             }
         }
 
@@ -986,6 +1028,7 @@ mod tests {
             poll: false,
             retry_safe: false,
             write: false,
+            content: ContentSample::default(),
         }
     }
 
@@ -1000,6 +1043,12 @@ mod tests {
             let mut obs = tool(i % 9, i * 31 % 11);
             obs.poll = i % 13 == 0;
             obs.is_error = i % 17 == 0;
+            // Results long enough to sample: the run's seen lines wrap around too.
+            let listing: String = (0..40)
+                .map(|k| format!("line_{k} of listing_{i}, with enough words to count\n"))
+                .collect();
+            obs.content =
+                ContentSample::of_canonical(serde_json::json!(listing).to_string().as_bytes());
             s.observe_tool(&format!("tool_{}", i % 11), obs, 8);
             s.is_duplicate(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         }
@@ -1037,6 +1086,68 @@ mod tests {
         s
     }
 
+    /// Every ring full, every label and tool name at its cap, every poll tracker used,
+    /// every detector's episode marked: the largest state a session can have (3,025
+    /// bytes when written) stays within [`STATE_BYTES_MAX`].
+    #[test]
+    fn the_largest_state_stays_within_the_bound() {
+        let mut s = SessionState::new(1_000, 1_000);
+        let long = "x".repeat(500);
+        s.note_labels(Some(&long), Some(&long));
+        s.note_run(Some(&long));
+        for i in 0..200u64 {
+            let mut obs = tool(
+                i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                i.rotate_left(17) ^ 0xdead_beef_dead_beef,
+            );
+            obs.poll = i % 3 == 0;
+            obs.is_error = i % 5 == 0;
+            let listing: String = (0..200)
+                .map(|k| format!("line_{k} of listing_{i}, with enough words to count\n"))
+                .collect();
+            obs.content =
+                ContentSample::of_canonical(serde_json::json!(listing).to_string().as_bytes());
+            s.observe_tool(&format!("{}{}", i % 20, "t".repeat(60)), obs, 8);
+            s.is_duplicate(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+        for t in 0..20u64 {
+            let text: String = (0..100).map(|w| format!("word{} ", w * 7 + t)).collect();
+            let sketch = crate::text::TextSketch::of(&text);
+            s.observe_llm(
+                true,
+                false,
+                u64::MAX / 4,
+                u64::MAX / 4,
+                Some(u64::MAX / 4),
+                Some(u64::MAX / 4),
+                Some(1e9),
+                Some(u32::MAX),
+                Some(0.5 + t as f64),
+                Some(&sketch),
+                crate::text::opening(&text, 8),
+                0.85,
+            );
+        }
+        for d in DetectorKind::ALL {
+            s.count_finding(*d, Level::Warning);
+            s.count_finding(*d, Level::Critical);
+            s.episodes[d.index()] = Episode {
+                number: u32::MAX,
+                emitted: 7,
+                subject: u64::MAX,
+                warned_at_step: Some(u32::MAX),
+            };
+        }
+        s.termination = Some(Termination {
+            detector: DetectorKind::Repeat,
+            at_ms: i64::MAX,
+            shadow: true,
+        });
+        assert_eq!(s.run.seen_lines.len(), crate::content::SEEN_LINES);
+        let n = s.to_bytes().len();
+        assert!(n <= STATE_BYTES_MAX, "{n} bytes");
+    }
+
     /// A stored state (the fixture of the current format, written by that format's first
     /// release) reads back and writes again byte for byte: an upgrade restores every open
     /// session from the store and changelog. A change to the encoding must fail here:
@@ -1067,6 +1178,7 @@ mod tests {
         assert_eq!(state, stored_state());
         assert_eq!(state.run.window.len(), WINDOW_CALLS);
         assert_eq!(state.run.sketches.len(), TURN_SKETCHES);
+        assert_eq!(state.run.seen_lines.len(), crate::content::SEEN_LINES);
         assert_eq!(state.recent_event_ids.len(), RECENT_EVENT_IDS);
     }
 

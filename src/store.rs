@@ -153,7 +153,7 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The encoding of session states and offsets on disk. Bump it when `SessionState`'s
 /// encoding changes incompatibly.
-pub const STATE_FORMAT: u32 = 3;
+pub const STATE_FORMAT: u32 = 4;
 const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 
 /// Opens (or creates) the sled database at `path`, checking (or recording) its state

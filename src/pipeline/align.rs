@@ -441,7 +441,10 @@ mod tests {
         // Still unpolled at every look (a watermark above an open transaction).
         a.set_unpolled(1, true, ms(1000));
         assert_eq!(drain(&mut a, ms(1999)), vec![]);
-        assert!(a.take_overruns().is_empty(), "nothing went past the bound yet");
+        assert!(
+            a.take_overruns().is_empty(),
+            "nothing went past the bound yet"
+        );
         assert_eq!(drain(&mut a, ms(2000)), vec![(0, 0)]);
         assert_eq!(a.take_overruns(), vec![1], "the overrun is reported");
         // Believed caught up from then on: the next head waits its grace only.

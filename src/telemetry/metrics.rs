@@ -368,7 +368,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 18, "{names:?}");
+        assert_eq!(names.len(), 19, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }
