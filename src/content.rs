@@ -4,7 +4,7 @@
 //! file viewed through another tool or range.
 //!
 //! A result's lines are its text split at line breaks (and, in structured results, at
-//! JSON's structure: each value its own line). A line is read up to whitespace and
+//! JSON's structure: each value its own line; keys are not content). A line is read up to whitespace and
 //! numbers (a number standing on its own is any number: line numbers, counters; the
 //! digits of a word such as `utf8` stay, as in a result's shape), and lines with fewer
 //! than [`MIN_LINE_CHARS`] characters left (`}`, `else:`, a fence) are not content. One line
@@ -164,7 +164,7 @@ impl ContentSample {
                                     return sample;
                                 }
                             }
-                            Some(b't') => line.push(b" "),
+                            Some(b't') | Some(b'b') | Some(b'f') => line.push(b" "),
                             // Kept as written (the sample never leaves the process).
                             Some(b'u') => line.push(&s[i..(i + 6).min(s.len())]),
                             Some(c) => line.push(&[*c]),
@@ -172,7 +172,12 @@ impl ContentSample {
                         }
                         i += if s.get(i + 1) == Some(&b'u') { 6 } else { 2 };
                     }
-                    sample.end_line(&mut line);
+                    if s.get(i) == Some(&b':') {
+                        // An object's key names a field; its value is the content.
+                        line.len = 0;
+                    } else {
+                        sample.end_line(&mut line);
+                    }
                 }
                 b'{' | b'}' | b'[' | b']' | b',' | b':' => {
                     sample.end_line(&mut line);
@@ -230,7 +235,9 @@ impl ContentSample {
         for h in self.hashes() {
             if let Some(at) = seen.iter().position(|s| s == h) {
                 seen.remove(at);
-            } else if seen.len() == SEEN_LINES {
+            }
+            // `while`: a stored state holding more (another build's) comes back down.
+            while seen.len() >= SEEN_LINES {
                 seen.pop_front();
             }
             seen.push_back(*h);
@@ -305,6 +312,24 @@ mod tests {
         ] {
             assert_eq!(sample(short.clone()).all_seen_in(&seen), None, "{short}");
         }
+    }
+
+    #[test]
+    fn keys_are_not_content_and_a_stored_set_past_its_cap_comes_back_down() {
+        // A record of long field names and short values: nothing to judge it by.
+        let record: serde_json::Map<String, serde_json::Value> = (0..40)
+            .map(|k| {
+                (
+                    format!("a_rather_long_field_name_{k}"),
+                    serde_json::json!(k),
+                )
+            })
+            .collect();
+        let s = sample(serde_json::Value::Object(record));
+        assert!(s.hashes().is_empty(), "{s:?}");
+        let mut seen: VecDeque<u16> = (0..SEEN_LINES as u16 + 50).collect();
+        sample(serde_json::json!(listing(1, 200))).remember_in(&mut seen);
+        assert_eq!(seen.len(), SEEN_LINES);
     }
 
     #[test]

@@ -345,7 +345,14 @@ impl Scratch {
     /// its first [`CONTENT_BYTES_MAX`] bytes are read.
     pub fn content_sample(&self) -> ContentSample {
         let c = &self.canonical;
-        ContentSample::of_canonical(&c[..c.len().min(CONTENT_BYTES_MAX)])
+        if c.len() <= CONTENT_BYTES_MAX {
+            return ContentSample::of_canonical(c);
+        }
+        // Cut at the last line break before the limit: a line cut short would read as
+        // new wherever the cut falls.
+        let head = &c[..CONTENT_BYTES_MAX];
+        let end = memchr::memmem::rfind(head, b"\\n").unwrap_or(head.len());
+        ContentSample::of_canonical(&head[..end])
     }
 }
 
