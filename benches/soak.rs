@@ -127,7 +127,14 @@ fn main() {
 
     let first = spawn_run(&fx.cfg, &fx.dir.path().join("first.log"));
     let (cfg_b, log_b) = fx.instance("second");
-    if let Ok(debug) = std::env::var("SOAK_SECOND_DEBUG") {
+    let second_debug = std::env::var("SOAK_SECOND_DEBUG").ok();
+    // librdkafka's debug lines are logged at debug level, under the `librdkafka` target.
+    let second_env: &[(&str, &str)] = if second_debug.is_some() {
+        &[("RUST_LOG", "info,librdkafka=debug")]
+    } else {
+        &[]
+    };
+    if let Some(debug) = &second_debug {
         // librdkafka's own debug contexts for the member that comes and goes (e.g.
         // "fetch,cgrp"): the config ends in its [kafka.consumer] table.
         let mut text = std::fs::read_to_string(&cfg_b).unwrap();
@@ -167,7 +174,7 @@ fn main() {
             match second.take() {
                 None => {
                     eprintln!("soak: second member joins");
-                    second = Some(spawn_run(&cfg_b, &log_b));
+                    second = Some(spawn_run_with_env(&cfg_b, &log_b, second_env));
                 }
                 Some(run) => {
                     eprintln!("soak: second member leaves");
