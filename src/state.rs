@@ -68,30 +68,50 @@ mod fixed {
         }
     }
 
-    pub mod u16_deque {
+    /// Rings of fixed-width values: each written as its little-endian bytes.
+    pub mod deque {
         use super::*;
-        pub fn serialize<S: Serializer>(v: &VecDeque<u16>, s: S) -> Result<S::Ok, S::Error> {
-            let bytes: Vec<[u8; 2]> = v.iter().map(|x| x.to_le_bytes()).collect();
-            bytes.serialize(s)
-        }
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<VecDeque<u16>, D::Error> {
-            Ok(Vec::<[u8; 2]>::deserialize(d)?
-                .into_iter()
-                .map(u16::from_le_bytes)
-                .collect())
-        }
-    }
 
-    pub mod u64_deque {
-        use super::*;
-        pub fn serialize<S: Serializer>(v: &VecDeque<u64>, s: S) -> Result<S::Ok, S::Error> {
-            let bytes: Vec<[u8; 8]> = v.iter().map(|x| x.to_le_bytes()).collect();
+        pub trait Fixed: Copy {
+            type Bytes: Serialize + for<'de> Deserialize<'de>;
+            fn to_le(self) -> Self::Bytes;
+            fn from_le(b: Self::Bytes) -> Self;
+        }
+
+        impl Fixed for u16 {
+            type Bytes = [u8; 2];
+            fn to_le(self) -> [u8; 2] {
+                self.to_le_bytes()
+            }
+            fn from_le(b: [u8; 2]) -> u16 {
+                u16::from_le_bytes(b)
+            }
+        }
+
+        impl Fixed for u64 {
+            type Bytes = [u8; 8];
+            fn to_le(self) -> [u8; 8] {
+                self.to_le_bytes()
+            }
+            fn from_le(b: [u8; 8]) -> u64 {
+                u64::from_le_bytes(b)
+            }
+        }
+
+        pub fn serialize<T: Fixed, S: Serializer>(
+            v: &VecDeque<T>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            let bytes: Vec<T::Bytes> = v.iter().map(|x| x.to_le()).collect();
             bytes.serialize(s)
         }
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<VecDeque<u64>, D::Error> {
-            Ok(Vec::<[u8; 8]>::deserialize(d)?
+
+        pub fn deserialize<'de, T: Fixed, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<VecDeque<T>, D::Error> {
+            Ok(Vec::<T::Bytes>::deserialize(d)?
                 .into_iter()
-                .map(u64::from_le_bytes)
+                .map(T::from_le)
                 .collect())
         }
     }
@@ -231,13 +251,13 @@ pub struct RunState {
     pub sketches: VecDeque<TextSketch>,
     /// How the previous turns opened (see [`crate::text::opening`]), as many as
     /// `sketches`; 0 for a turn too short to have an opening.
-    #[serde(with = "fixed::u64_deque")]
+    #[serde(with = "fixed::deque")]
     pub openings: VecDeque<u64>,
     pub compaction_streak: u32,
     pub best_progress: Option<f64>,
     pub progress_stale: u32,
     /// What the run's recent calls told the agent (see `CallRecord::news_key`).
-    #[serde(with = "fixed::u64_deque")]
+    #[serde(with = "fixed::deque")]
     pub seen_pairs: VecDeque<u64>,
     /// Results since the last turn that count for information gain: any, and all seen
     /// before.
@@ -254,7 +274,7 @@ pub struct RunState {
     pub since_poll_moved: Option<u8>,
     pub no_new_info_streak: u32,
     /// Lines the run's results showed, sampled (see [`crate::content`]), oldest first.
-    #[serde(with = "fixed::u16_deque")]
+    #[serde(with = "fixed::deque")]
     pub seen_lines: VecDeque<u16>,
 }
 
@@ -353,7 +373,7 @@ pub struct SessionState {
     pub stats: Counters,
     pub tools: Vec<ToolCount>,
     pub run: RunState,
-    #[serde(with = "fixed::u64_deque")]
+    #[serde(with = "fixed::deque")]
     pub recent_event_ids: VecDeque<u64>,
     #[serde(with = "sparse_episodes")]
     pub episodes: Vec<Episode>,
