@@ -8,8 +8,11 @@
 //! has restored partitions from the changelog once before the 5-minute reading that
 //! memory is measured against), `SOAK_OUTAGE_SECS` (each of
 //! the two broker outages; 20), `SOAK_PORT` (the broker of its own; 19096),
-//! `SOAK_SECOND_DEBUG` (librdkafka debug contexts for the second member, e.g.
-//! `fetch,cgrp`; its log is kept under the bench's temporary directory). It prints
+//! `SOAK_DEBUG` (librdkafka debug contexts for both members, e.g. `fetch,cgrp`),
+//! `SOAK_STATS_SECS` (librdkafka statistics every this many seconds from both members'
+//! consumers, logged as "Client stats": each partition's fetch state, offsets and
+//! queue). The members' logs are kept under the bench's temporary directory, which
+//! it prints. It prints
 //! one line every 30 s and a JSON report at the end, and exits non-zero when a target is
 //! missed: the first member's RSS at the end more than 10 % above (or below) its RSS
 //! after 5 minutes, lag not back to 0 within 2 minutes of the input's end or above
@@ -44,7 +47,28 @@ struct Reading {
     produced: u64,
     lag: i64,
     rss_kb: u64,
+    /// CPU the broker used since the last reading: a stall with the broker busy is the
+    /// broker's, one with the broker idle is the clients'.
+    broker_cpu_ms: u64,
     second_member: bool,
+}
+
+/// A process's CPU time so far (user + system, ms), 0 when it cannot be read.
+fn cpu_ms(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) are space-separated;
+    // utime and stime are the 14th and 15th fields, in clock ticks (100 per second).
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) * 10
 }
 
 fn main() {
@@ -125,26 +149,36 @@ fn main() {
         })
     };
 
-    let first = spawn_run(&fx.cfg, &fx.dir.path().join("first.log"));
     let (cfg_b, log_b) = fx.instance("second");
-    let second_debug = std::env::var("SOAK_SECOND_DEBUG").ok();
+    let debug = std::env::var("SOAK_DEBUG").ok();
+    let stats_secs = knob("SOAK_STATS_SECS", 0);
     // librdkafka's debug lines are logged at debug level, under the `librdkafka` target.
-    let second_env: &[(&str, &str)] = if second_debug.is_some() {
+    let member_env: &[(&str, &str)] = if debug.is_some() {
         &[("RUST_LOG", "info,librdkafka=debug")]
     } else {
         &[]
     };
-    if let Some(debug) = &second_debug {
-        // librdkafka's own debug contexts for the member that comes and goes (e.g.
-        // "fetch,cgrp"): the config ends in its [kafka.consumer] table.
-        let mut text = std::fs::read_to_string(&cfg_b).unwrap();
-        text.push_str(&format!("\"debug\" = \"{debug}\"\n"));
-        std::fs::write(&cfg_b, text).unwrap();
+    for cfg in [&fx.cfg, &cfg_b] {
+        // Both configurations end in their [kafka.consumer] table.
+        let mut text = std::fs::read_to_string(cfg).unwrap();
+        if let Some(debug) = &debug {
+            text.push_str(&format!("\"debug\" = \"{debug}\"\n"));
+        }
+        if stats_secs > 0 {
+            text.push_str(&format!(
+                "\"statistics.interval.ms\" = {}\n",
+                stats_secs * 1000
+            ));
+        }
+        std::fs::write(cfg, text).unwrap();
     }
+    eprintln!("soak: members' logs in {}", fx.dir.path().display());
+    let first = spawn_run_with_env(&fx.cfg, &fx.dir.path().join("first.log"), member_env);
     let mut second: Option<Running> = None;
     let outages = [secs / 3, 2 * secs / 3];
     let mut readings: Vec<Reading> = Vec::new();
     let start = Instant::now();
+    let mut broker_cpu = cpu_ms(broker.pid);
     let mut next_reading = 30;
     let mut next_toggle = member_every;
     let mut next_outage = 0;
@@ -174,7 +208,7 @@ fn main() {
             match second.take() {
                 None => {
                     eprintln!("soak: second member joins");
-                    second = Some(spawn_run_with_env(&cfg_b, &log_b, second_env));
+                    second = Some(spawn_run_with_env(&cfg_b, &log_b, member_env));
                 }
                 Some(run) => {
                     eprintln!("soak: second member leaves");
@@ -190,8 +224,10 @@ fn main() {
                 produced,
                 lag: lag_of(produced),
                 rss_kb: rss_kb(first.child.id()),
+                broker_cpu_ms: cpu_ms(broker.pid) - broker_cpu,
                 second_member: second.is_some(),
             };
+            broker_cpu += r.broker_cpu_ms;
             eprintln!("soak: {r:?}");
             readings.push(r);
             next_reading += 30;

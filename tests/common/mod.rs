@@ -726,10 +726,35 @@ pub fn assert_each_once_as_replay(
         "one termination per session"
     );
     let got_summaries = by_event_id(&values(summaries));
+    let lost: Vec<String> = want
+        .summaries
+        .iter()
+        .filter(|(id, _)| !got_summaries.contains_key(*id))
+        .map(|(id, s)| {
+            // What the bus holds for the same session says how it was lost: another
+            // closing (another `event_id` when the session restarted from a state that
+            // lacked its first events), or nothing at all.
+            let session = &s["session_id"];
+            let others: Vec<String> = got_summaries
+                .values()
+                .flatten()
+                .filter(|c| &c["session_id"] == session)
+                .map(|c| {
+                    format!(
+                        "{} closed_by {} started_at {} stats {}",
+                        c["event_id"], c["closed_by"], c["started_at"], c["stats"]
+                    )
+                })
+                .collect();
+            format!(
+                "{id} (session {session}, started_at {}, stats {}; on the bus for the session: {others:?})",
+                s["started_at"], s["stats"]
+            )
+        })
+        .collect();
+    assert!(lost.is_empty(), "summaries lost: {lost:#?}");
     for (id, s) in &want.summaries {
-        let copies = got_summaries
-            .get(id)
-            .unwrap_or_else(|| panic!("summary {id} lost"));
+        let copies = &got_summaries[id];
         for c in copies {
             assert_eq!(
                 c["stats"], s["stats"],
