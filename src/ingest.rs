@@ -293,16 +293,29 @@ impl<R> OtlpJsonLines<R> {
             .iter()
             .map(|(why, n)| format!("{n} {}", why.name()))
             .collect();
-        format!(
-            "otlp: {} lines ({} bad), {} spans: {} llm calls, {} tool calls, {} agents; no event from {}",
+        let mut line = format!(
+            "otlp: {} lines ({} bad), {} spans: {} llm calls, {} tool calls, {} agents ({} runs ended); no event from {}",
             self.line_number,
             self.bad_lines,
             r.spans,
             r.llm_calls,
             r.tool_calls,
             r.agents,
+            r.completions,
             if skipped.is_empty() { "no span".to_string() } else { skipped.join(", ") }
-        )
+        );
+        // What capture missed, and what turns it on (once per service and scope).
+        for u in &r.uncaptured {
+            line.push_str(&format!(
+                "\notlp: {} steps of service `{}` (scope `{}`) without {}: {}",
+                u.spans,
+                u.service,
+                u.scope,
+                u.missing.name(),
+                u.setting()
+            ));
+        }
+        line
     }
 }
 

@@ -9,13 +9,16 @@
 //!   `create_agent` an agent;
 //! - OpenInference: `openinference.span.kind` = `LLM`, `TOOL`, `AGENT` likewise;
 //! - any other span (HTTP, database, framework internals) is not an agent's step and is
-//!   left out.
+//!   left out;
+//! - content comes from attributes, else from span events (the older GenAI event
+//!   conventions, which Strands writes by default); the end of a trace's root agent span
+//!   completes its session.
 //!
 //! Guarantees: the mapping is a pure function of the request (the same request gives the
 //! same events, bytes included: the `event_id` is the span id, the time the span's end);
-//! a signal a span does not carry is not guessed (no token usage: the LLM call is left
-//! out and counted, since the contract requires it; no output messages: no `text` and no
-//! `tool_calls`); what it makes is an event [`crate::event::parse_event`] reads, but for
+//! a signal a span does not carry is not guessed (no token usage: the LLM call is still a
+//! step, with 0 tokens; no output messages: no `text` and no `tool_calls`; either is
+//! counted per service and scope in the report); what it makes is an event [`crate::event::parse_event`] reads, but for
 //! what no mapping can mend (a session id over 256 bytes, an event over
 //! `engine.max_event_bytes`), which the ingest dead-letters and `replay` reports. What it
 //! cannot know from one request it does not invent: an agent's name, the session of a
@@ -56,6 +59,7 @@ pub mod attr {
     // OpenTelemetry general conventions.
     pub const ERROR_TYPE: &str = "error.type";
     pub const SESSION_ID: &str = "session.id";
+    pub const SERVICE_NAME: &str = "service.name";
     // OpenInference.
     pub const OPENINFERENCE_SPAN_KIND: &str = "openinference.span.kind";
     pub const LLM_TOKEN_COUNT_PROMPT: &str = "llm.token_count.prompt";
@@ -99,6 +103,7 @@ pub mod attr {
         (GEN_AI_TOOL_CALL_RESULT, "gen_ai"),
         (ERROR_TYPE, "otel"),
         (SESSION_ID, "otel"),
+        (SERVICE_NAME, "otel"),
         (OPENINFERENCE_SPAN_KIND, "openinference"),
         (LLM_TOKEN_COUNT_PROMPT, "openinference"),
         (LLM_TOKEN_COUNT_COMPLETION, "openinference"),
@@ -129,6 +134,16 @@ pub mod attr {
         ("TOOL", "openinference"),
         ("AGENT", "openinference"),
     ];
+}
+
+/// The span events the mapping reads, and their attributes: the older GenAI event
+/// conventions, as Strands writes them by default (content in events, not attributes).
+pub mod event {
+    pub const GEN_AI_CHOICE: &str = "gen_ai.choice";
+    pub const GEN_AI_TOOL_MESSAGE: &str = "gen_ai.tool.message";
+    pub const MESSAGE: &str = "message";
+    pub const CONTENT: &str = "content";
+    pub const FINISH_REASON: &str = "finish_reason";
 }
 
 /// How OTLP traces are encoded on the bus (the Collector's Kafka exporter `encoding`).
@@ -200,8 +215,6 @@ pub struct MappedEvent {
 /// Why a span gave no event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Skipped {
-    /// An LLM call without token usage (the contract requires it).
-    NoTokenUsage,
     /// A tool call without a tool name.
     NoToolName,
     /// Not an agent's LLM call, tool call or agent (HTTP, database, framework spans).
@@ -211,8 +224,7 @@ pub enum Skipped {
 }
 
 impl Skipped {
-    pub const ALL: [Skipped; 4] = [
-        Skipped::NoTokenUsage,
+    pub const ALL: [Skipped; 3] = [
         Skipped::NoToolName,
         Skipped::NotAgentStep,
         Skipped::InvalidIds,
@@ -220,11 +232,47 @@ impl Skipped {
 
     pub fn name(self) -> &'static str {
         match self {
-            Skipped::NoTokenUsage => "no_token_usage",
             Skipped::NoToolName => "no_tool_name",
             Skipped::NotAgentStep => "not_agent_step",
             Skipped::InvalidIds => "invalid_ids",
         }
+    }
+}
+
+/// What a step's event lacks that the instrumentation's settings would give it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Missing {
+    /// An LLM call without token counts: still a step, its tokens counted as 0.
+    TokenUsage,
+    /// An LLM call without its output, or a tool call without its arguments or result.
+    Content,
+}
+
+impl Missing {
+    pub const ALL: [Missing; 2] = [Missing::TokenUsage, Missing::Content];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Missing::TokenUsage => "token_usage",
+            Missing::Content => "content",
+        }
+    }
+}
+
+/// Steps of one service (`service.name`) and instrumentation scope mapped without
+/// something the detectors read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uncaptured {
+    pub service: String,
+    pub scope: String,
+    pub missing: Missing,
+    pub spans: u64,
+}
+
+impl Uncaptured {
+    /// What turns capture on for this scope's instrumentation (what the README says).
+    pub fn setting(&self) -> &'static str {
+        capture_setting(&self.scope, self.missing)
     }
 }
 
@@ -235,9 +283,13 @@ pub struct MapReport {
     pub llm_calls: u64,
     pub tool_calls: u64,
     pub agents: u64,
+    /// Agent runs that ended (root agent spans): their sessions completed.
+    pub completions: u64,
     /// Spans that gave no event, by reason (agent spans are not counted here: they give
     /// names and depth to their descendants).
     pub skipped: Vec<(Skipped, u64)>,
+    /// Steps mapped without part of what the detectors read, by service and scope.
+    pub uncaptured: Vec<Uncaptured>,
 }
 
 impl MapReport {
@@ -248,16 +300,46 @@ impl MapReport {
         }
     }
 
+    fn lacks(&mut self, service: &str, scope: &str, missing: Missing, spans: u64) {
+        match self
+            .uncaptured
+            .iter_mut()
+            .find(|u| u.missing == missing && u.service == service && u.scope == scope)
+        {
+            Some(u) => u.spans += spans,
+            None => self.uncaptured.push(Uncaptured {
+                service: service.to_string(),
+                scope: scope.to_string(),
+                missing,
+                spans,
+            }),
+        }
+    }
+
     pub fn add(&mut self, other: &MapReport) {
         self.spans += other.spans;
         self.llm_calls += other.llm_calls;
         self.tool_calls += other.tool_calls;
         self.agents += other.agents;
+        self.completions += other.completions;
         for &(why, n) in &other.skipped {
-            for _ in 0..n {
-                self.skip(why);
+            match self.skipped.iter_mut().find(|(s, _)| *s == why) {
+                Some((_, m)) => *m += n,
+                None => self.skipped.push((why, n)),
             }
         }
+        for u in &other.uncaptured {
+            self.lacks(&u.service, &u.scope, u.missing, u.spans);
+        }
+    }
+
+    /// Steps mapped without `missing`, over every service.
+    pub fn uncaptured(&self, missing: Missing) -> u64 {
+        self.uncaptured
+            .iter()
+            .filter(|u| u.missing == missing)
+            .map(|u| u.spans)
+            .sum()
     }
 
     pub fn skipped(&self, why: Skipped) -> u64 {
@@ -277,10 +359,11 @@ enum Kind {
     Other,
 }
 
-/// A span with the resource it came from.
+/// A span with the resource and instrumentation scope it came from.
 struct Located<'r> {
     span: &'r Span,
     resource: &'r [KeyValue],
+    scope: &'r str,
     kind: Kind,
 }
 
@@ -316,10 +399,12 @@ impl Mapper {
         for rs in &request.resource_spans {
             let resource = rs.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]);
             for ss in &rs.scope_spans {
+                let scope = ss.scope.as_ref().map_or("", |s| s.name.as_str());
                 for span in &ss.spans {
                     spans.push(Located {
                         span,
                         resource,
+                        scope,
                         kind: kind_of(&span.attributes),
                     });
                 }
@@ -333,20 +418,22 @@ impl Mapper {
                 report.skip(Skipped::InvalidIds);
                 continue;
             }
+            let service = string(l.resource, attr::SERVICE_NAME).unwrap_or("");
             let fields = match l.kind {
-                Kind::Llm => match llm_fields(&l.span.attributes) {
-                    Some(f) => {
-                        report.llm_calls += 1;
-                        f
+                Kind::Llm => {
+                    let (f, lacking) = llm_fields(l.span);
+                    report.llm_calls += 1;
+                    for missing in lacking {
+                        report.lacks(service, l.scope, missing, 1);
                     }
-                    None => {
-                        report.skip(Skipped::NoTokenUsage);
-                        continue;
-                    }
-                },
+                    f
+                }
                 Kind::Tool => match tool_fields(l.span, self.max_nesting) {
-                    Some(f) => {
+                    Some((f, captured)) => {
                         report.tool_calls += 1;
+                        if !captured {
+                            report.lacks(service, l.scope, Missing::Content, 1);
+                        }
                         f
                     }
                     None => {
@@ -356,7 +443,14 @@ impl Mapper {
                 },
                 Kind::Agent => {
                     report.agents += 1;
-                    continue;
+                    // A root agent span ends when the agent's run does: the session
+                    // completed (its summary now, not a session gap later). A nested
+                    // agent's end is its parent's step, not the session's end.
+                    if !l.span.parent_span_id.is_empty() || !valid_ids(l.span) {
+                        continue;
+                    }
+                    report.completions += 1;
+                    completion_fields(l.span)
                 }
                 Kind::Other => {
                     report.skip(Skipped::NotAgentStep);
@@ -382,7 +476,8 @@ impl Mapper {
         let mut event = fields;
         event
             .str("session_id", &session_id)
-            .str("event_id", &hex(&span.span_id));
+            .str("event_id", &hex(&span.span_id))
+            .str("trace_id", &hex(&span.trace_id));
         let end_ms = (span.end_time_unix_nano / 1_000_000) as i64;
         event.str("timestamp", &format_rfc3339_ms(end_ms));
         // The span's own agent attributes, else its nearest agent's (not one further up:
@@ -633,21 +728,36 @@ fn is_json(text: &str, max_nesting: usize) -> bool {
         && serde_json::from_str::<serde_json::Value>(text).is_ok()
 }
 
-/// The `cost.attributed` fields of an LLM span; `None` without token usage.
-fn llm_fields(a: &[KeyValue]) -> Option<Obj> {
+/// The `session.completed` fields of a root agent span.
+fn completion_fields(_span: &Span) -> Obj {
+    let mut m = Obj::new();
+    m.str("type", "session.completed");
+    m
+}
+
+/// The `cost.attributed` fields of an LLM span, and what it lacks. Without token counts
+/// (an instrumentation that lost them: OpenInference's flattened history past the SDK's
+/// attribute limit) the call is still a step, its tokens counted as 0: dropping it would
+/// leave a loop's turns uncounted and its grace never elapsing.
+fn llm_fields(span: &Span) -> (Obj, Vec<Missing>) {
+    let a = &span.attributes[..];
+    let mut lacking = Vec::new();
     let first = |keys: &[&str]| keys.iter().find_map(|k| count(a, k));
     let input = first(&[
         attr::GEN_AI_USAGE_INPUT_TOKENS,
         attr::LLM_TOKEN_COUNT_PROMPT,
-    ])?;
+    ]);
     let output = first(&[
         attr::GEN_AI_USAGE_OUTPUT_TOKENS,
         attr::LLM_TOKEN_COUNT_COMPLETION,
-    ])?;
+    ]);
+    if input.is_none() || output.is_none() {
+        lacking.push(Missing::TokenUsage);
+    }
     let mut m = Obj::new();
     m.str("type", "cost.attributed")
-        .num("input_tokens", input)
-        .num("output_tokens", output);
+        .num("input_tokens", input.unwrap_or(0))
+        .num("output_tokens", output.unwrap_or(0));
     let cache_read = first(&[
         attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
         attr::LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_READ,
@@ -675,22 +785,78 @@ fn llm_fields(a: &[KeyValue]) -> Option<Obj> {
     if let Some(cost) = number(a, attr::LLM_COST_TOTAL).filter(|c| *c >= 0.0 && c.is_finite()) {
         m.num("cost_usd", cost);
     }
-    if let Some(reason) = strings(a, attr::GEN_AI_RESPONSE_FINISH_REASONS)
+    let reason = strings(a, attr::GEN_AI_RESPONSE_FINISH_REASONS)
         .into_iter()
         .next()
-    {
+        .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::FINISH_REASON));
+    if let Some(reason) = reason {
         m.str("finish_reason", reason);
     }
-    let said = string(a, attr::GEN_AI_OUTPUT_MESSAGES)
+    // The output as the GenAI conventions put it (an attribute, or since their event
+    // form an attribute of a span event), as OpenInference flattens it, or as the older
+    // `gen_ai.choice` span event carries it (Strands by default).
+    let said = span_string(span, attr::GEN_AI_OUTPUT_MESSAGES)
         .and_then(output_messages)
-        .or_else(|| openinference_output(a));
-    if let Some((text, tool_calls)) = said {
-        if !text.is_empty() {
-            m.str("text", &text);
+        .or_else(|| openinference_output(a))
+        .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::MESSAGE).map(choice_message));
+    match said {
+        Some((text, tool_calls)) => {
+            if !text.is_empty() {
+                m.str("text", &text);
+            }
+            m.num("tool_calls", tool_calls);
         }
-        m.num("tool_calls", tool_calls);
+        None => lacking.push(Missing::Content),
     }
-    Some(m)
+    (m, lacking)
+}
+
+/// The text and the count of tool calls of a `gen_ai.choice` event's `message`: content
+/// blocks (`[{"text": …}, {"toolUse": …}]`, as Strands writes them), a message object
+/// (`{"content": …, "tool_calls": […]}`), or plain text.
+fn choice_message(message: &str) -> (String, u32) {
+    fn blocks(v: &serde_json::Value, text: &mut String, calls: &mut u32) {
+        let mut say = |t: &str| {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(t);
+        };
+        match v {
+            serde_json::Value::String(t) => say(t),
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    blocks(item, text, calls);
+                }
+            }
+            serde_json::Value::Object(o) => {
+                if let Some(t) = o.get("text").and_then(|t| t.as_str()) {
+                    say(t);
+                } else if o.contains_key("toolUse")
+                    || matches!(
+                        o.get("type").and_then(|t| t.as_str()),
+                        Some("tool_call" | "tool_use" | "function")
+                    )
+                {
+                    *calls += 1;
+                } else if let Some(content) = o.get("content") {
+                    blocks(content, text, calls);
+                }
+                if let Some(serde_json::Value::Array(tc)) = o.get("tool_calls") {
+                    *calls += tc.len() as u32;
+                }
+            }
+            _ => {}
+        }
+    }
+    match serde_json::from_str::<serde_json::Value>(message) {
+        Ok(v @ (serde_json::Value::Array(_) | serde_json::Value::Object(_))) => {
+            let (mut text, mut calls) = (String::new(), 0);
+            blocks(&v, &mut text, &mut calls);
+            (text, calls)
+        }
+        _ => (message.trim_end().to_string(), 0),
+    }
 }
 
 /// The text and the count of tool calls of `gen_ai.output.messages` (a JSON array of
@@ -768,21 +934,37 @@ fn openinference_output(a: &[KeyValue]) -> Option<(String, u32)> {
     Some((text, calls.len() as u32))
 }
 
-/// The `tool.called` fields of a tool span; `None` without a tool name.
-fn tool_fields(span: &Span, max_nesting: usize) -> Option<Obj> {
+/// The `tool.called` fields of a tool span, and whether its content was captured;
+/// `None` without a tool name.
+fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)> {
     let a = &span.attributes[..];
     let tool = [attr::GEN_AI_TOOL_NAME, attr::TOOL_NAME]
         .into_iter()
         .find_map(|k| string(a, k).filter(|s| !s.is_empty()))?;
     let mut m = Obj::new();
     m.str("type", "tool.called").str("tool", tool);
+    // Arguments and result as attributes (GenAI, OpenInference), else as the span
+    // events Strands writes by default (`gen_ai.tool.message`, `gen_ai.choice`).
+    let args = string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS)
+        .or_else(|| string(a, attr::INPUT_VALUE))
+        .or_else(|| event_string(span, event::GEN_AI_TOOL_MESSAGE, event::CONTENT));
+    let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT)
+        .or_else(|| string(a, attr::OUTPUT_VALUE))
+        .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::MESSAGE));
+    // LangChain's tool spans carry the whole `ToolMessage`, its id new on every call:
+    // the result is its content, and its status says whether the call failed.
+    let (result, tool_message_failed) = match result.map(langchain_tool_message) {
+        Some((r, failed)) => (Some(r), failed),
+        None => (None, false),
+    };
+    let captured = args.is_some() && result.is_some();
     // Arguments and results are there only with content capture on. Without them two
     // calls cannot be told alike, so each is its own: arguments that name the span, and
     // the span id as the result's digest (a result that cannot be read, judged as one that
     // says something). Content detectors then never fire on it; counts, ceilings and
     // error streaks still judge it.
     let span_id = hex(&span.span_id);
-    match string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS).or_else(|| string(a, attr::INPUT_VALUE)) {
+    match args {
         Some(args) => m.json_or_text("args", args, max_nesting),
         None => {
             m.key("args");
@@ -790,8 +972,9 @@ fn tool_fields(span: &Span, max_nesting: usize) -> Option<Obj> {
             &mut m
         }
     };
-    match string(a, attr::GEN_AI_TOOL_CALL_RESULT).or_else(|| string(a, attr::OUTPUT_VALUE)) {
-        Some(result) => m.json_or_text("result", result, max_nesting),
+    match result {
+        Some(std::borrow::Cow::Borrowed(result)) => m.json_or_text("result", result, max_nesting),
+        Some(std::borrow::Cow::Owned(result)) => m.json_or_text("result", &result, max_nesting),
         None => m.str("result_digest", &span_id),
     };
     let call_id = string(a, attr::GEN_AI_TOOL_CALL_ID).or_else(|| string(a, attr::TOOL_CALL_ID));
@@ -803,7 +986,7 @@ fn tool_fields(span: &Span, max_nesting: usize) -> Option<Obj> {
         .status
         .as_ref()
         .is_some_and(|s| s.code == StatusCode::Error as i32);
-    if failed || error_type.is_some() {
+    if failed || error_type.is_some() || tool_message_failed {
         m.num("is_error", true);
     }
     if let Some(kind) = error_type {
@@ -813,7 +996,75 @@ fn tool_fields(span: &Span, max_nesting: usize) -> Option<Obj> {
         .end_time_unix_nano
         .saturating_sub(span.start_time_unix_nano);
     m.num("duration_ms", (duration_ns / 1_000) as f64 / 1_000.0);
-    Some(m)
+    Some((m, captured))
+}
+
+/// A LangChain `ToolMessage` as its OpenInference span writes it
+/// (`{"type": "tool", "data": {"content": …, "status": …, "tool_call_id": …}}`): its
+/// content, and whether its status is `error`. Anything else is the result as it is.
+fn langchain_tool_message(result: &str) -> (std::borrow::Cow<'_, str>, bool) {
+    use std::borrow::Cow;
+    let t = result.trim_ascii_start();
+    if !(t.starts_with('{') && t.contains("\"tool_call_id\"")) {
+        return (Cow::Borrowed(result), false);
+    }
+    let Ok(serde_json::Value::Object(mut o)) = serde_json::from_str::<serde_json::Value>(t) else {
+        return (Cow::Borrowed(result), false);
+    };
+    if o.get("type").and_then(|v| v.as_str()) != Some("tool") {
+        return (Cow::Borrowed(result), false);
+    }
+    let Some(serde_json::Value::Object(mut data)) = o.remove("data") else {
+        return (Cow::Borrowed(result), false);
+    };
+    let failed = data.get("status").and_then(|v| v.as_str()) == Some("error");
+    match data.remove("content") {
+        Some(serde_json::Value::String(c)) => (Cow::Owned(c), failed),
+        Some(other) => (Cow::Owned(other.to_string()), failed),
+        None => (Cow::Borrowed(result), false),
+    }
+}
+
+/// What turns the missing capture on for an instrumentation scope (the README's table).
+fn capture_setting(scope: &str, missing: Missing) -> &'static str {
+    let scope = scope.to_ascii_lowercase();
+    match missing {
+        Missing::TokenUsage if scope.contains("openinference") => {
+            "OPENINFERENCE_HIDE_INPUT_MESSAGES=true (its flattened history otherwise fills the SDK's 128-attribute limit and evicts the token counts), or a higher OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"
+        }
+        Missing::TokenUsage => {
+            "an instrumentation that records gen_ai.usage.input_tokens and gen_ai.usage.output_tokens (or OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT above what the span carries)"
+        }
+        Missing::Content if scope.contains("openinference") => {
+            "OPENINFERENCE_HIDE_OUTPUTS and OPENINFERENCE_HIDE_INPUTS unset (or false)"
+        }
+        Missing::Content if scope.contains("pydantic") => {
+            "InstrumentationSettings(include_content=True) (pydantic-ai's default)"
+        }
+        Missing::Content if scope.contains("strands") => {
+            "Strands' default telemetry (its span events carry the content), or OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental"
+        }
+        Missing::Content => "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true (OpenTelemetry's GenAI instrumentations)",
+    }
+}
+
+/// An attribute of the span, else of the last of its events that carries it.
+fn span_string<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+    string(&span.attributes, key).or_else(|| {
+        span.events
+            .iter()
+            .rev()
+            .find_map(|e| string(&e.attributes, key))
+    })
+}
+
+/// An attribute of the span's last event named `name` that carries it.
+fn event_string<'a>(span: &'a Span, name: &str, key: &str) -> Option<&'a str> {
+    span.events
+        .iter()
+        .rev()
+        .filter(|e| e.name == name)
+        .find_map(|e| string(&e.attributes, key))
 }
 
 /// The argument naming a call whose arguments were not captured.
@@ -998,6 +1249,7 @@ mod tests {
         assert_eq!(llm["type"], "cost.attributed");
         assert_eq!(llm["session_id"], "conv-1");
         assert_eq!(llm["event_id"], "0101010101010101");
+        assert_eq!(llm["trace_id"], "07070707070707070707070707070707");
         assert_eq!(llm["timestamp"], "1970-01-01T00:00:01.000Z");
         assert_eq!(
             (llm["input_tokens"].as_u64(), llm["output_tokens"].as_u64()),
@@ -1032,13 +1284,228 @@ mod tests {
         nameless
             .attributes
             .retain(|kv| kv.key != attr::GEN_AI_TOOL_NAME);
-        let req = request(vec![], vec![bare, no_usage, http, nameless]);
+        let req = request(
+            vec![s(attr::SERVICE_NAME, "billing-agent")],
+            vec![bare, no_usage, http, nameless],
+        );
         let (ev, report) = events(&Mapper::default(), &req);
-        assert_eq!(ev.len(), 1);
+        assert_eq!(ev.len(), 2);
         assert!(ev[0].get("text").is_none() && ev[0].get("tool_calls").is_none());
-        assert_eq!(report.skipped(Skipped::NoTokenUsage), 1);
+        // An LLM call without token counts is still a step: its tokens count as 0.
+        assert_eq!(
+            (
+                ev[1]["input_tokens"].as_u64(),
+                ev[1]["output_tokens"].as_u64()
+            ),
+            (Some(0), Some(80))
+        );
+        assert_eq!(ev[1]["text"], "Let me read it.");
+        assert_eq!(report.llm_calls, 2);
         assert_eq!(report.skipped(Skipped::NotAgentStep), 1);
         assert_eq!(report.skipped(Skipped::NoToolName), 1);
+        // What each lacked is counted by service, with the setting that gives it.
+        assert_eq!(report.uncaptured(Missing::TokenUsage), 1);
+        assert_eq!(report.uncaptured(Missing::Content), 1);
+        let u = &report.uncaptured[0];
+        assert_eq!(u.service, "billing-agent");
+        assert!(
+            u.setting().contains("CAPTURE_MESSAGE_CONTENT"),
+            "{}",
+            u.setting()
+        );
+    }
+
+    fn with_events(mut sp: Span, evs: &[(&str, Vec<KeyValue>)]) -> Span {
+        use opentelemetry_proto::tonic::trace::v1::span::Event;
+        sp.events = evs
+            .iter()
+            .map(|(name, attributes)| Event {
+                time_unix_nano: sp.end_time_unix_nano,
+                name: name.to_string(),
+                attributes: attributes.clone(),
+                dropped_attributes_count: 0,
+            })
+            .collect();
+        sp
+    }
+
+    /// Strands with its default telemetry: content in span events, as it writes them.
+    #[test]
+    fn content_in_span_events_is_read() {
+        let chat_span = with_events(
+            span(
+                1,
+                None,
+                1_000,
+                vec![
+                    s(attr::GEN_AI_OPERATION_NAME, "chat"),
+                    i(attr::GEN_AI_USAGE_INPUT_TOKENS, 100),
+                    i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, 20),
+                ],
+            ),
+            &[
+                (
+                    "gen_ai.user.message",
+                    vec![s("content", r#"[{"text": "fix the bug"}]"#)],
+                ),
+                (
+                    event::GEN_AI_CHOICE,
+                    vec![
+                        s(event::FINISH_REASON, "tool_use"),
+                        s(
+                            event::MESSAGE,
+                            r#"[{"text": "Running the tests again."}, {"toolUse": {"toolUseId": "c1", "name": "run_tests", "input": {"path": "tests/"}}}]"#,
+                        ),
+                    ],
+                ),
+            ],
+        );
+        let tool_span = with_events(
+            span(
+                2,
+                None,
+                1_100,
+                vec![
+                    s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
+                    s(attr::GEN_AI_TOOL_NAME, "run_tests"),
+                ],
+            ),
+            &[
+                (
+                    event::GEN_AI_TOOL_MESSAGE,
+                    vec![s(event::CONTENT, r#"{"path": "tests/"}"#)],
+                ),
+                (
+                    event::GEN_AI_CHOICE,
+                    vec![s(event::MESSAGE, r#"[{"text": "FAILED test_x"}]"#)],
+                ),
+            ],
+        );
+        // The GenAI conventions' newer event form: output messages on a span event.
+        let details = with_events(
+            span(
+                3,
+                None,
+                1_200,
+                vec![
+                    s(attr::GEN_AI_OPERATION_NAME, "chat"),
+                    i(attr::GEN_AI_USAGE_INPUT_TOKENS, 100),
+                    i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, 20),
+                ],
+            ),
+            &[(
+                "gen_ai.client.inference.operation.details",
+                vec![s(
+                    attr::GEN_AI_OUTPUT_MESSAGES,
+                    r#"[{"role": "assistant", "parts": [{"type": "text", "content": "Done."}]}]"#,
+                )],
+            )],
+        );
+        let (ev, report) = events(
+            &Mapper::default(),
+            &request(vec![], vec![chat_span, tool_span, details]),
+        );
+        assert_eq!(ev[0]["text"], "Running the tests again.");
+        assert_eq!(ev[0]["tool_calls"], 1);
+        assert_eq!(ev[0]["finish_reason"], "tool_use");
+        assert_eq!(ev[1]["args"], json!({"path": "tests/"}));
+        assert_eq!(ev[1]["result"], json!([{"text": "FAILED test_x"}]));
+        assert_eq!(
+            (ev[2]["text"].clone(), ev[2]["tool_calls"].clone()),
+            (json!("Done."), json!(0))
+        );
+        assert!(report.uncaptured.is_empty(), "{:?}", report.uncaptured);
+    }
+
+    #[test]
+    fn choice_messages_of_every_shape() {
+        assert_eq!(choice_message("Giving up.\n"), ("Giving up.".into(), 0));
+        assert_eq!(
+            choice_message(r#"{"content": "Checking.", "tool_calls": [{"id": "a"}, {"id": "b"}]}"#),
+            ("Checking.".into(), 2)
+        );
+        assert_eq!(
+            choice_message(
+                r#"[{"type": "text", "text": "a"}, {"type": "tool_use", "name": "x"}, {"text": "b"}]"#
+            ),
+            ("a\nb".into(), 1)
+        );
+    }
+
+    /// LangChain's tool spans (OpenInference) carry the whole `ToolMessage`, whose
+    /// `tool_call_id` is new on every call: the result is its content.
+    #[test]
+    fn a_langchain_tool_message_is_its_content() {
+        let lc = |id: u8, status: &str| {
+            span(
+                id,
+                None,
+                1_000 + id as u64,
+                vec![
+                    s(attr::OPENINFERENCE_SPAN_KIND, "TOOL"),
+                    s(attr::TOOL_NAME, "run_tests"),
+                    s(attr::INPUT_VALUE, "tests/"),
+                    s(
+                        attr::OUTPUT_VALUE,
+                        &format!(
+                            r#"{{"type": "tool", "data": {{"content": "FAILED test_x", "additional_kwargs": {{}}, "type": "tool", "name": "run_tests", "id": null, "tool_call_id": "call_{id}", "status": "{status}"}}}}"#
+                        ),
+                    ),
+                ],
+            )
+        };
+        let (ev, _) = events(
+            &Mapper::default(),
+            &request(vec![], vec![lc(1, "success"), lc(2, "error")]),
+        );
+        assert_eq!(ev[0]["result"], "FAILED test_x");
+        assert!(ev[0].get("is_error").is_none());
+        assert_eq!(
+            (ev[1]["result"].clone(), ev[1]["is_error"].clone()),
+            (json!("FAILED test_x"), json!(true))
+        );
+        // Other JSON results are left as they are.
+        assert_eq!(
+            langchain_tool_message(r#"{"type": "tool", "tool_call_id": 1}"#).0,
+            r#"{"type": "tool", "tool_call_id": 1}"#
+        );
+    }
+
+    /// The end of a trace's root agent span completes its session; a nested agent's end
+    /// does not.
+    #[test]
+    fn a_root_agent_span_completes_its_session() {
+        let agent = |id: u8, parent: Option<u8>, end_ms: u64| {
+            span(
+                id,
+                parent,
+                end_ms,
+                vec![
+                    s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+                    s(attr::GEN_AI_AGENT_NAME, "fixer"),
+                    s(attr::GEN_AI_CONVERSATION_ID, "conv-1"),
+                ],
+            )
+        };
+        let req = request(
+            vec![],
+            vec![
+                chat(3, Some(2), 1_000),
+                agent(2, Some(1), 1_500),
+                agent(1, None, 2_000),
+            ],
+        );
+        let (ev, report) = events(&Mapper::default(), &req);
+        assert_eq!(report.completions, 1);
+        let done: Vec<_> = ev
+            .iter()
+            .filter(|e| e["type"] == "session.completed")
+            .collect();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0]["session_id"], "conv-1");
+        assert_eq!(done[0]["event_id"], "0101010101010101");
+        // Last: the run's steps come before its end.
+        assert_eq!(ev.last().unwrap()["type"], "session.completed");
     }
 
     /// Findings of the default configuration's engine on `events`.

@@ -21,6 +21,10 @@
 //!   the commit) delays the others at most that long each time, and never stalls them.
 //! - **Caught up**: nothing more is known on the broker; a live event may still be on
 //!   its way, so the heads wait `wait` after they were polled.
+//! - **Never written**: the partition of that topic has never held an event (its high
+//!   watermark is 0): the heads do not wait for it. A deployment that writes one input
+//!   topic only (OpenTelemetry spans through the ingest) waits on nothing; the first
+//!   event a topic ever gets may be applied up to `wait` out of event-time order.
 //!
 //! `wait` zero turns alignment off: heads go as they come.
 //!
@@ -60,6 +64,8 @@ struct Queue<T> {
     unpolled_since: Option<Instant>,
     /// This stretch of being unpolled outlasted the bound and was reported.
     overrun_reported: bool,
+    /// Its partition has never held an event: nothing to wait for.
+    never_written: bool,
 }
 
 /// The held messages of one partition, one queue per input topic.
@@ -94,6 +100,7 @@ impl<T> Aligner<T> {
                     held: VecDeque::new(),
                     unpolled_since: Some(now),
                     overrun_reported: false,
+                    never_written: false,
                 })
                 .collect(),
             wait,
@@ -109,6 +116,8 @@ impl<T> Aligner<T> {
             .held
             .back()
             .is_none_or(|last| last.offset < held.offset));
+        // An event of it: written now, whatever the watermarks said.
+        queue.never_written = false;
         queue.held.push_back(held);
     }
 
@@ -122,6 +131,12 @@ impl<T> Aligner<T> {
         } else if queue.unpolled_since.is_none() {
             queue.unpolled_since = Some(now);
         }
+    }
+
+    /// Records whether `topic`'s partition has never held an event (high watermark 0),
+    /// as the client knows: the heads do not wait for such a topic.
+    pub fn set_never_written(&mut self, topic: usize, never_written: bool) {
+        self.queues[topic].never_written = never_written;
     }
 
     /// Whether `topic` has nothing held (what it knows of the broker then matters).
@@ -139,6 +154,7 @@ impl<T> Aligner<T> {
         let mut some_topic_empty = false;
         for (topic, queue) in self.queues.iter().enumerate() {
             match queue.held.front() {
+                None if queue.never_written => {}
                 None => {
                     some_topic_empty = true;
                     if let Some(since) = queue.unpolled_since {
@@ -461,6 +477,27 @@ mod tests {
         assert_eq!(drain(&mut a, ms(4999)), vec![]);
         assert_eq!(drain(&mut a, ms(5000)), vec![(0, 2)]);
         assert_eq!(a.take_overruns(), vec![1], "a new stretch, reported again");
+    }
+
+    /// A topic whose partition never held an event (a deployment writing one input
+    /// topic) holds no head; its first event makes it a topic to wait for again.
+    #[test]
+    fn a_topic_never_written_holds_nothing_until_it_is() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut a = caught_up(2, WAIT, t0);
+        a.push(0, held(10, 0, t0));
+        assert!(a.pop_ready(t0).is_none(), "waits for topic 1 first");
+        a.set_never_written(1, true);
+        assert_eq!(a.pop_ready(t0).map(|(t, h)| (t, h.offset)), Some((0, 0)));
+        a.set_unpolled(0, false, t0);
+        // Its first event: alignment as before.
+        a.push(1, held(30, 0, ms(1)));
+        a.push(0, held(40, 1, ms(1)));
+        assert_eq!(a.pop_ready(ms(1)).map(|(t, h)| (t, h.offset)), Some((1, 0)));
+        a.set_unpolled(1, false, ms(1));
+        assert!(a.pop_ready(ms(1)).is_none(), "topic 1 is empty again: wait");
+        assert!(a.pop_ready(ms(1) + WAIT).is_some());
     }
 
     #[test]

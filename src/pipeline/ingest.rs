@@ -14,6 +14,7 @@
 //! messages read again from the committed offsets. Each event carries its span's `traceparent` header, so
 //! loopwarden's spans for it land in the agent's trace.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,7 @@ use crate::event::{parse_event, ParseLimits, MAX_SESSION_ID_BYTES};
 use crate::ingest::OtlpIngest;
 use crate::kafka::settings::KafkaSettings;
 use crate::kafka::{consumer_config, producer_config};
-use crate::otlp::{decode, MapReport, MappedEvent, Mapper, Skipped};
+use crate::otlp::{decode, MapReport, MappedEvent, Mapper, Missing, Skipped};
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
 
@@ -100,6 +101,7 @@ pub fn run_ingest(
         mapped: Vec::new(),
         batch_events: 0,
         offsets: TopicPartitionList::new(),
+        told_uncaptured: HashSet::new(),
     };
     let result = batch.consume(&consumer, &mut outbox, &commit, &shutdown);
     if result.is_err() {
@@ -126,7 +128,12 @@ struct IngestBatch<'a> {
     batch_events: u64,
     /// The next offset to read per trace partition, once the batch is delivered.
     offsets: TopicPartitionList,
+    /// (service, scope, what) whose missing capture was logged: once each.
+    told_uncaptured: HashSet<(String, String, Missing)>,
 }
+
+/// At most this many (service, scope, what) are logged as missing capture.
+const UNCAPTURED_LOGGED_MAX: usize = 1000;
 
 impl IngestBatch<'_> {
     /// Batches of up to `max_batch_events` messages, closed after `max_batch_wait`.
@@ -194,6 +201,20 @@ impl IngestBatch<'_> {
         self.mapped.clear();
         let report = self.mapper.map(&request, &mut self.mapped);
         count_spans(self.telemetry, &report);
+        for u in &report.uncaptured {
+            let key = (u.service.clone(), u.scope.clone(), u.missing);
+            if self.told_uncaptured.len() < UNCAPTURED_LOGGED_MAX
+                && self.told_uncaptured.insert(key)
+            {
+                warn!(
+                    service = %u.service,
+                    scope = %u.scope,
+                    missing = u.missing.name(),
+                    setting = u.setting(),
+                    "steps mapped without what the detectors read; turn capture on"
+                );
+            }
+        }
         self.stats.spans.add(&report);
         let mut mapped = std::mem::take(&mut self.mapped);
         for e in mapped.drain(..) {
@@ -292,6 +313,11 @@ impl IngestBatch<'_> {
 }
 
 fn count_spans(telemetry: &Telemetry, report: &MapReport) {
+    for u in &report.uncaptured {
+        telemetry
+            .metrics
+            .uncaptured_spans(&u.service, u.missing.name(), u.spans);
+    }
     let m = &telemetry.metrics.otlp_spans;
     m.with_label_values(&["llm_call"]).inc_by(report.llm_calls);
     m.with_label_values(&["tool_call"])

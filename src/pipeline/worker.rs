@@ -442,6 +442,10 @@ impl Worker {
                     (None, Some(then)) => Some((None, then)),
                     (None, None) => None,
                 };
+                // A partition that never held an event (high watermark 0): a topic
+                // this deployment does not write (OpenTelemetry only), nothing to wait for.
+                p.held
+                    .set_never_written(index, matches!(watermarks, Some((_, 0))));
                 let unpolled = match watermarks {
                     // Nothing known: no fetch has answered since the client started.
                     None => true,

@@ -25,6 +25,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// by default.
 pub const DEFAULT_OWNER_SERIES_LIMIT: usize = 1000;
 
+/// Services counted one by one in `loopwarden_otlp_uncaptured_spans_total`.
+pub const UNCAPTURED_SERVICE_LIMIT: usize = 100;
+
 /// The label value of findings without a tenant or agent id.
 pub const NO_OWNER: &str = "(none)";
 /// The label value of owners beyond the series limit.
@@ -37,6 +40,10 @@ pub struct Metrics {
     findings_by_owner: IntCounterVec,
     owners: Mutex<HashSet<(String, String)>>,
     owner_series_limit: usize,
+    /// Steps the OTLP ingest mapped without token counts or content, by service;
+    /// bounded, see `uncaptured_spans`.
+    otlp_uncaptured: IntCounterVec,
+    uncaptured_services: Mutex<HashSet<String>>,
     /// Input events applied, by `type`.
     pub events_consumed: IntCounterVec,
     /// Events at or below a partition's stored offset, skipped after a restart.
@@ -263,9 +270,15 @@ impl Metrics {
             .expect("valid metric"),
             otlp_spans: counter_vec(
                 "loopwarden_otlp_spans_total",
-                "Spans read by the OTLP ingest, by outcome: llm_call, tool_call, agent (names and depth for its descendants), or why they gave no event (no_token_usage, no_tool_name, not_agent_step, invalid_ids).",
+                "Spans read by the OTLP ingest, by outcome: llm_call, tool_call, agent (names and depth for its descendants), or why they gave no event (no_tool_name, not_agent_step, invalid_ids).",
                 &["outcome"],
             ),
+            otlp_uncaptured: counter_vec(
+                "loopwarden_otlp_uncaptured_spans_total",
+                "Steps the OTLP ingest mapped without what the detectors read, by service (service.name; beyond 100 services: (other)) and what was missing: token_usage (counted as 0 tokens) or content (the output, or a tool call's arguments or result).",
+                &["service", "missing"],
+            ),
+            uncaptured_services: Mutex::new(HashSet::new()),
             otlp_events_published: IntCounter::new(
                 "loopwarden_otlp_events_published_total",
                 "Events the OTLP ingest published, keyed by session, onto the input topic (dead letters not counted).",
@@ -302,6 +315,7 @@ impl Metrics {
             Box::new(m.partitions_assigned.clone()),
             Box::new(m.spans_dropped.clone()),
             Box::new(m.otlp_spans.clone()),
+            Box::new(m.otlp_uncaptured.clone()),
             Box::new(m.otlp_events_published.clone()),
         ];
         for c in all {
@@ -329,6 +343,29 @@ impl Metrics {
         self.findings_by_owner
             .with_label_values(&[tenant, agent, level])
             .inc();
+    }
+
+    /// Counts `spans` steps of `service` mapped without `missing` (`token_usage`,
+    /// `content`). The first [`UNCAPTURED_SERVICE_LIMIT`] services are counted by name,
+    /// later ones as `(other)`.
+    pub fn uncaptured_spans(&self, service: &str, missing: &str, spans: u64) {
+        let service = if service.is_empty() {
+            NO_OWNER
+        } else {
+            service
+        };
+        let counted = {
+            let mut seen = self
+                .uncaptured_services
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            seen.contains(service)
+                || (seen.len() < UNCAPTURED_SERVICE_LIMIT && seen.insert(service.to_string()))
+        };
+        let service = if counted { service } else { OTHER_OWNERS };
+        self.otlp_uncaptured
+            .with_label_values(&[service, missing])
+            .inc_by(spans);
     }
 
     /// The Prometheus text exposition (format 0.0.4).
