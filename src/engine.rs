@@ -429,7 +429,7 @@ impl Engine {
         due.sort();
         for (deadline, id, clock) in due {
             // A session can sit in the heap twice (closed and reopened): closed once.
-            let closed = self.close(&id, ClosedBy::IdleTimeout, None, out);
+            let closed = self.close(&id, ClosedBy::IdleTimeout, None, None, out);
             if let (true, Some(d)) = (closed, deadlines.as_deref_mut()) {
                 d.push(CloseAt { clock, deadline });
             }
@@ -441,7 +441,7 @@ impl Engine {
         let mut ids: Vec<String> = self.sessions.keys().cloned().collect();
         ids.sort();
         for id in ids {
-            self.close(&id, closed_by, None, out);
+            self.close(&id, closed_by, None, None, out);
         }
         self.expiry.clear();
     }
@@ -452,6 +452,7 @@ impl Engine {
         id: &str,
         closed_by: ClosedBy,
         completion: Option<&Completion>,
+        trace_id: Option<&str>,
         out: &mut Vec<Output>,
     ) -> bool {
         let Some(slot) = self.sessions.remove(id) else {
@@ -497,6 +498,7 @@ impl Engine {
             ended_at: format_rfc3339_ms(st.last_event_ms),
             stats: Stats::of(&st),
             findings,
+            trace_id: trace_id.map(str::to_string),
         })));
         true
     }
@@ -564,7 +566,13 @@ impl Engine {
             apply(&mut self.work, slot, event, meta, event_ms, out);
         }
         if let Some(c) = completion {
-            self.close(id, ClosedBy::Completed, Some(c), out);
+            self.close(
+                id,
+                ClosedBy::Completed,
+                Some(c),
+                event.trace_id.as_deref(),
+                out,
+            );
         }
     }
 }
@@ -874,6 +882,7 @@ fn build_finding(
             partition: meta.partition,
             offset: meta.offset,
             event_id: event.event_id.to_string(),
+            trace_id: event.trace_id.as_deref().map(str::to_string),
         },
         event_time: format_rfc3339_ms(event_ms),
         detected_at: format_rfc3339_ms(meta.processing_time_ms.unwrap_or(event_ms)),
@@ -979,6 +988,43 @@ mod tests {
         assert_eq!(kills[0], (5, "repeat"));
         assert_eq!(kills[1].1, "error_repeat");
         assert_eq!(f.last().unwrap().2, Level::Terminate, "{f:?}");
+    }
+
+    /// A finding names the trace of the event that fired it, and a summary the trace of
+    /// the event that completed its session, so a kill switch can match either id.
+    #[test]
+    fn outputs_carry_the_trace_of_their_event() {
+        let config = Arc::new(Config::default());
+        let mut engine = Engine::new(config);
+        let mut out = Vec::new();
+        for i in 0..6 {
+            let mut e = same_call();
+            e["session_id"] = json!("s");
+            e["event_id"] = json!(format!("e{i}"));
+            e["trace_id"] = json!(format!("trace-{i}"));
+            let line = e.to_string();
+            let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+            engine.process(&ev, &EventMeta::default(), &mut out);
+        }
+        let done = json!({"type": "session.completed", "session_id": "s", "trace_id": "trace-end"});
+        let line = done.to_string();
+        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+        engine.process(&ev, &EventMeta::default(), &mut out);
+        let Output::Finding(first) = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(first.trigger.trace_id.as_deref(), Some("trace-2"));
+        let Some(Output::Summary(summary)) = out.last() else {
+            panic!("{out:?}")
+        };
+        assert_eq!(summary.trace_id.as_deref(), Some("trace-end"));
+        let json = serde_json::to_value(first).unwrap();
+        assert_eq!(json["trigger"]["trace_id"], "trace-2");
+        // Without one, the field is left out: outputs of other sources are unchanged.
+        let mut untraced = first.clone();
+        untraced.trigger.trace_id = None;
+        let json = serde_json::to_value(&untraced).unwrap();
+        assert!(json["trigger"].get("trace_id").is_none(), "{json}");
     }
 
     #[test]

@@ -257,6 +257,9 @@ pub struct Event<'a> {
     pub tenant: Option<Str<'a>>,
     pub parent_session_id: Option<Str<'a>>,
     pub depth: Option<u32>,
+    /// The OpenTelemetry trace the event came from (the OTLP ingest sets it), passed on
+    /// to the findings it triggers so a kill switch can match either id.
+    pub trace_id: Option<Str<'a>>,
     pub body: EventBody<'a>,
 }
 
@@ -308,6 +311,7 @@ impl Event<'_> {
             agent_id: owned_opt(self.agent_id),
             tenant: owned_opt(self.tenant),
             parent_session_id: owned_opt(self.parent_session_id),
+            trace_id: owned_opt(self.trace_id),
             depth: self.depth,
             body,
         }
@@ -327,6 +331,7 @@ struct Wire<'a> {
     tenant: Option<Str<'a>>,
     parent_session_id: Option<Str<'a>>,
     depth: Option<u32>,
+    trace_id: Option<Str<'a>>,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
     cache_read_tokens: Option<u64>,
@@ -364,6 +369,7 @@ struct SerdeWire {
     tenant: Option<String>,
     parent_session_id: Option<String>,
     depth: Option<u32>,
+    trace_id: Option<String>,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
     cache_read_tokens: Option<u64>,
@@ -407,6 +413,7 @@ impl From<SerdeWire> for Wire<'static> {
             tenant: s(w.tenant),
             parent_session_id: s(w.parent_session_id),
             depth: w.depth,
+            trace_id: s(w.trace_id),
             input_tokens: w.input_tokens,
             output_tokens: w.output_tokens,
             cache_read_tokens: w.cache_read_tokens,
@@ -692,6 +699,7 @@ mod fast {
             b"call_id" => read!(28, call_id, string),
             b"stop_reason" => read!(29, stop_reason, string),
             b"outcome" => read!(30, outcome, string),
+            b"trace_id" => read!(31, trace_id, string),
             _ => {
                 r.sc.value()?;
             }
@@ -890,6 +898,7 @@ fn validate<'a>(w: Wire<'a>, bytes: &[u8]) -> Result<Event<'a>, BadEvent> {
         tenant: w.tenant,
         parent_session_id: w.parent_session_id,
         depth: w.depth,
+        trace_id: w.trace_id,
         body,
     })
 }

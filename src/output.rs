@@ -82,6 +82,10 @@ pub struct Trigger {
     pub partition: Option<i32>,
     pub offset: Option<i64>,
     pub event_id: String,
+    /// The OpenTelemetry trace of that event (events mapped from spans carry it), so a
+    /// kill switch that knows its agent's trace can match it; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// `session.warning` or `session.terminated`.
@@ -158,6 +162,10 @@ pub struct SummaryEvent {
     pub stats: Stats,
     /// Findings per detector and level, e.g. `{"repeat": {"warning": 1, "terminate": 1}}`.
     pub findings: BTreeMap<String, BTreeMap<String, u32>>,
+    /// The OpenTelemetry trace of the event that completed the session (a root agent
+    /// span's end), when it carried one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// Any output of the engine.
