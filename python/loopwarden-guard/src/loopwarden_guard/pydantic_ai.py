@@ -1,0 +1,67 @@
+"""pydantic-ai: a capability that puts loopwarden's hints into the next model request
+and ends the run when loopwarden terminates its session.
+
+    from loopwarden_guard import Guard
+    from loopwarden_guard.pydantic_ai import LoopwardenCapability
+
+    guard = Guard("kafka:9092").start()
+    agent = Agent(model, capabilities=[LoopwardenCapability(guard)])
+
+The session is matched on the run's conversation id (what pydantic-ai's spans carry as
+`gen_ai.conversation.id`) and on the run's trace id. A termination raises
+`SessionTerminated` out of the run before its next model request or tool call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+from ._otel import current_trace_id
+from .guard import Guard, Watch
+from .hint import hint_message
+
+
+class LoopwardenCapability(AbstractCapability[Any]):
+    """Follows each run's session through `guard`."""
+
+    def __init__(self, guard: Guard):
+        super().__init__()
+        self.guard = guard
+        self._watches: dict[str, Watch] = {}
+
+    def _watch(self, ctx: Any) -> Watch:
+        key = ctx.run_id or ""
+        w = self._watches.get(key)
+        if w is None:
+            w = self._watches[key] = self.guard.watch(session_id=ctx.conversation_id)
+        trace_id = current_trace_id()
+        if trace_id and trace_id not in w.trace_ids:
+            w.also(trace_id=trace_id)
+        return w
+
+    async def before_run(self, ctx: Any) -> None:
+        self._watch(ctx)
+
+    async def before_model_request(self, ctx: Any, request_context: Any) -> Any:
+        w = self._watch(ctx)
+        w.check()
+        hint = w.take_hint()
+        if hint:
+            # Request-only: the model sees it this step; the history is not rewritten.
+            request_context.messages.append(
+                ModelRequest(parts=[UserPromptPart(content=hint_message(hint))])
+            )
+        return request_context
+
+    async def before_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any) -> Any:
+        self._watch(ctx).check()
+        return args
+
+    async def after_run(self, ctx: Any, *, result: Any) -> Any:
+        w = self._watches.pop(ctx.run_id or "", None)
+        if w is not None:
+            w.close()
+        return result

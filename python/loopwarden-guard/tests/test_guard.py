@@ -1,0 +1,132 @@
+"""The guard against a real broker: findings produced onto the topics as loopwarden
+publishes them reach the watch of their session, once each.
+
+Run by `cargo test --test guard` (which starts the broker, makes the topics and sets
+LOOPWARDEN_GUARD_BROKERS, LOOPWARDEN_GUARD_WARNING_TOPIC, LOOPWARDEN_GUARD_TERMINATED_TOPIC).
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+from confluent_kafka import Producer  # noqa: E402
+
+from loopwarden_guard import Guard, SessionTerminated  # noqa: E402
+
+BROKERS = os.environ["LOOPWARDEN_GUARD_BROKERS"]
+WARNINGS = os.environ["LOOPWARDEN_GUARD_WARNING_TOPIC"]
+TERMINATIONS = os.environ["LOOPWARDEN_GUARD_TERMINATED_TOPIC"]
+
+
+def finding(kind, session, event_id, *, hint="Stop repeating run_tests.", mode="enforce", trace_id=None):
+    trigger = {"topic": "in", "partition": 0, "offset": 1, "event_id": "e1"}
+    if trace_id:
+        trigger["trace_id"] = trace_id
+    return {
+        "type": f"session.{kind}",
+        "schema_version": 1,
+        "event_id": event_id,
+        "session_id": session,
+        "detector": "repeat",
+        "level": "terminate" if kind == "terminated" else "warning",
+        "reason": "the same call 4 times",
+        "hint": hint,
+        "mode": mode,
+        "trigger": trigger,
+    }
+
+
+def eventually(check, timeout=15.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("not within the time")
+
+
+class GuardTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.producer = Producer({"bootstrap.servers": BROKERS})
+        cls.guard = Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.guard.close()
+
+    def publish(self, topic, value, raw=None):
+        payload = raw if raw is not None else json.dumps(value).encode()
+        key = value["session_id"].encode() if value else None
+        self.producer.produce(topic, payload, key=key)
+        self.producer.flush(10)
+
+    def test_each_hint_once_and_copies_dropped(self):
+        w = self.guard.watch(session_id="s-hint")
+        self.publish(WARNINGS, finding("warning", "s-hint", "w1", hint="Try another approach."))
+        self.assertEqual(eventually(w.take_hint), "Try another approach.")
+        # The same finding again (an at-least-once copy): no second hint.
+        self.publish(WARNINGS, finding("warning", "s-hint", "w1", hint="Try another approach."))
+        # Another session's warning: not this watch's.
+        self.publish(WARNINGS, finding("warning", "s-other", "w2", hint="Not yours."))
+        marker = finding("warning", "s-hint", "w3", hint="Second warning.")
+        self.publish(WARNINGS, marker)
+        self.assertEqual(eventually(w.take_hint), "Second warning.")
+        self.assertIsNone(w.take_hint())
+        self.assertIsNone(w.terminated)
+
+    def test_a_termination_matched_by_trace_stops_and_calls_back(self):
+        trace = "0af7651916cd43dd8448eb211c80319c"
+        w = self.guard.watch(session_id="not-the-id-loopwarden-used", trace_id=trace.upper())
+        called = threading.Event()
+        w.on_terminate(lambda f: called.set())
+        self.publish(TERMINATIONS, finding("terminated", "trace-session", "t1", trace_id=trace))
+        eventually(lambda: w.terminated)
+        self.assertTrue(called.wait(5))
+        with self.assertRaises(SessionTerminated) as raised:
+            w.check()
+        self.assertIn("repeat", str(raised.exception))
+        # A hint after the termination is no use: none is given.
+        self.publish(WARNINGS, finding("warning", "trace-session", "w9", trace_id=trace))
+        time.sleep(0.5)
+        self.assertIsNone(w.take_hint())
+
+    def test_shadow_and_warn_mode_terminations_stop_nothing(self):
+        w = self.guard.watch(session_id="s-shadow")
+        self.publish(TERMINATIONS, finding("terminated", "s-shadow", "t2", mode="shadow"))
+        self.publish(TERMINATIONS, finding("terminated", "s-shadow", "t3", mode="warn"))
+        self.publish(WARNINGS, finding("warning", "s-shadow", "w4", hint="marker"))
+        eventually(lambda: w.take_hint() and True)
+        self.assertIsNone(w.terminated)
+        w.check()
+
+    def test_a_verdict_before_the_id_was_known_is_not_lost(self):
+        self.publish(TERMINATIONS, finding("terminated", "s-late", "t4"))
+        eventually(lambda: any(f.event_id == "t4" for f in self.guard._recent))
+        w = self.guard.watch()
+        self.assertIsNone(w.terminated)
+        w.also(session_id="s-late")
+        self.assertIsNotNone(w.terminated)
+
+    def test_unreadable_findings_are_skipped(self):
+        w = self.guard.watch(session_id="s-bad")
+        self.publish(WARNINGS, None, raw=b"not json")
+        self.publish(WARNINGS, None, raw=b'{"no": "session"}')
+        self.publish(WARNINGS, finding("warning", "s-bad", "w5", hint="after garbage"))
+        self.assertEqual(eventually(w.take_hint), "after garbage")
+
+    def test_a_missing_topic_is_a_clear_error(self):
+        g = Guard(BROKERS, warning_topic="no-such-topic-xyz", terminated_topic=TERMINATIONS)
+        with self.assertRaises(RuntimeError) as raised:
+            g.start()
+        self.assertIn("no-such-topic-xyz", str(raised.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
