@@ -50,10 +50,12 @@ class LoopwardenCapability(AbstractCapability[Any]):
         w.check()
         hint = w.take_hint()
         if hint:
-            # Request-only: the model sees it this step; the history is not rewritten.
-            request_context.messages.append(
-                ModelRequest(parts=[UserPromptPart(content=hint_message(hint))])
-            )
+            # Request-only (a new list, not the shared one): the model sees it this
+            # step, once; the stored history is not rewritten.
+            request_context.messages = [
+                *request_context.messages,
+                ModelRequest(parts=[UserPromptPart(content=hint_message(hint))]),
+            ]
         return request_context
 
     async def before_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any) -> Any:
