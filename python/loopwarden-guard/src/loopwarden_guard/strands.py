@@ -1,0 +1,90 @@
+"""Strands Agents: hooks that put loopwarden's hints into the next model call and cancel
+the invocation when loopwarden terminates its session.
+
+    from loopwarden_guard import Guard
+    from loopwarden_guard.strands import LoopwardenHooks
+
+    guard = Guard("kafka:9092").start()
+    agent = Agent(model=model, tools=tools, hooks=[LoopwardenHooks(guard)])
+
+The session is matched on the invocation's trace id (Strands' spans fall back to it for
+the session) and on `session.id` when the agent's `trace_attributes` set one. A
+termination cancels the invocation the way `Agent.cancel()` does (its result's
+`stop_reason` is `cancelled`): at the next cancellation-safe point, and no tool the
+model asked for afterwards runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strands.hooks import (
+    AfterInvocationEvent,
+    BeforeInvocationEvent,
+    BeforeModelCallEvent,
+    BeforeToolCallEvent,
+    HookProvider,
+    HookRegistry,
+)
+
+from ._otel import current_trace_id
+from .guard import Finding, Guard, Watch
+from .hint import hint_message
+
+
+def _stop_message(f: Finding) -> str:
+    return f"Stopped by loopwarden ({f.detector}): {f.reason}"
+
+
+class LoopwardenHooks(HookProvider):
+    """Follows each invocation's session through `guard`."""
+
+    def __init__(self, guard: Guard):
+        self.guard = guard
+        self._watches: dict[int, Watch] = {}
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        registry.add_callback(BeforeInvocationEvent, self._begin)
+        registry.add_callback(BeforeModelCallEvent, self._before_model)
+        registry.add_callback(BeforeToolCallEvent, self._before_tool)
+        registry.add_callback(AfterInvocationEvent, self._end)
+
+    def _watch(self, agent: Any) -> Watch:
+        w = self._watches.get(id(agent))
+        if w is None:
+            session = (getattr(agent, "trace_attributes", None) or {}).get("session.id")
+            w = self._watches[id(agent)] = self.guard.watch(session_id=session)
+            w.on_terminate(lambda f: agent.cancel(message=_stop_message(f)))
+        trace_id = current_trace_id()
+        if trace_id and trace_id not in w.trace_ids:
+            w.also(trace_id=trace_id)
+        return w
+
+    def _begin(self, event: BeforeInvocationEvent) -> None:
+        self._watch(event.agent)
+
+    def _before_model(self, event: BeforeModelCallEvent) -> None:
+        w = self._watch(event.agent)
+        if w.terminated is not None:
+            event.cancel = _stop_message(w.terminated)
+            return
+        hint = w.take_hint()
+        if hint:
+            # Into the message the model is about to read (the last user turn: the tool
+            # results), so the conversation keeps alternating roles.
+            messages = event.agent.messages
+            text = {"text": hint_message(hint)}
+            if messages and messages[-1].get("role") == "user":
+                messages[-1]["content"].append(text)
+            else:
+                messages.append({"role": "user", "content": [text]})
+
+    def _before_tool(self, event: BeforeToolCallEvent) -> None:
+        w = self._watch(event.agent)
+        if w.terminated is not None:
+            event.cancel_tool = _stop_message(w.terminated)
+
+    def _end(self, event: AfterInvocationEvent) -> None:
+        w = self._watches.pop(id(event.agent), None)
+        if w is not None:
+            w.close()
