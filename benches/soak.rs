@@ -12,7 +12,11 @@
 //! `SOAK_STATS_SECS` (librdkafka statistics every this many seconds from both members'
 //! consumers, logged as "Client stats": each partition's fetch state, offsets and
 //! queue). The members' logs are kept under the bench's temporary directory, which
-//! it prints. It prints
+//! it prints. `SOAK_FETCH_WAIT_MS` (both members' `fetch.wait.max.ms`; 500,
+//! librdkafka's default, instead of loopwarden's 20: Tansu answers a fetch empty when
+//! finding its records takes longer than the fetch may wait, which its in-memory log
+//! does once it holds about 60,000 records a partition on a loaded machine, so that
+//! consumers with a 20 ms wait stall for minutes; see docs/DEVELOPMENT.md). It prints
 //! one line every 30 s and a JSON report at the end, and exits non-zero when a target is
 //! missed: the first member's RSS at the end more than 10 % above (or below) its RSS
 //! after 5 minutes, lag not back to 0 within 2 minutes of the input's end or above
@@ -152,6 +156,7 @@ fn main() {
     let (cfg_b, log_b) = fx.instance("second");
     let debug = std::env::var("SOAK_DEBUG").ok();
     let stats_secs = knob("SOAK_STATS_SECS", 0);
+    let fetch_wait_ms = knob("SOAK_FETCH_WAIT_MS", 500);
     // librdkafka's debug lines are logged at debug level, under the `librdkafka` target.
     let member_env: &[(&str, &str)] = if debug.is_some() {
         &[("RUST_LOG", "info,librdkafka=debug")]
@@ -161,6 +166,7 @@ fn main() {
     for cfg in [&fx.cfg, &cfg_b] {
         // Both configurations end in their [kafka.consumer] table.
         let mut text = std::fs::read_to_string(cfg).unwrap();
+        text.push_str(&format!("\"fetch.wait.max.ms\" = {fetch_wait_ms}\n"));
         if let Some(debug) = &debug {
             text.push_str(&format!("\"debug\" = \"{debug}\"\n"));
         }
