@@ -7,15 +7,24 @@
 //! model call after the warning and never twice in one call, and the run must end with
 //! no model call and no tool call after the termination; where the adapter names the
 //! session (OpenAI Agents SDK, LangGraph), every span must carry it.
+//!
+//! And end to end (`..._end_to_end`): each framework's own spans, with its defaults and
+//! what the README tells users to set, exported within 200 ms to a real collector
+//! (rotel) that puts them on Kafka, `loopwarden run` with `[ingest.otlp]` judging them,
+//! and the guard acting on the verdicts in the agent's process. Per framework: a stuck
+//! agent, a poll that never moves and a loop that starts after 12 turns are stopped; a
+//! healthy agent and a poll that progresses (with the same narration every turn) are
+//! not; an agent that changes course once the hint is in its prompt escapes unkilled.
 
 mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{broker, create_topics, unique};
 
-fn framework(name: &str) {
+fn framework_python(name: &str) -> String {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = Command::new(manifest.join("scripts/framework-python"))
         .arg(name)
@@ -26,7 +35,12 @@ fn framework(name: &str) {
         python.status.success(),
         "scripts/framework-python {name} failed"
     );
-    let python = String::from_utf8(python.stdout).unwrap().trim().to_string();
+    String::from_utf8(python.stdout).unwrap().trim().to_string()
+}
+
+fn framework(name: &str) {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = framework_python(name);
     let brokers = broker();
     let (warnings, terminations) = (unique("fw-warn"), unique("fw-term"));
     create_topics(&brokers, &[(&warnings, 2), (&terminations, 2)]);
@@ -68,4 +82,165 @@ fn openai_agents_gets_the_hint_once_and_stops_on_termination() {
 #[test]
 fn langgraph_gets_the_hint_once_and_stops_on_termination() {
     framework("langgraph");
+}
+
+/// What a scenario must come to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Verdict {
+    /// Terminated by loopwarden, and the run ended by the guard.
+    Stopped,
+    /// Never terminated, and the run ended by itself.
+    Unstopped,
+    /// Warned (the hint reached the model), never terminated.
+    Escaped,
+}
+
+const SCENARIOS: &[(&str, Verdict)] = &[
+    ("stuck", Verdict::Stopped),
+    ("healthy", Verdict::Unstopped),
+    ("poll_progress", Verdict::Unstopped),
+    ("poll_stuck", Verdict::Stopped),
+    ("late_loop", Verdict::Stopped),
+    ("responsive", Verdict::Escaped),
+];
+
+/// The findings of `session` on `topic`, read until `quiet` passes without one more (or
+/// `limit`).
+fn findings_of(
+    brokers: &str,
+    topic: &str,
+    session: &str,
+    limit: Duration,
+) -> Vec<serde_json::Value> {
+    let consumer = common::reader(brokers, &[topic]);
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(300)) {
+            Some(Ok(m)) => {
+                let v = common::json(&m.detach());
+                if v["session_id"] == session {
+                    out.push(v);
+                }
+            }
+            _ if !out.is_empty() => break,
+            _ => {}
+        }
+    }
+    out
+}
+
+fn end_to_end(name: &str) {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = framework_python(name);
+    let brokers = broker();
+    let traces = unique("fw-traces");
+    create_topics(&brokers, &[(&traces, 2)]);
+    let fx = common::fixture(
+        2,
+        &format!("[ingest.otlp]\ntopics = [\"{traces}\"]\nencoding = \"otlp_proto\"\n"),
+    );
+    let run = common::spawn_run(&fx.cfg, &fx.dir.path().join("run.log"));
+    let collector = common::Collector::start(
+        &brokers,
+        &traces,
+        "protobuf",
+        &fx.dir.path().join("rotel.log"),
+    );
+    let mut report = Vec::new();
+    for &(scenario, want) in SCENARIOS {
+        let out = Command::new(&python)
+            .arg(manifest.join("tests/frameworks/e2e.py"))
+            .args([name, scenario])
+            .env("LOOPWARDEN_GUARD_BROKERS", &brokers)
+            .env("LOOPWARDEN_GUARD_WARNING_TOPIC", &fx.topics.warning)
+            .env("LOOPWARDEN_GUARD_TERMINATED_TOPIC", &fx.topics.terminated)
+            .env("LOOPWARDEN_OTLP_HTTP", &collector.http)
+            .env("LOOPWARDEN_MODEL_LATENCY_S", "0.3")
+            .output()
+            .expect("run tests/frameworks/e2e.py");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{name} {scenario}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("{name} {scenario}: {e}: {stdout}"));
+        let session = got["session"].as_str().expect("a session id").to_string();
+        let stopped = got["stopped"] == true;
+        let wait = if want == Verdict::Stopped { 30 } else { 3 };
+        let terminations = findings_of(
+            &brokers,
+            &fx.topics.terminated,
+            &session,
+            Duration::from_secs(wait),
+        );
+        // Steps the agent began after loopwarden decided (its `detected_at`).
+        let after_decision = terminations.first().map(|t| {
+            let decided = t["detected_at"].as_str().unwrap_or_default().to_string();
+            let decided_s = chrono_secs(&decided);
+            got["calls_started"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c.as_f64().unwrap() > decided_s)
+                .count()
+        });
+        let context = format!(
+            "{name} {scenario}: {got}\nterminations: {terminations:?}\nloopwarden log:\n{}",
+            run.log_text()
+        );
+        match want {
+            Verdict::Stopped => {
+                assert!(
+                    stopped && !terminations.is_empty(),
+                    "not stopped: {context}"
+                );
+            }
+            Verdict::Unstopped => {
+                assert!(!stopped && terminations.is_empty(), "stopped: {context}");
+            }
+            Verdict::Escaped => {
+                assert!(!stopped && terminations.is_empty(), "stopped: {context}");
+                assert!(
+                    got["hint_seen"] == true,
+                    "no hint reached the model: {context}"
+                );
+            }
+        }
+        report.push(format!(
+            "{scenario}: {} tool calls, stopped {stopped}, steps after the decision {after_decision:?}, span end to termination readable {}",
+            got["tool_calls"], got["span_end_to_readable_s"]
+        ));
+    }
+    eprintln!("{name} end to end:\n  {}", report.join("\n  "));
+    drop(collector);
+    run.stop_gracefully();
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC time (`2026-11-27T01:02:03.456Z`).
+fn chrono_secs(t: &str) -> f64 {
+    let ms = loopwarden::event::parse_rfc3339_ms(t).unwrap_or_else(|| panic!("a time: {t}"));
+    ms as f64 / 1000.0
+}
+
+#[test]
+fn pydantic_ai_end_to_end() {
+    end_to_end("pydantic-ai");
+}
+
+#[test]
+fn strands_end_to_end() {
+    end_to_end("strands");
+}
+
+#[test]
+fn openai_agents_end_to_end() {
+    end_to_end("openai-agents");
+}
+
+#[test]
+fn langgraph_end_to_end() {
+    end_to_end("langgraph");
 }

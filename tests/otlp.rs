@@ -14,7 +14,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -32,13 +32,7 @@ fn python() -> PathBuf {
 }
 
 fn otel_python(what: &str) -> PathBuf {
-    let out = Command::new(manifest().join("scripts/otel-python"))
-        .arg(what)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run scripts/otel-python");
-    assert!(out.status.success(), "scripts/otel-python {what} failed");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    common::otel_python(what)
 }
 
 /// Runs the instrumented agent with `args`.
@@ -170,61 +164,6 @@ fn a_looping_agent_is_stopped_from_its_traces_and_both_encodings_agree() {
     }
 }
 
-/// The collector, exporting traces to `topic` on `brokers` in `format`, listening for
-/// OTLP/HTTP on a free port. Stopped when dropped.
-struct Collector {
-    child: Child,
-    http: String,
-}
-
-impl Collector {
-    fn start(brokers: &str, topic: &str, format: &str, log: &Path) -> Collector {
-        let port = free_port();
-        let grpc = free_port();
-        let child = Command::new(otel_python("rotel"))
-            .args(["start", "--exporter", "kafka"])
-            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{port}")])
-            .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc}")])
-            .args(["--kafka-exporter-brokers", brokers])
-            .args(["--kafka-exporter-traces-topic", topic])
-            .args(["--kafka-exporter-format", format])
-            .args(["--kafka-exporter-acks", "all"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .expect("start rotel");
-        let http = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&http).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "rotel did not listen: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Collector {
-            child,
-            http: format!("http://{http}"),
-        }
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Waits for the session's termination on the bus.
 fn await_termination(brokers: &str, topic: &str, session: &str, log: &Path) -> serde_json::Value {
     let consumer = common::reader(brokers, &[topic]);
@@ -268,7 +207,7 @@ fn an_agent_traced_only_with_opentelemetry_is_terminated_through_a_collector_and
         }
         let run = common::spawn_run(&fx.cfg, &fx.dir.path().join("run.log"));
         let collector =
-            Collector::start(&brokers, &traces, format, &fx.dir.path().join("rotel.log"));
+            common::Collector::start(&brokers, &traces, format, &fx.dir.path().join("rotel.log"));
 
         // The whole trace in one export: the agent's name comes from its `invoke_agent`
         // span, which ends last, and only steps exported in the same request inherit it

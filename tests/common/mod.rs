@@ -791,3 +791,71 @@ pub fn rss_kb(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
         .unwrap_or(0)
 }
+
+/// A tool of the OpenTelemetry virtualenv (`scripts/otel-python`: `python`, `rotel`),
+/// installed, pinned, on first use.
+pub fn otel_python(what: &str) -> PathBuf {
+    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/otel-python"))
+        .arg(what)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/otel-python");
+    assert!(out.status.success(), "scripts/otel-python {what} failed");
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// The collector, exporting traces to `topic` on `brokers` in `format`, listening for
+/// OTLP/HTTP on a free port. Stopped when dropped.
+pub struct Collector {
+    child: Child,
+    /// The OTLP/HTTP endpoint (`http://127.0.0.1:port`).
+    pub http: String,
+}
+
+impl Collector {
+    pub fn start(brokers: &str, topic: &str, format: &str, log: &Path) -> Collector {
+        let port = free_port();
+        let grpc = free_port();
+        let child = Command::new(otel_python("rotel"))
+            .args(["start", "--exporter", "kafka"])
+            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{port}")])
+            .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc}")])
+            .args(["--kafka-exporter-brokers", brokers])
+            .args(["--kafka-exporter-traces-topic", topic])
+            .args(["--kafka-exporter-format", format])
+            .args(["--kafka-exporter-acks", "all"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("start rotel");
+        let http = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&http).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "rotel did not listen: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Collector {
+            child,
+            http: format!("http://{http}"),
+        }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

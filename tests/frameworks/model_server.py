@@ -1,7 +1,8 @@
-"""A scripted OpenAI-compatible model: /v1/chat/completions (plain and streamed) and
-/v1/responses. The reply to a request is the script's step number n, where n is the
-number of assistant turns already in the request's messages; a request whose messages
-hold the hint marker takes the script's "after_hint" steps from then on."""
+"""A scripted OpenAI-compatible model: /v1/chat/completions, plain and streamed (with
+usage). The reply to a request is the script's step number n, where n is the number of
+assistant turns already in the request's messages (the last step repeats); a request
+whose messages hold the script's `hint_marker` gets the `after_hint` steps instead;
+each reply waits `latency_s`, as a model would."""
 import json, sys, time, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -13,6 +14,7 @@ def step_for(messages):
     marker = SCRIPT.get("hint_marker")
     if marker and SCRIPT.get("after_hint") and any(marker in json.dumps(m.get("content")) for m in messages):
         steps = SCRIPT["after_hint"]
+    time.sleep(SCRIPT.get("latency_s", 0))
     return steps[min(turns, len(steps) - 1)], turns
 
 class H(BaseHTTPRequestHandler):

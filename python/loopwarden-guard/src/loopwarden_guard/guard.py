@@ -20,6 +20,7 @@ import collections
 import json
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -35,6 +36,8 @@ class Finding:
     """One `session.warning` or `session.terminated` as loopwarden published it."""
 
     raw: dict[str, Any]
+    #: When this process read it (seconds since the epoch).
+    received_at: float = 0.0
 
     @property
     def event_id(self) -> str:
@@ -282,7 +285,7 @@ class Guard:
         except ValueError as e:
             log.warning("loopwarden guard: skipping an unreadable finding at %s: %s", where, e)
             return None
-        f = Finding(raw)
+        f = Finding(raw, received_at=time.time())
         with self._lock:
             if f.event_id:
                 if f.event_id in self._seen:

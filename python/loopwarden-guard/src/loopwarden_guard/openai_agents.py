@@ -28,7 +28,7 @@ from agents import RunConfig, RunHooks
 from agents.run_config import CallModelData, ModelInputData
 from openinference.instrumentation import using_session
 
-from .guard import Guard, Watch
+from .guard import Guard, SessionTerminated, Watch
 from .hint import hint_message
 
 
@@ -82,5 +82,24 @@ def guarded_session(
     try:
         with using_session(session_id):
             yield GuardedSession(session_id, watch, config, _Hooks(watch))
+    except Exception as e:
+        # The SDK wraps what a tool hook raises ("Error running tool ..."): the run was
+        # ended by the termination, and that is what the caller catches.
+        stopped = _terminated_in(e)
+        if stopped is not None and stopped is not e:
+            raise stopped from e
+        raise
     finally:
         watch.close()
+
+
+def _terminated_in(e: BaseException) -> SessionTerminated | None:
+    """The `SessionTerminated` among `e`'s causes, if any."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, SessionTerminated):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
