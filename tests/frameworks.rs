@@ -197,6 +197,13 @@ fn end_to_end(name: &str) {
                     stopped && !terminations.is_empty(),
                     "not stopped: {context}"
                 );
+                // The verdict reaches the agent within about a model call (0.3 s here,
+                // a fast model's): at most the step already under way when loopwarden
+                // decided.
+                assert!(
+                    after_decision.is_some_and(|n| n <= 1),
+                    "steps after the decision: {after_decision:?}: {context}"
+                );
             }
             Verdict::Unstopped => {
                 assert!(!stopped && terminations.is_empty(), "stopped: {context}");
