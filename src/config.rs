@@ -25,6 +25,11 @@ use crate::policy::{Levels, Mode, Policy, DEFAULT_GRACE_STEPS};
 pub const DEFAULT_SESSION_GAP_SECS: u64 = 30 * 60;
 /// Default on-disk state directory.
 pub const DEFAULT_STATE_PATH: &str = "./loopwarden-state";
+/// sled's page cache, MiB (`state.cache_mib`): bounded, where sled's own default (1 GiB)
+/// lets a long-running process grow toward it as the state churns.
+pub const DEFAULT_STATE_CACHE_MIB: u64 = 32;
+/// The largest `state.cache_mib` accepted (64 GiB).
+pub const MAX_STATE_CACHE_MIB: u64 = 64 * 1024;
 /// Environment variables with this prefix override file keys (`__` separates levels).
 pub const ENV_PREFIX: &str = "LOOPWARDEN_";
 
@@ -108,6 +113,7 @@ struct RawEngine {
 #[serde(deny_unknown_fields)]
 struct RawState {
     path: Option<String>,
+    cache_mib: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -246,6 +252,8 @@ pub struct Config {
     pub engine: EngineSettings,
     pub limits: ParseLimits,
     pub state_path: PathBuf,
+    /// sled's page cache, bytes.
+    pub state_cache_bytes: u64,
     pub fingerprint: FingerprintSpec,
     pub tools: ToolClassifier,
     pub policy: Policy,
@@ -819,6 +827,13 @@ impl Config {
                 crate::kafka::settings::invalid_topic(&spans_topic),
             );
         }
+        let state_cache_mib = state.cache_mib.unwrap_or(DEFAULT_STATE_CACHE_MIB);
+        if !(1..=MAX_STATE_CACHE_MIB).contains(&state_cache_mib) {
+            errors.push(
+                "state.cache_mib",
+                format!("{state_cache_mib} is not a cache size: 1 to {MAX_STATE_CACHE_MIB} (MiB)"),
+            );
+        }
         let owner_series_limit = raw_telemetry
             .owner_series_limit
             .unwrap_or(crate::telemetry::metrics::DEFAULT_OWNER_SERIES_LIMIT);
@@ -1047,6 +1062,7 @@ impl Config {
             },
             limits,
             state_path: PathBuf::from(state.path.unwrap_or_else(|| DEFAULT_STATE_PATH.to_string())),
+            state_cache_bytes: state_cache_mib.saturating_mul(1024 * 1024),
             fingerprint: spec,
             tools: classifier,
             policy,
@@ -1153,6 +1169,10 @@ impl Config {
         state.insert(
             "path".into(),
             V::String(self.state_path.display().to_string()),
+        );
+        state.insert(
+            "cache_mib".into(),
+            V::Integer((self.state_cache_bytes / (1024 * 1024)) as i64),
         );
         root.insert("state".into(), V::Table(state));
         let mut fp = toml::Table::new();
@@ -1396,6 +1416,29 @@ mod tests {
             "[engine]\nsession_gap_secs = {MAX_SESSION_GAP_SECS}\n"
         ))
         .unwrap();
+    }
+
+    /// sled's page cache is bounded by default (its own default is 1 GiB), settable in
+    /// MiB, from 1 MiB to 64 GiB.
+    #[test]
+    fn the_state_cache_is_bounded_and_settable() {
+        assert_eq!(
+            cfg("").unwrap().state_cache_bytes,
+            DEFAULT_STATE_CACHE_MIB * 1024 * 1024
+        );
+        for bad in ["0", "65537", "-1"] {
+            let err = cfg(&format!("[state]\ncache_mib = {bad}\n")).unwrap_err();
+            assert!(
+                err.key_errors().iter().any(|e| e.key == "state.cache_mib"),
+                "{bad}: {err}"
+            );
+        }
+        let env = vec![("LOOPWARDEN_STATE__CACHE_MIB".to_string(), "8".to_string())];
+        let c = Config::from_toml_str("", "t", env.into_iter()).unwrap();
+        assert_eq!(c.state_cache_bytes, 8 * 1024 * 1024);
+        // What the effective configuration prints loads as the same.
+        let again = cfg(&c.effective_toml()).unwrap();
+        assert_eq!(again.state_cache_bytes, c.state_cache_bytes);
     }
 
     #[test]

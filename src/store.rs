@@ -157,9 +157,16 @@ pub const STATE_FORMAT: u32 = 4;
 const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 
 /// Opens (or creates) the sled database at `path`, checking (or recording) its state
-/// format.
+/// format, with the default page cache ([`crate::config::DEFAULT_STATE_CACHE_MIB`]).
 pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
-    let db = open_locked(path)?;
+    open_db_with_cache(path, crate::config::DEFAULT_STATE_CACHE_MIB * 1024 * 1024)
+}
+
+/// [`open_db`] with a page cache of `cache_bytes` (`state.cache_mib`). sled keeps the
+/// pages it reads and writes up to this size; its own default of 1 GiB lets a process
+/// that runs for days grow toward it as sessions come and go.
+pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
+    let db = open_locked(path, cache_bytes)?;
     let opened = |source| StoreError::Open {
         path: path.display().to_string(),
         source,
@@ -193,10 +200,14 @@ pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
     Ok(db)
 }
 
-fn open_locked(path: &Path) -> Result<sled::Db, StoreError> {
+fn open_locked(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
     let started = std::time::Instant::now();
     loop {
-        match sled::Config::new().path(path).open() {
+        match sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_bytes)
+            .open()
+        {
             Ok(db) => return Ok(db),
             Err(source) => {
                 let locked = source.to_string().contains("could not acquire lock");

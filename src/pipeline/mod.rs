@@ -53,7 +53,7 @@ use crate::kafka::{
     producer_config, TopicError,
 };
 use crate::shutdown::Shutdown;
-use crate::store::{open_db, StoreError};
+use crate::store::{open_db_with_cache, StoreError};
 use crate::telemetry::Telemetry;
 
 mod align;
@@ -241,7 +241,7 @@ pub fn run_observed(
     shutdown: Shutdown,
     telemetry: Arc<Telemetry>,
 ) -> Result<RunStats, PipelineError> {
-    let db = open_db(&config.state_path)?;
+    let db = open_db_with_cache(&config.state_path, config.state_cache_bytes)?;
     // The OTLP ingest, if on, runs beside the workers: a consumer group of its own that
     // feeds the input topic they read.
     let ingest = match config.ingest.clone() {
