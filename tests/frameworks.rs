@@ -217,8 +217,8 @@ fn end_to_end(name: &str) {
             }
         }
         report.push(format!(
-            "{scenario}: {} tool calls, stopped {stopped}, steps after the decision {after_decision:?}, span end to termination readable {}",
-            got["tool_calls"], got["span_end_to_readable_s"]
+            "{scenario}: {} tool calls, stopped {stopped}, steps after the decision {after_decision:?}, span end to termination readable {}, agent ids {}",
+            got["tool_calls"], got["span_end_to_readable_s"], got["agent_ids"]
         ));
     }
     eprintln!("{name} end to end:\n  {}", report.join("\n  "));

@@ -36,9 +36,10 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 
 import model_server  # noqa: E402
 from loopwarden_guard import HINT_PREFIX, Guard, SessionTerminated  # noqa: E402
-from loopwarden_guard.exporter import span_processor  # noqa: E402
+from loopwarden_guard.exporter import span_processor, step_attributes_processor  # noqa: E402
 
 provider = TracerProvider(resource=Resource.create({"service.name": f"e2e-{FRAMEWORK}"}))
+provider.add_span_processor(step_attributes_processor())
 provider.add_span_processor(
     span_processor(OTLPSpanExporter(endpoint=os.environ["LOOPWARDEN_OTLP_HTTP"] + "/v1/traces"))
 )
@@ -193,6 +194,7 @@ elif FRAMEWORK == "langgraph":
         tools,
         pre_model_hook=hooks.pre_model_hook,
         post_model_hook=hooks.post_model_hook,
+        name="fixer",
     )
     try:
         with hooks.session() as watch:
@@ -222,4 +224,5 @@ print(json.dumps({
     "hint_seen": any(HINT_PREFIX in r for r in requests),
     "calls_started": calls_started,
     "span_end_to_readable_s": readable[0] if readable else None,
+    "agent_ids": sorted({str(f.raw.get("agent_id")) for f in guard._recent if f.session_id == session}),
 }))

@@ -29,3 +29,27 @@ def span_processor(exporter: Any, schedule_delay_millis: int = 200) -> Any:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     return BatchSpanProcessor(exporter, schedule_delay_millis=schedule_delay_millis)
+
+
+# What a step span inherits from its parent when it has none of its own: the agent's
+# name and the session. Frameworks set them on the agent's span, which ends (and is
+# exported) after its steps, so loopwarden cannot look them up from the steps alone.
+INHERITED = ("gen_ai.agent.name", "agent.name", "gen_ai.conversation.id", "session.id")
+
+
+def step_attributes_processor() -> Any:
+    """A span processor that copies the agent name and session attributes from a span's
+    parent onto it when it starts (register it before the exporting processor)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class StepAttributes(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            parent = trace.get_current_span(parent_context)
+            attrs = getattr(parent, "attributes", None) or {}
+            own = span.attributes or {}
+            for key in INHERITED:
+                if key in attrs and key not in own:
+                    span.set_attribute(key, attrs[key])
+
+    return StepAttributes()
