@@ -84,6 +84,11 @@ fn main() {
     let port = knob("SOAK_PORT", 19096) as u16;
 
     let broker = OwnBroker::start(port);
+    // The bench's own readers (lag, outputs) fetch as the members do.
+    set_reader_fetch_wait_ms(knob("SOAK_FETCH_WAIT_MS", 500) as u32);
+    if let Ok(base) = std::env::var("SOAK_VERIFY_TOPICS") {
+        return verify_earlier_run(&broker, &base, secs, rate);
+    }
     let fx = fixture_on(broker.address.clone(), 4, "");
     // The tests' 2 s group session suits a minute-long test; an hour under load with a
     // member coming and going needs what production runs with (librdkafka's defaults are
@@ -106,21 +111,7 @@ fn main() {
 
     // The input: a fleet whose event time runs at the input rate (replay reads the same
     // events in the same order, so the idle clock and event time agree with it).
-    let total = (secs * rate) as usize;
-    let mut fleet = Fleet::new(FleetSpec {
-        sessions: total as u64 / 30 + 500,
-        concurrency: 400,
-        loop_share: 0.2,
-        seed: 28,
-    });
-    let step_ms = (1000 / rate).max(1) as i64;
-    let mut t = 1_763_000_000_000;
-    let mut events = Vec::with_capacity(total);
-    while events.len() < total {
-        let Some(e) = fleet.next_event(t) else { break };
-        events.push(e.json);
-        t += step_ms;
-    }
+    let events = soak_events(secs, rate);
     let want = expected(config.clone(), &events);
     eprintln!(
         "soak: {} events at {rate}/s over {secs} s, {} terminations expected; group {group}",
@@ -306,4 +297,42 @@ fn main() {
         std::process::exit(1);
     }
     eprintln!("soak: every target held");
+}
+
+/// The input of a soak of `secs` at `rate`: a fleet whose event time runs at the input
+/// rate (replay reads the same events in the same order).
+fn soak_events(secs: u64, rate: u64) -> Vec<Vec<u8>> {
+    let total = (secs * rate) as usize;
+    let mut fleet = Fleet::new(FleetSpec {
+        sessions: total as u64 / 30 + 500,
+        concurrency: 400,
+        loop_share: 0.2,
+        seed: 28,
+    });
+    let step_ms = (1000 / rate).max(1) as i64;
+    let mut t = 1_763_000_000_000;
+    let mut events = Vec::with_capacity(total);
+    while events.len() < total {
+        let Some(e) = fleet.next_event(t) else { break };
+        events.push(e.json);
+        t += step_ms;
+    }
+    events
+}
+
+/// `SOAK_VERIFY_TOPICS=t-…`: checks the outputs an earlier run left on this broker
+/// (its topics' common prefix, as its log names them) against replay's, with the same
+/// `SOAK_SECS` and `SOAK_RATE`; runs nothing.
+fn verify_earlier_run(broker: &OwnBroker, base: &str, secs: u64, rate: u64) {
+    let topics = Topics::of(base);
+    let config = Arc::new(loopwarden::config::Config::default());
+    let want = expected(config, &soak_events(secs, rate));
+    let (terminated, summaries) =
+        read_expected(&broker.address, &topics, &want, Duration::from_secs(300));
+    let copies = assert_each_once_as_replay(&want, &terminated, &summaries);
+    eprintln!(
+        "soak: the run on {base}: {} terminations and {} completed sessions' summaries as replay's; {copies} re-emitted copies",
+        want.terminations.len(),
+        want.summaries.len()
+    );
 }

@@ -159,7 +159,11 @@ pub struct Topics {
 impl Topics {
     /// Fresh names (nothing created).
     pub fn named() -> Topics {
-        let base = unique("t");
+        Topics::of(&unique("t"))
+    }
+
+    /// The topics of the run whose names start with `base` (`t-…`).
+    pub fn of(base: &str) -> Topics {
         Topics {
             input: format!("{base}.in"),
             warning: format!("{base}.warning"),
@@ -404,12 +408,24 @@ pub fn reader(brokers: &str, topics: &[&str]) -> BaseConsumer {
 }
 
 /// [`reader`] with the given `isolation.level`.
+/// The readers' `fetch.wait.max.ms` (5: the tests' topics are small, and Tansu holds a
+/// fetch for its whole wait). A soak's topics are large: Tansu answers a fetch empty when
+/// finding its records outlasts the wait, so it reads with more ([`set_reader_fetch_wait_ms`]).
+static READER_FETCH_WAIT_MS: AtomicU32 = AtomicU32::new(5);
+
+pub fn set_reader_fetch_wait_ms(ms: u32) {
+    READER_FETCH_WAIT_MS.store(ms, Ordering::Relaxed);
+}
+
 pub fn reader_isolated(brokers: &str, topics: &[&str], isolation: &str) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", unique("reader"))
         .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "5")
+        .set(
+            "fetch.wait.max.ms",
+            READER_FETCH_WAIT_MS.load(Ordering::Relaxed).to_string(),
+        )
         .set("isolation.level", isolation)
         .create()
         .unwrap();
