@@ -443,10 +443,20 @@ impl Mapper {
                 },
                 Kind::Agent => {
                     report.agents += 1;
-                    // A root agent span ends when the agent's run does: the session
-                    // completed (its summary now, not a session gap later). A nested
-                    // agent's end is its parent's step, not the session's end.
-                    if !l.span.parent_span_id.is_empty() || !valid_ids(l.span) {
+                    // A root agent run's span ends when the run does: a session that is
+                    // that trace completed (its summary now, not a session gap later). A
+                    // nested agent's end is its parent's step; a session named by the
+                    // agent (a conversation) may go on in another run, its ceilings
+                    // counting across them; creating an agent is no run.
+                    let run = string(&l.span.attributes, attr::GEN_AI_OPERATION_NAME)
+                        != Some("create_agent");
+                    let is_trace =
+                        || self.session_of(&spans, &ancestry, i) == hex(&l.span.trace_id);
+                    if !run
+                        || !l.span.parent_span_id.is_empty()
+                        || !valid_ids(l.span)
+                        || !is_trace()
+                    {
                         continue;
                     }
                     report.completions += 1;
@@ -1471,28 +1481,30 @@ mod tests {
         );
     }
 
-    /// The end of a trace's root agent span completes its session; a nested agent's end
-    /// does not.
+    /// The end of a trace's root agent run completes the session that is that trace; a
+    /// nested agent's end, a conversation named by the agent (it may go on in another
+    /// run) and the creation of an agent do not.
     #[test]
-    fn a_root_agent_span_completes_its_session() {
-        let agent = |id: u8, parent: Option<u8>, end_ms: u64| {
-            span(
-                id,
-                parent,
-                end_ms,
-                vec![
-                    s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
-                    s(attr::GEN_AI_AGENT_NAME, "fixer"),
-                    s(attr::GEN_AI_CONVERSATION_ID, "conv-1"),
-                ],
-            )
+    fn a_root_agent_run_completes_the_session_of_its_trace() {
+        let agent = |id: u8, parent: Option<u8>, end_ms: u64, op: &str, conv: Option<&str>| {
+            let mut attrs = vec![
+                s(attr::GEN_AI_OPERATION_NAME, op),
+                s(attr::GEN_AI_AGENT_NAME, "fixer"),
+            ];
+            if let Some(c) = conv {
+                attrs.push(s(attr::GEN_AI_CONVERSATION_ID, c));
+            }
+            span(id, parent, end_ms, attrs)
         };
+        let mut step = chat(3, Some(2), 1_000);
+        step.attributes
+            .retain(|kv| kv.key != attr::GEN_AI_CONVERSATION_ID);
         let req = request(
             vec![],
             vec![
-                chat(3, Some(2), 1_000),
-                agent(2, Some(1), 1_500),
-                agent(1, None, 2_000),
+                step,
+                agent(2, Some(1), 1_500, "invoke_agent", None),
+                agent(1, None, 2_000, "invoke_agent", None),
             ],
         );
         let (ev, report) = events(&Mapper::default(), &req);
@@ -1502,10 +1514,16 @@ mod tests {
             .filter(|e| e["type"] == "session.completed")
             .collect();
         assert_eq!(done.len(), 1);
-        assert_eq!(done[0]["session_id"], "conv-1");
+        assert_eq!(done[0]["session_id"], "07070707070707070707070707070707");
         assert_eq!(done[0]["event_id"], "0101010101010101");
         // Last: the run's steps come before its end.
         assert_eq!(ev.last().unwrap()["type"], "session.completed");
+        // A conversation, or an agent's creation: no completion.
+        for (op, conv) in [("invoke_agent", Some("conv-1")), ("create_agent", None)] {
+            let req = request(vec![], vec![agent(1, None, 2_000, op, conv)]);
+            let (ev, report) = events(&Mapper::default(), &req);
+            assert_eq!((ev.len(), report.completions), (0, 0), "{op} {conv:?}");
+        }
     }
 
     /// Findings of the default configuration's engine on `events`.

@@ -49,6 +49,7 @@ producer = Producer({"bootstrap.servers": BROKERS})
 guard = Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS).start()
 
 WARN_AT, KILL_AT = 3, 6
+KEEPS_HINT_IN_HISTORY = os.path.basename(sys.argv[0]) == "guard_strands.py"
 tool_calls = 0
 
 
@@ -91,8 +92,11 @@ def check(terminated, session_id=None):
         problems.append(f"{tool_calls} tool calls, expected {KILL_AT} (none after the termination)")
     if len(requests) != KILL_AT:
         problems.append(f"{len(requests)} model calls, expected {KILL_AT} (none after the termination)")
-    if not with_hint or with_hint[0] != WARN_AT:
-        problems.append(f"the hint was first in model call {with_hint[:1]}, expected [{WARN_AT}]")
+    # Once: in the call after the warning only, except where the framework's only way in
+    # is its stored conversation (Strands), where it stays in the later calls' history.
+    expected = list(range(WARN_AT, len(requests))) if KEEPS_HINT_IN_HISTORY else [WARN_AT]
+    if with_hint != expected:
+        problems.append(f"the hint was in model calls {with_hint}, expected {expected}")
     if any(r.count(HINT_PREFIX) > 1 for r in requests):
         problems.append("the hint was put into a model call more than once")
     if session_id is not None:

@@ -49,8 +49,9 @@ class Finding:
 
     @property
     def trace_id(self) -> str | None:
-        trigger = self.raw.get("trigger") or {}
-        return trigger.get("trace_id")
+        trigger = self.raw.get("trigger")
+        tid = trigger.get("trace_id") if isinstance(trigger, dict) else None
+        return tid.lower() if isinstance(tid, str) else None
 
     @property
     def detector(self) -> str:
@@ -95,6 +96,7 @@ class Watch:
     _hints: list[str] = field(default_factory=list)
     _terminated: Finding | None = None
     _callbacks: list[Callable[[Finding], None]] = field(default_factory=list)
+    _delivered: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def also(self, *, session_id: str | None = None, trace_id: str | None = None) -> "Watch":
@@ -140,6 +142,11 @@ class Watch:
     def _deliver(self, f: Finding) -> None:
         callbacks: list[Callable[[Finding], None]] = []
         with self._lock:
+            # Each finding once, however it came (live, or replayed by `also`).
+            if f.event_id:
+                if f.event_id in self._delivered:
+                    return
+                self._delivered.add(f.event_id)
             if f.stops:
                 if self._terminated is None:
                     self._terminated = f
@@ -256,11 +263,17 @@ class Guard:
                         f"loopwarden guard: topic {topic!r} not found on {self._config['bootstrap.servers']}"
                         + (f" ({t.error})" if t is not None and t.error else "")
                     )
-                parts += [TopicPartition(topic, p, OFFSET_END) for p in sorted(t.partitions)]
+                for p in sorted(t.partitions):
+                    # The end as it is now, a concrete offset: OFFSET_END would be
+                    # looked up later, and a finding published meanwhile skipped.
+                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                    parts.append(TopicPartition(topic, p, high if high >= 0 else OFFSET_END))
             consumer.assign(parts)
         except BaseException as e:  # reported by start()
             self.error = e
             self._ready.set()
+            if self._consumer is not None:
+                self._consumer.close()
             return
         self._ready.set()
         try:
@@ -271,7 +284,10 @@ class Guard:
                 if msg.error():
                     log.warning("loopwarden guard: consumer error: %s", msg.error())
                     continue
-                self.handle(msg.value(), where=f"{msg.topic()}[{msg.partition()}]@{msg.offset()}")
+                try:
+                    self.handle(msg.value(), where=f"{msg.topic()}[{msg.partition()}]@{msg.offset()}")
+                except Exception:  # one bad finding must not end the guard
+                    log.exception("loopwarden guard: a finding could not be handled")
         finally:
             consumer.close()
 
@@ -280,8 +296,10 @@ class Guard:
         when it was a copy or unreadable."""
         try:
             raw = json.loads(payload or b"")
-            if not isinstance(raw, dict) or not raw.get("session_id"):
+            if not isinstance(raw, dict) or not isinstance(raw.get("session_id"), str) or not raw["session_id"]:
                 raise ValueError("not a finding with a session_id")
+            if not isinstance(raw.get("event_id", ""), str) or not isinstance(raw.get("trigger", {}), (dict, type(None))):
+                raise ValueError("event_id or trigger of the wrong type")
         except ValueError as e:
             log.warning("loopwarden guard: skipping an unreadable finding at %s: %s", where, e)
             return None

@@ -62,8 +62,12 @@ class LoopwardenCapability(AbstractCapability[Any]):
         self._watch(ctx).check()
         return args
 
-    async def after_run(self, ctx: Any, *, result: Any) -> Any:
-        w = self._watches.pop(ctx.run_id or "", None)
-        if w is not None:
-            w.close()
-        return result
+    async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
+        # The watch ends with the run, however it ends (a run ended by
+        # `SessionTerminated` skips `after_run`).
+        try:
+            return await handler()
+        finally:
+            w = self._watches.pop(ctx.run_id or "", None)
+            if w is not None:
+                w.close()
