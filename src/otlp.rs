@@ -460,7 +460,7 @@ impl Mapper {
                         continue;
                     }
                     report.completions += 1;
-                    completion_fields(l.span)
+                    completion_fields()
                 }
                 Kind::Other => {
                     report.skip(Skipped::NotAgentStep);
@@ -739,7 +739,7 @@ fn is_json(text: &str, max_nesting: usize) -> bool {
 }
 
 /// The `session.completed` fields of a root agent span.
-fn completion_fields(_span: &Span) -> Obj {
+fn completion_fields() -> Obj {
     let mut m = Obj::new();
     m.str("type", "session.completed");
     m
