@@ -15,6 +15,11 @@
 //! agent, a poll that never moves and a loop that starts after 12 turns are stopped; a
 //! healthy agent and a poll that progresses (with the same narration every turn) are
 //! not; an agent that changes course once the hint is in its prompt escapes unkilled.
+//! Every finding names the agent (`agent_id`). Each termination's path is printed in
+//! hops: span end to the collector's record on the traces topic, that record to
+//! loopwarden's termination on the bus (loopwarden's own share: both Kafka timestamps),
+//! and on to the guard reading it (`cargo test --release --test frameworks --
+//! --nocapture end_to_end` for a release build's numbers).
 
 mod common;
 
@@ -23,6 +28,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{broker, create_topics, unique};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 fn framework_python(name: &str) -> String {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -104,14 +111,14 @@ const SCENARIOS: &[(&str, Verdict)] = &[
     ("responsive", Verdict::Escaped),
 ];
 
-/// The findings of `session` on `topic`, read until `quiet` passes without one more (or
-/// `limit`).
+/// The findings of `session` on `topic`, each with its record's Kafka timestamp (ms: when
+/// loopwarden produced it), read until a poll brings nothing more (or `limit`).
 fn findings_of(
     brokers: &str,
     topic: &str,
     session: &str,
     limit: Duration,
-) -> Vec<serde_json::Value> {
+) -> Vec<(serde_json::Value, i64)> {
     let consumer = common::reader(brokers, &[topic]);
     let deadline = Instant::now() + limit;
     let mut out = Vec::new();
@@ -120,7 +127,7 @@ fn findings_of(
             Some(Ok(m)) => {
                 let v = common::json(&m.detach());
                 if v["session_id"] == session {
-                    out.push(v);
+                    out.push((v, m.timestamp().to_millis().unwrap_or(0)));
                 }
             }
             _ if !out.is_empty() => break,
@@ -128,6 +135,36 @@ fn findings_of(
         }
     }
     out
+}
+
+/// The Kafka timestamp (ms) of the record at `offset` of `topic`'s `partition`: for an
+/// input record, when the collector produced it.
+fn record_timestamp_ms(brokers: &str, topic: &str, partition: i32, offset: i64) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("fw-at"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("a consumer");
+    let mut at = TopicPartitionList::new();
+    at.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .expect("an offset");
+    consumer.assign(&at).expect("assign");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(300)) {
+            if m.offset() == offset {
+                return m.timestamp().to_millis().expect("a record timestamp");
+            }
+        }
+    }
+    panic!("no record at {topic}/{partition}@{offset}");
+}
+
+/// The median of `xs` (the lower middle of an even count); `None` when empty.
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len().saturating_sub(1) / 2).copied()
 }
 
 fn end_to_end(name: &str) {
@@ -148,6 +185,7 @@ fn end_to_end(name: &str) {
         &fx.dir.path().join("rotel.log"),
     );
     let mut report = Vec::new();
+    let mut loopwarden_share = Vec::new();
     for &(scenario, want) in SCENARIOS {
         let out = Command::new(&python)
             .arg(manifest.join("tests/frameworks/e2e.py"))
@@ -177,7 +215,7 @@ fn end_to_end(name: &str) {
             Duration::from_secs(wait),
         );
         // Steps the agent began after loopwarden decided (its `detected_at`).
-        let after_decision = terminations.first().map(|t| {
+        let after_decision = terminations.first().map(|(t, _)| {
             let decided = t["detected_at"].as_str().unwrap_or_default().to_string();
             let decided_s = chrono_secs(&decided);
             got["calls_started"]
@@ -187,9 +225,42 @@ fn end_to_end(name: &str) {
                 .filter(|c| c.as_f64().unwrap() > decided_s)
                 .count()
         });
+        // The path of the first termination in hops (s): the span's end (its event time)
+        // to its export on the traces topic (the exporter's batch and the collector), to
+        // loopwarden's termination on the bus (loopwarden's own share: consume, judge,
+        // produce), to the guard reading it.
+        let hops = terminations.first().map(|(t, produced_ms)| {
+            let trigger = &t["trigger"];
+            let ingested_ms = record_timestamp_ms(
+                &brokers,
+                trigger["topic"].as_str().expect("a trigger topic"),
+                trigger["partition"].as_i64().expect("a trigger partition") as i32,
+                trigger["offset"].as_i64().expect("a trigger offset"),
+            );
+            let span_end_s = chrono_secs(t["event_time"].as_str().expect("an event time"));
+            let exported = ingested_ms as f64 / 1000.0 - span_end_s;
+            let judged = (produced_ms - ingested_ms) as f64 / 1000.0;
+            let read = got["span_end_to_readable_s"]
+                .as_f64()
+                .map(|total| total - exported - judged);
+            (exported, judged, read)
+        });
+        if let Some((_, judged, _)) = hops {
+            loopwarden_share.push(judged);
+        }
         let context = format!(
             "{name} {scenario}: {got}\nterminations: {terminations:?}\nloopwarden log:\n{}",
             run.log_text()
+        );
+        // Every finding names the agent: the framework's own attributes, or what the
+        // guard's step processor copies onto the steps (README, per framework).
+        assert!(
+            got["agent_ids"]
+                .as_array()
+                .expect("agent ids")
+                .iter()
+                .all(|a| a == "fixer"),
+            "a finding without the agent's name: {context}"
         );
         match want {
             Verdict::Stopped => {
@@ -217,11 +288,16 @@ fn end_to_end(name: &str) {
             }
         }
         report.push(format!(
-            "{scenario}: {} tool calls, stopped {stopped}, steps after the decision {after_decision:?}, span end to termination readable {}, agent ids {}",
+            "{scenario}: {} tool calls, stopped {stopped}, steps after the decision {after_decision:?}, span end to termination readable {} s (exported, judged by loopwarden, read by the guard: {hops:?}), agent ids {}",
             got["tool_calls"], got["span_end_to_readable_s"], got["agent_ids"]
         ));
     }
-    eprintln!("{name} end to end:\n  {}", report.join("\n  "));
+    eprintln!(
+        "{name} end to end:\n  {}\n  loopwarden's share (termination produced - trigger ingested), median {:?} s of {:?}",
+        report.join("\n  "),
+        median(loopwarden_share.clone()),
+        loopwarden_share
+    );
     drop(collector);
     run.stop_gracefully();
 }

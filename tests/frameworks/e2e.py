@@ -197,7 +197,7 @@ elif FRAMEWORK == "langgraph":
         name="fixer",
     )
     try:
-        with hooks.session() as watch:
+        with hooks.session(agent="fixer") as watch:
             session = next(iter(watch.session_ids))
             agent.invoke({"messages": [("user", "fix the bug")]}, {"recursion_limit": 200})
     except SessionTerminated:

@@ -137,5 +137,63 @@ class GuardTest(unittest.TestCase):
         self.assertIn("no-such-topic-xyz", str(raised.exception))
 
 
+class StepAttributesTest(unittest.TestCase):
+    """`exporter.step_attributes_processor`: the agent and session a step span inherits
+    when it starts, with the OpenTelemetry SDK."""
+
+    def spans(self, build):
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        from loopwarden_guard.exporter import step_attributes_processor
+
+        provider = TracerProvider()
+        exported = InMemorySpanExporter()
+        provider.add_span_processor(step_attributes_processor())
+        provider.add_span_processor(SimpleSpanProcessor(exported))
+        build(provider.get_tracer("test"))
+        return {s.name: dict(s.attributes) for s in exported.get_finished_spans()}
+
+    def test_an_openinference_agent_span_names_its_steps(self):
+        def build(tracer):
+            # As OpenInference's OpenAI Agents instrumentation: the trace's root and the
+            # agent are AGENT spans named at start, `agent.name` set only at their end.
+            kind = {"openinference.span.kind": "AGENT"}
+            with tracer.start_as_current_span("Agent workflow", attributes=kind):
+                with tracer.start_as_current_span("fixer", attributes=kind) as agent:
+                    with tracer.start_as_current_span("response"):
+                        with tracer.start_as_current_span("nested"):
+                            pass
+                    agent.set_attribute("agent.name", "fixer")
+
+        got = self.spans(build)
+        self.assertEqual(got["response"]["gen_ai.agent.name"], "fixer")
+        self.assertEqual(got["nested"]["gen_ai.agent.name"], "fixer")
+        self.assertEqual(got["fixer"]["gen_ai.agent.name"], "fixer")
+
+    def test_own_names_win_and_sessions_are_inherited(self):
+        from loopwarden_guard.exporter import using_agent
+
+        def build(tracer):
+            with using_agent("coder"):
+                with tracer.start_as_current_span("graph", attributes={"session.id": "s-1"}):
+                    with tracer.start_as_current_span("llm"):
+                        pass
+                    with tracer.start_as_current_span("sub", attributes={"gen_ai.agent.name": "reviewer"}):
+                        with tracer.start_as_current_span("tool"):
+                            pass
+            with tracer.start_as_current_span("outside"):
+                pass
+
+        got = self.spans(build)
+        self.assertEqual(got["llm"]["gen_ai.agent.name"], "coder")
+        self.assertEqual(got["llm"]["session.id"], "s-1")
+        self.assertEqual(got["sub"]["gen_ai.agent.name"], "reviewer")
+        self.assertEqual(got["tool"]["gen_ai.agent.name"], "reviewer")
+        self.assertEqual(got["tool"]["session.id"], "s-1")
+        self.assertNotIn("gen_ai.agent.name", got["outside"])
+
+
 if __name__ == "__main__":
     unittest.main()

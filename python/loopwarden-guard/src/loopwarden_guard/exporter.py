@@ -8,7 +8,9 @@ exports: most of the latency between an agent's step and its termination.
 
 from __future__ import annotations
 
-from typing import Any
+import contextvars
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 # Export within 200 ms of a span's end; OpenInference: leave the flattened input
 # history out of LLM spans (loopwarden reads outputs), so the SDK's 128-attribute limit
@@ -34,12 +36,36 @@ def span_processor(exporter: Any, schedule_delay_millis: int = 200) -> Any:
 # What a step span inherits from its parent when it has none of its own: the agent's
 # name and the session. Frameworks set them on the agent's span, which ends (and is
 # exported) after its steps, so loopwarden cannot look them up from the steps alone.
-INHERITED = ("gen_ai.agent.name", "agent.name", "gen_ai.conversation.id", "session.id")
+SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
+AGENT_NAMES = ("gen_ai.agent.name", "agent.name")
+INHERITED = AGENT_NAMES + SESSION_KEYS
+OPENINFERENCE_KIND = "openinference.span.kind"
+
+_agent_name: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "loopwarden_guard_agent_name", default=None
+)
+
+
+@contextmanager
+def using_agent(name: str) -> Iterator[None]:
+    """Names the agent of every span started inside the block that names none (for
+    frameworks whose spans name no agent, LangGraph's); needs `step_attributes_processor`."""
+    token = _agent_name.set(name)
+    try:
+        yield
+    finally:
+        _agent_name.reset(token)
 
 
 def step_attributes_processor() -> Any:
     """A span processor that copies the agent name and session attributes from a span's
-    parent onto it when it starts (register it before the exporting processor)."""
+    parent onto it when it starts (register it before the exporting processor).
+
+    A span's agent is, in order: its own agent name; an OpenInference `AGENT` span's own
+    name (the OpenAI Agents SDK's instrumentation names the span after the agent when it
+    starts, and sets `agent.name` only when it ends); its parent's agent name, or its
+    parent's name if that is an OpenInference `AGENT` span; the name given to
+    `using_agent`."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import SpanProcessor
 
@@ -48,8 +74,20 @@ def step_attributes_processor() -> Any:
             parent = trace.get_current_span(parent_context)
             attrs = getattr(parent, "attributes", None) or {}
             own = span.attributes or {}
-            for key in INHERITED:
+            for key in SESSION_KEYS:
                 if key in attrs and key not in own:
                     span.set_attribute(key, attrs[key])
+            if any(key in own for key in AGENT_NAMES):
+                return
+            if own.get(OPENINFERENCE_KIND) == "AGENT" and span.name:
+                span.set_attribute("gen_ai.agent.name", span.name)
+            elif any(key in attrs for key in AGENT_NAMES):
+                for key in AGENT_NAMES:
+                    if key in attrs:
+                        span.set_attribute(key, attrs[key])
+            elif attrs.get(OPENINFERENCE_KIND) == "AGENT" and getattr(parent, "name", None):
+                span.set_attribute("gen_ai.agent.name", parent.name)
+            elif _agent_name.get():
+                span.set_attribute("gen_ai.agent.name", _agent_name.get())
 
     return StepAttributes()

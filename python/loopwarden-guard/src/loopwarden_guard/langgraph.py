@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import contextvars
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 from openinference.instrumentation import using_session
 
+from .exporter import using_agent
 from .guard import Guard, SessionTerminated, Watch
 from .hint import hint_message
 
@@ -43,13 +44,15 @@ class LoopwardenHooks:
         self.guard = guard
 
     @contextmanager
-    def session(self, session_id: str | None = None) -> Iterator[Watch]:
-        """A session id for the runs inside the block; yields its watch."""
+    def session(self, session_id: str | None = None, agent: str | None = None) -> Iterator[Watch]:
+        """A session id for the runs inside the block; yields its watch. `agent` names the
+        agent of its spans (LangChain's name none; loopwarden's `agent_id`), given
+        `exporter.step_attributes_processor()` on the tracer provider."""
         session_id = session_id or uuid.uuid4().hex
         watch = self.guard.watch(session_id=session_id)
         token = _current.set(watch)
         try:
-            with using_session(session_id):
+            with using_session(session_id), using_agent(agent) if agent else nullcontext():
                 yield watch
         finally:
             _current.reset(token)
