@@ -23,6 +23,8 @@
 //! length (a mapped file's pages are the page cache's, read once in order: they count in
 //! the resident memory, and the kernel takes them back when it needs to).
 
+pub mod input;
+
 use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
 use std::io::{BufRead, Write};

@@ -1,0 +1,80 @@
+//! `loopwarden backtest`: what enforcing a configuration would have done to recorded
+//! sessions with known outcomes.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use loopwarden::backtest::{backtest, Outcomes};
+use loopwarden::driver::input::{open_events, open_input};
+
+use super::{load_config, threads_or_cores, FormatArg, InputArg};
+
+#[derive(Args)]
+pub struct BacktestArgs {
+    /// JSON Lines file of events (`.gz` is read compressed), or `-` for standard input.
+    input: PathBuf,
+    #[arg(long, short, env = "LOOPWARDEN_CONFIG")]
+    config: Option<PathBuf>,
+    /// JSON Lines of {"session_id": …, "outcome": "success" | "failure"}.
+    #[arg(long)]
+    outcomes: Option<PathBuf>,
+    /// A table for people, or the report as one JSON object.
+    #[arg(long, value_enum, default_value = "table")]
+    format: FormatArg,
+    /// Worker threads, sessions split between them, 1 to 256 (default: the cores
+    /// available, at most 256).
+    /// The report is the same for any number.
+    #[arg(long, env = "LOOPWARDEN_THREADS")]
+    threads: Option<usize>,
+    /// What the input holds: loopwarden events, or OTLP JSON trace exports (mapped as
+    /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line that is not blank.
+    #[arg(long, value_enum, default_value = "auto")]
+    input_format: InputArg,
+    /// Read a file with read calls instead of mapping it into memory. Use it for a
+    /// file that may change during the run: mapped, a file cut short (e.g. rotated
+    /// with copytruncate) or failing on disk ends the process with SIGBUS, one
+    /// rewritten in place may be read half old, half new, and one that grows is read
+    /// only up to its size at the start.
+    #[arg(long)]
+    no_mmap: bool,
+}
+
+pub fn run(args: BacktestArgs) -> anyhow::Result<ExitCode> {
+    let config = load_config(args.config.as_deref())?;
+    let is_stdin = |p: &Path| {
+        p == Path::new("-") || p == Path::new("/dev/stdin") || p == Path::new("/proc/self/fd/0")
+    };
+    if is_stdin(&args.input) && args.outcomes.as_deref().is_some_and(is_stdin) {
+        anyhow::bail!("the events and --outcomes cannot both be read from standard input");
+    }
+    let outcomes = match &args.outcomes {
+        Some(path) => Outcomes::read(&mut *open_input(path)?)
+            .with_context(|| format!("in {}", path.display()))?,
+        None => Outcomes::default(),
+    };
+    let mut events = open_events(
+        &args.input,
+        args.input_format.into(),
+        &config,
+        !args.no_mmap,
+    )?;
+    let threads = threads_or_cores(args.threads)?;
+    let report = backtest(
+        config,
+        events.input(),
+        &outcomes,
+        &mut std::io::stderr(),
+        threads,
+    )?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match args.format {
+        FormatArg::Table => report.write_table(&mut out)?,
+        FormatArg::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}

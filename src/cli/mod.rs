@@ -1,0 +1,197 @@
+//! The commands of the `loopwarden` binary, one module each (`main.rs` parses the
+//! arguments and dispatches), and what they share: loading the configuration with the
+//! environment, the `--threads` rule, the input arguments of the file-driven commands,
+//! and stopping on signals.
+
+pub mod backtest;
+pub mod check_config;
+pub mod demo;
+pub mod eval;
+pub mod healthcheck;
+pub mod replay;
+pub mod run;
+pub mod simulate;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::ValueEnum;
+
+use loopwarden::config::Config;
+use loopwarden::driver::input::InputFormat;
+use loopwarden::shutdown::Shutdown;
+
+/// How `replay` and `backtest` print.
+#[derive(Copy, Clone, ValueEnum)]
+pub enum FormatArg {
+    Json,
+    Table,
+}
+
+/// What an input file holds.
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+pub enum InputArg {
+    /// OTLP JSON when the first line that is not blank is a trace export
+    /// (`{"resourceSpans": …`), else events.
+    Auto,
+    /// loopwarden events, one JSON object a line.
+    Events,
+    /// OTLP JSON trace exports, one a line (the Collector's file exporter).
+    OtlpJson,
+}
+
+impl From<InputArg> for InputFormat {
+    fn from(arg: InputArg) -> InputFormat {
+        match arg {
+            InputArg::Auto => InputFormat::Auto,
+            InputArg::Events => InputFormat::Events,
+            InputArg::OtlpJson => InputFormat::OtlpJson,
+        }
+    }
+}
+
+/// A share, 0..=1 (for `--loop-share`).
+pub fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a share between 0 and 1")),
+    }
+}
+
+pub fn load_config(path: Option<&Path>) -> anyhow::Result<Arc<Config>> {
+    let env = config_env(std::env::vars_os())?.into_iter();
+    let config = match path {
+        Some(p) => Config::load(p, env)?,
+        None => Config::from_toml_str("", "defaults", env)?,
+    };
+    Ok(Arc::new(config))
+}
+
+/// The process environment as the configuration reads it: a `LOOPWARDEN_…` variable whose
+/// name or value is not UTF-8 is an error naming it; any other such variable is none of
+/// the configuration's business and is passed over (`std::env::vars` would panic on it).
+pub fn config_env(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> anyhow::Result<Vec<(String, String)>> {
+    use loopwarden::config::{ENV_PREFIX, RESERVED_ENV, RESERVED_ENV_PREFIX};
+    let mut env = Vec::new();
+    for (name, value) in vars {
+        let bytes = name.as_encoded_bytes();
+        // The command line's and the tools' own variables are not configuration keys
+        // (`LOOPWARDEN_CONFIG` may name a path that is not UTF-8).
+        let reserved = RESERVED_ENV.iter().any(|r| r.as_bytes() == bytes)
+            || bytes.starts_with(RESERVED_ENV_PREFIX.as_bytes());
+        let ours = bytes.starts_with(ENV_PREFIX.as_bytes()) && !reserved;
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => env.push((name, value)),
+            (Ok(name), Err(_)) if ours => {
+                anyhow::bail!("environment variable {name}: its value is not UTF-8")
+            }
+            (Err(name), _) if ours => anyhow::bail!(
+                "environment variable {}: its name is not UTF-8",
+                name.to_string_lossy()
+            ),
+            _ => {}
+        }
+    }
+    Ok(env)
+}
+
+/// `--threads`, or every core available.
+pub fn threads_or_cores(threads: Option<usize>) -> anyhow::Result<usize> {
+    match threads {
+        Some(0) => anyhow::bail!("--threads must be at least 1"),
+        Some(n) if n > loopwarden::driver::MAX_THREADS => anyhow::bail!(
+            "--threads must be at most {} (it was {n})",
+            loopwarden::driver::MAX_THREADS
+        ),
+        Some(n) => Ok(n),
+        None => Ok(loopwarden::driver::available_threads()),
+    }
+}
+
+/// SIGTERM / SIGINT trigger `shutdown`; a second signal exits at once.
+pub fn on_signals(shutdown: Shutdown) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the signal runtime")?;
+    // Registered before returning, so no signal falls into the default (kill) action.
+    let (mut term, mut int) = rt.block_on(async {
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+        ))
+    })?;
+    std::thread::spawn(move || {
+        rt.block_on(async move {
+            for _ in 0..2 {
+                let name = tokio::select! {
+                    _ = term.recv() => "SIGTERM",
+                    _ = int.recv() => "SIGINT",
+                };
+                if shutdown.is_triggered() {
+                    tracing::warn!(signal = name, "second signal: exiting now");
+                    std::process::exit(130);
+                }
+                tracing::info!(signal = name, "shutting down");
+                shutdown.trigger();
+            }
+        })
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_are_one_to_the_most_a_drive_takes() {
+        assert_eq!(threads_or_cores(Some(3)).unwrap(), 3);
+        let max = loopwarden::driver::MAX_THREADS;
+        assert_eq!(threads_or_cores(Some(max)).unwrap(), max);
+        for bad in [0, max + 1, 100_000] {
+            assert!(threads_or_cores(Some(bad)).is_err(), "{bad}");
+        }
+        let cores = threads_or_cores(None).unwrap();
+        assert!((1..=max).contains(&cores), "{cores}");
+    }
+
+    #[test]
+    fn the_environment_is_read_without_panicking_on_bytes_that_are_not_utf8() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let var = |name: &[u8], value: &[u8]| {
+            (
+                OsString::from_vec(name.to_vec()),
+                OsString::from_vec(value.to_vec()),
+            )
+        };
+        // Someone else's variable that is not UTF-8: passed over.
+        let env = config_env(
+            [
+                var(b"X", b"\xff"),
+                var(b"\xfe", b"1"),
+                var(b"LOOPWARDEN_MODE", b"warn"),
+            ]
+            .into_iter(),
+        )
+        .unwrap();
+        assert_eq!(env, vec![("LOOPWARDEN_MODE".into(), "warn".into())]);
+        // Ours: an error that names it.
+        let err = config_env([var(b"LOOPWARDEN_MODE", b"w\xffrn")].into_iter()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "environment variable LOOPWARDEN_MODE: its value is not UTF-8"
+        );
+        let err = config_env([var(b"LOOPWARDEN_\xff", b"1")].into_iter()).unwrap_err();
+        assert!(err.to_string().contains("its name is not UTF-8"), "{err}");
+        // A reserved variable naming a path that is not UTF-8: none of the config's.
+        let env =
+            config_env([var(b"LOOPWARDEN_CONFIG", b"/etc/caf\xe9.toml")].into_iter()).unwrap();
+        assert!(env.is_empty(), "{env:?}");
+    }
+}

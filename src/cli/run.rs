@@ -1,0 +1,118 @@
+//! `loopwarden run`: the service. Loads the configuration, starts an embedded broker when
+//! no brokers are configured, the telemetry (metrics, spans, the HTTP endpoint) and the
+//! pipeline, and stops gracefully on SIGTERM / SIGINT.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+
+use loopwarden::config::Config;
+use loopwarden::kafka::embedded::EmbeddedBroker;
+use loopwarden::pipeline;
+use loopwarden::shutdown::Shutdown;
+use loopwarden::telemetry::{http, Metrics, Spans, Telemetry};
+
+use super::{load_config, on_signals};
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[arg(long, short, env = "LOOPWARDEN_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    without_transparent_huge_pages();
+    let config = load_config(args.config.as_deref())?;
+    let shutdown = Shutdown::new();
+    on_signals(shutdown.clone())?;
+    // Kept until the pipeline is done: dropping it stops the broker.
+    let (_embedded, brokers) = match &config.kafka.brokers {
+        Some(b) => (None, b.clone()),
+        None => {
+            let (embedded, brokers) = start_embedded_broker(&config)?;
+            (Some(embedded), brokers)
+        }
+    };
+    let mut telemetry = Telemetry::new();
+    telemetry.metrics = Metrics::with_owner_series_limit(config.telemetry.owner_series_limit);
+    telemetry.spans = Spans::start(
+        &config.telemetry,
+        &config.kafka,
+        &brokers,
+        telemetry.metrics.spans_dropped.clone(),
+    )?;
+    let telemetry = Arc::new(telemetry);
+    let http = match &config.telemetry.http_listen {
+        Some(addr) => Some(http::serve(addr, telemetry.clone(), shutdown.clone())?),
+        None => None,
+    };
+    let result = pipeline::run_observed(config, &brokers, shutdown.clone(), telemetry.clone());
+    shutdown.trigger();
+    if let Some(spans) = &telemetry.spans {
+        spans.shutdown();
+    }
+    if let Some(server) = http {
+        server.join();
+    }
+    let stats = result?;
+    eprintln!(
+        "processed {} events ({} skipped as already applied, {} dead-lettered): {} warnings, {} terminations, {} summaries",
+        stats.events, stats.skipped, stats.dead_lettered, stats.warnings, stats.terminations, stats.summaries
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The in-memory broker of a configuration without brokers (for trying loopwarden out),
+/// with every topic the run uses, and its address, printed on stdout.
+fn start_embedded_broker(config: &Config) -> anyhow::Result<(EmbeddedBroker, String)> {
+    let mut topics = config.kafka.all_topics();
+    if config.telemetry.spans_to_kafka {
+        topics.push(&config.telemetry.spans_topic);
+    }
+    if let Some(ingest) = &config.ingest {
+        topics.extend(ingest.topics.iter().map(String::as_str));
+    }
+    let embedded = EmbeddedBroker::start(&topics, config.kafka.embedded_partitions)?;
+    let b = embedded.bootstrap_servers().to_string();
+    // One write, and a closed stdout is not fatal: whoever started us may read the
+    // address and hang up, and the service must keep running.
+    let banner = format!(
+        "embedded broker (in memory, for trying loopwarden out) listening on {b}\n\
+         produce events to {} with any Kafka client, e.g.\n  \
+         loopwarden simulate --brokers {b} --sessions 100 --rate 500\n",
+        config.kafka.input_topics.join(", ")
+    );
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = stdout
+        .write_all(banner.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        tracing::warn!(%error, "cannot print the embedded broker's address");
+    }
+    Ok((embedded, b))
+}
+
+/// `loopwarden run` is a long-lived service whose resident memory must stay flat.
+/// mimalloc asks the kernel for transparent huge pages by default, and a heap spread over
+/// 2 MiB pages stays resident page by page: in the soak (issue 28) the first member's
+/// RSS rose from 71 MB after 5 minutes to over 100 MB within 40 minutes with huge pages,
+/// its heap being about 20 MB, and stayed between 27 and 38 MB without them (20- and
+/// 45-minute runs). So the service opts out (`PR_SET_THP_DISABLE`, what
+/// `MIMALLOC_ALLOW_THP=0` does); the batch commands keep huge pages for speed. Setting `MIMALLOC_ALLOW_THP` (to 1) leaves the choice to mimalloc.
+fn without_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes nothing but
+        // this process's use of huge pages.
+        let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        if rc != 0 {
+            tracing::warn!(
+                error = %std::io::Error::last_os_error(),
+                "cannot turn transparent huge pages off: resident memory may grow with the heap's spread"
+            );
+        }
+    }
+}
