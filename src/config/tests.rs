@@ -1,0 +1,328 @@
+//! The configuration's unit tests: parsing, validation, environment overrides, the
+//! effective TOML.
+
+use super::*;
+use crate::detectors::DetectorKind;
+use crate::policy::Mode;
+
+fn cfg(text: &str) -> Result<Config, ConfigError> {
+    Config::from_toml_str(text, "test.toml", std::iter::empty())
+}
+
+#[test]
+fn empty_file_gives_the_design_defaults() {
+    let c = cfg("").unwrap();
+    assert_eq!(c.policy, Policy::default());
+    assert_eq!(c.engine.session_gap_ms, 1_800_000);
+}
+
+#[test]
+fn reports_every_error_at_once_with_its_key() {
+    let err = cfg(r#"
+        bogus = 1
+        mode = "loud"
+        [engine]
+        session_gap_secs = 0
+        [detectors.repeat]
+        warn_at = 5
+        terminate_at = 4
+        min_similarity = 0.5
+        [detectors.nope]
+        warn_at = 1
+        [tools]
+        poll = ["[bad"]
+        "#)
+    .unwrap_err();
+    let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+    for expected in [
+        "bogus",
+        "mode",
+        "engine.session_gap_secs",
+        "detectors.repeat",
+        "detectors.repeat.min_similarity",
+        "detectors.nope",
+        "tools.poll[0]",
+    ] {
+        assert!(keys.contains(&expected), "missing {expected} in {keys:?}");
+    }
+}
+
+#[test]
+fn an_error_in_a_key_the_environment_set_names_the_variable() {
+    let env = [
+        ("LOOPWARDEN_KAFKA__GROUP_ID", "123"),
+        ("LOOPWARDEN_FOO", "1"),
+        ("LOOPWARDEN_ENGINE__SESSION_GAP_SECS", "60"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let err = Config::from_toml_str(
+        "[engine]\nmax_nesting = 1000\n",
+        "test.toml",
+        env.into_iter(),
+    )
+    .unwrap_err();
+    let messages: Vec<(&str, &str)> = err
+        .key_errors()
+        .iter()
+        .map(|e| (e.key.as_str(), e.message.as_str()))
+        .collect();
+    for (key, by) in [
+        ("kafka.group_id", Some("LOOPWARDEN_KAFKA__GROUP_ID")),
+        ("foo", Some("LOOPWARDEN_FOO")),
+        ("engine.max_nesting", None),
+    ] {
+        let (_, message) = messages
+            .iter()
+            .find(|(k, _)| *k == key)
+            .unwrap_or_else(|| panic!("{key} in {messages:?}"));
+        match by {
+            Some(name) => assert!(message.ends_with(&format!("(set by {name})")), "{message}"),
+            None => assert!(!message.contains("set by"), "{message}"),
+        }
+    }
+}
+
+#[test]
+fn spans_on_the_bus_need_a_topic_of_their_own() {
+    for (text, expected) in [
+        ("[telemetry]\nspans_topic = \"a/b\"\n", "not a valid topic name"),
+        (
+            "[telemetry]\nspans_to_kafka = true\nspans_topic = \"tool.called\"\n",
+            "also an input topic",
+        ),
+        (
+            "[telemetry]\nspans_to_kafka = true\nspans_topic = \"s\"\n[kafka]\nchangelog_topic = \"s\"\n",
+            "also the changelog topic",
+        ),
+    ] {
+        let err = cfg(text).unwrap_err();
+        let errors = err.key_errors();
+        assert_eq!(errors.len(), 1, "{text}: {err}");
+        assert_eq!(errors[0].key, "telemetry.spans_topic");
+        assert!(errors[0].message.contains(expected), "{err}");
+    }
+    // Off the bus, the topic is not used.
+    cfg("[telemetry]\nspans_topic = \"tool.called\"\n").unwrap();
+}
+
+#[test]
+fn overrides_that_can_apply_together_are_checked_together() {
+    let chain = |second: &str| {
+        format!("[[overrides]]\ntenant = \"t\"\n[overrides.detectors.stall]\nwarn_at = 10\nterminate_at = 20\n[[overrides]]\n{second}\n[overrides.detectors.stall]\nterminate_at = 6\n")
+    };
+    for meets in ["agent = \"*\"", "tenant = \"t\"", "agent = \"coder\""] {
+        let err = cfg(&chain(meets)).unwrap_err();
+        let errors = err.key_errors();
+        assert_eq!(errors.len(), 1, "{meets}: {err}");
+        assert_eq!(errors[0].key, "overrides[1].detectors.stall");
+        assert!(
+            errors[0].message.contains("applied after overrides[0]"),
+            "{err}"
+        );
+    }
+    // Overrides that never meet: other tenants, agents apart by their globs.
+    cfg(&chain("tenant = \"u\"")).unwrap();
+    let apart = "[[overrides]]\nagent = \"research-*\"\n[overrides.detectors.stall]\nwarn_at = 10\nterminate_at = 20\n[[overrides]]\nagent = \"coder-*\"\n[overrides.detectors.stall]\nterminate_at = 6\n";
+    cfg(apart).unwrap();
+    let ends_apart = apart
+        .replace("research-*", "*-research")
+        .replace("coder-*", "*-coder");
+    cfg(&ends_apart).unwrap();
+    // Three for one tenant, rising after each: never two of them without the third.
+    let three = "[[overrides]]\ntenant = \"t\"\n[overrides.detectors.stall]\nwarn_at = 10\nterminate_at = 20\n[[overrides]]\ntenant = \"t\"\n[overrides.detectors.stall]\nwarn_at = 2\n[[overrides]]\ntenant = \"t\"\n[overrides.detectors.stall]\nterminate_at = 6\n";
+    cfg(three).unwrap();
+    // A tool override on top of a session override.
+    let tool = "[[overrides]]\nagent = \"a*\"\n[overrides.detectors.repeat]\nwarn_at = 6\nterminate_at = 9\nwindow_terminate_at = 12\n[[overrides]]\ntool = \"deploy*\"\n[overrides.detectors.repeat]\nterminate_at = 5\n";
+    let err = cfg(tool).unwrap_err();
+    assert_eq!(
+        err.key_errors()[0].key,
+        "overrides[1].detectors.repeat",
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_state_path_and_an_endless_session_gap_are_refused() {
+    let err = cfg("[state]\npath = \"\"\n[engine]\nsession_gap_secs = 9223372036854775807\n")
+        .unwrap_err();
+    let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+    // Section by section, in the order of the reference (`engine` before `state`).
+    assert_eq!(keys, ["engine.session_gap_secs", "state.path"], "{err}");
+    cfg(&format!(
+        "[engine]\nsession_gap_secs = {MAX_SESSION_GAP_SECS}\n"
+    ))
+    .unwrap();
+}
+
+/// sled's page cache is bounded by default (its own default is 1 GiB), settable in
+/// MiB, from 1 MiB to 64 GiB.
+#[test]
+fn the_state_cache_is_bounded_and_settable() {
+    assert_eq!(
+        cfg("").unwrap().state_cache_bytes,
+        DEFAULT_STATE_CACHE_MIB * 1024 * 1024
+    );
+    for bad in ["0", "65537", "-1"] {
+        let err = cfg(&format!("[state]\ncache_mib = {bad}\n")).unwrap_err();
+        assert!(
+            err.key_errors().iter().any(|e| e.key == "state.cache_mib"),
+            "{bad}: {err}"
+        );
+    }
+    let env = vec![("LOOPWARDEN_STATE__CACHE_MIB".to_string(), "8".to_string())];
+    let c = Config::from_toml_str("", "t", env.into_iter()).unwrap();
+    assert_eq!(c.state_cache_bytes, 8 * 1024 * 1024);
+    // What the effective configuration prints loads as the same.
+    let again = cfg(&c.effective_toml()).unwrap();
+    assert_eq!(again.state_cache_bytes, c.state_cache_bytes);
+}
+
+#[test]
+fn every_refused_key_of_a_section_is_reported() {
+    let err = cfg("[kafka]\nworkers = 0\nmax_batch_events = \"lots\"\nidle_after_secs = -1\nbogus = 1\n[engine]\nsession_gap_secs = -5\ngrace_steps = -1\n")
+        .unwrap_err();
+    let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+    for expected in [
+        "kafka.max_batch_events",
+        "kafka.idle_after_secs",
+        "kafka.bogus",
+        "engine.session_gap_secs",
+        "engine.grace_steps",
+    ] {
+        assert!(keys.contains(&expected), "missing {expected} in {keys:?}");
+    }
+    // An array's first bad item, named by its own index, once.
+    let err =
+        cfg("[kafka]\ninput_topics = [\"a\", 1, 2]\n[tools]\npoll = [1, 2, 3]\n").unwrap_err();
+    let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["tools.poll[0]", "kafka.input_topics[1]"], "{err}");
+}
+
+#[test]
+fn unknown_keys_inside_sections_are_rejected() {
+    let err = cfg("[engine]\nsession_gap = 5\n").unwrap_err();
+    assert_eq!(err.key_errors()[0].key, "engine.session_gap");
+    assert!(
+        err.key_errors()[0].message.contains("unknown field"),
+        "{err}"
+    );
+}
+
+#[test]
+fn whole_floats_are_accepted_where_integers_are_expected() {
+    // What Helm's toToml writes for `max_batch_events: 20000` in values.yaml.
+    let c = Config::from_toml_str(
+        "[kafka]\nmax_batch_events = 20000.0\n[kafka.consumer]\n\"fetch.wait.max.ms\" = 50.0\n[detectors.repeat]\nterminate_at = 5.0\n[detectors.similar_turns]\nmin_similarity = 0.9\n",
+        "test",
+        std::iter::empty(),
+    )
+    .unwrap();
+    assert_eq!(c.kafka.max_batch_events, 20000);
+    assert_eq!(c.kafka.consumer["fetch.wait.max.ms"], "50");
+    let e = Config::from_toml_str(
+        "[kafka]\nmax_batch_events = 20000.5\n",
+        "test",
+        std::iter::empty(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("kafka.max_batch_events"), "{e}");
+}
+
+#[test]
+fn env_sets_librdkafka_properties_verbatim_and_check_config_redacts_secrets() {
+    let env = [
+        ("LOOPWARDEN_KAFKA__CLIENT__SASL_USERNAME", "svc-loopwarden"),
+        ("LOOPWARDEN_KAFKA__CLIENT__SASL_PASSWORD", "1e5"),
+        ("LOOPWARDEN_KAFKA__CLIENT__SASL_MECHANISMS", "SCRAM-SHA-512"),
+        ("LOOPWARDEN_KAFKA__CLIENT__SECURITY_PROTOCOL", "SASL_SSL"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let c = Config::from_toml_str("", "test", env.into_iter()).unwrap();
+    assert_eq!(c.kafka.client["sasl.password"], "1e5");
+    assert_eq!(c.kafka.client["sasl.username"], "svc-loopwarden");
+    let shown = c.effective_toml();
+    assert!(!shown.contains("1e5"), "{shown}");
+    assert!(shown.contains("svc-loopwarden") && shown.contains("(redacted)"));
+}
+
+#[test]
+fn env_overrides_nested_keys_with_types() {
+    let env = vec![
+        (
+            "LOOPWARDEN_DETECTORS__REPEAT__TERMINATE_AT".to_string(),
+            "6".to_string(),
+        ),
+        ("LOOPWARDEN_MODE".to_string(), "shadow".to_string()),
+        ("LOOPWARDEN_CONFIG".to_string(), "/ignored".to_string()),
+        ("LOOPWARDEN_THREADS".to_string(), "4".to_string()),
+        ("LOOPWARDEN_BROKER_PORT".to_string(), "19192".to_string()),
+        ("LOOPWARDEN_BENCH_RATE".to_string(), "5000".to_string()),
+        ("OTHER".to_string(), "x".to_string()),
+    ];
+    let c = Config::from_toml_str(
+        "[detectors.repeat]\nterminate_at = 5\n",
+        "t",
+        env.into_iter(),
+    )
+    .unwrap();
+    assert_eq!(
+        c.policy.levels(DetectorKind::Repeat).terminate_at,
+        Some(6.0)
+    );
+    assert_eq!(c.policy.levels(DetectorKind::Stall).mode, Mode::Shadow);
+}
+
+#[test]
+fn cap_warnings_follow_a_new_limit() {
+    let c = cfg("[detectors.turn_cap]\nterminate_at = 100\n").unwrap();
+    let p = c.policy.levels(DetectorKind::TurnCap);
+    assert_eq!(
+        (p.warn_at, p.critical_at, p.terminate_at),
+        (Some(80.0), Some(90.0), Some(100.0))
+    );
+}
+
+#[test]
+fn overrides_apply_by_tenant_agent_and_tool() {
+    let c = cfg(r#"
+        [[overrides]]
+        tenant = "acme"
+        agent = "coder-*"
+        mode = "warn"
+        [overrides.detectors.stall]
+        terminate_at = "off"
+
+        [[overrides]]
+        tool = "deploy*"
+        [overrides.detectors.repeat]
+        terminate_at = 10
+        "#)
+    .unwrap();
+    let p = c.policy_for(Some("acme"), Some("coder-7"));
+    assert_eq!(p.levels(DetectorKind::Stall).terminate_at, None);
+    assert_eq!(p.levels(DetectorKind::Repeat).mode, Mode::Warn);
+    let other = c.policy_for(Some("acme"), Some("writer"));
+    assert_eq!(other.levels(DetectorKind::Stall).terminate_at, Some(5.0));
+    let tool = c
+        .policy_for_tool(&other, None, None, "deploy_app", None)
+        .unwrap();
+    assert_eq!(tool.levels(DetectorKind::Repeat).terminate_at, Some(10.0));
+    assert!(c
+        .policy_for_tool(&other, None, None, "read", None)
+        .is_none());
+}
+
+#[test]
+fn tool_overrides_only_take_per_tool_detectors() {
+    let err =
+        cfg("[[overrides]]\ntool = \"x\"\n[overrides.detectors.stall]\nwarn_at = 1\n").unwrap_err();
+    assert_eq!(err.key_errors()[0].key, "overrides[0].detectors.stall");
+}
+
+#[test]
+fn effective_toml_reparses_to_the_same_policy() {
+    let c = cfg("mode = \"warn\"\n[detectors.cycle]\nwarn_at = 3\n").unwrap();
+    let again = cfg(&c.effective_toml()).unwrap();
+    assert_eq!(again.policy, c.policy);
+}
