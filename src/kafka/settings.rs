@@ -270,9 +270,19 @@ fn properties(
     out
 }
 
-impl KafkaSettings {
-    /// Validates the raw section; problems go to `errors` as (key, message).
-    pub(crate) fn validate(raw: RawKafka, errors: &mut Vec<(String, String)>) -> KafkaSettings {
+/// The topics of a `[kafka]` section: where events come from and findings go.
+struct Topics {
+    input: Vec<String>,
+    warning: String,
+    terminated: String,
+    summary: String,
+    dlq: String,
+    changelog: String,
+}
+
+impl Topics {
+    /// Each topic valid, the inputs none of the outputs, none listed twice.
+    fn validate(raw: &mut RawKafka, errors: &mut Vec<(String, String)>) -> Topics {
         let mut topic = |key: &str, value: Option<String>, default: &str| -> String {
             let t = value.unwrap_or_else(|| default.to_string());
             if !valid_topic(&t) {
@@ -280,86 +290,124 @@ impl KafkaSettings {
             }
             t
         };
-        let warning_topic = topic("warning_topic", raw.warning_topic, DEFAULT_WARNING_TOPIC);
-        let terminated_topic = topic(
-            "terminated_topic",
-            raw.terminated_topic,
-            DEFAULT_TERMINATED_TOPIC,
-        );
-        let summary_topic = topic("summary_topic", raw.summary_topic, DEFAULT_SUMMARY_TOPIC);
-        let dlq_topic = topic("dlq_topic", raw.dlq_topic, DEFAULT_DLQ_TOPIC);
-        let changelog_topic = topic(
-            "changelog_topic",
-            raw.changelog_topic,
-            DEFAULT_CHANGELOG_TOPIC,
-        );
-        let input_topics = raw
-            .input_topics
-            .unwrap_or_else(|| DEFAULT_INPUT_TOPICS.iter().map(|s| s.to_string()).collect());
-        if input_topics.is_empty() {
+        let topics = Topics {
+            warning: topic(
+                "warning_topic",
+                raw.warning_topic.take(),
+                DEFAULT_WARNING_TOPIC,
+            ),
+            terminated: topic(
+                "terminated_topic",
+                raw.terminated_topic.take(),
+                DEFAULT_TERMINATED_TOPIC,
+            ),
+            summary: topic(
+                "summary_topic",
+                raw.summary_topic.take(),
+                DEFAULT_SUMMARY_TOPIC,
+            ),
+            dlq: topic("dlq_topic", raw.dlq_topic.take(), DEFAULT_DLQ_TOPIC),
+            changelog: topic(
+                "changelog_topic",
+                raw.changelog_topic.take(),
+                DEFAULT_CHANGELOG_TOPIC,
+            ),
+            input: raw
+                .input_topics
+                .take()
+                .unwrap_or_else(|| DEFAULT_INPUT_TOPICS.iter().map(|s| s.to_string()).collect()),
+        };
+        if topics.input.is_empty() {
             errors.push((
                 "kafka.input_topics".into(),
                 "needs at least one topic".into(),
             ));
         }
-        for (i, t) in input_topics.iter().enumerate() {
+        let outputs = topics.outputs();
+        for (i, t) in topics.input.iter().enumerate() {
+            let key = || format!("kafka.input_topics[{i}]");
             if !valid_topic(t) {
-                errors.push((format!("kafka.input_topics[{i}]"), invalid_topic(t)));
+                errors.push((key(), invalid_topic(t)));
             }
-            if input_topics[..i].contains(t) {
-                errors.push((
-                    format!("kafka.input_topics[{i}]"),
-                    format!("`{t}` is listed twice"),
-                ));
+            if topics.input[..i].contains(t) {
+                errors.push((key(), format!("`{t}` is listed twice")));
             }
-            if [
-                &warning_topic,
-                &terminated_topic,
-                &summary_topic,
-                &dlq_topic,
-            ]
-            .contains(&t)
-            {
+            if outputs.iter().any(|(_, o)| *o == t) {
                 errors.push((
-                    format!("kafka.input_topics[{i}]"),
+                    key(),
                     format!(
                         "`{t}` is also an output topic: loopwarden would read its own findings"
                     ),
                 ));
             }
         }
-        // The changelog holds session state: a topic it shares would mix state records
-        // with events (read back as bad input) or with findings (read by consumers).
-        if raw.changelog.unwrap_or(true) {
-            let shared = if input_topics.contains(&changelog_topic) {
-                Some("an input topic".to_string())
-            } else {
-                [
-                    ("warning_topic", &warning_topic),
-                    ("terminated_topic", &terminated_topic),
-                    ("summary_topic", &summary_topic),
-                    ("dlq_topic", &dlq_topic),
-                ]
+        topics
+    }
+
+    /// The output topics with their keys, in a fixed order.
+    fn outputs(&self) -> [(&'static str, &String); 4] {
+        [
+            ("warning_topic", &self.warning),
+            ("terminated_topic", &self.terminated),
+            ("summary_topic", &self.summary),
+            ("dlq_topic", &self.dlq),
+        ]
+    }
+
+    /// The changelog holds session state: a topic it shares would mix state records with
+    /// events (read back as bad input) or with findings (read by consumers).
+    fn check_changelog(&self, errors: &mut Vec<(String, String)>) {
+        let changelog = &self.changelog;
+        let shared = if self.input.contains(changelog) {
+            Some("an input topic".to_string())
+        } else {
+            self.outputs()
                 .into_iter()
-                .find(|(_, t)| **t == changelog_topic)
+                .find(|(_, t)| *t == changelog)
                 .map(|(key, _)| format!("kafka.{key}"))
-            };
-            if let Some(other) = shared {
-                errors.push((
-                    "kafka.changelog_topic".into(),
-                    format!("`{changelog_topic}` is also {other}: the changelog needs a topic of its own"),
-                ));
-            }
+        };
+        if let Some(other) = shared {
+            errors.push((
+                "kafka.changelog_topic".into(),
+                format!("`{changelog}` is also {other}: the changelog needs a topic of its own"),
+            ));
         }
-        let brokers = raw.brokers.filter(|b| !b.trim().is_empty());
-        let group_id = raw.group_id.unwrap_or_else(|| DEFAULT_GROUP_ID.to_string());
-        if group_id.is_empty() {
-            errors.push(("kafka.group_id".into(), "must not be empty".into()));
+    }
+}
+
+/// `kafka.delivery`; exactly once needs the changelog.
+fn delivery(raw: Option<&str>, changelog: bool, errors: &mut Vec<(String, String)>) -> Delivery {
+    let delivery = match raw {
+        None | Some("at_least_once") => Delivery::AtLeastOnce,
+        Some("exactly_once") => Delivery::ExactlyOnce,
+        Some(other) => {
+            errors.push((
+                "kafka.delivery".into(),
+                format!("`{other}` is not a delivery mode: at_least_once or exactly_once"),
+            ));
+            Delivery::AtLeastOnce
         }
-        let max_batch_events = raw.max_batch_events.unwrap_or(DEFAULT_MAX_BATCH_EVENTS);
-        if max_batch_events == 0 {
-            errors.push(("kafka.max_batch_events".into(), "must be > 0".into()));
-        }
+    };
+    if delivery == Delivery::ExactlyOnce && !changelog {
+        errors.push((
+            "kafka.delivery".into(),
+            "exactly_once needs kafka.changelog = true: a restart after a committed transaction restores the state from it".into(),
+        ));
+    }
+    delivery
+}
+
+/// The timings of a `[kafka]` section, each checked.
+struct Timings {
+    shutdown_deadline: Duration,
+    idle_after: Duration,
+    align_wait: Duration,
+    retry_backoff_min: Duration,
+    retry_backoff_max: Duration,
+}
+
+impl Timings {
+    fn validate(raw: &RawKafka, errors: &mut Vec<(String, String)>) -> Timings {
         let backoff_min = raw
             .retry_backoff_min_ms
             .unwrap_or(DEFAULT_RETRY_BACKOFF_MIN_MS);
@@ -389,6 +437,36 @@ impl KafkaSettings {
                 format!("must be less than idle_after_secs ({idle_after} s)"),
             ));
         }
+        Timings {
+            shutdown_deadline: Duration::from_secs(shutdown),
+            idle_after: Duration::from_secs(idle_after),
+            align_wait: Duration::from_millis(align_wait),
+            retry_backoff_min: Duration::from_millis(backoff_min),
+            retry_backoff_max: Duration::from_millis(backoff_max),
+        }
+    }
+}
+
+impl KafkaSettings {
+    /// Validates the raw section; problems go to `errors` as (key, message).
+    pub(crate) fn validate(mut raw: RawKafka, errors: &mut Vec<(String, String)>) -> KafkaSettings {
+        let topics = Topics::validate(&mut raw, errors);
+        let changelog = raw.changelog.unwrap_or(true);
+        if changelog {
+            topics.check_changelog(errors);
+        }
+        let group_id = raw
+            .group_id
+            .take()
+            .unwrap_or_else(|| DEFAULT_GROUP_ID.to_string());
+        if group_id.is_empty() {
+            errors.push(("kafka.group_id".into(), "must not be empty".into()));
+        }
+        let max_batch_events = raw.max_batch_events.unwrap_or(DEFAULT_MAX_BATCH_EVENTS);
+        if max_batch_events == 0 {
+            errors.push(("kafka.max_batch_events".into(), "must be > 0".into()));
+        }
+        let timings = Timings::validate(&raw, errors);
         let embedded_partitions = raw
             .embedded_partitions
             .unwrap_or(DEFAULT_EMBEDDED_PARTITIONS);
@@ -402,56 +480,35 @@ impl KafkaSettings {
         if !(1..=64).contains(&workers) {
             errors.push(("kafka.workers".into(), "must be 1..=64".into()));
         }
-        let changelog = raw.changelog.unwrap_or(true);
-        let delivery = match raw.delivery.as_deref() {
-            None | Some("at_least_once") => Delivery::AtLeastOnce,
-            Some("exactly_once") => Delivery::ExactlyOnce,
-            Some(other) => {
-                errors.push((
-                    "kafka.delivery".into(),
-                    format!("`{other}` is not a delivery mode: at_least_once or exactly_once"),
-                ));
-                Delivery::AtLeastOnce
-            }
-        };
-        if delivery == Delivery::ExactlyOnce && !changelog {
-            errors.push((
-                "kafka.delivery".into(),
-                "exactly_once needs kafka.changelog = true: a restart after a committed transaction restores the state from it".into(),
-            ));
-        }
-        let client = properties(raw.client, "client", errors);
-        let consumer = properties(raw.consumer, "consumer", errors);
-        let producer = properties(raw.producer, "producer", errors);
+        let delivery = delivery(raw.delivery.as_deref(), changelog, errors);
+        let max_batch_wait_ms = raw.max_batch_wait_ms.unwrap_or(match delivery {
+            Delivery::AtLeastOnce => DEFAULT_MAX_BATCH_WAIT_MS,
+            Delivery::ExactlyOnce => DEFAULT_MAX_BATCH_WAIT_EXACTLY_ONCE_MS,
+        });
         KafkaSettings {
-            brokers,
+            brokers: raw.brokers.filter(|b| !b.trim().is_empty()),
             group_id,
-            input_topics,
-            warning_topic,
-            terminated_topic,
-            summary_topic,
-            dlq_topic,
+            input_topics: topics.input,
+            warning_topic: topics.warning,
+            terminated_topic: topics.terminated,
+            summary_topic: topics.summary,
+            dlq_topic: topics.dlq,
             changelog,
-            changelog_topic,
+            changelog_topic: topics.changelog,
             delivery,
             max_batch_events,
-            max_batch_wait: Duration::from_millis(raw.max_batch_wait_ms.unwrap_or(
-                match delivery {
-                    Delivery::AtLeastOnce => DEFAULT_MAX_BATCH_WAIT_MS,
-                    Delivery::ExactlyOnce => DEFAULT_MAX_BATCH_WAIT_EXACTLY_ONCE_MS,
-                },
-            )),
-            shutdown_deadline: Duration::from_secs(shutdown),
-            idle_after: Duration::from_secs(idle_after),
-            align_wait: Duration::from_millis(align_wait),
-            retry_backoff_min: Duration::from_millis(backoff_min),
-            retry_backoff_max: Duration::from_millis(backoff_max),
+            max_batch_wait: Duration::from_millis(max_batch_wait_ms),
+            shutdown_deadline: timings.shutdown_deadline,
+            idle_after: timings.idle_after,
+            align_wait: timings.align_wait,
+            retry_backoff_min: timings.retry_backoff_min,
+            retry_backoff_max: timings.retry_backoff_max,
             embedded_partitions,
             workers,
             instance_id: raw.instance_id.filter(|i| !i.is_empty()),
-            client,
-            consumer,
-            producer,
+            client: properties(raw.client, "client", errors),
+            consumer: properties(raw.consumer, "consumer", errors),
+            producer: properties(raw.producer, "producer", errors),
         }
     }
 
@@ -478,72 +535,51 @@ impl KafkaSettings {
     /// The section as TOML, every key with its value in force (for `check-config`).
     pub fn to_toml(&self) -> toml::Table {
         use toml::Value as V;
-        let mut t = toml::Table::new();
-        t.insert(
-            "brokers".into(),
-            V::String(self.brokers.clone().unwrap_or_default()),
-        );
-        t.insert("group_id".into(), V::String(self.group_id.clone()));
-        t.insert(
-            "input_topics".into(),
-            V::Array(self.input_topics.iter().cloned().map(V::String).collect()),
-        );
-        t.insert(
-            "warning_topic".into(),
-            V::String(self.warning_topic.clone()),
-        );
-        t.insert(
-            "terminated_topic".into(),
-            V::String(self.terminated_topic.clone()),
-        );
-        t.insert(
-            "summary_topic".into(),
-            V::String(self.summary_topic.clone()),
-        );
-        t.insert("dlq_topic".into(), V::String(self.dlq_topic.clone()));
-        t.insert("changelog".into(), V::Boolean(self.changelog));
-        t.insert(
-            "changelog_topic".into(),
-            V::String(self.changelog_topic.clone()),
-        );
-        t.insert("delivery".into(), V::String(self.delivery.name().into()));
-        t.insert(
-            "max_batch_events".into(),
-            V::Integer(self.max_batch_events as i64),
-        );
-        t.insert(
-            "max_batch_wait_ms".into(),
-            V::Integer(self.max_batch_wait.as_millis() as i64),
-        );
-        t.insert(
-            "shutdown_deadline_secs".into(),
-            V::Integer(self.shutdown_deadline.as_secs() as i64),
-        );
-        t.insert(
-            "idle_after_secs".into(),
-            V::Integer(self.idle_after.as_secs() as i64),
-        );
-        t.insert(
-            "align_wait_ms".into(),
-            V::Integer(self.align_wait.as_millis() as i64),
-        );
-        t.insert(
-            "retry_backoff_min_ms".into(),
-            V::Integer(self.retry_backoff_min.as_millis() as i64),
-        );
-        t.insert(
-            "retry_backoff_max_ms".into(),
-            V::Integer(self.retry_backoff_max.as_millis() as i64),
-        );
-        t.insert(
-            "embedded_partitions".into(),
-            V::Integer(self.embedded_partitions as i64),
-        );
-        t.insert("workers".into(), V::Integer(self.workers as i64));
-        t.insert(
-            "instance_id".into(),
-            V::String(self.instance_id.clone().unwrap_or_default()),
-        );
+        let text = |v: &str| V::String(v.to_string());
+        let int = |v: u128| V::Integer(v as i64);
+        let mut t: toml::Table = [
+            ("brokers", text(self.brokers.as_deref().unwrap_or_default())),
+            ("group_id", text(&self.group_id)),
+            (
+                "input_topics",
+                V::Array(self.input_topics.iter().map(|t| text(t)).collect()),
+            ),
+            ("warning_topic", text(&self.warning_topic)),
+            ("terminated_topic", text(&self.terminated_topic)),
+            ("summary_topic", text(&self.summary_topic)),
+            ("dlq_topic", text(&self.dlq_topic)),
+            ("changelog", V::Boolean(self.changelog)),
+            ("changelog_topic", text(&self.changelog_topic)),
+            ("delivery", text(self.delivery.name())),
+            ("max_batch_events", int(self.max_batch_events as u128)),
+            ("max_batch_wait_ms", int(self.max_batch_wait.as_millis())),
+            (
+                "shutdown_deadline_secs",
+                int(self.shutdown_deadline.as_secs().into()),
+            ),
+            ("idle_after_secs", int(self.idle_after.as_secs().into())),
+            ("align_wait_ms", int(self.align_wait.as_millis())),
+            (
+                "retry_backoff_min_ms",
+                int(self.retry_backoff_min.as_millis()),
+            ),
+            (
+                "retry_backoff_max_ms",
+                int(self.retry_backoff_max.as_millis()),
+            ),
+            (
+                "embedded_partitions",
+                V::Integer(self.embedded_partitions.into()),
+            ),
+            ("workers", int(self.workers as u128)),
+            (
+                "instance_id",
+                text(self.instance_id.as_deref().unwrap_or_default()),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
         // `check-config` prints this: secrets (SASL passwords, keys) must not reach a
         // terminal or a CI log.
         let props = |m: &BTreeMap<String, String>| {
