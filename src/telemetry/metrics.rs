@@ -108,13 +108,230 @@ pub struct Metrics {
     pub otlp_events_published: IntCounter,
 }
 
-fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+/// A metric family: its name, its help text and its label names.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
 }
 
-fn histogram(name: &str, help: &str) -> Histogram {
-    Histogram::with_opts(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()))
-        .expect("valid metric")
+// The families, in the order of the `Metrics` fields (the exposition sorts by name).
+const FINDINGS_BY_OWNER: Family = Family {
+    name: "loopwarden_findings_by_owner_total",
+    help: "Published findings by tenant, agent and level; owners beyond telemetry.owner_series_limit count as (other).",
+    labels: &["tenant", "agent", "level"],
+};
+
+const EVENTS_CONSUMED: Family = Family {
+    name: "loopwarden_events_consumed_total",
+    help: "Input events applied to the engine, by event type.",
+    labels: &["type"],
+};
+
+const EVENTS_SKIPPED: Family = Family {
+    name: "loopwarden_events_skipped_total",
+    help: "Events at or below a partition's stored offset (already applied before a restart).",
+    labels: &[],
+};
+
+const LATE_EVENTS: Family = Family {
+    name: "loopwarden_late_events_total",
+    help: "Events whose own time was behind their partition's clock by more than session_gap_secs (a lagging producer clock or a backlog); judged as usual.",
+    labels: &[],
+};
+
+const BAD_EVENTS: Family = Family {
+    name: "loopwarden_bad_events_total",
+    help: "Bad input messages sent to the dead-letter topic, by reason.",
+    labels: &["reason"],
+};
+
+const EVENTS_MISKEYED: Family = Family {
+    name: "loopwarden_events_miskeyed_total",
+    help: "Input events whose message key is not their session id (key: missing or other); applied as usual, but such a session may be split over partitions.",
+    labels: &["key"],
+};
+
+const FINDINGS: Family = Family {
+    name: "loopwarden_findings_total",
+    help: "Published findings (warnings and terminations), by detector, level and mode.",
+    labels: &["detector", "level", "mode"],
+};
+
+const SHADOW_FINDINGS: Family = Family {
+    name: "loopwarden_shadow_findings_total",
+    help: "Findings of shadow-mode detectors (not published), by detector and level.",
+    labels: &["detector", "level"],
+};
+
+const TERMINATIONS: Family = Family {
+    name: "loopwarden_terminations_total",
+    help: "Sessions terminated, by stop reason (the detector that stopped them).",
+    labels: &["stop_reason"],
+};
+
+const SESSIONS_CLOSED: Family = Family {
+    name: "loopwarden_sessions_closed_total",
+    help: "Sessions closed (a session.summary was emitted), by how they closed, their final stop reason and the outcome the runtime reported (success, failure, unknown).",
+    labels: &["closed_by", "stop_reason", "outcome"],
+};
+
+const SHADOW_STOPS: Family = Family {
+    name: "loopwarden_shadow_stops_total",
+    help: "Closed sessions that a shadow-mode detector would have terminated, by detector and the outcome the runtime reported (success, failure, unknown).",
+    labels: &["detector", "outcome"],
+};
+
+const SESSIONS_OPEN: Family = Family {
+    name: "loopwarden_sessions_open",
+    help: "Open sessions held by this process.",
+    labels: &[],
+};
+
+const STATE_STORE_BYTES: Family = Family {
+    name: "loopwarden_state_store_bytes",
+    help: "Size of the sled state directory on disk.",
+    labels: &[],
+};
+
+const CONSUMER_LAG: Family = Family {
+    name: "loopwarden_consumer_lag_messages",
+    help: "Messages on the broker behind the last applied offset, per input partition.",
+    labels: &["topic", "partition"],
+};
+
+const PROCESSING_LATENCY: Family = Family {
+    name: "loopwarden_processing_latency_seconds",
+    help: "From an event's poll to its batch being delivered, stored and committed.",
+    labels: &[],
+};
+
+const PRODUCE_TO_FINDING_LATENCY: Family = Family {
+    name: "loopwarden_produce_to_finding_latency_seconds",
+    help: "From the Kafka timestamp of the event that fired a finding to the broker's acknowledgement of the finding (exactly_once: before its transaction commits).",
+    labels: &[],
+};
+
+const COMMIT_DURATION: Family = Family {
+    name: "loopwarden_commit_duration_seconds",
+    help: "Committing a batch: the offset commit, or the whole transaction in exactly_once mode.",
+    labels: &[],
+};
+
+const FLUSH_DURATION: Family = Family {
+    name: "loopwarden_flush_duration_seconds",
+    help: "Writing a batch's state and offsets to sled and fsyncing it.",
+    labels: &[],
+};
+
+const DELIVERY_DURATION: Family = Family {
+    name: "loopwarden_delivery_duration_seconds",
+    help: "Producing a batch's output records until every acknowledgement (at_least_once).",
+    labels: &[],
+};
+
+const BATCH_STAGES: Family = Family {
+    name: "loopwarden_batch_stage_seconds",
+    help: "A batch's time per stage: wait (first event polled to the batch closing), apply (events through the engines), deliver (waiting for the broker to acknowledge the batch before, whose records were in flight while this one was polled; exactly_once: the whole transaction), store (sled write and fsync), commit (offset commit).",
+    labels: &["stage"],
+};
+
+const ALIGN_OVERRUNS: Family = Family {
+    name: "loopwarden_align_overruns_total",
+    help: "Times a partition's events went on without an input topic that still claimed unpolled events after 30 s.",
+    labels: &[],
+};
+
+const DELIVERY_RETRIES: Family = Family {
+    name: "loopwarden_delivery_retries_total",
+    help: "Output records whose delivery failed and was retried.",
+    labels: &[],
+};
+
+const BATCHES: Family = Family {
+    name: "loopwarden_batches_total",
+    help: "Batches finished.",
+    labels: &[],
+};
+
+const RESTORED_RECORDS: Family = Family {
+    name: "loopwarden_restored_records_total",
+    help: "Session records applied from the changelog while restoring partitions.",
+    labels: &[],
+};
+
+const RESTORE_DURATION: Family = Family {
+    name: "loopwarden_restore_duration_seconds",
+    help: "Restoring one partition's state from the changelog.",
+    labels: &[],
+};
+
+const PARTITIONS_ASSIGNED: Family = Family {
+    name: "loopwarden_partitions_assigned",
+    help: "Input partition numbers currently assigned to this process.",
+    labels: &[],
+};
+
+const SPANS_DROPPED: Family = Family {
+    name: "loopwarden_spans_dropped_total",
+    help: "Spans dropped because the exporter's queue was full or its collector unreachable.",
+    labels: &[],
+};
+
+const OTLP_SPANS: Family = Family {
+    name: "loopwarden_otlp_spans_total",
+    help: "Spans read by the OTLP ingest, by outcome: llm_call, tool_call, agent (names and depth for its descendants), or why they gave no event (no_tool_name, not_agent_step, invalid_ids).",
+    labels: &["outcome"],
+};
+
+const OTLP_UNCAPTURED: Family = Family {
+    name: "loopwarden_otlp_uncaptured_spans_total",
+    help: "Steps the OTLP ingest mapped without what the detectors read, by service (service.name; beyond 100 services: (other)) and what was missing: token_usage (counted as 0 tokens) or content (the output, or a tool call's arguments or result).",
+    labels: &["service", "missing"],
+};
+
+const OTLP_EVENTS_PUBLISHED: Family = Family {
+    name: "loopwarden_otlp_events_published_total",
+    help: "Events the OTLP ingest published, keyed by session, onto the input topic (dead letters not counted).",
+    labels: &[],
+};
+
+/// Creates each family and registers it at once, so that none is left unregistered.
+struct Registering<'r>(&'r Registry);
+
+impl Registering<'_> {
+    fn add<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> C {
+        self.0
+            .register(Box::new(c.clone()))
+            .expect("metric names are unique");
+        c
+    }
+
+    fn counter(&self, f: Family) -> IntCounter {
+        self.add(IntCounter::new(f.name, f.help).expect("valid metric"))
+    }
+
+    fn counter_vec(&self, f: Family) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(f.name, f.help), f.labels).expect("valid metric"))
+    }
+
+    fn gauge(&self, f: Family) -> IntGauge {
+        self.add(IntGauge::new(f.name, f.help).expect("valid metric"))
+    }
+
+    fn gauge_vec(&self, f: Family) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(f.name, f.help), f.labels).expect("valid metric"))
+    }
+
+    fn histogram(&self, f: Family) -> Histogram {
+        let opts = HistogramOpts::new(f.name, f.help).buckets(LATENCY_BUCKETS.to_vec());
+        self.add(Histogram::with_opts(opts).expect("valid metric"))
+    }
+
+    fn histogram_vec(&self, f: Family) -> HistogramVec {
+        let opts = HistogramOpts::new(f.name, f.help).buckets(LATENCY_BUCKETS.to_vec());
+        self.add(HistogramVec::new(opts, f.labels).expect("valid metric"))
+    }
 }
 
 impl Metrics {
@@ -131,197 +348,44 @@ impl Metrics {
 
     /// Metrics whose per-owner family holds at most `owner_series_limit` owners.
     pub fn with_owner_series_limit(owner_series_limit: usize) -> Metrics {
-        let m = Metrics {
-            registry: Registry::new(),
-            findings_by_owner: counter_vec(
-                "loopwarden_findings_by_owner_total",
-                "Published findings by tenant, agent and level; owners beyond telemetry.owner_series_limit count as (other).",
-                &["tenant", "agent", "level"],
-            ),
+        let registry = Registry::new();
+        let r = Registering(&registry);
+        Metrics {
+            findings_by_owner: r.counter_vec(FINDINGS_BY_OWNER),
+            events_consumed: r.counter_vec(EVENTS_CONSUMED),
+            events_skipped: r.counter(EVENTS_SKIPPED),
+            late_events: r.counter(LATE_EVENTS),
+            bad_events: r.counter_vec(BAD_EVENTS),
+            events_miskeyed: r.counter_vec(EVENTS_MISKEYED),
+            findings: r.counter_vec(FINDINGS),
+            shadow_findings: r.counter_vec(SHADOW_FINDINGS),
+            terminations: r.counter_vec(TERMINATIONS),
+            sessions_closed: r.counter_vec(SESSIONS_CLOSED),
+            shadow_stops: r.counter_vec(SHADOW_STOPS),
+            sessions_open: r.gauge(SESSIONS_OPEN),
+            state_store_bytes: r.gauge(STATE_STORE_BYTES),
+            consumer_lag: r.gauge_vec(CONSUMER_LAG),
+            processing_latency: r.histogram(PROCESSING_LATENCY),
+            produce_to_finding_latency: r.histogram(PRODUCE_TO_FINDING_LATENCY),
+            commit_duration: r.histogram(COMMIT_DURATION),
+            flush_duration: r.histogram(FLUSH_DURATION),
+            delivery_duration: r.histogram(DELIVERY_DURATION),
+            batch_stages: r.histogram_vec(BATCH_STAGES),
+            align_overruns: r.counter(ALIGN_OVERRUNS),
+            delivery_retries: r.counter(DELIVERY_RETRIES),
+            batches: r.counter(BATCHES),
+            restored_records: r.counter(RESTORED_RECORDS),
+            restore_duration: r.histogram(RESTORE_DURATION),
+            partitions_assigned: r.gauge(PARTITIONS_ASSIGNED),
+            spans_dropped: r.counter(SPANS_DROPPED),
+            otlp_spans: r.counter_vec(OTLP_SPANS),
+            otlp_uncaptured: r.counter_vec(OTLP_UNCAPTURED),
+            otlp_events_published: r.counter(OTLP_EVENTS_PUBLISHED),
             owners: Mutex::new(HashSet::new()),
             owner_series_limit,
-            events_consumed: counter_vec(
-                "loopwarden_events_consumed_total",
-                "Input events applied to the engine, by event type.",
-                &["type"],
-            ),
-            events_skipped: IntCounter::new(
-                "loopwarden_events_skipped_total",
-                "Events at or below a partition's stored offset (already applied before a restart).",
-            )
-            .expect("valid metric"),
-            late_events: IntCounter::new(
-                "loopwarden_late_events_total",
-                "Events whose own time was behind their partition's clock by more than session_gap_secs (a lagging producer clock or a backlog); judged as usual.",
-            )
-            .expect("valid metric"),
-            bad_events: counter_vec(
-                "loopwarden_bad_events_total",
-                "Bad input messages sent to the dead-letter topic, by reason.",
-                &["reason"],
-            ),
-            events_miskeyed: counter_vec(
-                "loopwarden_events_miskeyed_total",
-                "Input events whose message key is not their session id (key: missing or other); applied as usual, but such a session may be split over partitions.",
-                &["key"],
-            ),
-            findings: counter_vec(
-                "loopwarden_findings_total",
-                "Published findings (warnings and terminations), by detector, level and mode.",
-                &["detector", "level", "mode"],
-            ),
-            shadow_findings: counter_vec(
-                "loopwarden_shadow_findings_total",
-                "Findings of shadow-mode detectors (not published), by detector and level.",
-                &["detector", "level"],
-            ),
-            terminations: counter_vec(
-                "loopwarden_terminations_total",
-                "Sessions terminated, by stop reason (the detector that stopped them).",
-                &["stop_reason"],
-            ),
-            sessions_closed: counter_vec(
-                "loopwarden_sessions_closed_total",
-                "Sessions closed (a session.summary was emitted), by how they closed, their final stop reason and the outcome the runtime reported (success, failure, unknown).",
-                &["closed_by", "stop_reason", "outcome"],
-            ),
-            shadow_stops: counter_vec(
-                "loopwarden_shadow_stops_total",
-                "Closed sessions that a shadow-mode detector would have terminated, by detector and the outcome the runtime reported (success, failure, unknown).",
-                &["detector", "outcome"],
-            ),
-            sessions_open: IntGauge::new(
-                "loopwarden_sessions_open",
-                "Open sessions held by this process.",
-            )
-            .expect("valid metric"),
-            state_store_bytes: IntGauge::new(
-                "loopwarden_state_store_bytes",
-                "Size of the sled state directory on disk.",
-            )
-            .expect("valid metric"),
-            consumer_lag: IntGaugeVec::new(
-                Opts::new(
-                    "loopwarden_consumer_lag_messages",
-                    "Messages on the broker behind the last applied offset, per input partition.",
-                ),
-                &["topic", "partition"],
-            )
-            .expect("valid metric"),
-            processing_latency: histogram(
-                "loopwarden_processing_latency_seconds",
-                "From an event's poll to its batch being delivered, stored and committed.",
-            ),
-            produce_to_finding_latency: histogram(
-                "loopwarden_produce_to_finding_latency_seconds",
-                "From the Kafka timestamp of the event that fired a finding to the broker's acknowledgement of the finding (exactly_once: before its transaction commits).",
-            ),
-            commit_duration: histogram(
-                "loopwarden_commit_duration_seconds",
-                "Committing a batch: the offset commit, or the whole transaction in exactly_once mode.",
-            ),
-            flush_duration: histogram(
-                "loopwarden_flush_duration_seconds",
-                "Writing a batch's state and offsets to sled and fsyncing it.",
-            ),
-            delivery_duration: histogram(
-                "loopwarden_delivery_duration_seconds",
-                "Producing a batch's output records until every acknowledgement (at_least_once).",
-            ),
-            batch_stages: HistogramVec::new(
-                HistogramOpts::new(
-                    "loopwarden_batch_stage_seconds",
-                    "A batch's time per stage: wait (first event polled to the batch closing), apply (events through the engines), deliver (waiting for the broker to acknowledge the batch before, whose records were in flight while this one was polled; exactly_once: the whole transaction), store (sled write and fsync), commit (offset commit).",
-                )
-                .buckets(LATENCY_BUCKETS.to_vec()),
-                &["stage"],
-            )
-            .expect("valid metric"),
-            align_overruns: IntCounter::new(
-                "loopwarden_align_overruns_total",
-                "Times a partition's events went on without an input topic that still claimed unpolled events after 30 s.",
-            )
-            .expect("valid metric"),
-            delivery_retries: IntCounter::new(
-                "loopwarden_delivery_retries_total",
-                "Output records whose delivery failed and was retried.",
-            )
-            .expect("valid metric"),
-            batches: IntCounter::new("loopwarden_batches_total", "Batches finished.")
-                .expect("valid metric"),
-            restored_records: IntCounter::new(
-                "loopwarden_restored_records_total",
-                "Session records applied from the changelog while restoring partitions.",
-            )
-            .expect("valid metric"),
-            restore_duration: histogram(
-                "loopwarden_restore_duration_seconds",
-                "Restoring one partition's state from the changelog.",
-            ),
-            partitions_assigned: IntGauge::new(
-                "loopwarden_partitions_assigned",
-                "Input partition numbers currently assigned to this process.",
-            )
-            .expect("valid metric"),
-            spans_dropped: IntCounter::new(
-                "loopwarden_spans_dropped_total",
-                "Spans dropped because the exporter's queue was full or its collector unreachable.",
-            )
-            .expect("valid metric"),
-            otlp_spans: counter_vec(
-                "loopwarden_otlp_spans_total",
-                "Spans read by the OTLP ingest, by outcome: llm_call, tool_call, agent (names and depth for its descendants), or why they gave no event (no_tool_name, not_agent_step, invalid_ids).",
-                &["outcome"],
-            ),
-            otlp_uncaptured: counter_vec(
-                "loopwarden_otlp_uncaptured_spans_total",
-                "Steps the OTLP ingest mapped without what the detectors read, by service (service.name; beyond 100 services: (other)) and what was missing: token_usage (counted as 0 tokens) or content (the output, or a tool call's arguments or result).",
-                &["service", "missing"],
-            ),
             uncaptured_services: Mutex::new(HashSet::new()),
-            otlp_events_published: IntCounter::new(
-                "loopwarden_otlp_events_published_total",
-                "Events the OTLP ingest published, keyed by session, onto the input topic (dead letters not counted).",
-            )
-            .expect("valid metric"),
-        };
-        let r = &m.registry;
-        let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
-            Box::new(m.events_consumed.clone()),
-            Box::new(m.events_skipped.clone()),
-            Box::new(m.late_events.clone()),
-            Box::new(m.align_overruns.clone()),
-            Box::new(m.bad_events.clone()),
-            Box::new(m.events_miskeyed.clone()),
-            Box::new(m.findings.clone()),
-            Box::new(m.findings_by_owner.clone()),
-            Box::new(m.shadow_findings.clone()),
-            Box::new(m.terminations.clone()),
-            Box::new(m.sessions_closed.clone()),
-            Box::new(m.shadow_stops.clone()),
-            Box::new(m.sessions_open.clone()),
-            Box::new(m.state_store_bytes.clone()),
-            Box::new(m.consumer_lag.clone()),
-            Box::new(m.processing_latency.clone()),
-            Box::new(m.produce_to_finding_latency.clone()),
-            Box::new(m.commit_duration.clone()),
-            Box::new(m.flush_duration.clone()),
-            Box::new(m.delivery_duration.clone()),
-            Box::new(m.batch_stages.clone()),
-            Box::new(m.delivery_retries.clone()),
-            Box::new(m.batches.clone()),
-            Box::new(m.restored_records.clone()),
-            Box::new(m.restore_duration.clone()),
-            Box::new(m.partitions_assigned.clone()),
-            Box::new(m.spans_dropped.clone()),
-            Box::new(m.otlp_spans.clone()),
-            Box::new(m.otlp_uncaptured.clone()),
-            Box::new(m.otlp_events_published.clone()),
-        ];
-        for c in all {
-            r.register(c).expect("metric names are unique");
+            registry,
         }
-        m
     }
 
     /// Counts a published finding for its owner. The first `owner_series_limit` distinct
