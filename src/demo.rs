@@ -136,46 +136,7 @@ pub fn demo(
         std::thread::spawn(move || run(config, &brokers, shutdown))
     };
 
-    // The reader: what a platform's consumer of the output topics sees.
-    let reader: BaseConsumer = client_config(settings, &brokers)
-        .set("group.id", "loopwarden-demo-reader")
-        .set("auto.offset.reset", "earliest")
-        .set("session.timeout.ms", "6000")
-        .create()?;
-    reader.subscribe(&[
-        settings.terminated_topic.as_str(),
-        settings.warning_topic.as_str(),
-        settings.summary_topic.as_str(),
-    ])?;
-    let (tx, rx) = mpsc::channel();
-    let reader_stop = Shutdown::new();
-    let reader_thread = {
-        let stop = reader_stop.clone();
-        let (t_term, t_warn) = (
-            settings.terminated_topic.clone(),
-            settings.warning_topic.clone(),
-        );
-        std::thread::spawn(move || {
-            while !stop.is_triggered() {
-                let Some(Ok(m)) = reader.poll(Duration::from_millis(100)) else {
-                    continue;
-                };
-                let Ok(v) = serde_json::from_slice::<Value>(m.payload().unwrap_or_default()) else {
-                    continue;
-                };
-                let seen = if m.topic() == t_term {
-                    Seen::Terminated(v)
-                } else if m.topic() == t_warn {
-                    Seen::Warning
-                } else {
-                    Seen::Summary(v)
-                };
-                if tx.send(seen).is_err() {
-                    break;
-                }
-            }
-        })
-    };
+    let (rx, reader_stop, reader_thread) = spawn_reader(settings, &brokers)?;
 
     let producer: FeedProducer = producer_config(settings, &brokers, config.limits.max_event_bytes)
         .create_with_context(Default::default())?;
@@ -229,43 +190,101 @@ pub fn demo(
     drop(state);
 
     report.pipeline = stats;
-    report.sessions = truths.len() as u64;
-    for reason in seen.summaries.values() {
-        *report.stop_reasons.entry(reason.clone()).or_default() += 1;
-    }
-    let missing = truths.len().saturating_sub(seen.summaries.len());
-    if missing > 0 {
-        report
-            .stop_reasons
-            .insert("(no summary yet)".to_string(), missing as u64);
-    }
-    for t in &truths {
-        let stopped = seen.terminations.get(&t.session_id);
-        match (t.pattern, stopped) {
-            (Some(p), s) => {
-                report.looping += 1;
-                let caught = s.is_some_and(|(_, at)| {
-                    at.zip(t.loop_from_event).is_none_or(|(a, from)| a >= from)
-                });
-                let e = report.patterns.entry(p.name().to_string()).or_default();
-                e.0 += 1;
-                if caught {
-                    e.1 += 1;
-                    report.caught += 1;
+    report.tally(&truths, &seen);
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The reader: what a platform's consumer of the output topics sees, on a thread of its
+/// own until its stop is triggered.
+fn spawn_reader(
+    settings: &crate::kafka::settings::KafkaSettings,
+    brokers: &str,
+) -> Result<(mpsc::Receiver<Seen>, Shutdown, std::thread::JoinHandle<()>), DemoError> {
+    let reader: BaseConsumer = client_config(settings, brokers)
+        .set("group.id", "loopwarden-demo-reader")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "6000")
+        .create()?;
+    reader.subscribe(&[
+        settings.terminated_topic.as_str(),
+        settings.warning_topic.as_str(),
+        settings.summary_topic.as_str(),
+    ])?;
+    let (tx, rx) = mpsc::channel();
+    let stop = Shutdown::new();
+    let thread = {
+        let stop = stop.clone();
+        let (t_term, t_warn) = (
+            settings.terminated_topic.clone(),
+            settings.warning_topic.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.is_triggered() {
+                let Some(Ok(m)) = reader.poll(Duration::from_millis(100)) else {
+                    continue;
+                };
+                let Ok(v) = serde_json::from_slice::<Value>(m.payload().unwrap_or_default()) else {
+                    continue;
+                };
+                let seen = if m.topic() == t_term {
+                    Seen::Terminated(v)
+                } else if m.topic() == t_warn {
+                    Seen::Warning
                 } else {
-                    report.missed += 1;
+                    Seen::Summary(v)
+                };
+                if tx.send(seen).is_err() {
+                    break;
                 }
             }
-            (None, s) => {
-                report.healthy += 1;
-                if s.is_some() {
-                    report.wrongly_stopped += 1;
+        })
+    };
+    Ok((rx, stop, thread))
+}
+
+impl DemoReport {
+    /// The sessions' stop reasons, and each simulated session judged against its truth:
+    /// a looping one caught (stopped at or after its loop began) or missed, a healthy one
+    /// left alone or wrongly stopped.
+    fn tally(&mut self, truths: &[Truth], seen: &Collector) {
+        let report = self;
+        report.sessions = truths.len() as u64;
+        for reason in seen.summaries.values() {
+            *report.stop_reasons.entry(reason.clone()).or_default() += 1;
+        }
+        let missing = truths.len().saturating_sub(seen.summaries.len());
+        if missing > 0 {
+            report
+                .stop_reasons
+                .insert("(no summary yet)".to_string(), missing as u64);
+        }
+        for t in truths {
+            let stopped = seen.terminations.get(&t.session_id);
+            match (t.pattern, stopped) {
+                (Some(p), s) => {
+                    report.looping += 1;
+                    let caught = s.is_some_and(|(_, at)| {
+                        at.zip(t.loop_from_event).is_none_or(|(a, from)| a >= from)
+                    });
+                    let e = report.patterns.entry(p.name().to_string()).or_default();
+                    e.0 += 1;
+                    if caught {
+                        e.1 += 1;
+                        report.caught += 1;
+                    } else {
+                        report.missed += 1;
+                    }
+                }
+                (None, s) => {
+                    report.healthy += 1;
+                    if s.is_some() {
+                        report.wrongly_stopped += 1;
+                    }
                 }
             }
         }
     }
-    report.seconds = started.elapsed().as_secs_f64();
-    Ok(report)
 }
 
 /// The demo's state directory, removed however the demo ends.

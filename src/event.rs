@@ -784,12 +784,93 @@ fn require<T>(value: Option<T>, field: &'static str, event_type: &str) -> Result
     })
 }
 
-fn validate<'a>(w: Wire<'a>, bytes: &[u8]) -> Result<Event<'a>, BadEvent> {
-    let kind = w.kind.ok_or_else(|| BadEvent::MissingField {
+/// The body of a `cost.attributed` event.
+fn llm_call<'a>(w: &mut Wire<'a>, kind: &str) -> Result<EventBody<'a>, BadEvent> {
+    let input_tokens = require(w.input_tokens, "input_tokens", kind)?;
+    let output_tokens = require(w.output_tokens, "output_tokens", kind)?;
+    if let Some(c) = w.cost_usd {
+        if !(c.is_finite() && c >= 0.0) {
+            return Err(BadEvent::InvalidValue {
+                field: "cost_usd",
+                detail: format!("must be a finite number >= 0, got {c}"),
+            });
+        }
+    }
+    if let Some(p) = w.progress {
+        if !p.is_finite() {
+            return Err(BadEvent::InvalidValue {
+                field: "progress",
+                detail: "must be a finite number".to_string(),
+            });
+        }
+    }
+    Ok(EventBody::LlmCall(LlmCall {
+        input_tokens,
+        output_tokens,
+        cache_read_tokens: w.cache_read_tokens,
+        cache_write_tokens: w.cache_write_tokens,
+        cost_usd: w.cost_usd,
+        model: w.model.take(),
+        tool_calls: w.tool_calls,
+        text: w.text.take(),
+        finish_reason: w.finish_reason.take(),
+        call_kind: CallKind::parse(w.call_kind.as_deref()),
+        progress: w.progress,
+        turn: w.turn,
+    }))
+}
+
+/// The body of a `tool.called` event.
+fn tool_call<'a>(w: &mut Wire<'a>, kind: &str) -> Result<EventBody<'a>, BadEvent> {
+    let tool = require(w.tool.take(), "tool", kind)?;
+    if tool.is_empty() {
+        return Err(BadEvent::InvalidValue {
+            field: "tool",
+            detail: "must not be empty".to_string(),
+        });
+    }
+    if let Some(d) = &w.result_digest {
+        if d.is_empty() || !d.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(BadEvent::InvalidValue {
+                field: "result_digest",
+                detail: "must be a non-empty hex string".to_string(),
+            });
+        }
+    }
+    Ok(EventBody::ToolCall(ToolCall {
+        tool,
+        args: w.args.take(),
+        result: w.result.take(),
+        result_digest: w.result_digest.take(),
+        is_error: w.is_error.unwrap_or(false),
+        error_kind: w.error_kind.take(),
+        duration_ms: w.duration_ms,
+        call_id: w.call_id.take(),
+        turn: w.turn,
+    }))
+}
+
+/// The body of a `session.completed` event.
+fn completion<'a>(w: &mut Wire<'a>) -> Result<EventBody<'a>, BadEvent> {
+    let outcome = match w.outcome.as_deref() {
+        None => None,
+        Some(o) => Some(Outcome::parse(o).ok_or_else(|| BadEvent::InvalidValue {
+            field: "outcome",
+            detail: format!("must be \"success\" or \"failure\", got \"{o}\""),
+        })?),
+    };
+    Ok(EventBody::SessionCompleted(Completion {
+        stop_reason: w.stop_reason.take().map(Cow::into_owned),
+        outcome,
+    }))
+}
+
+fn validate<'a>(mut w: Wire<'a>, bytes: &[u8]) -> Result<Event<'a>, BadEvent> {
+    let kind = w.kind.take().ok_or_else(|| BadEvent::MissingField {
         field: "type",
         event_type: "any event".to_string(),
     })?;
-    let session_id = require(w.session_id, "session_id", &kind)?;
+    let session_id = require(w.session_id.take(), "session_id", &kind)?;
     if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES {
         return Err(BadEvent::InvalidValue {
             field: "session_id",
@@ -807,82 +888,10 @@ fn validate<'a>(w: Wire<'a>, bytes: &[u8]) -> Result<Event<'a>, BadEvent> {
         })?),
     };
     let body = match &*kind {
-        "cost.attributed" => {
-            let input_tokens = require(w.input_tokens, "input_tokens", &kind)?;
-            let output_tokens = require(w.output_tokens, "output_tokens", &kind)?;
-            if let Some(c) = w.cost_usd {
-                if !(c.is_finite() && c >= 0.0) {
-                    return Err(BadEvent::InvalidValue {
-                        field: "cost_usd",
-                        detail: format!("must be a finite number >= 0, got {c}"),
-                    });
-                }
-            }
-            if let Some(p) = w.progress {
-                if !p.is_finite() {
-                    return Err(BadEvent::InvalidValue {
-                        field: "progress",
-                        detail: "must be a finite number".to_string(),
-                    });
-                }
-            }
-            EventBody::LlmCall(LlmCall {
-                input_tokens,
-                output_tokens,
-                cache_read_tokens: w.cache_read_tokens,
-                cache_write_tokens: w.cache_write_tokens,
-                cost_usd: w.cost_usd,
-                model: w.model,
-                tool_calls: w.tool_calls,
-                text: w.text,
-                finish_reason: w.finish_reason,
-                call_kind: CallKind::parse(w.call_kind.as_deref()),
-                progress: w.progress,
-                turn: w.turn,
-            })
-        }
-        "tool.called" => {
-            let tool = require(w.tool, "tool", &kind)?;
-            if tool.is_empty() {
-                return Err(BadEvent::InvalidValue {
-                    field: "tool",
-                    detail: "must not be empty".to_string(),
-                });
-            }
-            if let Some(d) = &w.result_digest {
-                if d.is_empty() || !d.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(BadEvent::InvalidValue {
-                        field: "result_digest",
-                        detail: "must be a non-empty hex string".to_string(),
-                    });
-                }
-            }
-            EventBody::ToolCall(ToolCall {
-                tool,
-                args: w.args,
-                result: w.result,
-                result_digest: w.result_digest,
-                is_error: w.is_error.unwrap_or(false),
-                error_kind: w.error_kind,
-                duration_ms: w.duration_ms,
-                call_id: w.call_id,
-                turn: w.turn,
-            })
-        }
+        "cost.attributed" => llm_call(&mut w, &kind)?,
+        "tool.called" => tool_call(&mut w, &kind)?,
         "session.started" => EventBody::SessionStarted,
-        "session.completed" => {
-            let outcome = match w.outcome.as_deref() {
-                None => None,
-                Some(o) => Some(Outcome::parse(o).ok_or_else(|| BadEvent::InvalidValue {
-                    field: "outcome",
-                    detail: format!("must be \"success\" or \"failure\", got \"{o}\""),
-                })?),
-            };
-            EventBody::SessionCompleted(Completion {
-                stop_reason: w.stop_reason.map(Cow::into_owned),
-                outcome,
-            })
-        }
+        "session.completed" => completion(&mut w)?,
         _ => return Err(BadEvent::UnknownType(kind.into_owned())),
     };
     let event_id = match w.event_id {

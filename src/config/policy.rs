@@ -210,41 +210,30 @@ fn globs_disjoint(a: &GlobMatcher, b: &GlobMatcher, ends: bool) -> bool {
         || (ends && apart(a_end, b_end, |x, y| x.ends_with(y)))
 }
 
-/// Overrides are checked one by one against the base as they are read; this checks the
-/// ones that can apply together (the same session, or call) in the order they would be
-/// applied, since one may set `terminate_at` under the `warn_at` another set. Two exact
-/// tenants that differ never meet, nor globs whose literal starts (or, for agents, ends)
-/// differ; anything else may. Every combination of up to 12 overrides that set
-/// detectors is tried (pairs only beyond), the smallest first.
-pub(super) fn check_overrides_together(
-    policy: &Policy,
-    overrides: &[Override],
-    errors: &mut Errors,
-) {
-    let setting: Vec<usize> = (0..overrides.len())
-        .filter(|&i| !overrides[i].detectors.is_empty())
-        .collect();
-    let n = setting.len();
-    if n < 2 {
-        return;
-    }
-    let meet = |a: &Override, b: &Override| {
-        let tenants = match (&a.tenant, &b.tenant) {
-            (Some(x), Some(y)) => x == y,
-            _ => true,
-        };
-        let agents = match (&a.agent, &b.agent) {
-            (Some(x), Some(y)) => !globs_disjoint(x, y, true),
-            _ => true,
-        };
-        // A tool glob matches a call's tool or its `tool.action` name: only literal
-        // starts tell two apart.
-        let tools = match (&a.tool, &b.tool) {
-            (Some(x), Some(y)) => !globs_disjoint(x, y, false),
-            _ => true,
-        };
-        tenants && agents && tools
+/// Whether two overrides may apply to the same session or call.
+fn may_meet(a: &Override, b: &Override) -> bool {
+    let tenants = match (&a.tenant, &b.tenant) {
+        (Some(x), Some(y)) => x == y,
+        _ => true,
     };
+    let agents = match (&a.agent, &b.agent) {
+        (Some(x), Some(y)) => !globs_disjoint(x, y, true),
+        _ => true,
+    };
+    // A tool glob matches a call's tool or its `tool.action` name: only literal
+    // starts tell two apart.
+    let tools = match (&a.tool, &b.tool) {
+        (Some(x), Some(y)) => !globs_disjoint(x, y, false),
+        _ => true,
+    };
+    tenants && agents && tools
+}
+
+/// The sets of overrides to check together: every combination of up to 12 of those
+/// that set detectors (pairs only beyond), each with the overrides that match wherever
+/// all of it does; the smallest first, each once.
+fn candidate_sets(overrides: &[Override], setting: &[usize]) -> Vec<Vec<usize>> {
+    let n = setting.len();
     let mut sets: Vec<Vec<usize>> = if n <= 12 {
         (1u32..1 << n)
             .filter(|m| m.count_ones() >= 2)
@@ -257,10 +246,7 @@ pub(super) fn check_overrides_together(
             .collect()
     } else {
         (0..n)
-            .flat_map(|a| {
-                let setting = &setting;
-                (a + 1..n).map(move |b| vec![setting[a], setting[b]])
-            })
+            .flat_map(|a| (a + 1..n).map(move |b| vec![setting[a], setting[b]]))
             .collect()
     };
     // An override that matches wherever all of a set match (its tenant, agent and tool
@@ -291,12 +277,33 @@ pub(super) fn check_overrides_together(
     // The smallest first, each once.
     sets.sort_by(|a, b| (a.len(), a).cmp(&(b.len(), b)));
     sets.dedup();
+    sets
+}
+
+/// Overrides are checked one by one against the base as they are read; this checks the
+/// ones that can apply together (the same session, or call) in the order they would be
+/// applied, since one may set `terminate_at` under the `warn_at` another set. Two exact
+/// tenants that differ never meet, nor globs whose literal starts (or, for agents, ends)
+/// differ; anything else may. Every combination of up to 12 overrides that set
+/// detectors is tried (pairs only beyond), the smallest first.
+pub(super) fn check_overrides_together(
+    policy: &Policy,
+    overrides: &[Override],
+    errors: &mut Errors,
+) {
+    let setting: Vec<usize> = (0..overrides.len())
+        .filter(|&i| !overrides[i].detectors.is_empty())
+        .collect();
+    if setting.len() < 2 {
+        return;
+    }
+    let sets = candidate_sets(overrides, &setting);
     let mut reported: Vec<String> = Vec::new();
     for set in sets {
         if !set.iter().enumerate().all(|(x, &a)| {
             set[x + 1..]
                 .iter()
-                .all(|&b| meet(&overrides[a], &overrides[b]))
+                .all(|&b| may_meet(&overrides[a], &overrides[b]))
         }) {
             continue;
         }
