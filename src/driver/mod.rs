@@ -423,48 +423,16 @@ fn read_batches(
             }
             // A line too long to be an event: its first bytes stay, the rest is read
             // past (in the buffer's free space) up to its line break.
-            let cut_start = line_start;
-            let mut size = len - line_start;
-            // Whether the last byte read past is a carriage return (of a `\r\n` line
-            // break, which is not counted, as in `parse_batch`).
-            let mut cr = buf[len - 1] == b'\r';
-            len = line_start + keep;
-            if buf.len() - len < (64 << 10) {
-                buf.resize(len + (64 << 10), 0);
-            }
-            loop {
-                let n = match read_some(input, &mut buf[len..]) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
-                    }
-                };
-                if n == 0 {
-                    eof = true;
-                    break;
+            match cut_long_line(input, &mut buf, len, line_start, keep) {
+                Ok(cut_line) => {
+                    cut.push(cut_line.line);
+                    (len, line_start, eof) = (cut_line.len, cut_line.line_start, cut_line.eof);
                 }
-                let Some(i) = memchr::memchr(b'\n', &buf[len..len + n]) else {
-                    size += n;
-                    cr = buf[len + n - 1] == b'\r';
-                    continue;
-                };
-                size += i;
-                if i > 0 {
-                    cr = buf[len + i - 1] == b'\r';
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
                 }
-                // The line break and what was read after it follow the kept bytes.
-                buf.copy_within(len + i..len + n, len);
-                let after = len + 1;
-                len += n - i;
-                line_start =
-                    memchr::memrchr(b'\n', &buf[after..len]).map_or(after, |j| after + j + 1);
-                break;
             }
-            cut.push(LongLine {
-                start: cut_start,
-                size: size - usize::from(cr),
-            });
             if eof {
                 break;
             }
@@ -481,6 +449,71 @@ fn read_batches(
             return;
         }
     }
+}
+
+/// A line cut short by [`cut_long_line`], and where the batch stands after it.
+struct CutLine {
+    line: LongLine,
+    /// The batch's bytes: the kept start of the line, then what was read after its break.
+    len: usize,
+    /// Where the line being read now starts.
+    line_start: usize,
+    /// Whether the input ended (inside the long line, or right after it).
+    eof: bool,
+}
+
+/// Keeps the first `keep` bytes of the line that starts at `line_start` of `buf[..len]`
+/// and reads past the rest of it up to its line break, in the buffer's free space; the
+/// line break and what was read after it follow the kept bytes.
+fn cut_long_line(
+    input: &mut (dyn BufRead + Send),
+    buf: &mut Vec<u8>,
+    len: usize,
+    line_start: usize,
+    keep: usize,
+) -> std::io::Result<CutLine> {
+    let start = line_start;
+    let mut line_start = line_start;
+    let mut size = len - line_start;
+    // Whether the last byte read past is a carriage return (of a `\r\n` line break,
+    // which is not counted, as in `parse_batch`).
+    let mut cr = buf[len - 1] == b'\r';
+    let mut len = line_start + keep;
+    if buf.len() - len < (64 << 10) {
+        buf.resize(len + (64 << 10), 0);
+    }
+    let mut eof = false;
+    loop {
+        let n = read_some(input, &mut buf[len..])?;
+        if n == 0 {
+            eof = true;
+            break;
+        }
+        let Some(i) = memchr::memchr(b'\n', &buf[len..len + n]) else {
+            size += n;
+            cr = buf[len + n - 1] == b'\r';
+            continue;
+        };
+        size += i;
+        if i > 0 {
+            cr = buf[len + i - 1] == b'\r';
+        }
+        // The line break and what was read after it follow the kept bytes.
+        buf.copy_within(len + i..len + n, len);
+        let after = len + 1;
+        len += n - i;
+        line_start = memchr::memrchr(b'\n', &buf[after..len]).map_or(after, |j| after + j + 1);
+        break;
+    }
+    Ok(CutLine {
+        line: LongLine {
+            start,
+            size: size - usize::from(cr),
+        },
+        len,
+        line_start,
+        eof,
+    })
 }
 
 /// `read`, again when interrupted by a signal.

@@ -144,6 +144,46 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
+/// The OTLP exporter: its protocol from the file, else the standard variables, else
+/// gRPC. An endpoint from the file is given to the builder; otherwise the builder reads
+/// the OTEL_EXPORTER_OTLP_* variables itself (and for HTTP appends /v1/traces to the
+/// generic endpoint, as the specification says).
+fn otlp_exporter(
+    settings: &TelemetrySettings,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<(opentelemetry_otlp::SpanExporter, String), SpanError> {
+    use opentelemetry_otlp::WithExportConfig as _;
+    let protocol = settings
+        .otlp_protocol
+        .clone()
+        .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
+        .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|| "grpc".to_string());
+    let configured = settings.otlp_endpoint.as_deref();
+    let _inside = runtime.enter();
+    let exporter = match protocol.as_str() {
+        "grpc" => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            if let Some(e) = configured {
+                b = b.with_endpoint(e);
+            }
+            b.build()
+        }
+        "http/protobuf" => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+            if let Some(e) = configured {
+                b = b.with_endpoint(format!("{}/v1/traces", e.trim_end_matches('/')));
+            }
+            b.build()
+        }
+        other => return Err(SpanError::Protocol(other.to_string())),
+    }
+    .map_err(|e| SpanError::Exporter(e.to_string()))?;
+    Ok((exporter, protocol))
+}
+
 impl Spans {
     /// Sets up span export: over OTLP when an endpoint is configured
     /// (`telemetry.otlp_endpoint`, or the standard `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`),
@@ -184,40 +224,7 @@ impl Spans {
         }
         let mut provider = SdkTracerProvider::builder().with_resource(resource.build());
         if let Some(endpoint) = &endpoint {
-            let protocol = settings
-                .otlp_protocol
-                .clone()
-                .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
-                .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
-                .unwrap_or_else(|| "grpc".to_string());
-            // An endpoint from the file is given to the builder; otherwise the builder
-            // reads the OTEL_EXPORTER_OTLP_* variables itself (and for HTTP appends
-            // /v1/traces to the generic endpoint, as the specification says).
-            let configured = settings.otlp_endpoint.as_deref();
-            let exporter = {
-                use opentelemetry_otlp::WithExportConfig as _;
-                let _inside = runtime.enter();
-                match protocol.as_str() {
-                    "grpc" => {
-                        let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-                        if let Some(e) = configured {
-                            b = b.with_endpoint(e);
-                        }
-                        b.build()
-                    }
-                    "http/protobuf" => {
-                        let mut b = opentelemetry_otlp::SpanExporter::builder()
-                            .with_http()
-                            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
-                        if let Some(e) = configured {
-                            b = b.with_endpoint(format!("{}/v1/traces", e.trim_end_matches('/')));
-                        }
-                        b.build()
-                    }
-                    other => return Err(SpanError::Protocol(other.to_string())),
-                }
-                .map_err(|e| SpanError::Exporter(e.to_string()))?
-            };
+            let (exporter, protocol) = otlp_exporter(settings, &runtime)?;
             provider = provider.with_span_processor(
                 BatchSpanProcessor::builder(Counting {
                     inner: exporter,
