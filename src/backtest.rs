@@ -497,6 +497,13 @@ impl Report {
             )?;
         }
         writeln!(out)?;
+        self.write_outcomes(out)?;
+        self.write_detectors_and_kills(out)
+    }
+
+    /// Sessions, warnings, kills and spend per outcome, and the spend after kill points.
+    fn write_outcomes(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        let g = self.groups();
         let row = |out: &mut dyn Write, name: &str, cells: [String; 3]| {
             writeln!(
                 out,
@@ -535,6 +542,11 @@ impl Report {
                 }),
             )?;
         }
+        Ok(())
+    }
+
+    /// Sessions warned and killed per detector and outcome; the successful sessions killed.
+    fn write_detectors_and_kills(&self, out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(
             out,
             "\n{:<20} {:>24}   {:>24}",

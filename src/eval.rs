@@ -67,37 +67,13 @@ fn rank(level: Level) -> u8 {
 
 /// Runs one case.
 pub fn run_case(config: &Arc<Config>, case: &Case) -> CaseResult {
-    let mut engine = Engine::new(config.clone());
-    let mut outputs = Vec::new();
-    let mut index_of: HashMap<String, usize> = HashMap::new();
     let mut failures = Vec::new();
-    for (i, ev) in case.events.iter().enumerate() {
-        let bytes = serde_json::to_vec(ev).unwrap_or_default();
-        match parse_event(&bytes, &config.limits) {
-            Ok(event) => {
-                index_of.entry(event.event_id.to_string()).or_insert(i);
-                engine.process(&event, &EventMeta::default(), &mut outputs);
-            }
-            Err(e) => failures.push(format!("event {i} is not valid input: {e}")),
-        }
-    }
-    engine.close_all(ClosedBy::EndOfInput, &mut outputs);
-    let findings: Vec<(usize, String, Level)> = outputs
-        .iter()
-        .filter_map(|o| match o {
-            Output::Finding(f) => Some((
-                *index_of.get(&f.trigger.event_id).unwrap_or(&usize::MAX),
-                f.detector.name().to_string(),
-                f.level,
-            )),
-            Output::Summary(_) => None,
-        })
-        .collect();
+    let findings = findings_of(config, case, &mut failures);
     let max_allowed = level_rank(&case.expect.max_level).unwrap_or_else(|| {
         failures.push(format!("unknown max_level `{}`", case.expect.max_level));
         3
     });
-    let (mut false_alarm, mut false_kill, mut late) = (false, false, false);
+    let mut late = false;
     if let Some(by) = case.expect.first_finding_by {
         match findings.iter().map(|f| f.0).min() {
             Some(at) if at <= by => {}
@@ -112,12 +88,8 @@ pub fn run_case(config: &Arc<Config>, case: &Case) -> CaseResult {
         }
     }
     if let Some(by) = case.expect.terminate_by {
-        match findings
-            .iter()
-            .filter(|f| f.2 == Level::Terminate)
-            .map(|f| f.0)
-            .min()
-        {
+        let terminations = findings.iter().filter(|f| f.2 == Level::Terminate);
+        match terminations.map(|f| f.0).min() {
             Some(at) if at <= by => {}
             Some(at) => {
                 late = true;
@@ -129,6 +101,7 @@ pub fn run_case(config: &Arc<Config>, case: &Case) -> CaseResult {
             }
         }
     }
+    let (mut false_alarm, mut false_kill) = (false, false);
     for (at, det, level) in &findings {
         if rank(*level) > max_allowed {
             if *level == Level::Terminate {
@@ -152,6 +125,41 @@ pub fn run_case(config: &Arc<Config>, case: &Case) -> CaseResult {
         late,
         findings,
     }
+}
+
+/// The case's events through one engine, then closed: each finding as (the index of
+/// the event that fired it, detector, level). An event that is not valid input is a
+/// failure of the case.
+fn findings_of(
+    config: &Arc<Config>,
+    case: &Case,
+    failures: &mut Vec<String>,
+) -> Vec<(usize, String, Level)> {
+    let mut engine = Engine::new(config.clone());
+    let mut outputs = Vec::new();
+    let mut index_of: HashMap<String, usize> = HashMap::new();
+    for (i, ev) in case.events.iter().enumerate() {
+        let bytes = serde_json::to_vec(ev).unwrap_or_default();
+        match parse_event(&bytes, &config.limits) {
+            Ok(event) => {
+                index_of.entry(event.event_id.to_string()).or_insert(i);
+                engine.process(&event, &EventMeta::default(), &mut outputs);
+            }
+            Err(e) => failures.push(format!("event {i} is not valid input: {e}")),
+        }
+    }
+    engine.close_all(ClosedBy::EndOfInput, &mut outputs);
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Finding(f) => Some((
+                *index_of.get(&f.trigger.event_id).unwrap_or(&usize::MAX),
+                f.detector.name().to_string(),
+                f.level,
+            )),
+            Output::Summary(_) => None,
+        })
+        .collect()
 }
 
 /// Totals over a corpus.
