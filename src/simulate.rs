@@ -324,84 +324,101 @@ fn healthy(live: &mut Live, rng: &mut Rng, now_ms: i64) -> (&'static str, Value)
         return llm_turn(live, rng, now_ms, 1, text);
     }
     match rng.below(6) {
-        0 => {
-            let path = format!("src/module_{}/file_{}.rs", rng.below(40), rng.below(500));
-            let len = 200 + rng.below(1200) as usize;
-            tool(
-                live,
-                now_ms,
-                "read_file",
-                json!({"path": path}),
-                json!(prose(rng, len)),
-            )
-        }
-        1 => {
-            let pattern = format!("fn handle_{}", rng.below(10_000));
-            let len = 100 + rng.below(600) as usize;
-            tool(
-                live,
-                now_ms,
-                "grep",
-                json!({"pattern": pattern, "path": "src"}),
-                json!(prose(rng, len)),
-            )
-        }
-        2 => {
-            live.edits += 1;
-            let path = format!("src/module_{}/file_{}.rs", rng.below(40), rng.below(500));
-            tool(
-                live,
-                now_ms,
-                "edit_file",
-                json!({"path": path, "old": format!("let x = {};", live.edits), "new": format!("let x = {};", live.edits + 1)}),
-                json!({"ok": true, "lines_changed": 1 + rng.below(20), "revision": live.edits}),
-            )
-        }
+        0 => read_step(live, rng, now_ms),
+        1 => grep_step(live, rng, now_ms),
+        2 => edit_step(live, rng, now_ms),
         // Tests run after an edit (re-running unchanged code is what loops do).
-        3 if live.tested_at_edit != Some(live.edits) => {
-            live.tested_at_edit = Some(live.edits);
-            let failing = 5u32.saturating_sub(live.edits);
-            tool(
-                live,
-                now_ms,
-                "run_tests",
-                json!({"target": "unit"}),
-                json!({"status": if failing == 0 { "passed" } else { "failed" }, "failed": failing, "passed": 40 + live.edits}),
-            )
-        }
-        4 => {
-            // A job is polled until it finishes; the next poll is of a new job.
-            live.poll += 1;
-            let pct = (live.poll * 17).min(100);
-            let job = format!("build-{}", live.jobs);
-            if pct >= 100 {
-                live.jobs += 1;
-                live.poll = 0;
-            }
-            tool(
-                live,
-                now_ms,
-                "job_status",
-                json!({"job": job}),
-                json!({"status": if pct >= 100 { "succeeded" } else { "running" }, "progress": format!("{pct}% complete")}),
-            )
-        }
-        _ => {
-            let q = format!(
-                "how to {} {}",
-                WORDS[rng.below(30) as usize],
-                rng.below(100_000)
-            );
-            let len = 300 + rng.below(900) as usize;
-            tool(
-                live,
-                now_ms,
-                "web_search",
-                json!({"query": q}),
-                json!(prose(rng, len)),
-            )
-        }
+        3 if live.tested_at_edit != Some(live.edits) => test_step(live, now_ms),
+        4 => poll_step(live, now_ms),
+        _ => search_step(live, rng, now_ms),
     }
+}
+
+/// A file read.
+fn read_step(live: &Live, rng: &mut Rng, now_ms: i64) -> (&'static str, Value) {
+    let path = format!("src/module_{}/file_{}.rs", rng.below(40), rng.below(500));
+    let len = 200 + rng.below(1200) as usize;
+    tool(
+        live,
+        now_ms,
+        "read_file",
+        json!({"path": path}),
+        json!(prose(rng, len)),
+    )
+}
+
+/// A search of the code.
+fn grep_step(live: &Live, rng: &mut Rng, now_ms: i64) -> (&'static str, Value) {
+    let pattern = format!("fn handle_{}", rng.below(10_000));
+    let len = 100 + rng.below(600) as usize;
+    tool(
+        live,
+        now_ms,
+        "grep",
+        json!({"pattern": pattern, "path": "src"}),
+        json!(prose(rng, len)),
+    )
+}
+
+/// An edit, each one new.
+fn edit_step(live: &mut Live, rng: &mut Rng, now_ms: i64) -> (&'static str, Value) {
+    live.edits += 1;
+    let path = format!("src/module_{}/file_{}.rs", rng.below(40), rng.below(500));
+    tool(
+        live,
+        now_ms,
+        "edit_file",
+        json!({"path": path, "old": format!("let x = {};", live.edits), "new": format!("let x = {};", live.edits + 1)}),
+        json!({"ok": true, "lines_changed": 1 + rng.below(20), "revision": live.edits}),
+    )
+}
+
+/// The tests, run after an edit: fewer fail with each.
+fn test_step(live: &mut Live, now_ms: i64) -> (&'static str, Value) {
+    live.tested_at_edit = Some(live.edits);
+    let failing = 5u32.saturating_sub(live.edits);
+    tool(
+        live,
+        now_ms,
+        "run_tests",
+        json!({"target": "unit"}),
+        json!({"status": if failing == 0 { "passed" } else { "failed" }, "failed": failing, "passed": 40 + live.edits}),
+    )
+}
+
+/// A job polled until it finishes; the next poll is of a new job.
+fn poll_step(live: &mut Live, now_ms: i64) -> (&'static str, Value) {
+    live.poll += 1;
+    let pct = (live.poll * 17).min(100);
+    let job = format!("build-{}", live.jobs);
+    if pct >= 100 {
+        live.jobs += 1;
+        live.poll = 0;
+    }
+    tool(
+        live,
+        now_ms,
+        "job_status",
+        json!({"job": job}),
+        json!({"status": if pct >= 100 { "succeeded" } else { "running" }, "progress": format!("{pct}% complete")}),
+    )
+}
+
+/// A web search.
+fn search_step(live: &Live, rng: &mut Rng, now_ms: i64) -> (&'static str, Value) {
+    let q = format!(
+        "how to {} {}",
+        WORDS[rng.below(30) as usize],
+        rng.below(100_000)
+    );
+    let len = 300 + rng.below(900) as usize;
+    tool(
+        live,
+        now_ms,
+        "web_search",
+        json!({"query": q}),
+        json!(prose(rng, len)),
+    )
 }
 
 /// A looping step of `pattern`; `i` counts loop steps from 0.
@@ -435,43 +452,8 @@ fn looping(
             json!({"job": "deploy-42"}),
             json!({"status": "succeeded", "progress": "100% complete"}),
         ),
-        LoopPattern::PingPong => {
-            let (old, new) = if j % 2 == 0 {
-                ("a + b", "b + a")
-            } else {
-                ("b + a", "a + b")
-            };
-            tool(
-                live,
-                now_ms,
-                "edit_file",
-                json!({"path": "src/math.rs", "old": old, "new": new}),
-                json!({"ok": true, "lines_changed": 1}),
-            )
-        }
-        LoopPattern::Cycle => match j % 3 {
-            0 => tool(
-                live,
-                now_ms,
-                "read_file",
-                json!({"path": "src/lib.rs"}),
-                json!("pub fn answer() -> u32 { 41 }"),
-            ),
-            1 => tool(
-                live,
-                now_ms,
-                "apply_patch",
-                json!({"path": "src/lib.rs", "patch": "-41\n+42"}),
-                json!({"ok": false, "error": "patch does not apply"}),
-            ),
-            _ => tool(
-                live,
-                now_ms,
-                "run_tests",
-                json!({"target": "all"}),
-                json!({"status": "failed", "failed": 1}),
-            ),
-        },
+        LoopPattern::PingPong => ping_pong(live, now_ms, j),
+        LoopPattern::Cycle => cycle(live, now_ms, j),
         LoopPattern::Stall => {
             let text = format!(
                 "I will now look into the failing test and fix the parser. Let me think about what the right approach is here, step {}.",
@@ -498,6 +480,49 @@ fn looping(
             json!({"url": "https://api.internal/v1/items"}),
             "timeout",
             &format!("timed out after {} ms", 5000 + j),
+        ),
+    }
+}
+
+/// An edit and its undo, in turn.
+fn ping_pong(live: &Live, now_ms: i64, j: u32) -> (&'static str, Value) {
+    let (old, new) = if j % 2 == 0 {
+        ("a + b", "b + a")
+    } else {
+        ("b + a", "a + b")
+    };
+    tool(
+        live,
+        now_ms,
+        "edit_file",
+        json!({"path": "src/math.rs", "old": old, "new": new}),
+        json!({"ok": true, "lines_changed": 1}),
+    )
+}
+
+/// Read, patch (refused), test (failing), and again.
+fn cycle(live: &Live, now_ms: i64, j: u32) -> (&'static str, Value) {
+    match j % 3 {
+        0 => tool(
+            live,
+            now_ms,
+            "read_file",
+            json!({"path": "src/lib.rs"}),
+            json!("pub fn answer() -> u32 { 41 }"),
+        ),
+        1 => tool(
+            live,
+            now_ms,
+            "apply_patch",
+            json!({"path": "src/lib.rs", "patch": "-41\n+42"}),
+            json!({"ok": false, "error": "patch does not apply"}),
+        ),
+        _ => tool(
+            live,
+            now_ms,
+            "run_tests",
+            json!({"target": "all"}),
+            json!({"status": "failed", "failed": 1}),
         ),
     }
 }
