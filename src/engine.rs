@@ -506,17 +506,11 @@ impl Engine {
     /// Applies one event and appends what it caused (findings, summaries) to `out`.
     pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta, out: &mut Vec<Output>) {
         self.counters.events += 1;
-        let event_ms = event
-            .timestamp_ms
-            .or(meta.message_timestamp_ms)
-            .or(self.watermark)
-            .unwrap_or(0);
-        // The stream's clock: the latest event time seen. An event behind it is applied
-        // as usual; idleness is measured on this clock from each session's last arrival.
-        let now = match self.watermark {
-            Some(w) if w >= event_ms => w,
-            _ => event_ms,
-        };
+        let (event_ms, now) = event_time(
+            self.watermark,
+            event.timestamp_ms,
+            meta.message_timestamp_ms,
+        );
         self.watermark = Some(now);
         let gap = self.config.engine.session_gap_ms;
         if event_ms.saturating_add(gap) < now {
@@ -575,6 +569,24 @@ impl Engine {
             );
         }
     }
+}
+
+/// An event's time and the stream's clock once it is applied: its own time, else its
+/// message's (the broker's timestamp), else the clock as it stands (0 before any event);
+/// the clock is the latest event time seen. An event behind the clock is applied as
+/// usual; idleness is measured on the clock from each session's last arrival. Whoever
+/// splits a stream over engines computes the clock with this too (the driver does).
+pub fn event_time(
+    clock: Option<i64>,
+    event_ms: Option<i64>,
+    message_ms: Option<i64>,
+) -> (i64, i64) {
+    let event_ms = event_ms.or(message_ms).or(clock).unwrap_or(0);
+    let now = match clock {
+        Some(c) if c >= event_ms => c,
+        _ => event_ms,
+    };
+    (event_ms, now)
 }
 
 /// Applies an event to its (live) session: identity, then the observation its kind

@@ -606,9 +606,9 @@ impl<'s, 'k> Canon<'s, 'k> {
         }
     }
 
-    fn object(&mut self, s: &[u8], open: usize, args_top: bool) -> usize {
-        let base = self.members.len();
-        let key_base = self.keybuf.len();
+    /// Reads the members of the object that opens at `open` onto `self.members` (keys
+    /// with escapes unescaped into `self.keybuf`); returns where the object ends.
+    fn scan_members(&mut self, s: &[u8], open: usize) -> usize {
         let mut j = Self::ws(s, open + 1);
         while let Some(&b) = s.get(j) {
             match b {
@@ -647,6 +647,13 @@ impl<'s, 'k> Canon<'s, 'k> {
             });
             j = Self::ws(s, v_end);
         }
+        j
+    }
+
+    fn object(&mut self, s: &[u8], open: usize, args_top: bool) -> usize {
+        let base = self.members.len();
+        let key_base = self.keybuf.len();
+        let j = self.scan_members(s, open);
         // serde_json's map: sorted by key, the last of equal keys wins.
         let keybuf = &*self.keybuf;
         let key_of = |m: &Member| -> &[u8] {

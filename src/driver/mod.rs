@@ -35,7 +35,7 @@ use rayon::prelude::*;
 use rustc_hash::FxHasher;
 
 use crate::config::Config;
-use crate::engine::{CloseAt, Engine, EventMeta};
+use crate::engine::{event_time, CloseAt, Engine, EventMeta};
 use crate::event::{parse_event, BadEvent, Event, ParseLimits};
 use crate::output::{ClosedBy, Output};
 
@@ -172,6 +172,18 @@ struct Shard<S> {
 }
 
 impl<S: Sink> Shard<S> {
+    fn new(engine: Engine, sink: S, render: bool) -> Shard<S> {
+        Shard {
+            engine,
+            sink,
+            mine: Vec::new(),
+            placed: Vec::new(),
+            render,
+            outputs: Vec::new(),
+            deadlines: Vec::new(),
+        }
+    }
+
     /// The line of the first event of the batch whose clock reached `clock`.
     fn line_at(marks: &[Mark], clock: i64) -> u64 {
         let i = marks.partition_point(|m| m.clock < clock);
@@ -670,7 +682,7 @@ pub fn drive<S: Sink>(
     errors: &mut dyn Write,
     options: Options,
     make_sink: impl Fn() -> S,
-    mut on_outputs: impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
+    on_outputs: impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
 ) -> Result<(Read, Vec<S>), DriveError> {
     let threads = options.threads.max(1);
     // More shards than threads: a shard's events run in order on one thread, so with
@@ -690,48 +702,64 @@ pub fn drive<S: Sink>(
         })
         .transpose()
         .map_err(|e| DriveError::Read(std::io::Error::other(e)))?;
-    let limits = config.limits;
     let keep = options.ordered_outputs;
-    let mut shards: Vec<Shard<S>> = (0..shard_count)
-        .map(|_| Shard {
-            engine: Engine::new(config.clone()),
-            sink: make_sink(),
-            mine: Vec::new(),
-            placed: Vec::new(),
-            render: keep && options.render_json,
+    let render = keep && options.render_json;
+    let mut rounds = Rounds {
+        pool: pool.as_ref(),
+        shards: (0..shard_count)
+            .map(|_| Shard::new(Engine::new(config.clone()), make_sink(), render))
+            .collect(),
+        handoff: Handoff {
+            keep,
+            merged: Vec::new(),
             outputs: Vec::new(),
-            deadlines: Vec::new(),
-        })
-        .collect();
-    let mut read = Read::default();
-    let mut clock: Option<i64> = None;
-    let mut merged: Vec<(Place, Output, String)> = Vec::new();
-    let mut outputs: Vec<(Output, String)> = Vec::new();
+            on_outputs,
+        },
+        spare: Spare::default(),
+        limits: config.limits,
+        shard_count,
+    };
+    let mut prepare = Prepare {
+        read: Read::default(),
+        clock: None,
+        shard_count,
+        strict: options.strict,
+    };
+    let batch_bytes = options.batch_bytes.max(1);
+    std::thread::scope(|scope| rounds.run(scope, input, batch_bytes, &mut prepare, errors))?;
+    rounds.end()?;
+    let sinks = rounds.shards.into_iter().map(|s| s.sink).collect();
+    Ok((prepare.read, sinks))
+}
 
-    // The stream's clock at each event of a parsed batch, its bad lines reported, its
-    // events assigned to shards: the one sequential pass.
-    let mut prepare = |batch: ParsedBatch, errors: &mut dyn Write| -> Ready {
-        let first_line = read.lines + 1;
+/// The one sequential pass over a parsed batch: what was read so far, and the stream's
+/// clock.
+struct Prepare {
+    read: Read,
+    clock: Option<i64>,
+    shard_count: usize,
+    strict: bool,
+}
+
+impl Prepare {
+    /// The stream's clock at each event of a parsed batch, its bad lines reported, its
+    /// events assigned to shards.
+    fn prepare(&mut self, batch: ParsedBatch, errors: &mut dyn Write) -> Ready {
+        let first_line = self.read.lines + 1;
         let parsed = &batch.borrow_dependent().parsed;
-        read.lines += parsed.len() as u64;
+        self.read.lines += parsed.len() as u64;
         let mut marks: Vec<Mark> = Vec::with_capacity(parsed.len());
-        let mut assigned: Vec<Vec<u32>> = vec![Vec::new(); shard_count];
+        let mut assigned: Vec<Vec<u32>> = vec![Vec::new(); self.shard_count];
         let mut stop = None;
         for (i, l) in parsed.iter().enumerate() {
             let line = first_line + i as u64;
             match &l.parsed {
                 None => {}
                 Some(Ok(event)) => {
-                    read.events += 1;
-                    // As the engine keeps it: the latest event time, an event without one
-                    // taking the clock as it is (or 0 before any).
-                    let now = match (event.timestamp_ms, clock) {
-                        (Some(t), Some(c)) => t.max(c),
-                        (Some(t), None) => t,
-                        (None, Some(c)) => c,
-                        (None, None) => 0,
-                    };
-                    clock = Some(now);
+                    self.read.events += 1;
+                    // As the engine keeps it (a file's events have no message time).
+                    let (_, now) = event_time(self.clock, event.timestamp_ms, None);
+                    self.clock = Some(now);
                     assigned[l.shard as usize].push(marks.len() as u32);
                     marks.push(Mark {
                         index: i as u32,
@@ -740,8 +768,8 @@ pub fn drive<S: Sink>(
                     });
                 }
                 Some(Err(e)) => {
-                    read.bad_lines += 1;
-                    if options.strict {
+                    self.read.bad_lines += 1;
+                    if self.strict {
                         stop = Some(DriveError::BadLine {
                             line,
                             reason: e.detail(),
@@ -758,15 +786,63 @@ pub fn drive<S: Sink>(
             assigned,
             stop,
         }
-    };
+    }
+}
 
-    std::thread::scope(|scope| -> Result<(), DriveError> {
+/// Where outputs go: with `keep` (`ordered_outputs`), collected from the shards, put in
+/// one thread's order and handed on.
+struct Handoff<F> {
+    keep: bool,
+    merged: Vec<(Place, Output, String)>,
+    outputs: Vec<(Output, String)>,
+    on_outputs: F,
+}
+
+impl<F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Handoff<F> {
+    fn collect<S>(&mut self, shards: &mut [Shard<S>]) {
+        if self.keep {
+            collect(shards, &mut self.merged);
+        }
+    }
+
+    fn emit(&mut self) -> Result<(), DriveError> {
+        if !self.keep {
+            return Ok(());
+        }
+        emit(&mut self.merged, &mut self.outputs, &mut self.on_outputs)
+    }
+}
+
+/// The batch loop: the shards, the pool they run on, and what goes from one round to the
+/// next.
+struct Rounds<'p, S, F> {
+    pool: Option<&'p rayon::ThreadPool>,
+    shards: Vec<Shard<S>>,
+    handoff: Handoff<F>,
+    spare: Spare,
+    limits: ParseLimits,
+    shard_count: usize,
+}
+
+impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Rounds<'_, S, F> {
+    /// Reads, parses and applies every batch of `input`. Three batches in flight:
+    /// `current` is applied by the shards while `next` is parsed and, on this thread,
+    /// the outputs of the batch before are merged and handed on and its events dropped.
+    /// So a batch's outputs are handed on once the batch after next has been read (or
+    /// the input ends).
+    fn run<'scope, 'env>(
+        &mut self,
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        input: Input<'env>,
+        batch_bytes: usize,
+        prepare: &mut Prepare,
+        errors: &mut dyn Write,
+    ) -> Result<(), DriveError> {
         let (recycle, recycled) = mpsc::channel();
-        let batch_bytes = options.batch_bytes.max(1);
         let mut batches: Box<dyn Iterator<Item = std::io::Result<Batch>>> = match input {
             Input::Reader(input) => {
                 let (tx, rx) = mpsc::sync_channel(2);
-                let line_limit = limits.max_event_bytes;
+                let line_limit = self.limits.max_event_bytes;
                 scope.spawn(move || read_batches(input, batch_bytes, line_limit, tx, recycled));
                 Box::new(rx.into_iter())
             }
@@ -776,109 +852,111 @@ pub fn drive<S: Sink>(
                 batch_bytes,
             }),
         };
-        // Three batches in flight: `current` is applied by the shards while `next` is
-        // parsed and, on this thread, the outputs of `applied` (the batch before) are
-        // merged and handed on and its events dropped. So a batch's outputs are handed on
-        // once the batch after next has been read (or the input ends).
         let mut current: Option<Ready> = None;
         let mut applied: Option<ParsedBatch> = None;
-        let mut spare = Spare::default();
         loop {
             // A batch that stops the drive (`--strict`) is the last one read.
             let stopping = current.as_ref().is_some_and(|c| c.stop.is_some());
-            let read = if stopping {
-                Ok(None)
-            } else {
-                batches.next().transpose()
-            };
-            let next = match read {
+            let next = match (!stopping).then(|| batches.next()).flatten().transpose() {
                 Ok(next) => next,
                 Err(e) => {
                     // What the applied batches caused is handed on before the error.
-                    if keep {
-                        emit(&mut merged, &mut outputs, &mut on_outputs)?;
-                    }
+                    self.handoff.emit()?;
                     return Err(DriveError::Read(e));
                 }
             };
             if next.is_none() && current.is_none() {
                 break;
             }
-            let mut parsing = std::mem::take(&mut spare);
-            let mut parsed_next = None;
-            let mut handed_on = Ok(());
-            let parse = |parsed_next: &mut Option<ParsedBatch>| {
-                *parsed_next =
-                    next.map(|b| parse_batch(b, &limits, shard_count, pool.as_ref(), &mut parsing));
-            };
-            let apply = |shards: &mut Vec<Shard<S>>, ready: Option<&mut Ready>| {
-                let Some(ready) = ready else { return };
-                for (shard, mine) in shards.iter_mut().zip(ready.assigned.iter_mut()) {
-                    std::mem::swap(&mut shard.mine, mine);
-                }
-                let lines = &ready.batch.borrow_dependent().parsed;
-                let run = |s: &mut Shard<S>| s.run(lines, &ready.marks, keep);
-                match &pool {
-                    Some(_) => shards.par_iter_mut().for_each(run),
-                    None => shards.iter_mut().for_each(run),
-                }
-            };
-            let mut finish_applied = |handed_on: &mut Result<(), DriveError>| {
-                if keep {
-                    *handed_on = emit(&mut merged, &mut outputs, &mut on_outputs);
-                }
-                if let Some(mut batch) = applied.take() {
-                    batch.with_dependent_mut(|_, lines| {
-                        spare.parsed = relabel(std::mem::take(&mut lines.parsed));
-                    });
-                    if let Batch::Buffer { buf, .. } = batch.into_owner() {
-                        let _ = recycle.send(buf);
-                    }
-                }
-            };
-            match &pool {
-                Some(p) => p.in_place_scope(|s| {
-                    s.spawn(|_| parse(&mut parsed_next));
-                    s.spawn(|_| apply(&mut shards, current.as_mut()));
-                    finish_applied(&mut handed_on);
-                }),
-                None => {
-                    apply(&mut shards, current.as_mut());
-                    finish_applied(&mut handed_on);
-                    parse(&mut parsed_next);
-                }
-            }
-            handed_on?;
-            spare.lines = parsing.lines;
+            let parsed_next = self.round(next, current.as_mut(), applied.take(), &recycle)?;
             if let Some(done) = current.take() {
-                if keep {
-                    collect(&mut shards, &mut merged);
-                }
+                self.handoff.collect(&mut self.shards);
                 if let Some(e) = done.stop {
-                    if keep {
-                        emit(&mut merged, &mut outputs, &mut on_outputs)?;
-                    }
+                    self.handoff.emit()?;
                     return Err(e);
                 }
                 applied = Some(done.batch);
             }
-            current = parsed_next.map(|b| prepare(b, errors));
+            current = parsed_next.map(|b| prepare.prepare(b, errors));
         }
-        if keep {
-            emit(&mut merged, &mut outputs, &mut on_outputs)?;
+        self.handoff.emit()
+    }
+
+    /// One round, overlapped on the pool: `next` parsed, `current` applied, and the
+    /// outputs of `applied` handed on and its buffers recycled. Returns `next` parsed.
+    fn round(
+        &mut self,
+        next: Option<Batch>,
+        current: Option<&mut Ready>,
+        applied: Option<ParsedBatch>,
+        recycle: &mpsc::Sender<Vec<u8>>,
+    ) -> Result<Option<ParsedBatch>, DriveError> {
+        let Rounds {
+            pool,
+            shards,
+            handoff,
+            spare,
+            limits,
+            shard_count,
+        } = self;
+        let (pool, limits, shard_count, keep) = (*pool, *limits, *shard_count, handoff.keep);
+        let mut parsing = std::mem::take(spare);
+        let mut parsed_next = None;
+        let mut handed_on = Ok(());
+        let parse = |parsed_next: &mut Option<ParsedBatch>| {
+            *parsed_next = next.map(|b| parse_batch(b, &limits, shard_count, pool, &mut parsing));
+        };
+        let apply = |shards: &mut Vec<Shard<S>>| {
+            let Some(ready) = current else { return };
+            for (shard, mine) in shards.iter_mut().zip(ready.assigned.iter_mut()) {
+                std::mem::swap(&mut shard.mine, mine);
+            }
+            let lines = &ready.batch.borrow_dependent().parsed;
+            let run = |s: &mut Shard<S>| s.run(lines, &ready.marks, keep);
+            match pool {
+                Some(_) => shards.par_iter_mut().for_each(run),
+                None => shards.iter_mut().for_each(run),
+            }
+        };
+        let finish_applied = |handed_on: &mut Result<(), DriveError>| {
+            *handed_on = handoff.emit();
+            if let Some(mut batch) = applied {
+                batch.with_dependent_mut(|_, lines| {
+                    spare.parsed = relabel(std::mem::take(&mut lines.parsed));
+                });
+                if let Batch::Buffer { buf, .. } = batch.into_owner() {
+                    let _ = recycle.send(buf);
+                }
+            }
+        };
+        match pool {
+            Some(p) => p.in_place_scope(|s| {
+                s.spawn(|_| parse(&mut parsed_next));
+                s.spawn(|_| apply(shards));
+                finish_applied(&mut handed_on);
+            }),
+            None => {
+                apply(shards);
+                finish_applied(&mut handed_on);
+                parse(&mut parsed_next);
+            }
         }
-        Ok(())
-    })?;
-    let finish = |s: &mut Shard<S>| s.end(keep);
-    match &pool {
-        Some(p) => p.install(|| shards.par_iter_mut().for_each(finish)),
-        None => shards.iter_mut().for_each(finish),
+        handed_on?;
+        spare.lines = parsing.lines;
+        Ok(parsed_next)
     }
-    if keep {
-        collect(&mut shards, &mut merged);
-        emit(&mut merged, &mut outputs, &mut on_outputs)?;
+
+    /// The end of the input: every shard closes its sessions; their outputs handed on.
+    fn end(&mut self) -> Result<(), DriveError> {
+        let keep = self.handoff.keep;
+        let finish = |s: &mut Shard<S>| s.end(keep);
+        match self.pool {
+            Some(p) => p.install(|| self.shards.par_iter_mut().for_each(finish)),
+            None => self.shards.iter_mut().for_each(finish),
+        }
+        self.handoff.collect(&mut self.shards);
+        self.handoff.emit()
     }
-    Ok((read, shards.into_iter().map(|s| s.sink).collect()))
 }
 
 /// Moves the shards' placed outputs to `merged`.
