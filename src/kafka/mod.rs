@@ -220,28 +220,10 @@ pub fn check_topics(
     Ok(first)
 }
 
-/// How long the changelog's records stay out of the log cleaner's reach
-/// (`min.compaction.lag.ms`). A batch counts on restore only at its commit record, and
-/// the commit records of a partition share one key, so compaction keeps the last one
-/// only: were a batch's commit record compacted away while its session records are
-/// still the latest of their sessions, a restore would leave those sessions out. While
-/// loopwarden keeps up with its input, a session open without a write for longer than
-/// its gap, plus the idle clock's longest wait (`idle_after` × [`BEHIND_WAITS`] for a
-/// partition whose events wait on the broker), is closed, and the close is a newer
-/// record; twice that, and at least an hour, keeps open sessions' batches whole. (An
-/// instance that takes a partition back after longer than the lag, or a consumer behind
-/// its input for that long, is not covered: see the README.)
-pub fn changelog_compaction_lag(session_gap: Duration, idle_after: Duration) -> Duration {
-    let longest_idle_wait = idle_after.saturating_mul(crate::pipeline::BEHIND_WAITS);
-    (session_gap.saturating_add(longest_idle_wait))
-        .saturating_mul(2)
-        .max(Duration::from_secs(3600))
-}
-
 /// Makes sure the changelog topic exists with `partitions` partitions: creates it
 /// (compacted, the broker's default replication, `min.compaction.lag.ms` = `lag`) when
 /// `existing` says it is missing. An existing one's lag is checked in the background
-/// (a warning when it is shorter, see [`changelog_compaction_lag`]).
+/// (a warning when it is shorter; `pipeline::changelog_compaction_lag` says how long).
 pub fn ensure_changelog(
     settings: &KafkaSettings,
     brokers: &str,
@@ -366,18 +348,6 @@ mod tests {
             e.to_string().contains("b, out do not exist on k:9092"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn the_changelog_outlives_an_open_sessions_longest_silence_twice_and_an_hour_at_least() {
-        let lag = |gap, idle| {
-            changelog_compaction_lag(Duration::from_secs(gap), Duration::from_secs(idle)).as_secs()
-        };
-        assert_eq!(lag(1800, 5), 3640);
-        assert_eq!(lag(86_400, 5), 172_840);
-        assert_eq!(lag(600, 3600), 30_000);
-        assert_eq!(lag(1, 5), 3600);
-        assert!(lag(u64::MAX, 5) > 0, "saturates, never wraps");
     }
 
     #[test]

@@ -49,8 +49,7 @@ use tracing::{error, info, warn};
 use crate::config::Config;
 use crate::kafka::settings::KafkaSettings;
 use crate::kafka::{
-    changelog_compaction_lag, check_topics, consumer_config, ensure_changelog, partition_counts,
-    producer_config, TopicError,
+    check_topics, consumer_config, ensure_changelog, partition_counts, producer_config, TopicError,
 };
 use crate::shutdown::Shutdown;
 use crate::store::{open_db_with_cache, StoreError};
@@ -72,7 +71,7 @@ use backoff::Backoff;
 use batch::Finish;
 #[doc(hidden)]
 pub use changelog::{assemble as assemble_changelog, RecordParts as ChangelogRecordParts};
-pub use changelog::{CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
+pub use changelog::{changelog_compaction_lag, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use commit::Commit;
 pub use ingest::{run_ingest, IngestStats};
 use outbox::{lock, Outbox};

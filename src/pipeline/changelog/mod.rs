@@ -45,6 +45,8 @@ mod restore;
 
 pub use restore::{assemble, RecordParts, Restorer};
 
+use std::time::Duration;
+
 use super::outbox::{Outbox, Record, Sink};
 use crate::store::{StoreBatch, STATE_FORMAT};
 
@@ -180,9 +182,39 @@ pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: 
     }
 }
 
+/// How long the changelog's records stay out of the log cleaner's reach
+/// (`min.compaction.lag.ms`). A batch counts on restore only at its commit record, and
+/// the commit records of a partition share one key, so compaction keeps the last one
+/// only: were a batch's commit record compacted away while its session records are
+/// still the latest of their sessions, a restore would leave those sessions out. While
+/// loopwarden keeps up with its input, a session open without a write for longer than
+/// its gap, plus the idle clock's longest wait (`idle_after` × [`super::BEHIND_WAITS`] for a
+/// partition whose events wait on the broker), is closed, and the close is a newer
+/// record; twice that, and at least an hour, keeps open sessions' batches whole. (An
+/// instance that takes a partition back after longer than the lag, or a consumer behind
+/// its input for that long, is not covered: see the README.)
+pub fn changelog_compaction_lag(session_gap: Duration, idle_after: Duration) -> Duration {
+    let longest_idle_wait = idle_after.saturating_mul(super::BEHIND_WAITS);
+    (session_gap.saturating_add(longest_idle_wait))
+        .saturating_mul(2)
+        .max(Duration::from_secs(3600))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_changelog_outlives_an_open_sessions_longest_silence_twice_and_an_hour_at_least() {
+        let lag = |gap, idle| {
+            changelog_compaction_lag(Duration::from_secs(gap), Duration::from_secs(idle)).as_secs()
+        };
+        assert_eq!(lag(1800, 5), 3640);
+        assert_eq!(lag(86_400, 5), 172_840);
+        assert_eq!(lag(600, 3600), 30_000);
+        assert_eq!(lag(1, 5), 3600);
+        assert!(lag(u64::MAX, 5) > 0, "saturates, never wraps");
+    }
 
     #[test]
     fn batch_ids_differ_between_writers_and_count_up() {
