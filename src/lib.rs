@@ -21,6 +21,8 @@
 //! - [`driver`]: the engine over a file on every core, in one thread's order;
 //! - [`replay`], [`backtest`] and [`eval`]: the file-driven commands.
 
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 pub mod backtest;
 pub mod classes;
 pub mod config;

@@ -3,6 +3,8 @@
 //! `healthcheck` unhealthy, 2 any error (the message says what and where). This file
 //! parses the arguments and dispatches; each command is a module of `cli`.
 
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 mod cli;
 
 use std::process::ExitCode;
