@@ -576,7 +576,7 @@ impl Engine {
 /// the clock is the latest event time seen. An event behind the clock is applied as
 /// usual; idleness is measured on the clock from each session's last arrival. Whoever
 /// splits a stream over engines computes the clock with this too (the driver does).
-pub fn event_time(
+pub(crate) fn event_time(
     clock: Option<i64>,
     event_ms: Option<i64>,
     message_ms: Option<i64>,

@@ -30,7 +30,7 @@ pub enum FormatArg {
 }
 
 /// What an input file holds.
-#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+#[derive(Copy, Clone, ValueEnum)]
 pub enum InputArg {
     /// OTLP JSON when the first line that is not blank is a trace export
     /// (`{"resourceSpans": …`), else events.

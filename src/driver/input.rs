@@ -41,6 +41,9 @@ pub enum InputError {
         #[source]
         source: std::io::Error,
     },
+    /// Reading ahead to tell OTLP JSON from events failed.
+    #[error("cannot read the input")]
+    Lookahead(#[source] std::io::Error),
 }
 
 /// The two bytes every gzip stream starts with (and no JSON line does).
@@ -203,7 +206,6 @@ pub fn open_events(
         open_input(path)?,
         format,
         config,
-        path,
     )?))
 }
 
@@ -213,7 +215,6 @@ fn events_of(
     mut input: Box<dyn BufRead + Send>,
     format: InputFormat,
     config: &Config,
-    path: &Path,
 ) -> Result<Box<dyn BufRead + Send>, InputError> {
     let otlp = match format {
         InputFormat::Events => false,
@@ -227,10 +228,7 @@ fn events_of(
                 let n = (&mut input)
                     .take(1 << 16)
                     .read_until(b'\n', &mut head)
-                    .map_err(|source| InputError::Read {
-                        path: path.display().to_string(),
-                        source,
-                    })?;
+                    .map_err(InputError::Lookahead)?;
                 if n == 0 || !head[start..].trim_ascii().is_empty() || head.len() >= 1 << 16 {
                     break;
                 }

@@ -115,7 +115,7 @@ struct Family {
     labels: &'static [&'static str],
 }
 
-// The families, in the order of the `Metrics` fields (the exposition sorts by name).
+// The families (the exposition sorts them by name).
 const FINDINGS_BY_OWNER: Family = Family {
     name: "loopwarden_findings_by_owner_total",
     help: "Published findings by tenant, agent and level; owners beyond telemetry.owner_series_limit count as (other).",
