@@ -9,9 +9,9 @@ use anyhow::Context as _;
 use clap::Args;
 
 use loopwarden::backtest::{backtest, Outcomes};
-use loopwarden::driver::input::{open_events, open_input};
+use loopwarden::driver::input::open_input;
 
-use super::{load_config, threads_or_cores, FormatArg, InputArg};
+use super::{load_config, FormatArg, InputOptions};
 
 #[derive(Args)]
 pub struct BacktestArgs {
@@ -25,22 +25,8 @@ pub struct BacktestArgs {
     /// A table for people, or the report as one JSON object.
     #[arg(long, value_enum, default_value = "table")]
     format: FormatArg,
-    /// Worker threads, sessions split between them, 1 to 256 (default: the cores
-    /// available, at most 256).
-    /// The report is the same for any number.
-    #[arg(long, env = "LOOPWARDEN_THREADS")]
-    threads: Option<usize>,
-    /// What the input holds: loopwarden events, or OTLP JSON trace exports (mapped as
-    /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line that is not blank.
-    #[arg(long, value_enum, default_value = "auto")]
-    input_format: InputArg,
-    /// Read a file with read calls instead of mapping it into memory. Use it for a
-    /// file that may change during the run: mapped, a file cut short (e.g. rotated
-    /// with copytruncate) or failing on disk ends the process with SIGBUS, one
-    /// rewritten in place may be read half old, half new, and one that grows is read
-    /// only up to its size at the start.
-    #[arg(long)]
-    no_mmap: bool,
+    #[command(flatten)]
+    reading: InputOptions,
 }
 
 pub fn run(args: BacktestArgs) -> anyhow::Result<ExitCode> {
@@ -56,13 +42,8 @@ pub fn run(args: BacktestArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("in {}", path.display()))?,
         None => Outcomes::default(),
     };
-    let mut events = open_events(
-        &args.input,
-        args.input_format.into(),
-        &config,
-        !args.no_mmap,
-    )?;
-    let threads = threads_or_cores(args.threads)?;
+    let mut events = args.reading.open(&args.input, &config)?;
+    let threads = args.reading.threads()?;
     let report = backtest(
         config,
         events.input(),

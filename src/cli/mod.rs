@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use clap::ValueEnum;
 
 use loopwarden::config::Config;
-use loopwarden::driver::input::InputFormat;
+use loopwarden::driver::input::{open_events, Events, InputFormat};
 use loopwarden::shutdown::Shutdown;
 
 /// How `replay` and `backtest` print.
@@ -48,6 +48,44 @@ impl From<InputArg> for InputFormat {
             InputArg::Events => InputFormat::Events,
             InputArg::OtlpJson => InputFormat::OtlpJson,
         }
+    }
+}
+
+/// How `replay` and `backtest` read their events.
+#[derive(clap::Args)]
+pub struct InputOptions {
+    /// Worker threads, sessions split between them, 1 to 256 (default: the cores
+    /// available, at most 256).
+    /// The output is the same for any number.
+    #[arg(long, env = "LOOPWARDEN_THREADS")]
+    threads: Option<usize>,
+    /// What the input holds: loopwarden events, or OTLP JSON trace exports (mapped as
+    /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line that is not blank.
+    #[arg(long, value_enum, default_value = "auto")]
+    input_format: InputArg,
+    /// Read a file with read calls instead of mapping it into memory. Use it for a
+    /// file that may change during the run: mapped, a file cut short (e.g. rotated
+    /// with copytruncate) or failing on disk ends the process with SIGBUS, one
+    /// rewritten in place may be read half old, half new, and one that grows is read
+    /// only up to its size at the start.
+    #[arg(long)]
+    no_mmap: bool,
+}
+
+impl InputOptions {
+    /// The events of `path` (see [`open_events`]).
+    pub fn open(&self, path: &Path, config: &Config) -> anyhow::Result<Events> {
+        Ok(open_events(
+            path,
+            self.input_format.into(),
+            config,
+            !self.no_mmap,
+        )?)
+    }
+
+    /// `--threads`, or every core available.
+    pub fn threads(&self) -> anyhow::Result<usize> {
+        threads_or_cores(self.threads)
     }
 }
 

@@ -6,10 +6,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use loopwarden::driver::input::open_events;
 use loopwarden::replay::{replay, Format, ReplayOptions};
 
-use super::{load_config, threads_or_cores, FormatArg, InputArg};
+use super::{load_config, FormatArg, InputOptions};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -24,34 +23,15 @@ pub struct ReplayArgs {
     /// Stop at the first bad line instead of skipping it.
     #[arg(long)]
     strict: bool,
-    /// Worker threads, sessions split between them, 1 to 256 (default: the cores
-    /// available, at most 256).
-    /// The output is the same for any number.
-    #[arg(long, env = "LOOPWARDEN_THREADS")]
-    threads: Option<usize>,
-    /// What the input holds: loopwarden events, or OTLP JSON trace exports (mapped as
-    /// `[ingest.otlp]` maps them); `auto` tells them apart by the first line that is not blank.
-    #[arg(long, value_enum, default_value = "auto")]
-    input_format: InputArg,
-    /// Read a file with read calls instead of mapping it into memory. Use it for a
-    /// file that may change during the run: mapped, a file cut short (e.g. rotated
-    /// with copytruncate) or failing on disk ends the process with SIGBUS, one
-    /// rewritten in place may be read half old, half new, and one that grows is read
-    /// only up to its size at the start.
-    #[arg(long)]
-    no_mmap: bool,
+    #[command(flatten)]
+    reading: InputOptions,
 }
 
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(args.config.as_deref())?;
-    let mut events = open_events(
-        &args.input,
-        args.input_format.into(),
-        &config,
-        !args.no_mmap,
-    )?;
+    let mut events = args.reading.open(&args.input, &config)?;
     let options = ReplayOptions {
-        threads: threads_or_cores(args.threads)?,
+        threads: args.reading.threads()?,
         strict: args.strict,
         ..ReplayOptions::default()
     };
