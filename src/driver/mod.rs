@@ -799,17 +799,26 @@ struct Handoff<F> {
 }
 
 impl<F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Handoff<F> {
+    /// Moves the shards' placed outputs to `merged`.
     fn collect<S>(&mut self, shards: &mut [Shard<S>]) {
         if self.keep {
-            collect(shards, &mut self.merged);
+            for s in shards.iter_mut() {
+                self.merged.append(&mut s.placed);
+            }
         }
     }
 
+    /// Puts the collected outputs in one thread's order and hands them on.
     fn emit(&mut self) -> Result<(), DriveError> {
-        if !self.keep {
+        if !self.keep || self.merged.is_empty() {
             return Ok(());
         }
-        emit(&mut self.merged, &mut self.outputs, &mut self.on_outputs)
+        self.merged.sort_by(compare);
+        let merged = self.merged.drain(..).map(|(_, o, json)| (o, json));
+        self.outputs.extend(merged);
+        (self.on_outputs)(&mut self.outputs)?;
+        self.outputs.clear();
+        Ok(())
     }
 }
 
@@ -957,29 +966,6 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
         self.handoff.collect(&mut self.shards);
         self.handoff.emit()
     }
-}
-
-/// Moves the shards' placed outputs to `merged`.
-fn collect<S>(shards: &mut [Shard<S>], merged: &mut Vec<(Place, Output, String)>) {
-    for s in shards.iter_mut() {
-        merged.append(&mut s.placed);
-    }
-}
-
-/// Puts the collected outputs in one thread's order and hands them on.
-fn emit(
-    merged: &mut Vec<(Place, Output, String)>,
-    outputs: &mut Vec<(Output, String)>,
-    on_outputs: &mut impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
-) -> Result<(), DriveError> {
-    if merged.is_empty() {
-        return Ok(());
-    }
-    merged.sort_by(compare);
-    outputs.extend(merged.drain(..).map(|(_, o, json)| (o, json)));
-    on_outputs(outputs)?;
-    outputs.clear();
-    Ok(())
 }
 
 #[cfg(test)]

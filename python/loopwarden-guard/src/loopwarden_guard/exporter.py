@@ -38,7 +38,6 @@ def span_processor(exporter: Any, schedule_delay_millis: int = 200) -> Any:
 # exported) after its steps, so loopwarden cannot look them up from the steps alone.
 SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
 AGENT_NAMES = ("gen_ai.agent.name", "agent.name")
-INHERITED = AGENT_NAMES + SESSION_KEYS
 OPENINFERENCE_KIND = "openinference.span.kind"
 
 _agent_name: contextvars.ContextVar[str | None] = contextvars.ContextVar(
