@@ -11,7 +11,8 @@
 //! `SOAK_DEBUG` (librdkafka debug contexts for both members, e.g. `fetch,cgrp`),
 //! `SOAK_STATS_SECS` (librdkafka statistics every this many seconds from both members'
 //! consumers, logged as "Client stats": each partition's fetch state, offsets and
-//! queue). The members' logs are kept under the bench's temporary directory, which
+//! queue). The members' logs, and the first member's memory map (`smaps`) after 5
+//! minutes and at the end, are kept under the bench's temporary directory, which
 //! it prints. `SOAK_FETCH_WAIT_MS` (both members' `fetch.wait.max.ms`; 500,
 //! librdkafka's default, instead of loopwarden's 20: Tansu answers a fetch empty when
 //! finding its records takes longer than the fetch may wait, which its in-memory log
@@ -51,10 +52,23 @@ struct Reading {
     produced: u64,
     lag: i64,
     rss_kb: u64,
+    /// The anonymous part of `rss_kb` (heap, stacks: what a leak would grow) and the
+    /// file-backed part (the binary's code and libraries, paged in as code paths first
+    /// run).
+    rss_anon_kb: u64,
+    rss_file_kb: u64,
     /// CPU the broker used since the last reading: a stall with the broker busy is the
     /// broker's, one with the broker idle is the clients'.
     broker_cpu_ms: u64,
     second_member: bool,
+}
+
+/// A copy of a process's memory map with each mapping's resident size (`smaps`), for
+/// telling what grew between two readings; nothing when it cannot be read.
+fn keep_smaps(pid: u32, to: &std::path::Path) {
+    if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) {
+        let _ = std::fs::write(to, text);
+    }
 }
 
 /// A process's CPU time so far (user + system, ms), 0 when it cannot be read.
@@ -221,10 +235,18 @@ fn main() {
                 produced,
                 lag: lag_of(produced),
                 rss_kb: rss_kb(first.child.id()),
+                rss_anon_kb: status_kb(first.child.id(), "RssAnon"),
+                rss_file_kb: status_kb(first.child.id(), "RssFile"),
                 broker_cpu_ms: cpu_ms(broker.pid) - broker_cpu,
                 second_member: second.is_some(),
             };
             broker_cpu += r.broker_cpu_ms;
+            if r.at_secs >= 300 && !readings.iter().any(|r| r.at_secs >= 300) {
+                keep_smaps(
+                    first.child.id(),
+                    &fx.dir.path().join("first-smaps-5min.txt"),
+                );
+            }
             eprintln!("soak: {r:?}");
             readings.push(r);
             next_reading += 30;
@@ -245,6 +267,7 @@ fn main() {
     }
     feeder.join().unwrap();
     let end_rss = rss_kb(first.child.id());
+    keep_smaps(first.child.id(), &fx.dir.path().join("first-smaps-end.txt"));
     let (terminated, summaries) =
         read_expected(&broker.address, &fx.topics, &want, Duration::from_secs(120));
     if let Some(run) = second.take() {

@@ -138,16 +138,6 @@ pub fn cached_watermarks<C: ClientContext>(
         .then_some(((low >= 0).then_some(low), high))
 }
 
-/// The high watermark of a partition as the client last saw it in a fetch response (no
-/// request is made); `None` before the first fetch.
-pub fn cached_high_watermark<C: ClientContext>(
-    client: &Client<C>,
-    topic: &str,
-    partition: i32,
-) -> Option<i64> {
-    cached_watermarks(client, topic, partition).map(|(_, high)| high)
-}
-
 /// Partition count per topic as the cluster reports it (`None`: the topic is missing).
 pub fn partition_counts<C: ClientContext>(
     client: &Client<C>,

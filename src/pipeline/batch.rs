@@ -11,16 +11,16 @@
 
 use std::time::Instant;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::CommitMode;
 use rdkafka::TopicPartitionList;
 use rustc_hash::FxHashMap;
 use tracing::{debug, error, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
+use super::bus::Input;
 use super::changelog::{self, CHANGELOG_POSITION};
-use super::commit::{Commit, Transactional};
+use super::commit::Transactional;
 use super::outbox::Outbox;
-use super::rebalance::RebalanceHandler;
 use super::worker::Worker;
 use super::PipelineError;
 use crate::kafka::settings::KafkaSettings;
@@ -124,7 +124,7 @@ impl Worker {
     /// changelog, offsets) → store.
     pub(super) fn finish_batch(
         &mut self,
-        consumer: &BaseConsumer<RebalanceHandler>,
+        input: &dyn Input,
         finish: Finish,
     ) -> Result<(), PipelineError> {
         let mode = match finish {
@@ -145,12 +145,12 @@ impl Worker {
             polled,
             sent: Instant::now(),
         };
-        let transaction = match &self.commit {
-            Commit::AtLeastOnce { .. } => None,
-            Commit::ExactlyOnce(transaction) => Some(transact(
+        let transaction = match self.commit.transaction() {
+            None => None,
+            Some(transaction) => Some(transact(
                 transaction,
                 &mut self.outbox,
-                consumer,
+                input,
                 &this,
                 &self.config.kafka,
                 &self.shutdown,
@@ -164,24 +164,24 @@ impl Worker {
             None => {
                 self.send(this);
                 if let Some(previous) = previous {
-                    self.store_and_commit(previous, consumer, mode)?;
+                    self.store_and_commit(previous, input, mode)?;
                 }
                 if finish == Finish::Settle {
                     if let Some(this) = self.acknowledge()? {
-                        self.store_and_commit(this, consumer, mode)?;
+                        self.store_and_commit(this, input, mode)?;
                     }
                 }
             }
             Some(false) => {
                 // The group moved on: the batch is dropped and read again from the
                 // committed offsets, by the new owner or (partitions we keep) by us.
-                self.rewind(consumer)?;
+                self.rewind(input)?;
             }
             Some(true) => {
                 metrics.observe_stage("deliver", this.sent.elapsed());
                 self.delivered(&this);
                 let positions = self.outbox.take_changelog_positions();
-                self.store_and_commit((this, positions), consumer, mode)?;
+                self.store_and_commit((this, positions), input, mode)?;
             }
         }
         self.report_gauges();
@@ -201,9 +201,7 @@ impl Worker {
         self.outbox
             .settle(&mut backoff)
             .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
-        if matches!(self.commit, Commit::AtLeastOnce { changelog: true })
-            && !unacked.changes.is_empty()
-        {
+        if self.commit.changelog_after_acks() && !unacked.changes.is_empty() {
             // Everything the batch produced is on the broker, and its session records:
             // now its commit records (see the changelog's module docs). Whatever of the
             // next batch waits in the outbox goes with them: its findings may precede
@@ -241,7 +239,7 @@ impl Worker {
     fn store_and_commit(
         &mut self,
         (batch, positions): Acked,
-        consumer: &BaseConsumer<RebalanceHandler>,
+        input: &dyn Input,
         mode: CommitMode,
     ) -> Result<(), PipelineError> {
         let telemetry = self.telemetry.clone();
@@ -256,10 +254,9 @@ impl Worker {
                 .flush_duration
                 .observe((stored - started).as_secs_f64());
         }
-        let commit_offsets =
-            matches!(self.commit, Commit::AtLeastOnce { .. }) && batch.offsets.count() > 0;
+        let commit_offsets = self.commit.at_least_once() && batch.offsets.count() > 0;
         if commit_offsets {
-            if let Err(e) = consumer.commit(&batch.offsets, mode) {
+            if let Err(e) = input.commit(&batch.offsets, mode) {
                 // sled holds the truth: a lost commit only means re-reading and skipping.
                 warn!(error = %e, "offset commit failed; the stored offsets still hold");
             }
@@ -286,7 +283,7 @@ impl Worker {
     /// at_least_once: hands the batch's records (with its changelog records) to the
     /// producer and keeps the batch until [`Worker::acknowledge`].
     fn send(&mut self, batch: Unacked) {
-        if matches!(self.commit, Commit::AtLeastOnce { changelog: true }) {
+        if self.commit.changelog_after_acks() {
             changelog::queue_sessions(&mut self.outbox, &batch.changes, batch.batch);
         }
         self.outbox.send_all();
@@ -301,7 +298,7 @@ impl Worker {
 fn transact(
     transaction: &Transactional,
     outbox: &mut Outbox,
-    consumer: &BaseConsumer<RebalanceHandler>,
+    input: &dyn Input,
     batch: &Unacked,
     settings: &KafkaSettings,
     shutdown: &Shutdown,
@@ -310,5 +307,5 @@ fn transact(
     // The transaction makes the batch atomic; the commit records still mark where each
     // batch ends, so one restore path serves both modes.
     changelog::queue(outbox, &batch.changes, batch.batch, &settings.group_id);
-    transaction.commit(outbox, consumer, &batch.offsets, &mut backoff)
+    transaction.commit(outbox, input, &batch.offsets, &mut backoff)
 }

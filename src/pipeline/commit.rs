@@ -23,12 +23,12 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
+use super::bus::Input;
 use super::outbox::Outbox;
 use super::PipelineError;
 use crate::kafka::settings::{Delivery, KafkaSettings};
@@ -64,10 +64,29 @@ impl Commit {
     }
 
     pub fn transactional_id(&self) -> Option<&str> {
+        self.transaction().map(|t| t.id.as_str())
+    }
+
+    /// exactly_once: the transaction that carries each batch.
+    pub fn transaction(&self) -> Option<&Transactional> {
         match self {
             Commit::AtLeastOnce { .. } => None,
-            Commit::ExactlyOnce(t) => Some(&t.id),
+            Commit::ExactlyOnce(t) => Some(t),
         }
+    }
+
+    /// at_least_once: findings go to the producer as they are found, and the group's
+    /// offsets are committed after the store (exactly_once: both wait for the batch's
+    /// transaction).
+    pub fn at_least_once(&self) -> bool {
+        matches!(self, Commit::AtLeastOnce { .. })
+    }
+
+    /// at_least_once with the changelog: a batch's session records go out with it and
+    /// its commit records once everything it sent is acknowledged (exactly_once queues
+    /// both into its transaction).
+    pub fn changelog_after_acks(&self) -> bool {
+        matches!(self, Commit::AtLeastOnce { changelog: true })
     }
 }
 
@@ -93,7 +112,7 @@ impl Transactional {
     /// the broker is away; `false` when shutdown came first.
     pub fn init(&self, outbox: &Outbox, backoff: &mut Backoff) -> Result<bool, PipelineError> {
         loop {
-            match outbox.producer.init_transactions(TRANSACTION_CALL_TIMEOUT) {
+            match outbox.transport.init_transactions(TRANSACTION_CALL_TIMEOUT) {
                 Ok(()) => {
                     info!(transactional_id = %self.id, "transactional producer ready");
                     return Ok(true);
@@ -113,10 +132,10 @@ impl Transactional {
     /// failure the same records and offsets are sent again in a new transaction. Returns
     /// `false` when the consumer group has moved on (our generation is fenced): the batch
     /// must then be dropped and its events read again by whoever owns them now.
-    pub fn commit<C: ConsumerContext>(
+    pub fn commit(
         &self,
         outbox: &mut Outbox,
-        consumer: &BaseConsumer<C>,
+        input: &dyn Input,
         offsets: &TopicPartitionList,
         backoff: &mut Backoff,
     ) -> Result<bool, PipelineError> {
@@ -124,7 +143,7 @@ impl Transactional {
             return Ok(true);
         }
         loop {
-            let error = match self.attempt(outbox, consumer, offsets, backoff) {
+            let error = match self.attempt(outbox, input, offsets, backoff) {
                 Ok(()) => {
                     crash_point("txn-after-commit");
                     outbox.clear();
@@ -149,14 +168,14 @@ impl Transactional {
     }
 
     /// One transaction: begin, send and await every record, send the offsets, commit.
-    fn attempt<C: ConsumerContext>(
+    fn attempt(
         &self,
         outbox: &mut Outbox,
-        consumer: &BaseConsumer<C>,
+        input: &dyn Input,
         offsets: &TopicPartitionList,
         backoff: &Backoff,
     ) -> Result<(), KafkaError> {
-        outbox.producer.begin_transaction()?;
+        outbox.transport.begin_transaction()?;
         let all: Vec<usize> = (0..outbox.len()).collect();
         outbox.send(&all);
         // Await the acks (commit would flush too): a failed record is known before the
@@ -167,22 +186,21 @@ impl Transactional {
             return Err(e);
         }
         if offsets.count() > 0 {
-            let group = consumer.group_metadata().ok_or(KafkaError::Subscription(
-                "no consumer group metadata".into(),
-            ))?;
             // A call that timed out while the broker was slow may be retried (librdkafka's
             // contract); aborting instead would throw away a batch already on the broker.
             retrying(backoff, "transaction offsets", || {
-                outbox.producer.send_offsets_to_transaction(
+                outbox.transport.send_offsets_to_transaction(
                     offsets,
-                    &group,
+                    input,
                     TRANSACTION_CALL_TIMEOUT,
                 )
             })?;
         }
         crash_point("txn-before-commit");
         retrying(backoff, "transaction commit", || {
-            outbox.producer.commit_transaction(TRANSACTION_CALL_TIMEOUT)
+            outbox
+                .transport
+                .commit_transaction(TRANSACTION_CALL_TIMEOUT)
         })
     }
 
@@ -190,7 +208,7 @@ impl Transactional {
     fn abort(&self, outbox: &Outbox, backoff: &mut Backoff) -> Result<(), PipelineError> {
         let mut abort_backoff = backoff.fresh();
         loop {
-            match outbox.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT) {
+            match outbox.transport.abort_transaction(TRANSACTION_CALL_TIMEOUT) {
                 Ok(()) => return Ok(()),
                 Err(e) if is_fatal(&e) => return Err(self.failed(e)),
                 Err(e) => {
@@ -331,7 +349,7 @@ mod tests {
     use crate::shutdown::Shutdown;
     use rdkafka::config::ClientConfig;
     use rdkafka::consumer::CommitMode;
-    use rdkafka::producer::{BaseProducer, BaseRecord};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     use rdkafka::Message;
 
     /// A transactional call is tried again while it fails retriably (a call that timed
@@ -432,9 +450,7 @@ mod tests {
         committed
             .add_partition_offset("input", 0, Offset::Offset(3))
             .expect("partition");
-        consumer
-            .commit(&committed, CommitMode::Sync)
-            .expect("committed");
+        Consumer::commit(&consumer, &committed, CommitMode::Sync).expect("committed");
 
         let shutdown = Shutdown::new();
         let mut backoff = Backoff::new(&KafkaSettings::default(), &shutdown);

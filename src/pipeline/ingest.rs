@@ -78,7 +78,7 @@ pub fn run_ingest(
     let consumer: BaseConsumer = consumer_config(&settings, brokers, 0)
         .create_with_context(DefaultConsumerContext)
         .map_err(PipelineError::Client)?;
-    if let Commit::ExactlyOnce(transaction) = &commit {
+    if let Some(transaction) = commit.transaction() {
         if !transaction.init(&outbox, &mut Backoff::new(&settings, &shutdown))? {
             return Ok(IngestStats::default());
         }
@@ -275,8 +275,8 @@ impl IngestBatch<'_> {
         }
         let records = outbox.len();
         let mut backoff = Backoff::new(self.settings, shutdown);
-        match commit {
-            Commit::AtLeastOnce { .. } => {
+        match commit.transaction() {
+            None => {
                 outbox
                     .deliver(&mut backoff)
                     .map_err(|DeadlinePassed| PipelineError::deadline(&backoff, outbox.len()))?;
@@ -291,7 +291,7 @@ impl IngestBatch<'_> {
                     warn!(error = %e, "otlp ingest offset commit failed; the batch will be ingested again");
                 }
             }
-            Commit::ExactlyOnce(transaction) => {
+            Some(transaction) => {
                 if !transaction.commit(outbox, consumer, &self.offsets, &mut backoff)? {
                     warn!(records, "otlp ingest batch dropped: the group moved on; reading it again from the committed offsets");
                     outbox.clear();

@@ -36,6 +36,11 @@
 //! - `commit`: the delivery mode (`Commit`) and exactly_once's transactions;
 //! - `changelog`: the changelog's format and writer; `changelog::restore`, its reader;
 //! - `rebalance`: what happens when the group revokes or assigns partitions;
+//! - `bus`: the seams to the bus, as traits (`Input`: what the recipe asks of the
+//!   consumer; `Transport`: of the producer), with their Kafka implementations; `memory`
+//!   (tests only) implements them, and the changelog's `ChangelogSource`, in memory, so
+//!   that `recipe_tests` drives the recipe and a crash at each of its windows without a
+//!   broker;
 //! - `backoff`: the one shutdown-aware retry rhythm;
 //! - `ingest`: `[ingest.otlp]`, traces on the bus re-published as events (its own group).
 
@@ -54,17 +59,23 @@ use crate::kafka::{
 use crate::shutdown::Shutdown;
 use crate::store::{open_db_with_cache, StoreError};
 use crate::telemetry::Telemetry;
+use changelog::Restorer;
 
 mod align;
 mod backoff;
 mod batch;
+mod bus;
 mod changelog;
 mod commit;
 mod ingest;
+#[cfg(test)]
+mod memory;
 mod outbox;
 mod outputs;
 mod partition;
 mod rebalance;
+#[cfg(test)]
+mod recipe_tests;
 mod worker;
 
 use backoff::Backoff;
@@ -353,7 +364,7 @@ fn run_worker(
         db,
         outbox,
         commit,
-        brokers,
+        Restorer::new(&settings, brokers, &shutdown),
         &shutdown,
         telemetry,
     );
@@ -369,7 +380,7 @@ fn run_worker(
     };
     {
         let w = lock(&consumer.context().worker);
-        if let Commit::ExactlyOnce(transaction) = &w.commit {
+        if let Some(transaction) = w.commit.transaction() {
             if !transaction.init(&w.outbox, &mut Backoff::new(&settings, &shutdown))? {
                 return Ok(RunStats::default());
             }

@@ -13,14 +13,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientContext, Message};
+use rdkafka::Message;
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
 use super::backoff::{Backoff, DeadlinePassed};
+use super::bus::{KafkaTransport, Outgoing, Transport};
 use crate::kafka::settings::KafkaSettings;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
@@ -104,7 +104,7 @@ impl Record {
 
 /// The dead letter of a bad message: its key, payload and headers, and where it came
 /// from and why it was refused (`reason`: the bounded class; `message`: what and where).
-pub fn dead_letter(m: &BorrowedMessage<'_>, topic: &str, reason: &str, message: &str) -> Record {
+pub fn dead_letter(m: &impl Message, topic: &str, reason: &str, message: &str) -> Record {
     let source_headers = m
         .headers()
         .map(|h| {
@@ -144,30 +144,35 @@ pub struct DeliveryTracker {
     finding_latency: Option<prometheus::Histogram>,
 }
 
-impl ClientContext for DeliveryTracker {
-    fn error(&self, error: KafkaError, reason: &str) {
-        warn!(client = "producer", %error, reason, "kafka client error");
+impl DeliveryTracker {
+    /// The tracker of an outbox that writes to `settings`' topics.
+    pub fn of(settings: &KafkaSettings, telemetry: &Telemetry) -> DeliveryTracker {
+        DeliveryTracker {
+            changelog_topic: settings.changelog_topic.clone(),
+            finding_latency: Some(telemetry.metrics.produce_to_finding_latency.clone()),
+            ..DeliveryTracker::default()
+        }
     }
-}
 
-impl ProducerContext for DeliveryTracker {
-    /// The outbox's epoch, the record's index in it, and the Kafka timestamp of the
-    /// event behind it (findings).
-    type DeliveryOpaque = Box<(u64, usize, Option<i64>)>;
-    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
-        let (epoch, index, source_ms) = *opaque;
+    /// One record's delivery report: where it landed, or why it failed.
+    pub fn report(
+        &self,
+        result: Result<(&str, i32, i64), KafkaError>,
+        report: (u64, usize, Option<i64>),
+    ) {
+        let (epoch, index, source_ms) = report;
         if epoch != self.epoch.load(Ordering::Acquire) {
             return;
         }
-        if let (Ok(_), Some(source), Some(h)) = (result, source_ms, &self.finding_latency) {
+        if let (Ok(_), Some(source), Some(h)) = (&result, source_ms, &self.finding_latency) {
             h.observe((crate::feed::wall_ms() - source).max(0) as f64 / 1e3);
         }
         match result {
-            Err((e, _)) => lock(&self.failed).push((index, e.clone())),
-            Ok(m) if m.topic() == self.changelog_topic => {
+            Err(e) => lock(&self.failed).push((index, e)),
+            Ok((topic, partition, offset)) if topic == self.changelog_topic => {
                 let mut offsets = lock(&self.changelog_offsets);
-                let o = offsets.entry(m.partition()).or_insert(m.offset());
-                *o = (*o).max(m.offset());
+                let o = offsets.entry(partition).or_insert(offset);
+                *o = (*o).max(offset);
             }
             Ok(_) => {}
         }
@@ -184,7 +189,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Outbox {
     pub records: Vec<Record>,
     sent: usize,
-    pub producer: BaseProducer<DeliveryTracker>,
+    pub transport: Box<dyn Transport>,
     settings: KafkaSettings,
     telemetry: Arc<Telemetry>,
     /// Where [`Sink::Ingested`] records go.
@@ -200,20 +205,32 @@ impl Outbox {
         telemetry: Arc<Telemetry>,
         shutdown: &Shutdown,
     ) -> Result<Outbox, KafkaError> {
-        let producer = producer_config.create_with_context(DeliveryTracker {
-            changelog_topic: settings.changelog_topic.clone(),
-            finding_latency: Some(telemetry.metrics.produce_to_finding_latency.clone()),
-            ..DeliveryTracker::default()
-        })?;
-        Ok(Outbox {
+        let tracker = DeliveryTracker::of(settings, &telemetry);
+        let transport = KafkaTransport::new(producer_config, tracker)?;
+        Ok(Outbox::with_transport(
+            Box::new(transport),
+            settings,
+            telemetry,
+            shutdown,
+        ))
+    }
+
+    /// An outbox over any transport (the unit tests' in-memory bus).
+    pub fn with_transport(
+        transport: Box<dyn Transport>,
+        settings: &KafkaSettings,
+        telemetry: Arc<Telemetry>,
+        shutdown: &Shutdown,
+    ) -> Outbox {
+        Outbox {
             records: Vec::new(),
             sent: 0,
-            producer,
+            transport,
             settings: settings.clone(),
             telemetry,
             ingest_topic: String::new(),
             shutdown: shutdown.clone(),
-        })
+        }
     }
 
     /// This outbox publishes [`Sink::Ingested`] records to `topic`.
@@ -246,7 +263,7 @@ impl Outbox {
     pub fn clear(&mut self) {
         self.records.clear();
         self.sent = 0;
-        let tracker = self.producer.context();
+        let tracker = self.transport.tracker();
         tracker.epoch.fetch_add(1, Ordering::AcqRel);
         lock(&tracker.failed).clear();
     }
@@ -261,17 +278,17 @@ impl Outbox {
 
     /// The highest acknowledged changelog offset per partition since the last call.
     pub fn take_changelog_positions(&self) -> FxHashMap<i32, i64> {
-        std::mem::take(&mut *lock(&self.producer.context().changelog_offsets))
+        std::mem::take(&mut *lock(&self.transport.tracker().changelog_offsets))
     }
 
     /// Forgets acknowledged changelog offsets (a batch given up).
     pub fn forget_changelog_positions(&self) {
-        lock(&self.producer.context().changelog_offsets).clear();
+        lock(&self.transport.tracker().changelog_offsets).clear();
     }
 
     /// The first failure recorded since the last [`Outbox::take_failed`].
     pub fn first_failure(&self) -> Option<KafkaError> {
-        lock(&self.producer.context().failed)
+        lock(&self.transport.tracker().failed)
             .first()
             .map(|(_, e)| e.clone())
     }
@@ -279,38 +296,35 @@ impl Outbox {
     /// Hands the records at `indexes` to the producer (waiting while its queue is full);
     /// a record it refuses outright is recorded as failed, like a failed delivery.
     pub fn send(&mut self, indexes: &[usize]) {
-        let epoch = self.producer.context().epoch.load(Ordering::Acquire);
+        let epoch = self.transport.tracker().epoch.load(Ordering::Acquire);
         for &i in indexes {
             let r = &self.records[i];
-            let opaque = Box::new((epoch, i, r.source_ms));
-            let mut record = BaseRecord::with_opaque_to(self.topic_of(r.sink), opaque).key(&r.key);
-            // A changelog tombstone has no value at all (compaction drops the key).
-            if !(r.sink == Sink::Changelog && r.payload.is_empty()) {
-                record = record.payload(&r.payload);
-            }
-            if let Some(p) = r.partition {
-                record = record.partition(p);
-            }
-            if let Some(h) = r.headers() {
-                record = record.headers(h);
-            }
             loop {
-                match self.producer.send(record) {
+                let record = Outgoing {
+                    topic: self.topic_of(r.sink),
+                    partition: r.partition,
+                    key: &r.key,
+                    // A changelog tombstone has no value at all (compaction drops the key).
+                    payload: (!(r.sink == Sink::Changelog && r.payload.is_empty()))
+                        .then_some(r.payload.as_slice()),
+                    headers: r.headers(),
+                };
+                let report = Box::new((epoch, i, r.source_ms));
+                match self.transport.send(record, report) {
                     Ok(()) => break,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
                         // The queue drains as the broker acknowledges, or as its records
                         // expire (`message.timeout.ms`, minutes): past the shutdown
                         // deadline, the record fails instead, as the deadline says.
                         if Backoff::new(&self.settings, &self.shutdown).past_deadline() {
                             let full = KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull);
-                            lock(&self.producer.context().failed).push((i, full));
+                            lock(&self.transport.tracker().failed).push((i, full));
                             break;
                         }
-                        self.producer.poll(Duration::from_millis(5));
-                        record = back;
+                        self.transport.poll(Duration::from_millis(5));
                     }
-                    Err((e, _)) => {
-                        lock(&self.producer.context().failed).push((i, e));
+                    Err(e) => {
+                        lock(&self.transport.tracker().failed).push((i, e));
                         break;
                     }
                 }
@@ -320,8 +334,8 @@ impl Outbox {
 
     /// Waits until the producer has nothing in flight (or the deadline passed).
     pub fn await_acks(&self, backoff: &Backoff) -> Result<(), DeadlinePassed> {
-        while self.producer.in_flight_count() > 0 {
-            self.producer.poll(Duration::from_millis(1));
+        while self.transport.in_flight() > 0 {
+            self.transport.poll(Duration::from_millis(1));
             if backoff.past_deadline() {
                 return Err(DeadlinePassed);
             }
@@ -332,7 +346,7 @@ impl Outbox {
     /// Takes the failed deliveries; a dead letter the broker refused as too large is cut
     /// to its first bytes (with a header saying how long it was), so it is never lost.
     pub fn take_failed(&mut self) -> Vec<(usize, KafkaError)> {
-        let failed = std::mem::take(&mut *lock(&self.producer.context().failed));
+        let failed = std::mem::take(&mut *lock(&self.transport.tracker().failed));
         for (i, e) in &failed {
             let r = &mut self.records[*i];
             let too_large = matches!(
@@ -433,11 +447,8 @@ mod tests {
             outbox.send_all();
             let failed = outbox.take_failed();
             done.send(failed.len()).unwrap();
-            // Nothing may wait on the silent broker when the producer is dropped.
-            outbox
-                .producer
-                .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
-            outbox.clear();
+            // Dropping the producer would wait on the silent broker: the test ends without.
+            std::mem::forget(outbox);
         });
         let failed = finished
             .recv_timeout(Duration::from_secs(30))

@@ -2,7 +2,7 @@
 //! metrics, given its span (a child of the triggering message's trace), and turned into
 //! a record for its topic. Shadow findings are counted and logged, never published.
 
-use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::message::Headers;
 use rdkafka::Message;
 use tracing::{debug, info};
 
@@ -22,7 +22,7 @@ pub struct Source {
 
 impl Source {
     /// The source of outputs triggered by message `m` (Kafka timestamp `timestamp_ms`).
-    pub fn of(m: &BorrowedMessage<'_>, timestamp_ms: Option<i64>) -> Source {
+    pub fn of(m: &impl Message, timestamp_ms: Option<i64>) -> Source {
         Source {
             timestamp_ms,
             traceparent: traceparent_of(m),
@@ -31,7 +31,7 @@ impl Source {
 }
 
 /// A message's well-formed `traceparent` header, if it has one.
-fn traceparent_of(m: &BorrowedMessage<'_>) -> Option<TraceParent> {
+fn traceparent_of(m: &impl Message) -> Option<TraceParent> {
     let value = m
         .headers()?
         .iter()

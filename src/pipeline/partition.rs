@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::warn;
 
@@ -61,11 +60,7 @@ pub(super) struct Partition {
 impl Pending {
     /// A polled message of input `topic`, parsed: an event with its event time (the
     /// message's timestamp when the event has none), or a dead letter saying why not.
-    pub fn of(
-        m: &BorrowedMessage<'_>,
-        topic: Arc<str>,
-        limits: &ParseLimits,
-    ) -> (Option<i64>, Pending) {
+    pub fn of(m: &impl Message, topic: Arc<str>, limits: &ParseLimits) -> (Option<i64>, Pending) {
         let (partition, offset) = (m.partition(), m.offset());
         let payload = m.payload().unwrap_or_default();
         match parse_event(payload, limits) {

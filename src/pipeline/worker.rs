@@ -18,8 +18,6 @@ use std::time::{Duration, Instant};
 
 use crate::telemetry::metrics::Metrics;
 use prometheus::IntCounter;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
@@ -27,17 +25,16 @@ use tracing::{info, warn};
 use super::align::{Held, UNPOLLED_WAIT_MAX};
 use super::backoff::{Backoff, DeadlinePassed};
 use super::batch::Unacked;
+use super::bus::Input;
 use super::changelog::{BatchIds, Restorer};
-use super::commit::{seek_to_committed, Commit};
+use super::commit::Commit;
 use super::outbox::Outbox;
 use super::outputs::{self, Source};
 use super::partition::{Partition, Pending};
-use super::rebalance::RebalanceHandler;
 use super::{PipelineError, RunStats};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::kafka::settings::KafkaSettings;
-use crate::kafka::{cached_high_watermark, cached_watermarks};
 use crate::output::Output;
 use crate::shutdown::Shutdown;
 use crate::store::{SledStore, StateStore, StoreError};
@@ -88,13 +85,13 @@ impl Worker {
         db: sled::Db,
         outbox: Outbox,
         commit: Commit,
-        brokers: &str,
+        restorer: Restorer,
         shutdown: &Shutdown,
         telemetry: Arc<Telemetry>,
     ) -> Worker {
         let settings = &config.kafka;
         Worker {
-            restorer: Restorer::new(settings, brokers, shutdown),
+            restorer,
             inputs: settings
                 .input_topics
                 .iter()
@@ -239,7 +236,7 @@ impl Worker {
     /// Takes one polled message: parsed (an event, or a dead letter for a bad one), it
     /// goes through its partition's aligner and is applied as soon as the aligner
     /// releases it (at once with one input topic).
-    pub(super) fn handle(&mut self, m: &BorrowedMessage<'_>) -> Result<(), PipelineError> {
+    pub(super) fn handle(&mut self, m: &impl Message) -> Result<(), PipelineError> {
         let partition = m.partition();
         if !self.partitions.contains_key(&partition) {
             // Assignment callbacks always come first; this only guards against surprises.
@@ -299,7 +296,7 @@ impl Worker {
     /// at_least_once: hands the outputs found so far to the producer without waiting for
     /// the batch's end (exactly_once: they wait for its transaction).
     fn send_findings(&mut self) {
-        if matches!(self.commit, Commit::AtLeastOnce { .. }) && self.outbox.has_unsent() {
+        if self.commit.at_least_once() && self.outbox.has_unsent() {
             self.outbox.send_all();
         }
     }
@@ -414,12 +411,12 @@ impl Worker {
     /// the broker holds events of them that were not polled yet (by the client's cached
     /// watermarks and the consumer's position; no request). Only while some held event
     /// waits for another topic: otherwise the answer changes nothing.
-    pub(super) fn observe_unpolled(&mut self, consumer: &BaseConsumer<RebalanceHandler>) {
+    pub(super) fn observe_unpolled(&mut self, input: &dyn Input) {
         if self.inputs.len() < 2 || self.next_due().is_none() {
             return;
         }
         let now = Instant::now();
-        let positions = consumer.position().ok();
+        let positions = input.positions();
         let position = |topic: &str, partition: i32| {
             let entry = positions.as_ref()?.find_partition(topic, partition)?;
             match entry.offset() {
@@ -434,7 +431,7 @@ impl Worker {
                 }
                 // The client's cache, unless the broker's answer at the assignment is
                 // newer (the cache outlives a revoke).
-                let cached = cached_watermarks(consumer.client(), topic, partition);
+                let cached = input.cached_watermarks(topic, partition);
                 let at_assignment = p.high_at_assignment.get(index).copied().flatten();
                 let watermarks = match (cached, at_assignment) {
                     (Some((low, high)), Some(then)) => Some((low, high.max(then))),
@@ -468,15 +465,15 @@ impl Worker {
     /// Messages waiting on the broker behind what this worker applied, by the client's
     /// cached high watermarks (no request). Also sets the per-partition lag gauge, and
     /// marks the partitions that are behind (their idle clock waits).
-    pub(super) fn lag(&mut self, consumer: &BaseConsumer<RebalanceHandler>) -> i64 {
+    pub(super) fn lag(&mut self, input: &dyn Input) -> i64 {
         let mut lag = 0;
         // The consumer's position steps over transaction markers, which take offsets
         // and are never delivered; the applied offset does not.
-        let positions = consumer.position().ok();
+        let positions = input.positions();
         for (&partition, p) in &mut self.partitions {
             let mut waiting = false;
             for (topic, applied) in &p.applied {
-                if let Some(high) = cached_high_watermark(consumer.client(), topic, partition) {
+                if let Some((_, high)) = input.cached_watermarks(topic, partition) {
                     let behind = (high - applied - 1).max(0);
                     lag += behind;
                     self.telemetry
@@ -504,15 +501,12 @@ impl Worker {
     /// state of every partition goes (it is loaded again from sled and the changelog on
     /// the next event) and the consumer is moved back to the group's committed offsets,
     /// which are where the last committed transaction left them.
-    pub(super) fn rewind(
-        &mut self,
-        consumer: &BaseConsumer<RebalanceHandler>,
-    ) -> Result<(), PipelineError> {
+    pub(super) fn rewind(&mut self, input: &dyn Input) -> Result<(), PipelineError> {
         warn!(partitions = ?self.partitions.keys().collect::<Vec<_>>(), "consumer group moved on during the transaction; dropping the batch and reading it again");
         self.forget_batch();
         self.partitions.clear();
         let mut backoff = Backoff::new(self.settings(), &self.shutdown);
-        seek_to_committed(consumer, &self.revoking, &mut backoff)
+        input.seek_to_committed(&self.revoking, &mut backoff)
     }
 
     /// Puts everything stored so far on disk (a clean stop: the next start restores
@@ -582,7 +576,7 @@ impl Miskeyed {
 
     /// Counts (and logs, at the 1st, 2nd, 4th, 8th… of each kind) `m` when its key is
     /// not `session_id`.
-    fn check(&self, m: &BorrowedMessage<'_>, session_id: &str) {
+    fn check(&self, m: &impl Message, session_id: &str) {
         let (key, counter) = match m.key() {
             None => ("missing", &self.missing),
             Some(k) if k != session_id.as_bytes() => ("other", &self.other),

@@ -800,10 +800,16 @@ pub fn values(msgs: &[rdkafka::message::OwnedMessage]) -> Vec<serde_json::Value>
 
 /// The process's resident memory (kB), (0 when it cannot be read).
 pub fn rss_kb(pid: u32) -> u64 {
+    status_kb(pid, "VmRSS")
+}
+
+/// One `kB` field of `/proc/PID/status` (`VmRSS`, `RssAnon`, `RssFile`), 0 when it
+/// cannot be read.
+pub fn status_kb(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
         .unwrap_or(0)
 }

@@ -41,9 +41,10 @@
 //! JSON array of offsets, produced only after its records were acknowledged) are still
 //! read.
 
+mod reader;
 mod restore;
 
-pub use restore::{assemble, RecordParts, Restorer};
+pub use restore::{assemble, ChangelogSource, RecordParts, Restorer};
 
 use std::time::Duration;
 

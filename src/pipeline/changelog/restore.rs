@@ -1,23 +1,17 @@
-//! The changelog's reader: brings a partition's local state up to the changelog's end
+//! The changelog's restore: brings a partition's local state up to the changelog's end
 //! before the partition is consumed, applying whole batches only (the format and why
-//! one produce round is enough: the parent module's docs).
+//! one produce round is enough: the parent module's docs). Where the records come from
+//! is a [`ChangelogSource`]: Kafka (`reader`), or the unit tests' in-memory bus.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers};
-use rdkafka::{Message, Offset, TopicPartitionList};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
-use super::{
-    BatchIds, CommitValue, CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_POSITION,
-    CHANGELOG_STATE_FORMAT,
-};
+use super::reader::KafkaChangelog;
+use super::{BatchIds, CommitValue, CHANGELOG_POSITION};
 use crate::kafka::settings::{Delivery, KafkaSettings};
-use crate::pipeline::backoff::Backoff;
 use crate::pipeline::PipelineError;
 use crate::shutdown::Shutdown;
 use crate::store::{SledStore, StateStore, StoreBatch, StoreError, STATE_FORMAT};
@@ -29,23 +23,58 @@ pub struct Restored {
     pub took: Duration,
 }
 
+/// Where a restore reads the changelog from: Kafka ([`KafkaChangelog`]), or the unit
+/// tests' in-memory bus.
+pub trait ChangelogSource: Send {
+    /// The changelog partition's (low, high) watermarks; `None` when shutdown came first.
+    fn extent(&mut self, partition: i32) -> Result<Option<(i64, i64)>, PipelineError>;
+    /// The group's committed input offsets of `partition` (`topic/partition` → offset);
+    /// `None` when shutdown came first.
+    fn committed(
+        &mut self,
+        partition: i32,
+    ) -> Result<Option<FxHashMap<String, i64>>, PipelineError>;
+    /// Hands every changelog record of `partition` from `from` to the end, with its
+    /// offset, to `each`: up to `high`, the watermark read before, and on until the
+    /// reader reaches the end.
+    fn read(
+        &mut self,
+        partition: i32,
+        from: i64,
+        high: i64,
+        each: &mut dyn FnMut(i64, RecordParts<'_>) -> Result<(), PipelineError>,
+    ) -> Result<(), PipelineError>;
+    /// The high watermark of partition `partition` of each of `topics`, as the broker
+    /// answers now (`None` where it does not).
+    fn high_watermarks(&mut self, topics: &[Arc<str>], partition: i32) -> Vec<Option<i64>>;
+}
+
 /// Reads the changelog back into a partition's store.
 pub struct Restorer {
     settings: KafkaSettings,
-    brokers: String,
-    shutdown: Shutdown,
-    /// Made on first use.
-    reader: Option<BaseConsumer>,
+    source: Box<dyn ChangelogSource>,
 }
 
 impl Restorer {
+    /// A restorer reading the changelog from the brokers.
     pub fn new(settings: &KafkaSettings, brokers: &str, shutdown: &Shutdown) -> Restorer {
+        Restorer::with_source(
+            settings,
+            Box::new(KafkaChangelog::new(settings, brokers, shutdown)),
+        )
+    }
+
+    pub fn with_source(settings: &KafkaSettings, source: Box<dyn ChangelogSource>) -> Restorer {
         Restorer {
             settings: settings.clone(),
-            brokers: brokers.to_string(),
-            shutdown: shutdown.clone(),
-            reader: None,
+            source,
         }
+    }
+
+    /// The high watermark of partition `partition` of each of `topics`, as the broker
+    /// answers now (`None` where it does not within 5 s: one try, no retry).
+    pub fn high_watermarks(&mut self, topics: &[Arc<str>], partition: i32) -> Vec<Option<i64>> {
+        self.source.high_watermarks(topics, partition)
     }
 
     /// Brings a partition's local state up to the changelog's end: from the beginning
@@ -61,10 +90,10 @@ impl Restorer {
         db: &sled::Db,
     ) -> Result<Restored, PipelineError> {
         let shut_down = || PipelineError::RestoreInterrupted { partition };
-        let (low, high) = self.extent(partition)?.ok_or_else(shut_down)?;
+        let (low, high) = self.source.extent(partition)?.ok_or_else(shut_down)?;
         let committed = match self.settings.delivery {
             Delivery::AtLeastOnce => None,
-            Delivery::ExactlyOnce => Some(self.committed(partition)?.ok_or_else(shut_down)?),
+            Delivery::ExactlyOnce => Some(self.source.committed(partition)?.ok_or_else(shut_down)?),
         };
         let local = store.offset(CHANGELOG_POSITION)?;
         let from = local.map_or(low, |l| (l + 1).max(low));
@@ -97,7 +126,10 @@ impl Restorer {
             applied_offsets,
             ..Assembler::default()
         };
-        self.read(partition, from, high, |m| batches.add(Entry::of(m), store))?;
+        self.source
+            .read(partition, from, high, &mut |offset, parts| {
+                batches.add(Entry::from_parts(offset, parts), store)
+            })?;
         db.flush().map_err(StoreError::Io)?;
         info!(
             partition,
@@ -122,160 +154,6 @@ impl Restorer {
             session_records: batches.session_records,
             took: started.elapsed(),
         })
-    }
-
-    fn reader(&mut self) -> Result<&BaseConsumer, PipelineError> {
-        if self.reader.is_none() {
-            // The group's id, so that it can read the group's committed offsets; it only
-            // ever assigns partitions itself, so it never joins the group or commits.
-            let reader = crate::kafka::client_config(&self.settings, &self.brokers)
-                .set("group.id", &self.settings.group_id)
-                .set("enable.auto.commit", "false")
-                .set("enable.auto.offset.store", "false")
-                .set("isolation.level", "read_committed")
-                // Says at once when the read reaches the end (see `read`).
-                .set("enable.partition.eof", "true")
-                // Fetched records wait in a queue of at most 2 MiB (librdkafka's default
-                // is 64 MiB): a restore applies them slower than they arrive, and each
-                // restore's queue would otherwise stay in the process's heap (10 MB after
-                // the first restore of the hour-long soak, issue 28).
-                .set("queued.max.messages.kbytes", "2048")
-                .create()
-                .map_err(PipelineError::Client)?;
-            self.reader = Some(reader);
-        }
-        Ok(self.reader.as_ref().expect("made above"))
-    }
-
-    /// The high watermark of partition `partition` of each of `topics`, as the broker
-    /// answers now (`None` where it does not within 5 s: one try, no retry).
-    pub fn high_watermarks(&mut self, topics: &[Arc<str>], partition: i32) -> Vec<Option<i64>> {
-        let Ok(reader) = self.reader() else {
-            return vec![None; topics.len()];
-        };
-        topics
-            .iter()
-            .map(|topic| {
-                reader
-                    .fetch_watermarks(topic, partition, Duration::from_secs(5))
-                    .map_err(|e| warn!(topic = %topic, partition, error = %e, "cannot read an input topic's high watermark at the assignment; its first fetch is waited for instead"))
-                    .ok()
-                    .map(|(_, high)| high)
-            })
-            .collect()
-    }
-
-    /// The changelog partition's (low, high) watermarks; `None` when shutdown came first.
-    fn extent(&mut self, partition: i32) -> Result<Option<(i64, i64)>, PipelineError> {
-        let topic = self.settings.changelog_topic.clone();
-        let mut backoff = Backoff::new(&self.settings, &self.shutdown);
-        let reader = self.reader()?;
-        loop {
-            match reader.fetch_watermarks(&topic, partition, Duration::from_secs(10)) {
-                Ok(w) => return Ok(Some(w)),
-                Err(e) => {
-                    warn!(topic = %topic, partition, error = %e, what = "read the changelog's extent", "changelog restore step failed; retrying");
-                    if backoff.sleep() {
-                        return Ok(None);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The group's committed input offsets of `partition` (`topic/partition` → offset);
-    /// `None` when shutdown came first.
-    fn committed(
-        &mut self,
-        partition: i32,
-    ) -> Result<Option<FxHashMap<String, i64>>, PipelineError> {
-        let mut backoff = Backoff::new(&self.settings, &self.shutdown);
-        let mut tpl = TopicPartitionList::new();
-        for t in &self.settings.input_topics {
-            tpl.add_partition(t, partition);
-        }
-        let reader = self.reader()?;
-        loop {
-            match reader.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
-                Ok(tpl) => {
-                    return Ok(Some(
-                        tpl.elements()
-                            .iter()
-                            .filter_map(|e| match e.offset() {
-                                Offset::Offset(o) => {
-                                    Some((format!("{}/{partition}", e.topic()), o))
-                                }
-                                _ => None,
-                            })
-                            .collect(),
-                    ))
-                }
-                Err(e) => {
-                    warn!(partition, error = %e, what = "read the group's committed offsets", "changelog restore step failed; retrying");
-                    if backoff.sleep() {
-                        return Ok(None);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Hands every changelog record of `partition` from `from` to the end to `each`: up
-    /// to `high`, the watermark read before, and on until the reader reaches the end.
-    /// The watermark alone is not enough: a broker may report it short of the last
-    /// produce batch (Tansu reports the last batch's first offset + 1), which would cut
-    /// off the batch's commit record.
-    fn read(
-        &mut self,
-        partition: i32,
-        from: i64,
-        high: i64,
-        mut each: impl FnMut(&BorrowedMessage<'_>) -> Result<(), PipelineError>,
-    ) -> Result<(), PipelineError> {
-        let topic = self.settings.changelog_topic.clone();
-        let shutdown = self.shutdown.clone();
-        let reader = self.reader()?;
-        let mut tpl = TopicPartitionList::new();
-        let _ = tpl.add_partition_offset(&topic, partition, Offset::Offset(from));
-        reader.assign(&tpl).map_err(PipelineError::Client)?;
-        let mut next = from;
-        let mut at_end = false;
-        while !(at_end && next >= high) {
-            match reader.poll(Duration::from_millis(500)) {
-                Some(Ok(m)) => {
-                    next = m.offset() + 1;
-                    at_end = false;
-                    each(&m)?;
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) | None => {
-                    if shutdown.is_triggered() {
-                        let _ = reader.unassign();
-                        return Err(PipelineError::RestoreInterrupted { partition });
-                    }
-                    // Nothing more to read right now (end of partition, or a poll that
-                    // timed out). Transaction markers take offsets but are never handed
-                    // out: the read position, not the last record, says how far it got.
-                    at_end = true;
-                    if let Ok(position) = reader.position() {
-                        if let Some(Offset::Offset(o)) = position
-                            .find_partition(&topic, partition)
-                            .map(|e| e.offset())
-                        {
-                            next = next.max(o);
-                        }
-                    }
-                }
-                Some(Err(e)) => {
-                    if shutdown.is_triggered() {
-                        let _ = reader.unassign();
-                        return Err(PipelineError::RestoreInterrupted { partition });
-                    }
-                    warn!(partition, error = %e, "changelog read error; retrying");
-                }
-            }
-        }
-        let _ = reader.unassign();
-        Ok(())
     }
 }
 
@@ -326,23 +204,6 @@ struct Entry<'a> {
 }
 
 impl<'a> Entry<'a> {
-    fn of(m: &'a BorrowedMessage<'_>) -> Entry<'a> {
-        let header = |name: &str| {
-            m.headers()
-                .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-        };
-        Entry::from_parts(
-            m.offset(),
-            RecordParts {
-                kind: header(CHANGELOG_KIND),
-                batch: header(CHANGELOG_BATCH),
-                format: header(CHANGELOG_STATE_FORMAT),
-                key: m.key(),
-                payload: m.payload(),
-            },
-        )
-    }
-
     fn from_parts(offset: i64, parts: RecordParts<'a>) -> Entry<'a> {
         Entry {
             offset,
