@@ -12,8 +12,8 @@
 //! `SOAK_STATS_SECS` (librdkafka statistics every this many seconds from both members'
 //! consumers, logged as "Client stats": each partition's fetch state, offsets and
 //! queue). The members' logs, and the first member's memory map (`smaps`) after 5
-//! minutes and at the end, are kept under the bench's temporary directory, which
-//! it prints. `SOAK_FETCH_WAIT_MS` (both members' `fetch.wait.max.ms`; 500,
+//! minutes and at the end, are kept in a directory the bench prints (and does not
+//! remove). `SOAK_FETCH_WAIT_MS` (both members' `fetch.wait.max.ms`; 500,
 //! librdkafka's default, instead of loopwarden's 20: Tansu answers a fetch empty when
 //! finding its records takes longer than the fetch may wait, which its in-memory log
 //! does once it holds about 60,000 records a partition on a loaded machine, so that
@@ -300,6 +300,12 @@ fn main() {
         "readings": readings,
     });
     println!("{report}");
+    // The members' logs and the memory maps outlive the run, for reading afterwards.
+    let kept = fx.dir.keep();
+    eprintln!(
+        "soak: members' logs and memory maps kept in {}",
+        kept.display()
+    );
     let mut missed = Vec::new();
     if outcome.is_err() {
         missed.push("terminations differ from replay's".to_string());

@@ -35,7 +35,8 @@
 //! - `outbox`: records, their topics, dead letters, delivery until acknowledged;
 //! - `commit`: the delivery mode (`Commit`) and exactly_once's transactions;
 //! - `changelog`: the changelog's format and writer; `changelog::restore`, its reader;
-//! - `rebalance`: what happens when the group revokes or assigns partitions;
+//! - `rebalance`: what happens when the group revokes or assigns partitions (parked by
+//!   the consumer's context, served by the poll loop's worker, then acknowledged);
 //! - `bus`: the seams to the bus, as traits (`Input`: what the recipe asks of the
 //!   consumer; `Transport`: of the producer), with their Kafka implementations; `memory`
 //!   (tests only) implements them, and the changelog's `ChangelogSource`, in memory, so
@@ -85,7 +86,7 @@ pub use changelog::{assemble as assemble_changelog, RecordParts as ChangelogReco
 pub use changelog::{changelog_compaction_lag, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use commit::Commit;
 pub use ingest::{run_ingest, IngestStats};
-use outbox::{lock, Outbox};
+use outbox::Outbox;
 pub use outbox::{
     DLQ_MESSAGE, DLQ_REASON, DLQ_SOURCE_OFFSET, DLQ_SOURCE_PARTITION, DLQ_SOURCE_TOPIC,
     DLQ_TRUNCATED_FROM,
@@ -359,7 +360,7 @@ fn run_worker(
     }
     let outbox = Outbox::new(&producer_config, &settings, telemetry.clone(), &shutdown)
         .map_err(PipelineError::Client)?;
-    let worker = Worker::new(
+    let mut worker = Worker::new(
         config.clone(),
         db,
         outbox,
@@ -369,7 +370,7 @@ fn run_worker(
         telemetry,
     );
     let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)
-        .create_with_context(RebalanceHandler::new(worker))
+        .create_with_context(RebalanceHandler::default())
         .map_err(PipelineError::Client)?;
     let session_gap = Duration::from_millis(config.engine.session_gap_ms.max(0) as u64);
     let compaction_lag = changelog_compaction_lag(session_gap, settings.idle_after);
@@ -378,12 +379,9 @@ fn run_worker(
     else {
         return Ok(RunStats::default());
     };
-    {
-        let w = lock(&consumer.context().worker);
-        if let Some(transaction) = w.commit.transaction() {
-            if !transaction.init(&w.outbox, &mut Backoff::new(&settings, &shutdown))? {
-                return Ok(RunStats::default());
-            }
+    if let Some(transaction) = worker.commit.transaction() {
+        if !transaction.init(&worker.outbox, &mut Backoff::new(&settings, &shutdown))? {
+            return Ok(RunStats::default());
         }
     }
     let inputs: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
@@ -395,8 +393,8 @@ fn run_worker(
         })?;
     info!(brokers, group = %settings.group_id, topics = ?inputs, partitions, worker = index, state = %config.state_path.display(), "consuming");
 
-    let result = consume(&consumer, &settings, &shutdown);
-    let mut w = lock(&consumer.context().worker);
+    let w = &mut worker;
+    let result = consume(&consumer, w, &settings, &shutdown);
     let result = result
         .and_then(|()| w.finish_batch(&consumer, Finish::Settle))
         .and_then(|()| w.flush_store());
@@ -416,8 +414,9 @@ fn run_worker(
         shutdown.trigger();
     }
     let stats = w.stats;
-    drop(w);
-    // Leaving the group runs the revoke callback (an empty batch) before the drop returns.
+    // Leaving the group revokes everything: acknowledged without the worker, whose batch
+    // is settled (or abandoned) above.
+    rebalance::closing(&consumer);
     drop(consumer);
     match &result {
         Ok(()) => info!(worker = index, ?stats, "stopped"),
@@ -429,6 +428,7 @@ fn run_worker(
 /// The poll loop: batches of up to `max_batch_events`, closed after `max_batch_wait`.
 fn consume(
     consumer: &BaseConsumer<RebalanceHandler>,
+    w: &mut Worker,
     settings: &KafkaSettings,
     shutdown: &Shutdown,
 ) -> Result<(), PipelineError> {
@@ -438,8 +438,7 @@ fn consume(
     // events; once caught up, batches are short again (latency).
     let mut wait = settings.max_batch_wait;
     while !shutdown.is_triggered() {
-        let polled = poll_batch(consumer, settings, shutdown, wait)?;
-        let mut w = lock(&consumer.context().worker);
+        let polled = poll_batch(consumer, w, settings, shutdown, wait)?;
         if let Some(first_polled) = polled.started {
             w.telemetry
                 .metrics
@@ -451,9 +450,6 @@ fn consume(
         } else {
             settings.max_batch_wait
         };
-        if let Some(e) = w.fatal.take() {
-            return Err(e);
-        }
         w.tick_idle();
         w.finish_batch(consumer, Finish::Overlap)?;
     }
@@ -473,6 +469,7 @@ struct Polled {
 /// the first one, `max_batch_events` of them, a stop, or idle-clock work to finish.
 fn poll_batch(
     consumer: &BaseConsumer<RebalanceHandler>,
+    w: &mut Worker,
     settings: &KafkaSettings,
     shutdown: &Shutdown,
     wait: Duration,
@@ -490,18 +487,15 @@ fn poll_batch(
     loop {
         let now = Instant::now();
         if polled.started.is_some() && now.duration_since(swept) >= sweep_every {
-            let mut w = lock(&consumer.context().worker);
             w.observe_unpolled(consumer);
             w.release_due();
             swept = now;
         }
         let timeout = match polled.started {
             // Idle: wake up for a held event whose wait for another topic ends.
-            None => lock(&consumer.context().worker)
-                .next_due()
-                .map_or(idle_poll, |due| {
-                    due.saturating_duration_since(now).min(idle_poll)
-                }),
+            None => w.next_due().map_or(idle_poll, |due| {
+                due.saturating_duration_since(now).min(idle_poll)
+            }),
             // At most `sweep_every` at a time: a stop and due events are seen within it,
             // however long the batch may wait.
             Some(t) => match wait.checked_sub(now.duration_since(t)) {
@@ -512,9 +506,13 @@ fn poll_batch(
                 }
             },
         };
-        match consumer.poll(timeout) {
+        let message = consumer.poll(timeout);
+        // A rebalance librdkafka handed over inside the poll (which then returns
+        // nothing): the worker's, before anything else.
+        rebalance::serve(consumer, w)?;
+        match message {
             Some(Ok(m)) => {
-                lock(&consumer.context().worker).handle(&m)?;
+                w.handle(&m)?;
                 polled.messages += 1;
                 polled.started.get_or_insert_with(Instant::now);
                 if polled.messages >= settings.max_batch_events {
@@ -532,10 +530,6 @@ fn poll_batch(
             None => {
                 if shutdown.is_triggered() {
                     return Ok(polled);
-                }
-                let mut w = lock(&consumer.context().worker);
-                if let Some(e) = w.fatal.take() {
-                    return Err(e);
                 }
                 // Keeps the lag gauge current while the input is idle, and tells an idle
                 // partition from one whose events wait on the broker.

@@ -52,8 +52,6 @@ pub struct Worker {
     pub(super) inputs: Vec<Arc<str>>,
     pub(super) shutdown: Shutdown,
     pub(super) stats: RunStats,
-    /// A fatal error raised inside a rebalance callback, for the poll loop to return.
-    pub(super) fatal: Option<PipelineError>,
     /// The partitions a revoke is taking away while their batch is finished.
     pub(super) revoking: Vec<i32>,
     pub(super) telemetry: Arc<Telemetry>,
@@ -104,7 +102,6 @@ impl Worker {
             partitions: BTreeMap::new(),
             shutdown: shutdown.clone(),
             stats: RunStats::default(),
-            fatal: None,
             revoking: Vec::new(),
             telemetry: telemetry.clone(),
             scratch: Vec::new(),
