@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use loopwarden::config::Config;
+use loopwarden::contract::event::{parse_event, parse_rfc3339_ms, Event, EventBody, ParseLimits};
+use loopwarden::contract::otlp::{attr, decode, Encoding, Mapper};
 use loopwarden::engine::{Engine, EventMeta};
-use loopwarden::event::{parse_event, parse_rfc3339_ms, Event, EventBody, ParseLimits};
-use loopwarden::otlp::{attr, decode, Encoding, Mapper};
-use loopwarden::simulate::{prose, Rng};
+use loopwarden::tools::simulate::{prose, Rng};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value::Value as Attr, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
@@ -32,7 +32,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The `i`-th event of session `sid` (JSON bytes), `looping` sessions repeat from step 6.
 fn event_json(rng: &mut Rng, sid: &str, step: u64, looping: bool, ts_ms: i64) -> Vec<u8> {
-    let ts = loopwarden::event::format_rfc3339_ms(ts_ms);
+    let ts = loopwarden::contract::event::format_rfc3339_ms(ts_ms);
     let v = if step % 5 == 0 || step % 5 == 3 {
         let len = 200 + rng.below(600) as usize;
         let text = prose(rng, len);

@@ -27,14 +27,15 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use loopwarden::bus::kafka::embedded::EmbeddedBroker;
+use loopwarden::bus::pipeline::run_observed;
 use loopwarden::config::Config;
-use loopwarden::event::parse_rfc3339_ms;
-use loopwarden::feed::{feed, wall_ms, FeedProducer, Routing, Target};
-use loopwarden::kafka::embedded::EmbeddedBroker;
-use loopwarden::pipeline::run_observed;
+use loopwarden::contract::event::parse_rfc3339_ms;
+use loopwarden::contract::event::wall_ms;
 use loopwarden::shutdown::Shutdown;
-use loopwarden::simulate::{Fleet, FleetSpec};
 use loopwarden::telemetry::{Spans, Telemetry};
+use loopwarden::tools::feed::{feed, FeedProducer, Routing, Target};
+use loopwarden::tools::simulate::{Fleet, FleetSpec};
 use rdkafka::consumer::Consumer;
 use rdkafka::{ClientConfig, Message};
 
@@ -66,7 +67,7 @@ fn run(
     config: Arc<Config>,
     brokers: &str,
     shutdown: Shutdown,
-) -> Result<loopwarden::pipeline::RunStats, loopwarden::pipeline::PipelineError> {
+) -> Result<loopwarden::bus::pipeline::RunStats, loopwarden::bus::pipeline::PipelineError> {
     run_with_telemetry(config, brokers, shutdown).0
 }
 
@@ -76,7 +77,7 @@ fn run_with_telemetry(
     brokers: &str,
     shutdown: Shutdown,
 ) -> (
-    Result<loopwarden::pipeline::RunStats, loopwarden::pipeline::PipelineError>,
+    Result<loopwarden::bus::pipeline::RunStats, loopwarden::bus::pipeline::PipelineError>,
     Arc<Telemetry>,
 ) {
     let mut telemetry = Telemetry::new();

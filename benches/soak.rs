@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use loopwarden::simulate::{Fleet, FleetSpec};
+use loopwarden::tools::simulate::{Fleet, FleetSpec};
 
 fn knob(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -57,6 +57,9 @@ struct Reading {
     /// run).
     rss_anon_kb: u64,
     rss_file_kb: u64,
+    /// The most RSS the process has had so far (`VmHWM`): a transient peak between two
+    /// readings shows here.
+    rss_peak_kb: u64,
     /// CPU the broker used since the last reading: a stall with the broker busy is the
     /// broker's, one with the broker idle is the clients'.
     broker_cpu_ms: u64,
@@ -237,6 +240,7 @@ fn main() {
                 rss_kb: rss_kb(first.child.id()),
                 rss_anon_kb: status_kb(first.child.id(), "RssAnon"),
                 rss_file_kb: status_kb(first.child.id(), "RssFile"),
+                rss_peak_kb: status_kb(first.child.id(), "VmHWM"),
                 broker_cpu_ms: cpu_ms(broker.pid) - broker_cpu,
                 second_member: second.is_some(),
             };

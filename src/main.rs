@@ -13,8 +13,14 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// mimalloc rather than the system allocator: replay and the pipeline are faster with
 /// it, and scale better over threads (docs/DEVELOPMENT.md, "Performance").
+#[cfg(not(feature = "heap-stats"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The diagnostic build: mimalloc, counting the live heap (`cli::heap`).
+#[cfg(feature = "heap-stats")]
+#[global_allocator]
+static GLOBAL: cli::heap::Counting = cli::heap::Counting;
 
 /// loopwarden stops runaway AI agents: it reads agent events (LLM calls and tool calls),
 /// detects loops and runaways per session, and emits warnings, terminations and summaries.

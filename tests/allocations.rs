@@ -7,9 +7,9 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use loopwarden::config::Config;
+use loopwarden::contract::event::{parse_event, ParseLimits};
 use loopwarden::engine::{Engine, EventMeta};
-use loopwarden::event::{parse_event, ParseLimits};
-use loopwarden::simulate::{prose, Rng};
+use loopwarden::tools::simulate::{prose, Rng};
 
 struct Counting;
 
@@ -56,7 +56,7 @@ fn fleet(sessions: u64, steps: u64) -> Vec<String> {
         for s in 0..sessions {
             let sid = format!("s{s:04}");
             let ms = 1_800_000_000_000 + (step * sessions + s) as i64 * 10;
-            let ts = loopwarden::event::format_rfc3339_ms(ms);
+            let ts = loopwarden::contract::event::format_rfc3339_ms(ms);
             let v = if step % 2 == 0 {
                 serde_json::json!({"type": "cost.attributed", "session_id": sid, "event_id": format!("{sid}#{step}"), "timestamp": ts, "input_tokens": 1000, "output_tokens": 100, "tool_calls": 1, "text": prose(&mut rng, 400)})
             } else {

@@ -304,7 +304,8 @@ fn end_to_end(name: &str) {
 
 /// Seconds since the epoch of an RFC 3339 UTC time (`2026-11-27T01:02:03.456Z`).
 fn chrono_secs(t: &str) -> f64 {
-    let ms = loopwarden::event::parse_rfc3339_ms(t).unwrap_or_else(|| panic!("a time: {t}"));
+    let ms =
+        loopwarden::contract::event::parse_rfc3339_ms(t).unwrap_or_else(|| panic!("a time: {t}"));
     ms as f64 / 1000.0
 }
 

@@ -1,5 +1,5 @@
 //! The fuzzers' corpus and every input that ever crashed one, replayed through the same
-//! entry points (`loopwarden::fuzz`) on every test run: what coverage-guided fuzzing
+//! entry points (`loopwarden::tools::fuzz`) on every test run: what coverage-guided fuzzing
 //! found stays found. `fuzz/corpus/<target>/` holds the minimised corpus
 //! (`scripts/fuzz` grows and minimises it), `fuzz/regressions/<target>/` the crashes,
 //! kept after their fix.
@@ -10,11 +10,11 @@ use std::path::Path;
 type Target = (&'static str, fn(&[u8]));
 
 const TARGETS: [Target; 5] = [
-    ("event_json", loopwarden::fuzz::event_json),
-    ("otlp_proto", loopwarden::fuzz::otlp_proto),
-    ("otlp_json", loopwarden::fuzz::otlp_json),
-    ("config", loopwarden::fuzz::config),
-    ("changelog", loopwarden::fuzz::changelog),
+    ("event_json", loopwarden::tools::fuzz::event_json),
+    ("otlp_proto", loopwarden::tools::fuzz::otlp_proto),
+    ("otlp_json", loopwarden::tools::fuzz::otlp_json),
+    ("config", loopwarden::tools::fuzz::config),
+    ("changelog", loopwarden::tools::fuzz::changelog),
 ];
 
 /// The files under `fuzz/<kind>/<target>/`, sorted (none when the folder is missing).

@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use loopwarden::otlp::{attr, decode, Encoding, Mapper};
+use loopwarden::contract::otlp::{attr, decode, Encoding, Mapper};
 use rdkafka::Message;
 
 fn manifest() -> &'static Path {
@@ -254,11 +254,11 @@ fn an_agent_traced_only_with_opentelemetry_is_terminated_through_a_collector_and
         );
         let dead = common::read_at_least(&brokers, &fx.topics.dlq, 1);
         assert_eq!(
-            common::header(&dead[0], loopwarden::pipeline::DLQ_REASON).as_deref(),
+            common::header(&dead[0], loopwarden::bus::pipeline::DLQ_REASON).as_deref(),
             Some("invalid_otlp")
         );
         assert_eq!(
-            common::header(&dead[0], loopwarden::pipeline::DLQ_SOURCE_TOPIC).as_deref(),
+            common::header(&dead[0], loopwarden::bus::pipeline::DLQ_SOURCE_TOPIC).as_deref(),
             Some(traces.as_str())
         );
         if delivery == "exactly_once" {

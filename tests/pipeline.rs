@@ -782,7 +782,7 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
     // A created the changelog compacted, out of the cleaner's reach while a batch of an
     // open session may still count.
     let settings = config_of(&cfg_a);
-    let lag = loopwarden::pipeline::changelog_compaction_lag(
+    let lag = loopwarden::bus::pipeline::changelog_compaction_lag(
         Duration::from_millis(settings.engine.session_gap_ms as u64),
         settings.kafka.idle_after,
     );

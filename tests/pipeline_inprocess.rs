@@ -18,11 +18,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::*;
+use loopwarden::bus::kafka::embedded::EmbeddedBroker;
+use loopwarden::bus::pipeline::{run, PipelineError, RunStats};
 use loopwarden::config::Config;
-use loopwarden::kafka::embedded::EmbeddedBroker;
-use loopwarden::pipeline::{run, PipelineError, RunStats};
+use loopwarden::engine::store::{open_db, SledStore, StateStore};
 use loopwarden::shutdown::Shutdown;
-use loopwarden::store::{open_db, SledStore, StateStore};
 use rdkafka::message::OwnedMessage;
 
 const PARTITIONS: i32 = 3;
@@ -489,7 +489,7 @@ fn the_otlp_ingest_republishes_by_session_and_dead_letters_what_the_engine_would
         let ingest = config.ingest.clone().expect("ingest on");
         let telemetry = Arc::new(loopwarden::telemetry::Telemetry::new());
         std::thread::spawn(move || {
-            loopwarden::pipeline::run_ingest(config, ingest, &brokers, shutdown, telemetry)
+            loopwarden::bus::pipeline::run_ingest(config, ingest, &brokers, shutdown, telemetry)
         })
     };
     let dead = cluster.read(&cluster.topics.dlq, 4);

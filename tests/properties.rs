@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use loopwarden::config::Config;
-use loopwarden::driver::Input;
+use loopwarden::contract::event::{parse_event, Event, ParseLimits};
+use loopwarden::contract::output::{ClosedBy, Output};
+use loopwarden::engine::state::STATE_BYTES_BOUND;
+use loopwarden::engine::store::{MemoryStore, SledStore, StateStore};
 use loopwarden::engine::{Engine, EventMeta};
-use loopwarden::event::{parse_event, Event, ParseLimits};
-use loopwarden::output::{ClosedBy, Output};
-use loopwarden::state::STATE_BYTES_BOUND;
-use loopwarden::store::{MemoryStore, SledStore, StateStore};
+use loopwarden::tools::driver::Input;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -90,7 +90,7 @@ fn timed(events: &[Value]) -> Vec<Event<'static>> {
             let mut e = e.clone();
             t += e["dt"].as_i64().unwrap() * 10;
             e["event_id"] = json!(format!("e{i}"));
-            e["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(t * 1000));
+            e["timestamp"] = json!(loopwarden::contract::event::format_rfc3339_ms(t * 1000));
             parse_event(e.to_string().as_bytes(), &ParseLimits::default())
                 .unwrap()
                 .into_owned()
@@ -161,7 +161,7 @@ fn session_on_its_clock(id: &str, events: &[Value], offset_days: i64) -> Vec<Eve
             t += e["dt"].as_i64().unwrap() % 150 * 10;
             e["session_id"] = json!(id);
             e["event_id"] = json!(format!("{id}-{i}"));
-            e["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(t * 1000));
+            e["timestamp"] = json!(loopwarden::contract::event::format_rfc3339_ms(t * 1000));
             parse_event(e.to_string().as_bytes(), &ParseLimits::default())
                 .unwrap()
                 .into_owned()
@@ -262,7 +262,7 @@ proptest! {
                 _ => Some(t),
             };
             if let Some(ts) = ts {
-                e["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(ts * 1000));
+                e["timestamp"] = json!(loopwarden::contract::event::format_rfc3339_ms(ts * 1000));
             }
             let line = e.to_string();
             lines.push_str(&line);
@@ -283,13 +283,13 @@ proptest! {
             } else {
                 Input::Reader(&mut reader)
             };
-            loopwarden::replay::replay(
+            loopwarden::tools::replay::replay(
                 config(),
                 input,
                 &mut out,
                 &mut std::io::sink(),
-                loopwarden::replay::Format::Json,
-                loopwarden::replay::ReplayOptions { threads, strict: false, batch_bytes },
+                loopwarden::tools::replay::Format::Json,
+                loopwarden::tools::replay::ReplayOptions { threads, strict: false, batch_bytes },
             )
             .unwrap();
             out
@@ -343,7 +343,7 @@ fn adversarial_long_session_stays_under_the_bound() {
         v["run_id"] = json!("r".repeat(300));
         v["agent_id"] = json!("a".repeat(300));
         v["tenant"] = json!("t".repeat(300));
-        v["timestamp"] = json!(loopwarden::event::format_rfc3339_ms(
+        v["timestamp"] = json!(loopwarden::contract::event::format_rfc3339_ms(
             1_700_000_000_000 + i as i64 * 100
         ));
         let line = v.to_string();

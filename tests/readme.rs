@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use loopwarden::config::Config;
-use loopwarden::detectors::DetectorKind;
-use loopwarden::event::parse_event;
+use loopwarden::contract::event::parse_event;
+use loopwarden::engine::detectors::DetectorKind;
 
 fn read(file: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap()

@@ -25,11 +25,11 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use loopwarden::config::Config;
-use loopwarden::driver::Input;
-use loopwarden::feed::{feed, Target, FILE_CLOCK};
-use loopwarden::replay::{replay, Format, ReplayOptions};
 use loopwarden::shutdown::Shutdown;
-use loopwarden::simulate::{Fleet, FleetSpec};
+use loopwarden::tools::driver::Input;
+use loopwarden::tools::feed::{feed, Target, FILE_CLOCK};
+use loopwarden::tools::replay::{replay, Format, ReplayOptions};
+use loopwarden::tools::simulate::{Fleet, FleetSpec};
 
 const RECORD_ENV: &str = "LOOPWARDEN_RECORD_REPLAY";
 

@@ -5,7 +5,7 @@ use std::io::BufReader;
 use std::sync::Arc;
 
 use loopwarden::config::Config;
-use loopwarden::eval::run_corpus;
+use loopwarden::tools::eval::run_corpus;
 
 #[test]
 fn every_scenario_case_holds_with_the_defaults() {

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use loopwarden::config::Config;
-use loopwarden::detectors::DetectorKind;
+use loopwarden::contract::event::{parse_event, ParseLimits};
+use loopwarden::contract::output::{ClosedBy, Output};
+use loopwarden::engine::detectors::DetectorKind;
 use loopwarden::engine::{Engine, EventMeta};
-use loopwarden::event::{parse_event, ParseLimits};
-use loopwarden::output::{ClosedBy, Output};
 use serde_json::{json, Value};
 
 fn schema(name: &str) -> Value {
@@ -269,7 +269,7 @@ fn the_detector_schema_lists_every_detector_and_the_outputs_use_it() {
 }
 
 /// One warning the engine emits (three identical calls).
-fn sample_warning() -> loopwarden::output::FindingEvent {
+fn sample_warning() -> loopwarden::contract::output::FindingEvent {
     let mut engine = Engine::new(Arc::new(Config::default()));
     let mut outputs = Vec::new();
     for i in 0..3 {

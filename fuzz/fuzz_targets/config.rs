@@ -1,3 +1,3 @@
 #![no_main]
-// See loopwarden::fuzz::config for the input and what is checked.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| loopwarden::fuzz::config(data));
+// See loopwarden::tools::fuzz::config for the input and what is checked.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| loopwarden::tools::fuzz::config(data));

@@ -1,3 +1,3 @@
 #![no_main]
-// See loopwarden::fuzz::event_json for the input and what is checked.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| loopwarden::fuzz::event_json(data));
+// See loopwarden::tools::fuzz::event_json for the input and what is checked.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| loopwarden::tools::fuzz::event_json(data));

@@ -1,3 +1,3 @@
 #![no_main]
-// See loopwarden::fuzz::otlp_json for the input and what is checked.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| loopwarden::fuzz::otlp_json(data));
+// See loopwarden::tools::fuzz::otlp_json for the input and what is checked.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| loopwarden::tools::fuzz::otlp_json(data));

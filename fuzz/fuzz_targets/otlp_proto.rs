@@ -1,3 +1,3 @@
 #![no_main]
-// See loopwarden::fuzz::otlp_proto for the input and what is checked.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| loopwarden::fuzz::otlp_proto(data));
+// See loopwarden::tools::fuzz::otlp_proto for the input and what is checked.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| loopwarden::tools::fuzz::otlp_proto(data));

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Args;
 
-use loopwarden::backtest::{backtest, Outcomes};
-use loopwarden::driver::input::open_input;
+use loopwarden::tools::backtest::{backtest, Outcomes};
+use loopwarden::tools::driver::input::open_input;
 
 use super::{load_config, FormatArg, InputOptions};
 

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use loopwarden::demo::{demo, DemoOptions};
 use loopwarden::shutdown::Shutdown;
-use loopwarden::simulate::FleetSpec;
+use loopwarden::tools::demo::{demo, DemoOptions};
+use loopwarden::tools::simulate::FleetSpec;
 
 use super::{load_config, on_signals, share};
 

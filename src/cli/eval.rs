@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use loopwarden::driver::input::open_input;
-use loopwarden::eval::run_corpus;
+use loopwarden::tools::driver::input::open_input;
+use loopwarden::tools::eval::run_corpus;
 
 use super::load_config;
 

@@ -8,6 +8,8 @@ pub mod check_config;
 pub mod demo;
 pub mod eval;
 pub mod healthcheck;
+#[cfg(feature = "heap-stats")]
+pub mod heap;
 pub mod replay;
 pub mod run;
 pub mod simulate;
@@ -19,8 +21,8 @@ use anyhow::Context as _;
 use clap::ValueEnum;
 
 use loopwarden::config::Config;
-use loopwarden::driver::input::{open_events, Events, InputFormat};
 use loopwarden::shutdown::Shutdown;
+use loopwarden::tools::driver::input::{open_events, Events, InputFormat};
 
 /// How `replay` and `backtest` print.
 #[derive(Copy, Clone, ValueEnum)]
@@ -140,12 +142,12 @@ pub fn config_env(
 pub fn threads_or_cores(threads: Option<usize>) -> anyhow::Result<usize> {
     match threads {
         Some(0) => anyhow::bail!("--threads must be at least 1"),
-        Some(n) if n > loopwarden::driver::MAX_THREADS => anyhow::bail!(
+        Some(n) if n > loopwarden::tools::driver::MAX_THREADS => anyhow::bail!(
             "--threads must be at most {} (it was {n})",
-            loopwarden::driver::MAX_THREADS
+            loopwarden::tools::driver::MAX_THREADS
         ),
         Some(n) => Ok(n),
-        None => Ok(loopwarden::driver::available_threads()),
+        None => Ok(loopwarden::tools::driver::available_threads()),
     }
 }
 
@@ -189,7 +191,7 @@ mod tests {
     #[test]
     fn threads_are_one_to_the_most_a_drive_takes() {
         assert_eq!(threads_or_cores(Some(3)).unwrap(), 3);
-        let max = loopwarden::driver::MAX_THREADS;
+        let max = loopwarden::tools::driver::MAX_THREADS;
         assert_eq!(threads_or_cores(Some(max)).unwrap(), max);
         for bad in [0, max + 1, 100_000] {
             assert!(threads_or_cores(Some(bad)).is_err(), "{bad}");

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use loopwarden::replay::{replay, Format, ReplayOptions};
+use loopwarden::tools::replay::{replay, Format, ReplayOptions};
 
 use super::{load_config, FormatArg, InputOptions};
 

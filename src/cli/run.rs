@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use clap::Args;
 
+use loopwarden::bus::kafka::embedded::EmbeddedBroker;
+use loopwarden::bus::pipeline;
 use loopwarden::config::Config;
-use loopwarden::kafka::embedded::EmbeddedBroker;
-use loopwarden::pipeline;
 use loopwarden::shutdown::Shutdown;
 use loopwarden::telemetry::{http, Metrics, Spans, Telemetry};
 
@@ -25,6 +25,8 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     without_transparent_huge_pages();
+    #[cfg(feature = "heap-stats")]
+    super::heap::log_every_30_secs();
     let config = load_config(args.config.as_deref())?;
     let shutdown = Shutdown::new();
     on_signals(shutdown.clone())?;

@@ -8,11 +8,13 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Args;
 
+use loopwarden::bus::kafka;
 use loopwarden::config::Config;
-use loopwarden::feed::{feed, write_truth, FeedProducer, FeedReport, Routing, Target, FILE_CLOCK};
-use loopwarden::kafka;
 use loopwarden::shutdown::Shutdown;
-use loopwarden::simulate::{Fleet, FleetSpec};
+use loopwarden::tools::feed::{
+    feed, write_truth, FeedProducer, FeedReport, Routing, Target, FILE_CLOCK,
+};
+use loopwarden::tools::simulate::{Fleet, FleetSpec};
 
 use super::{load_config, on_signals, share};
 

@@ -20,11 +20,11 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 
-use crate::event::ParseLimits;
-use crate::fingerprint::FingerprintSpec;
-use crate::ingest::{OtlpIngest, RawIngest};
-use crate::kafka::settings::{KafkaSettings, RawKafka};
-use crate::policy::Policy;
+use crate::bus::ingest::{OtlpIngest, RawIngest};
+use crate::bus::kafka::settings::{KafkaSettings, RawKafka};
+use crate::contract::event::ParseLimits;
+use crate::engine::fingerprint::FingerprintSpec;
+use crate::engine::policy::Policy;
 
 pub use policy::Override;
 pub use sections::{EngineSettings, TelemetrySettings, ToolClasses, ToolClassifier};
@@ -326,7 +326,7 @@ fn bus(
     let raw_ingest: RawIngest = raw::section(table, "ingest", errors);
     let mut kafka_errors = Vec::new();
     let kafka = KafkaSettings::validate(raw_kafka, &mut kafka_errors);
-    let otlp_session_attribute = crate::ingest::session_attribute(&raw_ingest);
+    let otlp_session_attribute = crate::bus::ingest::session_attribute(&raw_ingest);
     let spans_topic = telemetry.spans_topic.as_str();
     let ingest = OtlpIngest::validate(
         raw_ingest,

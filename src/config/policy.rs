@@ -11,9 +11,9 @@ use toml::Value as V;
 
 use super::raw::{decode, section};
 use super::Errors;
-use crate::detectors::settings::Threshold;
-use crate::detectors::{Class, DetectorKind};
-use crate::policy::{Levels, Mode, Policy};
+use crate::engine::detectors::settings::Threshold;
+use crate::engine::detectors::{Class, DetectorKind};
+use crate::engine::policy::{Levels, Mode, Policy};
 
 /// One `[detectors.<name>]` table: the levels every detector takes, and the rest, which
 /// is the detector's own settings (read through its own type).

@@ -15,9 +15,9 @@ use super::{
     DEFAULT_STATE_CACHE_MIB, DEFAULT_STATE_PATH, DEFAULT_WRITE_GLOBS, MAX_SESSION_GAP_SECS,
     MAX_STATE_CACHE_MIB,
 };
-use crate::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
-use crate::fingerprint::{BuiltinPattern, FingerprintSpec};
-use crate::policy::DEFAULT_GRACE_STEPS;
+use crate::contract::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
+use crate::engine::fingerprint::{BuiltinPattern, FingerprintSpec};
+use crate::engine::policy::DEFAULT_GRACE_STEPS;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -179,10 +179,10 @@ impl TelemetrySettings {
         let spans_topic = raw
             .spans_topic
             .unwrap_or_else(|| DEFAULT_SPANS_TOPIC.to_string());
-        if !crate::kafka::settings::valid_topic(&spans_topic) {
+        if !crate::bus::kafka::settings::valid_topic(&spans_topic) {
             errors.push(
                 "telemetry.spans_topic",
-                crate::kafka::settings::invalid_topic(&spans_topic),
+                crate::bus::kafka::settings::invalid_topic(&spans_topic),
             );
         }
         TelemetrySettings {

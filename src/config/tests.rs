@@ -2,8 +2,8 @@
 //! effective TOML.
 
 use super::*;
-use crate::detectors::DetectorKind;
-use crate::policy::Mode;
+use crate::engine::detectors::DetectorKind;
+use crate::engine::policy::Mode;
 
 fn cfg(text: &str) -> Result<Config, ConfigError> {
     Config::from_toml_str(text, "test.toml", std::iter::empty())

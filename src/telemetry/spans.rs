@@ -34,11 +34,11 @@ use opentelemetry_sdk::Resource;
 use prometheus::IntCounter;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 
+use crate::bus::kafka::settings::KafkaSettings;
 use crate::config::TelemetrySettings;
-use crate::event::parse_rfc3339_ms;
-use crate::kafka::settings::KafkaSettings;
-use crate::output::{FindingEvent, SummaryEvent};
-use crate::policy::Level;
+use crate::contract::event::parse_rfc3339_ms;
+use crate::contract::output::{FindingEvent, SummaryEvent};
+use crate::engine::policy::Level;
 
 /// The W3C trace-context header, read from input messages and written on outputs.
 pub const TRACEPARENT: &str = "traceparent";
@@ -236,7 +236,7 @@ impl Spans {
             tracing::info!(endpoint = %endpoint, protocol = %protocol, "exporting spans over OTLP");
         }
         if settings.spans_to_kafka {
-            let producer: BaseProducer = crate::kafka::client_config(kafka, brokers)
+            let producer: BaseProducer = crate::bus::kafka::client_config(kafka, brokers)
                 .set("linger.ms", "50")
                 .set("compression.type", "lz4")
                 .create()

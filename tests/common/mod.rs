@@ -10,9 +10,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use loopwarden::config::Config;
+use loopwarden::contract::event::parse_event;
+use loopwarden::contract::output::ClosedBy;
 use loopwarden::engine::{Engine, EventMeta};
-use loopwarden::event::parse_event;
-use loopwarden::output::ClosedBy;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -573,8 +573,8 @@ pub fn fleet(
     sessions: u64,
     loop_share: f64,
     seed: u64,
-) -> (Vec<Vec<u8>>, Vec<loopwarden::simulate::Truth>) {
-    let mut f = loopwarden::simulate::Fleet::new(loopwarden::simulate::FleetSpec {
+) -> (Vec<Vec<u8>>, Vec<loopwarden::tools::simulate::Truth>) {
+    let mut f = loopwarden::tools::simulate::Fleet::new(loopwarden::tools::simulate::FleetSpec {
         sessions,
         concurrency: 40,
         loop_share,

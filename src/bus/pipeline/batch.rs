@@ -1,0 +1,298 @@
+//! A batch's end, as a recipe ([`Worker::finish_batch`]): at least once, acknowledge
+//! the batch before → apply what is left → take the changes → send them with the
+//! changelog → store and commit the batch before; exactly once, one transaction, then
+//! the store.
+//!
+//! Guarantees: a batch's input offsets are committed only after every record it sent is
+//! acknowledged and its state stored; nothing of a batch's changelog records is sent
+//! before the batch before it is acknowledged (so the changelog holds whole batches in
+//! order); exactly once, a batch's findings, changelog records and offsets are one
+//! transaction.
+
+use std::time::Instant;
+
+use rdkafka::consumer::CommitMode;
+use rdkafka::TopicPartitionList;
+use rustc_hash::FxHashMap;
+use tracing::{debug, error, warn};
+
+use super::backoff::{Backoff, DeadlinePassed};
+use super::bus::Input;
+use super::changelog::{self, CHANGELOG_POSITION};
+use super::commit::Transactional;
+use super::outbox::Outbox;
+use super::worker::{Unacked, Worker};
+use super::PipelineError;
+use crate::bus::kafka::settings::KafkaSettings;
+use crate::engine::store::{StateStore, StoreBatch, StoreError};
+use crate::shutdown::Shutdown;
+
+/// How far [`Worker::finish_batch`] takes a batch before it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The poll loop: at_least_once leaves the batch's records in flight while the next
+    /// batch is polled (stored and committed once acknowledged, at the next batch's end);
+    /// the offset commit does not wait for the broker.
+    Overlap,
+    /// A revoke or a stop: the batch acknowledged, stored and committed (waiting for the
+    /// commit) before it returns.
+    Settle,
+}
+
+/// An acknowledged batch and the changelog offsets its records reached.
+type Acked = (Unacked, FxHashMap<i32, i64>);
+
+impl Worker {
+    /// Takes every changed partition's changes (sessions + offsets, one batch each) and
+    /// the offsets to commit once they are stored.
+    fn take_changes(&mut self) -> (Vec<(i32, StoreBatch)>, TopicPartitionList) {
+        let mut batches = Vec::new();
+        let mut commit = TopicPartitionList::new();
+        for (&partition, p) in &mut self.partitions {
+            if let Some(batch) = p.take_changes(partition, &mut commit) {
+                batches.push((partition, batch));
+            }
+        }
+        (batches, commit)
+    }
+
+    /// Stores the batches (one atomic sled batch per partition) and flushes the database.
+    /// `positions`: the changelog offsets the batches' records reached.
+    fn store(
+        &mut self,
+        batches: Vec<(i32, StoreBatch)>,
+        positions: FxHashMap<i32, i64>,
+    ) -> Result<(), PipelineError> {
+        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
+        let stored_any = !batches.is_empty();
+        for (partition, mut batch) in batches {
+            if let Some(o) = positions.get(&partition) {
+                batch.offsets.push((CHANGELOG_POSITION.to_string(), *o));
+            }
+            let Some(p) = self.partitions.get_mut(&partition) else {
+                continue;
+            };
+            loop {
+                match p.store.commit(batch.clone()) {
+                    Ok(()) => break,
+                    Err(StoreError::Io(e)) => {
+                        error!(partition, error = %e, "state store write failed; retrying");
+                        if self.shutdown.is_triggered() {
+                            return Err(StoreError::Io(e).into());
+                        }
+                        backoff.sleep();
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        // Without the changelog, sled is the only record of the state: it reaches the disk
+        // before the offsets are committed. With it, the changelog and the group's offsets
+        // already hold the batch, so the fsync stays off the batch's path (sled flushes in
+        // the background): after a crash, the restore reads whatever sled missed from the
+        // changelog, from the last position sled holds.
+        if stored_any && !self.commit.changelog() {
+            self.db.flush().map_err(StoreError::Io)?;
+        }
+        Ok(())
+    }
+
+    /// Ends a batch, as a recipe. at_least_once: the batch before is acknowledged, then
+    /// its changelog commit records sent and acknowledged (none of this one's changelog
+    /// records is sent before, so the changelog holds whole batches in order; its
+    /// findings went out as they were found) → apply what is ready → take the changes →
+    /// send (findings not sent yet, changelog session records) → store and commit the
+    /// batch before. This batch's
+    /// acknowledgements are awaited at the next batch's end, while the next batch is
+    /// polled: that round trip is off the path of the next batch's findings; its commit
+    /// records' round trip is one more wait at that batch's end. With
+    /// [`Finish::Settle`] this batch is also acknowledged, stored and committed before
+    /// returning. exactly_once: apply → take the changes → one transaction (findings,
+    /// changelog, offsets) → store.
+    pub(super) fn finish_batch(
+        &mut self,
+        input: &dyn Input,
+        finish: Finish,
+    ) -> Result<(), PipelineError> {
+        let mode = match finish {
+            Finish::Overlap => CommitMode::Async,
+            Finish::Settle => CommitMode::Sync,
+        };
+        let previous = self.acknowledge()?;
+        self.apply_ready();
+        let (changes, offsets) = self.take_changes();
+        let polled = std::mem::take(&mut self.polled);
+        let telemetry = self.telemetry.clone();
+        let metrics = &telemetry.metrics;
+        metrics.observe_stage("apply", std::mem::take(&mut self.applying));
+        let this = Unacked {
+            changes,
+            offsets,
+            batch: self.batch_ids.next(),
+            polled,
+            sent: Instant::now(),
+        };
+        let transaction = match self.commit.transaction() {
+            None => None,
+            Some(transaction) => Some(transact(
+                transaction,
+                &mut self.outbox,
+                input,
+                &this,
+                &self.config.kafka,
+                &self.shutdown,
+            )?),
+        };
+        if transaction.is_some() {
+            let took = this.sent.elapsed().as_secs_f64();
+            self.telemetry.metrics.commit_duration.observe(took);
+        }
+        match transaction {
+            None => {
+                self.send(this);
+                if let Some(previous) = previous {
+                    self.store_and_commit(previous, input, mode)?;
+                }
+                if finish == Finish::Settle {
+                    if let Some(this) = self.acknowledge()? {
+                        self.store_and_commit(this, input, mode)?;
+                    }
+                }
+            }
+            Some(false) => {
+                // The group moved on: the batch is dropped and read again from the
+                // committed offsets, by the new owner or (partitions we keep) by us.
+                self.rewind(input)?;
+            }
+            Some(true) => {
+                metrics.observe_stage("deliver", this.sent.elapsed());
+                self.delivered(&this);
+                let positions = self.outbox.take_changelog_positions();
+                self.store_and_commit((this, positions), input, mode)?;
+            }
+        }
+        self.report_gauges();
+        Ok(())
+    }
+
+    /// at_least_once: waits until the broker has acknowledged the batch in flight
+    /// (sending failures again with backoff), then returns it with the changelog
+    /// positions it reached, ready to be stored.
+    fn acknowledge(&mut self) -> Result<Option<Acked>, PipelineError> {
+        let Some(unacked) = self.unacked.take() else {
+            return Ok(None);
+        };
+        let waited = Instant::now();
+        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
+        let deadline = |outbox: &Outbox, b: &Backoff| PipelineError::deadline(b, outbox.len());
+        self.outbox
+            .settle(&mut backoff)
+            .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
+        if self.commit.changelog_after_acks() && !unacked.changes.is_empty() {
+            // Everything the batch produced is on the broker, and its session records:
+            // now its commit records (see the changelog's module docs). Whatever of the
+            // next batch waits in the outbox goes with them: its findings may precede
+            // its store, and its changelog records are not queued yet.
+            changelog::queue_commits(
+                &mut self.outbox,
+                &unacked.changes,
+                unacked.batch,
+                &self.config.kafka.group_id,
+            );
+            self.outbox.send_all();
+            self.outbox
+                .settle(&mut backoff)
+                .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
+        }
+        self.telemetry
+            .metrics
+            .observe_stage("deliver", waited.elapsed());
+        self.delivered(&unacked);
+        let positions = self.outbox.take_changelog_positions();
+        Ok(Some((unacked, positions)))
+    }
+
+    /// Counts a batch's outputs as on the broker: how long they took (each finding's
+    /// produce → acknowledged latency is observed as its report arrives).
+    fn delivered(&self, batch: &Unacked) {
+        self.telemetry
+            .metrics
+            .delivery_duration
+            .observe(batch.sent.elapsed().as_secs_f64());
+    }
+
+    /// Stores an acknowledged batch (one atomic sled batch per partition), then commits
+    /// its input offsets (at_least_once; exactly_once committed them in the transaction).
+    fn store_and_commit(
+        &mut self,
+        (batch, positions): Acked,
+        input: &dyn Input,
+        mode: CommitMode,
+    ) -> Result<(), PipelineError> {
+        let telemetry = self.telemetry.clone();
+        let metrics = &telemetry.metrics;
+        let started = Instant::now();
+        let stored_any = !batch.changes.is_empty();
+        self.store(batch.changes, positions)?;
+        let stored = Instant::now();
+        if stored_any {
+            metrics.observe_stage("store", stored - started);
+            metrics
+                .flush_duration
+                .observe((stored - started).as_secs_f64());
+        }
+        let commit_offsets = self.commit.at_least_once() && batch.offsets.count() > 0;
+        if commit_offsets {
+            if let Err(e) = input.commit(&batch.offsets, mode) {
+                // sled holds the truth: a lost commit only means re-reading and skipping.
+                warn!(error = %e, "offset commit failed; the stored offsets still hold");
+            }
+            let took = stored.elapsed();
+            metrics.observe_stage("commit", took);
+            metrics.commit_duration.observe(took.as_secs_f64());
+        }
+        let done = Instant::now();
+        for polled in batch.polled {
+            metrics
+                .processing_latency
+                .observe((done - polled).as_secs_f64());
+        }
+        self.stats.batches += 1;
+        metrics.batches.inc();
+        debug!(
+            store_ms = (stored - started).as_secs_f64() * 1e3,
+            commit_ms = (done - stored).as_secs_f64() * 1e3,
+            "batch finished"
+        );
+        Ok(())
+    }
+
+    /// at_least_once: hands the batch's records (with its changelog records) to the
+    /// producer and keeps the batch until [`Worker::acknowledge`].
+    fn send(&mut self, batch: Unacked) {
+        if self.commit.changelog_after_acks() {
+            changelog::queue_sessions(&mut self.outbox, &batch.changes, batch.batch);
+        }
+        self.outbox.send_all();
+        if self.outbox.has_sent() || batch.offsets.count() > 0 || !batch.changes.is_empty() {
+            self.unacked = Some(batch);
+        }
+    }
+}
+
+/// exactly_once: the batch's records, its changelog records and its input offsets in one
+/// transaction; `false` when the group moved on (the batch must be dropped).
+fn transact(
+    transaction: &Transactional,
+    outbox: &mut Outbox,
+    input: &dyn Input,
+    batch: &Unacked,
+    settings: &KafkaSettings,
+    shutdown: &Shutdown,
+) -> Result<bool, PipelineError> {
+    let mut backoff = Backoff::new(settings, shutdown);
+    // The transaction makes the batch atomic; the commit records still mark where each
+    // batch ends, so one restore path serves both modes.
+    changelog::queue(outbox, &batch.changes, batch.batch, &settings.group_id);
+    transaction.commit(outbox, input, &batch.offsets, &mut backoff)
+}

@@ -1,0 +1,268 @@
+//! The changelog: every stored batch of a partition's session states, also written to
+//! the changelog topic (partition *p* holds input partition *p*), so that another
+//! instance, or this one on a fresh disk, can rebuild the state before consuming.
+//!
+//! Format: one `session` record per changed session (key: the session id; value: its
+//! state, with the state format in a header; no value when it closed), then one `commit`
+//! record (key `loopwarden/commit`; value: JSON with the consumer group that wrote it,
+//! the batch's input offsets and how many session records it has). Every record of a
+//! batch carries the batch's id in a header.
+//!
+//! A changelog belongs to one deployment (its consumer group): a restore that meets a
+//! commit record of another group stops with an error naming both groups, instead of
+//! taking that deployment's sessions for its own (two deployments left on the default
+//! changelog topic). Commit records that name no group (written before they did) are
+//! taken as the reader's own.
+//!
+//! The commit record is what makes a batch count: the restorer applies a batch only at a
+//! commit record that follows all of the batch's session records (by batch id and
+//! count). So no commit record may reach the broker before anything the batch's events
+//! produced: at_least_once sends the commit records only once the batch's session
+//! records and every output sent before them (findings, summaries, dead letters) are
+//! acknowledged ([`queue_commits`]). Otherwise a crash between a commit record's
+//! acknowledgement and a finding's could restore the batch, skip its events and lose
+//! the finding for good. exactly_once: one transaction holds outputs, records and commit
+//! records (a commit record sent again is applied at its first complete copy). A batch
+//! that never got a complete commit (its process died) is never applied: its records are
+//! dropped at the same writer's next complete commit, or left out at the end (its events
+//! were consumed again, into a later batch). Records of different writers may
+//! interleave (an owner that lost the partition while a batch was in flight, and the
+//! next owner): batches are told apart by id, never by position.
+//!
+//! Guarantees: the restorer applies whole batches only, each as one atomic store batch
+//! with the changelog position, so a restore interrupted anywhere resumes where it
+//! stopped, and a trailing incomplete batch is left out (its events are consumed again);
+//! a batch whose input offsets are behind those already applied is skipped (an owner
+//! that lost the partition while that batch was in flight wrote it; the next owner
+//! consumed its events again into later batches, which it must not turn back). Left as
+//! is: such a late batch with exactly the input offsets already applied (the next owner
+//! re-applied exactly its events and nothing more yet) is applied; it holds the state
+//! after the same events. Records of the earlier format (no batch id; the commit record a
+//! JSON array of offsets, produced only after its records were acknowledged) are still
+//! read.
+
+mod reader;
+mod restore;
+
+pub use restore::{assemble, Restorer};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+
+use super::outbox::{Outbox, Record, Sink};
+use super::PipelineError;
+use crate::engine::store::{StoreBatch, STATE_FORMAT};
+
+/// Header of changelog records: `session` or `commit` (see the module docs).
+pub const CHANGELOG_KIND: &str = "loopwarden.changelog";
+const CHANGELOG_COMMIT_KEY: &[u8] = b"loopwarden/commit";
+/// Header of changelog session records: the state format of their payload. Records of
+/// another format (or none: format 1) are skipped on restore; those sessions start anew.
+pub const CHANGELOG_STATE_FORMAT: &str = "loopwarden.state_format";
+/// Header of every record of a batch: the batch's id (decimal), unique per writer.
+pub const CHANGELOG_BATCH: &str = "loopwarden.changelog.batch";
+/// Store key of the last changelog offset the local state reflects.
+pub const CHANGELOG_POSITION: &str = "changelog/position";
+
+/// A commit record's value (fields a later version adds are passed over: an older
+/// version rolled back to still reads its commit records).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct CommitValue {
+    /// The consumer group of the deployment that wrote it (`None`: written before
+    /// records said so). A restore refuses another group's batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<String>,
+    batch: u64,
+    /// Session records of the batch on this partition.
+    records: usize,
+    offsets: Vec<(String, i64)>,
+}
+
+/// Ids for the batches one writer puts on the changelog: distinct across writers and
+/// restarts (the start time, the process id and the writer's number in the process seed
+/// them), counting up within one.
+pub struct BatchIds(u64);
+
+impl Default for BatchIds {
+    fn default() -> BatchIds {
+        BatchIds::new()
+    }
+}
+
+impl BatchIds {
+    pub fn new() -> BatchIds {
+        static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let seed = nanos ^ (u64::from(std::process::id()) << 32) ^ (writer << 56);
+        // The low 20 bits count batches; the seed is spread over the rest.
+        BatchIds(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) & !0xF_FFFF)
+    }
+
+    /// The writer a batch id belongs to (ids of one writer share all but the low 20
+    /// bits, which count its batches).
+    pub fn writer_of(batch: u64) -> u64 {
+        batch >> 20
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(1);
+        self.0
+    }
+}
+
+fn record(partition: i32, batch: u64, key: &[u8], payload: Vec<u8>, kind: &str) -> Record {
+    Record {
+        sink: Sink::Changelog,
+        partition: Some(partition),
+        key: key.to_vec(),
+        payload,
+        headers: vec![
+            (CHANGELOG_KIND, kind.as_bytes().to_vec()),
+            (CHANGELOG_BATCH, batch.to_string().into_bytes()),
+        ],
+        source_headers: Vec::new(),
+        source_ms: None,
+    }
+}
+
+/// Queues a batch's changelog records in the outbox, one set per changed partition: its
+/// session records, then its commit record (exactly_once: one transaction holds them).
+pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64, group: &str) {
+    queue_sessions(outbox, batches, batch);
+    queue_commits(outbox, batches, batch, group);
+}
+
+/// Queues a batch's session records only (at_least_once: its commit records follow once
+/// everything sent before them is acknowledged, [`queue_commits`]).
+pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
+    for (partition, changes) in batches {
+        for (id, state) in &changes.puts {
+            let mut r = record(*partition, batch, id.as_bytes(), state.clone(), "session");
+            r.headers.push((
+                CHANGELOG_STATE_FORMAT,
+                STATE_FORMAT.to_string().into_bytes(),
+            ));
+            outbox.push(r);
+        }
+        for id in &changes.deletes {
+            outbox.push(record(
+                *partition,
+                batch,
+                id.as_bytes(),
+                Vec::new(),
+                "session",
+            ));
+        }
+    }
+}
+
+/// Queues the commit records of the batch, one per changed partition, written by the
+/// consumer group `group`.
+pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64, group: &str) {
+    for (partition, changes) in batches {
+        // Distinct keys: what the restorer counts (a key may be written twice).
+        let mut keys: Vec<&str> = changes.puts.iter().map(|(k, _)| k.as_str()).collect();
+        keys.extend(changes.deletes.iter().map(String::as_str));
+        keys.sort_unstable();
+        keys.dedup();
+        let value = CommitValue {
+            group: Some(group.to_string()),
+            batch,
+            records: keys.len(),
+            offsets: changes.offsets.clone(),
+        };
+        let payload = serde_json::to_vec(&value).expect("plain data serialises");
+        outbox.push(record(
+            *partition,
+            batch,
+            CHANGELOG_COMMIT_KEY,
+            payload,
+            "commit",
+        ));
+    }
+}
+
+/// How long the changelog's records stay out of the log cleaner's reach
+/// (`min.compaction.lag.ms`). A batch counts on restore only at its commit record, and
+/// the commit records of a partition share one key, so compaction keeps the last one
+/// only: were a batch's commit record compacted away while its session records are
+/// still the latest of their sessions, a restore would leave those sessions out. While
+/// loopwarden keeps up with its input, a session open without a write for longer than
+/// its gap, plus the idle clock's longest wait (`idle_after` × [`super::BEHIND_WAITS`] for a
+/// partition whose events wait on the broker), is closed, and the close is a newer
+/// record; twice that, and at least an hour, keeps open sessions' batches whole. (An
+/// instance that takes a partition back after longer than the lag, or a consumer behind
+/// its input for that long, is not covered: see the README.)
+pub fn changelog_compaction_lag(session_gap: Duration, idle_after: Duration) -> Duration {
+    let longest_idle_wait = idle_after.saturating_mul(super::BEHIND_WAITS);
+    (session_gap.saturating_add(longest_idle_wait))
+        .saturating_mul(2)
+        .max(Duration::from_secs(3600))
+}
+
+/// Where a restore reads the changelog from: Kafka (`reader::KafkaChangelog`), or the unit
+/// tests' in-memory bus.
+pub trait ChangelogSource: Send {
+    /// The changelog partition's (low, high) watermarks; `None` when shutdown came first.
+    fn extent(&mut self, partition: i32) -> Result<Option<(i64, i64)>, PipelineError>;
+    /// The group's committed input offsets of `partition` (`topic/partition` → offset);
+    /// `None` when shutdown came first.
+    fn committed(
+        &mut self,
+        partition: i32,
+    ) -> Result<Option<FxHashMap<String, i64>>, PipelineError>;
+    /// Hands every changelog record of `partition` from `from` to the end, with its
+    /// offset, to `each`: up to `high`, the watermark read before, and on until the
+    /// reader reaches the end.
+    fn read(
+        &mut self,
+        partition: i32,
+        from: i64,
+        high: i64,
+        each: &mut dyn FnMut(i64, RecordParts<'_>) -> Result<(), PipelineError>,
+    ) -> Result<(), PipelineError>;
+    /// The high watermark of partition `partition` of each of `topics`, as the broker
+    /// answers now (`None` where it does not).
+    fn high_watermarks(&mut self, topics: &[Arc<str>], partition: i32) -> Vec<Option<i64>>;
+}
+
+/// A changelog record as it comes off the broker: its headers' values, key and payload.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordParts<'a> {
+    pub kind: Option<&'a [u8]>,
+    pub batch: Option<&'a [u8]>,
+    pub format: Option<&'a [u8]>,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_changelog_outlives_an_open_sessions_longest_silence_twice_and_an_hour_at_least() {
+        let lag = |gap, idle| {
+            changelog_compaction_lag(Duration::from_secs(gap), Duration::from_secs(idle)).as_secs()
+        };
+        assert_eq!(lag(1800, 5), 3640);
+        assert_eq!(lag(86_400, 5), 172_840);
+        assert_eq!(lag(600, 3600), 30_000);
+        assert_eq!(lag(1, 5), 3600);
+        assert!(lag(u64::MAX, 5) > 0, "saturates, never wraps");
+    }
+
+    #[test]
+    fn batch_ids_differ_between_writers_and_count_up() {
+        let (mut a, mut b) = (BatchIds::new(), BatchIds::new());
+        let (a1, a2, b1) = (a.next(), a.next(), b.next());
+        assert_eq!(a2, a1 + 1);
+        assert_ne!(a1, b1);
+    }
+}

@@ -1,0 +1,210 @@
+//! The changelog read from Kafka: a consumer of the group's id that only ever assigns
+//! partitions itself (it never joins the group or commits), made on first use.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use rustc_hash::FxHashMap;
+use tracing::warn;
+
+use super::{
+    ChangelogSource, RecordParts, CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT,
+};
+use crate::bus::kafka::settings::KafkaSettings;
+use crate::bus::pipeline::backoff::Backoff;
+use crate::bus::pipeline::PipelineError;
+use crate::shutdown::Shutdown;
+
+/// The changelog on the brokers.
+pub struct KafkaChangelog {
+    settings: KafkaSettings,
+    brokers: String,
+    shutdown: Shutdown,
+    /// Made on first use.
+    reader: Option<BaseConsumer>,
+}
+
+impl KafkaChangelog {
+    pub fn new(settings: &KafkaSettings, brokers: &str, shutdown: &Shutdown) -> KafkaChangelog {
+        KafkaChangelog {
+            settings: settings.clone(),
+            brokers: brokers.to_string(),
+            shutdown: shutdown.clone(),
+            reader: None,
+        }
+    }
+
+    fn reader(&mut self) -> Result<&BaseConsumer, PipelineError> {
+        if self.reader.is_none() {
+            // The group's id, so that it can read the group's committed offsets; it only
+            // ever assigns partitions itself, so it never joins the group or commits.
+            let reader = crate::bus::kafka::client_config(&self.settings, &self.brokers)
+                .set("group.id", &self.settings.group_id)
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false")
+                .set("isolation.level", "read_committed")
+                // Says at once when the read reaches the end (see `read`).
+                .set("enable.partition.eof", "true")
+                // Fetched records wait in a queue of at most 2 MiB (librdkafka's default
+                // is 64 MiB): a restore applies them slower than they arrive, and each
+                // restore's queue would otherwise stay in the process's heap (10 MB after
+                // the first restore of the hour-long soak, issue 28).
+                .set("queued.max.messages.kbytes", "2048")
+                .create()
+                .map_err(PipelineError::Client)?;
+            self.reader = Some(reader);
+        }
+        Ok(self.reader.as_ref().expect("made above"))
+    }
+}
+
+impl ChangelogSource for KafkaChangelog {
+    /// One try, 5 s at most, no retry.
+    fn high_watermarks(&mut self, topics: &[Arc<str>], partition: i32) -> Vec<Option<i64>> {
+        let Ok(reader) = self.reader() else {
+            return vec![None; topics.len()];
+        };
+        topics
+            .iter()
+            .map(|topic| {
+                reader
+                    .fetch_watermarks(topic, partition, Duration::from_secs(5))
+                    .map_err(|e| warn!(topic = %topic, partition, error = %e, "cannot read an input topic's high watermark at the assignment; its first fetch is waited for instead"))
+                    .ok()
+                    .map(|(_, high)| high)
+            })
+            .collect()
+    }
+
+    /// The changelog partition's (low, high) watermarks; `None` when shutdown came first.
+    fn extent(&mut self, partition: i32) -> Result<Option<(i64, i64)>, PipelineError> {
+        let topic = self.settings.changelog_topic.clone();
+        let mut backoff = Backoff::new(&self.settings, &self.shutdown);
+        let reader = self.reader()?;
+        loop {
+            match reader.fetch_watermarks(&topic, partition, Duration::from_secs(10)) {
+                Ok(w) => return Ok(Some(w)),
+                Err(e) => {
+                    warn!(topic = %topic, partition, error = %e, what = "read the changelog's extent", "changelog restore step failed; retrying");
+                    if backoff.sleep() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The group's committed input offsets of `partition` (`topic/partition` → offset);
+    /// `None` when shutdown came first.
+    fn committed(
+        &mut self,
+        partition: i32,
+    ) -> Result<Option<FxHashMap<String, i64>>, PipelineError> {
+        let mut backoff = Backoff::new(&self.settings, &self.shutdown);
+        let mut tpl = TopicPartitionList::new();
+        for t in &self.settings.input_topics {
+            tpl.add_partition(t, partition);
+        }
+        let reader = self.reader()?;
+        loop {
+            match reader.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+                Ok(tpl) => {
+                    return Ok(Some(
+                        tpl.elements()
+                            .iter()
+                            .filter_map(|e| match e.offset() {
+                                Offset::Offset(o) => {
+                                    Some((format!("{}/{partition}", e.topic()), o))
+                                }
+                                _ => None,
+                            })
+                            .collect(),
+                    ))
+                }
+                Err(e) => {
+                    warn!(partition, error = %e, what = "read the group's committed offsets", "changelog restore step failed; retrying");
+                    if backoff.sleep() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands every changelog record of `partition` from `from` to the end to `each`: up
+    /// to `high`, the watermark read before, and on until the reader reaches the end.
+    /// The watermark alone is not enough: a broker may report it short of the last
+    /// produce batch (Tansu reports the last batch's first offset + 1), which would cut
+    /// off the batch's commit record.
+    fn read(
+        &mut self,
+        partition: i32,
+        from: i64,
+        high: i64,
+        each: &mut dyn FnMut(i64, RecordParts<'_>) -> Result<(), PipelineError>,
+    ) -> Result<(), PipelineError> {
+        let topic = self.settings.changelog_topic.clone();
+        let shutdown = self.shutdown.clone();
+        let reader = self.reader()?;
+        let mut tpl = TopicPartitionList::new();
+        let _ = tpl.add_partition_offset(&topic, partition, Offset::Offset(from));
+        reader.assign(&tpl).map_err(PipelineError::Client)?;
+        let mut next = from;
+        let mut at_end = false;
+        while !(at_end && next >= high) {
+            match reader.poll(Duration::from_millis(500)) {
+                Some(Ok(m)) => {
+                    next = m.offset() + 1;
+                    at_end = false;
+                    each(m.offset(), parts_of(&m))?;
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                    if shutdown.is_triggered() {
+                        let _ = reader.unassign();
+                        return Err(PipelineError::RestoreInterrupted { partition });
+                    }
+                    // Nothing more to read right now (end of partition, or a poll that
+                    // timed out). Transaction markers take offsets but are never handed
+                    // out: the read position, not the last record, says how far it got.
+                    at_end = true;
+                    if let Ok(position) = reader.position() {
+                        if let Some(Offset::Offset(o)) = position
+                            .find_partition(&topic, partition)
+                            .map(|e| e.offset())
+                        {
+                            next = next.max(o);
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    if shutdown.is_triggered() {
+                        let _ = reader.unassign();
+                        return Err(PipelineError::RestoreInterrupted { partition });
+                    }
+                    warn!(partition, error = %e, "changelog read error; retrying");
+                }
+            }
+        }
+        let _ = reader.unassign();
+        Ok(())
+    }
+}
+
+/// A changelog record's headers, key and payload.
+fn parts_of<'a>(m: &'a BorrowedMessage<'_>) -> RecordParts<'a> {
+    let header = |name: &str| {
+        m.headers()
+            .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+    };
+    RecordParts {
+        kind: header(CHANGELOG_KIND),
+        batch: header(CHANGELOG_BATCH),
+        format: header(CHANGELOG_STATE_FORMAT),
+        key: m.key(),
+        payload: m.payload(),
+    }
+}

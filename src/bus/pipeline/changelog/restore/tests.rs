@@ -1,0 +1,335 @@
+//! Unit tests of `restore`.
+
+use super::super::CHANGELOG_COMMIT_KEY;
+use super::*;
+use crate::engine::state::SessionState;
+
+/// Keeps what the assembler stores (the trait is ours; sled is tested in store.rs).
+#[derive(Default)]
+struct Stored(Vec<StoreBatch>);
+
+impl StateStore for Stored {
+    fn load_sessions(&self) -> Result<Vec<(String, SessionState)>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn offset(&self, _: &str) -> Result<Option<i64>, StoreError> {
+        Ok(None)
+    }
+    fn commit(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+        self.0.push(batch);
+        Ok(())
+    }
+    fn session_bytes(&self, _: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+}
+
+/// The current state format, as the header carries it.
+fn current() -> &'static [u8] {
+    static FORMAT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FORMAT.get_or_init(|| STATE_FORMAT.to_string()).as_bytes()
+}
+
+fn session<'a>(offset: i64, batch: u64, key: &'a str, state: &'a [u8]) -> Entry<'a> {
+    Entry {
+        offset,
+        kind: b"session",
+        batch: Some(batch),
+        format: Some(current()),
+        key: key.as_bytes(),
+        payload: Some(state),
+    }
+}
+
+fn commit(offset: i64, batch: u64, records: usize, value: &mut Vec<u8>) -> Entry<'_> {
+    commit_at(offset, batch, records, offset * 10, value)
+}
+
+/// A commit record at changelog `offset` of a batch that applied input up to `input`
+/// (and, as the engine writes, its watermark: not an input offset).
+fn commit_at(
+    offset: i64,
+    batch: u64,
+    records: usize,
+    input: i64,
+    value: &mut Vec<u8>,
+) -> Entry<'_> {
+    *value = serde_json::to_vec(&CommitValue {
+        group: Some("ours".into()),
+        batch,
+        records,
+        offsets: vec![
+            ("in/0".into(), input),
+            ("engine/watermark".into(), 1_000_000 - input),
+        ],
+    })
+    .unwrap();
+    Entry {
+        offset,
+        kind: b"commit",
+        batch: Some(batch),
+        format: None,
+        key: CHANGELOG_COMMIT_KEY,
+        payload: Some(value),
+    }
+}
+
+fn feed(entries: Vec<Entry<'_>>) -> (Assembler, Stored) {
+    let mut a = Assembler {
+        group: "ours".into(),
+        input_keys: vec!["in/0".into()],
+        ..Assembler::default()
+    };
+    let mut stored = Stored::default();
+    for e in entries {
+        a.add(e, &mut stored).unwrap();
+    }
+    (a, stored)
+}
+
+fn keys(b: &StoreBatch) -> Vec<(&str, &[u8])> {
+    b.puts
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect()
+}
+
+#[test]
+fn a_restore_that_shutdown_interrupts_says_so_and_is_no_failure() {
+    // No broker answers: the restore retries reading the changelog's extent until
+    // shutdown, which (already triggered) ends it at the first retry.
+    let settings = KafkaSettings {
+        changelog_topic: "changelog".into(),
+        ..KafkaSettings::default()
+    };
+    let shutdown = Shutdown::new();
+    shutdown.trigger();
+    let mut restorer = Restorer::new(&settings, "127.0.0.1:1", &shutdown);
+    let dir = tempfile::tempdir().unwrap();
+    let db = crate::engine::store::open_db(dir.path()).unwrap();
+    let mut store = SledStore::partition(&db, 0).unwrap();
+    match restorer.restore(0, &mut store, &db) {
+        Err(PipelineError::RestoreInterrupted { partition: 0 }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_batch_counts_at_its_commit_record() {
+    let mut v = Vec::new();
+    let entries = vec![
+        session(0, 7, "a", b"A"),
+        session(1, 7, "b", b"B"),
+        commit(2, 7, 2, &mut v),
+    ];
+    let (a, stored) = feed(entries);
+    assert_eq!(stored.0.len(), 1);
+    assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..]), ("b", &b"B"[..])]);
+    assert!(stored.0[0]
+        .offsets
+        .contains(&(CHANGELOG_POSITION.to_string(), 2)));
+    assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 20)));
+    assert_eq!((a.applied, a.incomplete), (1, 0));
+}
+
+#[test]
+fn an_unreadable_commit_record_stops_the_restore_and_a_later_field_does_not() {
+    let mut v1 = Vec::new();
+    let garbled = Entry {
+        offset: 1,
+        kind: b"commit",
+        batch: Some(7),
+        format: None,
+        key: CHANGELOG_COMMIT_KEY,
+        payload: Some(b"{not json"),
+    };
+    let mut a = Assembler::default();
+    let e = a
+        .add(garbled, &mut Stored::default())
+        .expect_err("an unreadable commit record is an error");
+    assert!(e.to_string().contains("offset 1"), "{e}");
+    // A field a later version adds, read by this one (a rollback).
+    let mut later = commit(3, 8, 1, &mut v1);
+    let mut value: serde_json::Value = serde_json::from_slice(later.payload.unwrap()).unwrap();
+    value["added_later"] = serde_json::json!(true);
+    let v2 = serde_json::to_vec(&value).unwrap();
+    later.payload = Some(&v2);
+    let (a, stored) = feed(vec![session(2, 8, "b", b"B"), later]);
+    assert_eq!((a.applied, a.incomplete), (1, 0));
+    assert_eq!(keys(&stored.0[0]), vec![("b", &b"B"[..])]);
+}
+
+#[test]
+fn another_groups_changelog_is_refused_naming_both_and_an_unnamed_one_is_ours() {
+    let mut v1 = Vec::new();
+    let mut theirs = commit(1, 7, 1, &mut v1);
+    let mut value: serde_json::Value = serde_json::from_slice(theirs.payload.unwrap()).unwrap();
+    value["group"] = serde_json::json!("billing-agents");
+    let v2 = serde_json::to_vec(&value).unwrap();
+    theirs.payload = Some(&v2);
+    let mut a = Assembler {
+        topic: "loopwarden.changelog".into(),
+        group: "ours".into(),
+        input_keys: vec!["in/0".into()],
+        ..Assembler::default()
+    };
+    let mut stored = Stored::default();
+    a.add(session(0, 7, "a", b"A"), &mut stored).unwrap();
+    let e = a
+        .add(theirs, &mut stored)
+        .expect_err("another group's batch is refused");
+    let text = e.to_string();
+    for said in [
+        "`billing-agents`",
+        "`ours`",
+        "loopwarden.changelog",
+        "offset 1",
+    ] {
+        assert!(text.contains(said), "{said} missing from: {text}");
+    }
+    assert!(stored.0.is_empty(), "nothing of theirs stored");
+    // A commit record written before records named their group is the reader's.
+    let mut v3 = Vec::new();
+    let mut unnamed = commit(3, 8, 1, &mut v3);
+    let mut value: serde_json::Value = serde_json::from_slice(unnamed.payload.unwrap()).unwrap();
+    value.as_object_mut().unwrap().remove("group");
+    let v4 = serde_json::to_vec(&value).unwrap();
+    unnamed.payload = Some(&v4);
+    let (a, stored) = feed(vec![session(2, 8, "b", b"B"), unnamed]);
+    assert_eq!(a.applied, 1);
+    assert_eq!(keys(&stored.0[0]), vec![("b", &b"B"[..])]);
+}
+
+#[test]
+fn a_batch_behind_the_input_already_applied_is_skipped() {
+    let (mut v1, mut v2, mut v3) = (Vec::new(), Vec::new(), Vec::new());
+    let entries = vec![
+        // The next owner's batch, through input offset 30...
+        session(0, 9, "a", b"new"),
+        commit_at(1, 9, 1, 30, &mut v1),
+        // ...then the earlier owner's batch through 20, landing late.
+        session(2, 7, "a", b"old"),
+        commit_at(3, 7, 1, 20, &mut v2),
+        // A batch of idle closes: no new input, still applied.
+        session(4, 10, "a", b"closed"),
+        commit_at(5, 10, 1, 30, &mut v3),
+    ];
+    let (a, stored) = feed(entries);
+    assert_eq!((a.applied, a.stale), (2, 1));
+    let states: Vec<_> = stored.0.iter().map(|b| keys(b)[0].1).collect();
+    assert_eq!(states, vec![&b"new"[..], &b"closed"[..]]);
+}
+
+#[test]
+fn batches_of_two_writers_interleaved_are_each_applied_whole() {
+    // Writer B (ids 2<<20 …) is the next owner; writer A (ids 1<<20 …) lost the
+    // partition with a batch in flight, which lands in the middle of B's batch.
+    let (a_batch, b_batch) = ((1 << 20) + 5, (2 << 20) + 1);
+    let (mut v1, mut v2) = (Vec::new(), Vec::new());
+    let entries = vec![
+        session(0, b_batch, "x", b"B-x"),
+        session(1, a_batch, "y", b"A-y"),
+        commit_at(2, a_batch, 1, 20, &mut v1),
+        session(3, b_batch, "z", b"B-z"),
+        commit_at(4, b_batch, 2, 30, &mut v2),
+    ];
+    let (a, stored) = feed(entries);
+    assert_eq!((a.applied, a.incomplete, a.stale), (2, 0, 0));
+    assert_eq!(
+        keys(&stored.0[1]),
+        vec![("x", &b"B-x"[..]), ("z", &b"B-z"[..])]
+    );
+}
+
+#[test]
+fn a_record_sent_again_after_its_commit_counts_at_the_commit_sent_after_it() {
+    let (mut v1, mut v2) = (Vec::new(), Vec::new());
+    let entries = vec![
+        session(0, 7, "a", b"A"),
+        // "b" failed the first time: the commit comes before it...
+        commit(1, 7, 2, &mut v1),
+        session(2, 7, "b", b"B"),
+        // ...and is sent again after it.
+        commit(3, 7, 2, &mut v2),
+    ];
+    let (a, stored) = feed(entries);
+    assert_eq!((a.applied, a.incomplete), (1, 1));
+    assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..]), ("b", &b"B"[..])]);
+    assert!(stored.0[0]
+        .offsets
+        .contains(&(CHANGELOG_POSITION.to_string(), 3)));
+}
+
+#[test]
+fn records_of_a_batch_that_never_completed_are_dropped_at_the_next_commit() {
+    let (mut v1, mut v2) = (Vec::new(), Vec::new());
+    let entries = vec![
+        // Batch 7 died with one of its two records written (its commit too early).
+        session(0, 7, "a", b"stale"),
+        commit(1, 7, 2, &mut v1),
+        // After the restart its events went into batch 9.
+        session(2, 9, "a", b"A"),
+        session(3, 9, "c", b"C"),
+        session(4, 9, "a", b"A2"),
+        commit(5, 9, 2, &mut v2),
+    ];
+    let (_, stored) = feed(entries);
+    assert_eq!(stored.0.len(), 1);
+    // The last copy of a key wins; batch 7's record is gone.
+    assert_eq!(
+        keys(&stored.0[0]),
+        vec![("a", &b"A2"[..]), ("c", &b"C"[..])]
+    );
+}
+
+#[test]
+fn the_earlier_format_is_still_read_and_other_state_formats_are_skipped() {
+    let legacy_commit = serde_json::to_vec(&vec![("in/0", 41)]).unwrap();
+    let entries = vec![
+        Entry {
+            batch: None,
+            ..session(0, 0, "a", b"A")
+        },
+        Entry {
+            batch: None,
+            format: None,
+            ..session(1, 0, "old", b"format 1")
+        },
+        Entry {
+            batch: None,
+            payload: None,
+            format: None,
+            ..session(2, 0, "closed", b"")
+        },
+        Entry {
+            offset: 3,
+            kind: b"commit",
+            batch: None,
+            format: None,
+            key: CHANGELOG_COMMIT_KEY,
+            payload: Some(&legacy_commit),
+        },
+    ];
+    let (a, stored) = feed(entries);
+    assert_eq!(a.other_format, 1);
+    assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..])]);
+    assert_eq!(stored.0[0].deletes, vec!["closed".to_string()]);
+    assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 41)));
+}
+
+#[test]
+fn a_state_of_another_format_still_makes_its_batch_whole() {
+    let mut v = Vec::new();
+    let entries = vec![
+        session(0, 7, "a", b"A"),
+        Entry {
+            format: Some(b"0"),
+            ..session(1, 7, "old", b"other format")
+        },
+        commit(2, 7, 2, &mut v),
+    ];
+    let (a, stored) = feed(entries);
+    assert_eq!((a.applied, a.other_format, a.incomplete), (1, 1, 0));
+    assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..])]);
+    assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 20)));
+}

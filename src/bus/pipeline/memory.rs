@@ -1,0 +1,439 @@
+//! An in-memory bus for the unit tests: topics as lists of records, a consumer group's
+//! committed offsets, a producer whose delivery reports land records when polled. It
+//! implements the pipeline's two seams ([`Input`], [`Transport`]), so the batch recipe
+//! and its crash windows run without a broker; the tests against a real broker prove the
+//! same recipe on Kafka.
+//!
+//! A crash is the process dying between two of the bus's operations (a send, one
+//! delivery report, an offset commit): [`Bus::crash_at`] arms the bus to panic at the
+//! n-th operation from then on, and the test catches the panic, drops the worker as a
+//! kill would, and starts another over the same sled directory and the same bus.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap;
+use std::time::Duration;
+
+use rdkafka::consumer::{CommitMode, ConsumerGroupMetadata};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::{Offset, Timestamp, TopicPartitionList};
+
+use super::backoff::Backoff;
+use super::bus::DeliveryTracker;
+use super::bus::{Input, Outgoing, Report, Transport};
+use super::changelog::{ChangelogSource, RecordParts};
+use super::changelog::{CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
+use super::lock;
+use super::PipelineError;
+
+/// The panic message of a crash the bus was armed for.
+pub const CRASH: &str = "the in-memory bus crashed the process here";
+
+/// One record on a topic.
+#[derive(Debug, Clone)]
+pub struct Landed {
+    pub key: Vec<u8>,
+    /// `None`: a tombstone.
+    pub payload: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+#[derive(Default)]
+struct State {
+    logs: BTreeMap<(String, i32), Vec<Landed>>,
+    /// The group's committed offsets: the next offset to read, as Kafka keeps them.
+    committed: BTreeMap<(String, i32), i64>,
+    /// Sent, not yet landed: served in order by [`Transport::poll`].
+    in_flight: VecDeque<((String, i32), Landed, Report)>,
+    /// Operations so far, and the one that crashes.
+    ops: u64,
+    crash_at: Option<u64>,
+    /// The kind of operation the last crash happened at.
+    crashed_at: Option<&'static str>,
+}
+
+impl State {
+    /// Counts one operation, failing when it is the one armed to crash.
+    fn tick(&mut self, kind: &'static str) -> Result<(), ()> {
+        self.ops += 1;
+        if self.crash_at == Some(self.ops) {
+            self.crash_at = None;
+            self.crashed_at = Some(kind);
+            return Err(());
+        }
+        Ok(())
+    }
+}
+
+/// The bus, shared by every client the test makes of it.
+#[derive(Clone, Default)]
+pub struct Bus(Arc<Mutex<State>>);
+
+impl Bus {
+    /// Appends an input record (as a producer outside the pipeline would).
+    pub fn produce(&self, topic: &str, partition: i32, key: &[u8], payload: &[u8]) {
+        lock(&self.0)
+            .logs
+            .entry((topic.to_string(), partition))
+            .or_default()
+            .push(Landed {
+                key: key.to_vec(),
+                payload: Some(payload.to_vec()),
+                headers: Vec::new(),
+            });
+    }
+
+    /// Every record of `topic`, partition by partition, in order.
+    pub fn records(&self, topic: &str) -> Vec<Landed> {
+        lock(&self.0)
+            .logs
+            .iter()
+            .filter(|((t, _), _)| t == topic)
+            .flat_map(|(_, log)| log.iter().cloned())
+            .collect()
+    }
+
+    /// The group's committed offset of a partition (the next offset to read).
+    pub fn committed(&self, topic: &str, partition: i32) -> Option<i64> {
+        lock(&self.0)
+            .committed
+            .get(&(topic.to_string(), partition))
+            .copied()
+    }
+
+    /// Operations so far (sends, delivery reports, offset commits).
+    pub fn ops(&self) -> u64 {
+        lock(&self.0).ops
+    }
+
+    /// Arms the bus to crash at its `n`-th operation from now (1: the next one).
+    pub fn crash_at(&self, n: u64) {
+        let mut state = lock(&self.0);
+        state.crash_at = Some(state.ops + n);
+    }
+
+    /// The kind of operation the last crash happened at: `send`, `delivery report` or
+    /// `offset commit`.
+    pub fn crashed_at(&self) -> Option<&'static str> {
+        lock(&self.0).crashed_at
+    }
+
+    /// Disarms a crash not reached.
+    pub fn disarm(&self) {
+        lock(&self.0).crash_at = None;
+    }
+
+    /// Counts one operation; panics (the process "dies") when it is the armed one. The
+    /// bus's lock is not held while panicking.
+    fn tick(&self, kind: &'static str) {
+        let crashed = lock(&self.0).tick(kind).is_err();
+        if crashed {
+            std::panic::panic_any(CRASH);
+        }
+    }
+}
+
+/// A producer on the bus.
+pub struct MemoryTransport {
+    bus: Bus,
+    tracker: DeliveryTracker,
+}
+
+impl MemoryTransport {
+    pub fn new(bus: &Bus, tracker: DeliveryTracker) -> MemoryTransport {
+        MemoryTransport {
+            bus: bus.clone(),
+            tracker,
+        }
+    }
+}
+
+/// No transactions on the in-memory bus (exactly_once is tested against the broker).
+fn no_transactions() -> KafkaResult<()> {
+    Err(KafkaError::Subscription(
+        "the in-memory bus has no transactions".into(),
+    ))
+}
+
+impl Transport for MemoryTransport {
+    fn send(&self, r: Outgoing<'_>, report: Report) -> KafkaResult<()> {
+        self.bus.tick("send");
+        let landed = Landed {
+            key: r.key.to_vec(),
+            payload: r.payload.map(<[u8]>::to_vec),
+            headers: r
+                .headers
+                .iter()
+                .flat_map(|h| h.iter())
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect(),
+        };
+        let partition = r.partition.unwrap_or(0);
+        lock(&self.bus.0)
+            .in_flight
+            .push_back(((r.topic.to_string(), partition), landed, report));
+        Ok(())
+    }
+
+    /// Lands every record in flight, in order, each one's report an operation.
+    fn poll(&self, _timeout: Duration) {
+        loop {
+            self.bus.tick_if_in_flight();
+            let landed = {
+                let mut state = lock(&self.bus.0);
+                let Some((at, record, report)) = state.in_flight.pop_front() else {
+                    return;
+                };
+                let log = state.logs.entry(at.clone()).or_default();
+                log.push(record);
+                (at, log.len() as i64 - 1, report)
+            };
+            let ((topic, partition), offset, report) = landed;
+            self.tracker
+                .report(Ok((topic.as_str(), partition, offset)), *report);
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        lock(&self.bus.0).in_flight.len()
+    }
+
+    fn tracker(&self) -> &DeliveryTracker {
+        &self.tracker
+    }
+
+    fn init_transactions(&self, _timeout: Duration) -> KafkaResult<()> {
+        no_transactions()
+    }
+
+    fn begin_transaction(&self) -> KafkaResult<()> {
+        no_transactions()
+    }
+
+    fn send_offsets_to_transaction(
+        &self,
+        _offsets: &TopicPartitionList,
+        _input: &dyn Input,
+        _timeout: Duration,
+    ) -> KafkaResult<()> {
+        no_transactions()
+    }
+
+    fn commit_transaction(&self, _timeout: Duration) -> KafkaResult<()> {
+        no_transactions()
+    }
+
+    fn abort_transaction(&self, _timeout: Duration) -> KafkaResult<()> {
+        no_transactions()
+    }
+}
+
+impl Bus {
+    /// A delivery report about to be served is an operation (nothing in flight: none).
+    fn tick_if_in_flight(&self) {
+        let pending = !lock(&self.0).in_flight.is_empty();
+        if pending {
+            self.tick("delivery report");
+        }
+    }
+}
+
+/// A member of a consumer group on the bus, with its partitions of the input topics.
+pub struct MemoryConsumer {
+    bus: Bus,
+    topics: Vec<String>,
+    /// The next offset to read, per assigned (topic, partition).
+    positions: Mutex<BTreeMap<(String, i32), i64>>,
+}
+
+impl MemoryConsumer {
+    /// A member reading `topics`, assigned `partitions` from the group's committed offsets.
+    pub fn new(bus: &Bus, topics: &[&str], partitions: &[i32]) -> MemoryConsumer {
+        let consumer = MemoryConsumer {
+            bus: bus.clone(),
+            topics: topics.iter().map(|t| t.to_string()).collect(),
+            positions: Mutex::new(BTreeMap::new()),
+        };
+        {
+            let state = lock(&bus.0);
+            let mut positions = lock(&consumer.positions);
+            for t in topics {
+                for &p in partitions {
+                    let at = (t.to_string(), p);
+                    let from = state.committed.get(&at).copied().unwrap_or(0);
+                    positions.insert(at, from);
+                }
+            }
+        }
+        consumer
+    }
+
+    /// The next message of the assigned partitions (topic by topic, partition by
+    /// partition), `None` when every one is read to its end.
+    pub fn poll(&self) -> Option<OwnedMessage> {
+        let state = lock(&self.bus.0);
+        let mut positions = lock(&self.positions);
+        for ((topic, partition), next) in positions.iter_mut() {
+            let Some(r) = state
+                .logs
+                .get(&(topic.clone(), *partition))
+                .and_then(|log| log.get(*next as usize))
+            else {
+                continue;
+            };
+            let offset = *next;
+            *next += 1;
+            return Some(OwnedMessage::new(
+                r.payload.clone(),
+                Some(r.key.clone()),
+                topic.clone(),
+                Timestamp::CreateTime(1_700_000_000_000 + offset),
+                *partition,
+                offset,
+                None,
+            ));
+        }
+        None
+    }
+}
+
+impl Input for MemoryConsumer {
+    fn commit(&self, offsets: &TopicPartitionList, _mode: CommitMode) -> KafkaResult<()> {
+        self.bus.tick("offset commit");
+        let mut state = lock(&self.bus.0);
+        for e in offsets.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                state
+                    .committed
+                    .insert((e.topic().to_string(), e.partition()), o);
+            }
+        }
+        Ok(())
+    }
+
+    fn positions(&self) -> Option<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), next) in lock(&self.positions).iter() {
+            tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
+                .ok()?;
+        }
+        Some(tpl)
+    }
+
+    fn cached_watermarks(&self, topic: &str, partition: i32) -> Option<(Option<i64>, i64)> {
+        let state = lock(&self.bus.0);
+        let high = state
+            .logs
+            .get(&(topic.to_string(), partition))
+            .map_or(0, |log| log.len() as i64);
+        Some((Some(0), high))
+    }
+
+    fn seek_to_committed(
+        &self,
+        revoking: &[i32],
+        _backoff: &mut Backoff,
+    ) -> Result<(), PipelineError> {
+        let state = lock(&self.bus.0);
+        for ((topic, partition), next) in lock(&self.positions).iter_mut() {
+            if !revoking.contains(partition) && self.topics.contains(topic) {
+                *next = state
+                    .committed
+                    .get(&(topic.clone(), *partition))
+                    .copied()
+                    .unwrap_or(0);
+            }
+        }
+        Ok(())
+    }
+
+    fn group_metadata(&self) -> Option<ConsumerGroupMetadata> {
+        None
+    }
+}
+
+/// The changelog on the bus, as a restore reads it.
+pub struct MemoryChangelog {
+    bus: Bus,
+    topic: String,
+    inputs: Vec<String>,
+}
+
+impl MemoryChangelog {
+    pub fn new(bus: &Bus, topic: &str, inputs: &[&str]) -> MemoryChangelog {
+        MemoryChangelog {
+            bus: bus.clone(),
+            topic: topic.to_string(),
+            inputs: inputs.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
+    fn high(&self, topic: &str, partition: i32) -> i64 {
+        lock(&self.bus.0)
+            .logs
+            .get(&(topic.to_string(), partition))
+            .map_or(0, |log| log.len() as i64)
+    }
+}
+
+impl ChangelogSource for MemoryChangelog {
+    fn extent(&mut self, partition: i32) -> Result<Option<(i64, i64)>, PipelineError> {
+        Ok(Some((0, self.high(&self.topic, partition))))
+    }
+
+    fn committed(
+        &mut self,
+        partition: i32,
+    ) -> Result<Option<FxHashMap<String, i64>>, PipelineError> {
+        let state = lock(&self.bus.0);
+        Ok(Some(
+            self.inputs
+                .iter()
+                .filter_map(|t| {
+                    let o = state.committed.get(&(t.clone(), partition))?;
+                    Some((format!("{t}/{partition}"), *o))
+                })
+                .collect(),
+        ))
+    }
+
+    fn read(
+        &mut self,
+        partition: i32,
+        from: i64,
+        _high: i64,
+        each: &mut dyn FnMut(i64, RecordParts<'_>) -> Result<(), PipelineError>,
+    ) -> Result<(), PipelineError> {
+        let log: Vec<Landed> = lock(&self.bus.0)
+            .logs
+            .get(&(self.topic.clone(), partition))
+            .map(|log| log.iter().skip(from.max(0) as usize).cloned().collect())
+            .unwrap_or_default();
+        for (i, r) in log.iter().enumerate() {
+            let header = |name: &str| {
+                r.headers
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .and_then(|(_, v)| v.as_deref())
+            };
+            let parts = RecordParts {
+                kind: header(CHANGELOG_KIND),
+                batch: header(CHANGELOG_BATCH),
+                format: header(CHANGELOG_STATE_FORMAT),
+                key: Some(&r.key),
+                payload: r.payload.as_deref(),
+            };
+            each(from.max(0) + i as i64, parts)?;
+        }
+        Ok(())
+    }
+
+    fn high_watermarks(&mut self, topics: &[Arc<str>], partition: i32) -> Vec<Option<i64>> {
+        topics
+            .iter()
+            .map(|t| Some(self.high(t, partition)))
+            .collect()
+    }
+}

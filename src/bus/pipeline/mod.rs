@@ -1,0 +1,551 @@
+//! `loopwarden run`: the engine on the bus (DESIGN §6). A consumer group reads the input
+//! topics; each assigned partition number has its own [`Engine`](crate::engine::Engine)
+//! and its own sled tree; findings and summaries go to the output topics, bad messages to
+//! the dead-letter topic.
+//!
+//! Guarantees (at-least-once end to end), per batch and in this order:
+//! 1. apply: polled messages are applied to their partition's engine (or dead-lettered)
+//!    as they come, in event-time order across the input topics (`align`); at least
+//!    once, their findings are produced at once;
+//! 2. deliver: every output record of the batch is produced and acknowledged — failures
+//!    are retried with backoff, never dropped (`outbox`; in exactly_once one transaction
+//!    holds outputs, changelog and offsets: `commit`). At least once, the batch's records
+//!    are acknowledged while the next batch is polled, and before any of the next
+//!    batch's changelog records is sent (so the changelog keeps whole batches in order);
+//! 3. store: each changed partition writes its session states and its applied offsets in
+//!    one atomic sled batch; without the changelog the database is flushed to disk here,
+//!    with it sled flushes in the background (the changelog already holds the batch, and
+//!    a restart restores from it what sled had not written);
+//! 4. commit: the consumer group's offsets are committed.
+//!
+//! A crash between any two steps loses nothing: events after the stored offset are
+//! applied again (and re-emit findings with the same `event_id`), events at or below it
+//! are skipped, so no session counts an event twice. A revoked partition is stored before
+//! the revoke is acknowledged (`rebalance`). Session expiry runs on a per-partition
+//! clock: the latest event time, advanced by wall-clock time while the partition is idle.
+//!
+//! The modules, in the order a batch meets them:
+//! - `mod.rs` (this): `run`, the worker threads, and the poll loop that cuts batches;
+//! - `worker`: a group member's partitions, events applied as they are polled;
+//! - `batch`: the batch recipe (`finish_batch`): acknowledge, send, store, commit;
+//! - `partition`: one assigned partition, and a polled message made an event or a dead
+//!   letter;
+//! - `align`: event-time order across a partition's input topics;
+//! - `outputs`: findings and summaries counted, given spans, made records;
+//! - `outbox`: records, their topics, dead letters, delivery until acknowledged;
+//! - `commit`: the delivery mode (`Commit`) and exactly_once's transactions;
+//! - `changelog`: the changelog's format and writer; `changelog::restore`, its reader;
+//! - `rebalance`: what happens when the group revokes or assigns partitions (parked by
+//!   the consumer's context, served by the poll loop's worker, then acknowledged);
+//! - `bus`: the seams to the bus, as traits (`Input`: what the recipe asks of the
+//!   consumer; `Transport`: of the producer), with their Kafka implementations; `memory`
+//!   (tests only) implements them, and the changelog's `ChangelogSource`, in memory, so
+//!   that `recipe_tests` drives the recipe and a crash at each of its windows without a
+//!   broker;
+//! - `backoff`: the one shutdown-aware retry rhythm;
+//! - `ingest`: `[ingest.otlp]`, traces on the bus re-published as events (its own group).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use tracing::{error, info, warn};
+
+use crate::bus::kafka::settings::KafkaSettings;
+use crate::bus::kafka::{
+    check_topics, consumer_config, ensure_changelog, partition_counts, producer_config, TopicError,
+};
+use crate::config::Config;
+use crate::engine::store::{open_db_with_cache, StoreError};
+use crate::shutdown::Shutdown;
+use crate::telemetry::Telemetry;
+use changelog::Restorer;
+
+/// A mutex's guard, whether or not a thread panicked while holding it (what it guards
+/// stays consistent: every holder leaves it whole before anything can panic).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+mod align;
+mod backoff;
+mod batch;
+mod bus;
+mod changelog;
+mod commit;
+mod ingest;
+#[cfg(test)]
+mod memory;
+mod outbox;
+mod outputs;
+mod partition;
+mod rebalance;
+#[cfg(test)]
+mod recipe_tests;
+mod worker;
+
+use backoff::Backoff;
+use batch::Finish;
+#[doc(hidden)]
+pub use changelog::{assemble as assemble_changelog, RecordParts as ChangelogRecordParts};
+pub use changelog::{changelog_compaction_lag, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
+use commit::Commit;
+pub use ingest::{run_ingest, IngestStats};
+use outbox::Outbox;
+pub use outbox::{
+    DLQ_MESSAGE, DLQ_REASON, DLQ_SOURCE_OFFSET, DLQ_SOURCE_PARTITION, DLQ_SOURCE_TOPIC,
+    DLQ_TRUNCATED_FROM,
+};
+pub use partition::BEHIND_WAITS;
+use rebalance::RebalanceHandler;
+use worker::Worker;
+
+/// Why `run` stopped with an error. Bad messages (poison) never get here: they are
+/// dead-lettered; transient failures (broker away, disk write failing) are retried with
+/// backoff where they happen; what escapes is fatal and ends the process non-zero.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("kafka client could not be created: {0}")]
+    Client(#[source] KafkaError),
+    #[error(transparent)]
+    Topics(#[from] TopicError),
+    #[error("cannot subscribe to {topics}: {source}")]
+    Subscribe { topics: String, source: KafkaError },
+    #[error("state store: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot restore partition {partition} from the changelog: {reason}")]
+    Restore { partition: i32, reason: String },
+    #[error("changelog topic `{topic}` partition {partition} holds state of consumer group `{writer}` (commit record at offset {offset}), and this deployment's group is `{ours}`: two deployments share one changelog topic; give this one a kafka.changelog_topic of its own and an empty state.path (its sessions then start anew), or set kafka.group_id back to `{writer}` if this is that deployment")]
+    ChangelogOfAnotherGroup {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        writer: String,
+        ours: String,
+    },
+    /// Shutdown came while a partition was being restored: not a failure (the partition
+    /// is left unloaded, for the next owner), the rest drains as usual.
+    #[error("the restore of partition {partition} was interrupted by shutdown")]
+    RestoreInterrupted { partition: i32 },
+    #[error("cannot start a worker thread: {0}")]
+    Thread(std::io::Error),
+    #[error("a worker thread panicked")]
+    WorkerPanicked,
+    #[error("kafka transaction failed fatally (is another instance using transactional.id {transactional_id}? set kafka.instance_id per instance): {source}")]
+    Transaction {
+        transactional_id: String,
+        source: KafkaError,
+    },
+    #[error("cannot move the consumer back to the committed offsets after a fenced transaction ({0}); stopping so that a restart reads the dropped batch again")]
+    Rewind(#[source] KafkaError),
+    #[error("shutdown deadline ({secs} s) passed with {undelivered} output record(s) undelivered; nothing was stored or committed for them, so a restart processes their events again")]
+    DeadlineExceeded { secs: u64, undelivered: usize },
+}
+
+/// What a run did (also the demo's and the tests' view of it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunStats {
+    pub events: u64,
+    /// Events at or below a partition's stored offset (already applied before a restart).
+    pub skipped: u64,
+    pub dead_lettered: u64,
+    pub warnings: u64,
+    pub terminations: u64,
+    pub summaries: u64,
+    pub batches: u64,
+    /// Session records applied from the changelog, and the time restores took.
+    pub restored_records: u64,
+    pub restore_ms: u64,
+}
+
+impl std::ops::AddAssign for RunStats {
+    fn add_assign(&mut self, o: RunStats) {
+        self.events += o.events;
+        self.skipped += o.skipped;
+        self.dead_lettered += o.dead_lettered;
+        self.warnings += o.warnings;
+        self.terminations += o.terminations;
+        self.summaries += o.summaries;
+        self.batches += o.batches;
+        self.restored_records += o.restored_records;
+        self.restore_ms += o.restore_ms;
+    }
+}
+
+impl PipelineError {
+    /// The shutdown deadline passed with `undelivered` records in hand.
+    fn deadline(backoff: &Backoff, undelivered: usize) -> PipelineError {
+        PipelineError::DeadlineExceeded {
+            secs: backoff.deadline_secs(),
+            undelivered,
+        }
+    }
+}
+
+/// Waits until the topics exist and checks them (retrying while the cluster is
+/// unreachable or a topic is missing). Returns `None` when shutdown came first.
+fn wait_for_topics(
+    consumer: &BaseConsumer<RebalanceHandler>,
+    settings: &KafkaSettings,
+    brokers: &str,
+    shutdown: &Shutdown,
+    compaction_lag: Duration,
+) -> Result<Option<usize>, PipelineError> {
+    let mut topics: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
+    topics.extend(settings.output_topics());
+    let mut backoff = Backoff::new(settings, shutdown);
+    loop {
+        let counts = partition_counts(consumer.client(), &topics, Duration::from_secs(5)).and_then(
+            |counts| {
+                let changelog = if settings.changelog {
+                    partition_counts(
+                        consumer.client(),
+                        &[&settings.changelog_topic],
+                        Duration::from_secs(5),
+                    )?
+                    .remove(&settings.changelog_topic)
+                    .flatten()
+                } else {
+                    None
+                };
+                Ok((counts, changelog))
+            },
+        );
+        match counts {
+            Ok((counts, changelog)) => {
+                let partitions = match check_topics(&counts, &settings.input_topics, brokers) {
+                    // Topics created by a job that runs alongside (a fresh cluster, a
+                    // Helm install) appear a little later: wait for them, not ready.
+                    Err(missing @ TopicError::Missing { .. }) => {
+                        warn!(error = %missing, backoff_ms = backoff.delay_ms(), "waiting for topics");
+                        if backoff.sleep() {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
+                    other => other?,
+                };
+                if settings.changelog {
+                    ensure_changelog(settings, brokers, partitions, changelog, compaction_lag)?;
+                }
+                return Ok(Some(partitions));
+            }
+            Err(e) => {
+                warn!(brokers, error = %e, backoff_ms = backoff.delay_ms(), "cannot read cluster metadata; retrying");
+                if backoff.sleep() {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// Runs the pipeline against `brokers` until `shutdown` is triggered: then it stops
+/// fetching, finishes the batch in hand (deliver, store, commit) and returns.
+pub fn run(
+    config: Arc<Config>,
+    brokers: &str,
+    shutdown: Shutdown,
+) -> Result<RunStats, PipelineError> {
+    run_observed(config, brokers, shutdown, Arc::new(Telemetry::new()))
+}
+
+/// [`run`], reporting metrics and readiness to `telemetry`.
+pub fn run_observed(
+    config: Arc<Config>,
+    brokers: &str,
+    shutdown: Shutdown,
+    telemetry: Arc<Telemetry>,
+) -> Result<RunStats, PipelineError> {
+    let db = open_db_with_cache(&config.state_path, config.state_cache_bytes)?;
+    // The OTLP ingest, if on, runs beside the workers: a consumer group of its own that
+    // feeds the input topic they read.
+    let ingest = match config.ingest.clone() {
+        Some(ingest) => {
+            let (config, brokers, shutdown, telemetry) = (
+                config.clone(),
+                brokers.to_string(),
+                shutdown.clone(),
+                telemetry.clone(),
+            );
+            Some(
+                std::thread::Builder::new()
+                    .name("loopwarden-otlp-ingest".into())
+                    .spawn(move || run_ingest(config, ingest, &brokers, shutdown, telemetry))
+                    .map_err(PipelineError::Thread)?,
+            )
+        }
+        None => None,
+    };
+    let workers = config.kafka.workers;
+    let result = if workers == 1 {
+        run_worker(config, brokers, db, shutdown.clone(), 0, telemetry)
+    } else {
+        run_workers(config, brokers, db, shutdown.clone(), telemetry)
+    };
+    if result.is_err() {
+        shutdown.trigger();
+    }
+    let ingested = match ingest.map(|t| t.join()) {
+        None => Ok(()),
+        Some(Ok(r)) => r.map(|_| ()),
+        Some(Err(_)) => Err(PipelineError::WorkerPanicked),
+    };
+    match (result, ingested) {
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+        (Ok(stats), Ok(())) => Ok(stats),
+    }
+}
+
+/// Several members of the group in one process: each owns its partitions, engines and
+/// sled trees; while one waits for the broker or the disk, the other computes.
+fn run_workers(
+    config: Arc<Config>,
+    brokers: &str,
+    db: sled::Db,
+    shutdown: Shutdown,
+    telemetry: Arc<Telemetry>,
+) -> Result<RunStats, PipelineError> {
+    let workers = config.kafka.workers;
+    let threads: Vec<_> = (0..workers)
+        .map(|i| {
+            let (config, brokers, db, shutdown, telemetry) = (
+                config.clone(),
+                brokers.to_string(),
+                db.clone(),
+                shutdown.clone(),
+                telemetry.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("loopwarden-worker-{i}"))
+                .spawn(move || {
+                    let result = run_worker(config, &brokers, db, shutdown.clone(), i, telemetry);
+                    if result.is_err() {
+                        // One worker failing stops the process: the others finish cleanly.
+                        shutdown.trigger();
+                    }
+                    result
+                })
+        })
+        .collect::<Result<_, _>>()
+        .map_err(PipelineError::Thread)?;
+    let mut total = RunStats::default();
+    let mut first_error = None;
+    for t in threads {
+        match t.join() {
+            Ok(Ok(stats)) => total += stats,
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(_) => {
+                first_error.get_or_insert(PipelineError::WorkerPanicked);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(total),
+    }
+}
+
+/// One member of the consumer group (one thread): subscribe, consume, stop.
+fn run_worker(
+    config: Arc<Config>,
+    brokers: &str,
+    db: sled::Db,
+    shutdown: Shutdown,
+    index: usize,
+    telemetry: Arc<Telemetry>,
+) -> Result<RunStats, PipelineError> {
+    let settings = config.kafka.clone();
+    let commit = Commit::of(&settings, &config.state_path, index);
+    let mut producer_config = producer_config(&settings, brokers, config.limits.max_event_bytes);
+    if let Some(id) = commit.transactional_id() {
+        producer_config.set("transactional.id", id);
+    }
+    let outbox = Outbox::new(&producer_config, &settings, telemetry.clone(), &shutdown)
+        .map_err(PipelineError::Client)?;
+    let mut worker = Worker::new(
+        config.clone(),
+        db,
+        outbox,
+        commit,
+        Restorer::new(&settings, brokers, &shutdown),
+        &shutdown,
+        telemetry,
+    );
+    let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)
+        .create_with_context(RebalanceHandler::default())
+        .map_err(PipelineError::Client)?;
+    let session_gap = Duration::from_millis(config.engine.session_gap_ms.max(0) as u64);
+    let compaction_lag = changelog_compaction_lag(session_gap, settings.idle_after);
+    let Some(partitions) =
+        wait_for_topics(&consumer, &settings, brokers, &shutdown, compaction_lag)?
+    else {
+        return Ok(RunStats::default());
+    };
+    if let Some(transaction) = worker.commit.transaction() {
+        if !transaction.init(&worker.outbox, &mut Backoff::new(&settings, &shutdown))? {
+            return Ok(RunStats::default());
+        }
+    }
+    let inputs: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&inputs)
+        .map_err(|source| PipelineError::Subscribe {
+            topics: inputs.join(", "),
+            source,
+        })?;
+    info!(brokers, group = %settings.group_id, topics = ?inputs, partitions, worker = index, state = %config.state_path.display(), "consuming");
+
+    let w = &mut worker;
+    let result = consume(&consumer, w, &settings, &shutdown);
+    let result = result
+        .and_then(|()| w.finish_batch(&consumer, Finish::Settle))
+        .and_then(|()| w.flush_store());
+    let held = w.held();
+    if held > 0 {
+        // Applying them now could put them before an event of another topic still on
+        // its way; not applied, their offsets are not committed and they are read again.
+        info!(
+            held,
+            "events still waiting for alignment are left for the next start"
+        );
+    }
+    if result.is_err() {
+        // Nothing of the unfinished batch may be stored (its events are processed again
+        // on restart), and leaving the group must not wait on a broker that is away.
+        w.abandon();
+        shutdown.trigger();
+    }
+    let stats = w.stats;
+    // Leaving the group revokes everything: acknowledged without the worker, whose batch
+    // is settled (or abandoned) above.
+    rebalance::closing(&consumer);
+    drop(consumer);
+    match &result {
+        Ok(()) => info!(worker = index, ?stats, "stopped"),
+        Err(e) => error!(worker = index, error = %e, ?stats, "stopped with an error"),
+    }
+    result.map(|()| stats)
+}
+
+/// The poll loop: batches of up to `max_batch_events`, closed after `max_batch_wait`.
+fn consume(
+    consumer: &BaseConsumer<RebalanceHandler>,
+    w: &mut Worker,
+    settings: &KafkaSettings,
+    shutdown: &Shutdown,
+) -> Result<(), PipelineError> {
+    // Adaptive batching: while there is a backlog (a batch runs out of time with more
+    // messages waiting on the broker than it took), batches grow up to 8× the configured
+    // wait, so the fixed cost of delivering and storing a batch is spread over more
+    // events; once caught up, batches are short again (latency).
+    let mut wait = settings.max_batch_wait;
+    while !shutdown.is_triggered() {
+        let polled = poll_batch(consumer, w, settings, shutdown, wait)?;
+        if let Some(first_polled) = polled.started {
+            w.telemetry
+                .metrics
+                .observe_stage("wait", first_polled.elapsed());
+        }
+        let lag = w.lag(consumer);
+        wait = if polled.timed_out && lag > polled.messages as i64 {
+            (wait * 2).min(settings.max_batch_wait * 8)
+        } else {
+            settings.max_batch_wait
+        };
+        w.tick_idle();
+        w.finish_batch(consumer, Finish::Overlap)?;
+    }
+    Ok(())
+}
+
+/// What one batch's polling took.
+struct Polled {
+    messages: usize,
+    /// When its first message came (`None`: the batch holds only idle-clock work).
+    started: Option<Instant>,
+    /// It ended because its time was up (not because it was full or there was a stop).
+    timed_out: bool,
+}
+
+/// Polls (and, through the worker, applies) one batch's messages: until `wait` after
+/// the first one, `max_batch_events` of them, a stop, or idle-clock work to finish.
+fn poll_batch(
+    consumer: &BaseConsumer<RebalanceHandler>,
+    w: &mut Worker,
+    settings: &KafkaSettings,
+    shutdown: &Shutdown,
+    wait: Duration,
+) -> Result<Polled, PipelineError> {
+    let idle_poll = Duration::from_millis(100);
+    // Held events whose wait for another topic ended are released at least this often
+    // while a batch is open (a partition's own messages release its events at once).
+    let sweep_every = Duration::from_millis(5);
+    let mut polled = Polled {
+        messages: 0,
+        started: None,
+        timed_out: false,
+    };
+    let mut swept = Instant::now();
+    loop {
+        let now = Instant::now();
+        if polled.started.is_some() && now.duration_since(swept) >= sweep_every {
+            w.observe_unpolled(consumer);
+            w.release_due();
+            swept = now;
+        }
+        let timeout = match polled.started {
+            // Idle: wake up for a held event whose wait for another topic ends.
+            None => w.next_due().map_or(idle_poll, |due| {
+                due.saturating_duration_since(now).min(idle_poll)
+            }),
+            // At most `sweep_every` at a time: a stop and due events are seen within it,
+            // however long the batch may wait.
+            Some(t) => match wait.checked_sub(now.duration_since(t)) {
+                Some(left) if !left.is_zero() => left.min(sweep_every),
+                _ => {
+                    polled.timed_out = true;
+                    return Ok(polled);
+                }
+            },
+        };
+        let message = consumer.poll(timeout);
+        // A rebalance librdkafka handed over inside the poll (which then returns
+        // nothing): the worker's, before anything else.
+        rebalance::serve(consumer, w)?;
+        match message {
+            Some(Ok(m)) => {
+                w.handle(&m)?;
+                polled.messages += 1;
+                polled.started.get_or_insert_with(Instant::now);
+                if polled.messages >= settings.max_batch_events {
+                    return Ok(polled);
+                }
+            }
+            Some(Err(e)) => {
+                warn!(error = %e, "consumer error");
+                if polled.messages > 0 {
+                    return Ok(polled);
+                }
+            }
+            // The batch's time is checked at the top.
+            None if polled.messages > 0 && !shutdown.is_triggered() => {}
+            None => {
+                if shutdown.is_triggered() {
+                    return Ok(polled);
+                }
+                // Keeps the lag gauge current while the input is idle, and tells an idle
+                // partition from one whose events wait on the broker.
+                w.lag(consumer);
+                w.observe_unpolled(consumer);
+                w.tick_idle();
+                if w.has_work() {
+                    return Ok(polled);
+                }
+            }
+        }
+    }
+}

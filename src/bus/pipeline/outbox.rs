@@ -1,0 +1,407 @@
+//! The outbox: every record a batch produces (findings, summaries, dead letters,
+//! changelog records), handed to the producer and tracked until the broker has
+//! acknowledged each one.
+//!
+//! Guarantees: [`Outbox::deliver`] returns only when every record is acknowledged
+//! (failures are sent again with backoff, never dropped) or the shutdown deadline has
+//! passed; a dead letter the broker refuses as too large is cut to its first 64 KiB with a
+//! header saying how long it was, so it is never lost. Records name their topic by kind
+//! ([`Sink`]), resolved by name from the settings.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::Message;
+use rustc_hash::FxHashMap;
+use tracing::warn;
+
+use super::backoff::{Backoff, DeadlinePassed};
+use super::bus::{DeliveryTracker, KafkaTransport, Outgoing, Transport};
+use super::lock;
+use crate::bus::kafka::settings::KafkaSettings;
+use crate::shutdown::Shutdown;
+use crate::telemetry::Telemetry;
+
+/// Header names put on dead-lettered messages (after the message's own headers).
+pub const DLQ_SOURCE_TOPIC: &str = "loopwarden.source.topic";
+pub const DLQ_SOURCE_PARTITION: &str = "loopwarden.source.partition";
+pub const DLQ_SOURCE_OFFSET: &str = "loopwarden.source.offset";
+/// The bad-input class (`oversized`, `invalid_json`, … see [`crate::contract::event::BadEvent`]).
+pub const DLQ_REASON: &str = "loopwarden.error.reason";
+/// The precise error, with the JSON path or byte offset where it applies.
+pub const DLQ_MESSAGE: &str = "loopwarden.error.message";
+/// Set when the broker refused the whole message and only its first bytes were kept.
+pub const DLQ_TRUNCATED_FROM: &str = "loopwarden.truncated_from_bytes";
+
+/// Bytes of an oversized dead letter kept when the broker refuses the whole message.
+const DLQ_TRUNCATE_TO: usize = 64 * 1024;
+
+/// What a record is, and so where it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    Warning,
+    Terminated,
+    Summary,
+    DeadLetter,
+    Changelog,
+    /// Events the OTLP ingest publishes onto an input topic (see [`Outbox::publishing_to`]).
+    Ingested,
+}
+
+impl Sink {
+    /// The topic records of this kind go to.
+    pub fn topic(self, settings: &KafkaSettings) -> &str {
+        match self {
+            Sink::Warning => &settings.warning_topic,
+            Sink::Terminated => &settings.terminated_topic,
+            Sink::Summary => &settings.summary_topic,
+            Sink::DeadLetter => &settings.dlq_topic,
+            Sink::Changelog => &settings.changelog_topic,
+            // Resolved by the outbox that publishes them.
+            Sink::Ingested => "",
+        }
+    }
+}
+
+/// One message to produce.
+pub struct Record {
+    pub sink: Sink,
+    /// An explicit partition (changelog records go to their input partition's number).
+    pub partition: Option<i32>,
+    pub key: Vec<u8>,
+    pub payload: Vec<u8>,
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+    /// For dead letters: the source message's own headers, kept first.
+    pub source_headers: Vec<(String, Option<Vec<u8>>)>,
+    /// For findings: the Kafka timestamp of the event that fired it (latency metric).
+    pub source_ms: Option<i64>,
+}
+
+impl Record {
+    fn headers(&self) -> Option<OwnedHeaders> {
+        if self.headers.is_empty() && self.source_headers.is_empty() {
+            return None;
+        }
+        let mut h = OwnedHeaders::new_with_capacity(self.headers.len() + self.source_headers.len());
+        for (k, v) in &self.source_headers {
+            h = h.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        for (k, v) in &self.headers {
+            h = h.insert(Header {
+                key: k,
+                value: Some(v.as_slice()),
+            });
+        }
+        Some(h)
+    }
+}
+
+/// The dead letter of a bad message: its key, payload and headers, and where it came
+/// from and why it was refused (`reason`: the bounded class; `message`: what and where).
+pub fn dead_letter(m: &impl Message, topic: &str, reason: &str, message: &str) -> Record {
+    let source_headers = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        sink: Sink::DeadLetter,
+        partition: None,
+        key: m.key().unwrap_or_default().to_vec(),
+        payload: m.payload().unwrap_or_default().to_vec(),
+        headers: vec![
+            (DLQ_SOURCE_TOPIC, topic.as_bytes().to_vec()),
+            (DLQ_SOURCE_PARTITION, m.partition().to_string().into_bytes()),
+            (DLQ_SOURCE_OFFSET, m.offset().to_string().into_bytes()),
+            (DLQ_REASON, reason.as_bytes().to_vec()),
+            (DLQ_MESSAGE, message.as_bytes().to_vec()),
+        ],
+        source_headers,
+        source_ms: None,
+    }
+}
+
+/// The records of the batch in hand and the producer they go through: the first `sent`
+/// are with the producer until [`Outbox::settle`] sees them acknowledged; records pushed
+/// meanwhile (the next batch's) wait behind them.
+pub struct Outbox {
+    pub records: Vec<Record>,
+    sent: usize,
+    pub transport: Box<dyn Transport>,
+    settings: KafkaSettings,
+    telemetry: Arc<Telemetry>,
+    /// Where [`Sink::Ingested`] records go.
+    ingest_topic: String,
+    /// Bounds the wait for room in the producer's queue once shutdown has come.
+    shutdown: Shutdown,
+}
+
+impl Outbox {
+    pub fn new(
+        producer_config: &rdkafka::ClientConfig,
+        settings: &KafkaSettings,
+        telemetry: Arc<Telemetry>,
+        shutdown: &Shutdown,
+    ) -> Result<Outbox, KafkaError> {
+        let tracker = DeliveryTracker::of(settings, &telemetry);
+        let transport = KafkaTransport::new(producer_config, tracker)?;
+        Ok(Outbox::with_transport(
+            Box::new(transport),
+            settings,
+            telemetry,
+            shutdown,
+        ))
+    }
+
+    /// An outbox over any transport (the unit tests' in-memory bus).
+    pub fn with_transport(
+        transport: Box<dyn Transport>,
+        settings: &KafkaSettings,
+        telemetry: Arc<Telemetry>,
+        shutdown: &Shutdown,
+    ) -> Outbox {
+        Outbox {
+            records: Vec::new(),
+            sent: 0,
+            transport,
+            settings: settings.clone(),
+            telemetry,
+            ingest_topic: String::new(),
+            shutdown: shutdown.clone(),
+        }
+    }
+
+    /// This outbox publishes [`Sink::Ingested`] records to `topic`.
+    pub fn publishing_to(mut self, topic: &str) -> Outbox {
+        self.ingest_topic = topic.to_string();
+        self
+    }
+
+    fn topic_of(&self, sink: Sink) -> &str {
+        match sink {
+            Sink::Ingested => &self.ingest_topic,
+            other => other.topic(&self.settings),
+        }
+    }
+
+    pub fn push(&mut self, record: Record) {
+        self.records.push(record);
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Drops the records, sent or not (a batch given up: its events are read again);
+    /// reports still to come for them are ignored.
+    pub fn clear(&mut self) {
+        self.records.clear();
+        self.sent = 0;
+        let tracker = self.transport.tracker();
+        tracker.epoch.fetch_add(1, Ordering::AcqRel);
+        lock(&tracker.failed).clear();
+    }
+
+    /// Counts `records` sent again (a retried delivery or transaction).
+    pub fn retried(&self, records: usize) {
+        self.telemetry
+            .metrics
+            .delivery_retries
+            .inc_by(records as u64);
+    }
+
+    /// The highest acknowledged changelog offset per partition since the last call.
+    pub fn take_changelog_positions(&self) -> FxHashMap<i32, i64> {
+        std::mem::take(&mut *lock(&self.transport.tracker().changelog_offsets))
+    }
+
+    /// Forgets acknowledged changelog offsets (a batch given up).
+    pub fn forget_changelog_positions(&self) {
+        lock(&self.transport.tracker().changelog_offsets).clear();
+    }
+
+    /// The first failure recorded since the last [`Outbox::take_failed`].
+    pub fn first_failure(&self) -> Option<KafkaError> {
+        lock(&self.transport.tracker().failed)
+            .first()
+            .map(|(_, e)| e.clone())
+    }
+
+    /// Hands the records at `indexes` to the producer (waiting while its queue is full);
+    /// a record it refuses outright is recorded as failed, like a failed delivery.
+    pub fn send(&mut self, indexes: &[usize]) {
+        let epoch = self.transport.tracker().epoch.load(Ordering::Acquire);
+        for &i in indexes {
+            let r = &self.records[i];
+            loop {
+                let record = Outgoing {
+                    topic: self.topic_of(r.sink),
+                    partition: r.partition,
+                    key: &r.key,
+                    // A changelog tombstone has no value at all (compaction drops the key).
+                    payload: (!(r.sink == Sink::Changelog && r.payload.is_empty()))
+                        .then_some(r.payload.as_slice()),
+                    headers: r.headers(),
+                };
+                let report = Box::new((epoch, i, r.source_ms));
+                match self.transport.send(record, report) {
+                    Ok(()) => break,
+                    Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
+                        // The queue drains as the broker acknowledges, or as its records
+                        // expire (`message.timeout.ms`, minutes): past the shutdown
+                        // deadline, the record fails instead, as the deadline says.
+                        if Backoff::new(&self.settings, &self.shutdown).past_deadline() {
+                            let full = KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull);
+                            lock(&self.transport.tracker().failed).push((i, full));
+                            break;
+                        }
+                        self.transport.poll(Duration::from_millis(5));
+                    }
+                    Err(e) => {
+                        lock(&self.transport.tracker().failed).push((i, e));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until the producer has nothing in flight (or the deadline passed).
+    pub fn await_acks(&self, backoff: &Backoff) -> Result<(), DeadlinePassed> {
+        while self.transport.in_flight() > 0 {
+            self.transport.poll(Duration::from_millis(1));
+            if backoff.past_deadline() {
+                return Err(DeadlinePassed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the failed deliveries; a dead letter the broker refused as too large is cut
+    /// to its first bytes (with a header saying how long it was), so it is never lost.
+    pub fn take_failed(&mut self) -> Vec<(usize, KafkaError)> {
+        let failed = std::mem::take(&mut *lock(&self.transport.tracker().failed));
+        for (i, e) in &failed {
+            let r = &mut self.records[*i];
+            let too_large = matches!(
+                e.rdkafka_error_code(),
+                Some(RDKafkaErrorCode::MessageSizeTooLarge)
+            );
+            if too_large && r.sink == Sink::DeadLetter && r.payload.len() > DLQ_TRUNCATE_TO {
+                let len = r.payload.len();
+                r.payload.truncate(DLQ_TRUNCATE_TO);
+                r.headers
+                    .push((DLQ_TRUNCATED_FROM, len.to_string().into_bytes()));
+            }
+        }
+        failed
+    }
+
+    /// Hands the records not sent yet to the producer without waiting for the broker;
+    /// they stay in the outbox until [`Outbox::settle`] has seen each one acknowledged.
+    pub fn send_all(&mut self) {
+        let unsent: Vec<usize> = (self.sent..self.records.len()).collect();
+        self.send(&unsent);
+        self.sent = self.records.len();
+    }
+
+    /// Whether records wait to be handed to the producer.
+    pub fn has_unsent(&self) -> bool {
+        self.sent < self.records.len()
+    }
+
+    /// Whether records are with the producer, not yet settled.
+    pub fn has_sent(&self) -> bool {
+        self.sent > 0
+    }
+
+    /// Waits until the broker has acknowledged every record sent, sending failures again
+    /// with backoff, then drops them (records pushed since stay).
+    pub fn settle(&mut self, backoff: &mut Backoff) -> Result<(), DeadlinePassed> {
+        loop {
+            self.await_acks(backoff)?;
+            let failed = self.take_failed();
+            if failed.is_empty() {
+                self.records.drain(..self.sent);
+                self.sent = 0;
+                return Ok(());
+            }
+            self.retried(failed.len());
+            let (_, first) = &failed[0];
+            warn!(failed = failed.len(), error = %first, backoff_ms = backoff.delay_ms(), "output delivery failed; retrying");
+            let pending: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
+            backoff.pause()?;
+            self.send(&pending);
+        }
+    }
+
+    /// Produces every record and waits until the broker has acknowledged each one
+    /// ([`Outbox::send_all`], then [`Outbox::settle`]).
+    pub fn deliver(&mut self, backoff: &mut Backoff) -> Result<(), DeadlinePassed> {
+        self.send_all();
+        self.settle(backoff)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_producer_queue_gives_up_at_the_shutdown_deadline() {
+        // A broker that never answers and a queue with room for one record: the second
+        // waits for room that only `message.timeout.ms` (an hour here) would make.
+        let settings = KafkaSettings {
+            shutdown_deadline: Duration::from_millis(50),
+            ..KafkaSettings::default()
+        };
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("queue.buffering.max.messages", "1")
+            .set("message.timeout.ms", "3600000");
+        let shutdown = Shutdown::new();
+        let mut outbox =
+            Outbox::new(&config, &settings, Arc::new(Telemetry::new()), &shutdown).unwrap();
+        for _ in 0..3 {
+            outbox.push(Record {
+                sink: Sink::Warning,
+                partition: None,
+                key: b"s".to_vec(),
+                payload: b"{}".to_vec(),
+                headers: Vec::new(),
+                source_headers: Vec::new(),
+                source_ms: None,
+            });
+        }
+        shutdown.trigger();
+        std::thread::sleep(Duration::from_millis(60));
+        let (done, finished) = std::sync::mpsc::channel();
+        let sender = std::thread::spawn(move || {
+            outbox.send_all();
+            let failed = outbox.take_failed();
+            done.send(failed.len()).unwrap();
+            // Dropping the producer would wait on the silent broker: the test ends without.
+            std::mem::forget(outbox);
+        });
+        let failed = finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("send_all returned past the deadline");
+        assert_eq!(failed, 2, "the records without room failed");
+        sender.join().unwrap();
+    }
+}

@@ -1,0 +1,230 @@
+//! One assigned partition number (partition *p* of every input topic) as a worker holds
+//! it: its engine, its sled tree, the offsets applied per input topic and the polled
+//! messages waiting in its aligner, and what it turns a polled message into.
+//!
+//! Guarantees: a partition's changes are taken together with the offsets they reflect
+//! (one store batch), and the offsets to commit are exactly the applied ones.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tracing::warn;
+
+use super::align::Aligner;
+use super::outbox::{dead_letter, Record};
+use super::outputs::Source;
+use crate::contract::event::wall_ms;
+use crate::contract::event::{parse_event, Event, ParseLimits};
+use crate::contract::output::Output;
+use crate::engine::store::{SledStore, StoreBatch};
+use crate::engine::{Engine, EventMeta};
+
+/// How many times `idle_after` a partition that is behind waits before its clock
+/// advances anyway.
+pub const BEHIND_WAITS: u32 = 4;
+
+/// A polled message waiting for its turn: an event, or a dead letter (which keeps its
+/// place so that the applied offsets stay a prefix of each topic).
+// Nearly every item is an event: boxing it to shrink the rare dead letter's slot would
+// cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Pending {
+    Event(Event<'static>, EventMeta, Source),
+    DeadLetter(Record, &'static str),
+}
+
+/// One assigned partition number (partition *p* of every input topic).
+pub(super) struct Partition {
+    pub engine: Engine,
+    pub store: SledStore,
+    /// Last applied offset per input topic.
+    pub applied: BTreeMap<Arc<str>, i64>,
+    /// Polled messages not applied yet, released across topics in event-time order.
+    pub held: Aligner<Pending>,
+    /// Whether state or offsets changed since the last store.
+    pub dirty: bool,
+    /// Wall time and engine clock at the last event, for the idle clock.
+    pub last_event_wall: Instant,
+    pub clock_at_last_event: Option<i64>,
+    /// Messages of this partition wait on the broker (as the client last saw it): it is
+    /// behind, not idle, and its clock waits for its events.
+    pub behind: bool,
+    /// Each input topic's high watermark as the broker gave it at the assignment (`None`:
+    /// not asked, with one input topic, or no answer). The client's cached watermarks
+    /// outlive a revoke, so after a partition comes back they may be older than this.
+    pub high_at_assignment: Vec<Option<i64>>,
+}
+
+impl Pending {
+    /// A polled message of input `topic`, parsed: an event with its event time (the
+    /// message's timestamp when the event has none), or a dead letter saying why not.
+    pub fn of(m: &impl Message, topic: Arc<str>, limits: &ParseLimits) -> (Option<i64>, Pending) {
+        let (partition, offset) = (m.partition(), m.offset());
+        let payload = m.payload().unwrap_or_default();
+        match parse_event(payload, limits) {
+            Ok(event) => {
+                let meta = EventMeta {
+                    topic: Some(topic),
+                    partition: Some(partition),
+                    offset: Some(offset),
+                    message_timestamp_ms: m.timestamp().to_millis(),
+                    processing_time_ms: Some(wall_ms()),
+                };
+                let event_ms = event
+                    .timestamp_ms
+                    .or(meta.message_timestamp_ms)
+                    .unwrap_or(0);
+                let source = Source::of(m, meta.message_timestamp_ms);
+                (
+                    Some(event_ms),
+                    Pending::Event(event.into_owned(), meta, source),
+                )
+            }
+            Err(bad) => {
+                let detail = bad.detail();
+                warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %detail, "dead-lettering bad message");
+                (
+                    None,
+                    Pending::DeadLetter(
+                        dead_letter(m, &topic, bad.reason(), &detail),
+                        bad.reason(),
+                    ),
+                )
+            }
+        }
+    }
+}
+
+impl Partition {
+    /// A partition loaded from its store, its aligner waiting `align_wait` across the
+    /// `topics` input topics.
+    pub fn new(
+        engine: Engine,
+        store: SledStore,
+        applied: BTreeMap<Arc<str>, i64>,
+        topics: usize,
+        align_wait: Duration,
+    ) -> Partition {
+        let clock_at_last_event = engine.watermark();
+        Partition {
+            engine,
+            store,
+            applied,
+            held: Aligner::new(topics, align_wait, Instant::now()),
+            dirty: false,
+            last_event_wall: Instant::now(),
+            clock_at_last_event,
+            behind: false,
+            high_at_assignment: Vec::new(),
+        }
+    }
+
+    /// Advances the engine's clock by the wall time since the last event, once nothing
+    /// has been applied or held for `idle_after` (closing silent sessions). While
+    /// messages wait on the broker the partition is behind, not idle, and waits up to
+    /// [`BEHIND_WAITS`] × `idle_after`: a consumer that stalls or lags must not expire
+    /// the sessions whose events it has not read yet, and a watermark that never comes
+    /// level (aborted transactions at a partition's end) must not keep them open forever.
+    pub fn advance_idle_clock(&mut self, idle_after: Duration, outputs: &mut Vec<Output>) {
+        if !self.held.is_empty() {
+            return;
+        }
+        let idle = self.last_event_wall.elapsed();
+        let Some(clock) = self.clock_at_last_event else {
+            return;
+        };
+        let threshold = if self.behind {
+            idle_after.saturating_mul(BEHIND_WAITS)
+        } else {
+            idle_after
+        };
+        if idle < threshold {
+            return;
+        }
+        let before = outputs.len();
+        self.engine
+            .advance_clock(clock.saturating_add(idle.as_millis() as i64), outputs);
+        if outputs.len() > before {
+            self.dirty = true;
+        }
+    }
+
+    /// Takes the changes since the last store (sessions and applied offsets, one store
+    /// batch) and adds the offsets to commit once stored; nothing when unchanged.
+    pub fn take_changes(
+        &mut self,
+        partition: i32,
+        commit: &mut TopicPartitionList,
+    ) -> Option<StoreBatch> {
+        if !std::mem::take(&mut self.dirty) {
+            return None;
+        }
+        let offsets: Vec<(String, i64)> = self
+            .applied
+            .iter()
+            .map(|(t, o)| (format!("{t}/{partition}"), *o))
+            .collect();
+        for (t, o) in &self.applied {
+            let _ = commit.add_partition_offset(t, partition, Offset::Offset(o + 1));
+        }
+        self.engine.take_changes(&offsets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::contract::event::parse_event;
+    use crate::engine::EventMeta;
+
+    /// A partition on real sled with one open session, its last event `idle` ago.
+    fn partition_with_a_session(dir: &std::path::Path, idle: Duration) -> Partition {
+        let config = Arc::new(
+            Config::from_toml_str("[engine]\nsession_gap_secs = 2\n", "t", std::iter::empty())
+                .unwrap(),
+        );
+        let db = sled::open(dir).unwrap();
+        let store = SledStore::partition(&db, 0).unwrap();
+        let mut engine = Engine::restore(config, &store).unwrap();
+        let event = br#"{"type":"tool.called","session_id":"s","timestamp":"2026-11-25T10:00:00Z","tool":"read","args":{"p":1},"result":"x"}"#;
+        let mut out = Vec::new();
+        engine.process(
+            &parse_event(event, &ParseLimits::default()).unwrap(),
+            &EventMeta::default(),
+            &mut out,
+        );
+        let mut p = Partition::new(engine, store, BTreeMap::new(), 1, Duration::ZERO);
+        p.last_event_wall = Instant::now().checked_sub(idle).unwrap();
+        p.clock_at_last_event = p.engine.watermark();
+        p
+    }
+
+    #[test]
+    fn the_idle_clock_closes_silent_sessions_but_waits_while_events_wait_on_the_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = partition_with_a_session(dir.path(), Duration::from_secs(3));
+        let mut out = Vec::new();
+        p.behind = true;
+        p.advance_idle_clock(Duration::from_secs(1), &mut out);
+        assert!(out.is_empty(), "behind: its events are not read yet");
+        p.behind = false;
+        p.advance_idle_clock(Duration::from_secs(1), &mut out);
+        assert!(
+            out.iter().any(|o| matches!(o, Output::Summary(_))),
+            "idle past the session gap: the session closes ({out:?})"
+        );
+        // Behind for longer than BEHIND_WAITS × idle_after: it advances all the same.
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = partition_with_a_session(dir.path(), Duration::from_secs(5));
+        let mut out = Vec::new();
+        p.behind = true;
+        p.advance_idle_clock(Duration::from_secs(1), &mut out);
+        assert!(
+            out.iter().any(|o| matches!(o, Output::Summary(_))),
+            "behind, but for too long ({out:?})"
+        );
+    }
+}

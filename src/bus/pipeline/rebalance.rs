@@ -1,0 +1,204 @@
+//! Rebalances: the consumer's context takes what librdkafka hands over inside `poll`
+//! (partitions revoked, assigned, or a rebalance error) and parks it; the poll loop then
+//! hands it to its worker ([`serve`]), which finishes or drops the batch, loads or lets
+//! go of partitions, and only then acknowledges the rebalance to librdkafka (the assign
+//! or unassign call it waits for). So the worker is owned by the poll loop alone, and the
+//! callback touches nothing of it (quickwit's Kafka source hands rebalances over the same
+//! way).
+//!
+//! Guarantees: a revoked partition's batch is finished (delivered, stored, committed)
+//! before the revoke is acknowledged, so its next owner starts where this one stopped;
+//! an assignment that was *lost* (the group went on without us) stores and commits
+//! nothing more of those partitions, since another member may own them already; records
+//! of a batch already in flight are seen delivered first (findings published twice at
+//! worst, with one event id; the batch's changelog records carry no commit record, so no
+//! restore applies them); an assigned partition is loaded from sled (and restored from
+//! the changelog) before the assignment is acknowledged, so before it is fetched. A
+//! restore that shutdown interrupts leaves its partition unloaded: not a failure. While
+//! the consumer closes (the worker has stopped), rebalances are acknowledged at once.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
+use rdkafka::{ClientContext, TopicPartitionList};
+use tracing::{error, info, warn};
+
+use super::batch::Finish;
+use super::lock;
+use super::worker::Worker;
+use super::PipelineError;
+
+/// A rebalance as librdkafka handed it over, waiting for the worker.
+enum Parked {
+    Revoke(TopicPartitionList),
+    Assign(TopicPartitionList),
+    Error(KafkaError),
+}
+
+/// The consumer's context: parks each rebalance for the poll loop's worker.
+#[derive(Default)]
+pub struct RebalanceHandler {
+    parked: Mutex<VecDeque<Parked>>,
+    /// The worker has stopped and the consumer is closing: rebalances are acknowledged
+    /// in the callback (nothing is left to finish).
+    closing: AtomicBool,
+}
+
+/// The worker has stopped: rebalances still parked, and any from now on (the consumer's
+/// close revokes everything), are acknowledged without it.
+pub(super) fn closing(consumer: &BaseConsumer<RebalanceHandler>) {
+    let handler = consumer.context();
+    handler.closing.store(true, Ordering::Release);
+    loop {
+        let Some(parked) = lock(&handler.parked).pop_front() else {
+            return;
+        };
+        acknowledge(consumer, &parked);
+    }
+}
+
+impl ClientContext for RebalanceHandler {
+    fn error(&self, error: KafkaError, reason: &str) {
+        warn!(client = "consumer", %error, reason, "kafka client error");
+    }
+}
+
+impl ConsumerContext for RebalanceHandler {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let parked = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Parked::Assign(tpl.clone()),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Parked::Revoke(tpl.clone()),
+            other => Parked::Error(KafkaError::Rebalance(RDKafkaErrorCode::from(other))),
+        };
+        if self.closing.load(Ordering::Acquire) {
+            acknowledge(consumer, &parked);
+            return;
+        }
+        lock(&self.parked).push_back(parked);
+    }
+}
+
+/// The partition numbers in `tpl`, each once.
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<i32> {
+    let mut ps: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+    ps.sort_unstable();
+    ps.dedup();
+    ps
+}
+
+/// Tells librdkafka the rebalance is done: the assign or unassign call it waits for
+/// (incremental under the cooperative protocol).
+fn acknowledge(consumer: &BaseConsumer<RebalanceHandler>, parked: &Parked) {
+    let cooperative = matches!(
+        consumer.rebalance_protocol(),
+        RebalanceProtocol::Cooperative
+    );
+    let result: KafkaResult<()> = match parked {
+        Parked::Assign(tpl) if cooperative => consumer.incremental_assign(tpl),
+        Parked::Assign(tpl) => consumer.assign(tpl),
+        Parked::Revoke(tpl) if cooperative => consumer.incremental_unassign(tpl),
+        Parked::Revoke(_) | Parked::Error(_) => consumer.unassign(),
+    };
+    if let Err(e) = result {
+        error!(error = %e, "cannot acknowledge a rebalance");
+    }
+}
+
+/// Hands every parked rebalance to `worker`, in order, acknowledging each once the
+/// worker is done with it. The first fatal error is returned (after the rest are served
+/// and acknowledged: librdkafka waits for every acknowledgement, even while stopping).
+pub(super) fn serve(
+    consumer: &BaseConsumer<RebalanceHandler>,
+    worker: &mut Worker,
+) -> Result<(), PipelineError> {
+    let mut fatal = None;
+    loop {
+        let Some(parked) = lock(&consumer.context().parked).pop_front() else {
+            break;
+        };
+        let result = match &parked {
+            Parked::Revoke(tpl) => revoke(consumer, worker, &partitions_of(tpl)),
+            Parked::Assign(tpl) => assign(worker, &partitions_of(tpl)),
+            Parked::Error(e) => {
+                warn!(error = %e, "rebalance error");
+                Ok(())
+            }
+        };
+        acknowledge(consumer, &parked);
+        if let Err(e) = result {
+            fatal.get_or_insert(e);
+        }
+    }
+    fatal.map_or(Ok(()), Err)
+}
+
+fn revoke(
+    consumer: &BaseConsumer<RebalanceHandler>,
+    worker: &mut Worker,
+    revoked: &[i32],
+) -> Result<(), PipelineError> {
+    let mut result = Ok(());
+    if consumer.assignment_lost() {
+        // Nothing of them may be written — no findings, no changelog, no state. Their
+        // events are consumed again by the new owner from the last committed point.
+        warn!(partitions = ?revoked, "assignment lost; dropping the unstored batch");
+        worker.drop_unstored();
+    } else {
+        worker.revoking = revoked.to_vec();
+        result = worker.finish_batch(consumer, Finish::Settle);
+        if let Err(e) = &result {
+            error!(error = %e, "cannot store the batch before the revoke");
+        }
+        worker.revoking.clear();
+    }
+    worker.release(revoked);
+    info!(partitions = ?revoked, "partitions revoked");
+    result
+}
+
+fn assign(worker: &mut Worker, assigned: &[i32]) -> Result<(), PipelineError> {
+    let mut fatal = None;
+    for &p in assigned {
+        match worker.acquire(p) {
+            Ok(()) => {}
+            Err(PipelineError::RestoreInterrupted { .. }) => {
+                info!(
+                    partition = p,
+                    "restore interrupted by shutdown; the partition is left unloaded"
+                );
+            }
+            Err(e) => {
+                error!(partition = p, error = %e, "cannot load partition state");
+                fatal.get_or_insert(e);
+            }
+        }
+    }
+    if fatal.is_none() {
+        worker.telemetry.readiness.assignment_loaded();
+    }
+    worker.report_gauges();
+    fatal.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_of_lists_each_number_once() {
+        let mut tpl = TopicPartitionList::new();
+        for (topic, p) in [("llm", 2), ("tools", 2), ("llm", 0), ("tools", 0)] {
+            tpl.add_partition(topic, p);
+        }
+        assert_eq!(partitions_of(&tpl), vec![0, 2]);
+    }
+}

@@ -1,0 +1,672 @@
+//! Agents traced with OpenTelemetry, read as loopwarden events (DESIGN §1): each
+//! `ExportTraceServiceRequest` (OTLP protobuf, or OTLP JSON as the Collector's Kafka and
+//! file exporters write it) is exploded into `cost.attributed` and `tool.called` events.
+//!
+//! Which spans, and what they give (the names are the conventions' own: [`attr`] lists
+//! each one with its convention, and a test holds the list to the published packages):
+//! - GenAI semantic conventions: `gen_ai.operation.name` = `chat`, `text_completion` or
+//!   `generate_content` is an LLM call, `execute_tool` a tool call, `invoke_agent` and
+//!   `create_agent` an agent;
+//! - OpenInference: `openinference.span.kind` = `LLM`, `TOOL`, `AGENT` likewise;
+//! - any other span (HTTP, database, framework internals) is not an agent's step and is
+//!   left out;
+//! - content comes from attributes, else from span events (the older GenAI event
+//!   conventions, which Strands writes by default); the end of a trace's root agent span
+//!   completes its session.
+//!
+//! Guarantees: the mapping is a pure function of the request (the same request gives the
+//! same events, bytes included: the `event_id` is the span id, the time the span's end);
+//! a signal a span does not carry is not guessed (no token usage: the LLM call is still a
+//! step, with 0 tokens; no output messages: no `text` and no `tool_calls`; either is
+//! counted per service and scope in the report); what it makes is an event [`crate::contract::event::parse_event`] reads, but for
+//! what no mapping can mend (a session id over 256 bytes, an event over
+//! `engine.max_event_bytes`), which the ingest dead-letters and `replay` reports. What it
+//! cannot know from one request it does not invent: an agent's name, the session of a
+//! span without one of its own, the sub-agent depth and parent session come from
+//! ancestors found in the same request, and depth only when the chain to the trace's root
+//! is there.
+
+use std::collections::HashMap;
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value::Value, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::{status::StatusCode, Span};
+use prost::Message as _;
+use serde_json::json;
+
+use crate::contract::event::{format_rfc3339_ms, hex};
+
+mod fields;
+use fields::*;
+
+/// The attribute names the mapping reads, by convention.
+pub mod attr {
+    // OpenTelemetry GenAI semantic conventions.
+    pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
+    pub const GEN_AI_CONVERSATION_ID: &str = "gen_ai.conversation.id";
+    pub const GEN_AI_AGENT_ID: &str = "gen_ai.agent.id";
+    pub const GEN_AI_AGENT_NAME: &str = "gen_ai.agent.name";
+    pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    pub const GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+    pub const GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: &str =
+        "gen_ai.usage.cache_creation.input_tokens";
+    pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+    pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+    pub const GEN_AI_RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
+    pub const GEN_AI_OUTPUT_MESSAGES: &str = "gen_ai.output.messages";
+    pub const GEN_AI_TOOL_NAME: &str = "gen_ai.tool.name";
+    pub const GEN_AI_TOOL_CALL_ID: &str = "gen_ai.tool.call.id";
+    pub const GEN_AI_TOOL_CALL_ARGUMENTS: &str = "gen_ai.tool.call.arguments";
+    pub const GEN_AI_TOOL_CALL_RESULT: &str = "gen_ai.tool.call.result";
+    // OpenTelemetry general conventions.
+    pub const ERROR_TYPE: &str = "error.type";
+    pub const SESSION_ID: &str = "session.id";
+    pub const SERVICE_NAME: &str = "service.name";
+    // OpenInference.
+    pub const OPENINFERENCE_SPAN_KIND: &str = "openinference.span.kind";
+    pub const LLM_TOKEN_COUNT_PROMPT: &str = "llm.token_count.prompt";
+    pub const LLM_TOKEN_COUNT_COMPLETION: &str = "llm.token_count.completion";
+    pub const LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_READ: &str =
+        "llm.token_count.prompt_details.cache_read";
+    pub const LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_WRITE: &str =
+        "llm.token_count.prompt_details.cache_write";
+    pub const LLM_MODEL_NAME: &str = "llm.model_name";
+    pub const LLM_COST_TOTAL: &str = "llm.cost.total";
+    /// `llm.output_messages.<i>.message.content` and
+    /// `llm.output_messages.<i>.message.tool_calls.<j>.tool_call.function.name`.
+    pub const LLM_OUTPUT_MESSAGES: &str = "llm.output_messages";
+    pub const MESSAGE_CONTENT: &str = "message.content";
+    pub const MESSAGE_TOOL_CALLS: &str = "message.tool_calls";
+    pub const TOOL_NAME: &str = "tool.name";
+    pub const TOOL_CALL_ID: &str = "tool_call.id";
+    pub const INPUT_VALUE: &str = "input.value";
+    pub const OUTPUT_VALUE: &str = "output.value";
+    pub const AGENT_NAME: &str = "agent.name";
+
+    /// The convention each name belongs to, for the check against the published
+    /// packages: `gen_ai` (OpenTelemetry's GenAI attributes), `otel` (its general ones),
+    /// `openinference`.
+    pub const ALL: &[(&str, &str)] = &[
+        (GEN_AI_OPERATION_NAME, "gen_ai"),
+        (GEN_AI_CONVERSATION_ID, "gen_ai"),
+        (GEN_AI_AGENT_ID, "gen_ai"),
+        (GEN_AI_AGENT_NAME, "gen_ai"),
+        (GEN_AI_USAGE_INPUT_TOKENS, "gen_ai"),
+        (GEN_AI_USAGE_OUTPUT_TOKENS, "gen_ai"),
+        (GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "gen_ai"),
+        (GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, "gen_ai"),
+        (GEN_AI_REQUEST_MODEL, "gen_ai"),
+        (GEN_AI_RESPONSE_MODEL, "gen_ai"),
+        (GEN_AI_RESPONSE_FINISH_REASONS, "gen_ai"),
+        (GEN_AI_OUTPUT_MESSAGES, "gen_ai"),
+        (GEN_AI_TOOL_NAME, "gen_ai"),
+        (GEN_AI_TOOL_CALL_ID, "gen_ai"),
+        (GEN_AI_TOOL_CALL_ARGUMENTS, "gen_ai"),
+        (GEN_AI_TOOL_CALL_RESULT, "gen_ai"),
+        (ERROR_TYPE, "otel"),
+        (SESSION_ID, "otel"),
+        (SERVICE_NAME, "otel"),
+        (OPENINFERENCE_SPAN_KIND, "openinference"),
+        (LLM_TOKEN_COUNT_PROMPT, "openinference"),
+        (LLM_TOKEN_COUNT_COMPLETION, "openinference"),
+        (LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_READ, "openinference"),
+        (LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_WRITE, "openinference"),
+        (LLM_MODEL_NAME, "openinference"),
+        (LLM_COST_TOTAL, "openinference"),
+        (LLM_OUTPUT_MESSAGES, "openinference"),
+        (MESSAGE_CONTENT, "openinference"),
+        (MESSAGE_TOOL_CALLS, "openinference"),
+        (TOOL_NAME, "openinference"),
+        (TOOL_CALL_ID, "openinference"),
+        (INPUT_VALUE, "openinference"),
+        (OUTPUT_VALUE, "openinference"),
+        (AGENT_NAME, "openinference"),
+    ];
+
+    /// The values of `gen_ai.operation.name` and `openinference.span.kind` the mapping
+    /// knows, with what they are.
+    pub const OPERATIONS: &[(&str, &str)] = &[
+        ("chat", "gen_ai"),
+        ("text_completion", "gen_ai"),
+        ("generate_content", "gen_ai"),
+        ("execute_tool", "gen_ai"),
+        ("invoke_agent", "gen_ai"),
+        ("create_agent", "gen_ai"),
+        ("LLM", "openinference"),
+        ("TOOL", "openinference"),
+        ("AGENT", "openinference"),
+    ];
+}
+
+/// The span events the mapping reads, and their attributes: the older GenAI event
+/// conventions, as Strands writes them by default (content in events, not attributes).
+pub mod event {
+    pub const GEN_AI_CHOICE: &str = "gen_ai.choice";
+    pub const GEN_AI_TOOL_MESSAGE: &str = "gen_ai.tool.message";
+    pub const MESSAGE: &str = "message";
+    pub const CONTENT: &str = "content";
+    pub const FINISH_REASON: &str = "finish_reason";
+}
+
+/// How OTLP traces are encoded on the bus (the Collector's Kafka exporter `encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    OtlpProto,
+    OtlpJson,
+}
+
+impl Encoding {
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::OtlpProto => "otlp_proto",
+            Encoding::OtlpJson => "otlp_json",
+        }
+    }
+}
+
+/// A message that is not an OTLP trace export (poison: dead-letter it).
+#[derive(Debug, thiserror::Error)]
+pub enum OtlpError {
+    #[error("an empty message (a tombstone?) is not an OTLP trace export")]
+    Empty,
+    #[error("not an OTLP protobuf ExportTraceServiceRequest: {0}")]
+    Protobuf(#[from] prost::DecodeError),
+    #[error("not an OTLP JSON ExportTraceServiceRequest: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl OtlpError {
+    /// A short, bounded label for metrics and dead-letter headers.
+    pub fn reason(&self) -> &'static str {
+        "invalid_otlp"
+    }
+}
+
+/// Reads one message (or line) as a trace export. In JSON, an export
+/// (`{"resourceSpans": [...]}`, as the OpenTelemetry Collector writes it) or its bare
+/// array of resource spans (as rotel's Kafka exporter writes it).
+pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<ExportTraceServiceRequest, OtlpError> {
+    if bytes.is_empty() {
+        // Protobuf would read it as an export without spans.
+        return Err(OtlpError::Empty);
+    }
+    match encoding {
+        Encoding::OtlpProto => Ok(ExportTraceServiceRequest::decode(bytes)?),
+        Encoding::OtlpJson if bytes.trim_ascii_start().starts_with(b"[") => {
+            Ok(ExportTraceServiceRequest {
+                resource_spans: serde_json::from_slice(bytes)?,
+            })
+        }
+        Encoding::OtlpJson => Ok(serde_json::from_slice(bytes)?),
+    }
+}
+
+/// One event made of a span.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MappedEvent {
+    pub session_id: String,
+    /// The event as one JSON object (the input contract).
+    pub json: Vec<u8>,
+    /// W3C `traceparent` of the span: loopwarden's own spans for this event join the
+    /// agent's trace.
+    pub traceparent: String,
+    pub end_unix_nano: u64,
+}
+
+/// Why a span gave no event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Skipped {
+    /// A tool call without a tool name.
+    NoToolName,
+    /// Not an agent's LLM call, tool call or agent (HTTP, database, framework spans).
+    NotAgentStep,
+    /// An LLM or tool call without a valid trace id and span id (OTLP requires both).
+    InvalidIds,
+}
+
+impl Skipped {
+    pub const ALL: [Skipped; 3] = [
+        Skipped::NoToolName,
+        Skipped::NotAgentStep,
+        Skipped::InvalidIds,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Skipped::NoToolName => "no_tool_name",
+            Skipped::NotAgentStep => "not_agent_step",
+            Skipped::InvalidIds => "invalid_ids",
+        }
+    }
+}
+
+/// What a step's event lacks that the instrumentation's settings would give it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Missing {
+    /// An LLM call without token counts: still a step, its tokens counted as 0.
+    TokenUsage,
+    /// An LLM call without its output, or a tool call without its arguments or result.
+    Content,
+}
+
+impl Missing {
+    pub const ALL: [Missing; 2] = [Missing::TokenUsage, Missing::Content];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Missing::TokenUsage => "token_usage",
+            Missing::Content => "content",
+        }
+    }
+}
+
+/// Steps of one service (`service.name`) and instrumentation scope mapped without
+/// something the detectors read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uncaptured {
+    pub service: String,
+    pub scope: String,
+    pub missing: Missing,
+    pub spans: u64,
+}
+
+impl Uncaptured {
+    /// What turns capture on for this scope's instrumentation (what the README says).
+    pub fn setting(&self) -> &'static str {
+        capture_setting(&self.scope, self.missing)
+    }
+}
+
+/// What a request gave.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MapReport {
+    pub spans: u64,
+    pub llm_calls: u64,
+    pub tool_calls: u64,
+    pub agents: u64,
+    /// Agent runs that ended (root agent spans): their sessions completed.
+    pub completions: u64,
+    /// Spans that gave no event, by reason (agent spans are not counted here: they give
+    /// names and depth to their descendants).
+    pub skipped: Vec<(Skipped, u64)>,
+    /// Steps mapped without part of what the detectors read, by service and scope.
+    pub uncaptured: Vec<Uncaptured>,
+}
+
+impl MapReport {
+    fn skip(&mut self, why: Skipped) {
+        match self.skipped.iter_mut().find(|(s, _)| *s == why) {
+            Some((_, n)) => *n += 1,
+            None => self.skipped.push((why, 1)),
+        }
+    }
+
+    fn lacks(&mut self, service: &str, scope: &str, missing: Missing, spans: u64) {
+        match self
+            .uncaptured
+            .iter_mut()
+            .find(|u| u.missing == missing && u.service == service && u.scope == scope)
+        {
+            Some(u) => u.spans += spans,
+            None => self.uncaptured.push(Uncaptured {
+                service: service.to_string(),
+                scope: scope.to_string(),
+                missing,
+                spans,
+            }),
+        }
+    }
+
+    pub fn add(&mut self, other: &MapReport) {
+        self.spans += other.spans;
+        self.llm_calls += other.llm_calls;
+        self.tool_calls += other.tool_calls;
+        self.agents += other.agents;
+        self.completions += other.completions;
+        for &(why, n) in &other.skipped {
+            match self.skipped.iter_mut().find(|(s, _)| *s == why) {
+                Some((_, m)) => *m += n,
+                None => self.skipped.push((why, n)),
+            }
+        }
+        for u in &other.uncaptured {
+            self.lacks(&u.service, &u.scope, u.missing, u.spans);
+        }
+    }
+
+    /// Steps mapped without `missing`, over every service.
+    pub fn uncaptured(&self, missing: Missing) -> u64 {
+        self.uncaptured
+            .iter()
+            .filter(|u| u.missing == missing)
+            .map(|u| u.spans)
+            .sum()
+    }
+
+    pub fn skipped(&self, why: Skipped) -> u64 {
+        self.skipped
+            .iter()
+            .find(|(s, _)| *s == why)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// What kind of step a span is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Llm,
+    Tool,
+    Agent,
+    Other,
+}
+
+/// A span with the resource and instrumentation scope it came from.
+struct Located<'r> {
+    span: &'r Span,
+    resource: &'r [KeyValue],
+    scope: &'r str,
+    kind: Kind,
+}
+
+/// Maps trace exports to events.
+#[derive(Debug, Clone)]
+pub struct Mapper {
+    /// An attribute naming the session when neither `gen_ai.conversation.id` nor
+    /// `session.id` does.
+    pub session_attribute: Option<String>,
+    /// The event parser's nesting limit (`engine.max_nesting`): a captured argument or
+    /// result embedded as JSON must stay within it one level down, inside the event.
+    pub max_nesting: usize,
+}
+
+impl Default for Mapper {
+    fn default() -> Mapper {
+        Mapper {
+            session_attribute: None,
+            max_nesting: crate::contract::event::DEFAULT_MAX_NESTING,
+        }
+    }
+}
+
+impl Mapper {
+    /// Appends the events of `request` to `out`, in the order their spans ended.
+    pub fn map(
+        &self,
+        request: &ExportTraceServiceRequest,
+        out: &mut Vec<MappedEvent>,
+    ) -> MapReport {
+        let mut report = MapReport::default();
+        let mut spans: Vec<Located<'_>> = Vec::new();
+        for rs in &request.resource_spans {
+            let resource = rs.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]);
+            for ss in &rs.scope_spans {
+                let scope = ss.scope.as_ref().map_or("", |s| s.name.as_str());
+                for span in &ss.spans {
+                    spans.push(Located {
+                        span,
+                        resource,
+                        scope,
+                        kind: kind_of(&span.attributes),
+                    });
+                }
+            }
+        }
+        report.spans = spans.len() as u64;
+        let ancestry = Ancestry::of(&spans, |attrs| self.session_named(attrs).is_some());
+        let request_events = out.len();
+        for (i, l) in spans.iter().enumerate() {
+            if matches!(l.kind, Kind::Llm | Kind::Tool) && !valid_ids(l.span) {
+                report.skip(Skipped::InvalidIds);
+                continue;
+            }
+            let service = string(l.resource, attr::SERVICE_NAME).unwrap_or("");
+            let fields = match l.kind {
+                Kind::Llm => {
+                    let (f, lacking) = llm_fields(l.span);
+                    report.llm_calls += 1;
+                    for missing in lacking {
+                        report.lacks(service, l.scope, missing, 1);
+                    }
+                    f
+                }
+                Kind::Tool => match tool_fields(l.span, self.max_nesting) {
+                    Some((f, captured)) => {
+                        report.tool_calls += 1;
+                        if !captured {
+                            report.lacks(service, l.scope, Missing::Content, 1);
+                        }
+                        f
+                    }
+                    None => {
+                        report.skip(Skipped::NoToolName);
+                        continue;
+                    }
+                },
+                Kind::Agent => {
+                    report.agents += 1;
+                    // A root agent run's span ends when the run does: a session that is
+                    // that trace completed (its summary now, not a session gap later). A
+                    // nested agent's end is its parent's step; a session named by the
+                    // agent (a conversation) may go on in another run, its ceilings
+                    // counting across them; creating an agent is no run.
+                    let run = string(&l.span.attributes, attr::GEN_AI_OPERATION_NAME)
+                        != Some("create_agent");
+                    let is_trace =
+                        || self.session_of(&spans, &ancestry, i) == hex(&l.span.trace_id);
+                    if !run
+                        || !l.span.parent_span_id.is_empty()
+                        || !valid_ids(l.span)
+                        || !is_trace()
+                    {
+                        continue;
+                    }
+                    report.completions += 1;
+                    completion_fields()
+                }
+                Kind::Other => {
+                    report.skip(Skipped::NotAgentStep);
+                    continue;
+                }
+            };
+            out.push(self.event(&spans, i, &ancestry, fields));
+        }
+        // In the order the spans ended (ties: as they came), the order they happened in.
+        out[request_events..].sort_by_key(|e| e.end_unix_nano);
+        report
+    }
+
+    fn event(
+        &self,
+        spans: &[Located<'_>],
+        i: usize,
+        ancestry: &Ancestry,
+        fields: Obj,
+    ) -> MappedEvent {
+        let span = spans[i].span;
+        let session_id = self.session_of(spans, ancestry, i);
+        let mut event = fields;
+        event
+            .str("session_id", &session_id)
+            .str("event_id", &hex(&span.span_id))
+            .str("trace_id", &hex(&span.trace_id));
+        let end_ms = (span.end_time_unix_nano / 1_000_000) as i64;
+        event.str("timestamp", &format_rfc3339_ms(end_ms));
+        // The span's own agent attributes, else its nearest agent's (not one further up:
+        // a sub-agent's steps are the sub-agent's).
+        let agent = ancestry.agent[i];
+        let agent_id = agent_of(&span.attributes)
+            .or_else(|| agent.and_then(|a| agent_of(&spans[a].span.attributes)));
+        if let Some(agent_id) = agent_id {
+            event.str("agent_id", agent_id);
+        }
+        if ancestry.rooted[i] {
+            if let Some(depth) = ancestry.agents[i].checked_sub(1) {
+                event.num("depth", depth);
+            }
+        }
+        // The nearest agent above this event's own agent, if its session differs.
+        if let Some(parent_agent) = agent.and_then(|a| ancestry.parent_agent(a)) {
+            let parent_session = self.session_of(spans, ancestry, parent_agent);
+            if parent_session != session_id {
+                event.str("parent_session_id", &parent_session);
+            }
+        }
+        MappedEvent {
+            session_id,
+            json: event.finish(),
+            traceparent: format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id)),
+            end_unix_nano: span.end_time_unix_nano,
+        }
+    }
+
+    /// The session an attribute list names: `gen_ai.conversation.id`, `session.id` or the
+    /// configured attribute.
+    fn session_named<'a>(&self, attrs: &'a [KeyValue]) -> Option<&'a str> {
+        [attr::GEN_AI_CONVERSATION_ID, attr::SESSION_ID]
+            .into_iter()
+            .chain(self.session_attribute.as_deref())
+            .find_map(|k| string(attrs, k).filter(|s| !s.is_empty()))
+    }
+
+    /// The session of span `i`: named on the span, else on its nearest ancestor in the
+    /// request that names one, else on its resource; else its trace.
+    fn session_of(&self, spans: &[Located<'_>], ancestry: &Ancestry, i: usize) -> String {
+        ancestry.named[i]
+            .and_then(|n| self.session_named(&spans[n].span.attributes))
+            .or_else(|| self.session_named(spans[i].resource))
+            .map_or_else(|| hex(&spans[i].span.trace_id), str::to_string)
+    }
+}
+
+/// A span's ids as OTLP requires them: a 16-byte trace id and an 8-byte span id, neither
+/// all zeros. Without them there is no `event_id` and no trace to join.
+fn valid_ids(span: &Span) -> bool {
+    span.trace_id.len() == 16
+        && span.span_id.len() == 8
+        && span.trace_id.iter().any(|&b| b != 0)
+        && span.span_id.iter().any(|&b| b != 0)
+}
+
+/// What each span of a request inherits from its ancestors found in the same request
+/// (itself included), resolved once per request: O(spans), however deep the traces.
+struct Ancestry {
+    parent: Vec<Option<usize>>,
+    /// The nearest span naming a session.
+    named: Vec<Option<usize>>,
+    /// The nearest agent span.
+    agent: Vec<Option<usize>>,
+    /// How many agent spans the chain holds.
+    agents: Vec<usize>,
+    /// The chain reaches a span without a parent (the trace's root) inside the request.
+    rooted: Vec<bool>,
+}
+
+impl Ancestry {
+    fn of(spans: &[Located<'_>], names_session: impl Fn(&[KeyValue]) -> bool) -> Ancestry {
+        let by_id: HashMap<(&[u8], &[u8]), usize> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, l)| ((&l.span.trace_id[..], &l.span.span_id[..]), i))
+            .collect();
+        let parent: Vec<Option<usize>> = spans
+            .iter()
+            .map(|l| {
+                let s = l.span;
+                let key = (&s.trace_id[..], &s.parent_span_id[..]);
+                (!s.parent_span_id.is_empty())
+                    .then(|| by_id.get(&key).copied())
+                    .flatten()
+            })
+            .collect();
+        let n = spans.len();
+        let mut a = Ancestry {
+            parent,
+            named: vec![None; n],
+            agent: vec![None; n],
+            agents: vec![0; n],
+            rooted: vec![false; n],
+        };
+        #[derive(Clone, Copy, PartialEq)]
+        enum State {
+            New,
+            OnChain,
+            Done,
+        }
+        let mut state = vec![State::New; n];
+        let mut chain = Vec::new();
+        for start in 0..n {
+            // Climb to a resolved span, the root, a parent not in the request, or a span
+            // already on this chain (a malformed request may loop its parents).
+            let mut at = start;
+            let mut above = loop {
+                match state[at] {
+                    State::Done => break Some(at),
+                    State::OnChain => break None,
+                    State::New => {}
+                }
+                state[at] = State::OnChain;
+                chain.push(at);
+                match a.parent[at] {
+                    Some(p) => at = p,
+                    None => break None,
+                }
+            };
+            // Resolve from the top down.
+            while let Some(x) = chain.pop() {
+                let (named, agent, agents, rooted) = match above {
+                    Some(p) => (a.named[p], a.agent[p], a.agents[p], a.rooted[p]),
+                    None => (None, None, 0, spans[x].span.parent_span_id.is_empty()),
+                };
+                let is_agent = spans[x].kind == Kind::Agent;
+                a.named[x] = if names_session(&spans[x].span.attributes) {
+                    Some(x)
+                } else {
+                    named
+                };
+                a.agent[x] = if is_agent { Some(x) } else { agent };
+                a.agents[x] = agents + usize::from(is_agent);
+                a.rooted[x] = rooted;
+                state[x] = State::Done;
+                above = Some(x);
+            }
+        }
+        a
+    }
+
+    /// The nearest agent above agent span `agent`.
+    fn parent_agent(&self, agent: usize) -> Option<usize> {
+        self.parent[agent].and_then(|p| self.agent[p])
+    }
+}
+
+fn kind_of(attrs: &[KeyValue]) -> Kind {
+    if let Some(k) = string(attrs, attr::OPENINFERENCE_SPAN_KIND) {
+        return match k {
+            "LLM" => Kind::Llm,
+            "TOOL" => Kind::Tool,
+            "AGENT" => Kind::Agent,
+            _ => Kind::Other,
+        };
+    }
+    match string(attrs, attr::GEN_AI_OPERATION_NAME) {
+        Some("chat" | "text_completion" | "generate_content") => Kind::Llm,
+        Some("execute_tool") => Kind::Tool,
+        Some("invoke_agent" | "create_agent") => Kind::Agent,
+        _ => Kind::Other,
+    }
+}
+
+fn agent_of(attrs: &[KeyValue]) -> Option<&str> {
+    [
+        attr::GEN_AI_AGENT_ID,
+        attr::GEN_AI_AGENT_NAME,
+        attr::AGENT_NAME,
+    ]
+    .into_iter()
+    .find_map(|k| string(attrs, k).filter(|s| !s.is_empty()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,585 @@
+//! The OTLP mapping's unit tests: spans of each convention and framework shape, read as events.
+
+use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Status};
+
+use super::*;
+use crate::config::Config;
+use crate::contract::event::{parse_event, ParseLimits};
+
+fn kv(key: &str, v: Value) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(v) }),
+    }
+}
+
+fn s(key: &str, v: &str) -> KeyValue {
+    kv(key, Value::StringValue(v.into()))
+}
+
+fn i(key: &str, v: i64) -> KeyValue {
+    kv(key, Value::IntValue(v))
+}
+
+fn span(id: u8, parent: Option<u8>, end_ms: u64, attributes: Vec<KeyValue>) -> Span {
+    Span {
+        trace_id: vec![7; 16],
+        span_id: vec![id; 8],
+        parent_span_id: parent.map(|p| vec![p; 8]).unwrap_or_default(),
+        name: format!("span {id}"),
+        start_time_unix_nano: (end_ms - 5) * 1_000_000,
+        end_time_unix_nano: end_ms * 1_000_000,
+        attributes,
+        ..Span::default()
+    }
+}
+
+fn request(resource: Vec<KeyValue>, spans: Vec<Span>) -> ExportTraceServiceRequest {
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: resource,
+                ..Resource::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..ScopeSpans::default()
+            }],
+            ..ResourceSpans::default()
+        }],
+    }
+}
+
+fn chat(id: u8, parent: Option<u8>, end_ms: u64) -> Span {
+    span(
+        id,
+        parent,
+        end_ms,
+        vec![
+            s(attr::GEN_AI_OPERATION_NAME, "chat"),
+            s(attr::GEN_AI_CONVERSATION_ID, "conv-1"),
+            i(attr::GEN_AI_USAGE_INPUT_TOKENS, 1200),
+            i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, 80),
+            i(attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 1000),
+            s(attr::GEN_AI_RESPONSE_MODEL, "model-x"),
+            kv(
+                attr::GEN_AI_RESPONSE_FINISH_REASONS,
+                Value::ArrayValue(ArrayValue {
+                    values: vec![AnyValue {
+                        value: Some(Value::StringValue("tool_calls".into())),
+                    }],
+                }),
+            ),
+            s(
+                attr::GEN_AI_OUTPUT_MESSAGES,
+                r#"[{"role":"assistant","parts":[{"type":"text","content":"Let me read it."},{"type":"tool_call","id":"c1","name":"read","arguments":{"p":"a"}}],"finish_reason":"tool_call"}]"#,
+            ),
+        ],
+    )
+}
+
+fn tool(id: u8, parent: Option<u8>, end_ms: u64) -> Span {
+    span(
+        id,
+        parent,
+        end_ms,
+        vec![
+            s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
+            s(attr::GEN_AI_CONVERSATION_ID, "conv-1"),
+            s(attr::GEN_AI_TOOL_NAME, "read_file"),
+            s(attr::GEN_AI_TOOL_CALL_ID, "call-1"),
+            s(
+                attr::GEN_AI_TOOL_CALL_ARGUMENTS,
+                r#"{"path": "src/main.rs"}"#,
+            ),
+            s(attr::GEN_AI_TOOL_CALL_RESULT, "fn main() {}"),
+        ],
+    )
+}
+
+fn events(mapper: &Mapper, req: &ExportTraceServiceRequest) -> (Vec<serde_json::Value>, MapReport) {
+    let mut out = Vec::new();
+    let report = mapper.map(req, &mut out);
+    let values = out
+        .iter()
+        .map(|e| {
+            // Every event is one the contract accepts.
+            parse_event(&e.json, &ParseLimits::default()).expect("a valid event");
+            serde_json::from_slice(&e.json).unwrap()
+        })
+        .collect();
+    (values, report)
+}
+
+#[test]
+fn chat_and_tool_spans_become_llm_and_tool_calls() {
+    let req = request(vec![], vec![tool(2, None, 2_000), chat(1, None, 1_000)]);
+    let (ev, report) = events(&Mapper::default(), &req);
+    assert_eq!((report.llm_calls, report.tool_calls), (1, 1));
+    // In the order the spans ended.
+    let llm = &ev[0];
+    assert_eq!(llm["type"], "cost.attributed");
+    assert_eq!(llm["session_id"], "conv-1");
+    assert_eq!(llm["event_id"], "0101010101010101");
+    assert_eq!(llm["trace_id"], "07070707070707070707070707070707");
+    assert_eq!(llm["timestamp"], "1970-01-01T00:00:01.000Z");
+    assert_eq!(
+        (llm["input_tokens"].as_u64(), llm["output_tokens"].as_u64()),
+        (Some(1200), Some(80))
+    );
+    assert_eq!(llm["cache_read_tokens"], 1000);
+    assert_eq!(llm["model"], "model-x");
+    assert_eq!(llm["finish_reason"], "tool_calls");
+    assert_eq!(llm["text"], "Let me read it.");
+    assert_eq!(llm["tool_calls"], 1);
+    let t = &ev[1];
+    assert_eq!(t["type"], "tool.called");
+    assert_eq!(t["tool"], "read_file");
+    assert_eq!(t["args"], json!({"path": "src/main.rs"}));
+    assert_eq!(t["result"], "fn main() {}");
+    assert_eq!(t["call_id"], "call-1");
+    assert_eq!(t["duration_ms"], 5.0);
+    assert!(t.get("is_error").is_none());
+}
+
+#[test]
+fn what_a_span_does_not_say_is_not_guessed() {
+    let mut bare = chat(1, None, 1_000);
+    bare.attributes
+        .retain(|kv| kv.key != attr::GEN_AI_OUTPUT_MESSAGES);
+    let mut no_usage = chat(2, None, 1_100);
+    no_usage
+        .attributes
+        .retain(|kv| kv.key != attr::GEN_AI_USAGE_INPUT_TOKENS);
+    let http = span(3, None, 1_200, vec![s("http.request.method", "GET")]);
+    let mut nameless = tool(4, None, 1_300);
+    nameless
+        .attributes
+        .retain(|kv| kv.key != attr::GEN_AI_TOOL_NAME);
+    let req = request(
+        vec![s(attr::SERVICE_NAME, "billing-agent")],
+        vec![bare, no_usage, http, nameless],
+    );
+    let (ev, report) = events(&Mapper::default(), &req);
+    assert_eq!(ev.len(), 2);
+    assert!(ev[0].get("text").is_none() && ev[0].get("tool_calls").is_none());
+    // An LLM call without token counts is still a step: its tokens count as 0.
+    assert_eq!(
+        (
+            ev[1]["input_tokens"].as_u64(),
+            ev[1]["output_tokens"].as_u64()
+        ),
+        (Some(0), Some(80))
+    );
+    assert_eq!(ev[1]["text"], "Let me read it.");
+    assert_eq!(report.llm_calls, 2);
+    assert_eq!(report.skipped(Skipped::NotAgentStep), 1);
+    assert_eq!(report.skipped(Skipped::NoToolName), 1);
+    // What each lacked is counted by service, with the setting that gives it.
+    assert_eq!(report.uncaptured(Missing::TokenUsage), 1);
+    assert_eq!(report.uncaptured(Missing::Content), 1);
+    let u = &report.uncaptured[0];
+    assert_eq!(u.service, "billing-agent");
+    assert!(
+        u.setting().contains("CAPTURE_MESSAGE_CONTENT"),
+        "{}",
+        u.setting()
+    );
+}
+
+fn with_events(mut sp: Span, evs: &[(&str, Vec<KeyValue>)]) -> Span {
+    use opentelemetry_proto::tonic::trace::v1::span::Event;
+    sp.events = evs
+        .iter()
+        .map(|(name, attributes)| Event {
+            time_unix_nano: sp.end_time_unix_nano,
+            name: name.to_string(),
+            attributes: attributes.clone(),
+            dropped_attributes_count: 0,
+        })
+        .collect();
+    sp
+}
+
+/// Strands with its default telemetry: content in span events, as it writes them.
+#[test]
+fn content_in_span_events_is_read() {
+    let chat_span = with_events(
+        span(
+            1,
+            None,
+            1_000,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "chat"),
+                i(attr::GEN_AI_USAGE_INPUT_TOKENS, 100),
+                i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, 20),
+            ],
+        ),
+        &[
+            (
+                "gen_ai.user.message",
+                vec![s("content", r#"[{"text": "fix the bug"}]"#)],
+            ),
+            (
+                event::GEN_AI_CHOICE,
+                vec![
+                    s(event::FINISH_REASON, "tool_use"),
+                    s(
+                        event::MESSAGE,
+                        r#"[{"text": "Running the tests again."}, {"toolUse": {"toolUseId": "c1", "name": "run_tests", "input": {"path": "tests/"}}}]"#,
+                    ),
+                ],
+            ),
+        ],
+    );
+    let tool_span = with_events(
+        span(
+            2,
+            None,
+            1_100,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
+                s(attr::GEN_AI_TOOL_NAME, "run_tests"),
+            ],
+        ),
+        &[
+            (
+                event::GEN_AI_TOOL_MESSAGE,
+                vec![s(event::CONTENT, r#"{"path": "tests/"}"#)],
+            ),
+            (
+                event::GEN_AI_CHOICE,
+                vec![s(event::MESSAGE, r#"[{"text": "FAILED test_x"}]"#)],
+            ),
+        ],
+    );
+    // The GenAI conventions' newer event form: output messages on a span event.
+    let details = with_events(
+        span(
+            3,
+            None,
+            1_200,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "chat"),
+                i(attr::GEN_AI_USAGE_INPUT_TOKENS, 100),
+                i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, 20),
+            ],
+        ),
+        &[(
+            "gen_ai.client.inference.operation.details",
+            vec![s(
+                attr::GEN_AI_OUTPUT_MESSAGES,
+                r#"[{"role": "assistant", "parts": [{"type": "text", "content": "Done."}]}]"#,
+            )],
+        )],
+    );
+    let (ev, report) = events(
+        &Mapper::default(),
+        &request(vec![], vec![chat_span, tool_span, details]),
+    );
+    assert_eq!(ev[0]["text"], "Running the tests again.");
+    assert_eq!(ev[0]["tool_calls"], 1);
+    assert_eq!(ev[0]["finish_reason"], "tool_use");
+    assert_eq!(ev[1]["args"], json!({"path": "tests/"}));
+    assert_eq!(ev[1]["result"], json!([{"text": "FAILED test_x"}]));
+    assert_eq!(
+        (ev[2]["text"].clone(), ev[2]["tool_calls"].clone()),
+        (json!("Done."), json!(0))
+    );
+    assert!(report.uncaptured.is_empty(), "{:?}", report.uncaptured);
+}
+
+#[test]
+fn choice_messages_of_every_shape() {
+    assert_eq!(choice_message("Giving up.\n"), ("Giving up.".into(), 0));
+    assert_eq!(
+        choice_message(r#"{"content": "Checking.", "tool_calls": [{"id": "a"}, {"id": "b"}]}"#),
+        ("Checking.".into(), 2)
+    );
+    assert_eq!(
+        choice_message(
+            r#"[{"type": "text", "text": "a"}, {"type": "tool_use", "name": "x"}, {"text": "b"}]"#
+        ),
+        ("a\nb".into(), 1)
+    );
+}
+
+/// LangChain's tool spans (OpenInference) carry the whole `ToolMessage`, whose
+/// `tool_call_id` is new on every call: the result is its content.
+#[test]
+fn a_langchain_tool_message_is_its_content() {
+    let lc = |id: u8, status: &str| {
+        span(
+            id,
+            None,
+            1_000 + id as u64,
+            vec![
+                s(attr::OPENINFERENCE_SPAN_KIND, "TOOL"),
+                s(attr::TOOL_NAME, "run_tests"),
+                s(attr::INPUT_VALUE, "tests/"),
+                s(
+                    attr::OUTPUT_VALUE,
+                    &format!(
+                        r#"{{"type": "tool", "data": {{"content": "FAILED test_x", "additional_kwargs": {{}}, "type": "tool", "name": "run_tests", "id": null, "tool_call_id": "call_{id}", "status": "{status}"}}}}"#
+                    ),
+                ),
+            ],
+        )
+    };
+    let (ev, _) = events(
+        &Mapper::default(),
+        &request(vec![], vec![lc(1, "success"), lc(2, "error")]),
+    );
+    assert_eq!(ev[0]["result"], "FAILED test_x");
+    assert!(ev[0].get("is_error").is_none());
+    assert_eq!(
+        (ev[1]["result"].clone(), ev[1]["is_error"].clone()),
+        (json!("FAILED test_x"), json!(true))
+    );
+    // Other JSON results are left as they are.
+    assert_eq!(
+        langchain_tool_message(r#"{"type": "tool", "tool_call_id": 1}"#).0,
+        r#"{"type": "tool", "tool_call_id": 1}"#
+    );
+}
+
+/// The end of a trace's root agent run completes the session that is that trace; a
+/// nested agent's end, a conversation named by the agent (it may go on in another
+/// run) and the creation of an agent do not.
+#[test]
+fn a_root_agent_run_completes_the_session_of_its_trace() {
+    let agent = |id: u8, parent: Option<u8>, end_ms: u64, op: &str, conv: Option<&str>| {
+        let mut attrs = vec![
+            s(attr::GEN_AI_OPERATION_NAME, op),
+            s(attr::GEN_AI_AGENT_NAME, "fixer"),
+        ];
+        if let Some(c) = conv {
+            attrs.push(s(attr::GEN_AI_CONVERSATION_ID, c));
+        }
+        span(id, parent, end_ms, attrs)
+    };
+    let mut step = chat(3, Some(2), 1_000);
+    step.attributes
+        .retain(|kv| kv.key != attr::GEN_AI_CONVERSATION_ID);
+    let req = request(
+        vec![],
+        vec![
+            step,
+            agent(2, Some(1), 1_500, "invoke_agent", None),
+            agent(1, None, 2_000, "invoke_agent", None),
+        ],
+    );
+    let (ev, report) = events(&Mapper::default(), &req);
+    assert_eq!(report.completions, 1);
+    let done: Vec<_> = ev
+        .iter()
+        .filter(|e| e["type"] == "session.completed")
+        .collect();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0]["session_id"], "07070707070707070707070707070707");
+    assert_eq!(done[0]["event_id"], "0101010101010101");
+    // Last: the run's steps come before its end.
+    assert_eq!(ev.last().unwrap()["type"], "session.completed");
+    // A conversation, or an agent's creation: no completion.
+    for (op, conv) in [("invoke_agent", Some("conv-1")), ("create_agent", None)] {
+        let req = request(vec![], vec![agent(1, None, 2_000, op, conv)]);
+        let (ev, report) = events(&Mapper::default(), &req);
+        assert_eq!((ev.len(), report.completions), (0, 0), "{op} {conv:?}");
+    }
+}
+
+/// Findings of the default configuration's engine on `events`.
+fn findings(events: &[serde_json::Value]) -> usize {
+    let mut engine = crate::engine::Engine::new(std::sync::Arc::new(Config::default()));
+    let mut out = Vec::new();
+    for v in events {
+        let bytes = serde_json::to_vec(v).unwrap();
+        let e = parse_event(&bytes, &ParseLimits::default()).unwrap();
+        engine.process(&e, &crate::engine::EventMeta::default(), &mut out);
+    }
+    out.len()
+}
+
+#[test]
+fn calls_without_content_capture_are_each_their_own() {
+    let bare = |id: u8| {
+        let mut sp = tool(id, None, 1_000 + id as u64);
+        sp.attributes.retain(|kv| {
+            kv.key != attr::GEN_AI_TOOL_CALL_ARGUMENTS && kv.key != attr::GEN_AI_TOOL_CALL_RESULT
+        });
+        sp
+    };
+    let (ev, _) = events(
+        &Mapper::default(),
+        &request(vec![], (1..=8).map(bare).collect()),
+    );
+    assert_eq!(ev[0]["args"], json!({UNCAPTURED: "0101010101010101"}));
+    assert_eq!(ev[0]["result_digest"], "0101010101010101");
+    // Eight calls of one tool whose arguments and results are unknown: no loop found;
+    // the same eight calls with their (identical) content captured are one.
+    assert_eq!(findings(&ev), 0);
+    let captured = (1..=8).map(|i| tool(i, None, 1_000 + i as u64)).collect();
+    let (ev, _) = events(&Mapper::default(), &request(vec![], captured));
+    assert!(findings(&ev) > 0);
+}
+
+#[test]
+fn failures_say_so() {
+    let mut failed = tool(1, None, 1_000);
+    failed.status = Some(Status {
+        code: StatusCode::Error as i32,
+        message: "boom".into(),
+    });
+    let mut typed = tool(2, None, 1_100);
+    typed.attributes.push(s(attr::ERROR_TYPE, "timeout"));
+    let (ev, _) = events(&Mapper::default(), &request(vec![], vec![failed, typed]));
+    assert_eq!(ev[0]["is_error"], true);
+    assert!(ev[0].get("error_kind").is_none());
+    assert_eq!(
+        (ev[1]["is_error"].clone(), ev[1]["error_kind"].clone()),
+        (json!(true), json!("timeout"))
+    );
+}
+
+#[test]
+fn agents_name_their_steps_and_nested_agents_give_depth_and_parent() {
+    // root agent (conv-root) -> sub-agent (conv-sub) -> chat; the whole chain is here.
+    let root = span(
+        10,
+        None,
+        9_000,
+        vec![
+            s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+            s(attr::GEN_AI_AGENT_NAME, "planner"),
+            s(attr::GEN_AI_CONVERSATION_ID, "conv-root"),
+        ],
+    );
+    let sub = span(
+        11,
+        Some(10),
+        8_000,
+        vec![
+            s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+            s(attr::GEN_AI_AGENT_ID, "coder-7"),
+            s(attr::GEN_AI_CONVERSATION_ID, "conv-sub"),
+        ],
+    );
+    let mut step = chat(12, Some(11), 1_000);
+    step.attributes
+        .retain(|kv| kv.key != attr::GEN_AI_CONVERSATION_ID);
+    let (ev, report) = events(
+        &Mapper::default(),
+        &request(vec![], vec![step.clone(), sub.clone(), root]),
+    );
+    assert_eq!(report.agents, 2);
+    assert_eq!(ev[0]["agent_id"], "coder-7");
+    assert_eq!(
+        ev[0]["session_id"], "conv-sub",
+        "the nearest ancestor's session"
+    );
+    assert_eq!(ev[0]["depth"], 1);
+    assert_eq!(ev[0]["parent_session_id"], "conv-root");
+    // Without the root in the request, depth is not known (not guessed as 0).
+    let (ev, _) = events(&Mapper::default(), &request(vec![], vec![step, sub]));
+    assert_eq!(ev[0]["agent_id"], "coder-7");
+    assert!(ev[0].get("depth").is_none() && ev[0].get("parent_session_id").is_none());
+}
+
+#[test]
+fn sessions_fall_back_in_order() {
+    let plain = |id: u8, extra: Vec<KeyValue>| {
+        let mut sp = chat(id, None, 1_000 + id as u64);
+        sp.attributes
+            .retain(|kv| kv.key != attr::GEN_AI_CONVERSATION_ID);
+        sp.attributes.extend(extra);
+        sp
+    };
+    let spans = vec![
+        plain(1, vec![s(attr::SESSION_ID, "oi-session")]),
+        plain(2, vec![s("app.thread", "thread-9")]),
+        plain(3, vec![]),
+    ];
+    let mapper = Mapper {
+        session_attribute: Some("app.thread".into()),
+        ..Mapper::default()
+    };
+    let (ev, _) = events(&mapper, &request(vec![], spans.clone()));
+    let sessions: Vec<&str> = ev
+        .iter()
+        .map(|e| e["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        sessions,
+        ["oi-session", "thread-9", "07070707070707070707070707070707"]
+    );
+    let (ev, _) = events(
+        &Mapper::default(),
+        &request(vec![s(attr::SESSION_ID, "from-resource")], spans),
+    );
+    assert_eq!(ev[2]["session_id"], "from-resource");
+    assert_eq!(
+        ev[1]["session_id"], "from-resource",
+        "not configured: app.thread is no session"
+    );
+}
+
+/// An OpenInference LLM span (session `s-oi`) asking for two tools.
+fn openinference_llm(id: u8, parent: Option<u8>) -> Span {
+    span(
+        id,
+        parent,
+        1_000,
+        vec![
+            s(attr::OPENINFERENCE_SPAN_KIND, "LLM"),
+            s(attr::SESSION_ID, "s-oi"),
+            i(attr::LLM_TOKEN_COUNT_PROMPT, 300),
+            i(attr::LLM_TOKEN_COUNT_COMPLETION, 20),
+            s(attr::LLM_MODEL_NAME, "m"),
+            kv(attr::LLM_COST_TOTAL, Value::DoubleValue(0.002)),
+            s(
+                "llm.output_messages.0.message.content",
+                "Checking the file.",
+            ),
+            s(
+                "llm.output_messages.0.message.tool_calls.0.tool_call.function.name",
+                "read",
+            ),
+            s(
+                "llm.output_messages.0.message.tool_calls.1.tool_call.function.name",
+                "grep",
+            ),
+        ],
+    )
+}
+
+/// An OpenInference tool span (session `s-oi`) of `read`.
+fn openinference_tool(id: u8, parent: Option<u8>) -> Span {
+    span(
+        id,
+        parent,
+        1_100,
+        vec![
+            s(attr::OPENINFERENCE_SPAN_KIND, "TOOL"),
+            s(attr::SESSION_ID, "s-oi"),
+            s(attr::TOOL_NAME, "read"),
+            s(attr::INPUT_VALUE, r#"{"p": 1}"#),
+            s(attr::OUTPUT_VALUE, "contents"),
+        ],
+    )
+}
+
+#[test]
+fn openinference_spans_map_too() {
+    let (llm, tool) = (openinference_llm(1, None), openinference_tool(2, None));
+    let (ev, _) = events(&Mapper::default(), &request(vec![], vec![llm, tool]));
+    assert_eq!(ev[0]["input_tokens"], 300);
+    assert_eq!(ev[0]["cost_usd"], 0.002);
+    assert_eq!(ev[0]["text"], "Checking the file.");
+    assert_eq!(ev[0]["tool_calls"], 2);
+    assert_eq!(ev[1]["tool"], "read");
+    assert_eq!(ev[1]["args"], json!({"p": 1}));
+}
+
+mod robustness;

@@ -1,0 +1,382 @@
+//! What a tool result showed the agent, sampled line by line, so that a read whose
+//! answer shows only lines the run has already seen counts as no news, whatever its
+//! arguments were: a rephrased search that finds the code it found before, the same
+//! file viewed through another tool or range.
+//!
+//! A result's lines are its text split at line breaks (and, in structured results, at
+//! JSON's structure: each value its own line; keys are not content). A line is read up to whitespace and
+//! numbers (a number standing on its own is any number: line numbers, counters; the
+//! digits of a word such as `utf8` stay, as in a result's shape), and lines with fewer
+//! than [`MIN_LINE_CHARS`] characters left (`}`, `else:`, a fence) are not content. One line
+//! in [`SAMPLE_ONE_IN`] is sampled, by its hash, so the same line is sampled wherever it
+//! appears, and a session keeps [`SEEN_LINES`] sampled hashes: its state stays bounded
+//! while a result's share of new lines is still estimated from a few of them.
+//!
+//! Guarantees: the sample depends only on the result's canonical JSON (so the streaming
+//! and the tree parser agree); no allocation, and the reading stops once
+//! [`SAMPLED_LINES_MAX`] lines are sampled; a result with fewer than
+//! [`MIN_SAMPLED_LINES`] sampled lines is not judged here (short answers, prices,
+//! statuses keep the exact comparison of their digest).
+
+use std::collections::VecDeque;
+
+/// Sampled line hashes kept from one result.
+pub const SAMPLED_LINES_MAX: usize = 32;
+/// One line in this many is sampled.
+pub const SAMPLE_ONE_IN: u32 = 4;
+/// Characters (beyond whitespace) a line needs to be content.
+pub const MIN_LINE_CHARS: usize = 12;
+/// A result is judged on its content when it has at least this many sampled lines.
+pub const MIN_SAMPLED_LINES: usize = 4;
+/// Sampled lines a run keeps (oldest forgotten first), 16 bits each: 256 bytes of its
+/// state, about 500 lines of output (the odds that a new line passes for one of them
+/// are 1 in 500).
+pub const SEEN_LINES: usize = 128;
+
+/// The sampled lines of one result, distinct, in order of appearance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContentSample {
+    hashes: [u16; SAMPLED_LINES_MAX],
+    len: u8,
+}
+
+impl Default for ContentSample {
+    fn default() -> Self {
+        ContentSample {
+            hashes: [0; SAMPLED_LINES_MAX],
+            len: 0,
+        }
+    }
+}
+
+/// Bytes of a line kept for its hash (a longer line is known by its beginning).
+const LINE_BYTES_MAX: usize = 256;
+
+/// One line being read, copied as it comes (escapes resolved).
+struct Line {
+    bytes: [u8; LINE_BYTES_MAX],
+    len: usize,
+}
+
+impl Line {
+    #[inline]
+    fn push(&mut self, chunk: &[u8]) {
+        let n = chunk.len().min(LINE_BYTES_MAX - self.len);
+        self.bytes[self.len..self.len + n].copy_from_slice(&chunk[..n]);
+        self.len += n;
+    }
+
+    /// The line's hash up to whitespace and numbers, and how many characters counted:
+    /// whitespace is dropped (indentation, alignment) and a number standing on its own
+    /// (a line number, a counter, a timing) counts as one `0`, while the digits of a
+    /// word (`utf8`, `x86_64`) stay, as in a result's shape. The same code viewed at
+    /// other line numbers or indentation reads the same. Rewrites the line in place.
+    fn normalized_hash(&mut self) -> (u32, usize) {
+        let mut n = 0;
+        // The previous byte's class (a digit after a word byte is a word byte), or
+        // whitespace at the start.
+        let mut prev = 0u8;
+        for i in 0..self.len {
+            let b = self.bytes[i];
+            let class = BYTE_CLASS[b as usize];
+            match class {
+                WHITESPACE => prev = WHITESPACE,
+                DIGIT if prev == WORD => {
+                    self.bytes[n] = b;
+                    n += 1;
+                }
+                DIGIT => {
+                    if prev != DIGIT {
+                        self.bytes[n] = b'0';
+                        n += 1;
+                    }
+                    prev = DIGIT;
+                }
+                _ => {
+                    self.bytes[n] = b;
+                    n += 1;
+                    prev = class;
+                }
+            }
+        }
+        (crate::engine::hash::line_hash(&self.bytes[..n]), n)
+    }
+}
+
+const WHITESPACE: u8 = 0;
+const DIGIT: u8 = 1;
+const WORD: u8 = 2;
+const OTHER: u8 = 3;
+
+/// Each byte's class for [`Line::normalized_hash`].
+static BYTE_CLASS: [u8; 256] = {
+    let mut t = [OTHER; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = if c.is_ascii_whitespace() {
+            WHITESPACE
+        } else if c.is_ascii_digit() {
+            DIGIT
+        } else if c.is_ascii_alphabetic() || c == b'_' {
+            WORD
+        } else {
+            OTHER
+        };
+        b += 1;
+    }
+    t
+};
+
+impl ContentSample {
+    /// Samples the lines of a result's canonical JSON text.
+    pub fn of_canonical(canonical: &[u8]) -> ContentSample {
+        let mut sample = ContentSample::default();
+        let mut line = Line {
+            bytes: [0; LINE_BYTES_MAX],
+            len: 0,
+        };
+        let s = canonical;
+        let mut i = 0;
+        while i < s.len() && !sample.is_full() {
+            // Outside strings: structure ends lines, and a number or literal is a line.
+            match s[i] {
+                b'"' => {
+                    sample.end_line(&mut line);
+                    i += 1;
+                    // Inside a string: literal runs up to the next quote or escape.
+                    while i < s.len() {
+                        let Some(p) = memchr::memchr2(b'"', b'\\', &s[i..]) else {
+                            line.push(&s[i..]);
+                            i = s.len();
+                            break;
+                        };
+                        line.push(&s[i..i + p]);
+                        i += p;
+                        if s[i] == b'"' {
+                            i += 1;
+                            break;
+                        }
+                        match s.get(i + 1) {
+                            Some(b'n') | Some(b'r') => {
+                                sample.end_line(&mut line);
+                                if sample.is_full() {
+                                    return sample;
+                                }
+                            }
+                            Some(b't') | Some(b'b') | Some(b'f') => line.push(b" "),
+                            // Kept as written (the sample never leaves the process).
+                            Some(b'u') => line.push(&s[i..(i + 6).min(s.len())]),
+                            Some(c) => line.push(&[*c]),
+                            None => {}
+                        }
+                        i += if s.get(i + 1) == Some(&b'u') { 6 } else { 2 };
+                    }
+                    if s.get(i) == Some(&b':') {
+                        // An object's key names a field; its value is the content.
+                        line.len = 0;
+                    } else {
+                        sample.end_line(&mut line);
+                    }
+                }
+                b'{' | b'}' | b'[' | b']' | b',' | b':' => {
+                    sample.end_line(&mut line);
+                    i += 1;
+                }
+                c => {
+                    line.push(&[c]);
+                    i += 1;
+                }
+            }
+        }
+        sample.end_line(&mut line);
+        sample
+    }
+
+    fn is_full(&self) -> bool {
+        self.len as usize == SAMPLED_LINES_MAX
+    }
+
+    #[inline]
+    fn end_line(&mut self, line: &mut Line) {
+        if line.len < MIN_LINE_CHARS || self.is_full() {
+            line.len = 0;
+            return;
+        }
+        let (full, chars) = line.normalized_hash();
+        if chars >= MIN_LINE_CHARS {
+            // One line in SAMPLE_ONE_IN, chosen by the low bits; the high ones are kept.
+            let h = (full >> 16) as u16;
+            if full % SAMPLE_ONE_IN == 0 && !self.hashes[..self.len as usize].contains(&h) {
+                self.hashes[self.len as usize] = h;
+                self.len += 1;
+            }
+        }
+        line.len = 0;
+    }
+
+    pub fn hashes(&self) -> &[u16] {
+        &self.hashes[..self.len as usize]
+    }
+
+    /// Whether every line sampled here, but at most one in eight, is in `seen`; `None`
+    /// when too few lines were sampled to judge the result by its content.
+    pub fn all_seen_in(&self, seen: &VecDeque<u16>) -> Option<bool> {
+        let lines = self.hashes();
+        if lines.len() < MIN_SAMPLED_LINES {
+            return None;
+        }
+        let new = lines.iter().filter(|h| !seen.contains(h)).count();
+        Some(new * 8 <= lines.len())
+    }
+
+    /// Adds the lines sampled here to `seen`, which keeps the newest [`SEEN_LINES`].
+    pub fn remember_in(&self, seen: &mut VecDeque<u16>) {
+        for h in self.hashes() {
+            if let Some(at) = seen.iter().position(|s| s == h) {
+                seen.remove(at);
+            }
+            // `while`: a stored state holding more (another build's) comes back down.
+            while seen.len() >= SEEN_LINES {
+                seen.pop_front();
+            }
+            seen.push_back(*h);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(v: serde_json::Value) -> ContentSample {
+        ContentSample::of_canonical(v.to_string().as_bytes())
+    }
+
+    /// A code listing of `n` functions starting at function `from`, as a viewer prints
+    /// it with line numbers from `numbered_from`.
+    fn listing_numbered(from: usize, n: usize, numbered_from: usize) -> String {
+        (0..n)
+            .map(|k| {
+                let (i, line) = (from + k, numbered_from + k);
+                format!("{line:6}\tdef function_number_{i}(argument): return argument * {i}")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn listing(from: usize, n: usize) -> String {
+        listing_numbered(from, n, from)
+    }
+
+    #[test]
+    fn the_same_lines_are_sampled_wherever_they_appear() {
+        let a = sample(serde_json::json!(listing(1, 200)));
+        assert!(a.hashes().len() >= MIN_SAMPLED_LINES, "{a:?}");
+        // The same lines in another wrapping (a search result's header, other line
+        // numbers, other indentation) sample the same.
+        let b = sample(serde_json::json!({
+            "found": "12 code sections",
+            "code": listing_numbered(1, 200, 351).replace('\t', "    "),
+        }));
+        let mut seen = VecDeque::new();
+        a.remember_in(&mut seen);
+        assert_eq!(b.all_seen_in(&seen), Some(true));
+    }
+
+    #[test]
+    fn new_lines_are_news_and_short_results_are_not_judged() {
+        let mut seen = VecDeque::new();
+        sample(serde_json::json!(listing(1, 200))).remember_in(&mut seen);
+        assert_eq!(
+            sample(serde_json::json!(listing(1000, 200))).all_seen_in(&seen),
+            Some(false)
+        );
+        // Every other line new: news.
+        let old = listing(1, 100);
+        let new = listing(2000, 100);
+        let half: Vec<&str> = old
+            .lines()
+            .zip(new.lines())
+            .flat_map(|(a, b)| [a, b])
+            .collect();
+        assert_eq!(
+            sample(serde_json::json!(half.join("\n"))).all_seen_in(&seen),
+            Some(false)
+        );
+        // A status, a price, a one-line error: too short to judge by content.
+        for short in [
+            serde_json::json!({"status": "running", "progress": 40}),
+            serde_json::json!("The old_str and new_str are the same. No changes were made."),
+            serde_json::json!({"symbol": "AAPL", "price": 187.32}),
+        ] {
+            assert_eq!(sample(short.clone()).all_seen_in(&seen), None, "{short}");
+        }
+    }
+
+    #[test]
+    fn keys_are_not_content_and_a_stored_set_past_its_cap_comes_back_down() {
+        // A record of long field names and short values: nothing to judge it by.
+        let record: serde_json::Map<String, serde_json::Value> = (0..40)
+            .map(|k| {
+                (
+                    format!("a_rather_long_field_name_{k}"),
+                    serde_json::json!(k),
+                )
+            })
+            .collect();
+        let s = sample(serde_json::Value::Object(record));
+        assert!(s.hashes().is_empty(), "{s:?}");
+        let mut seen: VecDeque<u16> = (0..SEEN_LINES as u16 + 50).collect();
+        sample(serde_json::json!(listing(1, 200))).remember_in(&mut seen);
+        assert_eq!(seen.len(), SEEN_LINES);
+    }
+
+    #[test]
+    fn the_run_keeps_a_bounded_set_of_lines() {
+        let mut seen = VecDeque::new();
+        for k in 0..50 {
+            sample(serde_json::json!(listing(k * 1000, 300))).remember_in(&mut seen);
+            assert!(seen.len() <= SEEN_LINES);
+        }
+        assert_eq!(seen.len(), SEEN_LINES);
+        // The oldest listings are forgotten, the newest known.
+        assert_eq!(
+            sample(serde_json::json!(listing(49_000, 300))).all_seen_in(&seen),
+            Some(true)
+        );
+        assert_eq!(
+            sample(serde_json::json!(listing(0, 300))).all_seen_in(&seen),
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn a_line_is_read_up_to_whitespace_and_numbers_but_the_digits_of_words_stay() {
+        // The hash decides whether a line is sampled, in every copy of it or in none:
+        // find a padding that gets this line sampled.
+        let hash_of = |line: &str| sample(serde_json::json!(line)).hashes().first().copied();
+        let (pad, h) = (0..64)
+            .find_map(|k| {
+                hash_of(&format!(
+                    "   359\tcounter 17 of widget utf8 {}",
+                    "x".repeat(k)
+                ))
+                .map(|h| (k, h))
+            })
+            .unwrap();
+        let padded = |line: &str| format!("{line} {}", "x".repeat(pad));
+        for alike in [
+            "12 counter 923 of widget utf8",
+            "\t\t359   counter 17 of   widget utf8",
+        ] {
+            assert_eq!(hash_of(&padded(alike)), Some(h), "{alike}");
+        }
+        for other in [
+            "359 counter 17 of widget utf16",
+            "359 counter 17 of gadget utf8",
+        ] {
+            assert_ne!(hash_of(&padded(other)), Some(h), "{other}");
+        }
+    }
+}

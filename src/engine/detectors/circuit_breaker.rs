@@ -1,0 +1,94 @@
+//! `circuit_breaker`: a global ceiling on wasted calls — calls that repeated an earlier
+//! (action, result) pair — among the recent calls, whatever the actions.
+//!
+//! The loop detectors each follow one shape; an agent can waste calls in a shape none of
+//! them names (several loops interleaved). Default: terminate at 30 no-progress calls
+//! among the last 64 (the state keeps one bit per call, so at most 64; 30 of 30 could
+//! not be told from `repeat`).
+
+use serde::{Deserialize, Serialize};
+
+use super::settings::Bounded;
+use super::{Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
+use crate::engine::policy::Levels;
+use crate::engine::state::SessionState;
+
+/// The most calls the breaker can look back over (one bit per call in state).
+pub const MAX_WINDOW: u64 = 64;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitBreaker {
+    /// How many recent calls it looks at.
+    pub window_calls: Bounded<1, MAX_WINDOW>,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        CircuitBreaker {
+            window_calls: Bounded::new(MAX_WINDOW),
+        }
+    }
+}
+
+impl Detector for CircuitBreaker {
+    const CLASS: Class = Class::Loop;
+    type On<'a> = &'a ToolContext<'a>;
+
+    fn default_levels() -> Levels {
+        Levels::new(None, None, Some(30.0))
+    }
+
+    fn evaluate(&self, levels: &Levels, st: &SessionState, _: &ToolContext) -> Option<Signal> {
+        let w = self.window_calls.get();
+        let mask = if w == 64 { u64::MAX } else { (1u64 << w) - 1 };
+        let wasted = (st.run.no_progress_bits & mask).count_ones();
+        Some(Signal::of(wasted as f64, levels))
+    }
+
+    fn describe(&self, _: &SessionState, _: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
+        Message::new(
+            format!("{} of the recent tool calls repeated an earlier call and result", r.count()),
+            "most of your recent tool calls repeated earlier ones without new results; stop and report what blocks you",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::engine::detectors::testing::*;
+    use crate::engine::detectors::DetectorKind::CircuitBreaker;
+    use crate::engine::policy::Level;
+
+    #[test]
+    fn terminates_at_30_no_progress_calls_in_64() {
+        // Pairs rotating with unchanged results, padded with fresh calls so that no
+        // shorter-range detector fires first.
+        let cfg = "mode = \"shadow\"\n[detectors.circuit_breaker]\nmode = \"enforce\"\n";
+        let mut evs = Vec::new();
+        for i in 0..40 {
+            evs.push(call("r", json!(i % 4), json!(i % 4)));
+            evs.push(call("fresh", json!(i), json!(i)));
+        }
+        // Calls 8, 10, 12, … are the repeats; the 30th such call is at index 66.
+        assert!(of_with(cfg, &first(&evs, 66), CircuitBreaker).is_empty());
+        assert_eq!(
+            of_with(cfg, &evs, CircuitBreaker),
+            vec![(66, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn a_shorter_window_sees_fewer_wasted_calls() {
+        let cfg = "mode = \"shadow\"\n[detectors.circuit_breaker]\nmode = \"enforce\"\nwindow_calls = 40\n";
+        let mut evs = Vec::new();
+        for i in 0..60 {
+            evs.push(call("r", json!(i % 4), json!(i % 4)));
+            evs.push(call("fresh", json!(i), json!(i)));
+        }
+        // Every other call is wasted: 20 in 40, never 30.
+        assert!(of_with(cfg, &evs, CircuitBreaker).is_empty());
+    }
+}

@@ -1,0 +1,105 @@
+//! `cycle`: the last k calls (k = 3..12) repeated as a block, with unchanged results (a
+//! failure's error up to its digits, as for `repeat`).
+//!
+//! A longer loop than `ping_pong`: edit, run, read, edit, run, read… and nothing
+//! changes. Only irreducible blocks count (a block that is itself a shorter repetition is
+//! `repeat`'s or `ping_pong`'s), and only once the block has come back whole. The
+//! signal is the number of calls the repeating tail covers — what the loop has wasted —
+//! not the number of repeats, so a 7-call cycle is judged as soon as a 3-call one: warn
+//! at 12 calls (a 3-call block four times, a 6-call block twice), terminate at 18. Real
+//! agents' cycles run to 6–10 calls; a whole block of a dozen calls coming back with the
+//! same results is no coincidence either.
+
+use serde::{Deserialize, Serialize};
+
+use super::{recent_calls, Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
+use crate::engine::policy::Levels;
+use crate::engine::state::SessionState;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cycle {}
+
+impl Detector for Cycle {
+    const CLASS: Class = Class::Loop;
+    type On<'a> = &'a ToolContext<'a>;
+
+    fn default_levels() -> Levels {
+        Levels::new(Some(12.0), None, Some(18.0))
+    }
+
+    fn evaluate(&self, levels: &Levels, _: &SessionState, t: &ToolContext) -> Option<Signal> {
+        Some(Signal::of(
+            t.facts.cycle.map_or(0, |(_, n)| n) as f64,
+            levels,
+        ))
+    }
+
+    fn describe(&self, st: &SessionState, t: &ToolContext, _: Reading, ev: &mut Evidence) -> Message {
+        let (k, covered) = t.facts.cycle.unwrap_or((0, 0));
+        let repeats = covered as usize / k.max(1);
+        ev.insert("cycle_length".into(), k.into());
+        ev.insert("calls_covered".into(), covered.into());
+        ev.insert("repeats".into(), repeats.into());
+        ev.insert("recent".into(), recent_calls(st, k * 2));
+        Message::new(
+            format!("the same {k} calls repeat in a cycle ({covered} calls, {repeats} times) with unchanged results"),
+            format!("you are repeating the same sequence of {k} calls and getting the same results; try something different"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use crate::engine::detectors::testing::*;
+    use crate::engine::detectors::DetectorKind::Cycle;
+    use crate::engine::policy::Level;
+
+    #[test]
+    fn a_cycle_of_three_warns_at_12_calls_and_terminates_at_18() {
+        let evs: Vec<Value> = (0..18)
+            .map(|i| call("t", json!(i % 3), json!(i % 3)))
+            .collect();
+        assert!(of(&first(&evs, 11), Cycle).is_empty());
+        assert_eq!(
+            of(&evs, Cycle),
+            vec![(11, Level::Warning), (17, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn longer_cycles_are_judged_on_the_calls_they_cover_once_they_came_back_whole() {
+        // (k, first warning, termination) as event indices: 12 and 18 calls covered, and
+        // never before the block has come back whole (2k calls).
+        for (k, warn, terminate) in [(6, 11, 17), (8, 15, 17), (12, 23, 23)] {
+            let evs: Vec<Value> = (0..2 * k + 6)
+                .map(|i| call("t", json!(i % k), json!(i % k)))
+                .collect();
+            let expected = if warn == terminate {
+                vec![(terminate, Level::Terminate)]
+            } else {
+                vec![(warn, Level::Warning), (terminate, Level::Terminate)]
+            };
+            assert!(of_alone(&first(&evs, warn), Cycle).is_empty(), "k = {k}");
+            assert_eq!(of_alone(&evs, Cycle), expected, "k = {k}");
+        }
+    }
+
+    #[test]
+    fn a_block_of_13_calls_is_not_followed() {
+        let evs: Vec<Value> = (0..39)
+            .map(|i| call("t", json!(i % 13), json!(i % 13)))
+            .collect();
+        assert!(of_alone(&evs, Cycle).is_empty());
+    }
+
+    #[test]
+    fn a_changing_result_breaks_the_cycle() {
+        let evs: Vec<Value> = (0..18)
+            .map(|i| call("t", json!(i % 3), words(i)))
+            .collect();
+        assert!(of(&evs, Cycle).is_empty());
+    }
+}

@@ -1,0 +1,101 @@
+//! `error_repeat`: the same call failing again and again (its error texts may differ).
+//!
+//! Retrying a failing call unchanged does not make it pass. Warn at the 2nd failure in a
+//! row, terminate at the 3rd — and, like every loop detector, only `grace_steps` after
+//! the warning, so an agent that reads the error and changes the call within a few
+//! tries goes on. Different attempts rejected the same way are `same_error`'s. Tools
+//! classed `retry_safe` (flaky network fetches and the like) are exempt.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
+use crate::engine::policy::Levels;
+use crate::engine::state::SessionState;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorRepeat {}
+
+impl Detector for ErrorRepeat {
+    const CLASS: Class = Class::ToolLoop;
+    type On<'a> = &'a ToolContext<'a>;
+
+    fn default_levels() -> Levels {
+        Levels::new(Some(2.0), None, Some(3.0))
+    }
+
+    fn evaluate(&self, levels: &Levels, st: &SessionState, t: &ToolContext) -> Option<Signal> {
+        (!t.obs.retry_safe).then(|| Signal::of(st.run.error_repeat_streak as f64, levels))
+    }
+
+    fn describe(&self, _: &SessionState, t: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
+        let tool = t.tool;
+        Message::new(
+            format!("`{tool}` failed {} times in a row with the same arguments", r.count()),
+            format!("`{tool}` keeps failing with the same arguments; read the error and change the call instead of retrying it"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use crate::engine::detectors::testing::*;
+    use crate::engine::detectors::DetectorKind::ErrorRepeat;
+    use crate::engine::policy::Level;
+
+    #[test]
+    fn warns_at_2_and_terminates_at_3() {
+        let evs: Vec<Value> = (0..3)
+            .map(|_| fail("deploy", json!({"env": "prod"}), None))
+            .collect();
+        assert!(of(&first(&evs, 1), ErrorRepeat).is_empty());
+        assert_eq!(
+            of(&evs, ErrorRepeat),
+            vec![(1, Level::Warning), (2, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn a_new_attempt_that_fails_differently_starts_over() {
+        let evs: Vec<Value> = (0..4)
+            .map(|i| fail("deploy", json!({"env": i}), None))
+            .collect();
+        assert!(of(&evs, ErrorRepeat).is_empty());
+    }
+
+    #[test]
+    fn a_failure_that_says_nothing_is_an_answer_for_repeat_not_an_error_to_retry() {
+        // `grep` finding nothing exits 1 with an empty output: asking again is `repeat`'s.
+        let evs: Vec<Value> = (0..3)
+            .map(|_| {
+                let mut e = fail("bash", json!({"command": "grep -r x tests"}), None);
+                e["result"] = json!("<returncode>1</returncode>\n<output>\n</output>");
+                e
+            })
+            .collect();
+        assert!(of(&evs, ErrorRepeat).is_empty());
+        assert_eq!(
+            of(&evs, crate::engine::detectors::DetectorKind::Repeat),
+            vec![(2, Level::Warning)]
+        );
+    }
+
+    #[test]
+    fn a_failing_poll_whose_only_change_is_a_counter_is_still_stopped() {
+        // A poll by its name whose every answer is the same failure up to its attempt
+        // count: an error's numbers are counters, not a job moving.
+        let evs: Vec<Value> = (0..4)
+            .map(|i| {
+                let mut e = fail("service_status", json!({"name": "db"}), None);
+                e["result"] = json!(format!("Error: service not running (attempt {i})"));
+                e
+            })
+            .collect();
+        assert_eq!(
+            of(&evs, ErrorRepeat),
+            vec![(1, Level::Warning), (2, Level::Terminate)]
+        );
+    }
+}

@@ -1,0 +1,318 @@
+//! `repeat`: the same action returning the same result again — in a row, or again and
+//! again in the run's window.
+//!
+//! Content-aware: the action *and* its result must repeat, because a changed result is
+//! progress (re-reading a file that changed, re-running a test that now fails
+//! differently). Two failures are the same outcome when their errors differ only in
+//! digits (an error's numbers are line numbers and counters; a success's are data); and
+//! a tool classed `write` re-applied in a row is a loop whatever it returns (the same
+//! insert, re-applied, grows the file each time). Defaults: warn at 3
+//! in a row, terminate at 4 in a row or at 8 times the same outcome in the window (the
+//! last 30 calls of the run), which catches a loop interleaved with other calls (add a
+//! print, run the same script, same output, again and again): such an episode follows
+//! its action, so the calls in between neither end it nor count toward its grace. Polls
+//! (their own detector, `poll_no_progress`) and tools classed `retry_safe` are exempt.
+
+use serde::{Deserialize, Serialize};
+
+use super::settings::Threshold;
+use super::{fp_hex, recent_calls, Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
+use super::DetectorKind;
+use crate::engine::policy::Levels;
+use crate::engine::state::SessionState;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Repeat {
+    /// Terminates when the same action and result occur this many times in the window.
+    pub window_terminate_at: Threshold,
+}
+
+impl Default for Repeat {
+    fn default() -> Self {
+        Repeat {
+            window_terminate_at: Threshold(Some(8.0)),
+        }
+    }
+}
+
+impl Detector for Repeat {
+    const CLASS: Class = Class::ToolLoop;
+    type On<'a> = &'a ToolContext<'a>;
+
+    fn default_levels() -> Levels {
+        Levels::new(Some(3.0), None, Some(4.0))
+    }
+
+    fn evaluate(&self, levels: &Levels, st: &SessionState, t: &ToolContext) -> Option<Signal> {
+        if t.obs.poll || t.obs.retry_safe {
+            return None;
+        }
+        let open = st.episodes[DetectorKind::Repeat.index()].subject;
+        let sig = Signal::of(st.run.repeat_streak as f64, levels).or_window(
+            levels,
+            t.facts.outcome_count,
+            self.window_terminate_at.get(),
+            t.obs.action,
+            open,
+        );
+        Some(sig)
+    }
+
+    fn describe(
+        &self,
+        st: &SessionState,
+        t: &ToolContext,
+        _: Reading,
+        ev: &mut Evidence,
+    ) -> Message {
+        let (tool, in_a_row, in_window) = (t.tool, st.run.repeat_streak, t.facts.outcome_count);
+        ev.insert("in_a_row".into(), in_a_row.into());
+        ev.insert("in_window".into(), in_window.into());
+        ev.insert("action".into(), fp_hex(t.obs.action).into());
+        ev.insert("result".into(), fp_hex(t.obs.result).into());
+        ev.insert("recent".into(), recent_calls(st, 8));
+        let times = in_a_row.max(in_window);
+        let calls = st.run.window.len();
+        // Led by the larger count: in a row, or (between other calls) in the window.
+        let count = |nothing_new: &str| {
+            if in_window > in_a_row {
+                format!("{in_window} times with the same result in the last {calls} calls ({in_a_row} in a row)")
+            } else {
+                format!("{in_a_row} times in a row{nothing_new} ({in_window} with the same result in the last {calls} calls)")
+            }
+        };
+        if t.obs.write {
+            return Message::new(
+                format!("`{tool}` applied with the same arguments {}", count("")),
+                format!("you applied the same `{tool}` {times} times; look at the target as it is now before changing it again"),
+            );
+        }
+        Message::new(
+            format!(
+                "`{tool}` called with the same arguments {}",
+                count(" with nothing new in its result")
+            ),
+            format!("you called `{tool}` with the same arguments {times} times and got the same result; try something different"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use crate::engine::detectors::testing::*;
+    use crate::engine::detectors::DetectorKind::{self, Repeat};
+    use crate::engine::policy::{Level, Mode};
+
+    fn same(n: usize) -> Vec<Value> {
+        (0..n)
+            .map(|_| call("read", json!({"p": 1}), json!("x")))
+            .collect()
+    }
+
+    #[test]
+    fn warns_at_3_and_terminates_at_4_in_a_row() {
+        assert!(of(&same(2), Repeat).is_empty());
+        let f = run(&same(6));
+        assert_eq!(
+            only(&f, Repeat),
+            vec![(2, Level::Warning), (3, Level::Terminate)]
+        );
+        // Tombstone: nothing after the termination.
+        assert!(f.iter().all(|x| x.0 <= 3));
+    }
+
+    #[test]
+    fn terminates_at_8_in_the_window_even_when_interleaved() {
+        let mut evs = Vec::new();
+        for i in 0..8 {
+            evs.push(call("read", json!({"p": 1}), json!("x")));
+            evs.push(call("other", json!({"i": i}), json!(i)));
+        }
+        assert!(of(&first(&evs, 14), Repeat).is_empty(), "7 in the window");
+        assert_eq!(of(&evs, Repeat), vec![(14, Level::Terminate)]);
+    }
+
+    #[test]
+    fn an_interleaved_loop_terminates_once_the_grace_has_passed() {
+        // Add a print, run the same script, the same output: the edits in between are
+        // new each time, and neither end the window's episode nor count as its steps.
+        let mut evs = Vec::new();
+        for i in 0..12 {
+            evs.push(turn(1, &format!("add print {i}")));
+            evs.push(call("edit", json!({"line": i}), json!(format!("File updated {}", words(i)))));
+            evs.push(turn(1, "run it"));
+            evs.push(call("bash", json!({"command": "python repro.py"}), json!("no output")));
+        }
+        let grace = "[engine]\ngrace_steps = 3\n";
+        let found = of_with(grace, &evs, Repeat);
+        // The 8th run (event 31) is held as critical; the first run 3 steps (LLM calls)
+        // later, the 10th (event 39), terminates.
+        assert_eq!(found, vec![(31, Level::Critical), (39, Level::Terminate)]);
+    }
+
+    #[test]
+    fn failures_that_differ_only_in_digits_are_the_same_in_a_row() {
+        // A shell names the line that failed: `line 62215`, `line 62230`, …
+        let evs: Vec<Value> = (0..4)
+            .map(|i| {
+                let out = format!("/bin/bash: line {}: javac: command not found", 62215 + 15 * i);
+                let mut e = call("bash", json!({"command": "javac A.java"}), json!(out));
+                e["is_error"] = json!(true);
+                e
+            })
+            .collect();
+        assert_eq!(
+            of_alone(&evs, Repeat),
+            vec![(2, Level::Warning), (3, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn a_success_whose_digits_change_is_progress() {
+        // The digits of a result are data: a clock, a chunk number, a progress count.
+        let evs: Vec<Value> = (0..8)
+            .map(|i| call("read_output", json!({"session": 1}), json!(format!("chunk {i}"))))
+            .collect();
+        assert!(of(&evs, Repeat).is_empty());
+    }
+
+    #[test]
+    fn a_write_re_applied_in_a_row_repeats_whatever_it_returns() {
+        let evs: Vec<Value> = (0..4)
+            .map(|i| {
+                let out = format!("[File: a.java ({} lines total)] {}", 8 + 15 * i, words(i));
+                call("edit", json!({"command": "edit 1:1\nimport x;"}), json!(out))
+            })
+            .collect();
+        assert_eq!(
+            of(&evs, Repeat),
+            vec![(2, Level::Warning), (3, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn a_changed_result_is_progress() {
+        let evs: Vec<Value> = (0..12)
+            .map(|i| call("read", json!({"p": 1}), words(i)))
+            .collect();
+        let f = run(&evs);
+        assert!(only(&f, Repeat).is_empty());
+        assert!(f.iter().all(|x| x.2 != Level::Terminate));
+    }
+
+    #[test]
+    fn findings_are_emitted_once_per_level_per_episode() {
+        // A,A,A (warn) B A,A,A (warn again: a new episode).
+        let a = || call("read", json!({"p": 1}), json!("x"));
+        let evs = vec![a(), a(), a(), call("b", json!(1), json!(1)), a(), a(), a()];
+        let cfg = "[detectors.repeat]\nterminate_at = \"off\"\nwindow_terminate_at = \"off\"\n";
+        let rep: Vec<usize> = of_with(cfg, &evs, Repeat).iter().map(|x| x.0).collect();
+        assert_eq!(rep, vec![2, 6]);
+    }
+
+    #[test]
+    fn warn_mode_downgrades_terminations_and_shadow_marks_them() {
+        let evs = same(5);
+        let rep = of_with("[detectors.repeat]\nmode = \"warn\"\n", &evs, Repeat);
+        assert_eq!(rep, vec![(2, Level::Warning), (3, Level::Critical)]);
+        let shadow = run_with("mode = \"shadow\"\n", &evs);
+        assert!(shadow.iter().all(|x| x.3 == Mode::Shadow));
+        assert!(shadow.iter().any(|x| x.2 == Level::Terminate));
+    }
+
+    #[test]
+    fn tool_overrides_change_thresholds_for_that_tool_only() {
+        let cfg = "[[overrides]]\ntool = \"slow_*\"\n[overrides.detectors.repeat]\nwarn_at = 5\nterminate_at = 6\n";
+        let evs: Vec<Value> = (0..6)
+            .map(|_| call("slow_read", json!(1), json!(1)))
+            .collect();
+        let rep = of_with(cfg, &evs, Repeat);
+        assert_eq!(rep, vec![(4, Level::Warning), (5, Level::Terminate)]);
+        assert_eq!(of_with(cfg, &same(4), Repeat).len(), 2, "other tools keep 3/4");
+    }
+
+    #[test]
+    fn terminate_at_off_turns_the_window_kill_off_too() {
+        // The README's example: `repeat` never stops deploys.
+        let cfg = "[[overrides]]\ntool = \"deploy*\"\n[overrides.detectors.repeat]\nterminate_at = \"off\"\n";
+        let evs: Vec<Value> = (0..12)
+            .map(|_| call("deploy_app", json!({"env": "prod"}), json!("deployed v2")))
+            .collect();
+        assert_eq!(of_with(cfg, &evs, Repeat), vec![(2, Level::Warning)]);
+        // Other tools keep both kills.
+        let rep = of_with(cfg, &same(12), Repeat);
+        assert_eq!(rep, vec![(2, Level::Warning), (3, Level::Terminate)]);
+    }
+
+    #[test]
+    fn retry_safe_tools_are_exempt() {
+        let evs: Vec<Value> = (0..4)
+            .map(|_| fail("fetch", json!({"u": 1}), None))
+            .collect();
+        let f = run_with("[tools]\nretry_safe = [\"fetch\"]\n", &evs);
+        assert!(
+            f.iter()
+                .all(|x| x.1 != DetectorKind::ErrorRepeat && x.1 != Repeat),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn every_finding_has_a_hint_that_names_the_tool() {
+        use crate::contract::output::Output;
+        let config = std::sync::Arc::new(crate::config::Config::default());
+        let mut engine = crate::engine::Engine::new(config);
+        let mut out = Vec::new();
+        for (i, e) in same(4).iter().enumerate() {
+            let mut e = e.clone();
+            e["session_id"] = json!("s");
+            e["event_id"] = json!(format!("e{i}"));
+            let line = e.to_string();
+            let ev = crate::contract::event::parse_event(line.as_bytes(), &crate::contract::event::ParseLimits::default())
+                .unwrap();
+            engine.process(&ev, &crate::engine::EventMeta::default(), &mut out);
+        }
+        let hints: Vec<String> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Finding(f) => Some(f.hint.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(hints.len(), 2);
+        assert!(
+            hints[0].contains("`read`") && hints[0].contains("3 times"),
+            "{}",
+            hints[0]
+        );
+    }
+
+    /// `between` and a status poll whose progress moves, in turn, 20 times each.
+    fn between_moving_polls(between: Value) -> Vec<Value> {
+        let mut evs = Vec::new();
+        for p in 0..20 {
+            evs.push(between.clone());
+            let status = json!({"state": "running", "progress": format!("{}%", 4 * p)});
+            evs.push(call("get_job_status", json!({"job": 1}), status));
+        }
+        evs
+    }
+
+    #[test]
+    fn a_call_that_works_between_polls_of_a_moving_job_is_waiting() {
+        let sleep = call("bash", json!({"command": "sleep 30"}), json!("slept 30s"));
+        assert!(of(&between_moving_polls(sleep), Repeat).is_empty());
+    }
+
+    #[test]
+    fn a_failure_repeated_between_polls_of_a_moving_job_is_still_a_loop() {
+        // The job moving is no progress of the deploy that keeps failing beside it.
+        let mut deploy = fail("deploy", json!({"env": "prod"}), None);
+        deploy["result"] = json!("Error: permission denied for user bot");
+        let found = of(&between_moving_polls(deploy), Repeat);
+        assert_eq!(found.last(), Some(&(14, Level::Terminate)), "{found:?}");
+    }
+}

@@ -1,0 +1,372 @@
+//! Fingerprints (DESIGN §2): SHA-256 over canonical JSON with volatile keys and value
+//! patterns erased, so that "the same action" and "the same result" mean what a person
+//! would mean.
+//!
+//! Guarantees: a fingerprint depends only on the value (object key order, volatile keys,
+//! UUIDs and RFC 3339 timestamps inside result strings do not change it; digits elsewhere
+//! do), not on how its JSON was written (whitespace, escapes, duplicate keys: the last
+//! wins, as in any JSON object); no input panics. Only the resulting digests leave this
+//! module.
+//!
+//! How: the canonical JSON is written straight from the value's text into a reusable
+//! buffer ([`Scratch`]) — members of an object sorted by key, strings re-escaped only
+//! when they hold escapes other than the canonical ones — and hashed in one call. No
+//! `serde_json::Value` is built; the tests hold the result to a tree walk over
+//! serde_json's values for any JSON.
+
+use crate::engine::content::ContentSample;
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use sha2::{Digest as _, Sha256};
+
+use crate::contract::json::{
+    checked_escape_len, content_has_words, skip, string_close, unescape_into, Json,
+};
+use crate::engine::hash::Shape;
+
+mod canon;
+use canon::*;
+
+/// A 128-bit truncated SHA-256 digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Fp(pub u128);
+
+impl Fp {
+    /// The first 64 bits, which is what session state keeps: within one session's
+    /// bounded window a 64-bit collision is out of reach (2^-64 per pair).
+    pub fn short(self) -> u64 {
+        (self.0 >> 64) as u64
+    }
+
+    fn of(canonical: &[u8]) -> Fp {
+        let d = Sha256::digest(canonical);
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&d[..16]);
+        Fp(u128::from_be_bytes(b))
+    }
+}
+
+/// Default volatile argument keys (DESIGN §2).
+pub const DEFAULT_VOLATILE_ARG_KEYS: &[&str] = &[
+    "timestamp",
+    "ts",
+    "nonce",
+    "request_id",
+    "trace_id",
+    "span_id",
+    "idempotency_key",
+    "task_progress",
+];
+
+/// Volatile result keys on top of the argument keys (DESIGN §2).
+pub const DEFAULT_EXTRA_VOLATILE_RESULT_KEYS: &[&str] = &[
+    "time",
+    "created_at",
+    "updated_at",
+    "elapsed_ms",
+    "duration_ms",
+    "latency_ms",
+    "pid",
+    "cwd",
+    "session_id",
+    "message_id",
+    "run_id",
+    "receipt",
+];
+
+/// Words that make a result read as "still waiting".
+pub const DEFAULT_PENDING_TERMS: &[&str] = &[
+    "running",
+    "pending",
+    "queued",
+    "in progress",
+    "in_progress",
+    "in-progress",
+    "starting",
+    "waiting",
+    "not ready",
+    "scheduled",
+];
+
+/// Result strings longer than this are not scanned for pending terms: a long text that
+/// happens to contain "running" is content, not a status.
+pub const PENDING_SCAN_MAX_BYTES: usize = 256;
+
+/// Built-in volatile value patterns inside result strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuiltinPattern {
+    Uuid,
+    Rfc3339,
+}
+
+impl BuiltinPattern {
+    pub fn parse(name: &str) -> Option<BuiltinPattern> {
+        match name {
+            "uuid" => Some(BuiltinPattern::Uuid),
+            "rfc3339" => Some(BuiltinPattern::Rfc3339),
+            _ => None,
+        }
+    }
+}
+
+/// A set of keys matched case-, `_`- and `-`-insensitively.
+#[derive(Debug, Clone, Default)]
+pub struct KeySet {
+    normalized: Vec<Box<[u8]>>,
+    /// Bit n set: some key normalizes to n bytes (n < 64), a cheap first test.
+    lengths: u64,
+}
+
+fn normalize_key(key: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    key.iter()
+        .copied()
+        .filter(|b| *b != b'_' && *b != b'-')
+        .map(|b| b.to_ascii_lowercase())
+}
+
+impl KeySet {
+    pub fn new<S: AsRef<str>>(keys: &[S]) -> KeySet {
+        let mut normalized: Vec<Box<[u8]>> = keys
+            .iter()
+            .map(|k| {
+                normalize_key(k.as_ref().as_bytes())
+                    .collect::<Vec<u8>>()
+                    .into_boxed_slice()
+            })
+            .collect();
+        normalized.sort();
+        normalized.dedup();
+        let lengths = normalized.iter().fold(0u64, |m, k| {
+            m | 1u64.checked_shl(k.len() as u32).unwrap_or(0)
+        });
+        KeySet {
+            normalized,
+            lengths,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.normalized.is_empty()
+    }
+
+    pub fn contains(&self, key: &[u8]) -> bool {
+        let len = normalize_key(key).count();
+        if len < 64 && self.lengths & (1 << len) == 0 {
+            return false;
+        }
+        self.normalized
+            .iter()
+            .any(|k| k.len() == len && k.iter().copied().eq(normalize_key(key)))
+    }
+}
+
+/// Everything needed to fingerprint actions and results; built once from configuration.
+#[derive(Debug, Clone)]
+pub struct Fingerprinter {
+    arg_keys: KeySet,
+    result_keys: KeySet,
+    builtins: Vec<BuiltinPattern>,
+    custom_patterns: Vec<regex::bytes::Regex>,
+    pending: Option<AhoCorasick>,
+    ignore_args: rustc_hash::FxHashMap<String, KeySet>,
+}
+
+/// Configuration of a [`Fingerprinter`].
+#[derive(Debug, Clone)]
+pub struct FingerprintSpec {
+    pub volatile_arg_keys: Vec<String>,
+    pub volatile_result_keys: Vec<String>,
+    pub builtin_patterns: Vec<BuiltinPattern>,
+    pub custom_patterns: Vec<regex::bytes::Regex>,
+    pub pending_terms: Vec<String>,
+    pub ignore_args: Vec<(String, Vec<String>)>,
+}
+
+impl Default for FingerprintSpec {
+    fn default() -> Self {
+        let args: Vec<String> = DEFAULT_VOLATILE_ARG_KEYS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut results = args.clone();
+        results.extend(
+            DEFAULT_EXTRA_VOLATILE_RESULT_KEYS
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        FingerprintSpec {
+            volatile_arg_keys: args,
+            volatile_result_keys: results,
+            builtin_patterns: vec![BuiltinPattern::Uuid, BuiltinPattern::Rfc3339],
+            custom_patterns: Vec::new(),
+            pending_terms: DEFAULT_PENDING_TERMS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            ignore_args: Vec::new(),
+        }
+    }
+}
+
+/// The digest of an action, and its `args.action` when that is a string (a tool can be
+/// classed by `tool.action`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionPrint<'a> {
+    pub digest: Fp,
+    pub action_arg: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The digest of a result plus what its content says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResultPrint {
+    pub digest: Fp,
+    /// The digest's text with every number that stands on its own read as any number:
+    /// results that differ only in counters, timings or line numbers share it (not a
+    /// DESIGN §2 fingerprint: it never leaves the session's state).
+    pub shape: u32,
+    /// The result reads as a pending state (`running`, `queued`, …).
+    pub pending: bool,
+    /// Some string of the result has a letter outside markup tags (`<output>`): an empty
+    /// output wrapped in a runtime's markup, or a bare exit code, says nothing.
+    pub has_words: bool,
+}
+
+/// Reusable buffers for fingerprinting, so that it allocates nothing once they have grown.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    canonical: Vec<u8>,
+    members: Vec<Member>,
+    keys: Vec<u8>,
+    text: String,
+}
+
+impl Default for Fingerprinter {
+    fn default() -> Self {
+        Fingerprinter::new(&FingerprintSpec::default())
+    }
+}
+
+impl Fingerprinter {
+    pub fn new(spec: &FingerprintSpec) -> Fingerprinter {
+        let pending = if spec.pending_terms.is_empty() {
+            None
+        } else {
+            AhoCorasickBuilder::new()
+                .ascii_case_insensitive(true)
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(&spec.pending_terms)
+                .ok()
+        };
+        Fingerprinter {
+            arg_keys: KeySet::new(&spec.volatile_arg_keys),
+            result_keys: KeySet::new(&spec.volatile_result_keys),
+            builtins: spec.builtin_patterns.clone(),
+            custom_patterns: spec.custom_patterns.clone(),
+            pending,
+            ignore_args: spec
+                .ignore_args
+                .iter()
+                .map(|(tool, keys)| (tool.clone(), KeySet::new(keys)))
+                .collect(),
+        }
+    }
+
+    /// The action fingerprint: SHA-256 over the canonical JSON of `[tool, args]`.
+    pub fn action<'a>(
+        &self,
+        tool: &str,
+        args: Option<&'a Json>,
+        scratch: &mut Scratch,
+    ) -> ActionPrint<'a> {
+        let mut c = Canon::new(scratch, &self.arg_keys, self.ignore_args.get(tool));
+        c.put(b"[");
+        c.escape_string(tool.as_bytes());
+        c.put(b",");
+        let mut action_arg = None;
+        match args {
+            Some(a) => {
+                let text = a.as_str();
+                c.document(text.as_bytes(), true);
+                action_arg = c.action_arg.take().map(|(start, end)| {
+                    crate::contract::json::unescape(
+                        &text[start..end],
+                        text[start..end].contains('\\'),
+                    )
+                });
+            }
+            None => c.put(b"null"),
+        }
+        c.put(b"]");
+        ActionPrint {
+            digest: Fp::of(&scratch.canonical),
+            action_arg,
+        }
+    }
+
+    /// The result digest: SHA-256 over the canonical JSON of `result` (volatile keys and
+    /// value patterns erased), or over the emitter's own `result_digest`.
+    pub fn result(
+        &self,
+        result: Option<&Json>,
+        given_digest: Option<&str>,
+        scratch: &mut Scratch,
+    ) -> ResultPrint {
+        let mut c = Canon::new(scratch, &self.result_keys, None);
+        c.words = Some(false);
+        if let Some(d) = given_digest {
+            c.put(b"digest:");
+            for b in d.bytes() {
+                c.put(&[b.to_ascii_lowercase()]);
+            }
+            // The emitter's digest stands for a result we cannot read: judged as one
+            // that says something.
+            c.words = Some(true);
+        } else {
+            c.patterns = Some(Patterns {
+                builtins: &self.builtins,
+                custom: &self.custom_patterns,
+            });
+            c.pending = self.pending.as_ref().map(|ac| (ac, PendingScan::default()));
+            match result {
+                Some(r) => c.document(r.as_str().as_bytes(), false),
+                None => c.put(b"null"),
+            }
+        }
+        let pending = c
+            .pending
+            .as_ref()
+            .is_some_and(|(_, scan)| scan.status.unwrap_or(scan.any_short));
+        let has_words = c.words.unwrap_or(false);
+        // The shape reads the canonical text in one pass (escapes as separators).
+        let mut shape = Shape::default();
+        shape.json(&scratch.canonical);
+        ResultPrint {
+            digest: Fp::of(&scratch.canonical),
+            shape: shape.finish(),
+            pending,
+            has_words,
+        }
+    }
+}
+
+impl Scratch {
+    /// The lines the last result fingerprinted showed, sampled (see [`crate::engine::content`]);
+    /// its first [`CONTENT_BYTES_MAX`] bytes are read.
+    pub fn content_sample(&self) -> ContentSample {
+        let c = &self.canonical;
+        if c.len() <= CONTENT_BYTES_MAX {
+            return ContentSample::of_canonical(c);
+        }
+        // Cut at the last line break before the limit: a line cut short would read as
+        // new wherever the cut falls.
+        let head = &c[..CONTENT_BYTES_MAX];
+        let end = memchr::memmem::rfind(head, b"\\n").unwrap_or(head.len());
+        ContentSample::of_canonical(&head[..end])
+    }
+}
+
+/// Bytes of a result's canonical text read for its content sample: what an agent reads
+/// of a long output is its beginning, and the work per call stays bounded.
+pub const CONTENT_BYTES_MAX: usize = 8 * 1024;
+
+#[cfg(test)]
+mod tests;

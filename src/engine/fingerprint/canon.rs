@@ -1,0 +1,641 @@
+//! The canonical JSON writer the fingerprints hash: an object's members sorted by key,
+//! strings re-escaped only when they hold escapes other than the canonical ones, volatile
+//! keys dropped and volatile values (UUIDs, RFC 3339 timestamps, the configured patterns)
+//! erased, pending words noted — written straight from the value's text.
+
+use super::*;
+
+/// Whether any string value (not a key) of a JSON text says something in words.
+pub(super) fn words_of(s: &[u8]) -> bool {
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] != b'"' {
+            i += 1;
+            continue;
+        }
+        let (end, _) = string_end(s, i + 1);
+        let is_key = s.get(Canon::ws(s, end + 1)) == Some(&b':');
+        if !is_key && content_has_words(&s[i + 1..end], &mut false) {
+            return true;
+        }
+        i = end + 1;
+    }
+    false
+}
+
+/// What a string's escapes are, learnt while its end is looked for.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Escapes {
+    pub(super) any: bool,
+    /// Some escape is one canonical JSON writes otherwise (`\/`, `\u…`).
+    pub(super) non_canonical: bool,
+    /// Some escape stands for a letter or a digit (only `\"`, `\\`, `\n`, `\r`, `\t` do
+    /// not).
+    pub(super) non_neutral: bool,
+    /// Bytes the escapes take beyond the characters they stand for.
+    pub(super) shrink: usize,
+}
+
+/// The closing quote of a string whose content starts at `from` (checked text), and what
+/// its escapes are.
+#[inline]
+pub(super) fn string_end(s: &[u8], from: usize) -> (usize, Escapes) {
+    let mut e = Escapes::default();
+    let end = string_close(s, from, |at| {
+        let c = s.get(at + 1).copied().unwrap_or(0);
+        let len = checked_escape_len(s, at);
+        e.any = true;
+        e.non_canonical |= !CANONICAL_ESCAPES.contains(&c);
+        e.non_neutral |= !NEUTRAL_ESCAPES.contains(&c);
+        let char_len = if c == b'u' {
+            std::str::from_utf8(&s[(at + 2).min(s.len())..(at + 6).min(s.len())])
+                .ok()
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .and_then(char::from_u32)
+                .map_or(3, char::len_utf8)
+        } else {
+            1
+        };
+        e.shrink += len - char_len;
+        Ok(len)
+    })
+    .unwrap_or(s.len());
+    (end.min(s.len()), e)
+}
+
+/// One member of an object being written: where its key and value are.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Member {
+    /// The key's content (between its quotes) in the text, or its unescaped bytes in the
+    /// scratch key buffer.
+    pub(super) key: (u32, u32),
+    pub(super) key_unescaped: bool,
+    pub(super) value: (u32, u32),
+}
+
+/// Writes canonical JSON into the scratch buffer, and reads what the result says.
+pub(super) struct Canon<'s, 'k> {
+    pub(super) out: &'s mut Vec<u8>,
+    pub(super) members: &'s mut Vec<Member>,
+    pub(super) keybuf: &'s mut Vec<u8>,
+    pub(super) text: &'s mut String,
+    pub(super) keys: &'k KeySet,
+    pub(super) extra: Option<&'k KeySet>,
+    pub(super) patterns: Option<Patterns<'k>>,
+    pub(super) pending: Option<(&'k AhoCorasick, PendingScan)>,
+    /// Whether some string says something (results only).
+    pub(super) words: Option<bool>,
+    /// Where `args.action` is in the text (its content), when a string (actions only).
+    pub(super) action_arg: Option<(usize, usize)>,
+}
+
+pub(super) fn is_plain_number(n: &[u8]) -> bool {
+    let digits = n.strip_prefix(b"-").unwrap_or(n);
+    match digits {
+        [b'0'] => n.len() == 1,
+        [b'1'..=b'9', rest @ ..] => rest.len() <= 17 && rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    }
+}
+
+/// The escapes canonical JSON writes itself (any other is re-written).
+pub(super) const CANONICAL_ESCAPES: &[u8] = b"\"\\bfnrt";
+/// The escapes that read as no letter and no digit, so that volatile patterns can be
+/// matched on the escaped text as on the unescaped one.
+pub(super) const NEUTRAL_ESCAPES: &[u8] = b"\"\\nrt";
+
+impl<'s, 'k> Canon<'s, 'k> {
+    pub(super) fn new(
+        scratch: &'s mut Scratch,
+        keys: &'k KeySet,
+        extra: Option<&'k KeySet>,
+    ) -> Canon<'s, 'k> {
+        scratch.canonical.clear();
+        scratch.members.clear();
+        scratch.keys.clear();
+        Canon {
+            out: &mut scratch.canonical,
+            members: &mut scratch.members,
+            keybuf: &mut scratch.keys,
+            text: &mut scratch.text,
+            keys,
+            extra,
+            patterns: None,
+            pending: None,
+            words: None,
+            action_arg: None,
+        }
+    }
+
+    #[inline]
+    pub(super) fn put(&mut self, b: &[u8]) {
+        self.out.extend_from_slice(b);
+    }
+
+    /// Unescaped text, canonically escaped.
+    pub(super) fn escape_body(&mut self, s: &[u8]) {
+        let mut start = 0;
+        for (i, &b) in s.iter().enumerate() {
+            let esc: &[u8] = match b {
+                b'"' => b"\\\"",
+                b'\\' => b"\\\\",
+                b'\n' => b"\\n",
+                b'\r' => b"\\r",
+                b'\t' => b"\\t",
+                0x08 => b"\\b",
+                0x0c => b"\\f",
+                0..=0x1f => {
+                    self.put(&s[start..i]);
+                    let hex = b"0123456789abcdef";
+                    self.put(&[
+                        b'\\',
+                        b'u',
+                        b'0',
+                        b'0',
+                        hex[(b >> 4) as usize],
+                        hex[(b & 15) as usize],
+                    ]);
+                    start = i + 1;
+                    continue;
+                }
+                _ => continue,
+            };
+            self.put(&s[start..i]);
+            self.put(esc);
+            start = i + 1;
+        }
+        self.put(&s[start..]);
+    }
+
+    pub(super) fn escape_string(&mut self, s: &[u8]) {
+        self.put(b"\"");
+        self.escape_body(s);
+        self.put(b"\"");
+    }
+
+    #[inline]
+    pub(super) fn ws(s: &[u8], mut i: usize) -> usize {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = s.get(i) {
+            i += 1;
+        }
+        i
+    }
+
+    /// A whole document (the text of `args` or `result`).
+    pub(super) fn document(&mut self, s: &[u8], top_is_args: bool) {
+        let start = Self::ws(s, 0);
+        self.value(s, start, top_is_args);
+    }
+
+    /// The value at `i`; returns the position after it.
+    pub(super) fn value(&mut self, s: &[u8], i: usize, args_top: bool) -> usize {
+        match s.get(i) {
+            Some(b'"') => {
+                let (end, escapes) = string_end(s, i + 1);
+                self.string_value(&s[i + 1..end], escapes);
+                end + 1
+            }
+            Some(b'{') => self.object(s, i, args_top),
+            Some(b'[') => {
+                self.put(b"[");
+                let mut j = Self::ws(s, i + 1);
+                let mut first = true;
+                while let Some(&b) = s.get(j) {
+                    if b == b']' {
+                        j += 1;
+                        break;
+                    }
+                    if b == b',' {
+                        j = Self::ws(s, j + 1);
+                        continue;
+                    }
+                    if !first {
+                        self.put(b",");
+                    }
+                    first = false;
+                    j = Self::ws(s, self.value(s, j, false));
+                }
+                self.put(b"]");
+                j
+            }
+            Some(_) => {
+                let end = skip(s, i);
+                let token = &s[i..end];
+                if token[0] == b'-' || token[0].is_ascii_digit() {
+                    self.number(token);
+                } else {
+                    self.put(token); // true, false, null
+                }
+                end
+            }
+            None => {
+                self.put(b"null");
+                i
+            }
+        }
+    }
+
+    pub(super) fn number(&mut self, token: &[u8]) {
+        if is_plain_number(token) {
+            self.put(token);
+            return;
+        }
+        // Written as serde_json writes the number it reads (`1.50` is `1.5`).
+        use std::fmt::Write as _;
+        let mut buf = NumBuf::default();
+        match std::str::from_utf8(token)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Number>(t).ok())
+        {
+            Some(n) => {
+                let _ = write!(buf, "{n}");
+                self.put(buf.as_bytes());
+            }
+            None => self.put(token),
+        }
+    }
+
+    /// Reads the members of the object that opens at `open` onto `self.members` (keys
+    /// with escapes unescaped into `self.keybuf`); returns where the object ends.
+    pub(super) fn scan_members(&mut self, s: &[u8], open: usize) -> usize {
+        let mut j = Self::ws(s, open + 1);
+        while let Some(&b) = s.get(j) {
+            match b {
+                b'}' => {
+                    j += 1;
+                    break;
+                }
+                b',' => {
+                    j = Self::ws(s, j + 1);
+                    continue;
+                }
+                b'"' => {}
+                _ => {
+                    j += 1;
+                    continue;
+                }
+            }
+            let (key_end, key_escapes) = string_end(s, j + 1);
+            let mut key = (j as u32 + 1, key_end as u32);
+            let key_unescaped = key_escapes.any;
+            if key_unescaped {
+                let content = std::str::from_utf8(&s[j + 1..key_end]).unwrap_or("");
+                self.text.clear();
+                unescape_into(content, self.text);
+                let at = self.keybuf.len() as u32;
+                self.keybuf.extend_from_slice(self.text.as_bytes());
+                key = (at, self.keybuf.len() as u32);
+            }
+            let colon = Self::ws(s, key_end + 1);
+            let v = Self::ws(s, colon + 1);
+            let v_end = skip(s, v);
+            self.members.push(Member {
+                key,
+                key_unescaped,
+                value: (v as u32, v_end as u32),
+            });
+            j = Self::ws(s, v_end);
+        }
+        j
+    }
+
+    pub(super) fn object(&mut self, s: &[u8], open: usize, args_top: bool) -> usize {
+        let base = self.members.len();
+        let key_base = self.keybuf.len();
+        let j = self.scan_members(s, open);
+        // serde_json's map: sorted by key, the last of equal keys wins.
+        let keybuf = &*self.keybuf;
+        let key_of = |m: &Member| -> &[u8] {
+            let (a, b) = (m.key.0 as usize, m.key.1 as usize);
+            if m.key_unescaped {
+                &keybuf[a..b]
+            } else {
+                &s[a..b]
+            }
+        };
+        self.members[base..].sort_by(|a, b| key_of(a).cmp(key_of(b)));
+        let end = self.members.len();
+        self.put(b"{");
+        let mut first = true;
+        for i in base..end {
+            let m = self.members[i];
+            let key_at = |m: &Member| (m.key.0 as usize, m.key.1 as usize);
+            let (a, b) = key_at(&m);
+            if i + 1 < end {
+                let next = self.members[i + 1];
+                let (na, nb) = key_at(&next);
+                let same = match (m.key_unescaped, next.key_unescaped) {
+                    (false, false) => s[a..b] == s[na..nb],
+                    (true, true) => self.keybuf[a..b] == self.keybuf[na..nb],
+                    (true, false) => self.keybuf[a..b] == s[na..nb],
+                    (false, true) => s[a..b] == self.keybuf[na..nb],
+                };
+                if same {
+                    continue; // a later duplicate replaces this one
+                }
+            }
+            if m.key_unescaped {
+                // Rare (a key with escapes): its bytes leave the scratch buffer.
+                let key = self.keybuf[a..b].to_vec();
+                self.member(s, &m, &key, &mut first, args_top);
+            } else {
+                self.member(s, &m, &s[a..b], &mut first, args_top);
+            }
+        }
+        self.put(b"}");
+        self.members.truncate(base);
+        self.keybuf.truncate(key_base);
+        j
+    }
+
+    pub(super) fn member(
+        &mut self,
+        s: &[u8],
+        m: &Member,
+        key: &[u8],
+        first: &mut bool,
+        args_top: bool,
+    ) {
+        let (v, v_end) = (m.value.0 as usize, m.value.1 as usize);
+        let is_string = s.get(v) == Some(&b'"');
+        if args_top && key == b"action" && is_string {
+            self.action_arg = Some((v + 1, v_end - 1));
+        }
+        if self.keys.contains(key) || self.extra.is_some_and(|e| e.contains(key)) {
+            // Erased from the digest, but what it says still counts as words.
+            if self.words == Some(false) && words_of(&s[v..v_end]) {
+                self.words = Some(true);
+            }
+            return;
+        }
+        if !*first {
+            self.put(b",");
+        }
+        *first = false;
+        if m.key_unescaped {
+            self.escape_string(key);
+        } else {
+            self.put(b"\"");
+            self.put(key);
+            self.put(b"\"");
+        }
+        self.put(b":");
+        if is_string && is_status_key(key) {
+            if let Some((ac, scan)) = self.pending.as_mut() {
+                if scan.status.is_none() {
+                    let content = &s[v + 1..v_end - 1];
+                    let verdict = if memchr::memchr(b'\\', content).is_none() {
+                        reads_pending(ac, content)
+                    } else {
+                        self.text.clear();
+                        unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
+                        reads_pending(ac, self.text.as_bytes())
+                    };
+                    scan.status = Some(verdict);
+                }
+            }
+        }
+        self.value(s, v, false);
+    }
+
+    /// A string value's content (between its quotes, as written).
+    pub(super) fn string_value(&mut self, content: &[u8], escapes: Escapes) {
+        let escaped = escapes.any;
+        if self.words == Some(false) && content_has_words(content, &mut false) {
+            self.words = Some(true);
+        }
+        if let Some((ac, scan)) = self.pending.as_mut() {
+            // Only short strings read as a status (the unescaped length counts).
+            if !scan.any_short
+                && content.len().saturating_sub(escapes.shrink) <= PENDING_SCAN_MAX_BYTES
+            {
+                let short = if !escaped {
+                    Some(content)
+                } else {
+                    self.text.clear();
+                    unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
+                    (self.text.len() <= PENDING_SCAN_MAX_BYTES).then_some(self.text.as_bytes())
+                };
+                if short.is_some_and(|t| reads_pending(ac, t)) {
+                    scan.any_short = true;
+                }
+            }
+        }
+        let Some(p) = self.patterns else {
+            // No value patterns: the canonical form is the content itself unless it has an
+            // escape canonical JSON writes otherwise.
+            if !escapes.non_canonical {
+                self.put(b"\"");
+                self.put(content);
+                self.put(b"\"");
+            } else {
+                self.reescape(content);
+            }
+            return;
+        };
+        if escaped && (!p.custom.is_empty() || escapes.non_neutral) {
+            // Patterns are matched on the unescaped text.
+            self.text.clear();
+            unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
+            let text = std::mem::take(self.text);
+            self.put(b"\"");
+            let mut pos = 0;
+            let t = text.as_bytes();
+            while let Some((start, end)) = next_volatile(t, pos, p) {
+                self.escape_body(&t[pos..start]);
+                self.put(b"\x00");
+                pos = end;
+            }
+            self.escape_body(&t[pos..]);
+            self.put(b"\"");
+            *self.text = text;
+            return;
+        }
+        // The content's escapes read as no letter and no digit: patterns match on it as on
+        // the unescaped text, and it is canonical as it is.
+        self.put(b"\"");
+        let mut pos = 0;
+        while let Some((start, end)) = next_volatile(content, pos, p) {
+            self.put(&content[pos..start]);
+            self.put(b"\x00");
+            pos = end;
+        }
+        self.put(&content[pos..]);
+        self.put(b"\"");
+    }
+
+    /// A string with escapes canonical JSON writes otherwise (`\/`, `\u…`): unescaped,
+    /// then escaped again.
+    pub(super) fn reescape(&mut self, content: &[u8]) {
+        self.text.clear();
+        unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
+        let text = std::mem::take(self.text);
+        self.escape_string(text.as_bytes());
+        *self.text = text;
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Patterns<'a> {
+    pub(super) builtins: &'a [BuiltinPattern],
+    pub(super) custom: &'a [regex::bytes::Regex],
+}
+
+#[derive(Default)]
+pub(super) struct PendingScan {
+    /// The verdict of a `status`/`state`/`phase` field, which beats any other text.
+    pub(super) status: Option<bool>,
+    /// Some short string in the result reads as pending.
+    pub(super) any_short: bool,
+}
+
+pub(super) fn is_status_key(key: &[u8]) -> bool {
+    key.eq_ignore_ascii_case(b"status")
+        || key.eq_ignore_ascii_case(b"state")
+        || key.eq_ignore_ascii_case(b"phase")
+}
+
+pub(super) fn reads_pending(ac: &AhoCorasick, s: &[u8]) -> bool {
+    ac.find_iter(s).any(|m| {
+        let before_ok = m.start() == 0 || !s[m.start() - 1].is_ascii_alphanumeric();
+        let after_ok = m.end() == s.len() || !s[m.end()].is_ascii_alphanumeric();
+        before_ok && after_ok
+    })
+}
+
+/// A stack buffer for formatting a number without allocating.
+pub(super) struct NumBuf {
+    pub(super) buf: [u8; 48],
+    pub(super) len: usize,
+}
+
+impl Default for NumBuf {
+    fn default() -> Self {
+        NumBuf {
+            buf: [0; 48],
+            len: 0,
+        }
+    }
+}
+
+impl NumBuf {
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Write for NumBuf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        if end > self.buf.len() {
+            return Err(std::fmt::Error);
+        }
+        self.buf[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// The next volatile span at or after `from`.
+pub(super) fn next_volatile(s: &[u8], from: usize, p: Patterns<'_>) -> Option<(usize, usize)> {
+    let mut best: Option<(usize, usize)> = None;
+    if !p.builtins.is_empty() {
+        best = next_builtin(s, from, p.builtins);
+    }
+    for re in p.custom {
+        if let Some(m) = re.find_at(s, from) {
+            if m.end() > m.start() && best.is_none_or(|(b, _)| m.start() < b) {
+                best = Some((m.start(), m.end()));
+            }
+        }
+    }
+    best
+}
+
+pub(super) fn next_builtin(
+    s: &[u8],
+    from: usize,
+    builtins: &[BuiltinPattern],
+) -> Option<(usize, usize)> {
+    let uuid = builtins.contains(&BuiltinPattern::Uuid);
+    let date = builtins.contains(&BuiltinPattern::Rfc3339);
+    // Both patterns contain a '-' near their start: find dashes, then check around them.
+    let mut search = from;
+    while let Some(off) = memchr::memchr(b'-', &s[search.min(s.len())..]) {
+        let dash = search + off;
+        if uuid && dash >= from + 8 {
+            if let Some(end) = match_uuid(s, dash - 8) {
+                return Some((dash - 8, end));
+            }
+        }
+        if date && dash >= from + 4 {
+            if let Some(end) = match_rfc3339(s, dash - 4) {
+                return Some((dash - 4, end));
+            }
+        }
+        search = dash + 1;
+    }
+    None
+}
+
+pub(super) fn all(s: &[u8], range: std::ops::Range<usize>, f: fn(&u8) -> bool) -> bool {
+    range.end <= s.len() && s[range].iter().all(f)
+}
+
+pub(super) fn match_uuid(s: &[u8], at: usize) -> Option<usize> {
+    if at > 0 && s[at - 1].is_ascii_hexdigit() {
+        return None;
+    }
+    let hex = |r: std::ops::Range<usize>| all(s, r, u8::is_ascii_hexdigit);
+    let ok = hex(at..at + 8)
+        && s.get(at + 8) == Some(&b'-')
+        && hex(at + 9..at + 13)
+        && s.get(at + 13) == Some(&b'-')
+        && hex(at + 14..at + 18)
+        && s.get(at + 18) == Some(&b'-')
+        && hex(at + 19..at + 23)
+        && s.get(at + 23) == Some(&b'-')
+        && hex(at + 24..at + 36)
+        && s.get(at + 36).is_none_or(|b| !b.is_ascii_hexdigit());
+    ok.then_some(at + 36)
+}
+
+/// `YYYY-MM-DD[Tt ]HH:MM:SS[.frac][Z|±HH:MM]`; the offset is optional because logs often
+/// drop it, and such a stamp is just as volatile.
+pub(super) fn match_rfc3339(s: &[u8], at: usize) -> Option<usize> {
+    if at > 0 && s[at - 1].is_ascii_digit() {
+        return None;
+    }
+    let dig = |r: std::ops::Range<usize>| all(s, r, u8::is_ascii_digit);
+    let ok = dig(at..at + 4)
+        && s.get(at + 4) == Some(&b'-')
+        && dig(at + 5..at + 7)
+        && s.get(at + 7) == Some(&b'-')
+        && dig(at + 8..at + 10)
+        && matches!(s.get(at + 10), Some(b'T' | b't' | b' '))
+        && dig(at + 11..at + 13)
+        && s.get(at + 13) == Some(&b':')
+        && dig(at + 14..at + 16)
+        && s.get(at + 16) == Some(&b':')
+        && dig(at + 17..at + 19);
+    if !ok {
+        return None;
+    }
+    let mut end = at + 19;
+    if s.get(end) == Some(&b'.') && s.get(end + 1).is_some_and(u8::is_ascii_digit) {
+        end += 1;
+        while s.get(end).is_some_and(u8::is_ascii_digit) {
+            end += 1;
+        }
+    }
+    match s.get(end) {
+        Some(b'Z' | b'z') => end += 1,
+        Some(b'+' | b'-')
+            if dig(end + 1..end + 3) && s.get(end + 3) == Some(&b':') && dig(end + 4..end + 6) =>
+        {
+            end += 6
+        }
+        _ => {}
+    }
+    Some(end)
+}

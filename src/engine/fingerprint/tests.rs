@@ -1,0 +1,496 @@
+//! The fingerprints' unit and property tests: canonical JSON against a tree walk over serde_json's values.
+
+use super::*;
+use serde_json::{json, Value};
+
+fn fp() -> Fingerprinter {
+    Fingerprinter::default()
+}
+
+fn act(f: &Fingerprinter, tool: &str, args: &Value) -> Fp {
+    let j = Json::of_value(args);
+    f.action(tool, Some(&j), &mut Scratch::default()).digest
+}
+
+fn res(f: &Fingerprinter, result: &Value) -> ResultPrint {
+    f.result(Some(&Json::of_value(result)), None, &mut Scratch::default())
+}
+
+#[test]
+fn key_sets_match_whole_keys_only() {
+    let set = KeySet::new(&["abc", "ab_dd", "Request-ID"]);
+    assert!(set.contains(b"ABC") && set.contains(b"a_b_c") && set.contains(b"abdd"));
+    assert!(set.contains(b"request_id") && set.contains(b"requestId"));
+    assert!(!set.contains(b"abcd") && !set.contains(b"ab") && !set.contains(b"abd"));
+    let long = "k".repeat(70);
+    assert!(KeySet::new(&[long.as_str()]).contains(format!("{long}_").as_bytes()));
+    assert!(!KeySet::new(&[long.as_str()]).contains(&long.as_bytes()[1..]));
+}
+
+proptest::proptest! {
+    /// A key is in the set when it equals one of the set's keys once `_` and `-` are
+    /// dropped and letters lowercased, whatever its length (a long one included).
+    #[test]
+    fn key_sets_match_keys_as_normalized(
+        // Two letters: keys share prefixes and lengths often.
+        set in proptest::collection::vec("[abAB_-]{0,5}|[ab_]{60,70}", 0..8),
+        key in "[abAB_-]{0,6}|[ab_-]{60,72}",
+    ) {
+        let normalized = |k: &str| normalize_key(k.as_bytes()).collect::<Vec<u8>>();
+        let expected = set.iter().any(|k| normalized(k) == normalized(&key));
+        proptest::prop_assert_eq!(KeySet::new(&set).contains(key.as_bytes()), expected);
+    }
+}
+
+#[test]
+fn shapes_read_a_number_as_any_number_but_keep_the_digits_of_words() {
+    let f = Fingerprinter::default();
+    let shape = |s: &str| res(&f, &json!(s)).shape;
+    assert_eq!(
+        shape("/bin/bash: line 406: x"),
+        shape("/bin/bash: line 424: x")
+    );
+    assert_eq!(shape("took 1.25s\n42 passed"), shape("took 0.5s\n7 passed"));
+    assert_ne!(shape("dtype float32"), shape("dtype float64"));
+    assert_ne!(shape("x86_64"), shape("x86_32"));
+    assert_ne!(shape("line 4 ok"), shape("line 4 no"));
+}
+
+#[test]
+fn key_order_and_layout_do_not_matter() {
+    let a = json!({"q": "loop", "page": 1});
+    let b = Json::borrowed("{ \"page\" : 1 ,\n \"q\":\"lo\\u006fp\"}");
+    assert_eq!(
+        act(&fp(), "search", &a),
+        fp().action("search", Some(&b), &mut Scratch::default())
+            .digest
+    );
+}
+
+#[test]
+fn volatile_arg_keys_are_ignored_at_every_depth_and_any_case() {
+    let a = json!({"path": "/a", "Request-Id": "1", "meta": {"traceId": "x", "k": 1}});
+    let b = json!({"path": "/a", "request_id": "2", "meta": {"TRACE_ID": "y", "k": 1}});
+    assert_eq!(act(&fp(), "read", &a), act(&fp(), "read", &b));
+    let c = json!({"path": "/a", "meta": {"k": 2}});
+    assert_ne!(act(&fp(), "read", &a), act(&fp(), "read", &c));
+}
+
+#[test]
+fn tool_name_is_part_of_the_action() {
+    let a = json!({"path": "src/main.ts"});
+    assert_ne!(act(&fp(), "read_file", &a), act(&fp(), "list_files", &a));
+}
+
+#[test]
+fn the_action_argument_is_read_for_classes() {
+    let j = Json::borrowed(r#"{"action":"po\u006cl","id":1}"#);
+    let a = fp().action("process", Some(&j), &mut Scratch::default());
+    assert_eq!(a.action_arg.as_deref(), Some("poll"));
+    let j = Json::borrowed(r#"{"x":{"action":"poll"}}"#);
+    assert_eq!(
+        fp().action("process", Some(&j), &mut Scratch::default())
+            .action_arg,
+        None
+    );
+}
+
+#[test]
+fn result_volatile_keys_and_patterns_are_erased_but_digits_are_not() {
+    let f = fp();
+    let a = json!({"status": "completed", "durationMs": 100, "cwd": "/tmp/1", "out": "done at 2026-11-18T11:06:40Z id 123e4567-e89b-12d3-a456-426614174000"});
+    let b = json!({"status": "completed", "durationMs": 250, "cwd": "/tmp/2", "out": "done at 2026-11-19T01:00:00.5+02:00 id 00000000-0000-0000-0000-0000000000ff"});
+    assert_eq!(res(&f, &a).digest, res(&f, &b).digest);
+    let p1 = json!({"output": "[build] 35% complete"});
+    let p2 = json!({"output": "[build] 60% complete"});
+    assert_ne!(res(&f, &p1).digest, res(&f, &p2).digest);
+}
+
+#[test]
+fn result_keys_are_not_volatile_in_args() {
+    // `cwd` is volatile in results only.
+    let a = json!({"cwd": "/a", "command": "ls"});
+    let b = json!({"cwd": "/b", "command": "ls"});
+    assert_ne!(act(&fp(), "exec", &a), act(&fp(), "exec", &b));
+}
+
+#[test]
+fn pending_reads_status_fields_and_short_strings() {
+    let f = fp();
+    assert!(res(&f, &json!({"status": "running", "log": "x"})).pending);
+    assert!(res(&f, &json!({"output": "{\"status\": \"queued\"}"})).pending);
+    assert!(!res(&f, &json!({"status": "completed", "log": "was running"})).pending);
+    assert!(!res(&f, &json!("the runningboard")).pending);
+    let long = format!("{} running", "x".repeat(300));
+    assert!(!res(&f, &json!(long)).pending);
+}
+
+#[test]
+fn words_are_letters_of_values_outside_markup() {
+    let f = fp();
+    assert!(
+        !res(
+            &f,
+            &json!("<returncode>1</returncode>\n<output>\n</output>")
+        )
+        .has_words
+    );
+    assert!(!res(&f, &json!({"exit": 1, "code": "42"})).has_words);
+    assert!(
+        res(&f, &json!({"cwd": "/tmp/x"})).has_words,
+        "volatile values count"
+    );
+    assert!(res(&f, &json!(["ok"])).has_words);
+}
+
+#[test]
+fn given_digest_replaces_the_result() {
+    let f = fp();
+    let x = Json::of_value(&json!("x"));
+    let y = Json::of_value(&json!("y"));
+    let a = f.result(Some(&x), Some("ABCD"), &mut Scratch::default());
+    let b = f.result(Some(&y), Some("abcd"), &mut Scratch::default());
+    assert_eq!(a.digest, b.digest);
+    assert!(a.has_words);
+}
+
+#[test]
+fn per_tool_ignored_arg_keys() {
+    let spec = FingerprintSpec {
+        ignore_args: vec![("todo".to_string(), vec!["note".to_string()])],
+        ..FingerprintSpec::default()
+    };
+    let f = Fingerprinter::new(&spec);
+    let a = json!({"item": 1, "note": "thinking"});
+    let b = json!({"item": 1, "note": "still thinking"});
+    assert_eq!(act(&f, "todo", &a), act(&f, "todo", &b));
+    assert_ne!(act(&f, "other", &a), act(&f, "other", &b));
+}
+
+#[test]
+fn uuid_and_date_matchers_respect_boundaries() {
+    let p = Patterns {
+        builtins: &[BuiltinPattern::Uuid, BuiltinPattern::Rfc3339],
+        custom: &[],
+    };
+    assert_eq!(
+        next_volatile(b"x 123e4567-e89b-12d3-a456-426614174000 y", 0, p),
+        Some((2, 38))
+    );
+    assert_eq!(
+        next_volatile(b"a1123e4567-e89b-12d3-a456-426614174000", 0, p),
+        None
+    );
+    assert_eq!(
+        next_volatile(b"on 2026-01-02T03:04:05Z.", 0, p),
+        Some((3, 23))
+    );
+    assert_eq!(next_volatile(b"v1-2-3 and 12-34", 0, p), None);
+}
+
+/// The canonical JSON written by walking serde_json's tree: the definition the fast
+/// pass over the text is held to.
+mod reference {
+    use super::super::*;
+    use serde_json::Value;
+
+    pub struct Out {
+        pub canonical: Vec<u8>,
+        pub shape: Option<Shape>,
+    }
+
+    impl Out {
+        fn put(&mut self, b: &[u8]) {
+            self.canonical.extend_from_slice(b);
+            if let Some(s) = self.shape.as_mut() {
+                s.text(b);
+            }
+        }
+
+        fn escaped(&mut self, esc: &[u8]) {
+            self.canonical.extend_from_slice(esc);
+            if let Some(s) = self.shape.as_mut() {
+                s.escape(esc);
+            }
+        }
+
+        fn string(&mut self, s: &[u8]) {
+            self.put(b"\"");
+            self.body(s);
+            self.put(b"\"");
+        }
+
+        fn body(&mut self, s: &[u8]) {
+            let mut start = 0;
+            for (i, &b) in s.iter().enumerate() {
+                let esc: Vec<u8> = match b {
+                    b'"' => b"\\\"".to_vec(),
+                    b'\\' => b"\\\\".to_vec(),
+                    b'\n' => b"\\n".to_vec(),
+                    b'\r' => b"\\r".to_vec(),
+                    b'\t' => b"\\t".to_vec(),
+                    0x08 => b"\\b".to_vec(),
+                    0x0c => b"\\f".to_vec(),
+                    0..=0x1f => format!("\\u{:04x}", b).into_bytes(),
+                    _ => continue,
+                };
+                self.put(&s[start..i]);
+                self.escaped(&esc);
+                start = i + 1;
+            }
+            self.put(&s[start..]);
+        }
+    }
+
+    pub struct Walker<'a> {
+        pub out: Out,
+        pub keys: &'a KeySet,
+        pub extra: Option<&'a KeySet>,
+        pub patterns: Option<Patterns<'a>>,
+        pub pending: Option<(&'a AhoCorasick, PendingScan)>,
+    }
+
+    impl Walker<'_> {
+        pub fn value(&mut self, v: &Value) {
+            match v {
+                Value::Null => self.out.put(b"null"),
+                Value::Bool(b) => self.out.put(if *b { b"true" } else { b"false" }),
+                Value::Number(n) => self.out.put(n.to_string().as_bytes()),
+                Value::String(s) => {
+                    if let Some((ac, scan)) = self.pending.as_mut() {
+                        if !scan.any_short
+                            && s.len() <= PENDING_SCAN_MAX_BYTES
+                            && reads_pending(ac, s.as_bytes())
+                        {
+                            scan.any_short = true;
+                        }
+                    }
+                    let Some(p) = self.patterns else {
+                        self.out.string(s.as_bytes());
+                        return;
+                    };
+                    let s = s.as_bytes();
+                    self.out.put(b"\"");
+                    let mut pos = 0;
+                    while let Some((start, end)) = next_volatile(s, pos, p) {
+                        self.out.body(&s[pos..start]);
+                        self.out.put(b"\x00");
+                        pos = end;
+                    }
+                    self.out.body(&s[pos..]);
+                    self.out.put(b"\"");
+                }
+                Value::Array(items) => {
+                    self.out.put(b"[");
+                    for (i, item) in items.iter().enumerate() {
+                        if i > 0 {
+                            self.out.put(b",");
+                        }
+                        self.value(item);
+                    }
+                    self.out.put(b"]");
+                }
+                Value::Object(map) => {
+                    self.out.put(b"{");
+                    let mut first = true;
+                    for (k, item) in map {
+                        let kb = k.as_bytes();
+                        if self.keys.contains(kb) || self.extra.is_some_and(|e| e.contains(kb)) {
+                            continue;
+                        }
+                        if !first {
+                            self.out.put(b",");
+                        }
+                        first = false;
+                        self.out.string(kb);
+                        self.out.put(b":");
+                        if let (Value::String(s), Some((ac, scan))) = (item, self.pending.as_mut())
+                        {
+                            if scan.status.is_none() && is_status_key(kb) {
+                                scan.status = Some(reads_pending(ac, s.as_bytes()));
+                            }
+                        }
+                        self.value(item);
+                    }
+                    self.out.put(b"}");
+                }
+            }
+        }
+    }
+
+    pub fn has_words(v: &Value) -> bool {
+        match v {
+            Value::String(s) => crate::contract::json::content_has_words(
+                serde_json::to_string(s)
+                    .unwrap()
+                    .trim_matches('"')
+                    .as_bytes(),
+                &mut false,
+            ),
+            Value::Array(items) => items.iter().any(has_words),
+            Value::Object(map) => map.values().any(has_words),
+            _ => false,
+        }
+    }
+
+    pub fn action(f: &Fingerprinter, tool: &str, args: &Value) -> Vec<u8> {
+        let mut w = Walker {
+            out: Out {
+                canonical: Vec::new(),
+                shape: None,
+            },
+            keys: &f.arg_keys,
+            extra: f.ignore_args.get(tool),
+            patterns: None,
+            pending: None,
+        };
+        w.out.put(b"[");
+        w.out.string(tool.as_bytes());
+        w.out.put(b",");
+        w.value(args);
+        w.out.put(b"]");
+        w.out.canonical
+    }
+
+    pub fn result(f: &Fingerprinter, result: &Value) -> (Vec<u8>, u32, bool, bool) {
+        let mut w = Walker {
+            out: Out {
+                canonical: Vec::new(),
+                shape: Some(Shape::default()),
+            },
+            keys: &f.result_keys,
+            extra: None,
+            patterns: Some(Patterns {
+                builtins: &f.builtins,
+                custom: &f.custom_patterns,
+            }),
+            pending: f.pending.as_ref().map(|ac| (ac, PendingScan::default())),
+        };
+        w.value(result);
+        let pending = w
+            .pending
+            .as_ref()
+            .is_some_and(|(_, s)| s.status.unwrap_or(s.any_short));
+        (
+            w.out.canonical,
+            w.out.shape.unwrap().finish(),
+            pending,
+            has_words(result),
+        )
+    }
+}
+
+mod agreement {
+    use super::super::*;
+    use super::reference;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        let text = prop_oneof![
+            "[a-zA-Z0-9 _:./<>\\-]{0,12}",
+            Just("running".to_string()),
+            Just("2026-01-02T03:04:05Z".to_string()),
+            Just("123e4567-e89b-12d3-a456-426614174000".to_string()),
+            Just("line 4\n\t\"q\" \\ \u{8}\u{c}\u{1}/é😀".to_string()),
+            Just("<output>\n</output>".to_string()),
+            Just(
+                "\nfab2026-01-02T03:04:05Z\u{c}123e4567-e89b-12d3-a456-426614174000\u{8}"
+                    .to_string()
+            ),
+        ];
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-1e12f64..1e12).prop_map(Value::from),
+            text.prop_map(Value::from),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        let keys = prop_oneof![
+            "[a-z_]{1,6}",
+            Just("status".to_string()),
+            Just("cwd".to_string()),
+            Just("TraceId".to_string()),
+            Just("action".to_string()),
+            Just("k\"ey\n".to_string()),
+        ];
+        leaf().prop_recursive(4, 40, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::vec((keys.clone(), inner), 0..5)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// The same value written in other ways JSON allows: spaces, `\/`, `\u` escapes
+    /// of plain characters.
+    fn respell(v: &Value, how: u8) -> String {
+        let compact = v.to_string();
+        match how {
+            0 => compact,
+            1 => serde_json::to_string_pretty(v).unwrap(),
+            _ => {
+                let mut out = String::new();
+                let mut in_string = false;
+                let mut escaped = false;
+                for c in compact.chars() {
+                    if in_string && !escaped && c == '/' {
+                        out.push_str("\\/");
+                    } else if in_string && !escaped && c == 'e' {
+                        out.push_str("\\u0065");
+                    } else {
+                        out.push(c);
+                    }
+                    if in_string {
+                        if escaped {
+                            escaped = false;
+                        } else if c == '\\' {
+                            escaped = true;
+                        } else if c == '"' {
+                            in_string = false;
+                        }
+                    } else if c == '"' {
+                        in_string = true;
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+        #[test]
+        fn the_fast_pass_writes_what_the_tree_walk_writes(v in value(), how in 0u8..3) {
+            let f = Fingerprinter::default();
+            let text = respell(&v, how);
+            // The tree as serde_json reads the text (numbers as it parses them).
+            let v: Value = serde_json::from_str(&text).unwrap();
+            let json = Json::borrowed(&text);
+            let mut scratch = Scratch::default();
+            let a = f.action("tool", Some(&json), &mut scratch);
+            let expected = reference::action(&f, "tool", &v);
+            prop_assert_eq!(
+                String::from_utf8_lossy(&scratch.canonical),
+                String::from_utf8_lossy(&expected)
+            );
+            prop_assert_eq!(a.digest, Fp::of(&expected));
+            let expected_arg = v.get("action").and_then(Value::as_str).map(str::to_string);
+            prop_assert_eq!(a.action_arg.map(|c| c.into_owned()), expected_arg);
+            let r = f.result(Some(&json), None, &mut scratch);
+            let (canonical, shape, pending, words) = reference::result(&f, &v);
+            prop_assert_eq!(
+                String::from_utf8_lossy(&scratch.canonical),
+                String::from_utf8_lossy(&canonical)
+            );
+            prop_assert_eq!(r.shape, shape);
+            prop_assert_eq!(r.pending, pending);
+            prop_assert_eq!(r.has_words, words);
+        }
+    }
+}

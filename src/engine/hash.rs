@@ -1,0 +1,560 @@
+//! Fast hashes for values that never leave the process's judgement: a result's "shape"
+//! (its text with every number read as any number) and the tokens of a turn's text.
+//! DESIGN §2's digests (actions, results) stay SHA-256; these only decide whether two
+//! things are alike within one session, so they need to be fast and stable, not
+//! cryptographic.
+//!
+//! Guarantees: a hash depends only on the bytes fed, never on how they were split into
+//! calls (so a tree walk and a streaming pass over raw JSON agree); no allocation; the
+//! algorithms are written out here, not borrowed from a crate whose output could change
+//! with its version (the values live in stored session state).
+
+use crate::contract::classes::{digits_and_words, eq2, spread8, whitespace, Block, BLOCK};
+
+/// The multiplier of FxHash: odd, with well-spread bits.
+const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+#[inline]
+fn mix(h: u64, word: u64) -> u64 {
+    (h.rotate_left(5) ^ word).wrapping_mul(K)
+}
+
+#[inline]
+pub(crate) fn fold(h: u64) -> u32 {
+    let h = h ^ (h >> 29);
+    (h as u32) ^ ((h >> 32) as u32)
+}
+
+const LO: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = 0x8080_8080_8080_8080;
+
+/// Lowercases the ASCII letters of eight bytes (other bytes unchanged).
+#[inline]
+pub(crate) fn lower8(x: u64) -> u64 {
+    let low7 = x & !HI;
+    let ge_a = low7 + (0x80 - b'A' as u64) * LO;
+    let gt_z = low7 + (0x80 - b'Z' as u64 - 1) * LO;
+    let upper = ge_a & !gt_z & !x & HI;
+    x | (upper >> 2)
+}
+
+/// A streaming hash over a byte stream, eight bytes at a time.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WordHasher {
+    h: u64,
+    pending: u64,
+    /// Bytes held in `pending` (0..8).
+    held: u32,
+    len: u64,
+}
+
+impl WordHasher {
+    #[inline]
+    pub(crate) fn byte(&mut self, b: u8) {
+        self.pending |= (b as u64) << (8 * self.held);
+        self.held += 1;
+        self.len += 1;
+        if self.held == 8 {
+            self.h = mix(self.h, self.pending);
+            self.pending = 0;
+            self.held = 0;
+        }
+    }
+
+    /// Eight bytes at once, `word` in little-endian order.
+    #[inline]
+    pub(crate) fn word(&mut self, word: u64) {
+        self.len += 8;
+        if self.held == 0 {
+            self.h = mix(self.h, word);
+        } else {
+            let shift = 8 * self.held;
+            self.h = mix(self.h, self.pending | (word << shift));
+            self.pending = word >> (64 - shift);
+        }
+    }
+
+    /// The low `n` bytes of `bytes` (n < 8).
+    #[inline]
+    pub(crate) fn bytes(&mut self, bytes: u64, n: u32) {
+        if n == 0 {
+            return;
+        }
+        self.len += n as u64;
+        let shift = 8 * self.held;
+        self.pending |= bytes << shift;
+        let total = self.held + n;
+        if total >= 8 {
+            self.h = mix(self.h, self.pending);
+            // The bytes that did not fit (shift > 0 here, since n < 8).
+            self.pending = bytes >> (64 - shift);
+            self.held = total - 8;
+        } else {
+            self.held = total;
+        }
+    }
+
+    pub(crate) fn finish(mut self) -> u64 {
+        if self.held > 0 {
+            self.h = mix(self.h, self.pending);
+        }
+        mix(self.h, self.len)
+    }
+}
+
+#[inline]
+fn load8(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().expect("eight bytes"))
+}
+
+/// The shape of a text: every maximal run of ASCII digits that stands on its own counts
+/// as one `0` — numbers are counters, line numbers and timings — while a run right after
+/// a letter or `_` is part of a word and kept (`float32`, `utf8`, `x86_64`). Text is fed
+/// as literal bytes ([`Shape::text`]) and escape sequences ([`Shape::escape`]), which
+/// separate words (so `\n42` is a line break and a number, not the word `n42`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Shape {
+    hasher: WordHasher,
+    /// The previous literal byte continues a word (a letter or `_`), or is a digit.
+    prev_word: bool,
+    prev_digit: bool,
+}
+
+impl Shape {
+    /// Literal bytes (no escape sequence inside).
+    #[inline]
+    pub fn text(&mut self, bytes: &[u8]) {
+        let mut st = self.state();
+        let mut pad = [0; BLOCK];
+        let mut at = 0;
+        while at < bytes.len() {
+            let block = Block::at(bytes, at, &mut pad);
+            let (digits, words) = digits_and_words(block.bytes);
+            st.block(&block, digits, words);
+            at += BLOCK;
+        }
+        self.keep(st);
+    }
+
+    /// Canonical JSON text: escape sequences (`\n`, `\u001f`) are hashed as they are
+    /// written and separate words, the rest is literal.
+    pub fn json(&mut self, canonical: &[u8]) {
+        let mut st = self.state();
+        // The bytes of an escape that runs on past the end of its block.
+        let mut escape_carry = 0u64;
+        let mut pad = [0; BLOCK];
+        let mut at = 0;
+        while at < canonical.len() {
+            let block = Block::at(canonical, at, &mut pad);
+            let (digits, words) = digits_and_words(block.bytes);
+            let (backslashes, _) = eq2(block.bytes, b'\\', b'\\');
+            let mut escapes = escape_carry;
+            escape_carry = 0;
+            let mut starts = backslashes & block.valid & !escapes;
+            while starts != 0 {
+                let p = starts.trailing_zeros() as usize;
+                let len = if canonical.get(at + p + 1) == Some(&b'u') {
+                    6
+                } else {
+                    2
+                };
+                let span = ((1u128 << len) - 1) << p;
+                escapes |= span as u64;
+                escape_carry |= (span >> 64) as u64;
+                starts &= !(span as u64);
+            }
+            // An escape's bytes are neither digits nor word bytes: kept as written, and
+            // the byte after one starts afresh.
+            st.block(&block, digits & !escapes, words & !escapes);
+            at += BLOCK;
+        }
+        self.keep(st);
+    }
+
+    /// An escape sequence (as written in JSON, `\n`, `\u00e9`): hashed, and a separator.
+    #[inline]
+    pub fn escape(&mut self, esc: &[u8]) {
+        for &b in esc {
+            self.hasher.byte(b);
+        }
+        self.prev_word = false;
+        self.prev_digit = false;
+    }
+
+    pub fn finish(self) -> u32 {
+        fold(self.hasher.finish())
+    }
+
+    // The state in locals while a text is read: the loops must not go through memory.
+    #[inline]
+    fn state(&self) -> ShapeState {
+        ShapeState {
+            hasher: self.hasher,
+            prev_word: self.prev_word,
+            prev_digit: self.prev_digit,
+        }
+    }
+
+    #[inline]
+    fn keep(&mut self, st: ShapeState) {
+        self.hasher = st.hasher;
+        self.prev_word = st.prev_word;
+        self.prev_digit = st.prev_digit;
+    }
+}
+
+struct ShapeState {
+    hasher: WordHasher,
+    prev_word: bool,
+    prev_digit: bool,
+}
+
+impl ShapeState {
+    /// One block, given its digits and word bytes: a number standing on its own (a run of
+    /// digits not right after a word byte) becomes one `0`, the digits of words stay.
+    #[inline]
+    fn block(&mut self, block: &Block, digits: u64, words: u64) {
+        let valid = block.valid;
+        let (digits, words) = (digits & valid, words & valid);
+        let (carry_digit, carry_word) = (u64::from(self.prev_digit), u64::from(self.prev_word));
+        // The first digit of each run in the block (bit 0 may go on with the last block's).
+        let run_heads = digits & !((digits << 1) | carry_digit);
+        let continued = digits & carry_digit;
+        // A run belongs to a word when the byte before it does (or, for a run that began
+        // in the last block, when that one did): marked at its head, then filled along
+        // the run by a carry that stops at the run's end.
+        let marks = (run_heads | continued) & ((words << 1) | carry_word);
+        let in_words = digits & !digits.wrapping_add(marks);
+        let zeros = run_heads & !in_words;
+        let dropped = digits & !in_words & !zeros;
+        let last = 63 - valid.leading_zeros();
+        if digits >> last & 1 == 1 {
+            self.prev_digit = true;
+            self.prev_word = in_words >> last & 1 == 1;
+        } else {
+            self.prev_digit = false;
+            self.prev_word = words >> last & 1 == 1;
+        }
+        let kept = valid & !dropped;
+        if kept == u64::MAX && zeros == 0 {
+            // A whole block kept as it is (no number stands on its own in it): the
+            // common case of prose and identifiers.
+            for j in 0..BLOCK / 8 {
+                self.hasher.word(block.word(j));
+            }
+            return;
+        }
+        for j in 0..BLOCK / 8 {
+            let keep = (kept >> (8 * j)) & 0xff;
+            if keep == 0 {
+                continue;
+            }
+            let mut w = block.word(j);
+            let zero = (zeros >> (8 * j)) & 0xff;
+            if zero != 0 {
+                let m = spread8(zero);
+                w = (w & !m) | (m & (b'0' as u64 * LO));
+            }
+            if keep == 0xff {
+                self.hasher.word(w);
+            } else {
+                let (mut gathered, mut n, mut k) = (0u64, 0u32, keep);
+                while k != 0 {
+                    let i = k.trailing_zeros();
+                    gathered |= ((w >> (8 * i)) & 0xff) << (8 * n);
+                    n += 1;
+                    k &= k - 1;
+                }
+                self.hasher.bytes(gathered, n);
+            }
+        }
+    }
+}
+
+/// The hashes of a text's whitespace-separated tokens, in order, ASCII case ignored:
+/// [`token_hash`] of each. The tokens are found a block at a time (where a run of
+/// non-whitespace bytes starts and ends), then each is hashed straight from the text.
+#[inline]
+pub fn each_token_hash(text: &[u8], f: impl FnMut(u32)) {
+    each_token_hash_and_space(text, f, |_, _| {});
+}
+
+/// [`each_token_hash`], and each block's whitespace on the way: `spaces(at, mask)` with
+/// bit `i` of `mask` set when `text[at + i]` is ASCII whitespace (once per 64 bytes, in
+/// order), so that a second feature of the text needs no pass of its own.
+#[inline]
+pub fn each_token_hash_and_space(
+    text: &[u8],
+    mut f: impl FnMut(u32),
+    mut spaces: impl FnMut(usize, u64),
+) {
+    let mut pad = [0; BLOCK];
+    // Where the token that runs on into the next block started.
+    let mut open: Option<usize> = None;
+    let mut at = 0;
+    while at < text.len() {
+        let block = Block::at(text, at, &mut pad);
+        let ws = whitespace(block.bytes) & block.valid;
+        spaces(at, ws);
+        let inside = !ws & block.valid;
+        let before = (inside << 1) | u64::from(open.is_some());
+        // Starts and ends alternate: a token ends at the first byte that is not in it.
+        let mut starts = inside & !before;
+        let mut ends = !inside & before & block.valid;
+        // The token left open by the previous block ends first, then this block's own.
+        let mut carried = open.take();
+        while let Some(start) = carried.take().or_else(|| {
+            (starts != 0).then(|| {
+                let start = at + starts.trailing_zeros() as usize;
+                starts &= starts - 1;
+                start
+            })
+        }) {
+            if ends == 0 {
+                open = Some(start);
+                break;
+            }
+            f(token_hash_in(
+                text,
+                start,
+                at + ends.trailing_zeros() as usize,
+            ));
+            ends &= ends - 1;
+        }
+        at += BLOCK;
+    }
+    if let Some(start) = open {
+        f(token_hash_in(text, start, text.len()));
+    }
+}
+
+/// [`token_hash`] of `text[start..end]`, its last word loaded whole when the text goes on
+/// for eight bytes (and masked), copied otherwise.
+// Always inlined: it runs once per token, and the compiler once left it out of line (a
+// call per token: about 12 % more instructions for a turn's text features).
+#[inline(always)]
+fn token_hash_in(text: &[u8], start: usize, end: usize) -> u32 {
+    let mut h = 0u64;
+    let mut i = start;
+    while i + 8 <= end {
+        h = mix(h, lower8(load8(&text[i..])));
+        i += 8;
+    }
+    let n = end - i;
+    if n > 0 {
+        let w = match text.get(i..i + 8) {
+            Some(word) => load8(word) & low_bytes(n as u32),
+            None => {
+                let mut buf = [0u8; 8];
+                buf[..n].copy_from_slice(&text[i..end]);
+                u64::from_le_bytes(buf)
+            }
+        };
+        h = mix(h, lower8(w));
+    }
+    fold(mix(h, (end - start) as u64))
+}
+
+/// A mask of the low `n` bytes (n <= 8).
+#[inline]
+fn low_bytes(n: u32) -> u64 {
+    if n >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (8 * n)) - 1
+    }
+}
+
+/// The hash of a line of output, as written (case kept).
+#[inline]
+pub fn line_hash(line: &[u8]) -> u32 {
+    let mut h = WordHasher::default();
+    let mut rest = line;
+    while rest.len() >= 8 {
+        h.word(load8(rest));
+        rest = &rest[8..];
+    }
+    for &b in rest {
+        h.byte(b);
+    }
+    fold(h.finish())
+}
+
+/// The hash of a token, ASCII case ignored.
+#[inline]
+pub fn token_hash(token: &[u8]) -> u32 {
+    let mut h = 0u64;
+    let mut rest = token;
+    while rest.len() >= 8 {
+        h = mix(h, lower8(load8(rest)));
+        rest = &rest[8..];
+    }
+    if !rest.is_empty() {
+        let mut buf = [0u8; 8];
+        buf[..rest.len()].copy_from_slice(rest);
+        h = mix(h, lower8(u64::from_le_bytes(buf)));
+    }
+    fold(mix(h, token.len() as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape_of(parts: &[&[u8]]) -> u32 {
+        let mut s = Shape::default();
+        for p in parts {
+            s.text(p);
+        }
+        s.finish()
+    }
+
+    #[test]
+    fn swar_helpers_agree_with_the_bytewise_rules() {
+        for b in 0..=255u8 {
+            let w = u64::from_le_bytes([b, b'a', b, 0x80, b, b'9', b, 0xff]);
+            let lower = lower8(w).to_le_bytes();
+            for (i, &x) in w.to_le_bytes().iter().enumerate() {
+                assert_eq!(lower[i], x.to_ascii_lowercase(), "{x:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn hashes_do_not_depend_on_how_the_bytes_were_split() {
+        let text = b"line 406: javac: command not found; float32 x86_64 took 12.5s __init__ 7";
+        let whole = shape_of(&[text]);
+        for cut in 0..text.len() {
+            assert_eq!(
+                shape_of(&[&text[..cut], &text[cut..]]),
+                whole,
+                "cut at {cut}"
+            );
+        }
+        let mut h = WordHasher::default();
+        h.word(load8(b"abcdefgh"));
+        let mut g = WordHasher::default();
+        b"abcdefgh".iter().for_each(|b| g.byte(*b));
+        assert_eq!(h.finish(), g.finish());
+    }
+
+    /// The rule byte by byte, as the definition the eight-byte paths are held to.
+    fn shape_bytewise(bytes: &[u8]) -> u32 {
+        let mut h = WordHasher::default();
+        let (mut prev_word, mut prev_digit) = (false, false);
+        for &b in bytes {
+            if b.is_ascii_digit() {
+                if !prev_digit {
+                    h.byte(if prev_word { b } else { b'0' });
+                } else if prev_word {
+                    h.byte(b);
+                }
+                prev_digit = true;
+            } else {
+                h.byte(b);
+                prev_word = b.is_ascii_alphabetic() || b == b'_';
+                prev_digit = false;
+            }
+        }
+        fold(h.finish())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_fast_paths_follow_the_rule(
+            // Digits anywhere; or digits only inside words, so that whole blocks are kept
+            // as they are.
+            text in proptest::prop_oneof!["[a-c0-9_ .\\-]{0,300}", "([a-c_]{1,9}[0-9]{0,3}[ .\\-]){0,40}"],
+            cut in 0usize..300,
+        ) {
+            let b = text.as_bytes();
+            let cut = cut.min(b.len());
+            proptest::prop_assert_eq!(shape_of(&[&b[..cut], &b[cut..]]), shape_bytewise(b));
+        }
+
+        /// Tokens across blocks, long ones and runs of whitespace: the hashes of the
+        /// tokens split out one by one.
+        #[test]
+        fn tokens_are_found_across_blocks(text in "([a-zA-Z_]{0,90}[ \t\n\r]{0,3}){0,12}", from in 0usize..5) {
+            let t = &text.as_bytes()[from.min(text.len())..];
+            let mut fast = Vec::new();
+            each_token_hash(t, |h| fast.push(h));
+            let slow: Vec<u32> = t
+                .split(|b| b.is_ascii_whitespace())
+                .filter(|s| !s.is_empty())
+                .map(token_hash)
+                .collect();
+            proptest::prop_assert_eq!(fast, slow);
+        }
+
+        /// Canonical JSON read in blocks reads as its literal runs and escapes one by one.
+        #[test]
+        fn json_reads_as_its_runs_and_escapes(
+            parts in proptest::collection::vec(
+                ("[a-c0-9_ .]{0,70}", proptest::prop_oneof!["\\\\[nt\"\\\\]", "\\\\u00[01][0-9a-f]"]),
+                0..8,
+            ),
+            tail in "[a-c0-9_ .]{0,70}",
+        ) {
+            let mut canonical = String::new();
+            let mut expected = Shape::default();
+            for (text, escape) in &parts {
+                canonical.push_str(text);
+                canonical.push_str(escape);
+                expected.text(text.as_bytes());
+                expected.escape(escape.as_bytes());
+            }
+            canonical.push_str(&tail);
+            expected.text(tail.as_bytes());
+            let mut got = Shape::default();
+            got.json(canonical.as_bytes());
+            proptest::prop_assert_eq!(got.finish(), expected.finish(), "{:?}", canonical);
+        }
+    }
+
+    #[test]
+    fn numbers_are_any_number_but_the_digits_of_words_stay() {
+        let s = |t: &str| shape_of(&[t.as_bytes()]);
+        assert_eq!(s("line 406: x"), s("line 7: x"));
+        assert_eq!(s("took 1.25s, 42 passed"), s("took 0.5s, 7 passed"));
+        assert_ne!(s("float32"), s("float64"));
+        assert_ne!(s("x86_64"), s("x86_32"));
+        assert_ne!(s("line 4 ok"), s("line 4 no"));
+        assert_ne!(s("a1"), s("a"));
+        // An escape separates: `\n42` is a break and a number.
+        let mut a = Shape::default();
+        a.escape(b"\\n");
+        a.text(b"42 failed");
+        let mut b = Shape::default();
+        b.escape(b"\\n");
+        b.text(b"7 failed");
+        assert_eq!(a.finish(), b.finish());
+    }
+
+    #[test]
+    fn tokens_hash_the_same_one_by_one_and_over_the_text() {
+        let text = "Hello  world\tTHIS\nis a Longer_token_than_eight bytes\r\x0cend x\u{b}y é";
+        for cut in 0..text.len() {
+            let t = &text.as_bytes()[cut..];
+            let mut fast = Vec::new();
+            each_token_hash(t, |h| fast.push(h));
+            let slow: Vec<u32> = t
+                .split(|b| b.is_ascii_whitespace())
+                .filter(|s| !s.is_empty())
+                .map(token_hash)
+                .collect();
+            assert_eq!(fast, slow, "from byte {cut}");
+        }
+    }
+
+    #[test]
+    fn tokens_hash_without_case() {
+        assert_eq!(token_hash(b"Hello"), token_hash(b"hELLO"));
+        assert_eq!(
+            token_hash(b"INSPECTING_MODULE"),
+            token_hash(b"inspecting_module")
+        );
+        assert_ne!(token_hash(b"step"), token_hash(b"step1"));
+        assert_ne!(token_hash(b"a"), token_hash(b"a\0"));
+    }
+}

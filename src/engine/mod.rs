@@ -1,0 +1,554 @@
+//! The engine: applies validated events to session state, runs every detector, turns
+//! signals into findings (levels, episodes, modes, the termination tombstone) and closes
+//! sessions on event-time gaps and `session.completed`.
+//!
+//! Guarantees: synchronous and deterministic (time is the events' own time; the only
+//! clock is the watermark, the latest event time seen, or one injected by the caller);
+//! `terminate` is emitted at most once per session; a session's state is bounded; the
+//! per-event cost does not grow with the number of open sessions (hash map lookup plus
+//! a coalesced expiry heap). All I/O (reading input, publishing, storing) is the caller's.
+//!
+//! Its parts, each a module: `state` (bounded per-session state), `detectors` (one file
+//! each, and the list that makes them a set), `policy` (levels, modes, thresholds and
+//! overrides), `fingerprint` (canonical SHA-256 digests of actions and results),
+//! `content` (what a result showed), `text` (features of assistant text), `hash` (the
+//! fast in-process hashes) and `store`
+//! (sled and in-memory state stores).
+
+pub mod content;
+pub mod detectors;
+pub mod fingerprint;
+pub mod hash;
+pub mod policy;
+pub mod state;
+pub mod store;
+pub mod text;
+
+mod judge;
+mod work;
+
+use judge::judge;
+use work::{hash_id, policy_key, Work};
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use hashbrown::hash_map::EntryRef;
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet, FxHasher};
+
+use crate::config::{Config, ToolClasses};
+use crate::contract::event::{
+    format_rfc3339_ms, CallKind, Completion, Event, EventBody, LlmCall, ToolCall,
+};
+use crate::contract::json;
+use crate::contract::output::{
+    finding_event_id, summary_event_id, ClosedBy, FindingEvent, Output, Stats, SummaryEvent,
+    Trigger, SCHEMA_VERSION,
+};
+use crate::engine::content::ContentSample;
+use crate::engine::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
+use crate::engine::policy::{Level, Mode, Policy};
+use crate::engine::state::{SessionState, ToolObservation};
+use crate::engine::store::{StateStore, StoreBatch, StoreError};
+use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
+use fingerprint::Fingerprinter;
+
+/// Where an event came from, for `trigger` and for the event-time fallback.
+#[derive(Debug, Clone, Default)]
+pub struct EventMeta {
+    pub topic: Option<Arc<str>>,
+    pub partition: Option<i32>,
+    pub offset: Option<i64>,
+    /// The Kafka message timestamp, used when the event has no `timestamp`.
+    pub message_timestamp_ms: Option<i64>,
+    /// Processing time for `detected_at`; `None` uses the event time (replay).
+    pub processing_time_ms: Option<i64>,
+}
+
+/// Counters the pipeline exports as metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    pub events: u64,
+    pub duplicates: u64,
+    pub dropped_after_termination: u64,
+    pub sessions_opened: u64,
+    pub sessions_closed: u64,
+    /// Events whose own time was behind the stream's clock by more than `session_gap`.
+    pub late_events: u64,
+}
+
+struct Slot {
+    state: SessionState,
+    /// The deadline under which the session sits in the expiry heap.
+    scheduled: i64,
+    /// The session's policy, resolved when it opened or its tenant / agent changed.
+    policy: Arc<Policy>,
+    policy_key: u64,
+}
+
+/// When an idle session closes (see [`Engine::advance_clock_with_deadlines`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloseAt {
+    /// The earliest stream clock at which one engine over every event closes it.
+    pub clock: i64,
+    /// Its idle deadline: closes at one clock go in (deadline, session id) order.
+    pub deadline: i64,
+}
+
+/// Store key under which the engine's clock is kept with the offsets.
+pub const WATERMARK_KEY: &str = "engine/watermark";
+
+/// The detection engine over one stream of events (one Kafka partition, or one file).
+pub struct Engine {
+    config: Arc<Config>,
+    /// hashbrown's own map for `entry_ref`: an event finds (or opens) its session in one
+    /// probe, without an owned key.
+    sessions: hashbrown::HashMap<String, Slot, FxBuildHasher>,
+    expiry: BinaryHeap<Reverse<(i64, String)>>,
+    watermark: Option<i64>,
+    work: Work,
+    /// Sessions changed since the last flush, when a durable store is attached.
+    dirty: Option<FxHashSet<String>>,
+    closed: Vec<String>,
+    counters: EngineCounters,
+}
+
+impl Engine {
+    pub fn new(config: Arc<Config>) -> Engine {
+        Engine {
+            work: Work::new(config.clone()),
+            config,
+            sessions: hashbrown::HashMap::default(),
+            expiry: BinaryHeap::new(),
+            watermark: None,
+            dirty: None,
+            closed: Vec::new(),
+            counters: EngineCounters::default(),
+        }
+    }
+
+    /// An engine that resumes from a store's sessions and tracks changes for
+    /// [`Engine::flush`].
+    pub fn restore(config: Arc<Config>, store: &dyn StateStore) -> Result<Engine, StoreError> {
+        let mut engine = Engine::new(config);
+        engine.dirty = Some(FxHashSet::default());
+        engine.watermark = store.offset(WATERMARK_KEY)?;
+        for (id, state) in store.load_sessions()? {
+            engine.watermark = Some(
+                engine
+                    .watermark
+                    .map_or(state.last_arrival_ms, |w| w.max(state.last_arrival_ms)),
+            );
+            let key = policy_key(state.tenant.as_deref(), state.agent_id.as_deref());
+            let policy =
+                engine
+                    .work
+                    .policy(key, state.tenant.as_deref(), state.agent_id.as_deref());
+            let deadline = state
+                .last_arrival_ms
+                .saturating_add(engine.config.engine.session_gap_ms);
+            engine.expiry.push(Reverse((deadline, id.clone())));
+            engine.sessions.insert(
+                id,
+                Slot {
+                    state,
+                    scheduled: deadline,
+                    policy,
+                    policy_key: key,
+                },
+            );
+        }
+        Ok(engine)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn counters(&self) -> EngineCounters {
+        self.counters
+    }
+
+    pub fn open_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// The engine's clock: the latest event time seen (or advanced by the caller).
+    pub fn watermark(&self) -> Option<i64> {
+        self.watermark
+    }
+
+    pub fn session(&self, id: &str) -> Option<&SessionState> {
+        self.sessions.get(id).map(|s| &s.state)
+    }
+
+    /// Moves the clock forward (e.g. wall-clock time while a partition is idle) and closes
+    /// the sessions that have been silent for `session_gap`.
+    pub fn advance_clock(&mut self, now_ms: i64, out: &mut Vec<Output>) {
+        if self.watermark.is_none_or(|w| now_ms > w) {
+            self.watermark = Some(now_ms);
+        }
+        self.expire(out);
+    }
+
+    /// [`Engine::advance_clock`], also telling for each closed session (the i-th
+    /// summary appended to `out`) the clock at which one engine seeing every event would
+    /// have closed it at the earliest, and its idle deadline (the order of closes at one
+    /// clock): a caller that splits one stream over several engines puts their outputs
+    /// back in order with them.
+    pub fn advance_clock_with_deadlines(
+        &mut self,
+        now_ms: i64,
+        out: &mut Vec<Output>,
+        deadlines: &mut Vec<CloseAt>,
+    ) {
+        if self.watermark.is_none_or(|w| now_ms > w) {
+            self.watermark = Some(now_ms);
+        }
+        self.expire_due(out, Some(deadlines));
+    }
+
+    fn expire(&mut self, out: &mut Vec<Output>) {
+        self.expire_due(out, None);
+    }
+
+    fn expire_due(&mut self, out: &mut Vec<Output>, mut deadlines: Option<&mut Vec<CloseAt>>) {
+        let Some(now) = self.watermark else { return };
+        let gap = self.config.engine.session_gap_ms;
+        let mut due: Vec<(i64, String, i64)> = Vec::new();
+        while let Some(Reverse((deadline, _))) = self.expiry.peek() {
+            if *deadline > now {
+                break;
+            }
+            let Reverse((deadline, id)) = self.expiry.pop().expect("peeked");
+            let Some(slot) = self.sessions.get_mut(&id) else {
+                continue;
+            };
+            if slot.scheduled != deadline {
+                continue; // a stale entry: the session was rescheduled
+            }
+            let actual = slot.state.last_arrival_ms.saturating_add(gap);
+            if actual > now {
+                slot.scheduled = actual;
+                self.expiry.push(Reverse((actual, id)));
+                continue;
+            }
+            // The heap entry that fell due was its latest: it is popped at the first clock
+            // past both it and the session's deadline, whoever advances the clock.
+            due.push((actual, id, deadline.max(actual)));
+        }
+        // Close in (deadline, id) order whatever the heap's lazy history, so that a
+        // restored engine closes sessions in the same order as the one it replaced.
+        due.sort();
+        for (deadline, id, clock) in due {
+            // A session can sit in the heap twice (closed and reopened): closed once.
+            let closed = self.close(&id, ClosedBy::IdleTimeout, None, None, out);
+            if let (true, Some(d)) = (closed, deadlines.as_deref_mut()) {
+                d.push(CloseAt { clock, deadline });
+            }
+        }
+    }
+
+    /// Closes every open session (end of a replay), in session-id order.
+    pub fn close_all(&mut self, closed_by: ClosedBy, out: &mut Vec<Output>) {
+        let mut ids: Vec<String> = self.sessions.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            self.close(&id, closed_by, None, None, out);
+        }
+        self.expiry.clear();
+    }
+
+    /// Closes a session and appends its summary; false when it was not open.
+    fn close(
+        &mut self,
+        id: &str,
+        closed_by: ClosedBy,
+        completion: Option<&Completion>,
+        trace_id: Option<&str>,
+        out: &mut Vec<Output>,
+    ) -> bool {
+        let Some(slot) = self.sessions.remove(id) else {
+            return false;
+        };
+        let st = slot.state;
+        self.counters.sessions_closed += 1;
+        if self.dirty.is_some() {
+            self.closed.push(id.to_string());
+        }
+        let stop_reason = match (st.termination, closed_by) {
+            (Some(t), _) if !t.shadow => t.detector.name().to_string(),
+            (_, ClosedBy::Completed) => "done".to_string(),
+            (_, ClosedBy::IdleTimeout) => "idle_timeout".to_string(),
+            (_, ClosedBy::EndOfInput) => "end_of_input".to_string(),
+        };
+        let mut findings = std::collections::BTreeMap::new();
+        for f in &st.findings {
+            let kind = DetectorKind::ALL[f.detector as usize];
+            let mut per_level = std::collections::BTreeMap::new();
+            for level in Level::ALL {
+                let n = f.counts[level as usize];
+                if n > 0 {
+                    per_level.insert(level.name().to_string(), n);
+                }
+            }
+            findings.insert(kind.name().to_string(), per_level);
+        }
+        out.push(Output::Summary(Box::new(SummaryEvent {
+            kind: "session.summary".to_string(),
+            schema_version: SCHEMA_VERSION,
+            event_id: summary_event_id(id, st.first_event_ms),
+            session_id: id.to_string(),
+            run_id: st.run_id.clone(),
+            agent_id: st.agent_id.clone(),
+            tenant: st.tenant.clone(),
+            stop_reason,
+            closed_by,
+            runtime_stop_reason: completion.and_then(|c| c.stop_reason.clone()),
+            outcome: completion.and_then(|c| c.outcome),
+            shadow_stop_reason: st.termination.filter(|t| t.shadow).map(|t| t.detector),
+            started_at: format_rfc3339_ms(st.first_event_ms),
+            ended_at: format_rfc3339_ms(st.last_event_ms),
+            stats: Stats::of(&st),
+            findings,
+            trace_id: trace_id.map(str::to_string),
+        })));
+        true
+    }
+
+    /// Applies one event and appends what it caused (findings, summaries) to `out`.
+    pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta, out: &mut Vec<Output>) {
+        self.counters.events += 1;
+        let (event_ms, now) = event_time(
+            self.watermark,
+            event.timestamp_ms,
+            meta.message_timestamp_ms,
+        );
+        self.watermark = Some(now);
+        let gap = self.config.engine.session_gap_ms;
+        if event_ms.saturating_add(gap) < now {
+            self.counters.late_events += 1;
+        }
+        self.expire(out);
+
+        let id: &str = &event.session_id;
+        if let Some(d) = self.dirty.as_mut() {
+            if !d.contains(id) {
+                d.insert(id.to_string());
+            }
+        }
+        let deadline = now.saturating_add(gap);
+        let slot = match self.sessions.entry_ref(id) {
+            EntryRef::Occupied(found) => found.into_mut(),
+            EntryRef::Vacant(unknown) => {
+                let (key, policy) = self.work.policy_of(event);
+                self.expiry.push(Reverse((deadline, id.to_string())));
+                self.counters.sessions_opened += 1;
+                unknown.insert(Slot {
+                    state: SessionState::new(event_ms, now),
+                    scheduled: deadline,
+                    policy,
+                    policy_key: key,
+                })
+            }
+        };
+        // Reschedule lazily: only when the deadline moved by more than an eighth of the gap.
+        if deadline > slot.scheduled.saturating_add(gap / 8) {
+            slot.scheduled = deadline;
+            self.expiry.push(Reverse((deadline, id.to_string())));
+        }
+        if slot.state.is_duplicate(hash_id(&event.event_id)) {
+            self.counters.duplicates += 1;
+            return;
+        }
+        slot.state.touch(event_ms, now);
+        let completion = match &event.body {
+            EventBody::SessionCompleted(c) => Some(c),
+            _ => None,
+        };
+        if slot.state.is_tombstone() {
+            slot.state.stats.dropped_after_termination += 1;
+            self.counters.dropped_after_termination += 1;
+        } else {
+            apply(&mut self.work, slot, event, meta, event_ms, out);
+        }
+        if let Some(c) = completion {
+            self.close(
+                id,
+                ClosedBy::Completed,
+                Some(c),
+                event.trace_id.as_deref(),
+                out,
+            );
+        }
+    }
+}
+
+/// An event's time and the stream's clock once it is applied: its own time, else its
+/// message's (the broker's timestamp), else the clock as it stands (0 before any event);
+/// the clock is the latest event time seen. An event behind the clock is applied as
+/// usual; idleness is measured on the clock from each session's last arrival. Whoever
+/// splits a stream over engines computes the clock with this too (the driver does).
+pub(crate) fn event_time(
+    clock: Option<i64>,
+    event_ms: Option<i64>,
+    message_ms: Option<i64>,
+) -> (i64, i64) {
+    let event_ms = event_ms.or(message_ms).or(clock).unwrap_or(0);
+    let now = match clock {
+        Some(c) if c >= event_ms => c,
+        _ => event_ms,
+    };
+    (event_ms, now)
+}
+
+/// Applies an event to its (live) session: identity, then the observation its kind
+/// makes, then every detector. The straight path of the engine: nothing here looks the
+/// session up again or goes back to the configuration but through `work`'s caches.
+#[cfg_attr(
+    not(test),
+    expect(
+        clippy::too_many_lines,
+        reason = "the observation of an LLM call moves into the detectors that read it (issue 30, item 2)"
+    )
+)]
+fn apply(
+    work: &mut Work,
+    slot: &mut Slot,
+    event: &Event<'_>,
+    meta: &EventMeta,
+    event_ms: i64,
+    out: &mut Vec<Output>,
+) {
+    let st = &mut slot.state;
+    let relabelled = st.note_labels(event.agent_id.as_deref(), event.tenant.as_deref());
+    st.note_run(event.run_id.as_deref());
+    if let Some(d) = event.depth {
+        st.stats.max_depth = Some(st.stats.max_depth.map_or(d, |m| m.max(d)));
+    }
+    // The policy follows the labels as stored (capped): resolved again only when they
+    // changed (a session's first labelled event, or a relabelling).
+    if relabelled {
+        let key = policy_key(st.tenant.as_deref(), st.agent_id.as_deref());
+        if key != slot.policy_key {
+            slot.policy = work.policy(key, st.tenant.as_deref(), st.agent_id.as_deref());
+            slot.policy_key = key;
+        }
+    }
+    // The event's context for the detectors, and the tool override's policy if any.
+    let (ctx, tool_policy) = match &event.body {
+        EventBody::LlmCall(call) => {
+            let is_turn = call.call_kind == CallKind::Turn;
+            let is_compaction = call.call_kind == CallKind::Compaction;
+            let policy = &slot.policy;
+            let (sketch, opening, chant, has_text) = work.text_features(call, is_turn, policy);
+            slot.state.observe_llm(
+                is_turn,
+                is_compaction,
+                call.input_tokens,
+                call.output_tokens,
+                call.cache_read_tokens,
+                call.cache_write_tokens,
+                call.cost_usd,
+                call.tool_calls,
+                call.progress,
+                sketch.as_ref(),
+                opening,
+                policy.detectors.similar_turns.min_similarity.get(),
+            );
+            let ctx = Context::Llm(LlmContext {
+                is_turn,
+                is_compaction,
+                has_progress: call.progress.is_some(),
+                has_tool_calls: call.tool_calls.is_some(),
+                has_text,
+                chant,
+            });
+            (ctx, None)
+        }
+        EventBody::ToolCall(call) => {
+            let (obs, has_action) = work.tool_observation(call, &event.event_id);
+            let tool_policy = if work.config.has_tool_overrides() {
+                let name = std::mem::take(&mut work.action_name);
+                let p = work.tool_policy(slot, &call.tool, has_action.then_some(name.as_str()));
+                work.action_name = name;
+                p
+            } else {
+                None
+            };
+            let policy: &Policy = tool_policy.as_deref().unwrap_or(&slot.policy);
+            let last_calls = policy.detectors.low_novelty.last_calls.get();
+            let facts = slot.state.observe_tool(&call.tool, obs, last_calls);
+            let ctx = Context::Tool(ToolContext {
+                tool: &call.tool,
+                obs,
+                facts,
+            });
+            (ctx, tool_policy)
+        }
+        EventBody::SessionStarted => (Context::Other, None),
+        EventBody::SessionCompleted(_) => return,
+    };
+    let policy: &Policy = tool_policy.as_deref().unwrap_or(&slot.policy);
+    let order = match ctx {
+        Context::Llm(_) => &work.order_llm,
+        Context::Tool(_) => &work.order_tool,
+        Context::Other => &work.order_other,
+    };
+    judge(
+        order,
+        &mut slot.state,
+        policy,
+        event,
+        meta,
+        event_ms,
+        &ctx,
+        out,
+    );
+}
+
+impl Engine {
+    /// Writes every changed session, closed session and the given offsets to `store` in
+    /// one atomic batch. Only engines made by [`Engine::restore`] track changes.
+    pub fn flush(
+        &mut self,
+        store: &mut dyn StateStore,
+        offsets: &[(String, i64)],
+    ) -> Result<(), StoreError> {
+        match self.take_changes(offsets) {
+            Some(batch) => store.commit(batch),
+            None => Ok(()),
+        }
+    }
+
+    /// The changes since the last call (changed sessions, closed sessions, the given
+    /// offsets and the clock) as one batch, for the caller to store — and to keep until
+    /// it is stored, since the engine forgets them. `None` for engines that do not track
+    /// changes.
+    pub fn take_changes(&mut self, offsets: &[(String, i64)]) -> Option<StoreBatch> {
+        let dirty = self.dirty.as_mut()?;
+        let mut batch = StoreBatch::default();
+        for id in dirty.drain() {
+            if let Some(slot) = self.sessions.get(&id) {
+                batch.puts.push((id, slot.state.to_bytes()));
+            }
+        }
+        // A session that closed and reopened since the last flush is a put, not a delete.
+        let sessions = &self.sessions;
+        batch.deletes.extend(
+            self.closed
+                .drain(..)
+                .filter(|id| !sessions.contains_key(id)),
+        );
+        batch.offsets.extend(offsets.iter().cloned());
+        if let Some(w) = self.watermark {
+            batch.offsets.push((WATERMARK_KEY.to_string(), w));
+        }
+        Some(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests;

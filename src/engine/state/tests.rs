@@ -1,0 +1,325 @@
+//! The session state's unit tests: bounds, the stored bytes, steps, streaks, cycles and runs.
+
+use super::*;
+
+proptest::proptest! {
+    /// The count without sorting is the number of distinct pairs (as a set counts
+    /// them), for windows up to the longest with few values (so pairs recur).
+    #[test]
+    fn distinct_pairs_counts_a_set(
+        pairs in proptest::collection::vec((0u64..4, 0u64..3), 0..=WINDOW_CALLS)
+    ) {
+        let set: std::collections::BTreeSet<_> = pairs.iter().collect();
+        proptest::prop_assert_eq!(distinct_pairs(&pairs) as usize, set.len());
+    }
+}
+
+fn tool(action: u64, result: u64) -> ToolObservation {
+    ToolObservation {
+        action,
+        result,
+        shape: result as u32,
+        is_error: false,
+        error_text: false,
+        wordless: false,
+        unknown_tool: false,
+        poll: false,
+        retry_safe: false,
+        write: false,
+        content: ContentSample::default(),
+    }
+}
+
+/// A state as a running instance stores it: identity, its rings wrapped around (more
+/// calls, turns and event ids than they hold), named and other tools, a poll, an
+/// episode with findings, a termination.
+fn stored_state() -> SessionState {
+    let mut s = SessionState::new(1_000, 1_000);
+    s.note_labels(Some("coder"), Some("acme"));
+    s.note_run(Some("run-7"));
+    for i in 0..45u64 {
+        let mut obs = tool(i % 9, i * 31 % 11);
+        obs.poll = i % 13 == 0;
+        obs.is_error = i % 17 == 0;
+        // Results long enough to sample: the run's seen lines wrap around too.
+        let listing: String = (0..40)
+            .map(|k| format!("line_{k} of listing_{i}, with enough words to count\n"))
+            .collect();
+        obs.content =
+            ContentSample::of_canonical(serde_json::json!(listing).to_string().as_bytes());
+        s.observe_tool(&format!("tool_{}", i % 11), obs, 8);
+        s.is_duplicate(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    }
+    for t in 0..8 {
+        let text = format!("turn {t}: reading the file again, then the tests {}", t % 3);
+        let sketch = crate::engine::text::TextSketch::of(&text);
+        s.observe_llm(
+            true,
+            false,
+            1_000 + t,
+            200,
+            Some(50),
+            None,
+            Some(0.01),
+            Some(1),
+            None,
+            Some(&sketch),
+            crate::engine::text::opening(&text, 8),
+            0.85,
+        );
+    }
+    s.count_finding(DetectorKind::Repeat, Level::Warning);
+    s.count_finding(DetectorKind::Repeat, Level::Terminate);
+    s.episodes[DetectorKind::Repeat.index()] = Episode {
+        number: 2,
+        emitted: Level::Warning.bit() | Level::Terminate.bit(),
+        subject: 0xfeed_f00d,
+        warned_at_step: Some(40),
+    };
+    s.termination = Some(Termination {
+        detector: DetectorKind::Repeat,
+        at_ms: 5_000,
+        shadow: false,
+    });
+    s
+}
+
+/// Every ring full, every label and tool name at its cap, every poll tracker used,
+/// every detector's episode marked: the largest state a session can have (3,025
+/// bytes when written, with small counters) stays within [`STATE_BYTES_MAX`].
+#[test]
+fn the_largest_state_stays_within_the_bound() {
+    let mut s = SessionState::new(1_000, 1_000);
+    let long = "x".repeat(500);
+    s.note_labels(Some(&long), Some(&long));
+    s.note_run(Some(&long));
+    for i in 0..200u64 {
+        let mut obs = tool(
+            i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            i.rotate_left(17) ^ 0xdead_beef_dead_beef,
+        );
+        obs.poll = i % 3 == 0;
+        obs.is_error = i % 5 == 0;
+        let listing: String = (0..200)
+            .map(|k| format!("line_{k} of listing_{i}, with enough words to count\n"))
+            .collect();
+        obs.content =
+            ContentSample::of_canonical(serde_json::json!(listing).to_string().as_bytes());
+        s.observe_tool(&format!("{}{}", i % 20, "t".repeat(60)), obs, 8);
+        s.is_duplicate(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    }
+    for t in 0..20u64 {
+        let text: String = (0..100).map(|w| format!("word{} ", w * 7 + t)).collect();
+        let sketch = crate::engine::text::TextSketch::of(&text);
+        s.observe_llm(
+            true,
+            false,
+            u64::MAX / 4,
+            u64::MAX / 4,
+            Some(u64::MAX / 4),
+            Some(u64::MAX / 4),
+            Some(1e9),
+            Some(u32::MAX),
+            Some(0.5 + t as f64),
+            Some(&sketch),
+            crate::engine::text::opening(&text, 8),
+            0.85,
+        );
+    }
+    for d in DetectorKind::ALL {
+        s.count_finding(*d, Level::Warning);
+        s.count_finding(*d, Level::Critical);
+        s.episodes[d.index()] = Episode {
+            number: u32::MAX,
+            emitted: 7,
+            subject: u64::MAX,
+            warned_at_step: Some(u32::MAX),
+        };
+    }
+    s.termination = Some(Termination {
+        detector: DetectorKind::Repeat,
+        at_ms: i64::MAX,
+        shadow: true,
+    });
+    assert_eq!(s.run.seen_lines.len(), crate::engine::content::SEEN_LINES);
+    let n = s.to_bytes().len();
+    assert!(n <= STATE_BYTES_MAX, "{n} bytes");
+}
+
+/// A stored state (the fixture of the current format, written by that format's first
+/// release) reads back and writes again byte for byte: an upgrade restores every open
+/// session from the store and changelog. A change to the encoding must fail here:
+/// either it was not meant (the layout moved), or it is a new format, which bumps
+/// [`crate::engine::store::STATE_FORMAT`] and records its own fixture
+/// (`LOOPWARDEN_RECORD_STATE=1 cargo test --lib stored_states`).
+#[test]
+fn stored_states_read_back_byte_for_byte() {
+    let format = crate::engine::store::STATE_FORMAT;
+    let path = format!(
+        "{}/tests/fixtures/session-state-{format}.postcard",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    if std::env::var_os("LOOPWARDEN_RECORD_STATE").is_some()
+        && !std::path::Path::new(&path).exists()
+    {
+        std::fs::write(&path, stored_state().to_bytes()).unwrap();
+    }
+    let stored = std::fs::read(&path).unwrap_or_else(|e| {
+        panic!("{path}: {e}; a new state format records its fixture with LOOPWARDEN_RECORD_STATE=1")
+    });
+    let state = SessionState::from_bytes(&stored).expect("a stored state reads back");
+    assert_eq!(
+        state.to_bytes(),
+        stored,
+        "format {format} encodes as its fixture"
+    );
+    assert_eq!(state, stored_state());
+    assert_eq!(state.run.window.len(), WINDOW_CALLS);
+    assert_eq!(state.run.sketches.len(), TURN_SKETCHES);
+    assert_eq!(
+        state.run.seen_lines.len(),
+        crate::engine::content::SEEN_LINES
+    );
+    assert_eq!(state.recent_event_ids.len(), RECENT_EVENT_IDS);
+}
+
+/// An LLM call (a turn, or a sub-agent's call when `turn` is false) asking for
+/// `asks` calls.
+fn llm_call(s: &mut SessionState, turn: bool, asks: Option<u32>) {
+    s.observe_llm(
+        turn, false, 100, 10, None, None, None, asks, None, None, None, 0.85,
+    );
+}
+
+#[test]
+fn steps_are_turns_and_the_calls_no_turn_asked_for() {
+    // Three calls per turn, the turns saying so: one step a turn.
+    let mut s = SessionState::new(0, 0);
+    for _ in 0..4 {
+        llm_call(&mut s, true, Some(3));
+        for i in 0..3 {
+            s.observe_tool("read", tool(i, i), 8);
+        }
+    }
+    assert_eq!(s.stats.steps, 4);
+    // Turns that do not say ask for as many as this agent's turns have been seen to:
+    // the first turn's two extra calls are steps, later turns' are not.
+    let mut s = SessionState::new(0, 0);
+    for _ in 0..4 {
+        llm_call(&mut s, true, None);
+        for i in 0..3 {
+            s.observe_tool("read", tool(i, i), 8);
+        }
+    }
+    assert_eq!(s.stats.steps, 4 + 2);
+    // A sub-agent's LLM call between a turn and its call (a search tool ranking with a
+    // model of its own) is a step, and asks for none of the agent's calls; one that
+    // asks for a call of its own covers it.
+    let mut s = SessionState::new(0, 0);
+    llm_call(&mut s, true, Some(1));
+    llm_call(&mut s, false, Some(0));
+    s.observe_tool("search", tool(1, 1), 8);
+    assert_eq!(s.stats.steps, 2);
+    llm_call(&mut s, false, Some(1));
+    s.observe_tool("read", tool(2, 2), 8);
+    assert_eq!(s.stats.steps, 3);
+    // Tool calls no LLM call asked for are steps each.
+    for i in 0..5 {
+        s.observe_tool("read", tool(i, i), 8);
+    }
+    assert_eq!(s.stats.steps, 8);
+}
+
+#[test]
+fn window_and_rings_stay_bounded() {
+    let mut s = SessionState::new(0, 0);
+    for i in 0..10_000u64 {
+        s.observe_tool(&format!("tool{}", i % 50), tool(i % 7, i), 8);
+        s.is_duplicate(i);
+    }
+    assert_eq!(s.run.window.len(), WINDOW_CALLS);
+    assert!(s.tools.len() <= MAX_NAMED_TOOLS + 1);
+    assert_eq!(s.recent_event_ids.len(), RECENT_EVENT_IDS);
+    assert_eq!(s.run.seen_pairs.len(), SEEN_PAIRS);
+}
+
+#[test]
+fn streaks_follow_the_sequence() {
+    let mut s = SessionState::new(0, 0);
+    for _ in 0..3 {
+        s.observe_tool("read", tool(1, 1), 8);
+    }
+    assert_eq!(s.run.repeat_streak, 3);
+    let f = s.observe_tool("list", tool(2, 2), 8);
+    assert_eq!(s.run.repeat_streak, 1);
+    assert_eq!(f.pair_count, 1);
+    let f = s.observe_tool("read", tool(1, 1), 8);
+    assert_eq!(f.pair_count, 4);
+    assert_eq!(s.run.alternation, 3, "read,list,read");
+}
+
+#[test]
+fn cycles_need_an_irreducible_block() {
+    let mut s = SessionState::new(0, 0);
+    let mut last = ToolFacts::default();
+    for i in 0..12u64 {
+        last = s.observe_tool("t", tool(i % 3, i % 3), 8);
+    }
+    assert_eq!(last.cycle, Some((3, 12)), "12 calls covered");
+    let mut s = SessionState::new(0, 0);
+    for _ in 0..12 {
+        last = s.observe_tool("t", tool(1, 1), 8);
+    }
+    assert_eq!(last.cycle, None);
+}
+
+#[test]
+fn a_first_run_id_after_events_without_one_is_a_new_run() {
+    let mut s = SessionState::new(0, 0);
+    s.touch(0, 0);
+    assert!(!s.note_run(Some("a")), "the session's first event");
+    let mut s = SessionState::new(0, 0);
+    for _ in 0..2 {
+        s.touch(0, 0);
+        s.note_run(None);
+        s.observe_tool("read", tool(1, 1), 8);
+    }
+    s.touch(0, 0);
+    assert!(s.note_run(Some("a")));
+    assert_eq!(s.run.window.len(), 0);
+    s.touch(0, 0);
+    assert!(!s.note_run(None), "no run_id: same run");
+}
+
+#[test]
+fn run_change_resets_loop_state_but_not_counters() {
+    let mut s = SessionState::new(0, 0);
+    s.note_run(Some("a"));
+    s.observe_tool("read", tool(1, 1), 8);
+    s.observe_tool("read", tool(1, 1), 8);
+    assert!(s.note_run(Some("b")));
+    assert_eq!(s.run.window.len(), 0);
+    assert_eq!(s.stats.tool_calls, 2);
+}
+
+#[test]
+fn round_trips_through_bytes() {
+    let mut s = SessionState::new(5, 5);
+    s.observe_tool("read", tool(1, 2), 8);
+    s.observe_llm(
+        true,
+        false,
+        10,
+        5,
+        None,
+        None,
+        Some(0.5),
+        Some(0),
+        None,
+        Some(&TextSketch::of("hello there")),
+        None,
+        0.85,
+    );
+    let back = SessionState::from_bytes(&s.to_bytes()).unwrap();
+    assert_eq!(back, s);
+}

@@ -1,0 +1,296 @@
+//! The engine's unit tests: levels, grace, modes, duplicates and the session gap.
+
+use serde_json::json;
+
+use super::*;
+use crate::contract::event::{parse_event, ParseLimits};
+
+/// (index, detector, level, event_id) of every finding of `events` under `config`,
+/// the events in session `s`, a second apart, with their own ids (`e{i}` where one has
+/// none).
+fn findings(config: &str, events: &[serde_json::Value]) -> Vec<(usize, String, Level, String)> {
+    let config = Arc::new(Config::from_toml_str(config, "t", std::iter::empty()).unwrap());
+    let mut engine = Engine::new(config);
+    let mut found = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let mut e = e.clone();
+        e["session_id"] = json!("s");
+        if e.get("event_id").is_none() {
+            e["event_id"] = json!(format!("e{i}"));
+        }
+        e["timestamp"] = json!(format_rfc3339_ms(1_800_000_000_000 + i as i64 * 1000));
+        let line = e.to_string();
+        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+        let mut out = Vec::new();
+        engine.process(&ev, &EventMeta::default(), &mut out);
+        for o in out {
+            if let Output::Finding(f) = o {
+                found.push((i, f.detector.name().to_string(), f.level, f.event_id));
+            }
+        }
+    }
+    found
+}
+
+fn same_call() -> serde_json::Value {
+    json!({"type": "tool.called", "tool": "read", "args": {"p": 1}, "result": "x"})
+}
+
+fn turn() -> serde_json::Value {
+    json!({"type": "cost.attributed", "input_tokens": 10, "output_tokens": 5, "tool_calls": 1})
+}
+
+#[test]
+fn a_call_without_a_result_is_not_guessed_to_repeat_the_last_one() {
+    let unknown = json!({"type": "tool.called", "tool": "run_tests", "args": {}});
+    let f = findings("", &vec![unknown.clone(); 10]);
+    let loops: Vec<&str> = f
+        .iter()
+        .map(|x| x.1.as_str())
+        .filter(|d| ["repeat", "circuit_breaker", "low_novelty", "cycle"].contains(d))
+        .collect();
+    assert!(loops.is_empty(), "{f:?}");
+    // One such call a turn, failing, with ids that differ only in a number standing
+    // alone: neither old news nor the same error.
+    let failing = json!({"type": "tool.called", "tool": "run_tests", "args": {}, "is_error": true});
+    let mut events = Vec::new();
+    for i in 0..8 {
+        events.push(turn());
+        let mut call = failing.clone();
+        call["event_id"] = json!(format!("call-{i}"));
+        events.push(call);
+    }
+    let f = findings("", &events);
+    let judged: Vec<&str> = f
+        .iter()
+        .map(|x| x.1.as_str())
+        .filter(|d| ["no_new_information", "same_error", "repeat"].contains(d))
+        .collect();
+    assert!(judged.is_empty(), "{f:?}");
+    // The same action naming the same result, `null` (a tool that said nothing), does.
+    let nothing = json!({"type": "tool.called", "tool": "run_tests", "args": {}, "result": null});
+    let f = findings("", &vec![nothing; 10]);
+    assert!(
+        f.iter().any(|x| x.1 == "repeat" && x.2 == Level::Terminate),
+        "{f:?}"
+    );
+}
+
+#[test]
+fn a_shadow_termination_does_not_hold_back_an_enforced_one() {
+    let failing = json!({"type": "tool.called", "tool": "run", "args": {"x": 1}, "result": "boom", "is_error": true});
+    let mut events = vec![same_call(); 8];
+    events.extend(vec![failing; 8]);
+    let f = findings("[detectors.repeat]\nmode = \"shadow\"\n", &events);
+    let kills: Vec<(usize, &str)> = f
+        .iter()
+        .filter(|x| x.2 == Level::Terminate)
+        .map(|x| (x.0, x.1.as_str()))
+        .collect();
+    // `repeat`'s shadow kill of the first loop, then `error_repeat`'s real one of the
+    // second (after which the session is a tombstone: nothing more).
+    assert_eq!(kills.len(), 2, "{f:?}");
+    assert_eq!(kills[0], (5, "repeat"));
+    assert_eq!(kills[1].1, "error_repeat");
+    assert_eq!(f.last().unwrap().2, Level::Terminate, "{f:?}");
+}
+
+/// A finding names the trace of the event that fired it, and a summary the trace of
+/// the event that completed its session, so a kill switch can match either id.
+#[test]
+fn outputs_carry_the_trace_of_their_event() {
+    let config = Arc::new(Config::default());
+    let mut engine = Engine::new(config);
+    let mut out = Vec::new();
+    for i in 0..6 {
+        let mut e = same_call();
+        e["session_id"] = json!("s");
+        e["event_id"] = json!(format!("e{i}"));
+        e["trace_id"] = json!(format!("trace-{i}"));
+        let line = e.to_string();
+        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+        engine.process(&ev, &EventMeta::default(), &mut out);
+    }
+    let done = json!({"type": "session.completed", "session_id": "s", "trace_id": "trace-end"});
+    let line = done.to_string();
+    let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+    engine.process(&ev, &EventMeta::default(), &mut out);
+    let Output::Finding(first) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(first.trigger.trace_id.as_deref(), Some("trace-2"));
+    let Some(Output::Summary(summary)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(summary.trace_id.as_deref(), Some("trace-end"));
+    let json = serde_json::to_value(first).unwrap();
+    assert_eq!(json["trigger"]["trace_id"], "trace-2");
+    // Without one, the field is left out: outputs of other sources are unchanged.
+    let mut untraced = first.clone();
+    untraced.trigger.trace_id = None;
+    let json = serde_json::to_value(&untraced).unwrap();
+    assert!(json["trigger"].get("trace_id").is_none(), "{json}");
+}
+
+#[test]
+fn a_loop_terminates_only_grace_steps_after_its_first_warning() {
+    // No turns reported: steps are tool calls. Warned at the 3rd call (step 3); the
+    // 4th reaches the termination threshold but is held (critical); step 6 kills.
+    let f = findings("", &vec![same_call(); 8]);
+    let levels: Vec<(usize, Level)> = f.iter().map(|x| (x.0, x.2)).collect();
+    assert_eq!(
+        levels,
+        vec![
+            (2, Level::Warning),
+            (3, Level::Critical),
+            (5, Level::Terminate)
+        ]
+    );
+    let f = findings("[engine]\ngrace_steps = 0\n", &vec![same_call(); 8]);
+    assert_eq!(f.last().map(|x| (x.0, x.2)), Some((3, Level::Terminate)));
+}
+
+/// `repeat`'s findings under `config`, as (event index, level).
+fn repeat_levels(config: &str, events: &[serde_json::Value]) -> Vec<(usize, Level)> {
+    findings(config, events)
+        .iter()
+        .filter(|x| x.1 == "repeat")
+        .map(|x| (x.0, x.2))
+        .collect()
+}
+
+#[test]
+fn grace_is_counted_in_turns_when_the_session_reports_them() {
+    // turn, call, turn, call, …: the warning comes with the 3rd call (turn 3); the kill
+    // waits for the 3rd turn after it, whatever the calls in between.
+    let mut evs = Vec::new();
+    for _ in 0..8 {
+        evs.push(turn());
+        evs.push(same_call());
+    }
+    assert_eq!(
+        repeat_levels("[detectors.repeat]\ngrace_steps = 3\n", &evs),
+        vec![
+            (5, Level::Warning),
+            (7, Level::Critical),
+            (11, Level::Terminate)
+        ]
+    );
+}
+
+#[test]
+fn tool_calls_no_llm_call_asked_for_are_steps() {
+    // A source whose LLM calls stop arriving (spans that lost their token counts): the
+    // grace of the critical warning ("terminates in 3 steps") is kept in tool calls.
+    let mut evs = vec![turn(), same_call()];
+    evs.extend(vec![same_call(); 10]);
+    let f = findings("", &evs);
+    let levels: Vec<(usize, Level)> = f.iter().map(|x| (x.0, x.2)).collect();
+    assert_eq!(
+        levels,
+        vec![
+            (3, Level::Warning),
+            (4, Level::Critical),
+            (6, Level::Terminate)
+        ]
+    );
+    // The calls one response asks for are that response's step, not steps of their
+    // own: three parallel calls per turn keep the grace counted in turns.
+    let mut evs = Vec::new();
+    for _ in 0..6 {
+        let mut t = turn();
+        t["tool_calls"] = json!(3);
+        evs.push(t);
+        evs.extend(vec![same_call(); 3]);
+    }
+    // Warned at the 3rd call (turn 1, event 3), held at the 4th (turn 2, event 5);
+    // the kill waits three turns past the warning: turn 4's first call (event 13).
+    assert_eq!(
+        repeat_levels("[detectors.repeat]\nwindow_terminate_at = \"off\"\n", &evs),
+        vec![
+            (3, Level::Warning),
+            (5, Level::Critical),
+            (13, Level::Terminate)
+        ]
+    );
+}
+
+#[test]
+fn a_loop_that_ends_within_the_grace_is_not_killed() {
+    let mut evs = vec![same_call(); 5];
+    evs.push(json!({"type": "tool.called", "tool": "edit", "args": {"p": 2}, "result": "y"}));
+    evs.extend(vec![same_call(); 2]);
+    let f = findings("", &evs);
+    assert!(f.iter().all(|x| x.2 != Level::Terminate), "{f:?}");
+    assert!(f.iter().any(|x| x.2 == Level::Critical));
+}
+
+#[test]
+fn detectors_without_a_warning_level_hold_their_first_termination() {
+    // warn_at off: reaching terminate_at is said as a critical warning first.
+    let cfg = "[detectors.repeat]\nwarn_at = \"off\"\n";
+    let f = findings(cfg, &vec![same_call(); 8]);
+    let levels: Vec<(usize, Level)> = f.iter().map(|x| (x.0, x.2)).collect();
+    assert_eq!(levels, vec![(3, Level::Critical), (6, Level::Terminate)]);
+}
+
+#[test]
+fn warn_mode_says_a_held_termination_once() {
+    let f = findings(
+        "[detectors.repeat]\nmode = \"warn\"\n",
+        &vec![same_call(); 10],
+    );
+    let mut ids: Vec<&str> = f.iter().map(|x| x.3.as_str()).collect();
+    let all = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), all, "an event_id twice: {f:?}");
+    let repeat: Vec<Level> = f.iter().filter(|x| x.1 == "repeat").map(|x| x.2).collect();
+    assert_eq!(repeat, vec![Level::Warning, Level::Critical]);
+}
+
+#[test]
+fn ceilings_stop_at_their_limit_without_grace() {
+    let evs: Vec<serde_json::Value> = (0..5)
+        .map(|i| json!({"type": "tool.called", "tool": "t", "args": {"i": i}, "result": i}))
+        .collect();
+    let f = findings("[detectors.tool_call_cap]\nterminate_at = 5\n", &evs);
+    assert_eq!(
+        f.iter().map(|x| (x.0, x.2)).collect::<Vec<_>>(),
+        vec![(3, Level::Warning), (4, Level::Terminate)]
+    );
+}
+
+#[test]
+fn duplicates_are_dropped_and_sessions_close_on_the_gap() {
+    let config = Arc::new(
+        Config::from_toml_str("[engine]\nsession_gap_secs = 60\n", "t", std::iter::empty())
+            .unwrap(),
+    );
+    let mut engine = Engine::new(config);
+    let mut out = Vec::new();
+    let ev = |id: &str, sid: &str, ts: &str| {
+        let e = json!({"type": "tool.called", "tool": "t", "session_id": sid, "event_id": id, "timestamp": ts});
+        parse_event(e.to_string().as_bytes(), &ParseLimits::default())
+            .unwrap()
+            .into_owned()
+    };
+    for _ in 0..3 {
+        let e = ev("same", "s", "2026-01-01T00:00:00Z");
+        engine.process(&e, &EventMeta::default(), &mut out);
+    }
+    assert_eq!(engine.session("s").unwrap().stats.tool_calls, 1);
+    assert_eq!(engine.session("s").unwrap().stats.duplicates, 2);
+    let e = ev("x", "other", "2026-01-01T00:01:01Z");
+    engine.process(&e, &EventMeta::default(), &mut out);
+    let closed: Vec<_> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Summary(s) => Some((s.session_id.clone(), s.stop_reason.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(closed, vec![("s".to_string(), "idle_timeout".to_string())]);
+    engine.close_all(ClosedBy::EndOfInput, &mut out);
+    assert_eq!(engine.open_sessions(), 0);
+}

@@ -1,0 +1,713 @@
+//! Driving the engine over a JSON Lines input (`replay`, `backtest`) on every core, with
+//! the outputs of one thread.
+//!
+//! Sessions are independent, so the sessions are split over `threads` engines (shards,
+//! by a hash of the session id), each applying its sessions' events in input order. What
+//! ties sessions together is the stream's clock — the latest event time seen, which
+//! closes idle sessions — so every event is applied at the clock the whole input had
+//! reached at it, whichever shard it lands on. Each output is placed where one engine
+//! over the whole input would have emitted it: an event's own outputs at the event, an
+//! idle close at the first event whose clock passed the session's deadline (ties by
+//! deadline, then session id, as the engine closes them), the end of input's closes by
+//! session id. Merging by place gives the same bytes as one thread, for any number of
+//! threads (a property test holds it).
+//!
+//! The input is read in batches of whole lines on a thread of its own, or, when its bytes
+//! are already in memory (a mapped file), cut into batches in place. A batch is parsed
+//! on every core (its events borrow from its bytes, each hashed to its shard) while the
+//! batch before it is applied by the shards and, on the calling thread, the outputs of
+//! the batch before that are merged and handed on (so outputs leave one batch behind the
+//! reading, and the workers wait when handing them on is slower than the batch); then the
+//! parsed batch's clock is computed in one short sequential pass.
+//! Memory stays bounded by the batch size and the open sessions, whatever the input's
+//! length (a mapped file's pages are the page cache's, read once in order: they count in
+//! the resident memory, and the kernel takes them back when it needs to).
+
+mod batches;
+pub mod input;
+
+pub use batches::Input;
+use batches::*;
+
+use std::cmp::Ordering;
+use std::hash::{Hash, Hasher};
+use std::io::{BufRead, Write};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use rustc_hash::FxHasher;
+
+use crate::config::Config;
+use crate::contract::event::{parse_event, BadEvent, Event, ParseLimits};
+use crate::contract::output::{ClosedBy, Output};
+use crate::engine::{event_time, CloseAt, Engine, EventMeta};
+
+/// Shards (engines) per worker thread when there is more than one thread.
+const SHARDS_PER_THREAD: usize = 4;
+
+/// Bytes read per batch by default (whole lines: a batch ends at the last line break).
+pub const BATCH_BYTES: usize = 1 << 20;
+
+/// What the driving loop read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Read {
+    pub lines: u64,
+    pub events: u64,
+    pub bad_lines: u64,
+}
+
+/// One step of a drive, as a shard sees it.
+pub enum Step<'a> {
+    /// An event the shard's engine applied, whether it dropped it as an exact duplicate;
+    /// the outputs are the idle closes due before it, then what it caused.
+    Event {
+        event: &'a Event<'a>,
+        duplicate: bool,
+    },
+    /// Idle closes between events (at the end of a batch).
+    Clock,
+    /// The end of the input: every open session of the shard was closed.
+    End,
+}
+
+/// Why a drive stopped early (fatal).
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    #[error("reading input failed: {0}")]
+    Read(std::io::Error),
+    #[error("writing output failed: {0}")]
+    Write(std::io::Error),
+    #[error("line {line}: {reason} (stopping: --strict)")]
+    BadLine { line: u64, reason: String },
+}
+
+/// What a shard does with each step: accounting (the backtest) or nothing (replay).
+pub trait Sink: Send {
+    fn step(&mut self, step: Step<'_>, outputs: &[Output]);
+}
+
+impl Sink for () {
+    fn step(&mut self, _: Step<'_>, _: &[Output]) {}
+}
+
+/// How a drive runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Engines (and worker threads); 1 runs everything on the calling thread.
+    pub threads: usize,
+    /// A bad line stops the drive (instead of being reported and skipped).
+    pub strict: bool,
+    /// Collect the outputs in order for `on_outputs` (off: only the sinks see them).
+    pub ordered_outputs: bool,
+    /// With `ordered_outputs`: render each output's JSON line on its shard's thread
+    /// (`on_outputs` gets it beside the output; otherwise an empty string).
+    pub render_json: bool,
+    /// Bytes read per batch ([`BATCH_BYTES`]).
+    pub batch_bytes: usize,
+}
+
+/// The cores this process may use.
+pub fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
+}
+
+/// The most threads a drive takes: each adds shards and their containers that every
+/// batch visits, so the fixed cost grows faster than the threads (at 1,000 threads an
+/// empty input took seconds); far more than a replay gains from.
+pub const MAX_THREADS: usize = 256;
+
+/// Where one engine over the whole input would have emitted an output.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    /// The input line (of the event, or of the first event whose clock closed it).
+    line: u64,
+    /// 0: an idle close (before the line's event is applied); 1: the event's own.
+    phase: u8,
+    deadline: i64,
+    seq: u32,
+}
+
+fn compare(a: &(Place, Output, String), b: &(Place, Output, String)) -> Ordering {
+    let (pa, pb) = (&a.0, &b.0);
+    pa.line
+        .cmp(&pb.line)
+        .then(pa.phase.cmp(&pb.phase))
+        .then(pa.deadline.cmp(&pb.deadline))
+        .then_with(|| session_of(&a.1).cmp(session_of(&b.1)))
+        .then(pa.seq.cmp(&pb.seq))
+}
+
+fn session_of(o: &Output) -> &str {
+    match o {
+        Output::Finding(f) => &f.session_id,
+        Output::Summary(s) => &s.session_id,
+    }
+}
+
+/// A valid event of a batch: where it is among the batch's parsed lines, its line, and
+/// the stream's clock once it is applied.
+struct Mark {
+    index: u32,
+    line: u64,
+    clock: i64,
+}
+
+/// A batch's line as parsed: an event, a bad line, or nothing (an empty line).
+type Parsed<'b> = Option<Result<Event<'b>, BadEvent>>;
+
+/// A batch's line as parsed, and the shard of its event's session (hashed on the
+/// parsing threads, not in the sequential pass).
+struct Line<'b> {
+    parsed: Parsed<'b>,
+    shard: u32,
+}
+
+struct Shard<S> {
+    engine: Engine,
+    sink: S,
+    /// This batch's events of the shard (indices into the batch's marks).
+    mine: Vec<u32>,
+    placed: Vec<(Place, Output, String)>,
+    /// Render each output's JSON line here, on the shard's thread.
+    render: bool,
+    outputs: Vec<Output>,
+    deadlines: Vec<CloseAt>,
+}
+
+impl<S: Sink> Shard<S> {
+    fn new(engine: Engine, sink: S, render: bool) -> Shard<S> {
+        Shard {
+            engine,
+            sink,
+            mine: Vec::new(),
+            placed: Vec::new(),
+            render,
+            outputs: Vec::new(),
+            deadlines: Vec::new(),
+        }
+    }
+
+    /// The line of the first event of the batch whose clock reached `clock`.
+    fn line_at(marks: &[Mark], clock: i64) -> u64 {
+        let i = marks.partition_point(|m| m.clock < clock);
+        marks.get(i).map_or(u64::MAX, |m| m.line)
+    }
+
+    fn run(&mut self, lines: &[Line<'_>], marks: &[Mark], keep: bool) {
+        let meta = EventMeta::default();
+        let mine = std::mem::take(&mut self.mine);
+        for &k in &mine {
+            let mark = &marks[k as usize];
+            let Some(Ok(event)) = &lines[mark.index as usize].parsed else {
+                continue; // marks are made of events only
+            };
+            self.engine.advance_clock_with_deadlines(
+                mark.clock,
+                &mut self.outputs,
+                &mut self.deadlines,
+            );
+            let closes = self.outputs.len();
+            let before = self.engine.counters().duplicates;
+            self.engine.process(event, &meta, &mut self.outputs);
+            let duplicate = self.engine.counters().duplicates > before;
+            self.sink
+                .step(Step::Event { event, duplicate }, &self.outputs);
+            self.place(marks, mark.line, closes, keep);
+        }
+        self.mine = mine;
+        if let Some(last) = marks.last() {
+            self.engine.advance_clock_with_deadlines(
+                last.clock,
+                &mut self.outputs,
+                &mut self.deadlines,
+            );
+            if !self.outputs.is_empty() {
+                self.sink.step(Step::Clock, &self.outputs);
+                let n = self.outputs.len();
+                self.place(marks, u64::MAX, n, keep);
+            }
+        }
+    }
+
+    /// Places the outputs of one step: the first `closes` are idle closes.
+    fn place(&mut self, marks: &[Mark], line: u64, closes: usize, keep: bool) {
+        if !keep {
+            self.outputs.clear();
+            self.deadlines.clear();
+            return;
+        }
+        for (i, o) in self.outputs.drain(..).enumerate() {
+            let place = if i < closes {
+                let at = self.deadlines[i];
+                Place {
+                    line: Self::line_at(marks, at.clock),
+                    phase: 0,
+                    deadline: at.deadline,
+                    seq: 0,
+                }
+            } else {
+                Place {
+                    line,
+                    phase: 1,
+                    deadline: 0,
+                    seq: (i - closes) as u32,
+                }
+            };
+            let json = rendered(self.render, &o);
+            self.placed.push((place, o, json));
+        }
+        self.deadlines.clear();
+    }
+
+    fn end(&mut self, keep: bool) {
+        self.engine
+            .close_all(ClosedBy::EndOfInput, &mut self.outputs);
+        self.sink.step(Step::End, &self.outputs);
+        if keep {
+            for o in self.outputs.drain(..) {
+                let place = Place {
+                    line: u64::MAX,
+                    phase: 2,
+                    deadline: 0,
+                    seq: 0,
+                };
+                let json = rendered(self.render, &o);
+                self.placed.push((place, o, json));
+            }
+        }
+        self.outputs.clear();
+    }
+}
+
+fn rendered(render: bool, o: &Output) -> String {
+    if render {
+        o.to_json()
+    } else {
+        String::new()
+    }
+}
+
+fn shard_of(session: &str, shards: usize) -> usize {
+    if shards == 1 {
+        return 0; // one engine: no hash of the session id to pay for
+    }
+    let mut h = FxHasher::default();
+    session.hash(&mut h);
+    (h.finish() % shards as u64) as usize
+}
+
+/// A batch's lines as parsed, borrowing from its bytes.
+struct Lines<'b> {
+    parsed: Vec<Line<'b>>,
+}
+
+self_cell::self_cell!(
+    /// A batch of whole lines and the events parsed from it (which borrow from it), so
+    /// that one batch can be parsed while the one before is applied.
+    struct ParsedBatch {
+        owner: Batch,
+        #[covariant]
+        dependent: Lines,
+    }
+);
+
+/// The containers a parsed batch borrows nothing in, kept from batch to batch (a batch's
+/// parsed events are ~360 bytes a line: allocated afresh, every batch would fault in its
+/// pages again).
+#[derive(Default)]
+struct Spare {
+    lines: Vec<&'static [u8]>,
+    parsed: Vec<Line<'static>>,
+}
+
+/// An empty vector as one of the same type with another lifetime, keeping its
+/// allocation: collecting a vector's iterator into one of the same layout reuses it in
+/// place.
+fn relabel<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter()
+        .map(|_| unreachable!("the vector was cleared"))
+        .collect()
+}
+
+fn parse_batch(
+    batch: Batch,
+    limits: &ParseLimits,
+    shards: usize,
+    pool: Option<&rayon::ThreadPool>,
+    spare: &mut Spare,
+) -> ParsedBatch {
+    let (spare_lines, spare_parsed) = (
+        std::mem::take(&mut spare.lines),
+        std::mem::take(&mut spare.parsed),
+    );
+    ParsedBatch::new(batch, |batch| {
+        let bytes = batch.bytes();
+        let mut lines: Vec<&[u8]> = relabel(spare_lines);
+        let mut start = 0;
+        while start < bytes.len() {
+            let end = memchr::memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |i| start + i + 1);
+            lines.push(&bytes[start..end]);
+            start = end;
+        }
+        fn parse<'b>(line: &'b [u8], limits: &ParseLimits, shards: usize) -> Line<'b> {
+            // A line's size is judged before it is trimmed, as the reader judges it when
+            // it cuts one short: whatever the input, the same lines are oversized.
+            let unbroken = unbroken(line);
+            if unbroken.len() > limits.max_event_bytes {
+                let oversized = BadEvent::Oversized {
+                    size: unbroken.len(),
+                    limit: limits.max_event_bytes,
+                };
+                return Line {
+                    parsed: Some(Err(oversized)),
+                    shard: 0,
+                };
+            }
+            let t = trim_line(line);
+            let parsed = (!t.is_empty()).then(|| parse_event(t, limits));
+            let shard = match &parsed {
+                Some(Ok(event)) => shard_of(&event.session_id, shards) as u32,
+                _ => 0,
+            };
+            Line { parsed, shard }
+        }
+        let mut parsed = relabel(spare_parsed);
+        match pool {
+            Some(_) => lines
+                .par_iter()
+                .map(|l| parse(l, limits, shards))
+                .collect_into_vec(&mut parsed),
+            None => parsed.extend(lines.iter().map(|l| parse(l, limits, shards))),
+        }
+        // The lines cut short are oversized at their whole length, whatever their first
+        // bytes read as (a kept part ending in `\r` is one byte shorter once its break is
+        // stripped, and could read as an event).
+        for long in batch.cut() {
+            let at = lines
+                .partition_point(|l| (l.as_ptr() as usize - bytes.as_ptr() as usize) < long.start);
+            if let Some(line) = parsed.get_mut(at) {
+                *line = Line {
+                    parsed: Some(Err(BadEvent::Oversized {
+                        size: long.size,
+                        limit: limits.max_event_bytes,
+                    })),
+                    shard: 0,
+                };
+            }
+        }
+        spare.lines = relabel(lines);
+        Lines { parsed }
+    })
+}
+
+/// A parsed batch ready to apply: where its events go and at what clock.
+struct Ready {
+    batch: ParsedBatch,
+    marks: Vec<Mark>,
+    /// Per shard, its events (indices into `marks`).
+    assigned: Vec<Vec<u32>>,
+    /// `--strict` met a bad line: stop after this batch.
+    stop: Option<DriveError>,
+}
+
+/// Runs the events of `input` through `threads` engines (see the module docs). Bad lines
+/// are reported to `errors` with their line number and skipped, or are fatal with
+/// `strict`. `make_sink` gives each shard its sink; with `ordered_outputs`, `on_outputs`
+/// gets every output (and its JSON line, with `render_json`), batch after batch, in one
+/// thread's order. Returns what was read and the shards' sinks.
+pub fn drive<S: Sink>(
+    config: Arc<Config>,
+    input: Input<'_>,
+    errors: &mut dyn Write,
+    options: Options,
+    make_sink: impl Fn() -> S,
+    on_outputs: impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
+) -> Result<(Read, Vec<S>), DriveError> {
+    let threads = options.threads.max(1);
+    // More shards than threads: a shard's events run in order on one thread, so with
+    // one shard per thread the batch waits for the busiest; smaller shards let the
+    // threads even out (outputs are merged by place, whatever the count).
+    let shard_count = if threads > 1 {
+        threads * SHARDS_PER_THREAD
+    } else {
+        1
+    };
+    let pool = (threads > 1)
+        .then(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("loopwarden-shard-{i}"))
+                .build()
+        })
+        .transpose()
+        .map_err(|e| DriveError::Read(std::io::Error::other(e)))?;
+    let keep = options.ordered_outputs;
+    let render = keep && options.render_json;
+    let mut rounds = Rounds {
+        pool: pool.as_ref(),
+        shards: (0..shard_count)
+            .map(|_| Shard::new(Engine::new(config.clone()), make_sink(), render))
+            .collect(),
+        handoff: Handoff {
+            keep,
+            merged: Vec::new(),
+            outputs: Vec::new(),
+            on_outputs,
+        },
+        spare: Spare::default(),
+        limits: config.limits,
+        shard_count,
+    };
+    let mut prepare = Prepare {
+        read: Read::default(),
+        clock: None,
+        shard_count,
+        strict: options.strict,
+    };
+    let batch_bytes = options.batch_bytes.max(1);
+    std::thread::scope(|scope| rounds.run(scope, input, batch_bytes, &mut prepare, errors))?;
+    rounds.end()?;
+    let sinks = rounds.shards.into_iter().map(|s| s.sink).collect();
+    Ok((prepare.read, sinks))
+}
+
+/// The one sequential pass over a parsed batch: what was read so far, and the stream's
+/// clock.
+struct Prepare {
+    read: Read,
+    clock: Option<i64>,
+    shard_count: usize,
+    strict: bool,
+}
+
+impl Prepare {
+    /// The stream's clock at each event of a parsed batch, its bad lines reported, its
+    /// events assigned to shards.
+    fn prepare(&mut self, batch: ParsedBatch, errors: &mut dyn Write) -> Ready {
+        let first_line = self.read.lines + 1;
+        let parsed = &batch.borrow_dependent().parsed;
+        self.read.lines += parsed.len() as u64;
+        let mut marks: Vec<Mark> = Vec::with_capacity(parsed.len());
+        let mut assigned: Vec<Vec<u32>> = vec![Vec::new(); self.shard_count];
+        let mut stop = None;
+        for (i, l) in parsed.iter().enumerate() {
+            let line = first_line + i as u64;
+            match &l.parsed {
+                None => {}
+                Some(Ok(event)) => {
+                    self.read.events += 1;
+                    // As the engine keeps it (a file's events have no message time).
+                    let (_, now) = event_time(self.clock, event.timestamp_ms, None);
+                    self.clock = Some(now);
+                    assigned[l.shard as usize].push(marks.len() as u32);
+                    marks.push(Mark {
+                        index: i as u32,
+                        line,
+                        clock: now,
+                    });
+                }
+                Some(Err(e)) => {
+                    self.read.bad_lines += 1;
+                    if self.strict {
+                        stop = Some(DriveError::BadLine {
+                            line,
+                            reason: e.detail(),
+                        });
+                        break;
+                    }
+                    let _ = writeln!(errors, "line {line}: {} ({})", e.detail(), e.reason());
+                }
+            }
+        }
+        Ready {
+            batch,
+            marks,
+            assigned,
+            stop,
+        }
+    }
+}
+
+/// Where outputs go: with `keep` (`ordered_outputs`), collected from the shards, put in
+/// one thread's order and handed on.
+struct Handoff<F> {
+    keep: bool,
+    merged: Vec<(Place, Output, String)>,
+    outputs: Vec<(Output, String)>,
+    on_outputs: F,
+}
+
+impl<F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Handoff<F> {
+    /// Moves the shards' placed outputs to `merged`.
+    fn collect<S>(&mut self, shards: &mut [Shard<S>]) {
+        if self.keep {
+            for s in shards.iter_mut() {
+                self.merged.append(&mut s.placed);
+            }
+        }
+    }
+
+    /// Puts the collected outputs in one thread's order and hands them on.
+    fn emit(&mut self) -> Result<(), DriveError> {
+        if !self.keep || self.merged.is_empty() {
+            return Ok(());
+        }
+        self.merged.sort_by(compare);
+        let merged = self.merged.drain(..).map(|(_, o, json)| (o, json));
+        self.outputs.extend(merged);
+        (self.on_outputs)(&mut self.outputs)?;
+        self.outputs.clear();
+        Ok(())
+    }
+}
+
+/// The batch loop: the shards, the pool they run on, and what goes from one round to the
+/// next.
+struct Rounds<'p, S, F> {
+    pool: Option<&'p rayon::ThreadPool>,
+    shards: Vec<Shard<S>>,
+    handoff: Handoff<F>,
+    spare: Spare,
+    limits: ParseLimits,
+    shard_count: usize,
+}
+
+impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Rounds<'_, S, F> {
+    /// Reads, parses and applies every batch of `input`. Three batches in flight:
+    /// `current` is applied by the shards while `next` is parsed and, on this thread,
+    /// the outputs of the batch before are merged and handed on and its events dropped.
+    /// So a batch's outputs are handed on once the batch after next has been read (or
+    /// the input ends).
+    fn run<'scope, 'env>(
+        &mut self,
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        input: Input<'env>,
+        batch_bytes: usize,
+        prepare: &mut Prepare,
+        errors: &mut dyn Write,
+    ) -> Result<(), DriveError> {
+        let (recycle, recycled) = mpsc::channel();
+        let mut batches: Box<dyn Iterator<Item = std::io::Result<Batch>>> = match input {
+            Input::Reader(input) => {
+                let (tx, rx) = mpsc::sync_channel(2);
+                let line_limit = self.limits.max_event_bytes;
+                scope.spawn(move || read_batches(input, batch_bytes, line_limit, tx, recycled));
+                Box::new(rx.into_iter())
+            }
+            Input::Bytes(bytes) => Box::new(Slices {
+                bytes,
+                at: 0,
+                batch_bytes,
+            }),
+        };
+        let mut current: Option<Ready> = None;
+        let mut applied: Option<ParsedBatch> = None;
+        loop {
+            // A batch that stops the drive (`--strict`) is the last one read.
+            let stopping = current.as_ref().is_some_and(|c| c.stop.is_some());
+            let next = match (!stopping).then(|| batches.next()).flatten().transpose() {
+                Ok(next) => next,
+                Err(e) => {
+                    // What the applied batches caused is handed on before the error.
+                    self.handoff.emit()?;
+                    return Err(DriveError::Read(e));
+                }
+            };
+            if next.is_none() && current.is_none() {
+                break;
+            }
+            let parsed_next = self.round(next, current.as_mut(), applied.take(), &recycle)?;
+            if let Some(done) = current.take() {
+                self.handoff.collect(&mut self.shards);
+                if let Some(e) = done.stop {
+                    self.handoff.emit()?;
+                    return Err(e);
+                }
+                applied = Some(done.batch);
+            }
+            current = parsed_next.map(|b| prepare.prepare(b, errors));
+        }
+        self.handoff.emit()
+    }
+
+    /// One round, overlapped on the pool: `next` parsed, `current` applied, and the
+    /// outputs of `applied` handed on and its buffers recycled. Returns `next` parsed.
+    fn round(
+        &mut self,
+        next: Option<Batch>,
+        current: Option<&mut Ready>,
+        applied: Option<ParsedBatch>,
+        recycle: &mpsc::Sender<Vec<u8>>,
+    ) -> Result<Option<ParsedBatch>, DriveError> {
+        let Rounds {
+            pool,
+            shards,
+            handoff,
+            spare,
+            limits,
+            shard_count,
+        } = self;
+        let (pool, limits, shard_count, keep) = (*pool, *limits, *shard_count, handoff.keep);
+        let mut parsing = std::mem::take(spare);
+        let mut parsed_next = None;
+        let mut handed_on = Ok(());
+        let parse = |parsed_next: &mut Option<ParsedBatch>| {
+            *parsed_next = next.map(|b| parse_batch(b, &limits, shard_count, pool, &mut parsing));
+        };
+        let apply = |shards: &mut Vec<Shard<S>>| {
+            let Some(ready) = current else { return };
+            for (shard, mine) in shards.iter_mut().zip(ready.assigned.iter_mut()) {
+                std::mem::swap(&mut shard.mine, mine);
+            }
+            let lines = &ready.batch.borrow_dependent().parsed;
+            let run = |s: &mut Shard<S>| s.run(lines, &ready.marks, keep);
+            match pool {
+                Some(_) => shards.par_iter_mut().for_each(run),
+                None => shards.iter_mut().for_each(run),
+            }
+        };
+        let finish_applied = |handed_on: &mut Result<(), DriveError>| {
+            *handed_on = handoff.emit();
+            if let Some(mut batch) = applied {
+                batch.with_dependent_mut(|_, lines| {
+                    spare.parsed = relabel(std::mem::take(&mut lines.parsed));
+                });
+                if let Batch::Buffer { buf, .. } = batch.into_owner() {
+                    let _ = recycle.send(buf);
+                }
+            }
+        };
+        match pool {
+            Some(p) => p.in_place_scope(|s| {
+                s.spawn(|_| parse(&mut parsed_next));
+                s.spawn(|_| apply(shards));
+                finish_applied(&mut handed_on);
+            }),
+            None => {
+                apply(shards);
+                finish_applied(&mut handed_on);
+                parse(&mut parsed_next);
+            }
+        }
+        handed_on?;
+        spare.lines = parsing.lines;
+        Ok(parsed_next)
+    }
+
+    /// The end of the input: every shard closes its sessions; their outputs handed on.
+    fn end(&mut self) -> Result<(), DriveError> {
+        let keep = self.handoff.keep;
+        let finish = |s: &mut Shard<S>| s.end(keep);
+        match self.pool {
+            Some(p) => p.install(|| self.shards.par_iter_mut().for_each(finish)),
+            None => self.shards.iter_mut().for_each(finish),
+        }
+        self.handoff.collect(&mut self.shards);
+        self.handoff.emit()
+    }
+}
+
+#[cfg(test)]
+mod tests;

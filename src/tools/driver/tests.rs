@@ -1,0 +1,418 @@
+//! The driver's unit tests: batches, long lines, the merge, and the same bytes on any number of threads.
+
+use proptest::strategy::Strategy;
+
+use super::*;
+use crate::tools::replay::{replay, Format, ReplayOptions};
+
+proptest::proptest! {
+    /// In-place batches are whole lines, in order, all of the input: each ends at a
+    /// line break (but the input's last), and holds at most `batch_bytes` unless it is
+    /// one line longer than that.
+    #[test]
+    fn slices_cut_whole_lines_of_about_the_batch_size(
+        lines in proptest::collection::vec("[a-z]{0,40}", 0..60),
+        end_break in proptest::bool::ANY,
+        batch_bytes in 1usize..120,
+    ) {
+        let mut text = lines.join("\n");
+        if end_break {
+            text.push('\n');
+        }
+        let bytes: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(text.clone().into_bytes());
+        let slices = Slices { bytes, at: 0, batch_bytes };
+        let mut joined = Vec::new();
+        let mut batches = slices.map(|b| b.unwrap().bytes().to_vec()).peekable();
+        while let Some(batch) = batches.next() {
+            proptest::prop_assert!(!batch.is_empty());
+            let last = batches.peek().is_none();
+            proptest::prop_assert!(last || batch.ends_with(b"\n"), "{:?}", batch);
+            let lines_in = batch.iter().filter(|&&b| b == b'\n').count();
+            proptest::prop_assert!(
+                batch.len() <= batch_bytes || lines_in <= 1,
+                "{} bytes in {} lines", batch.len(), lines_in
+            );
+            // Not smaller than it need be: the next line would not have fitted.
+            if let Some(next) = batches.peek() {
+                let next_line = memchr::memchr(b'\n', next).map_or(next.len(), |i| i + 1);
+                proptest::prop_assert!(
+                    batch.len() + next_line > batch_bytes,
+                    "{} bytes, then a line of {}", batch.len(), next_line
+                );
+            }
+            joined.extend_from_slice(&batch);
+        }
+        proptest::prop_assert_eq!(joined, text.into_bytes());
+    }
+}
+
+/// Every batch `read_batches` reads from `input`, with a line limit of `limit`.
+fn read_all(
+    input: &mut (dyn BufRead + Send),
+    batch_bytes: usize,
+    limit: usize,
+) -> Vec<(Vec<u8>, usize, Vec<LongLine>)> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let (_recycle, recycled) = mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| read_batches(input, batch_bytes, limit, tx, recycled));
+        rx.into_iter()
+            .map(|b| match b.unwrap() {
+                Batch::Buffer { buf, len, cut } => (buf[..len].to_vec(), buf.len(), cut),
+                Batch::Slice { .. } => unreachable!("the reader fills buffers"),
+            })
+            .collect()
+    })
+}
+
+proptest::proptest! {
+    /// Lines longer than an event may be are cut to their first `limit + 1` bytes,
+    /// their length told beside; every other byte comes through in order, in batches
+    /// of whole lines; and no buffer grows past the batch, one kept line and a read.
+    #[test]
+    fn the_reader_cuts_lines_too_long_to_be_events(
+        lines in proptest::collection::vec(
+            proptest::prop_oneof![
+                "[a-z]{0,40}".prop_map(String::from),
+                (50usize..400).prop_map(|n| "y".repeat(n)),
+            ],
+            0..30,
+        ),
+        end_break in proptest::bool::ANY,
+        crlf in proptest::bool::ANY,
+        batch_bytes in 1usize..200,
+        limit in 20usize..120,
+        chunk in 1usize..64,
+    ) {
+        let eol = if crlf { "\r\n" } else { "\n" };
+        let mut text = lines.join(eol);
+        if end_break {
+            text.push_str(eol);
+        }
+        let keep = limit + 1;
+        // The input's lines, each with its line break.
+        let mut expected: Vec<&[u8]> = Vec::new();
+        let mut rest = text.as_bytes();
+        while !rest.is_empty() {
+            let line_end = memchr::memchr(b'\n', rest).map_or(rest.len(), |i| i + 1);
+            expected.push(&rest[..line_end]);
+            rest = &rest[line_end..];
+        }
+        // The lines read: as they are, or cut short (first bytes, length).
+        let mut got: Vec<(Vec<u8>, Option<usize>)> = Vec::new();
+        // Reads of a few bytes: long lines arrive in pieces, as from a pipe.
+        let mut input = std::io::BufReader::with_capacity(1, Chunked { data: text.as_bytes(), chunk });
+        let batches = read_all(&mut input, batch_bytes, limit);
+        let count = batches.len();
+        for (i, (bytes, capacity, cut)) in batches.into_iter().enumerate() {
+            proptest::prop_assert!(i + 1 == count || bytes.ends_with(b"\n"));
+            proptest::prop_assert!(
+                capacity <= batch_bytes.max(4096) + keep + (64 << 10) * 2,
+                "a buffer of {} bytes", capacity
+            );
+            let mut cuts = cut.into_iter().peekable();
+            let mut start = 0;
+            while start < bytes.len() {
+                let end = memchr::memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |j| start + j + 1);
+                let size = cuts.next_if(|c| c.start == start).map(|c| c.size);
+                got.push((bytes[start..end].to_vec(), size));
+                start = end;
+            }
+            proptest::prop_assert!(cuts.next().is_none(), "a cut at no line's start");
+        }
+        proptest::prop_assert_eq!(got.len(), expected.len());
+        for ((line, cut), original) in got.iter().zip(&expected) {
+            match cut {
+                None => proptest::prop_assert_eq!(line.as_slice(), *original),
+                Some(size) => {
+                    // Cut only when too long (a `\r` before the break counts until
+                    // the break is seen), to its first `keep` bytes and its break.
+                    proptest::prop_assert_eq!(*size, unbroken(original).len());
+                    proptest::prop_assert!(*size > limit);
+                    let kept = line.strip_suffix(b"\n").unwrap_or(line);
+                    proptest::prop_assert_eq!(kept, &original[..keep]);
+                    proptest::prop_assert_eq!(line.ends_with(b"\n"), original.ends_with(b"\n"));
+                }
+            }
+        }
+    }
+}
+
+/// An input that gives at most `chunk` bytes a read.
+struct Chunked<'a> {
+    data: &'a [u8],
+    chunk: usize,
+}
+
+impl std::io::Read for Chunked<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.chunk).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+/// An endless line (`/dev/zero`, a stuck writer) read with memory bounded by the
+/// batch, reported as one oversized line of its real length.
+#[test]
+fn an_endless_line_is_read_past_in_bounded_memory() {
+    struct Zeros(usize);
+    impl std::io::Read for Zeros {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.0);
+            buf[..n].fill(0);
+            self.0 -= n;
+            Ok(n)
+        }
+    }
+    let total = 64 << 20;
+    let mut input = std::io::BufReader::new(Zeros(total));
+    let batches = read_all(&mut input, 1 << 20, 1 << 20);
+    assert_eq!(batches.len(), 1);
+    let (bytes, capacity, cut) = &batches[0];
+    assert_eq!(bytes.len(), (1 << 20) + 1);
+    assert!(capacity < &(3 << 20), "{capacity}");
+    assert_eq!(
+        cut,
+        &[LongLine {
+            start: 0,
+            size: total
+        }]
+    );
+    // Through the driver: one bad line, oversized at its whole length.
+    let mut errors = Vec::new();
+    let mut input = std::io::BufReader::new(Zeros(total));
+    let report = replay(
+        Arc::new(Config::default()),
+        Input::Reader(&mut input),
+        &mut Vec::new(),
+        &mut errors,
+        Format::Json,
+        Default::default(),
+    )
+    .unwrap();
+    assert_eq!((report.lines, report.bad_lines), (1, 1));
+    let errors = String::from_utf8(errors).unwrap();
+    assert!(
+        errors.contains(&format!("message is {total} bytes")),
+        "{errors}"
+    );
+}
+
+#[test]
+fn a_line_too_long_is_oversized_on_every_input_alike() {
+    let limit = Config::default().limits.max_event_bytes;
+    let event = r#"{"type":"session.started","session_id":"s"}"#;
+    // Too long by its padding alone: judged before it is trimmed.
+    let padded = format!("{event}{}", " ".repeat(limit));
+    let long = format!("{{\"type\":\"{}\"}}", "x".repeat(limit * 3));
+    // An event padded to the limit, then `\r` and more: cut after the `\r`, its
+    // first bytes would read as an event.
+    let event_then_cr = format!(
+        "{event}{}\r{}",
+        " ".repeat(limit - event.len()),
+        "x".repeat(100_000)
+    );
+    let text = format!("{event}\n{padded}\n{long}\r\n{event_then_cr}\n{event}\n");
+    let run = |input: Input<'_>| {
+        let mut errors = Vec::new();
+        let report = replay(
+            Arc::new(Config::default()),
+            input,
+            &mut Vec::new(),
+            &mut errors,
+            Format::Json,
+            ReplayOptions {
+                batch_bytes: 4096,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        (report.bad_lines, String::from_utf8(errors).unwrap())
+    };
+    let bytes: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(text.clone().into_bytes());
+    let in_place = run(Input::Bytes(bytes));
+    let read = run(Input::Reader(&mut trickle(&text, false)));
+    assert_eq!(in_place, read);
+    // Read in pieces, so that the long lines are cut while read.
+    let chunked = Chunked {
+        data: text.as_bytes(),
+        chunk: 4096,
+    };
+    let cut = run(Input::Reader(&mut std::io::BufReader::with_capacity(
+        1, chunked,
+    )));
+    assert_eq!(in_place, cut);
+    assert_eq!(in_place.0, 3, "{}", in_place.1);
+    assert!(
+        in_place
+            .1
+            .contains(&format!("line 4: message is {} bytes", event_then_cr.len())),
+        "{}",
+        in_place.1
+    );
+    assert!(
+        in_place
+            .1
+            .contains(&format!("line 2: message is {} bytes", padded.len())),
+        "{}",
+        in_place.1
+    );
+    assert!(
+        in_place
+            .1
+            .contains(&format!("line 3: message is {} bytes", long.len())),
+        "{}",
+        in_place.1
+    );
+}
+
+/// An input that gives one line a read (so that a batch holds as few lines as its
+/// size allows), then the end or, with `fail`, an error.
+struct Trickle<'a> {
+    data: &'a [u8],
+    fail: bool,
+}
+
+impl std::io::Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.data.is_empty() && self.fail {
+            return Err(std::io::Error::other("the disk went away"));
+        }
+        let line = memchr::memchr(b'\n', self.data).map_or(self.data.len(), |i| i + 1);
+        let n = buf.len().min(line);
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+fn trickle(data: &str, fail: bool) -> std::io::BufReader<Trickle<'_>> {
+    // A buffer smaller than the driver's reads: they go straight to the input.
+    std::io::BufReader::with_capacity(
+        16,
+        Trickle {
+            data: data.as_bytes(),
+            fail,
+        },
+    )
+}
+
+/// Replays `input` with the default configuration: what was written, and how it ended.
+fn replayed(
+    input: Input<'_>,
+    options: ReplayOptions,
+) -> (
+    String,
+    Result<crate::tools::replay::ReplayReport, DriveError>,
+) {
+    let mut out = Vec::new();
+    let ended = replay(
+        Arc::new(Config::default()),
+        input,
+        &mut out,
+        &mut std::io::sink(),
+        Format::Json,
+        options,
+    );
+    (String::from_utf8(out).unwrap(), ended)
+}
+
+/// Replays `input` strictly, in batches of about `batch_bytes`: what was written,
+/// and the error.
+fn strict_replay(input: &str, threads: usize, batch_bytes: usize) -> (String, String) {
+    let options = ReplayOptions {
+        threads,
+        strict: true,
+        batch_bytes,
+    };
+    let (out, ended) = replayed(Input::Reader(&mut trickle(input, false)), options);
+    let err = ended.expect_err("a bad line under --strict");
+    (out, err.to_string())
+}
+
+/// What the first `n` lines cause, but for the end of input's closes.
+fn caused_by_first(lines: &[&str], n: usize) -> String {
+    let input = lines[..n].join("\n");
+    let (out, ended) = replayed(Input::Reader(&mut input.as_bytes()), Default::default());
+    ended.unwrap();
+    out.lines()
+        .filter(|o| !o.contains(r#""closed_by":"end_of_input""#))
+        .map(|o| format!("{o}\n"))
+        .collect()
+}
+
+#[test]
+fn strict_stops_after_the_bad_lines_batch_with_its_outputs_on_any_number_of_threads() {
+    let sessions = std::fs::read_to_string("examples/sessions.jsonl").unwrap();
+    let lines: Vec<&str> = sessions.lines().collect();
+    // The bad line well past the first batches, so that batches before it are
+    // applied, handed on and dropped while later ones are parsed.
+    let at = lines.len() * 3 / 4;
+    let mut input = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        if i == at {
+            input.push_str("{oops\n");
+        }
+        input.push_str(line);
+        input.push('\n');
+    }
+    // What the events before the bad line cause, but for the end of input's closes.
+    let before = caused_by_first(&lines, at);
+    assert!(before.lines().count() >= 3, "{before}");
+    let (one, err) = strict_replay(&input, 1, 600);
+    assert!(err.contains(&format!("line {}", at + 1)), "{err}");
+    assert_eq!(one, before);
+    for threads in [2, 3] {
+        let (many, many_err) = strict_replay(&input, threads, 600);
+        assert_eq!(many, one, "{threads} threads");
+        assert_eq!(many_err, err);
+    }
+}
+
+#[test]
+fn a_strict_stop_reads_no_further() {
+    // The bad line is the last one before the input fails: the stop is reported,
+    // not the failure of a read it had no need for.
+    let input = "{\"type\":\"session.started\",\"session_id\":\"s\"}\n{oops\n";
+    for threads in [1, 2] {
+        let options = ReplayOptions {
+            threads,
+            strict: true,
+            batch_bytes: 1,
+        };
+        let (_, ended) = replayed(Input::Reader(&mut trickle(input, true)), options);
+        let err = ended.expect_err("a bad line under --strict").to_string();
+        assert!(
+            err.starts_with("line 2:") && err.contains("--strict"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_read_error_comes_after_the_outputs_of_every_applied_batch() {
+    let sessions = std::fs::read_to_string("examples/sessions.jsonl").unwrap();
+    let lines: Vec<&str> = sessions.lines().collect();
+    let caused = |n: usize| caused_by_first(&lines, n);
+    // A line that causes an output, and one more line after it: batches of one line
+    // each, then the input fails. The last batch read is parsed but never applied;
+    // every batch before it was, and its outputs must be out before the error.
+    let k = (2..lines.len())
+        .rev()
+        .find(|&k| caused(k) != caused(k - 1))
+        .expect("some line causes an output");
+    let input: String = lines[..=k].iter().map(|l| format!("{l}\n")).collect();
+    for threads in [1, 2] {
+        let options = ReplayOptions {
+            threads,
+            strict: false,
+            batch_bytes: 1,
+        };
+        let (out, ended) = replayed(Input::Reader(&mut trickle(&input, true)), options);
+        let err = ended.expect_err("the input failed").to_string();
+        assert!(err.contains("the disk went away"), "{err}");
+        assert_eq!(out, caused(k), "{threads} threads");
+    }
+}
