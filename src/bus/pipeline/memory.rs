@@ -4,10 +4,11 @@
 //! and its crash windows run without a broker; the tests against a real broker prove the
 //! same recipe on Kafka.
 //!
-//! A crash is the process dying between two of the bus's operations (a send, one
-//! delivery report, an offset commit): [`Bus::crash_at`] arms the bus to panic at the
-//! n-th operation from then on, and the test catches the panic, drops the worker as a
-//! kill would, and starts another over the same sled directory and the same bus.
+//! A crash is the process dying between two of the bus's operations (a send, a record
+//! landing on the broker before its report comes back, an offset commit):
+//! [`Bus::crash_at`] arms the bus to panic at the n-th operation from then on (the
+//! records still in the dead producer's hands are lost), and the test catches the
+//! panic, drops the worker as a kill would, and starts another over the same bus.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -128,7 +129,16 @@ impl Bus {
     /// Counts one operation; panics (the process "dies") when it is the armed one. The
     /// bus's lock is not held while panicking.
     fn tick(&self, kind: &'static str) {
-        let crashed = lock(&self.0).tick(kind).is_err();
+        let crashed = {
+            let mut state = lock(&self.0);
+            let crashed = state.tick(kind).is_err();
+            if crashed {
+                // What the dead process had handed its producer and the broker had not
+                // taken yet dies with it.
+                state.in_flight.clear();
+            }
+            crashed
+        };
         if crashed {
             std::panic::panic_any(CRASH);
         }
@@ -180,7 +190,6 @@ impl Transport for MemoryTransport {
     /// Lands every record in flight, in order, each one's report an operation.
     fn poll(&self, _timeout: Duration) {
         loop {
-            self.bus.tick_if_in_flight();
             let landed = {
                 let mut state = lock(&self.bus.0);
                 let Some((at, record, report)) = state.in_flight.pop_front() else {
@@ -190,6 +199,9 @@ impl Transport for MemoryTransport {
                 log.push(record);
                 (at, log.len() as i64 - 1, report)
             };
+            // On the broker, its report not yet back: a crash here leaves it landed and
+            // unacknowledged.
+            self.bus.tick("delivery report");
             let ((topic, partition), offset, report) = landed;
             self.tracker
                 .report(Ok((topic.as_str(), partition, offset)), *report);
@@ -227,16 +239,6 @@ impl Transport for MemoryTransport {
 
     fn abort_transaction(&self, _timeout: Duration) -> KafkaResult<()> {
         no_transactions()
-    }
-}
-
-impl Bus {
-    /// A delivery report about to be served is an operation (nothing in flight: none).
-    fn tick_if_in_flight(&self) {
-        let pending = !lock(&self.0).in_flight.is_empty();
-        if pending {
-            self.tick("delivery report");
-        }
     }
 }
 

@@ -378,6 +378,9 @@ fn run_worker(
     let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)
         .create_with_context(RebalanceHandler::default())
         .map_err(PipelineError::Client)?;
+    // However this function ends (a panic included), the consumer's close must not wait
+    // on a rebalance parked for a worker that is gone: dropped before the consumer.
+    let _closing = rebalance::AcknowledgeOnDrop(&consumer);
     let session_gap = Duration::from_millis(config.engine.session_gap_ms.max(0) as u64);
     let compaction_lag = changelog_compaction_lag(session_gap, settings.idle_after);
     let Some(partitions) =
@@ -420,10 +423,9 @@ fn run_worker(
         shutdown.trigger();
     }
     let stats = w.stats;
-    // Leaving the group revokes everything: acknowledged without the worker, whose batch
-    // is settled (or abandoned) above.
-    rebalance::closing(&consumer);
-    drop(consumer);
+    // Leaving the group revokes everything: the worker's share of the gauges goes now,
+    // and the revoke is acknowledged without it (its batch is settled or abandoned above).
+    rebalance::release_all(&consumer, w);
     match &result {
         Ok(()) => info!(worker = index, ?stats, "stopped"),
         Err(e) => error!(worker = index, error = %e, ?stats, "stopped with an error"),

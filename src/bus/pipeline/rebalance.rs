@@ -14,8 +14,9 @@
 //! worst, with one event id; the batch's changelog records carry no commit record, so no
 //! restore applies them); an assigned partition is loaded from sled (and restored from
 //! the changelog) before the assignment is acknowledged, so before it is fetched. A
-//! restore that shutdown interrupts leaves its partition unloaded: not a failure. While
-//! the consumer closes (the worker has stopped), rebalances are acknowledged at once.
+//! restore that shutdown interrupts leaves its partition unloaded: not a failure. Once
+//! the worker has stopped (a stop, an error, a panic), rebalances are acknowledged at
+//! once, so the consumer's close never waits on it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +37,7 @@ use super::PipelineError;
 enum Parked {
     Revoke(TopicPartitionList),
     Assign(TopicPartitionList),
-    Error(KafkaError),
+    Error(KafkaError, TopicPartitionList),
 }
 
 /// The consumer's context: parks each rebalance for the poll loop's worker.
@@ -50,7 +51,7 @@ pub struct RebalanceHandler {
 
 /// The worker has stopped: rebalances still parked, and any from now on (the consumer's
 /// close revokes everything), are acknowledged without it.
-pub(super) fn closing(consumer: &BaseConsumer<RebalanceHandler>) {
+fn closing(consumer: &BaseConsumer<RebalanceHandler>) {
     let handler = consumer.context();
     handler.closing.store(true, Ordering::Release);
     loop {
@@ -59,6 +60,30 @@ pub(super) fn closing(consumer: &BaseConsumer<RebalanceHandler>) {
         };
         acknowledge(consumer, &parked);
     }
+}
+
+/// Switches the consumer to acknowledging rebalances itself when dropped (declared after
+/// the consumer, it drops first): the consumer's close, which polls until librdkafka has
+/// left the group, then never waits on a worker that is gone — after a stop, an error
+/// or a panic alike.
+pub(super) struct AcknowledgeOnDrop<'c>(pub(super) &'c BaseConsumer<RebalanceHandler>);
+
+impl Drop for AcknowledgeOnDrop<'_> {
+    fn drop(&mut self) {
+        closing(self.0);
+    }
+}
+
+/// The worker lets go of every partition it holds or is assigned (a stop: the gauges
+/// lose its share, as a revoke would have taken it).
+pub(super) fn release_all(consumer: &BaseConsumer<RebalanceHandler>, worker: &mut Worker) {
+    let mut held: Vec<i32> = worker.partitions.keys().copied().collect();
+    if let Ok(assigned) = consumer.assignment() {
+        held.extend(partitions_of(&assigned));
+    }
+    held.sort_unstable();
+    held.dedup();
+    worker.release(&held);
 }
 
 impl ClientContext for RebalanceHandler {
@@ -77,7 +102,10 @@ impl ConsumerContext for RebalanceHandler {
         let parked = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Parked::Assign(tpl.clone()),
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Parked::Revoke(tpl.clone()),
-            other => Parked::Error(KafkaError::Rebalance(RDKafkaErrorCode::from(other))),
+            other => Parked::Error(
+                KafkaError::Rebalance(RDKafkaErrorCode::from(other)),
+                tpl.clone(),
+            ),
         };
         if self.closing.load(Ordering::Acquire) {
             acknowledge(consumer, &parked);
@@ -105,8 +133,10 @@ fn acknowledge(consumer: &BaseConsumer<RebalanceHandler>, parked: &Parked) {
     let result: KafkaResult<()> = match parked {
         Parked::Assign(tpl) if cooperative => consumer.incremental_assign(tpl),
         Parked::Assign(tpl) => consumer.assign(tpl),
-        Parked::Revoke(tpl) if cooperative => consumer.incremental_unassign(tpl),
-        Parked::Revoke(_) | Parked::Error(_) => consumer.unassign(),
+        Parked::Revoke(tpl) | Parked::Error(_, tpl) if cooperative => {
+            consumer.incremental_unassign(tpl)
+        }
+        Parked::Revoke(_) | Parked::Error(..) => consumer.unassign(),
     };
     if let Err(e) = result {
         error!(error = %e, "cannot acknowledge a rebalance");
@@ -128,7 +158,7 @@ pub(super) fn serve(
         let result = match &parked {
             Parked::Revoke(tpl) => revoke(consumer, worker, &partitions_of(tpl)),
             Parked::Assign(tpl) => assign(worker, &partitions_of(tpl)),
-            Parked::Error(e) => {
+            Parked::Error(e, _) => {
                 warn!(error = %e, "rebalance error");
                 Ok(())
             }

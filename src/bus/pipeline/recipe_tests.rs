@@ -126,14 +126,16 @@ fn by_event_id(records: &[Landed]) -> BTreeMap<String, Vec<serde_json::Value>> {
     out
 }
 
-/// What a run left on the bus: terminations and summaries by `event_id`.
+/// What a run left on the bus: warnings, terminations and summaries by `event_id`.
 struct Outputs {
+    warnings: BTreeMap<String, Vec<serde_json::Value>>,
     terminated: BTreeMap<String, Vec<serde_json::Value>>,
     summaries: BTreeMap<String, Vec<serde_json::Value>>,
 }
 
 fn outputs(bus: &Bus, config: &Config) -> Outputs {
     Outputs {
+        warnings: by_event_id(&bus.records(&config.kafka.warning_topic)),
         terminated: by_event_id(&bus.records(&config.kafka.terminated_topic)),
         summaries: by_event_id(&bus.records(&config.kafka.summary_topic)),
     }
@@ -144,6 +146,7 @@ fn outputs(bus: &Bus, config: &Config) -> Outputs {
 fn assert_same(want: &Outputs, got: &Outputs, context: &str) -> usize {
     let mut copies = 0;
     for (kind, want, got) in [
+        ("warning", &want.warnings, &got.warnings),
         ("termination", &want.terminated, &got.terminated),
         ("summary", &want.summaries, &got.summaries),
     ] {
@@ -221,12 +224,8 @@ enum Restart {
 }
 
 /// Crashes a run at each of the bus's operations in turn and restarts it: every output
-/// of the run without a crash, each copy with its counters, and nothing else. Returns
-/// the windows, by the kind of operation crashed at, and the copies re-emitted.
-fn crash_at_every_window(
-    config: &Arc<Config>,
-    restart: Restart,
-) -> (BTreeMap<&'static str, u64>, usize) {
+/// of the run without a crash, each copy with its counters, and nothing else.
+fn crash_at_every_window(config: &Arc<Config>, restart: Restart) -> Windows {
     quiet_crashes();
     let sessions = 16;
     let (want, windows) = {
@@ -243,6 +242,7 @@ fn crash_at_every_window(
         "the fleet has terminations and summaries to lose"
     );
     let mut copies = 0;
+    let mut restored = 0;
     let mut crashed_at: BTreeMap<&str, u64> = BTreeMap::new();
     for crash_at in 1..=windows {
         let bus = bus_with_a_fleet(sessions);
@@ -262,7 +262,9 @@ fn crash_at_every_window(
             Restart::SameDisk => dir.path(),
             Restart::EmptyDisk => empty.path(),
         };
-        Member::start(&bus, disk, config).consume_all().unwrap();
+        let mut member = Member::start(&bus, disk, config);
+        member.consume_all().unwrap();
+        restored += member.worker.stats.restored_records;
         copies += assert_same(
             &want,
             &outputs(&bus, config),
@@ -280,23 +282,52 @@ fn crash_at_every_window(
         copies > 0,
         "no crash window re-emitted anything: {windows} windows"
     );
-    (crashed_at, copies)
+    Windows {
+        crashed_at,
+        copies,
+        restored,
+    }
+}
+
+/// What [`crash_at_every_window`] went through.
+struct Windows {
+    /// Crashes, by the kind of operation crashed at.
+    crashed_at: BTreeMap<&'static str, u64>,
+    /// Outputs on the bus more than once (one `event_id`).
+    copies: usize,
+    /// Session records the restarts restored from the changelog.
+    restored: u64,
 }
 
 #[test]
 fn a_crash_at_any_window_loses_and_double_counts_nothing_with_sled_alone() {
-    let (windows, copies) = crash_at_every_window(&config(25, false), Restart::SameDisk);
-    eprintln!("sled alone: crash windows {windows:?}; {copies} outputs re-emitted");
+    let windows = crash_at_every_window(&config(25, false), Restart::SameDisk);
+    eprintln!("sled alone: {windows}");
 }
 
 #[test]
 fn a_crash_at_any_window_loses_and_double_counts_nothing_with_the_changelog() {
-    let (windows, copies) = crash_at_every_window(&config(25, true), Restart::SameDisk);
-    eprintln!("with the changelog: crash windows {windows:?}; {copies} outputs re-emitted");
+    let windows = crash_at_every_window(&config(25, true), Restart::SameDisk);
+    eprintln!("with the changelog: {windows}");
 }
 
 #[test]
 fn a_crash_at_any_window_then_a_restart_on_an_empty_disk_restores_everything_from_the_changelog() {
-    let (windows, copies) = crash_at_every_window(&config(25, true), Restart::EmptyDisk);
-    eprintln!("changelog, empty disk: crash windows {windows:?}; {copies} outputs re-emitted");
+    let windows = crash_at_every_window(&config(25, true), Restart::EmptyDisk);
+    eprintln!("changelog, empty disk: {windows}");
+    assert!(
+        windows.restored > 0,
+        "the restarts restored from the changelog"
+    );
+}
+
+impl std::fmt::Display for Windows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: u64 = self.crashed_at.values().sum();
+        write!(
+            f,
+            "{total} crash windows {:?}; {} outputs re-emitted; {} session records restored",
+            self.crashed_at, self.copies, self.restored
+        )
+    }
 }
