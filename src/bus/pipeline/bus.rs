@@ -4,7 +4,8 @@
 //! producer (hand a record over, serve delivery reports, transactions). Kafka implements
 //! both here (`BaseConsumer`, [`KafkaTransport`]); the unit tests' in-memory bus
 //! (`memory`) implements them too, so the recipe and its crash windows run without a
-//! broker.
+//! broker. Here too: the [`DeliveryTracker`] every transport hands its delivery reports
+//! to, and [`seek_to_committed`], a Kafka consumer moved back to its group's offsets.
 //!
 //! Guarantees: the Kafka implementations are the calls the pipeline made before the
 //! seams existed, one for one (no new request, no new wait); delivery reports reach the

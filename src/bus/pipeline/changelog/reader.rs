@@ -135,11 +135,9 @@ impl ChangelogSource for KafkaChangelog {
         }
     }
 
-    /// Hands every changelog record of `partition` from `from` to the end to `each`: up
-    /// to `high`, the watermark read before, and on until the reader reaches the end.
-    /// The watermark alone is not enough: a broker may report it short of the last
-    /// produce batch (Tansu reports the last batch's first offset + 1), which would cut
-    /// off the batch's commit record.
+    /// Reads on past `high` until the end: the watermark alone is not enough, since a
+    /// broker may report it short of the last produce batch (Tansu reports the last
+    /// batch's first offset + 1), which would cut off the batch's commit record.
     fn read(
         &mut self,
         partition: i32,
