@@ -114,269 +114,28 @@ impl SessionState {
     }
 
     /// Applies a tool call and returns what the detectors need to know about the window.
-    #[cfg_attr(
-        not(test),
-        expect(
-            clippy::too_many_lines,
-            reason = "each detector's counters move into the detector that keeps them (issue 30, item 2)"
-        )
-    )]
+    /// In order: the step counted, the window's counts, the streaks against the calls
+    /// before, the poll trackers, what the result showed, then the call joins the window.
     pub fn observe_tool(
         &mut self,
         tool: &str,
         obs: ToolObservation,
         last_calls: usize,
     ) -> ToolFacts {
-        self.stats.tool_calls += 1;
-        self.stats.calls_since_turn = self.stats.calls_since_turn.saturating_add(1);
-        if self.stats.tool_calls_asked > 0 {
-            self.stats.tool_calls_asked -= 1;
-        } else {
-            self.stats.steps += 1;
-        }
+        self.count_tool_step();
         let subject = self.episodes[DetectorKind::GenericRepeat.index()].subject;
-        let r = &mut self.run;
-        let rec = CallRecord {
-            action: obs.action,
-            result: obs.result,
-            shape: obs.shape,
-            flags: (if obs.is_error { CallRecord::ERROR } else { 0 })
-                | (if obs.poll { CallRecord::POLL } else { 0 })
-                | (if obs.retry_safe {
-                    CallRecord::RETRY_SAFE
-                } else {
-                    0
-                })
-                | (if obs.error_text {
-                    CallRecord::ERROR_TEXT
-                } else {
-                    0
-                }),
-        };
-        let mut facts = ToolFacts::default();
-
-        // One pass over the window (newest last) for every count the detectors need.
-        let mut recent: [(u64, u64); WINDOW_CALLS] = [(0, 0); WINDOW_CALLS];
-        let want_recent = last_calls.min(WINDOW_CALLS);
-        let mut recent_len = 0usize;
-        if !obs.poll && want_recent > 0 {
-            recent[0] = (rec.action, rec.result);
-            recent_len = 1;
-        }
-        let (mut pair_count, mut action_count, mut subject_count) =
-            (1u32, u32::from(!obs.poll), 0u32);
-        if !obs.poll && subject == rec.action {
-            subject_count = 1;
-        }
-        let judged_outcome = !obs.poll && !obs.retry_safe;
-        let mut outcome_count = u32::from(judged_outcome);
-        let mut error_count = u32::from(obs.error_text && !obs.retry_safe);
-        let mut outcome_seen = false;
-        // A call that works, between polls of a job that moves (a `sleep`, a look at the
-        // log), is waiting, not repeating: it counts only what came after the last move.
-        // A failure repeats across the poll as it would without it.
-        let repeatable = if !obs.is_error {
-            r.since_poll_moved.map_or(WINDOW_CALLS, usize::from)
-        } else {
-            WINDOW_CALLS
-        };
-        for (i, prev) in r.window.iter().rev().enumerate() {
-            let same_outcome = prev.same_outcome(&rec);
-            outcome_seen |= same_outcome;
-            let counts = i < repeatable;
-            if counts && prev.same_pair(&rec) {
-                pair_count += 1;
-            }
-            if counts && judged_outcome && same_outcome && !prev.has(CallRecord::RETRY_SAFE) {
-                outcome_count += 1;
-            }
-            // (A failure's window is never cut by a poll: `counts` always holds here.)
-            if error_count > 0
-                && prev.has(CallRecord::ERROR_TEXT)
-                && !prev.has(CallRecord::RETRY_SAFE)
-                && prev.shape == rec.shape
-            {
-                error_count += 1;
-            }
-            if !prev.is_poll() {
-                if !obs.poll && prev.action == rec.action {
-                    action_count += 1;
-                }
-                if subject != 0 && prev.action == subject {
-                    subject_count += 1;
-                }
-                if recent_len < want_recent {
-                    recent[recent_len] = (prev.action, prev.result);
-                    recent_len += 1;
-                }
-            }
-        }
-        facts.pair_count = pair_count;
-        facts.outcome_count = outcome_count;
-        facts.error_count = error_count;
-        facts.action_count = action_count;
-        facts.subject_count = subject_count;
-        facts.recent_len = recent_len as u32;
-        facts.recent_distinct = distinct_pairs(&recent[..recent_len]);
-
-        // Streaks against the previous call.
-        let last = r.window.back().copied();
-        let repeated = pair_count > 1;
-        // A write re-applied in a row is a loop whatever it returns (the same insert grows
-        // the file with each copy).
-        r.repeat_streak = match last {
-            Some(l) if l.action == rec.action && (obs.write || l.same_outcome(&rec)) => {
-                r.repeat_streak + 1
-            }
-            _ => 1,
-        };
-        // A failure that says nothing (an exit code, an empty output: `grep` finding
-        // nothing) is an answer, not an error to retry: `repeat` follows it.
-        r.error_repeat_streak = if !obs.error_text {
-            0
-        } else {
-            match last {
-                Some(l) if l.has(CallRecord::ERROR_TEXT) && l.action == rec.action => {
-                    r.error_repeat_streak + 1
-                }
-                _ => 1,
-            }
-        };
-        // The same error in words as the previous failure, whatever the attempt.
-        r.same_error_streak = match last {
-            Some(l) if obs.error_text && l.is_error() && l.shape == rec.shape => {
-                r.same_error_streak + 1
-            }
-            _ if obs.error_text => 1,
-            _ => 0,
-        };
-        r.error_streak = if obs.is_error { r.error_streak + 1 } else { 0 };
-        r.unknown_tool_streak = if obs.unknown_tool {
-            r.unknown_tool_streak + 1
-        } else {
-            0
-        };
-        r.no_progress_bits = (r.no_progress_bits << 1) | u64::from(repeated);
-        r.alternation = {
-            let n = r.window.len();
-            let prev1 = last;
-            let prev2 = if n >= 2 {
-                r.window.get(n - 2).copied()
-            } else {
-                None
-            };
-            match (prev1, prev2) {
-                (Some(p1), _) if p1.action == rec.action => 1,
-                (Some(_), Some(p2)) if p2.same_outcome(&rec) && r.alternation >= 2 => {
-                    r.alternation + 1
-                }
-                (Some(_), _) => 2,
-                (None, _) => 1,
-            }
-        };
-        for (slot, k) in CYCLE_LENGTHS.iter().enumerate() {
-            let n = r.window.len();
-            r.cycle_match[slot] = if n >= *k && r.window[n - k].same_outcome(&rec) {
-                r.cycle_match[slot] + 1
-            } else {
-                0
-            };
-        }
-
-        // Polls: per-action trackers so that interleaved pollers are each followed.
+        let rec = CallRecord::of(&obs);
+        let (mut facts, outcome_seen) = self.run.window_facts(&rec, &obs, subject, last_calls);
+        let repeated = facts.pair_count > 1;
+        self.run.advance_streaks(&rec, &obs, repeated);
         if obs.poll {
-            let found = r.polls.iter().position(|p| p.action == rec.action);
-            let unchanged = match found {
-                Some(i) => {
-                    let mut t = r.polls.remove(i);
-                    if t.result != rec.result && !obs.is_error {
-                        // A changed poll is progress for every detector: the job it
-                        // waits on is moving. A failing poll's change is not (an error's
-                        // numbers are counters: "not running (attempt 7)").
-                        r.error_repeat_streak = 0;
-                        r.same_error_streak = 0;
-                        r.error_streak = 0;
-                        r.since_poll_moved = Some(0);
-                    }
-                    t.unchanged = if t.result == rec.result {
-                        t.unchanged + 1
-                    } else {
-                        0
-                    };
-                    t.result = rec.result;
-                    let u = t.unchanged;
-                    r.polls.push(t);
-                    u
-                }
-                None => {
-                    if r.polls.len() == POLL_TRACKERS {
-                        r.polls.remove(0);
-                    }
-                    r.polls.push(PollTracker {
-                        action: rec.action,
-                        result: rec.result,
-                        unchanged: 0,
-                    });
-                    0
-                }
-            };
-            facts.poll_unchanged = unchanged;
+            facts.poll_unchanged = self.run.observe_poll(&rec, obs.is_error);
         }
-        // A read whose lines the run had nearly all seen (a rephrased search finding the
-        // code it found before, a file viewed again through another tool or range) is
-        // no news, whatever its arguments. Every result's lines count as seen from then
-        // on (an edit shows the agent its new code too).
-        let known_content = !obs.is_error
-            && !obs.poll
-            && !obs.write
-            && obs.content.all_seen_in(&r.seen_lines) == Some(true);
-        obs.content.remember_in(&mut r.seen_lines);
-        // The same call answering differently stays progress (digits count: a test run
-        // whose failures go down), however alike its lines: only a call new to the
-        // window (a rephrased search) is judged by what it showed.
-        let stale_read = known_content && facts.action_count == 1;
-        r.since_text |= if obs.poll || !(outcome_seen || stale_read) {
-            RunState::PROGRESSED
-        } else {
-            0
-        } | if obs.is_error {
-            RunState::FAILED
-        } else if known_content {
-            RunState::REREAD
-        } else {
-            RunState::SUCCEEDED
-        } | if obs.poll { RunState::POLLED } else { 0 };
-
-        // Information gain: a call is news when this action has not returned this result
-        // (up to digits) before in the run (a new file written says "File updated" too).
-        // Polls count neither as news nor as old news. Nor does a call repeated with an
-        // answer without words (an empty output, an exit code): its answer tells nothing,
-        // and re-applying a silent write (undo a fix to check the test fails, redo it) is
-        // what it did; a new call is news whatever it answers.
-        if !obs.poll {
-            let pair = rec.news_key();
-            let seen = r.seen_pairs.contains(&pair);
-            if !(seen && obs.wordless) {
-                r.turn_had_results = true;
-                r.turn_all_seen &= seen;
-            }
-            if !seen {
-                push_bounded(&mut r.seen_pairs, pair, SEEN_PAIRS);
-                // Learned, for `similar_turns`, unless what it showed was all seen
-                // before. (`no_new_information` judges answers as a whole: re-reading
-                // part of a file read before, to work on it, is how work looks.)
-                if !known_content {
-                    r.since_text |= RunState::LEARNED;
-                }
-            }
-        }
-
-        r.stall = 0;
-        r.compaction_streak = 0;
-        push_bounded(&mut r.window, rec, WINDOW_CALLS);
-        r.since_poll_moved = r
-            .since_poll_moved
-            .map(|n| n.saturating_add(1).min(WINDOW_CALLS as u8));
+        let known_content = self
+            .run
+            .note_content(&obs, facts.action_count, outcome_seen);
+        self.run.note_news(&rec, &obs, known_content);
+        self.run.push_call(rec);
 
         facts.cycle = self.longest_cycle();
         self.count_tool(tool, repeated);
@@ -386,6 +145,17 @@ impl SessionState {
             generic_repeat.subject = obs.action;
         }
         facts
+    }
+
+    /// A tool call is a step unless an LLM call asked for it (that call was the step).
+    fn count_tool_step(&mut self) {
+        self.stats.tool_calls += 1;
+        self.stats.calls_since_turn = self.stats.calls_since_turn.saturating_add(1);
+        if self.stats.tool_calls_asked > 0 {
+            self.stats.tool_calls_asked -= 1;
+        } else {
+            self.stats.steps += 1;
+        }
     }
 
     /// The cycle at the window's tail that covers the most calls, as (length k, calls
@@ -462,4 +232,287 @@ pub(super) fn distinct_pairs(pairs: &[(u64, u64)]) -> u32 {
         distinct += u32::from(!pairs[..i].contains(p));
     }
     distinct
+}
+
+impl CallRecord {
+    /// A tool call as the window keeps it.
+    fn of(obs: &ToolObservation) -> CallRecord {
+        CallRecord {
+            action: obs.action,
+            result: obs.result,
+            shape: obs.shape,
+            flags: (if obs.is_error { CallRecord::ERROR } else { 0 })
+                | (if obs.poll { CallRecord::POLL } else { 0 })
+                | (if obs.retry_safe {
+                    CallRecord::RETRY_SAFE
+                } else {
+                    0
+                })
+                | (if obs.error_text {
+                    CallRecord::ERROR_TEXT
+                } else {
+                    0
+                }),
+        }
+    }
+}
+
+impl RunState {
+    /// One pass over the window (newest last) for every count the detectors need, and
+    /// whether this call's outcome is in the window already.
+    fn window_facts(
+        &self,
+        rec: &CallRecord,
+        obs: &ToolObservation,
+        subject: u64,
+        last_calls: usize,
+    ) -> (ToolFacts, bool) {
+        let mut facts = ToolFacts::default();
+        let mut recent: [(u64, u64); WINDOW_CALLS] = [(0, 0); WINDOW_CALLS];
+        let want_recent = last_calls.min(WINDOW_CALLS);
+        let mut recent_len = 0usize;
+        if !obs.poll && want_recent > 0 {
+            recent[0] = (rec.action, rec.result);
+            recent_len = 1;
+        }
+        let (mut pair_count, mut action_count, mut subject_count) =
+            (1u32, u32::from(!obs.poll), 0u32);
+        if !obs.poll && subject == rec.action {
+            subject_count = 1;
+        }
+        let judged_outcome = !obs.poll && !obs.retry_safe;
+        let mut outcome_count = u32::from(judged_outcome);
+        let mut error_count = u32::from(obs.error_text && !obs.retry_safe);
+        let mut outcome_seen = false;
+        // A call that works, between polls of a job that moves (a `sleep`, a look at the
+        // log), is waiting, not repeating: it counts only what came after the last move.
+        // A failure repeats across the poll as it would without it.
+        let repeatable = if !obs.is_error {
+            self.since_poll_moved.map_or(WINDOW_CALLS, usize::from)
+        } else {
+            WINDOW_CALLS
+        };
+        for (i, prev) in self.window.iter().rev().enumerate() {
+            let same_outcome = prev.same_outcome(rec);
+            outcome_seen |= same_outcome;
+            let counts = i < repeatable;
+            if counts && prev.same_pair(rec) {
+                pair_count += 1;
+            }
+            if counts && judged_outcome && same_outcome && !prev.has(CallRecord::RETRY_SAFE) {
+                outcome_count += 1;
+            }
+            // (A failure's window is never cut by a poll: `counts` always holds here.)
+            if error_count > 0
+                && prev.has(CallRecord::ERROR_TEXT)
+                && !prev.has(CallRecord::RETRY_SAFE)
+                && prev.shape == rec.shape
+            {
+                error_count += 1;
+            }
+            if !prev.is_poll() {
+                if !obs.poll && prev.action == rec.action {
+                    action_count += 1;
+                }
+                if subject != 0 && prev.action == subject {
+                    subject_count += 1;
+                }
+                if recent_len < want_recent {
+                    recent[recent_len] = (prev.action, prev.result);
+                    recent_len += 1;
+                }
+            }
+        }
+        facts.pair_count = pair_count;
+        facts.outcome_count = outcome_count;
+        facts.error_count = error_count;
+        facts.action_count = action_count;
+        facts.subject_count = subject_count;
+        facts.recent_len = recent_len as u32;
+        facts.recent_distinct = distinct_pairs(&recent[..recent_len]);
+        (facts, outcome_seen)
+    }
+
+    /// The streaks against the calls before this one (`repeated`: its pair is in the
+    /// window already).
+    fn advance_streaks(&mut self, rec: &CallRecord, obs: &ToolObservation, repeated: bool) {
+        let last = self.window.back().copied();
+        // A write re-applied in a row is a loop whatever it returns (the same insert grows
+        // the file with each copy).
+        self.repeat_streak = match last {
+            Some(l) if l.action == rec.action && (obs.write || l.same_outcome(rec)) => {
+                self.repeat_streak + 1
+            }
+            _ => 1,
+        };
+        // A failure that says nothing (an exit code, an empty output: `grep` finding
+        // nothing) is an answer, not an error to retry: `repeat` follows it.
+        self.error_repeat_streak = if !obs.error_text {
+            0
+        } else {
+            match last {
+                Some(l) if l.has(CallRecord::ERROR_TEXT) && l.action == rec.action => {
+                    self.error_repeat_streak + 1
+                }
+                _ => 1,
+            }
+        };
+        // The same error in words as the previous failure, whatever the attempt.
+        self.same_error_streak = match last {
+            Some(l) if obs.error_text && l.is_error() && l.shape == rec.shape => {
+                self.same_error_streak + 1
+            }
+            _ if obs.error_text => 1,
+            _ => 0,
+        };
+        self.error_streak = if obs.is_error {
+            self.error_streak + 1
+        } else {
+            0
+        };
+        self.unknown_tool_streak = if obs.unknown_tool {
+            self.unknown_tool_streak + 1
+        } else {
+            0
+        };
+        self.no_progress_bits = (self.no_progress_bits << 1) | u64::from(repeated);
+        self.alternation = {
+            let n = self.window.len();
+            let prev1 = last;
+            let prev2 = if n >= 2 {
+                self.window.get(n - 2).copied()
+            } else {
+                None
+            };
+            match (prev1, prev2) {
+                (Some(p1), _) if p1.action == rec.action => 1,
+                (Some(_), Some(p2)) if p2.same_outcome(rec) && self.alternation >= 2 => {
+                    self.alternation + 1
+                }
+                (Some(_), _) => 2,
+                (None, _) => 1,
+            }
+        };
+        for (slot, k) in CYCLE_LENGTHS.iter().enumerate() {
+            let n = self.window.len();
+            self.cycle_match[slot] = if n >= *k && self.window[n - k].same_outcome(rec) {
+                self.cycle_match[slot] + 1
+            } else {
+                0
+            };
+        }
+    }
+
+    /// Polls: per-action trackers so that interleaved pollers are each followed. Returns
+    /// this poll action's unchanged results in a row.
+    fn observe_poll(&mut self, rec: &CallRecord, is_error: bool) -> u32 {
+        let found = self.polls.iter().position(|p| p.action == rec.action);
+        match found {
+            Some(i) => {
+                let mut t = self.polls.remove(i);
+                if t.result != rec.result && !is_error {
+                    // A changed poll is progress for every detector: the job it
+                    // waits on is moving. A failing poll's change is not (an error's
+                    // numbers are counters: "not running (attempt 7)").
+                    self.error_repeat_streak = 0;
+                    self.same_error_streak = 0;
+                    self.error_streak = 0;
+                    self.since_poll_moved = Some(0);
+                }
+                t.unchanged = if t.result == rec.result {
+                    t.unchanged + 1
+                } else {
+                    0
+                };
+                t.result = rec.result;
+                let u = t.unchanged;
+                self.polls.push(t);
+                u
+            }
+            None => {
+                if self.polls.len() == POLL_TRACKERS {
+                    self.polls.remove(0);
+                }
+                self.polls.push(PollTracker {
+                    action: rec.action,
+                    result: rec.result,
+                    unchanged: 0,
+                });
+                0
+            }
+        }
+    }
+
+    /// What the result showed, against the lines the run has seen: whether it was all
+    /// known content, and the turn's flags for it (`action_count`: this action's calls in
+    /// the window; `outcome_seen`: this outcome was in the window already).
+    fn note_content(
+        &mut self,
+        obs: &ToolObservation,
+        action_count: u32,
+        outcome_seen: bool,
+    ) -> bool {
+        // A read whose lines the run had nearly all seen (a rephrased search finding the
+        // code it found before, a file viewed again through another tool or range) is
+        // no news, whatever its arguments. Every result's lines count as seen from then
+        // on (an edit shows the agent its new code too).
+        let known_content = !obs.is_error
+            && !obs.poll
+            && !obs.write
+            && obs.content.all_seen_in(&self.seen_lines) == Some(true);
+        obs.content.remember_in(&mut self.seen_lines);
+        // The same call answering differently stays progress (digits count: a test run
+        // whose failures go down), however alike its lines: only a call new to the
+        // window (a rephrased search) is judged by what it showed.
+        let stale_read = known_content && action_count == 1;
+        self.since_text |= if obs.poll || !(outcome_seen || stale_read) {
+            RunState::PROGRESSED
+        } else {
+            0
+        } | if obs.is_error {
+            RunState::FAILED
+        } else if known_content {
+            RunState::REREAD
+        } else {
+            RunState::SUCCEEDED
+        } | if obs.poll { RunState::POLLED } else { 0 };
+        known_content
+    }
+
+    /// Information gain: whether this (action, result) is new to the run.
+    fn note_news(&mut self, rec: &CallRecord, obs: &ToolObservation, known_content: bool) {
+        // Information gain: a call is news when this action has not returned this result
+        // (up to digits) before in the run (a new file written says "File updated" too).
+        // Polls count neither as news nor as old news. Nor does a call repeated with an
+        // answer without words (an empty output, an exit code): its answer tells nothing,
+        // and re-applying a silent write (undo a fix to check the test fails, redo it) is
+        // what it did; a new call is news whatever it answers.
+        if !obs.poll {
+            let pair = rec.news_key();
+            let seen = self.seen_pairs.contains(&pair);
+            if !(seen && obs.wordless) {
+                self.turn_had_results = true;
+                self.turn_all_seen &= seen;
+            }
+            if !seen {
+                push_bounded(&mut self.seen_pairs, pair, SEEN_PAIRS);
+                // Learned, for `similar_turns`, unless what it showed was all seen
+                // before. (`no_new_information` judges answers as a whole: re-reading
+                // part of a file read before, to work on it, is how work looks.)
+                if !known_content {
+                    self.since_text |= RunState::LEARNED;
+                }
+            }
+        }
+    }
+
+    /// The call joins the window: nothing stalls, and the poll clock moves on.
+    fn push_call(&mut self, rec: CallRecord) {
+        self.stall = 0;
+        self.compaction_streak = 0;
+        push_bounded(&mut self.window, rec, WINDOW_CALLS);
+        self.since_poll_moved = self
+            .since_poll_moved
+            .map(|n| n.saturating_add(1).min(WINDOW_CALLS as u8));
+    }
 }
