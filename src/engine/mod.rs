@@ -407,13 +407,6 @@ pub(crate) fn event_time(
 /// Applies an event to its (live) session: identity, then the observation its kind
 /// makes, then every detector. The straight path of the engine: nothing here looks the
 /// session up again or goes back to the configuration but through `work`'s caches.
-#[cfg_attr(
-    not(test),
-    expect(
-        clippy::too_many_lines,
-        reason = "the observation of an LLM call moves into the detectors that read it (issue 30, item 2)"
-    )
-)]
 fn apply(
     work: &mut Work,
     slot: &mut Slot,
@@ -422,72 +415,11 @@ fn apply(
     event_ms: i64,
     out: &mut Vec<Output>,
 ) {
-    let st = &mut slot.state;
-    let relabelled = st.note_labels(event.agent_id.as_deref(), event.tenant.as_deref());
-    st.note_run(event.run_id.as_deref());
-    if let Some(d) = event.depth {
-        st.stats.max_depth = Some(st.stats.max_depth.map_or(d, |m| m.max(d)));
-    }
-    // The policy follows the labels as stored (capped): resolved again only when they
-    // changed (a session's first labelled event, or a relabelling).
-    if relabelled {
-        let key = policy_key(st.tenant.as_deref(), st.agent_id.as_deref());
-        if key != slot.policy_key {
-            slot.policy = work.policy(key, st.tenant.as_deref(), st.agent_id.as_deref());
-            slot.policy_key = key;
-        }
-    }
+    note_identity(work, slot, event);
     // The event's context for the detectors, and the tool override's policy if any.
     let (ctx, tool_policy) = match &event.body {
-        EventBody::LlmCall(call) => {
-            let is_turn = call.call_kind == CallKind::Turn;
-            let is_compaction = call.call_kind == CallKind::Compaction;
-            let policy = &slot.policy;
-            let (sketch, opening, chant, has_text) = work.text_features(call, is_turn, policy);
-            slot.state.observe_llm(
-                is_turn,
-                is_compaction,
-                call.input_tokens,
-                call.output_tokens,
-                call.cache_read_tokens,
-                call.cache_write_tokens,
-                call.cost_usd,
-                call.tool_calls,
-                call.progress,
-                sketch.as_ref(),
-                opening,
-                policy.detectors.similar_turns.min_similarity.get(),
-            );
-            let ctx = Context::Llm(LlmContext {
-                is_turn,
-                is_compaction,
-                has_progress: call.progress.is_some(),
-                has_tool_calls: call.tool_calls.is_some(),
-                has_text,
-                chant,
-            });
-            (ctx, None)
-        }
-        EventBody::ToolCall(call) => {
-            let (obs, has_action) = work.tool_observation(call, &event.event_id);
-            let tool_policy = if work.config.has_tool_overrides() {
-                let name = std::mem::take(&mut work.action_name);
-                let p = work.tool_policy(slot, &call.tool, has_action.then_some(name.as_str()));
-                work.action_name = name;
-                p
-            } else {
-                None
-            };
-            let policy: &Policy = tool_policy.as_deref().unwrap_or(&slot.policy);
-            let last_calls = policy.detectors.low_novelty.last_calls.get();
-            let facts = slot.state.observe_tool(&call.tool, obs, last_calls);
-            let ctx = Context::Tool(ToolContext {
-                tool: &call.tool,
-                obs,
-                facts,
-            });
-            (ctx, tool_policy)
-        }
+        EventBody::LlmCall(call) => (observe_llm_call(work, slot, call), None),
+        EventBody::ToolCall(call) => observe_tool_call(work, slot, call, &event.event_id),
         EventBody::SessionStarted => (Context::Other, None),
         EventBody::SessionCompleted(_) => return,
     };
@@ -507,6 +439,84 @@ fn apply(
         &ctx,
         out,
     );
+}
+
+/// The session's labels, run and depth as the event gives them; the policy follows the
+/// labels as stored (capped), resolved again only when they changed (a session's first
+/// labelled event, or a relabelling).
+fn note_identity(work: &mut Work, slot: &mut Slot, event: &Event<'_>) {
+    let st = &mut slot.state;
+    let relabelled = st.note_labels(event.agent_id.as_deref(), event.tenant.as_deref());
+    st.note_run(event.run_id.as_deref());
+    if let Some(d) = event.depth {
+        st.stats.max_depth = Some(st.stats.max_depth.map_or(d, |m| m.max(d)));
+    }
+    if relabelled {
+        let key = policy_key(st.tenant.as_deref(), st.agent_id.as_deref());
+        if key != slot.policy_key {
+            slot.policy = work.policy(key, st.tenant.as_deref(), st.agent_id.as_deref());
+            slot.policy_key = key;
+        }
+    }
+}
+
+/// An LLM call observed: its text's features, its tokens and cost, and the detectors'
+/// context for it.
+fn observe_llm_call<'e>(work: &mut Work, slot: &mut Slot, call: &LlmCall<'_>) -> Context<'e> {
+    let is_turn = call.call_kind == CallKind::Turn;
+    let is_compaction = call.call_kind == CallKind::Compaction;
+    let policy = &slot.policy;
+    let (sketch, opening, chant, has_text) = work.text_features(call, is_turn, policy);
+    slot.state.observe_llm(
+        is_turn,
+        is_compaction,
+        call.input_tokens,
+        call.output_tokens,
+        call.cache_read_tokens,
+        call.cache_write_tokens,
+        call.cost_usd,
+        call.tool_calls,
+        call.progress,
+        sketch.as_ref(),
+        opening,
+        policy.detectors.similar_turns.min_similarity.get(),
+    );
+    Context::Llm(LlmContext {
+        is_turn,
+        is_compaction,
+        has_progress: call.progress.is_some(),
+        has_tool_calls: call.tool_calls.is_some(),
+        has_text,
+        chant,
+    })
+}
+
+/// A tool call observed under its policy (a tool override's, if one applies, which is
+/// returned with the detectors' context for it).
+fn observe_tool_call<'e>(
+    work: &mut Work,
+    slot: &mut Slot,
+    call: &'e ToolCall<'_>,
+    event_id: &str,
+) -> (Context<'e>, Option<Arc<Policy>>) {
+    let (obs, has_action) = work.tool_observation(call, event_id);
+    let tool_policy = if work.config.has_tool_overrides() {
+        let name = std::mem::take(&mut work.action_name);
+        let p = work.tool_policy(slot, &call.tool, has_action.then_some(name.as_str()));
+        work.action_name = name;
+        p
+    } else {
+        None
+    };
+    let policy: &Policy = tool_policy.as_deref().unwrap_or(&slot.policy);
+    let last_calls = policy.detectors.low_novelty.last_calls.get();
+    let facts = slot.state.observe_tool(&call.tool, obs, last_calls);
+    let ctx = Context::Tool(ToolContext {
+        tool: &call.tool,
+        obs,
+        facts,
+    });
+    (ctx, tool_policy)
 }
 
 impl Engine {
