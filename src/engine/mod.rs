@@ -50,7 +50,7 @@ use crate::contract::output::{
 use crate::engine::content::ContentSample;
 use crate::engine::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
 use crate::engine::policy::{Level, Mode, Policy};
-use crate::engine::state::{SessionState, ToolObservation};
+use crate::engine::state::{LlmObservation, SessionState, ToolObservation};
 use crate::engine::store::{StateStore, StoreBatch, StoreError};
 use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
 use fingerprint::Fingerprinter;
@@ -467,20 +467,20 @@ fn observe_llm_call<'e>(work: &mut Work, slot: &mut Slot, call: &LlmCall<'_>) ->
     let is_compaction = call.call_kind == CallKind::Compaction;
     let policy = &slot.policy;
     let (sketch, opening, chant, has_text) = work.text_features(call, is_turn, policy);
-    slot.state.observe_llm(
+    slot.state.observe_llm(LlmObservation {
         is_turn,
         is_compaction,
-        call.input_tokens,
-        call.output_tokens,
-        call.cache_read_tokens,
-        call.cache_write_tokens,
-        call.cost_usd,
-        call.tool_calls,
-        call.progress,
-        sketch.as_ref(),
+        input_tokens: call.input_tokens,
+        output_tokens: call.output_tokens,
+        cache_read_tokens: call.cache_read_tokens,
+        cache_write_tokens: call.cache_write_tokens,
+        cost_usd: call.cost_usd,
+        tool_calls: call.tool_calls,
+        progress: call.progress,
+        sketch: sketch.as_ref(),
         opening,
-        policy.detectors.similar_turns.min_similarity.get(),
-    );
+        min_similarity: policy.detectors.similar_turns.min_similarity.get(),
+    });
     Context::Llm(LlmContext {
         is_turn,
         is_compaction,

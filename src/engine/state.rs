@@ -432,6 +432,26 @@ pub struct ToolFacts {
     pub cycle: Option<(usize, u32)>,
 }
 
+/// An LLM call as the state sees it: its kind, tokens and cost, the calls it asks for,
+/// and its text's features.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LlmObservation<'a> {
+    pub is_turn: bool,
+    pub is_compaction: bool,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: Option<u64>,
+    pub cache_write_tokens: Option<u64>,
+    pub cost_usd: Option<f64>,
+    /// The tool calls it asks for, when it says.
+    pub tool_calls: Option<u32>,
+    pub progress: Option<f64>,
+    pub sketch: Option<&'a TextSketch>,
+    pub opening: Option<u64>,
+    /// `similar_turns`' threshold: how alike two turns' sketches must be to count.
+    pub min_similarity: f64,
+}
+
 /// A tool call as the state sees it: fingerprints and classes, nothing else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ToolObservation {

@@ -5,48 +5,21 @@
 use super::*;
 
 impl SessionState {
-    /// Applies an LLM call. Returns whether the previous turn's results were all old news
-    /// (`Some(streak)`) when this call opens a new turn.
-    #[allow(clippy::too_many_arguments)]
-    pub fn observe_llm(
-        &mut self,
-        is_turn: bool,
-        is_compaction: bool,
-        input: u64,
-        output: u64,
-        cache_read: Option<u64>,
-        cache_write: Option<u64>,
-        cost: Option<f64>,
-        tool_calls: Option<u32>,
-        progress: Option<f64>,
-        sketch: Option<&TextSketch>,
-        opening: Option<u64>,
-        min_similarity: f64,
-    ) {
+    /// Applies an LLM call: its tokens and cost, the step it is, and (a turn) what its
+    /// text says against the turns before.
+    pub fn observe_llm(&mut self, call: LlmObservation<'_>) {
+        self.count_llm_call(&call);
+        let LlmObservation {
+            is_turn,
+            is_compaction,
+            tool_calls,
+            progress,
+            sketch,
+            opening,
+            min_similarity,
+            ..
+        } = call;
         let s = &mut self.stats;
-        s.llm_calls += 1;
-        s.steps += 1;
-        if is_turn {
-            // The calls a turn asks for are part of its step; one that does not say asks
-            // for as many as this agent's turns have.
-            s.most_calls_per_turn = s.most_calls_per_turn.max(s.calls_since_turn);
-            s.calls_since_turn = 0;
-            s.tool_calls_asked = tool_calls.unwrap_or(s.most_calls_per_turn.max(1));
-        } else {
-            // A sub-agent's or a compaction's call covers the calls it says it asks for,
-            // on top of the turn's (it was a step itself), and none when it does not say.
-            s.tool_calls_asked = s.tool_calls_asked.saturating_add(tool_calls.unwrap_or(0));
-        }
-        s.input_tokens = s.input_tokens.saturating_add(input);
-        s.output_tokens = s.output_tokens.saturating_add(output);
-        s.cache_read_tokens = s.cache_read_tokens.saturating_add(cache_read.unwrap_or(0));
-        s.cache_write_tokens = s
-            .cache_write_tokens
-            .saturating_add(cache_write.unwrap_or(0));
-        if let Some(c) = cost {
-            s.cost_usd += c;
-            s.has_cost = true;
-        }
         let r = &mut self.run;
         if is_compaction {
             r.compaction_streak += 1;
@@ -110,6 +83,38 @@ impl SessionState {
             };
             push_bounded(&mut r.sketches, sk.clone(), TURN_SKETCHES);
             push_bounded(&mut r.openings, opening.unwrap_or(0), TURN_SKETCHES);
+        }
+    }
+
+    /// An LLM call's step, the tool calls it asks for, its tokens and its cost.
+    fn count_llm_call(&mut self, call: &LlmObservation<'_>) {
+        let s = &mut self.stats;
+        s.llm_calls += 1;
+        s.steps += 1;
+        if call.is_turn {
+            // The calls a turn asks for are part of its step; one that does not say asks
+            // for as many as this agent's turns have.
+            s.most_calls_per_turn = s.most_calls_per_turn.max(s.calls_since_turn);
+            s.calls_since_turn = 0;
+            s.tool_calls_asked = call.tool_calls.unwrap_or(s.most_calls_per_turn.max(1));
+        } else {
+            // A sub-agent's or a compaction's call covers the calls it says it asks for,
+            // on top of the turn's (it was a step itself), and none when it does not say.
+            s.tool_calls_asked = s
+                .tool_calls_asked
+                .saturating_add(call.tool_calls.unwrap_or(0));
+        }
+        s.input_tokens = s.input_tokens.saturating_add(call.input_tokens);
+        s.output_tokens = s.output_tokens.saturating_add(call.output_tokens);
+        s.cache_read_tokens = s
+            .cache_read_tokens
+            .saturating_add(call.cache_read_tokens.unwrap_or(0));
+        s.cache_write_tokens = s
+            .cache_write_tokens
+            .saturating_add(call.cache_write_tokens.unwrap_or(0));
+        if let Some(c) = call.cost_usd {
+            s.cost_usd += c;
+            s.has_cost = true;
         }
     }
 

@@ -53,20 +53,20 @@ fn stored_state() -> SessionState {
     for t in 0..8 {
         let text = format!("turn {t}: reading the file again, then the tests {}", t % 3);
         let sketch = crate::engine::text::TextSketch::of(&text);
-        s.observe_llm(
-            true,
-            false,
-            1_000 + t,
-            200,
-            Some(50),
-            None,
-            Some(0.01),
-            Some(1),
-            None,
-            Some(&sketch),
-            crate::engine::text::opening(&text, 8),
-            0.85,
-        );
+        s.observe_llm(LlmObservation {
+            is_turn: true,
+            is_compaction: false,
+            input_tokens: 1_000 + t,
+            output_tokens: 200,
+            cache_read_tokens: Some(50),
+            cache_write_tokens: None,
+            cost_usd: Some(0.01),
+            tool_calls: Some(1),
+            progress: None,
+            sketch: Some(&sketch),
+            opening: crate::engine::text::opening(&text, 8),
+            min_similarity: 0.85,
+        });
     }
     s.count_finding(DetectorKind::Repeat, Level::Warning);
     s.count_finding(DetectorKind::Repeat, Level::Terminate);
@@ -111,20 +111,20 @@ fn the_largest_state_stays_within_the_bound() {
     for t in 0..20u64 {
         let text: String = (0..100).map(|w| format!("word{} ", w * 7 + t)).collect();
         let sketch = crate::engine::text::TextSketch::of(&text);
-        s.observe_llm(
-            true,
-            false,
-            u64::MAX / 4,
-            u64::MAX / 4,
-            Some(u64::MAX / 4),
-            Some(u64::MAX / 4),
-            Some(1e9),
-            Some(u32::MAX),
-            Some(0.5 + t as f64),
-            Some(&sketch),
-            crate::engine::text::opening(&text, 8),
-            0.85,
-        );
+        s.observe_llm(LlmObservation {
+            is_turn: true,
+            is_compaction: false,
+            input_tokens: u64::MAX / 4,
+            output_tokens: u64::MAX / 4,
+            cache_read_tokens: Some(u64::MAX / 4),
+            cache_write_tokens: Some(u64::MAX / 4),
+            cost_usd: Some(1e9),
+            tool_calls: Some(u32::MAX),
+            progress: Some(0.5 + t as f64),
+            sketch: Some(&sketch),
+            opening: crate::engine::text::opening(&text, 8),
+            min_similarity: 0.85,
+        });
     }
     for d in DetectorKind::ALL {
         s.count_finding(*d, Level::Warning);
@@ -186,9 +186,20 @@ fn stored_states_read_back_byte_for_byte() {
 /// An LLM call (a turn, or a sub-agent's call when `turn` is false) asking for
 /// `asks` calls.
 fn llm_call(s: &mut SessionState, turn: bool, asks: Option<u32>) {
-    s.observe_llm(
-        turn, false, 100, 10, None, None, None, asks, None, None, None, 0.85,
-    );
+    s.observe_llm(LlmObservation {
+        is_turn: turn,
+        is_compaction: false,
+        input_tokens: 100,
+        output_tokens: 10,
+        cache_read_tokens: None,
+        cache_write_tokens: None,
+        cost_usd: None,
+        tool_calls: asks,
+        progress: None,
+        sketch: None,
+        opening: None,
+        min_similarity: 0.85,
+    });
 }
 
 #[test]
@@ -306,20 +317,20 @@ fn run_change_resets_loop_state_but_not_counters() {
 fn round_trips_through_bytes() {
     let mut s = SessionState::new(5, 5);
     s.observe_tool("read", tool(1, 2), 8);
-    s.observe_llm(
-        true,
-        false,
-        10,
-        5,
-        None,
-        None,
-        Some(0.5),
-        Some(0),
-        None,
-        Some(&TextSketch::of("hello there")),
-        None,
-        0.85,
-    );
+    s.observe_llm(LlmObservation {
+        is_turn: true,
+        is_compaction: false,
+        input_tokens: 10,
+        output_tokens: 5,
+        cache_read_tokens: None,
+        cache_write_tokens: None,
+        cost_usd: Some(0.5),
+        tool_calls: Some(0),
+        progress: None,
+        sketch: Some(&TextSketch::of("hello there")),
+        opening: None,
+        min_similarity: 0.85,
+    });
     let back = SessionState::from_bytes(&s.to_bytes()).unwrap();
     assert_eq!(back, s);
 }
