@@ -176,8 +176,6 @@ fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_st
         let msg = m.input.poll().unwrap();
         m.worker.handle(&msg).unwrap();
     }
-    let findings_so_far = bus.records(&config.kafka.summary_topic).len()
-        + bus.records(&config.kafka.warning_topic).len();
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     assert!(
         PARTITIONS
@@ -197,11 +195,6 @@ fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_st
     assert_eq!(
         first_batch, 10,
         "the first batch's 10 events are committed at the second batch's end"
-    );
-    assert!(
-        bus.records(&config.kafka.summary_topic).len()
-            + bus.records(&config.kafka.warning_topic).len()
-            >= findings_so_far
     );
     m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
     let settled: i64 = PARTITIONS
