@@ -12,16 +12,17 @@ pub(super) fn judge(
     event: &Event<'_>,
     meta: &EventMeta,
     event_ms: i64,
-    ctx: &Context<'_>,
+    input: &Input<'_>,
     out: &mut Vec<Output>,
 ) {
-    let input = Input {
-        context: ctx,
-        depth: event.depth,
-    };
     for &kind in order {
         let levels = policy.levels(kind);
-        let Some(sig) = policy.detectors.evaluate(kind, levels, st, &input) else {
+        let subject = st.episodes[kind.index()].subject;
+        let Some(sig) =
+            policy
+                .detectors
+                .evaluate(kind, levels, st.view(), &st.counters, subject, input)
+        else {
             continue;
         };
         if sig.reset {
@@ -94,7 +95,7 @@ pub(super) fn judge(
             held_for_steps: (level != reached).then_some(grace_left),
         };
         out.push(Output::Finding(Box::new(build_finding(
-            event, meta, event_ms, st, policy, &input, &finding,
+            event, meta, event_ms, st, policy, input, &finding,
         ))));
         if terminated && mode != Mode::Shadow {
             st.shrink_to_tombstone();
@@ -135,9 +136,16 @@ fn build_finding(
         mode,
         held_for_steps,
     } = *finding;
-    let mut d = policy
-        .detectors
-        .describe(kind, st, input, &signal, threshold);
+    let subject = st.episodes[kind.index()].subject;
+    let mut d = policy.detectors.describe(
+        kind,
+        st.view(),
+        &st.counters,
+        subject,
+        input,
+        &signal,
+        threshold,
+    );
     if let Some(steps) = held_for_steps {
         d.evidence
             .insert("terminates_in_steps".into(), serde_json::json!(steps));

@@ -19,10 +19,12 @@ pub mod content;
 pub mod detectors;
 pub mod fingerprint;
 pub mod hash;
+pub mod levels;
 pub mod policy;
 pub mod state;
 pub mod store;
 pub mod text;
+pub mod trajectory;
 
 mod judge;
 mod work;
@@ -50,9 +52,10 @@ use crate::contract::output::{
 use crate::engine::content::ContentSample;
 use crate::engine::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
 use crate::engine::policy::{Level, Mode, Policy};
-use crate::engine::state::{LlmObservation, SessionState, ToolObservation};
+use crate::engine::state::{LlmObservation, SessionState};
 use crate::engine::store::{StateStore, StoreBatch, StoreError};
 use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
+use crate::engine::trajectory::ToolObservation;
 use fingerprint::Fingerprinter;
 
 /// Where an event came from, for `trigger` and for the event-time fallback.
@@ -417,28 +420,27 @@ fn apply(
 ) {
     note_identity(work, slot, event);
     // The event's context for the detectors, and the tool override's policy if any.
+    let mut sketch = None;
     let (ctx, tool_policy) = match &event.body {
-        EventBody::LlmCall(call) => (observe_llm_call(work, slot, call), None),
+        EventBody::LlmCall(call) => (observe_llm_call(work, slot, call, &mut sketch), None),
         EventBody::ToolCall(call) => observe_tool_call(work, slot, call, &event.event_id),
         EventBody::SessionStarted => (Context::Other, None),
         EventBody::SessionCompleted(_) => return,
     };
     let policy: &Policy = tool_policy.as_deref().unwrap_or(&slot.policy);
+    let input = Input {
+        context: &ctx,
+        depth: event.depth,
+    };
+    // Every detector's own counters take the event in before any is judged on it.
+    let st = &mut slot.state;
+    policy.detectors.observe(&mut st.counters, &st.run, &input);
     let order = match ctx {
         Context::Llm(_) => &work.order_llm,
         Context::Tool(_) => &work.order_tool,
         Context::Other => &work.order_other,
     };
-    judge(
-        order,
-        &mut slot.state,
-        policy,
-        event,
-        meta,
-        event_ms,
-        &ctx,
-        out,
-    );
+    judge(order, st, policy, event, meta, event_ms, &input, out);
 }
 
 /// The session's labels, run and depth as the event gives them; the policy follows the
@@ -460,34 +462,35 @@ fn note_identity(work: &mut Work, slot: &mut Slot, event: &Event<'_>) {
     }
 }
 
-/// An LLM call observed: its text's features, its tokens and cost, and the detectors'
-/// context for it.
-fn observe_llm_call<'e>(work: &mut Work, slot: &mut Slot, call: &LlmCall<'_>) -> Context<'e> {
+/// An LLM call observed: its tokens and cost counted, and the detectors' context for
+/// it with its text's features (the turn's sketch kept in `sketch`).
+fn observe_llm_call<'e>(
+    work: &mut Work,
+    slot: &mut Slot,
+    call: &LlmCall<'_>,
+    sketch: &'e mut Option<TextSketch>,
+) -> Context<'e> {
     let is_turn = call.call_kind == CallKind::Turn;
-    let is_compaction = call.call_kind == CallKind::Compaction;
-    let policy = &slot.policy;
-    let (sketch, opening, chant, has_text) = work.text_features(call, is_turn, policy);
+    let (features, opening, chant, has_text) = work.text_features(call, is_turn, &slot.policy);
     slot.state.observe_llm(LlmObservation {
         is_turn,
-        is_compaction,
         input_tokens: call.input_tokens,
         output_tokens: call.output_tokens,
         cache_read_tokens: call.cache_read_tokens,
         cache_write_tokens: call.cache_write_tokens,
         cost_usd: call.cost_usd,
         tool_calls: call.tool_calls,
-        progress: call.progress,
-        sketch: sketch.as_ref(),
-        opening,
-        min_similarity: policy.detectors.similar_turns.min_similarity.get(),
     });
+    *sketch = features;
     Context::Llm(LlmContext {
         is_turn,
-        is_compaction,
-        has_progress: call.progress.is_some(),
-        has_tool_calls: call.tool_calls.is_some(),
+        is_compaction: call.call_kind == CallKind::Compaction,
+        progress: call.progress,
+        tool_calls: call.tool_calls,
         has_text,
         chant,
+        sketch: sketch.as_ref(),
+        opening,
     })
 }
 
@@ -508,9 +511,7 @@ fn observe_tool_call<'e>(
     } else {
         None
     };
-    let policy: &Policy = tool_policy.as_deref().unwrap_or(&slot.policy);
-    let last_calls = policy.detectors.low_novelty.last_calls.get();
-    let facts = slot.state.observe_tool(&call.tool, obs, last_calls);
+    let facts = slot.state.observe_tool(&call.tool, obs);
     let ctx = Context::Tool(ToolContext {
         tool: &call.tool,
         obs,

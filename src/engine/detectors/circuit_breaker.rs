@@ -9,9 +9,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::settings::Bounded;
-use super::{Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{fixed, RunState};
 
 /// The most calls the breaker can look back over (one bit per call in state).
 pub const MAX_WINDOW: u64 = 64;
@@ -31,22 +31,37 @@ impl Default for CircuitBreaker {
     }
 }
 
+/// The recent calls, one bit each (newest = bit 0): the call repeated a pair seen in the
+/// window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wasted {
+    #[serde(with = "fixed::u64")]
+    pub bits: u64,
+}
+
 impl Detector for CircuitBreaker {
     const CLASS: Class = Class::Loop;
     type On<'a> = &'a ToolContext<'a>;
+    type State = Wasted;
+
+    fn observe(&self, own: &mut Wasted, _: &RunState, input: &Input<'_>) {
+        if let Some(t) = input.tool() {
+            own.bits = (own.bits << 1) | u64::from(t.facts.pair_count > 1);
+        }
+    }
 
     fn default_levels() -> Levels {
         Levels::new(None, None, Some(30.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, _: &ToolContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, _: &ToolContext) -> Option<Signal> {
         let w = self.window_calls.get();
         let mask = if w == 64 { u64::MAX } else { (1u64 << w) - 1 };
-        let wasted = (st.run.no_progress_bits & mask).count_ones();
+        let wasted = (st.own.bits & mask).count_ones();
         Some(Signal::of(wasted as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("{} of the recent tool calls repeated an earlier call and result", r.count()),
             "most of your recent tool calls repeated earlier ones without new results; stop and report what blocks you",
@@ -60,7 +75,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::CircuitBreaker;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn terminates_at_30_no_progress_calls_in_64() {

@@ -7,9 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, LlmContext, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, LlmContext, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{RunState};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,18 +17,28 @@ pub struct CompactionLoop {}
 
 impl Detector for CompactionLoop {
     const CLASS: Class = Class::Loop;
-    type On<'a> = &'a LlmContext;
+    type On<'a> = &'a LlmContext<'a>;
+    /// Compactions with no tool call since the first of them.
+    type State = u32;
+
+    fn observe(&self, streak: &mut u32, _: &RunState, input: &Input<'_>) {
+        if input.tool().is_some() {
+            *streak = 0;
+        } else if input.llm().is_some_and(|l| l.is_compaction) {
+            *streak += 1;
+        }
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(3.0), None, Some(10.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, l: &LlmContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, l: &LlmContext) -> Option<Signal> {
         l.is_compaction
-            .then(|| Signal::of(st.run.compaction_streak as f64, levels))
+            .then(|| Signal::of(*st.own as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("{} history compactions without any tool call in between", r.count()),
             "the conversation keeps being compacted without any work in between; do one concrete step now",
@@ -42,7 +52,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::CompactionLoop;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn warns_at_3_and_terminates_at_10_in_a_row() {

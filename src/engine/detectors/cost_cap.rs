@@ -6,9 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, Input, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,17 +16,18 @@ pub struct CostCap {}
 impl Detector for CostCap {
     const CLASS: Class = Class::Budget;
     type On<'a> = Input<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::budget(10.0)
     }
 
-    fn evaluate(&self, levels: &Levels, state: &SessionState, _: Input<'_>) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, state: &SessionView<'_, Self::State>, _: Input<'_>) -> Option<Signal> {
         let s = &state.stats;
         s.has_cost.then(|| Signal::of(s.cost_usd, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
         let (v, limit) = (r.value, r.threshold);
         Message::new(
             format!("cost {v:.2} USD in the session (limit {limit:.2})"),
@@ -42,7 +42,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::CostCap;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn warns_at_8_critical_at_9_terminates_at_10_usd() {

@@ -12,9 +12,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{recent_calls, Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, recent_calls};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{CallRecord, RunState};
+
+/// Cycle lengths `cycle` looks for (2 is `ping_pong`'s, 1 `repeat`'s).
+pub const CYCLE_LENGTHS: [usize; 10] = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,30 +26,70 @@ pub struct Cycle {}
 impl Detector for Cycle {
     const CLASS: Class = Class::Loop;
     type On<'a> = &'a ToolContext<'a>;
+    /// Per cycle length k: how many trailing calls equal the call k before them.
+    type State = [u32; CYCLE_LENGTHS.len()];
+
+    fn observe(&self, matched: &mut Self::State, run: &RunState, input: &Input<'_>) {
+        let Some(t) = input.tool() else { return };
+        let this = CallRecord::of(&t.obs);
+        for (m, k) in matched.iter_mut().zip(CYCLE_LENGTHS) {
+            *m = match run.before_latest(k) {
+                Some(prev) if prev.same_outcome(&this) => *m + 1,
+                _ => 0,
+            };
+        }
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(12.0), None, Some(18.0))
     }
 
-    fn evaluate(&self, levels: &Levels, _: &SessionState, t: &ToolContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, _: &ToolContext) -> Option<Signal> {
         Some(Signal::of(
-            t.facts.cycle.map_or(0, |(_, n)| n) as f64,
+            longest_cycle(st.run, st.own).map_or(0, |(_, n)| n) as f64,
             levels,
         ))
     }
 
-    fn describe(&self, st: &SessionState, t: &ToolContext, _: Reading, ev: &mut Evidence) -> Message {
-        let (k, covered) = t.facts.cycle.unwrap_or((0, 0));
+    fn describe(&self, st: &SessionView<'_, Self::State>, _: &ToolContext, _: Reading, ev: &mut Evidence) -> Message {
+        let (k, covered) = longest_cycle(st.run, st.own).unwrap_or((0, 0));
         let repeats = covered as usize / k.max(1);
         ev.insert("cycle_length".into(), k.into());
         ev.insert("calls_covered".into(), covered.into());
         ev.insert("repeats".into(), repeats.into());
-        ev.insert("recent".into(), recent_calls(st, k * 2));
+        ev.insert("recent".into(), recent_calls(st.run, k * 2));
         Message::new(
             format!("the same {k} calls repeat in a cycle ({covered} calls, {repeats} times) with unchanged results"),
             format!("you are repeating the same sequence of {k} calls and getting the same results; try something different"),
         )
     }
+}
+
+/// The cycle at the window's tail that covers the most calls, as (length k, calls
+/// covered), once its block came back whole at least once and if the block is not
+/// itself a shorter repetition (that is `repeat` or `ping_pong`'s business).
+fn longest_cycle(run: &RunState, matched: &[u32; CYCLE_LENGTHS.len()]) -> Option<(usize, u32)> {
+    let w = &run.window;
+    let mut best: Option<(usize, u32)> = None;
+    for (m, k) in matched.iter().zip(CYCLE_LENGTHS) {
+        let m = *m as usize;
+        if m < k {
+            continue;
+        }
+        // The block is w[n-k..]; it is reducible when it repeats with a period d | k.
+        let n = w.len();
+        let reducible = (1..k)
+            .filter(|d| k % d == 0)
+            .any(|d| (d..k).all(|i| w[n - k + i].same_outcome(&w[n - k + i - d])));
+        if reducible {
+            continue;
+        }
+        let covered = (m + k) as u32;
+        if best.is_none_or(|(_, c)| covered > c) {
+            best = Some((k, covered));
+        }
+    }
+    best
 }
 
 #[cfg(test)]
@@ -55,7 +98,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::Cycle;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn a_cycle_of_three_warns_at_12_calls_and_terminates_at_18() {
@@ -85,6 +128,17 @@ mod tests {
             assert!(of_alone(&first(&evs, warn), Cycle).is_empty(), "k = {k}");
             assert_eq!(of_alone(&evs, Cycle), expected, "k = {k}");
         }
+    }
+
+    #[test]
+    fn a_block_that_repeats_a_shorter_one_is_not_a_cycle() {
+        // The same call again and again is `repeat`'s; A,B,A,B… is `ping_pong`'s.
+        let same: Vec<Value> = (0..20).map(|_| call("t", json!(1), json!(1))).collect();
+        assert!(of_alone(&same, Cycle).is_empty());
+        let two: Vec<Value> = (0..20)
+            .map(|i| call("t", json!(i % 2), json!(i % 2)))
+            .collect();
+        assert!(of_alone(&two, Cycle).is_empty());
     }
 
     #[test]

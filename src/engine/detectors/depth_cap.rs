@@ -5,9 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, Input, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -16,16 +15,17 @@ pub struct DepthCap {}
 impl Detector for DepthCap {
     const CLASS: Class = Class::Ceiling;
     type On<'a> = Input<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::new(Some(4.0), None, Some(5.0))
     }
 
-    fn evaluate(&self, levels: &Levels, _: &SessionState, input: Input<'_>) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, _: &SessionView<'_, Self::State>, input: Input<'_>) -> Option<Signal> {
         input.depth.map(|d| Signal::of(d as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("sub-agent depth {} (limit {})", r.count(), r.limit()),
             "sub-agents are nested very deep; do the work here instead of delegating again",
@@ -39,7 +39,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::DepthCap;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn fires_at_the_depth() {

@@ -8,9 +8,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{CallRecord, RunState};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,16 +19,30 @@ pub struct ErrorRepeat {}
 impl Detector for ErrorRepeat {
     const CLASS: Class = Class::ToolLoop;
     type On<'a> = &'a ToolContext<'a>;
+    /// Failures in words in a row of the same action (a changed poll ends them).
+    type State = u32;
+
+    fn observe(&self, streak: &mut u32, run: &RunState, input: &Input<'_>) {
+        let Some(t) = input.tool() else { return };
+        // A failure that says nothing (an exit code, an empty output: `grep` finding
+        // nothing) is an answer, not an error to retry: `repeat` follows it.
+        let this = CallRecord::of(&t.obs);
+        *streak = match run.before_latest(1) {
+            _ if !t.obs.error_text || t.facts.poll_moved => 0,
+            Some(l) if l.has(CallRecord::ERROR_TEXT) && l.action == this.action => *streak + 1,
+            _ => 1,
+        };
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(2.0), None, Some(3.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, t: &ToolContext) -> Option<Signal> {
-        (!t.obs.retry_safe).then(|| Signal::of(st.run.error_repeat_streak as f64, levels))
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
+        (!t.obs.retry_safe).then(|| Signal::of(*st.own as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, t: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, t: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
         let tool = t.tool;
         Message::new(
             format!("`{tool}` failed {} times in a row with the same arguments", r.count()),
@@ -43,7 +57,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::ErrorRepeat;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn warns_at_2_and_terminates_at_3() {

@@ -9,9 +9,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{RunState};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -20,16 +20,27 @@ pub struct ErrorStreak {}
 impl Detector for ErrorStreak {
     const CLASS: Class = Class::Loop;
     type On<'a> = &'a ToolContext<'a>;
+    /// Failures in a row (a changed poll ends them).
+    type State = u32;
+
+    fn observe(&self, streak: &mut u32, _: &RunState, input: &Input<'_>) {
+        let Some(t) = input.tool() else { return };
+        *streak = if t.obs.is_error && !t.facts.poll_moved {
+            *streak + 1
+        } else {
+            0
+        };
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(5.0), Some(10.0), Some(12.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, _: &ToolContext) -> Option<Signal> {
-        Some(Signal::of(st.run.error_streak as f64, levels))
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, _: &ToolContext) -> Option<Signal> {
+        Some(Signal::of(*st.own as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("{} failing tool calls in a row", r.count()),
             "your last tool calls all failed; stop and rethink the approach before calling more tools",
@@ -43,7 +54,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::ErrorStreak;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     fn failures(n: usize, prefix: &str) -> Vec<Value> {
         (0..n)

@@ -8,9 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{recent_calls, Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Message, Reading, SessionView, Signal, ToolContext, recent_calls};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,16 +18,25 @@ pub struct GenericRepeat {}
 impl Detector for GenericRepeat {
     const CLASS: Class = Class::ToolLoop;
     type On<'a> = &'a ToolContext<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::new(Some(10.0), Some(20.0), None)
     }
 
-    fn evaluate(&self, levels: &Levels, _: &SessionState, t: &ToolContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
         if t.obs.poll {
             return None;
         }
-        let count = t.facts.action_count.max(t.facts.subject_count);
+        // The episode follows the action that is repeating: while it is open, its
+        // action's count in the window (the calls before this one and this one) holds it.
+        let subject_count = if st.subject == 0 {
+            0
+        } else {
+            let calls = st.run.window.iter().chain(t.facts.departed.iter());
+            calls.filter(|c| !c.is_poll() && c.action == st.subject).count() as u32
+        };
+        let count = t.facts.action_count.max(subject_count);
         Some(Signal {
             subject: Some(t.obs.action),
             ..Signal::of(count as f64, levels)
@@ -37,13 +45,13 @@ impl Detector for GenericRepeat {
 
     fn describe(
         &self,
-        st: &SessionState,
+        st: &SessionView<'_, Self::State>,
         t: &ToolContext,
         r: Reading,
         ev: &mut Evidence,
     ) -> Message {
         let (tool, n) = (t.tool, r.count());
-        ev.insert("recent".into(), recent_calls(st, 10));
+        ev.insert("recent".into(), recent_calls(st.run, 10));
         Message::new(
             format!("`{tool}` called with the same arguments {n} times in the last {} calls", st.run.window.len()),
             format!("you called `{tool}` with the same arguments {n} times recently; make sure each call moves the task forward"),
@@ -57,7 +65,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::GenericRepeat;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn warns_at_10_goes_critical_at_20_and_never_kills() {

@@ -1,37 +1,104 @@
-//! What a detector reads and what it returns: the event as the detectors see it
-//! ([`Context`], and the views a detector is judged on), its reading ([`Signal`]), and
-//! the words of a finding ([`Message`], evidence helpers).
+//! What a detector reads and what it returns: its session as it sees it
+//! ([`SessionView`]: the trajectory and its own counters), the event as the detectors
+//! see it ([`Context`], and the views a detector is judged on), its reading
+//! ([`Signal`]), and the words of a finding ([`Message`], evidence helpers).
 //!
 //! Guarantees: plain data, no I/O; a view exists only for the events it names, so a
 //! detector never sees an event it is not judged on.
 
 use serde_json::{json, Map, Value};
 
-use crate::engine::policy::{Level, Levels};
-use crate::engine::state::{SessionState, ToolFacts, ToolObservation};
-use crate::engine::text::Chant;
+use crate::engine::levels::{Level, Levels};
+use crate::engine::text::{Chant, TextSketch};
+use crate::engine::trajectory::{Counters, RunState, ToolFacts, ToolObservation};
+
+/// A detector's session: the trajectory every detector reads (counters, the run's
+/// window of calls, its clock) and the detector's own counters (`own`, of its
+/// [`super::Detector::State`]).
+#[derive(Debug)]
+pub struct SessionView<'a, S = ()> {
+    pub stats: &'a Counters,
+    pub run: &'a RunState,
+    pub first_event_ms: i64,
+    pub last_event_ms: i64,
+    /// What the detector's open episode is about (0: none, or none it follows).
+    pub subject: u64,
+    pub own: &'a S,
+}
+
+impl<S> Clone for SessionView<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for SessionView<'_, S> {}
+
+impl<'a> SessionView<'a> {
+    /// The trajectory, before it is given a detector's counters.
+    pub fn new(
+        stats: &'a Counters,
+        run: &'a RunState,
+        first_event_ms: i64,
+        last_event_ms: i64,
+    ) -> SessionView<'a> {
+        SessionView {
+            stats,
+            run,
+            first_event_ms,
+            last_event_ms,
+            subject: 0,
+            own: &(),
+        }
+    }
+
+    /// The view one detector is given: its counters and its episode's subject.
+    pub fn with<S>(self, own: &'a S, subject: u64) -> SessionView<'a, S> {
+        SessionView {
+            stats: self.stats,
+            run: self.run,
+            first_event_ms: self.first_event_ms,
+            last_event_ms: self.last_event_ms,
+            subject,
+            own,
+        }
+    }
+}
+
+impl<S> SessionView<'_, S> {
+    /// The session's own clock, from its first event to its latest, in seconds.
+    pub fn wall_seconds(&self) -> f64 {
+        (self.last_event_ms - self.first_event_ms).max(0) as f64 / 1000.0
+    }
+}
 
 /// What the event was, as far as the detectors care.
 #[derive(Debug, Clone, Copy)]
 pub enum Context<'a> {
-    Llm(LlmContext),
+    Llm(LlmContext<'a>),
     Tool(ToolContext<'a>),
     /// Lifecycle events and anything else: only ceilings are judged.
     Other,
 }
 
-/// An LLM call, after the state has taken it in.
+/// An LLM call, after the trajectory has taken it in.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct LlmContext {
+pub struct LlmContext<'a> {
     pub is_turn: bool,
     pub is_compaction: bool,
-    pub has_progress: bool,
-    pub has_tool_calls: bool,
+    /// The progress it reports, when it does.
+    pub progress: Option<f64>,
+    /// The tool calls it asks for, when it says.
+    pub tool_calls: Option<u32>,
     pub has_text: bool,
     pub chant: Option<Chant>,
+    /// A turn's text, as a sketch (see [`crate::engine::text::TextSketch`]), and how it
+    /// opens (see [`crate::engine::text::opening`]).
+    pub sketch: Option<&'a TextSketch>,
+    pub opening: Option<u64>,
 }
 
-/// A tool call, after the state has taken it in.
+/// A tool call, after the trajectory has taken it in.
 #[derive(Debug, Clone, Copy)]
 pub struct ToolContext<'a> {
     pub tool: &'a str,
@@ -45,6 +112,18 @@ pub struct Input<'a> {
     pub context: &'a Context<'a>,
     /// The event's sub-agent depth, when it says.
     pub depth: Option<u32>,
+}
+
+impl<'a> Input<'a> {
+    /// The tool call it is, if it is one (for a detector's `observe`).
+    pub fn tool(&self) -> Option<&'a ToolContext<'a>> {
+        <&ToolContext>::view(self)
+    }
+
+    /// The LLM call it is, if it is one.
+    pub fn llm(&self) -> Option<&'a LlmContext<'a>> {
+        <&LlmContext>::view(self)
+    }
 }
 
 /// The part of an event a detector is judged on; `None` when the event is not of that
@@ -79,7 +158,7 @@ impl<'a> View<'a> for Input<'a> {
 }
 
 /// LLM calls.
-impl<'a> View<'a> for &'a LlmContext {
+impl<'a> View<'a> for &'a LlmContext<'a> {
     const ON: On = On::LlmCalls;
     fn view(input: &Input<'a>) -> Option<Self> {
         match input.context {
@@ -212,8 +291,8 @@ pub fn fp_hex(v: u64) -> String {
 }
 
 /// The last `n` calls of the run's window, oldest first, as evidence.
-pub fn recent_calls(st: &SessionState, n: usize) -> Value {
-    let w = &st.run.window;
+pub fn recent_calls(run: &RunState, n: usize) -> Value {
+    let w = &run.window;
     let start = w.len().saturating_sub(n);
     Value::Array(
         w.range(start..)

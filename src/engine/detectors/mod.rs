@@ -3,11 +3,15 @@
 //! [`Detectors`] settings struct with one typed field per detector, and the dispatch,
 //! whose match arms only delegate to the detector's own [`Detector`] implementation.
 //!
-//! A detector is pure: (its settings, its levels, the session state after the event, the
-//! event's view) in, a [`Signal`] out; and, only when a finding is emitted, its reason,
-//! hint and evidence. No I/O, no clock, no randomness: the same inputs give the same
-//! signal. A detector that is not judged on an event (its view is `None`) leaves its
-//! episode alone. Levels, episodes, modes and the termination tombstone are the engine's.
+//! A detector is pure: (its settings, its levels, its session as it sees it after the
+//! event, the event's view) in, a [`Signal`] out; and, only when a finding is emitted,
+//! its reason, hint and evidence. It reads the trajectory every detector shares
+//! ([`crate::engine::trajectory`]) and keeps counters of its own ([`Detector::State`],
+//! updated by [`Detector::observe`] on every event): the session's stored layout is
+//! derived from those declarations. No I/O, no clock, no randomness: the same inputs
+//! give the same signal. A detector that is not judged on an event (its view is `None`)
+//! leaves its episode alone. Levels, episodes, modes and the termination tombstone are
+//! the engine's.
 //!
 //! Adding a detector: `docs/DEVELOPMENT.md`, "Adding a detector".
 
@@ -16,8 +20,8 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::RunState;
 
 mod judging;
 pub mod settings;
@@ -26,7 +30,7 @@ pub(crate) mod testing;
 
 pub use judging::{
     fp_hex, num, recent_calls, Context, Description, Evidence, Input, LlmContext, Message, On,
-    Reading, Signal, ToolContext, View,
+    Reading, SessionView, Signal, ToolContext, View,
 };
 
 /// How a detector counts: what resets it and where its settings can be set.
@@ -49,7 +53,7 @@ impl Class {
     /// stop at the limit.
     pub fn default_grace_steps(self) -> u32 {
         match self {
-            Class::Loop | Class::ToolLoop => crate::engine::policy::DEFAULT_GRACE_STEPS,
+            Class::Loop | Class::ToolLoop => crate::engine::levels::DEFAULT_GRACE_STEPS,
             Class::Budget | Class::Ceiling => 0,
         }
     }
@@ -66,16 +70,34 @@ pub trait Detector:
     /// The events it is judged on: [`Input`] (any), `&LlmContext` or `&ToolContext`.
     type On<'a>: View<'a>;
 
+    /// The counters it keeps beside the shared trajectory (`()`: none). They are part of
+    /// the stored session state, in the order of the list below, so a change to them
+    /// is a change of the state format (`state::layout_tests` fails until it is one);
+    /// they reset with the run.
+    type State: Default + Clone + PartialEq + fmt::Debug + Serialize + DeserializeOwned;
+
     /// Its default `warn_at`, `critical_at` and `terminate_at`.
     fn default_levels() -> Levels;
 
+    /// Updates its counters from an event, once the trajectory (`run`) has taken it in
+    /// and before any detector is judged on it; every event, whatever the detector is
+    /// judged on. Pure like the rest.
+    fn observe(&self, own: &mut Self::State, run: &RunState, input: &Input<'_>) {
+        let _ = (own, run, input);
+    }
+
     /// Its reading of the session after the event.
-    fn evaluate(&self, levels: &Levels, state: &SessionState, on: Self::On<'_>) -> Option<Signal>;
+    fn evaluate(
+        &self,
+        levels: &Levels,
+        session: &SessionView<'_, Self::State>,
+        on: Self::On<'_>,
+    ) -> Option<Signal>;
 
     /// The reason, hint and extra evidence of a finding (cold path: only on emission).
     fn describe(
         &self,
-        state: &SessionState,
+        session: &SessionView<'_, Self::State>,
         on: Self::On<'_>,
         reading: Reading,
         evidence: &mut Evidence,
@@ -94,15 +116,15 @@ pub struct SettingError {
 fn evaluate_one<'a, D: Detector>(
     detector: &D,
     levels: &Levels,
-    state: &SessionState,
+    session: &SessionView<'_, D::State>,
     input: &Input<'a>,
 ) -> Option<Signal> {
-    detector.evaluate(levels, state, <D::On<'a> as View<'a>>::view(input)?)
+    detector.evaluate(levels, session, <D::On<'a> as View<'a>>::view(input)?)
 }
 
 fn describe_one<'a, D: Detector>(
     detector: &D,
-    state: &SessionState,
+    session: &SessionView<'_, D::State>,
     input: &Input<'a>,
     signal: &Signal,
     threshold: f64,
@@ -116,7 +138,7 @@ fn describe_one<'a, D: Detector>(
         value: signal.value,
         threshold,
     };
-    let message = detector.describe(state, on, reading, &mut evidence);
+    let message = detector.describe(session, on, reading, &mut evidence);
     Description {
         reason: message.reason,
         hint: message.hint,
@@ -210,33 +232,49 @@ macro_rules! detectors {
             }
         }
 
+        /// Every detector's own counters ([`Detector::State`]), one field each, in the
+        /// list's order: part of the stored session state.
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        pub struct DetectorStates { $(pub $module: <$detector as Detector>::State),+ }
+
         /// Every detector's own settings, one typed field each.
         #[derive(Debug, Clone, PartialEq, Default)]
         pub struct Detectors { $(pub $module: $detector),+ }
 
         impl Detectors {
-            /// Judges one detector on one event.
+            /// Every detector's counters updated from one event.
+            #[inline]
+            pub fn observe(&self, states: &mut DetectorStates, run: &RunState, input: &Input<'_>) {
+                $(self.$module.observe(&mut states.$module, run, input);)+
+            }
+
+            /// Judges one detector on one event (`subject`: its open episode's).
             #[inline]
             pub fn evaluate(
                 &self,
                 kind: DetectorKind,
                 levels: &Levels,
-                state: &SessionState,
+                session: SessionView<'_>,
+                states: &DetectorStates,
+                subject: u64,
                 input: &Input<'_>,
             ) -> Option<Signal> {
-                match kind { $(DetectorKind::$detector => evaluate_one(&self.$module, levels, state, input)),+ }
+                match kind { $(DetectorKind::$detector => evaluate_one(&self.$module, levels, &session.with(&states.$module, subject), input)),+ }
             }
 
             /// Describes a finding of `kind` on the event it was found on.
+            #[allow(clippy::too_many_arguments)]
             pub fn describe(
                 &self,
                 kind: DetectorKind,
-                state: &SessionState,
+                session: SessionView<'_>,
+                states: &DetectorStates,
+                subject: u64,
                 input: &Input<'_>,
                 signal: &Signal,
                 threshold: f64,
             ) -> Description {
-                match kind { $(DetectorKind::$detector => describe_one(&self.$module, state, input, signal, threshold)),+ }
+                match kind { $(DetectorKind::$detector => describe_one(&self.$module, &session.with(&states.$module, subject), input, signal, threshold)),+ }
             }
 
             /// Reads a table of settings on top of the current ones.

@@ -12,28 +12,52 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, LlmContext, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, LlmContext, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{RunState};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NoNewInformation {}
 
+/// Turns in a row whose calls told nothing new, and what the current turn's calls told
+/// so far: any answer that counts, and all of them seen before.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answers {
+    pub streak: u32,
+    pub turn_had_results: bool,
+    pub turn_all_seen: bool,
+}
+
 impl Detector for NoNewInformation {
     const CLASS: Class = Class::Loop;
-    type On<'a> = &'a LlmContext;
+    type On<'a> = &'a LlmContext<'a>;
+    type State = Answers;
+
+    fn observe(&self, own: &mut Answers, _: &RunState, input: &Input<'_>) {
+        if let Some(seen) = input.tool().and_then(|t| t.facts.news) {
+            own.turn_had_results = true;
+            own.turn_all_seen &= seen;
+        } else if input.llm().is_some_and(|l| l.is_turn) {
+            // The turn that just ended: were all of its tool results seen before?
+            if own.turn_had_results {
+                own.streak = if own.turn_all_seen { own.streak + 1 } else { 0 };
+            }
+            own.turn_had_results = false;
+            own.turn_all_seen = true;
+        }
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(3.0), Some(5.0), None)
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, l: &LlmContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, l: &LlmContext) -> Option<Signal> {
         l.is_turn
-            .then(|| Signal::of(st.run.no_new_info_streak as f64, levels))
+            .then(|| Signal::of(st.own.streak as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("{} turns in a row whose calls returned nothing they had not returned before", r.count()),
             "your recent tool calls only returned things you had already seen; look somewhere new",
@@ -47,7 +71,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::NoNewInformation;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     /// A first turn reading A and B, then `n` turns each re-reading one of them.
     fn rereading(n: usize) -> Vec<serde_json::Value> {

@@ -7,29 +7,49 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{num, Class, Detector, Evidence, LlmContext, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, LlmContext, Message, Reading, SessionView, Signal, num};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{RunState};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NoProgress {}
 
+/// The best progress the run reported, and the reports since that did not pass it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub best: Option<f64>,
+    pub stale: u32,
+}
+
 impl Detector for NoProgress {
     const CLASS: Class = Class::Loop;
-    type On<'a> = &'a LlmContext;
+    type On<'a> = &'a LlmContext<'a>;
+    type State = Progress;
+
+    fn observe(&self, own: &mut Progress, _: &RunState, input: &Input<'_>) {
+        let Some(p) = input.llm().and_then(|l| l.progress) else { return };
+        match own.best {
+            Some(best) if p <= best => own.stale += 1,
+            _ => {
+                own.best = Some(p);
+                own.stale = 0;
+            }
+        }
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(3.0), None, Some(6.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, l: &LlmContext) -> Option<Signal> {
-        l.has_progress
-            .then(|| Signal::of(st.run.progress_stale as f64, levels))
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, l: &LlmContext) -> Option<Signal> {
+        l.progress
+            .is_some()
+            .then(|| Signal::of(st.own.stale as f64, levels))
     }
 
-    fn describe(&self, st: &SessionState, _: &LlmContext, r: Reading, ev: &mut Evidence) -> Message {
-        let best = st.run.best_progress.map(num).unwrap_or_default();
+    fn describe(&self, st: &SessionView<'_, Self::State>, _: &LlmContext, r: Reading, ev: &mut Evidence) -> Message {
+        let best = st.own.best.map(num).unwrap_or_default();
         ev.insert("best_progress".into(), best);
         Message::new(
             format!("progress has not improved for {} reports", r.count()),
@@ -44,7 +64,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::NoProgress;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     fn reports(values: &[f64]) -> Vec<Value> {
         values

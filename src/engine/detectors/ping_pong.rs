@@ -6,9 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{recent_calls, Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, recent_calls};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{CallRecord, RunState};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,18 +17,33 @@ pub struct PingPong {}
 impl Detector for PingPong {
     const CLASS: Class = Class::Loop;
     type On<'a> = &'a ToolContext<'a>;
+    /// Length of the strict A,B,A,B tail with stable results.
+    type State = u32;
+
+    fn observe(&self, alternation: &mut u32, run: &RunState, input: &Input<'_>) {
+        let Some(t) = input.tool() else { return };
+        let this = CallRecord::of(&t.obs);
+        *alternation = match (run.before_latest(1), run.before_latest(2)) {
+            (Some(p1), _) if p1.action == this.action => 1,
+            (Some(_), Some(p2)) if p2.same_outcome(&this) && *alternation >= 2 => {
+                *alternation + 1
+            }
+            (Some(_), _) => 2,
+            (None, _) => 1,
+        };
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(6.0), None, Some(10.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, _: &ToolContext) -> Option<Signal> {
-        Some(Signal::of(st.run.alternation as f64, levels))
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, _: &ToolContext) -> Option<Signal> {
+        Some(Signal::of(*st.own as f64, levels))
     }
 
-    fn describe(&self, st: &SessionState, _: &ToolContext, r: Reading, ev: &mut Evidence) -> Message {
-        ev.insert("alternation".into(), st.run.alternation.into());
-        ev.insert("recent".into(), recent_calls(st, 6));
+    fn describe(&self, st: &SessionView<'_, Self::State>, _: &ToolContext, r: Reading, ev: &mut Evidence) -> Message {
+        ev.insert("alternation".into(), (*st.own).into());
+        ev.insert("recent".into(), recent_calls(st.run, 6));
         Message::new(
             format!("two calls alternate with unchanged results for {} calls", r.count()),
             "you are alternating between the same two calls and getting the same results; step back and try a different approach",
@@ -42,7 +57,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::PingPong;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     fn alternate(n: usize, b_results: impl Fn(usize) -> Value) -> Vec<Value> {
         (0..n)

@@ -7,9 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{fp_hex, Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Message, Reading, SessionView, Signal, ToolContext, fp_hex};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -18,18 +17,19 @@ pub struct PollNoProgress {}
 impl Detector for PollNoProgress {
     const CLASS: Class = Class::ToolLoop;
     type On<'a> = &'a ToolContext<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::new(Some(10.0), None, Some(20.0))
     }
 
-    fn evaluate(&self, levels: &Levels, _: &SessionState, t: &ToolContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, _: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
         t.obs
             .poll
             .then(|| Signal::of(t.facts.poll_unchanged as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, t: &ToolContext, r: Reading, ev: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, t: &ToolContext, r: Reading, ev: &mut Evidence) -> Message {
         let (tool, n) = (t.tool, r.count());
         ev.insert("action".into(), fp_hex(t.obs.action).into());
         ev.insert("result".into(), fp_hex(t.obs.result).into());
@@ -46,7 +46,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::{PollNoProgress, Repeat};
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn polls_get_more_room_but_not_forever() {

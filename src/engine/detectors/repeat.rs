@@ -16,10 +16,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::settings::Threshold;
-use super::{fp_hex, recent_calls, Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use super::DetectorKind;
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, fp_hex, recent_calls};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{CallRecord, RunState};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,39 +38,51 @@ impl Default for Repeat {
 impl Detector for Repeat {
     const CLASS: Class = Class::ToolLoop;
     type On<'a> = &'a ToolContext<'a>;
+    /// Same outcome (or the same write) in a row, counting the latest call.
+    type State = u32;
+
+    fn observe(&self, streak: &mut u32, run: &RunState, input: &Input<'_>) {
+        let Some(t) = input.tool() else { return };
+        // A write re-applied in a row is a loop whatever it returns (the same insert grows
+        // the file with each copy).
+        let this = CallRecord::of(&t.obs);
+        *streak = match run.before_latest(1) {
+            Some(l) if l.action == this.action && (t.obs.write || l.same_outcome(&this)) => *streak + 1,
+            _ => 1,
+        };
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(3.0), None, Some(4.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, t: &ToolContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
         if t.obs.poll || t.obs.retry_safe {
             return None;
         }
-        let open = st.episodes[DetectorKind::Repeat.index()].subject;
-        let sig = Signal::of(st.run.repeat_streak as f64, levels).or_window(
+        let sig = Signal::of(*st.own as f64, levels).or_window(
             levels,
             t.facts.outcome_count,
             self.window_terminate_at.get(),
             t.obs.action,
-            open,
+            st.subject,
         );
         Some(sig)
     }
 
     fn describe(
         &self,
-        st: &SessionState,
+        st: &SessionView<'_, Self::State>,
         t: &ToolContext,
         _: Reading,
         ev: &mut Evidence,
     ) -> Message {
-        let (tool, in_a_row, in_window) = (t.tool, st.run.repeat_streak, t.facts.outcome_count);
+        let (tool, in_a_row, in_window) = (t.tool, *st.own, t.facts.outcome_count);
         ev.insert("in_a_row".into(), in_a_row.into());
         ev.insert("in_window".into(), in_window.into());
         ev.insert("action".into(), fp_hex(t.obs.action).into());
         ev.insert("result".into(), fp_hex(t.obs.result).into());
-        ev.insert("recent".into(), recent_calls(st, 8));
+        ev.insert("recent".into(), recent_calls(st.run, 8));
         let times = in_a_row.max(in_window);
         let calls = st.run.window.len();
         // Led by the larger count: in a row, or (between other calls) in the window.
@@ -104,7 +115,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::{self, Repeat};
-    use crate::engine::policy::{Level, Mode};
+    use crate::engine::levels::{Level, Mode};
 
     fn same(n: usize) -> Vec<Value> {
         (0..n)

@@ -10,9 +10,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::settings::Bounded;
-use super::{num, Class, Detector, Evidence, LlmContext, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, LlmContext, Message, Reading, SessionView, Signal, num};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,17 +36,18 @@ impl Default for RepetitiveText {
 
 impl Detector for RepetitiveText {
     const CLASS: Class = Class::Loop;
-    type On<'a> = &'a LlmContext;
+    type On<'a> = &'a LlmContext<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::new(Some(1.0), None, None)
     }
 
-    fn evaluate(&self, levels: &Levels, _: &SessionState, l: &LlmContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, _: &SessionView<'_, Self::State>, l: &LlmContext) -> Option<Signal> {
         l.has_text.then(|| Signal::flag(l.chant.is_some(), levels))
     }
 
-    fn describe(&self, _: &SessionState, l: &LlmContext, _: Reading, ev: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, l: &LlmContext, _: Reading, ev: &mut Evidence) -> Message {
         if let Some(c) = l.chant {
             ev.insert("repeats".into(), c.repeats.into());
             ev.insert("avg_spacing_chars".into(), num(c.avg_spacing));
@@ -64,7 +64,7 @@ impl Detector for RepetitiveText {
 mod tests {
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::RepetitiveText;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn fires_once_on_a_chanting_turn() {

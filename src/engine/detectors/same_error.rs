@@ -16,9 +16,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::settings::Threshold;
-use super::{fp_hex, Class, Detector, DetectorKind, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, fp_hex};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{CallRecord, RunState};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,29 +48,42 @@ fn error_subject(t: &ToolContext) -> u64 {
 impl Detector for SameError {
     const CLASS: Class = Class::Loop;
     type On<'a> = &'a ToolContext<'a>;
+    /// Failures in a row with the same error in words (up to digits), any action (a
+    /// changed poll ends them).
+    type State = u32;
+
+    fn observe(&self, streak: &mut u32, run: &RunState, input: &Input<'_>) {
+        let Some(t) = input.tool() else { return };
+        let this = CallRecord::of(&t.obs);
+        *streak = match run.before_latest(1) {
+            _ if t.facts.poll_moved => 0,
+            Some(l) if t.obs.error_text && l.is_error() && l.shape == this.shape => *streak + 1,
+            _ if t.obs.error_text => 1,
+            _ => 0,
+        };
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(3.0), None, Some(4.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, t: &ToolContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
         if t.obs.retry_safe {
             return None;
         }
-        let open = st.episodes[DetectorKind::SameError.index()].subject;
         Some(
-            Signal::of(st.run.same_error_streak as f64, levels).or_window(
+            Signal::of(*st.own as f64, levels).or_window(
             levels,
                 t.facts.error_count,
                 self.window_terminate_at.get(),
                 error_subject(t),
-                open,
+                st.subject,
             ),
         )
     }
 
-    fn describe(&self, st: &SessionState, t: &ToolContext, r: Reading, ev: &mut Evidence) -> Message {
-        let (in_a_row, in_window) = (st.run.same_error_streak, t.facts.error_count);
+    fn describe(&self, st: &SessionView<'_, Self::State>, t: &ToolContext, r: Reading, ev: &mut Evidence) -> Message {
+        let (in_a_row, in_window) = (*st.own, t.facts.error_count);
         ev.insert("error".into(), fp_hex(u64::from(t.obs.shape)).into());
         ev.insert("in_a_row".into(), in_a_row.into());
         ev.insert("in_window".into(), in_window.into());
@@ -92,7 +105,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::SameError;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     /// A linter rejecting every edit the same way, up to its line numbers.
     fn rejected(n: usize) -> Vec<Value> {

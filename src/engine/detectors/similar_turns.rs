@@ -13,12 +13,15 @@
 //! killed; one whose words and results both stand still is.
 //! 0.85 leaves room for the few words that change between honest steps of a plan.
 
+use std::collections::VecDeque;
+
 use serde::{Deserialize, Serialize};
 
 use super::settings::{Bounded, Share};
-use super::{Class, Detector, Evidence, LlmContext, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, LlmContext, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
+use crate::engine::text::TextSketch;
+use crate::engine::trajectory::{fixed, push_bounded, Did, RunState};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,18 +43,84 @@ impl Default for SimilarTurns {
     }
 }
 
+/// Sketches of previous turns kept.
+pub const TURN_SKETCHES: usize = 5;
+
+/// The run's recent turns with text and what happened since the latest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Turns {
+    /// Turns in a row that nearly repeat an earlier turn, with nothing learned since the
+    /// first of them.
+    pub streak: u32,
+    /// Of those, the turns in a row since which no call made progress (see
+    /// `since_text`): only these may terminate.
+    pub stale: u32,
+    pub sketches: VecDeque<TextSketch>,
+    /// How the previous turns opened (see [`crate::engine::text::opening`]), as many as
+    /// `sketches`; 0 for a turn too short to have an opening.
+    #[serde(with = "fixed::deque")]
+    pub openings: VecDeque<u64>,
+    /// What the calls since the last turn with text did (bits of [`Did`]); turns
+    /// without text, common with native tool use, pass it on.
+    pub since_text: u8,
+}
+
 impl Detector for SimilarTurns {
     const CLASS: Class = Class::Loop;
-    type On<'a> = &'a LlmContext;
+    type On<'a> = &'a LlmContext<'a>;
+    type State = Turns;
+
+    fn observe(&self, own: &mut Turns, _: &RunState, input: &Input<'_>) {
+        if let Some(t) = input.tool() {
+            own.since_text |= t.facts.did;
+            return;
+        }
+        let Some(l) = input.llm().filter(|l| l.is_turn) else { return };
+        let Some(sketch) = l.sketch.filter(|s| !s.is_empty()) else { return };
+        let since = std::mem::take(&mut own.since_text);
+        let learned = since & Did::LEARNED != 0;
+        let progressed = since & (Did::LEARNED | Did::PROGRESSED) != 0;
+        // Alike as a whole, or opening as an earlier turn did while nothing got done
+        // since (calls were made and each failed or showed lines the run had nearly
+        // all seen, none of them a poll): the same apology or restatement before a
+        // different body is still the agent saying it again.
+        let nothing_done = since & (Did::SUCCEEDED | Did::POLLED) == 0
+            && since & (Did::FAILED | Did::REREAD) != 0;
+        let opens_alike = l
+            .opening
+            .is_some_and(|o| nothing_done && own.openings.contains(&o));
+        let min_similarity = self.min_similarity.get();
+        let similar = opens_alike
+            || own
+                .sketches
+                .iter()
+                .any(|prev| prev.similarity(sketch) >= min_similarity);
+        // The words repeat: the first such turn opens the streak whatever it learned,
+        // the next ones count while they learn nothing new (a turn that opens as
+        // before with nothing done learned nothing from its failures). Repeated words
+        // may nudge; they end the session only while the results stand still too.
+        own.streak = match (similar, learned && !opens_alike) {
+            (false, _) => 0,
+            (true, true) => 1,
+            (true, false) => own.streak + 1,
+        };
+        own.stale = if similar && (!progressed || opens_alike) {
+            own.stale + 1
+        } else {
+            0
+        };
+        push_bounded(&mut own.sketches, sketch.clone(), TURN_SKETCHES);
+        push_bounded(&mut own.openings, l.opening.unwrap_or(0), TURN_SKETCHES);
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(3.0), None, Some(5.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, l: &LlmContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, l: &LlmContext) -> Option<Signal> {
         (l.is_turn && l.has_text).then(|| {
-            let words = Signal::of(st.run.similar_streak as f64, levels);
-            let stale = st.run.similar_stale as f64;
+            let words = Signal::of(st.own.streak as f64, levels);
+            let stale = st.own.stale as f64;
             if levels.terminate_at.is_some_and(|at| stale >= at - 1e-9) {
                 return words;
             }
@@ -60,11 +129,11 @@ impl Detector for SimilarTurns {
                 terminate_at: None,
                 ..*levels
             };
-            Signal::of(st.run.similar_streak as f64, &nudge_only)
+            Signal::of(st.own.streak as f64, &nudge_only)
         })
     }
 
-    fn describe(&self, _: &SessionState, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("{} turns in a row nearly repeat an earlier turn", r.count()),
             "your last replies say nearly the same thing; move the task forward or say what blocks you",
@@ -78,7 +147,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::SimilarTurns;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     /// Turns with `text`, each followed by a call whose result is `result(i)`.
     fn turns(

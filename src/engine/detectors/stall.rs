@@ -7,9 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, LlmContext, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, LlmContext, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::RunState;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,17 +17,31 @@ pub struct Stall {}
 
 impl Detector for Stall {
     const CLASS: Class = Class::Loop;
-    type On<'a> = &'a LlmContext;
+    type On<'a> = &'a LlmContext<'a>;
+    /// Turns in a row that asked for no tool call, with none since.
+    type State = u32;
+
+    fn observe(&self, stall: &mut u32, _: &RunState, input: &Input<'_>) {
+        if input.tool().is_some() {
+            *stall = 0;
+        } else if let Some(l) = input.llm().filter(|l| l.is_turn) {
+            match l.tool_calls {
+                Some(0) => *stall += 1,
+                Some(_) => *stall = 0,
+                None => {}
+            }
+        }
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(3.0), None, Some(5.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, l: &LlmContext) -> Option<Signal> {
-        (l.is_turn && l.has_tool_calls).then(|| Signal::of(st.run.stall as f64, levels))
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, l: &LlmContext) -> Option<Signal> {
+        (l.is_turn && l.tool_calls.is_some()).then(|| Signal::of(*st.own as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("{} turns in a row without any tool call", r.count()),
             "you have described what you will do several times without doing it; call the tool now or say what blocks you",
@@ -41,7 +55,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::Stall;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn counts_turns_without_tool_calls() {

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::config::Config;
 use crate::contract::event::{parse_event, ParseLimits};
 use crate::contract::output::Output;
-use crate::engine::policy::{Level, Mode};
+use crate::engine::levels::{Level, Mode};
 use crate::engine::{Engine, EventMeta};
 
 use super::DetectorKind;

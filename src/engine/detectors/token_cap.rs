@@ -13,9 +13,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::settings::Fraction;
-use super::{Class, Detector, Evidence, Input, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::Counters;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,8 +34,7 @@ impl Default for TokenCap {
 
 impl TokenCap {
     /// The tokens the session has paid for, as this detector counts them.
-    pub fn paid_tokens(&self, state: &SessionState) -> f64 {
-        let s = &state.stats;
+    pub fn paid_tokens(&self, s: &Counters) -> f64 {
         let cached = s.cache_read_tokens.min(s.input_tokens);
         let uncached = s.input_tokens - cached + s.output_tokens;
         uncached as f64 + cached as f64 * self.cache_read_weight.get()
@@ -45,16 +44,17 @@ impl TokenCap {
 impl Detector for TokenCap {
     const CLASS: Class = Class::Budget;
     type On<'a> = Input<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::budget(2_000_000.0)
     }
 
-    fn evaluate(&self, levels: &Levels, state: &SessionState, _: Input<'_>) -> Option<Signal> {
-        Some(Signal::of(self.paid_tokens(state).floor(), levels))
+    fn evaluate(&self, levels: &Levels, state: &SessionView<'_, Self::State>, _: Input<'_>) -> Option<Signal> {
+        Some(Signal::of(self.paid_tokens(state.stats).floor(), levels))
     }
 
-    fn describe(&self, st: &SessionState, _: Input<'_>, r: Reading, ev: &mut Evidence) -> Message {
+    fn describe(&self, st: &SessionView<'_, Self::State>, _: Input<'_>, r: Reading, ev: &mut Evidence) -> Message {
         ev.insert("cache_read_tokens".into(), st.stats.cache_read_tokens.into());
         Message::new(
             format!("{} tokens paid for in the session (limit {})", r.count(), r.limit()),
@@ -69,7 +69,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::TokenCap;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn counts_input_and_output_tokens() {

@@ -6,9 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, LlmContext, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, LlmContext, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,13 +24,14 @@ impl Default for TokenRatio {
 
 impl Detector for TokenRatio {
     const CLASS: Class = Class::Ceiling;
-    type On<'a> = &'a LlmContext;
+    type On<'a> = &'a LlmContext<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::new(Some(50.0), None, None)
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, _: &LlmContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, _: &LlmContext) -> Option<Signal> {
         let s = &st.stats;
         if s.input_tokens.saturating_add(s.output_tokens) < self.min_tokens {
             return None;
@@ -40,7 +40,7 @@ impl Detector for TokenRatio {
         Some(Signal::of(ratio, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: &LlmContext, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("output/input token ratio {:.1} (limit {:.1})", r.value, r.threshold),
             "you are generating far more text than you read; stop and check whether the output is what was asked",
@@ -54,7 +54,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::TokenRatio;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn waits_for_enough_tokens() {

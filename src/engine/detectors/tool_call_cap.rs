@@ -6,9 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, Input, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,16 +16,17 @@ pub struct ToolCallCap {}
 impl Detector for ToolCallCap {
     const CLASS: Class = Class::Budget;
     type On<'a> = Input<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::budget(1000.0)
     }
 
-    fn evaluate(&self, levels: &Levels, state: &SessionState, _: Input<'_>) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, state: &SessionView<'_, Self::State>, _: Input<'_>) -> Option<Signal> {
         Some(Signal::of(state.stats.tool_calls as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("{} tool calls in the session (limit {})", r.count(), r.limit()),
             "you have made very many tool calls in this session; wrap up or explain what is blocking you",
@@ -40,7 +40,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::ToolCallCap;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn counts_calls_across_runs() {

@@ -9,9 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, Input, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -20,16 +19,17 @@ pub struct TurnCap {}
 impl Detector for TurnCap {
     const CLASS: Class = Class::Budget;
     type On<'a> = Input<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::budget(200.0)
     }
 
-    fn evaluate(&self, levels: &Levels, state: &SessionState, _: Input<'_>) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, state: &SessionView<'_, Self::State>, _: Input<'_>) -> Option<Signal> {
         Some(Signal::of(state.stats.steps as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("{} steps in the session (limit {})", r.count(), r.limit()),
             "you have used most of this session's step budget; finish the task or report what blocks you",
@@ -43,7 +43,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::TurnCap;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     fn calls(n: usize) -> Vec<Value> {
         (0..n)

@@ -7,9 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext};
+use crate::engine::levels::Levels;
+use crate::engine::trajectory::{RunState};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -18,16 +18,23 @@ pub struct UnknownTool {}
 impl Detector for UnknownTool {
     const CLASS: Class = Class::Loop;
     type On<'a> = &'a ToolContext<'a>;
+    /// Calls to tools the runtime does not know, in a row.
+    type State = u32;
+
+    fn observe(&self, streak: &mut u32, _: &RunState, input: &Input<'_>) {
+        let Some(t) = input.tool() else { return };
+        *streak = if t.obs.unknown_tool { *streak + 1 } else { 0 };
+    }
 
     fn default_levels() -> Levels {
         Levels::new(Some(3.0), None, Some(10.0))
     }
 
-    fn evaluate(&self, levels: &Levels, st: &SessionState, _: &ToolContext) -> Option<Signal> {
-        Some(Signal::of(st.run.unknown_tool_streak as f64, levels))
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, _: &ToolContext) -> Option<Signal> {
+        Some(Signal::of(*st.own as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, t: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, t: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
         let tool = t.tool;
         Message::new(
             format!("{} calls in a row to tools that do not exist (last: `{tool}`)", r.count()),
@@ -42,7 +49,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::UnknownTool;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn counts_calls_with_changing_args() {

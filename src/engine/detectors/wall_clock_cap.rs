@@ -6,9 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, Input, Message, Reading, Signal};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,16 +16,17 @@ pub struct WallClockCap {}
 impl Detector for WallClockCap {
     const CLASS: Class = Class::Budget;
     type On<'a> = Input<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::budget(4.0 * 3600.0)
     }
 
-    fn evaluate(&self, levels: &Levels, state: &SessionState, _: Input<'_>) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, state: &SessionView<'_, Self::State>, _: Input<'_>) -> Option<Signal> {
         Some(Signal::of(state.wall_seconds(), levels))
     }
 
-    fn describe(&self, _: &SessionState, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, _: Input<'_>, r: Reading, _: &mut Evidence) -> Message {
         Message::new(
             format!("session running for {} s (limit {} s)", r.count(), r.limit()),
             "this session has been running for a long time; finish the task or report what blocks you",
@@ -40,7 +40,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::WallClockCap;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     #[test]
     fn uses_event_time() {

@@ -6,9 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Class, Detector, Evidence, Message, Reading, Signal, ToolContext};
-use crate::engine::policy::Levels;
-use crate::engine::state::SessionState;
+use super::{Class, Detector, Evidence, Message, Reading, SessionView, Signal, ToolContext};
+use crate::engine::levels::Levels;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,18 +16,19 @@ pub struct WriteNoEffect {}
 impl Detector for WriteNoEffect {
     const CLASS: Class = Class::ToolLoop;
     type On<'a> = &'a ToolContext<'a>;
+    type State = ();
 
     fn default_levels() -> Levels {
         Levels::new(Some(3.0), None, None)
     }
 
-    fn evaluate(&self, levels: &Levels, _: &SessionState, t: &ToolContext) -> Option<Signal> {
+    fn evaluate(&self, levels: &Levels, _: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
         t.obs
             .write
             .then(|| Signal::of(t.facts.pair_count.saturating_sub(1) as f64, levels))
     }
 
-    fn describe(&self, _: &SessionState, t: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
+    fn describe(&self, _: &SessionView<'_, Self::State>, t: &ToolContext, r: Reading, _: &mut Evidence) -> Message {
         let tool = t.tool;
         Message::new(
             format!("write `{tool}` gave an unchanged result {} more times for the same call", r.count()),
@@ -43,7 +43,7 @@ mod tests {
 
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::WriteNoEffect;
-    use crate::engine::policy::Level;
+    use crate::engine::levels::Level;
 
     fn writes(n: usize) -> Vec<Value> {
         let mut evs = Vec::new();

@@ -1,17 +1,45 @@
-//! The session state's unit tests: bounds, the stored bytes, steps, streaks, cycles and runs.
+//! The session state's unit tests: bounds, the stored bytes, steps, the detectors'
+//! counters, runs.
 
 use super::*;
+use crate::engine::content::ContentSample;
+use crate::engine::detectors::similar_turns::TURN_SKETCHES;
+use crate::engine::detectors::{Context, Detectors, Input, LlmContext, ToolContext};
+use crate::engine::text::TextSketch;
+use crate::engine::trajectory::{
+    ToolFacts, ToolObservation, MAX_NAMED_TOOLS, SEEN_PAIRS, WINDOW_CALLS,
+};
 
-proptest::proptest! {
-    /// The count without sorting is the number of distinct pairs (as a set counts
-    /// them), for windows up to the longest with few values (so pairs recur).
-    #[test]
-    fn distinct_pairs_counts_a_set(
-        pairs in proptest::collection::vec((0u64..4, 0u64..3), 0..=WINDOW_CALLS)
-    ) {
-        let set: std::collections::BTreeSet<_> = pairs.iter().collect();
-        proptest::prop_assert_eq!(distinct_pairs(&pairs) as usize, set.len());
-    }
+/// A tool call applied as the engine applies it: the trajectory, then every detector's
+/// counters (default settings).
+fn observe_call(s: &mut SessionState, tool: &str, obs: ToolObservation) -> ToolFacts {
+    let facts = s.observe_tool(tool, obs);
+    let ctx = Context::Tool(ToolContext { tool, obs, facts });
+    observe_detectors(s, &ctx);
+    facts
+}
+
+/// A turn or another LLM call, as the engine applies it.
+fn observe_llm_call(s: &mut SessionState, call: LlmObservation, text: Option<&str>) {
+    s.observe_llm(call);
+    let sketch = text.map(TextSketch::of);
+    let ctx = Context::Llm(LlmContext {
+        is_turn: call.is_turn,
+        tool_calls: call.tool_calls,
+        has_text: text.is_some(),
+        sketch: sketch.as_ref(),
+        opening: text.and_then(|t| crate::engine::text::opening(t, 8)),
+        ..LlmContext::default()
+    });
+    observe_detectors(s, &ctx);
+}
+
+fn observe_detectors(s: &mut SessionState, ctx: &Context<'_>) {
+    let input = Input {
+        context: ctx,
+        depth: None,
+    };
+    Detectors::default().observe(&mut s.counters, &s.run, &input);
 }
 
 fn tool(action: u64, result: u64) -> ToolObservation {
@@ -47,26 +75,21 @@ fn stored_state() -> SessionState {
             .collect();
         obs.content =
             ContentSample::of_canonical(serde_json::json!(listing).to_string().as_bytes());
-        s.observe_tool(&format!("tool_{}", i % 11), obs, 8);
+        observe_call(&mut s, &format!("tool_{}", i % 11), obs);
         s.is_duplicate(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     }
     for t in 0..8 {
         let text = format!("turn {t}: reading the file again, then the tests {}", t % 3);
-        let sketch = crate::engine::text::TextSketch::of(&text);
-        s.observe_llm(LlmObservation {
+        let call = LlmObservation {
             is_turn: true,
-            is_compaction: false,
             input_tokens: 1_000 + t,
             output_tokens: 200,
             cache_read_tokens: Some(50),
             cache_write_tokens: None,
             cost_usd: Some(0.01),
             tool_calls: Some(1),
-            progress: None,
-            sketch: Some(&sketch),
-            opening: crate::engine::text::opening(&text, 8),
-            min_similarity: 0.85,
-        });
+        };
+        observe_llm_call(&mut s, call, Some(&text));
     }
     s.count_finding(DetectorKind::Repeat, Level::Warning);
     s.count_finding(DetectorKind::Repeat, Level::Terminate);
@@ -105,26 +128,21 @@ fn the_largest_state_stays_within_the_bound() {
             .collect();
         obs.content =
             ContentSample::of_canonical(serde_json::json!(listing).to_string().as_bytes());
-        s.observe_tool(&format!("{}{}", i % 20, "t".repeat(60)), obs, 8);
+        observe_call(&mut s, &format!("{}{}", i % 20, "t".repeat(60)), obs);
         s.is_duplicate(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     }
     for t in 0..20u64 {
         let text: String = (0..100).map(|w| format!("word{} ", w * 7 + t)).collect();
-        let sketch = crate::engine::text::TextSketch::of(&text);
-        s.observe_llm(LlmObservation {
+        let call = LlmObservation {
             is_turn: true,
-            is_compaction: false,
             input_tokens: u64::MAX / 4,
             output_tokens: u64::MAX / 4,
             cache_read_tokens: Some(u64::MAX / 4),
             cache_write_tokens: Some(u64::MAX / 4),
             cost_usd: Some(1e9),
             tool_calls: Some(u32::MAX),
-            progress: Some(0.5 + t as f64),
-            sketch: Some(&sketch),
-            opening: crate::engine::text::opening(&text, 8),
-            min_similarity: 0.85,
-        });
+        };
+        observe_llm_call(&mut s, call, Some(&text));
     }
     for d in DetectorKind::ALL {
         s.count_finding(*d, Level::Warning);
@@ -175,7 +193,7 @@ fn stored_states_read_back_byte_for_byte() {
     );
     assert_eq!(state, stored_state());
     assert_eq!(state.run.window.len(), WINDOW_CALLS);
-    assert_eq!(state.run.sketches.len(), TURN_SKETCHES);
+    assert_eq!(state.counters.similar_turns.sketches.len(), TURN_SKETCHES);
     assert_eq!(
         state.run.seen_lines.len(),
         crate::engine::content::SEEN_LINES
@@ -186,20 +204,16 @@ fn stored_states_read_back_byte_for_byte() {
 /// An LLM call (a turn, or a sub-agent's call when `turn` is false) asking for
 /// `asks` calls.
 fn llm_call(s: &mut SessionState, turn: bool, asks: Option<u32>) {
-    s.observe_llm(LlmObservation {
+    let call = LlmObservation {
         is_turn: turn,
-        is_compaction: false,
         input_tokens: 100,
         output_tokens: 10,
         cache_read_tokens: None,
         cache_write_tokens: None,
         cost_usd: None,
         tool_calls: asks,
-        progress: None,
-        sketch: None,
-        opening: None,
-        min_similarity: 0.85,
-    });
+    };
+    observe_llm_call(s, call, None);
 }
 
 #[test]
@@ -209,7 +223,7 @@ fn steps_are_turns_and_the_calls_no_turn_asked_for() {
     for _ in 0..4 {
         llm_call(&mut s, true, Some(3));
         for i in 0..3 {
-            s.observe_tool("read", tool(i, i), 8);
+            observe_call(&mut s, "read", tool(i, i));
         }
     }
     assert_eq!(s.stats.steps, 4);
@@ -219,7 +233,7 @@ fn steps_are_turns_and_the_calls_no_turn_asked_for() {
     for _ in 0..4 {
         llm_call(&mut s, true, None);
         for i in 0..3 {
-            s.observe_tool("read", tool(i, i), 8);
+            observe_call(&mut s, "read", tool(i, i));
         }
     }
     assert_eq!(s.stats.steps, 4 + 2);
@@ -229,14 +243,14 @@ fn steps_are_turns_and_the_calls_no_turn_asked_for() {
     let mut s = SessionState::new(0, 0);
     llm_call(&mut s, true, Some(1));
     llm_call(&mut s, false, Some(0));
-    s.observe_tool("search", tool(1, 1), 8);
+    observe_call(&mut s, "search", tool(1, 1));
     assert_eq!(s.stats.steps, 2);
     llm_call(&mut s, false, Some(1));
-    s.observe_tool("read", tool(2, 2), 8);
+    observe_call(&mut s, "read", tool(2, 2));
     assert_eq!(s.stats.steps, 3);
     // Tool calls no LLM call asked for are steps each.
     for i in 0..5 {
-        s.observe_tool("read", tool(i, i), 8);
+        observe_call(&mut s, "read", tool(i, i));
     }
     assert_eq!(s.stats.steps, 8);
 }
@@ -245,7 +259,7 @@ fn steps_are_turns_and_the_calls_no_turn_asked_for() {
 fn window_and_rings_stay_bounded() {
     let mut s = SessionState::new(0, 0);
     for i in 0..10_000u64 {
-        s.observe_tool(&format!("tool{}", i % 50), tool(i % 7, i), 8);
+        observe_call(&mut s, &format!("tool{}", i % 50), tool(i % 7, i));
         s.is_duplicate(i);
     }
     assert_eq!(s.run.window.len(), WINDOW_CALLS);
@@ -258,30 +272,19 @@ fn window_and_rings_stay_bounded() {
 fn streaks_follow_the_sequence() {
     let mut s = SessionState::new(0, 0);
     for _ in 0..3 {
-        s.observe_tool("read", tool(1, 1), 8);
+        observe_call(&mut s, "read", tool(1, 1));
     }
-    assert_eq!(s.run.repeat_streak, 3);
-    let f = s.observe_tool("list", tool(2, 2), 8);
-    assert_eq!(s.run.repeat_streak, 1);
+    assert_eq!(s.counters.repeat, 3);
+    let f = observe_call(&mut s, "list", tool(2, 2));
+    assert_eq!(s.counters.repeat, 1);
     assert_eq!(f.pair_count, 1);
-    let f = s.observe_tool("read", tool(1, 1), 8);
+    let f = observe_call(&mut s, "read", tool(1, 1));
     assert_eq!(f.pair_count, 4);
-    assert_eq!(s.run.alternation, 3, "read,list,read");
-}
-
-#[test]
-fn cycles_need_an_irreducible_block() {
-    let mut s = SessionState::new(0, 0);
-    let mut last = ToolFacts::default();
-    for i in 0..12u64 {
-        last = s.observe_tool("t", tool(i % 3, i % 3), 8);
-    }
-    assert_eq!(last.cycle, Some((3, 12)), "12 calls covered");
-    let mut s = SessionState::new(0, 0);
-    for _ in 0..12 {
-        last = s.observe_tool("t", tool(1, 1), 8);
-    }
-    assert_eq!(last.cycle, None);
+    assert_eq!(s.counters.ping_pong, 3, "read,list,read");
+    // A run's counters, the detectors' own included, start again with a new run.
+    s.note_run(Some("first"));
+    assert!(s.note_run(Some("next")));
+    assert_eq!(s.counters, DetectorStates::default());
 }
 
 #[test]
@@ -293,7 +296,7 @@ fn a_first_run_id_after_events_without_one_is_a_new_run() {
     for _ in 0..2 {
         s.touch(0, 0);
         s.note_run(None);
-        s.observe_tool("read", tool(1, 1), 8);
+        observe_call(&mut s, "read", tool(1, 1));
     }
     s.touch(0, 0);
     assert!(s.note_run(Some("a")));
@@ -306,8 +309,8 @@ fn a_first_run_id_after_events_without_one_is_a_new_run() {
 fn run_change_resets_loop_state_but_not_counters() {
     let mut s = SessionState::new(0, 0);
     s.note_run(Some("a"));
-    s.observe_tool("read", tool(1, 1), 8);
-    s.observe_tool("read", tool(1, 1), 8);
+    observe_call(&mut s, "read", tool(1, 1));
+    observe_call(&mut s, "read", tool(1, 1));
     assert!(s.note_run(Some("b")));
     assert_eq!(s.run.window.len(), 0);
     assert_eq!(s.stats.tool_calls, 2);
@@ -316,21 +319,17 @@ fn run_change_resets_loop_state_but_not_counters() {
 #[test]
 fn round_trips_through_bytes() {
     let mut s = SessionState::new(5, 5);
-    s.observe_tool("read", tool(1, 2), 8);
-    s.observe_llm(LlmObservation {
+    observe_call(&mut s, "read", tool(1, 2));
+    let call = LlmObservation {
         is_turn: true,
-        is_compaction: false,
         input_tokens: 10,
         output_tokens: 5,
         cache_read_tokens: None,
         cache_write_tokens: None,
         cost_usd: Some(0.5),
         tool_calls: Some(0),
-        progress: None,
-        sketch: Some(&TextSketch::of("hello there")),
-        opening: None,
-        min_similarity: 0.85,
-    });
+    };
+    observe_llm_call(&mut s, call, Some("hello there"));
     let back = SessionState::from_bytes(&s.to_bytes()).unwrap();
     assert_eq!(back, s);
 }

@@ -1,0 +1,342 @@
+//! The trajectory as the detectors read it (DESIGN §4): the session's counters, the
+//! window of the run's recent tool calls, its polls and what its results showed, and
+//! what one tool call did to them ([`ToolFacts`]).
+//!
+//! Guarantees: plain data, bounded (every collection has a fixed cap), digests only
+//! (never args, results or text). Nothing here knows a detector: the detectors read
+//! it, and keep their own counters beside it ([`crate::engine::detectors::Detector::State`]).
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::content::ContentSample;
+
+/// Tools counted by name in `stats`; further tools are counted under [`OTHER_TOOLS`].
+pub const MAX_NAMED_TOOLS: usize = 8;
+/// Name under which tools past [`MAX_NAMED_TOOLS`] are counted.
+pub const OTHER_TOOLS: &str = "(other)";
+/// Longest tool name kept (longer names are cut at a char boundary).
+pub const MAX_TOOL_NAME: usize = 40;
+/// Recent distinct (action, result) pairs remembered for `no_new_information`.
+pub const SEEN_PAIRS: usize = 32;
+/// Poll actions tracked at once by `poll_no_progress`.
+pub const POLL_TRACKERS: usize = 4;
+/// The tool-call window of loop detectors (DESIGN §3: the last 30 calls of the run).
+pub const WINDOW_CALLS: usize = 30;
+
+/// Digests are random 64-bit values: as varints they would take 10 bytes, fixed they take 8.
+pub(crate) mod fixed {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::VecDeque;
+
+    pub mod u64 {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+            v.to_le_bytes().serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+            Ok(u64::from_le_bytes(<[u8; 8]>::deserialize(d)?))
+        }
+    }
+
+    pub mod u32 {
+        use super::*;
+        pub fn serialize<S: Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
+            v.to_le_bytes().serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+            Ok(u32::from_le_bytes(<[u8; 4]>::deserialize(d)?))
+        }
+    }
+
+    /// Rings of fixed-width values: each written as its little-endian bytes.
+    pub mod deque {
+        use super::*;
+
+        pub trait Fixed: Copy {
+            type Bytes: Serialize + for<'de> Deserialize<'de>;
+            fn to_le(self) -> Self::Bytes;
+            fn from_le(b: Self::Bytes) -> Self;
+        }
+
+        impl Fixed for u16 {
+            type Bytes = [u8; 2];
+            fn to_le(self) -> [u8; 2] {
+                self.to_le_bytes()
+            }
+            fn from_le(b: [u8; 2]) -> u16 {
+                u16::from_le_bytes(b)
+            }
+        }
+
+        impl Fixed for u64 {
+            type Bytes = [u8; 8];
+            fn to_le(self) -> [u8; 8] {
+                self.to_le_bytes()
+            }
+            fn from_le(b: [u8; 8]) -> u64 {
+                u64::from_le_bytes(b)
+            }
+        }
+
+        pub fn serialize<T: Fixed, S: Serializer>(
+            v: &VecDeque<T>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            let bytes: Vec<T::Bytes> = v.iter().map(|x| x.to_le()).collect();
+            bytes.serialize(s)
+        }
+
+        pub fn deserialize<'de, T: Fixed, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<VecDeque<T>, D::Error> {
+            Ok(Vec::<T::Bytes>::deserialize(d)?
+                .into_iter()
+                .map(T::from_le)
+                .collect())
+        }
+    }
+}
+
+/// One tool call in the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRecord {
+    #[serde(with = "fixed::u64")]
+    pub action: u64,
+    #[serde(with = "fixed::u64")]
+    pub result: u64,
+    /// The result up to its digits (see [`crate::engine::fingerprint::ResultPrint::shape`]).
+    #[serde(with = "fixed::u32")]
+    pub shape: u32,
+    pub flags: u8,
+}
+
+impl CallRecord {
+    pub const ERROR: u8 = 1;
+    pub const POLL: u8 = 2;
+    pub const RETRY_SAFE: u8 = 4;
+    /// A failure whose result says something in words (see [`ToolObservation::error_text`]).
+    pub const ERROR_TEXT: u8 = 8;
+
+    pub fn is_error(&self) -> bool {
+        self.flags & Self::ERROR != 0
+    }
+
+    pub fn is_poll(&self) -> bool {
+        self.flags & Self::POLL != 0
+    }
+
+    pub fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+
+    /// The same action and the very same result.
+    pub fn same_pair(&self, other: &CallRecord) -> bool {
+        self.action == other.action && self.result == other.result
+    }
+
+    /// The same action with the same outcome: the same result, or, when both failed,
+    /// the same error up to its digits (an error's numbers are line numbers and
+    /// counters). A success's digits are data (`35% complete`, `chunk 3`, the time).
+    pub fn same_outcome(&self, other: &CallRecord) -> bool {
+        self.action == other.action
+            && (self.result == other.result
+                || (self.is_error() && other.is_error() && self.shape == other.shape))
+    }
+
+    /// Identifies what a call told the agent: its action and its result up to digits (an
+    /// answer that differs only in numbers teaches nothing new).
+    pub(crate) fn news_key(&self) -> u64 {
+        self.action.rotate_left(29) ^ u64::from(self.shape)
+    }
+}
+
+/// Calls, and calls that repeated an earlier (action, result) pair, of one tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCount {
+    pub tool: String,
+    pub calls: u64,
+    pub repeats: u64,
+}
+
+/// Session-wide counters (ceilings keep counting across runs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    pub events: u64,
+    /// The agent's steps: its LLM calls (each can carry a hint to the agent), and its
+    /// tool calls that no LLM call asked for (a source that reports tool calls but lost
+    /// its LLM calls still takes steps). Never decreases.
+    pub steps: u64,
+    /// Tool calls the latest turn asked for that have not come yet: each is part of that
+    /// turn's step.
+    pub tool_calls_asked: u32,
+    /// Tool calls since the latest turn, and the most that followed one turn so far: a
+    /// turn that does not say how many calls it asks for asks for as many as this
+    /// agent's turns have been seen to (one at least).
+    pub calls_since_turn: u32,
+    pub most_calls_per_turn: u32,
+    pub llm_calls: u64,
+    pub turns: u64,
+    pub tool_calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub cost_usd: f64,
+    pub has_cost: bool,
+    pub max_depth: Option<u32>,
+    pub duplicates: u64,
+    pub dropped_after_termination: u64,
+}
+
+/// A tracked poll: the action, its last result and how often that result came back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollTracker {
+    #[serde(with = "fixed::u64")]
+    pub action: u64,
+    #[serde(with = "fixed::u64")]
+    pub result: u64,
+    pub unchanged: u32,
+}
+
+/// What the current run's tool calls were and showed, shared by the loop detectors
+/// (reset when `run_id` changes). A detector's own counters are its own
+/// ([`crate::engine::detectors::Detector::State`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    pub window: VecDeque<CallRecord>,
+    pub polls: Vec<PollTracker>,
+    /// Calls at the window's end since a poll's result last changed in this run (at
+    /// most the window; `None`: none has): a call that works (a `sleep`) repeats only
+    /// these, since waiting on a job that moves is no loop; a failure repeats them all.
+    pub since_poll_moved: Option<u8>,
+    /// What the run's recent calls told the agent (see `CallRecord::news_key`).
+    #[serde(with = "fixed::deque")]
+    pub seen_pairs: VecDeque<u64>,
+    /// Lines the run's results showed, sampled (see [`crate::engine::content`]), oldest first.
+    #[serde(with = "fixed::deque")]
+    pub seen_lines: VecDeque<u16>,
+}
+
+impl RunState {
+    /// The call `back` calls before the latest one (1: the one before it), once the
+    /// latest has joined the window.
+    pub fn before_latest(&self, back: usize) -> Option<CallRecord> {
+        let n = self.window.len();
+        (back < n).then(|| self.window[n - 1 - back])
+    }
+}
+
+/// What a tool call did, as bits of [`ToolFacts::did`]: `similar_turns` gathers them
+/// between turns with text.
+pub struct Did;
+
+impl Did {
+    /// The call learned something new: an answer this action had not given before
+    /// (see [`CallRecord::news_key`]) that showed lines the run had not seen.
+    pub const LEARNED: u8 = 1;
+    /// The call made progress: a poll (a changed status is progress; an unchanged one is
+    /// `poll_no_progress`'s to judge, with the room polls get), or an outcome new to the
+    /// window (the same call answering differently, digits included: a price, a
+    /// progress count; a failure up to its digits).
+    pub const PROGRESSED: u8 = 2;
+    /// The call succeeded and was not a [`Did::REREAD`]: the agent did something (a
+    /// write, a poll, a read that showed lines the run had not seen, or one too short
+    /// to judge by its lines).
+    pub const SUCCEEDED: u8 = 4;
+    /// The call failed.
+    pub const FAILED: u8 = 8;
+    /// The call was a poll.
+    pub const POLLED: u8 = 16;
+    /// The call was a read that succeeded, whose sampled lines the run had nearly all seen (see
+    /// [`crate::engine::content::ContentSample::all_seen_in`]).
+    pub const REREAD: u8 = 32;
+}
+
+/// Pushes `item`, dropping the oldest items past `cap`; returns the one that left.
+pub(crate) fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) -> Option<T> {
+    // `while`: a stored state holding more (written by another build) comes back down.
+    let mut departed = None;
+    while q.len() >= cap {
+        departed = q.pop_front();
+    }
+    q.push_back(item);
+    departed
+}
+
+/// What one tool call did to the window, for the detectors to judge.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ToolFacts {
+    /// Occurrences of this (action, result) pair in the window, this call included.
+    pub pair_count: u32,
+    /// Occurrences of this call's outcome in the window, this call included: the same
+    /// action with the same result, or with the same error up to digits when it failed
+    /// (see [`CallRecord::same_outcome`]). Polls and `retry_safe` calls count 0.
+    pub outcome_count: u32,
+    /// Occurrences in the window of this failure's error in words (up to digits), any
+    /// action, this call included; 0 when this call is no such failure.
+    pub error_count: u32,
+    /// Occurrences of this action in the window among non-poll calls, this call included.
+    pub action_count: u32,
+    /// Unchanged results in a row of this poll action (0 when not a poll).
+    pub poll_unchanged: u32,
+    /// The call that left the window when this one joined it (the window was full):
+    /// with the window it makes the calls before this one and this one.
+    pub departed: Option<CallRecord>,
+    /// This call is a poll whose result changed (and did not fail): the job it waits on
+    /// is moving, which is progress for every detector.
+    pub poll_moved: bool,
+    /// What this call told the agent, for information gain: `None` when it counts
+    /// neither as news nor as old news (a poll; a call repeated with an answer without
+    /// words); `Some(seen)`: whether this action had given this answer before in the run.
+    pub news: Option<bool>,
+    /// What it did, as bits of [`Did`].
+    pub did: u8,
+}
+
+/// A tool call as the state sees it: fingerprints and classes, nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolObservation {
+    pub action: u64,
+    pub result: u64,
+    /// The result up to its digits.
+    pub shape: u32,
+    pub is_error: bool,
+    /// A failure whose result says something in words (not only an exit code or an
+    /// empty output): two such failures alike are the same error.
+    pub error_text: bool,
+    /// The result says nothing in words (an empty output, an exit code, a bare number):
+    /// it tells neither news nor old news.
+    pub wordless: bool,
+    pub unknown_tool: bool,
+    /// A poll by class or a pending-looking result.
+    pub poll: bool,
+    pub retry_safe: bool,
+    pub write: bool,
+    /// The lines the result showed, sampled (empty when it says nothing in words).
+    pub content: ContentSample,
+}
+
+impl CallRecord {
+    /// A tool call as the window keeps it.
+    pub fn of(obs: &ToolObservation) -> CallRecord {
+        CallRecord {
+            action: obs.action,
+            result: obs.result,
+            shape: obs.shape,
+            flags: (if obs.is_error { CallRecord::ERROR } else { 0 })
+                | (if obs.poll { CallRecord::POLL } else { 0 })
+                | (if obs.retry_safe {
+                    CallRecord::RETRY_SAFE
+                } else {
+                    0
+                })
+                | (if obs.error_text {
+                    CallRecord::ERROR_TEXT
+                } else {
+                    0
+                }),
+        }
+    }
+}
