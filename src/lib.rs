@@ -10,10 +10,12 @@
 //!   validation ([`contract::event`]), raw JSON read without building a tree
 //!   ([`contract::json`], with byte classes of 64-byte blocks: [`contract::classes`]), OpenTelemetry spans read as events ([`contract::otlp`]), and
 //!   the outputs ([`contract::output`]);
-//! - [`engine`]: the judgement — per-session bounded state, the detectors (one file
-//!   each, and the list that makes them a set), policy (levels, modes, thresholds),
-//!   fingerprints, text and content features, the state stores; pure and synchronous,
-//!   its clock the events' own time;
+//! - [`engine`]: the judgement — levels and modes ([`engine::levels`], its lowest
+//!   layer), the trajectory every detector reads ([`engine::trajectory`]), the detectors
+//!   (one file each, with their own settings and counters, and the list that makes them
+//!   a set), the session as stored ([`engine::state`]), the policy, fingerprints, text
+//!   and content features, the state stores; pure and synchronous, its clock the events'
+//!   own time;
 //! - [`bus`]: the engine on Kafka — topics and client settings ([`bus::kafka`]), the
 //!   consumer-group pipeline with its delivery, changelog and rebalances
 //!   ([`bus::pipeline`]), and the OTLP ingest ([`bus::ingest`]);

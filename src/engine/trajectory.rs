@@ -234,7 +234,7 @@ pub struct Did;
 
 impl Did {
     /// The call learned something new: an answer this action had not given before
-    /// (see [`CallRecord::news_key`]) that showed lines the run had not seen.
+    /// (see `CallRecord::news_key`) that showed lines the run had not seen.
     pub const LEARNED: u8 = 1;
     /// The call made progress: a poll (a changed status is progress; an unchanged one is
     /// `poll_no_progress`'s to judge, with the room polls get), or an outcome new to the
