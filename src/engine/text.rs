@@ -242,23 +242,40 @@ pub fn opening(text: &str, words: usize) -> Option<u64> {
         h = h.wrapping_mul(0x0100_0000_01b3);
     };
     let (mut seen, mut in_word) = (0, false);
-    for c in text.chars() {
-        if c.is_alphanumeric() {
-            if !in_word {
-                if seen == words {
-                    break;
-                }
-                seen += 1;
-                in_word = true;
-                mix(b' ');
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        // ASCII byte by byte (as a char it reads the same); other chars whole.
+        let (alphanumeric, len) = match bytes[at] {
+            b if b.is_ascii() => (b.is_ascii_alphanumeric(), 1),
+            _ => {
+                let c = text[at..].chars().next().expect("at a char boundary");
+                (c.is_alphanumeric(), c.len_utf8())
             }
+        };
+        if !alphanumeric {
+            in_word = false;
+            at += len;
+            continue;
+        }
+        if !in_word {
+            if seen == words {
+                break;
+            }
+            seen += 1;
+            in_word = true;
+            mix(b' ');
+        }
+        if len == 1 {
+            mix(bytes[at].to_ascii_lowercase());
+        } else {
+            let c = text[at..].chars().next().expect("at a char boundary");
             for l in c.to_lowercase() {
                 let mut buf = [0u8; 4];
                 l.encode_utf8(&mut buf).bytes().for_each(&mut mix);
             }
-        } else {
-            in_word = false;
         }
+        at += len;
     }
     (seen == words).then_some(h.max(1))
 }

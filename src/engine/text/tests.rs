@@ -351,3 +351,47 @@ fn an_opening_is_its_first_words_whatever_the_markup() {
     assert_eq!(opening("Too short to open", 8), None);
     assert_eq!(opening("anything at all here", 0), None);
 }
+
+/// `opening` as first written, char by char.
+fn opening_reference(text: &str, words: usize) -> Option<u64> {
+    if words == 0 {
+        return None;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |b: u8| {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    let (mut seen, mut in_word) = (0, false);
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            if !in_word {
+                if seen == words {
+                    break;
+                }
+                seen += 1;
+                in_word = true;
+                mix(b' ');
+            }
+            for l in c.to_lowercase() {
+                let mut buf = [0u8; 4];
+                l.encode_utf8(&mut buf).bytes().for_each(&mut mix);
+            }
+        } else {
+            in_word = false;
+        }
+    }
+    (seen == words).then_some(h.max(1))
+}
+
+proptest::proptest! {
+    /// The ASCII fast path reads every text as the char-by-char reference does,
+    /// non-ASCII letters (`İ`, `Σ`, `é`), digits and marks included.
+    #[test]
+    fn opening_matches_the_reference(
+        text in "[a-zA-Z0-9 ,.!'İΣéß日本\u{301}_-]{0,80}",
+        words in 0usize..10,
+    ) {
+        proptest::prop_assert_eq!(opening(&text, words), opening_reference(&text, words));
+    }
+}

@@ -15,10 +15,11 @@
 //! The input is read in batches of whole lines on a thread of its own, or, when its bytes
 //! are already in memory (a mapped file), cut into batches in place. A batch is parsed
 //! on every core (its events borrow from its bytes, each hashed to its shard) while the
-//! batch before it is applied by the shards and, on the calling thread, the outputs of
-//! the batch before that are merged and handed on (so outputs leave one batch behind the
-//! reading, and the workers wait when handing them on is slower than the batch); then the
-//! parsed batch's clock is computed in one short sequential pass.
+//! batch before it is prepared on the calling thread (its clock, in the one sequential
+//! pass, once the outputs of an earlier batch are merged and handed on there) and the
+//! batch before that is applied by the shards. So nothing every event passes through
+//! runs on the workers' path: the calling thread's share (prepare, merge, hand on) runs
+//! beside them, and the workers wait only when it is slower than the batch.
 //! Memory stays bounded by the batch size and the open sessions, whatever the input's
 //! length (a mapped file's pages are the page cache's, read once in order: they count in
 //! the resident memory, and the kernel takes them back when it needs to).
@@ -402,6 +403,12 @@ fn parse_batch(
     })
 }
 
+/// Whether a parsed batch holds a line that is no event (`--strict` stops at it).
+fn has_bad_line(batch: &ParsedBatch) -> bool {
+    let lines = &batch.borrow_dependent().parsed;
+    lines.iter().any(|l| matches!(l.parsed, Some(Err(_))))
+}
+
 /// A parsed batch ready to apply: where its events go and at what clock.
 struct Ready {
     batch: ParsedBatch,
@@ -563,6 +570,15 @@ impl<F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Handoff<F> 
     }
 }
 
+/// What one round works on: the batch read for it, the batch parsed in the round
+/// before (to prepare), the prepared batch (to apply) and the applied one (to hand on).
+struct Work<'r> {
+    next: Option<Batch>,
+    parsed: Option<ParsedBatch>,
+    current: Option<&'r mut Ready>,
+    applied: Option<ParsedBatch>,
+}
+
 /// The batch loop: the shards, the pool they run on, and what goes from one round to the
 /// next.
 struct Rounds<'p, S, F> {
@@ -575,11 +591,12 @@ struct Rounds<'p, S, F> {
 }
 
 impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Rounds<'_, S, F> {
-    /// Reads, parses and applies every batch of `input`. Three batches in flight:
-    /// `current` is applied by the shards while `next` is parsed and, on this thread,
-    /// the outputs of the batch before are merged and handed on and its events dropped.
-    /// So a batch's outputs are handed on once the batch after next has been read (or
-    /// the input ends).
+    /// Reads, parses and applies every batch of `input`. Four batches in flight: in each
+    /// round `current` is applied by the shards while `next` is parsed and, on this
+    /// thread, the outputs of the batch before are merged and handed on, its events
+    /// dropped, and the batch parsed in the round before is prepared (its clock and
+    /// shards: the one sequential pass, off the workers' path). So a batch's outputs are
+    /// handed on three batches behind the reading (or when the input ends).
     fn run<'scope, 'env>(
         &mut self,
         scope: &'scope std::thread::Scope<'scope, 'env>,
@@ -602,23 +619,39 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
                 batch_bytes,
             }),
         };
+        let mut parsed: Option<ParsedBatch> = None;
         let mut current: Option<Ready> = None;
         let mut applied: Option<ParsedBatch> = None;
+        let mut read_error = None;
         loop {
-            // A batch that stops the drive (`--strict`) is the last one read.
+            // A batch that stops the drive (`--strict`) is the last one prepared: what
+            // was parsed beside it is dropped. Nothing more is read once a parsed batch
+            // holds a bad line under `--strict` (it will stop the drive), nor after a
+            // read failed.
             let stopping = current.as_ref().is_some_and(|c| c.stop.is_some());
-            let next = match (!stopping).then(|| batches.next()).flatten().transpose() {
-                Ok(next) => next,
-                Err(e) => {
-                    // What the applied batches caused is handed on before the error.
-                    self.handoff.emit()?;
-                    return Err(DriveError::Read(e));
-                }
+            if stopping {
+                parsed = None;
+            }
+            let stop_ahead = prepare.strict && parsed.as_ref().is_some_and(has_bad_line);
+            let next = if stopping || stop_ahead || read_error.is_some() {
+                None
+            } else {
+                batches.next().transpose().unwrap_or_else(|e| {
+                    // Everything read before the failure is still applied and handed on.
+                    read_error = Some(e);
+                    None
+                })
             };
-            if next.is_none() && current.is_none() {
+            if next.is_none() && parsed.is_none() && current.is_none() {
                 break;
             }
-            let parsed_next = self.round(next, current.as_mut(), applied.take(), &recycle)?;
+            let work = Work {
+                next,
+                parsed: parsed.take(),
+                current: current.as_mut(),
+                applied: applied.take(),
+            };
+            let (parsed_next, prepared) = self.round(work, &recycle, prepare, errors)?;
             if let Some(done) = current.take() {
                 self.handoff.collect(&mut self.shards);
                 if let Some(e) = done.stop {
@@ -627,20 +660,23 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
                 }
                 applied = Some(done.batch);
             }
-            current = parsed_next.map(|b| prepare.prepare(b, errors));
+            current = prepared;
+            parsed = parsed_next;
         }
-        self.handoff.emit()
+        self.handoff.emit()?;
+        read_error.map_or(Ok(()), |e| Err(DriveError::Read(e)))
     }
 
-    /// One round, overlapped on the pool: `next` parsed, `current` applied, and the
-    /// outputs of `applied` handed on and its buffers recycled. Returns `next` parsed.
+    /// One round, overlapped on the pool: `next` parsed, `current` applied, and on this
+    /// thread the outputs of `applied` handed on and its buffers recycled, then `parsed`
+    /// prepared. Returns `next` parsed and `parsed` prepared.
     fn round(
         &mut self,
-        next: Option<Batch>,
-        current: Option<&mut Ready>,
-        applied: Option<ParsedBatch>,
+        work: Work<'_>,
         recycle: &mpsc::Sender<Vec<u8>>,
-    ) -> Result<Option<ParsedBatch>, DriveError> {
+        prepare: &mut Prepare,
+        errors: &mut dyn Write,
+    ) -> Result<(Option<ParsedBatch>, Option<Ready>), DriveError> {
         let Rounds {
             pool,
             shards,
@@ -649,6 +685,12 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
             limits,
             shard_count,
         } = self;
+        let Work {
+            next,
+            parsed,
+            current,
+            applied,
+        } = work;
         let (pool, limits, shard_count, keep) = (*pool, *limits, *shard_count, handoff.keep);
         let mut parsing = std::mem::take(spare);
         let mut parsed_next = None;
@@ -678,22 +720,24 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
                     let _ = recycle.send(buf);
                 }
             }
+            parsed.map(|b| prepare.prepare(b, errors))
         };
-        match pool {
+        let prepared = match pool {
             Some(p) => p.in_place_scope(|s| {
                 s.spawn(|_| parse(&mut parsed_next));
                 s.spawn(|_| apply(shards));
-                finish_applied(&mut handed_on);
+                finish_applied(&mut handed_on)
             }),
             None => {
                 apply(shards);
-                finish_applied(&mut handed_on);
+                let prepared = finish_applied(&mut handed_on);
                 parse(&mut parsed_next);
+                prepared
             }
-        }
+        };
         handed_on?;
         spare.lines = parsing.lines;
-        Ok(parsed_next)
+        Ok((parsed_next, prepared))
     }
 
     /// The end of the input: every shard closes its sessions; their outputs handed on.

@@ -396,12 +396,12 @@ fn a_read_error_comes_after_the_outputs_of_every_applied_batch() {
     let sessions = std::fs::read_to_string("examples/sessions.jsonl").unwrap();
     let lines: Vec<&str> = sessions.lines().collect();
     let caused = |n: usize| caused_by_first(&lines, n);
-    // A line that causes an output, and one more line after it: batches of one line
-    // each, then the input fails. The last batch read is parsed but never applied;
-    // every batch before it was, and its outputs must be out before the error.
-    let k = (2..lines.len())
+    // Batches of one line each, the last of them a line that causes an output, then
+    // the input fails: every batch read before the failure is applied, and its outputs
+    // are out before the error (but no end-of-input closes: the input did not end).
+    let k = (1..lines.len())
         .rev()
-        .find(|&k| caused(k) != caused(k - 1))
+        .find(|&k| caused(k + 1) != caused(k))
         .expect("some line causes an output");
     let input: String = lines[..=k].iter().map(|l| format!("{l}\n")).collect();
     for threads in [1, 2] {
@@ -413,6 +413,6 @@ fn a_read_error_comes_after_the_outputs_of_every_applied_batch() {
         let (out, ended) = replayed(Input::Reader(&mut trickle(&input, true)), options);
         let err = ended.expect_err("the input failed").to_string();
         assert!(err.contains("the disk went away"), "{err}");
-        assert_eq!(out, caused(k), "{threads} threads");
+        assert_eq!(out, caused(k + 1), "{threads} threads");
     }
 }
