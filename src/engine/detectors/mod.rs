@@ -73,7 +73,7 @@ pub trait Detector:
     /// The counters it keeps beside the shared trajectory (`()`: none). They are part of
     /// the stored session state, in the order of the list below, so a change to them
     /// is a change of the state format (`state::layout_tests` fails until it is one);
-    /// they reset with the run.
+    /// they reset with the run, so budgets and ceilings keep none (a test holds it).
     type State: Default + Clone + PartialEq + fmt::Debug + Serialize + DeserializeOwned;
 
     /// Its default `warn_at`, `critical_at` and `terminate_at`.

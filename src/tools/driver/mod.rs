@@ -624,20 +624,18 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
         let mut applied: Option<ParsedBatch> = None;
         let mut read_error = None;
         loop {
-            // A batch that stops the drive (`--strict`) is the last one prepared: what
-            // was parsed beside it is dropped. Nothing more is read once a parsed batch
-            // holds a bad line under `--strict` (it will stop the drive), nor after a
-            // read failed.
+            // A batch that stops the drive (`--strict`) is the last one prepared, and
+            // nothing is read after it: once a parsed batch holds a bad line under
+            // `--strict` (it will stop the drive), no more is read; nor after a read
+            // failed.
             let stopping = current.as_ref().is_some_and(|c| c.stop.is_some());
-            if stopping {
-                parsed = None;
-            }
             let stop_ahead = prepare.strict && parsed.as_ref().is_some_and(has_bad_line);
             let next = if stopping || stop_ahead || read_error.is_some() {
                 None
             } else {
                 batches.next().transpose().unwrap_or_else(|e| {
-                    // Everything read before the failure is still applied and handed on.
+                    // Every batch read whole before the failure is still applied and
+                    // handed on (the lines of the one being read are lost).
                     read_error = Some(e);
                     None
                 })
