@@ -1,5 +1,5 @@
 //! The detectors of DESIGN §3, one module each, and the one list that makes them a closed
-//! set: [`detectors!`] below generates [`DetectorKind`] (names, index, class), the
+//! set: `detectors!` below generates [`DetectorKind`] (names, index, class), the
 //! [`Detectors`] settings struct with one typed field per detector, and the dispatch,
 //! whose match arms only delegate to the detector's own [`Detector`] implementation.
 //!
