@@ -13,7 +13,8 @@ use super::raw::{decode, section};
 use super::Errors;
 use crate::engine::detectors::settings::Threshold;
 use crate::engine::detectors::{Class, DetectorKind};
-use crate::engine::policy::{Levels, Mode, Policy};
+use crate::engine::levels::{Levels, Mode};
+use crate::engine::policy::Policy;
 
 /// One `[detectors.<name>]` table: the levels every detector takes, and the rest, which
 /// is the detector's own settings (read through its own type).

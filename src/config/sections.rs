@@ -17,7 +17,7 @@ use super::{
 };
 use crate::contract::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
 use crate::engine::fingerprint::{BuiltinPattern, FingerprintSpec};
-use crate::engine::policy::DEFAULT_GRACE_STEPS;
+use crate::engine::levels::DEFAULT_GRACE_STEPS;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::engine::detectors::DetectorKind;
-use crate::engine::policy::Mode;
+use crate::engine::levels::Mode;
 
 fn cfg(text: &str) -> Result<Config, ConfigError> {
     Config::from_toml_str(text, "test.toml", std::iter::empty())

@@ -13,7 +13,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::contract::event::{hex, Outcome};
 use crate::engine::detectors::DetectorKind;
-use crate::engine::policy::{Level, Mode};
+use crate::engine::levels::{Level, Mode};
 use crate::engine::state::SessionState;
 
 /// Version of the output schemas.

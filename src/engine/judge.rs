@@ -17,11 +17,9 @@ pub(super) fn judge(
 ) {
     for &kind in order {
         let levels = policy.levels(kind);
-        let subject = st.episodes[kind.index()].subject;
-        let Some(sig) =
-            policy
-                .detectors
-                .evaluate(kind, levels, st.view(), &st.counters, subject, input)
+        let Some(sig) = policy
+            .detectors
+            .evaluate(kind, levels, st.view_for(kind), input)
         else {
             continue;
         };
@@ -136,16 +134,9 @@ fn build_finding(
         mode,
         held_for_steps,
     } = *finding;
-    let subject = st.episodes[kind.index()].subject;
-    let mut d = policy.detectors.describe(
-        kind,
-        st.view(),
-        &st.counters,
-        subject,
-        input,
-        &signal,
-        threshold,
-    );
+    let mut d = policy
+        .detectors
+        .describe(kind, st.view_for(kind), input, &signal, threshold);
     if let Some(steps) = held_for_steps {
         d.evidence
             .insert("terminates_in_steps".into(), serde_json::json!(steps));

@@ -51,7 +51,8 @@ use crate::contract::output::{
 };
 use crate::engine::content::ContentSample;
 use crate::engine::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
-use crate::engine::policy::{Level, Mode, Policy};
+use crate::engine::levels::{Level, Mode};
+use crate::engine::policy::Policy;
 use crate::engine::state::{LlmObservation, SessionState};
 use crate::engine::store::{StateStore, StoreBatch, StoreError};
 use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};

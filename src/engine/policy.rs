@@ -6,9 +6,7 @@
 //! per (tenant, agent, tool) and cached. Nothing here knows a detector by name.
 
 use crate::engine::detectors::{DetectorKind, Detectors, DETECTOR_COUNT};
-pub use crate::engine::levels::{
-    Level, Levels, Mode, BUDGET_CRITICAL_SHARE, BUDGET_WARN_SHARE, DEFAULT_GRACE_STEPS,
-};
+use crate::engine::levels::{Levels, Mode};
 
 /// Every detector's levels and settings.
 #[derive(Debug, Clone, PartialEq)]

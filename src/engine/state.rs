@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::detectors::{DetectorKind, DetectorStates, SessionView, DETECTOR_COUNT};
 use crate::engine::levels::Level;
-use crate::engine::trajectory::{fixed, push_bounded, Counters, RunState, ToolCount};
+use crate::engine::trajectory::{fixed, push_bounded, wall_seconds, Counters, RunState, ToolCount};
 
 mod observe;
 
@@ -122,11 +122,16 @@ pub struct SessionState {
 pub struct CorruptState(#[from] postcard::Error);
 
 fn cap_label(s: &str) -> String {
-    let mut end = s.len().min(MAX_LABEL);
+    cut_at_char(s, MAX_LABEL).to_string()
+}
+
+/// `s` cut to at most `max` bytes, at a char boundary.
+fn cut_at_char(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    s[..end].to_string()
+    &s[..end]
 }
 
 /// An LLM call as the session's counters see it: its kind, tokens and cost, and the
@@ -266,18 +271,21 @@ impl SessionState {
         self.recent_event_ids.clear();
     }
 
-    /// The trajectory as the detectors read it.
-    pub fn view(&self) -> SessionView<'_> {
-        SessionView::new(
-            &self.stats,
-            &self.run,
-            self.first_event_ms,
-            self.last_event_ms,
-        )
+    /// The session as detector `kind` reads it: the trajectory, every detector's
+    /// counters, and the subject of `kind`'s open episode.
+    pub fn view_for(&self, kind: DetectorKind) -> SessionView<'_, DetectorStates> {
+        SessionView {
+            stats: &self.stats,
+            run: &self.run,
+            first_event_ms: self.first_event_ms,
+            last_event_ms: self.last_event_ms,
+            subject: self.episodes[kind.index()].subject,
+            own: &self.counters,
+        }
     }
 
     pub fn wall_seconds(&self) -> f64 {
-        (self.last_event_ms - self.first_event_ms).max(0) as f64 / 1000.0
+        wall_seconds(self.first_event_ms, self.last_event_ms)
     }
 }
 

@@ -246,12 +246,11 @@ pub fn opening(text: &str, words: usize) -> Option<u64> {
     let mut at = 0;
     while at < bytes.len() {
         // ASCII byte by byte (as a char it reads the same); other chars whole.
-        let (alphanumeric, len) = match bytes[at] {
-            b if b.is_ascii() => (b.is_ascii_alphanumeric(), 1),
-            _ => {
-                let c = text[at..].chars().next().expect("at a char boundary");
-                (c.is_alphanumeric(), c.len_utf8())
-            }
+        let wide =
+            (!bytes[at].is_ascii()).then(|| text[at..].chars().next().expect("at a char boundary"));
+        let (alphanumeric, len) = match wide {
+            None => (bytes[at].is_ascii_alphanumeric(), 1),
+            Some(c) => (c.is_alphanumeric(), c.len_utf8()),
         };
         if !alphanumeric {
             in_word = false;
@@ -266,13 +265,13 @@ pub fn opening(text: &str, words: usize) -> Option<u64> {
             in_word = true;
             mix(b' ');
         }
-        if len == 1 {
-            mix(bytes[at].to_ascii_lowercase());
-        } else {
-            let c = text[at..].chars().next().expect("at a char boundary");
-            for l in c.to_lowercase() {
-                let mut buf = [0u8; 4];
-                l.encode_utf8(&mut buf).bytes().for_each(&mut mix);
+        match wide {
+            None => mix(bytes[at].to_ascii_lowercase()),
+            Some(c) => {
+                for l in c.to_lowercase() {
+                    let mut buf = [0u8; 4];
+                    l.encode_utf8(&mut buf).bytes().for_each(&mut mix);
+                }
             }
         }
         at += len;

@@ -220,6 +220,11 @@ pub struct RunState {
 }
 
 impl RunState {
+    /// The latest call (on a tool call's event: that call, as the window keeps it).
+    pub fn latest(&self) -> Option<CallRecord> {
+        self.window.back().copied()
+    }
+
     /// The call `back` calls before the latest one (1: the one before it), once the
     /// latest has joined the window.
     pub fn before_latest(&self, back: usize) -> Option<CallRecord> {
@@ -252,6 +257,11 @@ impl Did {
     /// The call was a read that succeeded, whose sampled lines the run had nearly all seen (see
     /// [`crate::engine::content::ContentSample::all_seen_in`]).
     pub const REREAD: u8 = 32;
+}
+
+/// A session's own clock, from its first event to its latest, in seconds.
+pub fn wall_seconds(first_event_ms: i64, last_event_ms: i64) -> f64 {
+    (last_event_ms - first_event_ms).max(0) as f64 / 1000.0
 }
 
 /// Pushes `item`, dropping the oldest items past `cap`; returns the one that left.

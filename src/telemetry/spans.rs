@@ -38,7 +38,7 @@ use crate::bus::kafka::settings::KafkaSettings;
 use crate::config::TelemetrySettings;
 use crate::contract::event::parse_rfc3339_ms;
 use crate::contract::output::{FindingEvent, SummaryEvent};
-use crate::engine::policy::Level;
+use crate::engine::levels::Level;
 
 /// The W3C trace-context header, read from input messages and written on outputs.
 pub const TRACEPARENT: &str = "traceparent";

@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::contract::event::{printable, Event, EventBody, Outcome};
 use crate::contract::output::Output;
 use crate::engine::detectors::{DetectorKind, DETECTOR_COUNT};
-use crate::engine::policy::Level;
+use crate::engine::levels::Level;
 use crate::tools::driver::{drive, DriveError, Input, Options, Sink, Step};
 
 /// Outcomes given beside the events (`--outcomes`), for logs whose `session.completed`

@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::config::Config;
 use crate::contract::event::parse_event;
 use crate::contract::output::{ClosedBy, Output};
-use crate::engine::policy::Level;
+use crate::engine::levels::Level;
 use crate::engine::{Engine, EventMeta};
 
 /// The expectations of one case.

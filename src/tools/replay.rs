@@ -68,7 +68,7 @@ fn write_output(o: &Output, format: Format, out: &mut dyn Write) -> std::io::Res
         Format::Json => writeln!(out, "{}", o.to_json()),
         Format::Table => match o {
             Output::Finding(f) => {
-                let level = if f.mode == crate::engine::policy::Mode::Shadow {
+                let level = if f.mode == crate::engine::levels::Mode::Shadow {
                     format!("{}*", f.level.name())
                 } else {
                     f.level.name().to_string()
@@ -131,7 +131,7 @@ pub fn replay(
         |outputs| {
             for (o, json) in outputs.iter() {
                 match o {
-                    Output::Finding(f) if f.mode == crate::engine::policy::Mode::Shadow => {
+                    Output::Finding(f) if f.mode == crate::engine::levels::Mode::Shadow => {
                         report.shadow_findings += 1
                     }
                     Output::Finding(f) if f.stop_reason.is_some() => report.terminations += 1,

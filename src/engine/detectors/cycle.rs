@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, recent_calls};
 use crate::engine::levels::Levels;
-use crate::engine::trajectory::{CallRecord, RunState};
+use crate::engine::trajectory::RunState;
 
 /// Cycle lengths `cycle` looks for (2 is `ping_pong`'s, 1 `repeat`'s).
 pub const CYCLE_LENGTHS: [usize; 10] = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
@@ -30,8 +30,10 @@ impl Detector for Cycle {
     type State = [u32; CYCLE_LENGTHS.len()];
 
     fn observe(&self, matched: &mut Self::State, run: &RunState, input: &Input<'_>) {
-        let Some(t) = input.tool() else { return };
-        let this = CallRecord::of(&t.obs);
+        if input.tool().is_none() {
+            return;
+        }
+        let Some(this) = run.latest() else { return };
         for (m, k) in matched.iter_mut().zip(CYCLE_LENGTHS) {
             *m = match run.before_latest(k) {
                 Some(prev) if prev.same_outcome(&this) => *m + 1,

@@ -26,7 +26,7 @@ impl Detector for ErrorRepeat {
         let Some(t) = input.tool() else { return };
         // A failure that says nothing (an exit code, an empty output: `grep` finding
         // nothing) is an answer, not an error to retry: `repeat` follows it.
-        let this = CallRecord::of(&t.obs);
+        let Some(this) = run.latest() else { return };
         *streak = match run.before_latest(1) {
             _ if !t.obs.error_text || t.facts.poll_moved => 0,
             Some(l) if l.has(CallRecord::ERROR_TEXT) && l.action == this.action => *streak + 1,

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 use crate::engine::levels::{Level, Levels};
 use crate::engine::text::{Chant, TextSketch};
-use crate::engine::trajectory::{Counters, RunState, ToolFacts, ToolObservation};
+use crate::engine::trajectory::{wall_seconds, Counters, RunState, ToolFacts, ToolObservation};
 
 /// A detector's session: the trajectory every detector reads (counters, the run's
 /// window of calls, its clock) and the detector's own counters (`own`, of its
@@ -34,41 +34,23 @@ impl<S> Clone for SessionView<'_, S> {
 
 impl<S> Copy for SessionView<'_, S> {}
 
-impl<'a> SessionView<'a> {
-    /// The trajectory, before it is given a detector's counters.
-    pub fn new(
-        stats: &'a Counters,
-        run: &'a RunState,
-        first_event_ms: i64,
-        last_event_ms: i64,
-    ) -> SessionView<'a> {
-        SessionView {
-            stats,
-            run,
-            first_event_ms,
-            last_event_ms,
-            subject: 0,
-            own: &(),
-        }
-    }
-
-    /// The view one detector is given: its counters and its episode's subject.
-    pub fn with<S>(self, own: &'a S, subject: u64) -> SessionView<'a, S> {
+impl<'a, S> SessionView<'a, S> {
+    /// The same session with only `part` of the counters (a detector's own, out of
+    /// every detector's).
+    pub fn narrow<T>(self, part: &'a T) -> SessionView<'a, T> {
         SessionView {
             stats: self.stats,
             run: self.run,
             first_event_ms: self.first_event_ms,
             last_event_ms: self.last_event_ms,
-            subject,
-            own,
+            subject: self.subject,
+            own: part,
         }
     }
-}
 
-impl<S> SessionView<'_, S> {
     /// The session's own clock, from its first event to its latest, in seconds.
     pub fn wall_seconds(&self) -> f64 {
-        (self.last_event_ms - self.first_event_ms).max(0) as f64 / 1000.0
+        wall_seconds(self.first_event_ms, self.last_event_ms)
     }
 }
 

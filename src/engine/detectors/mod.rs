@@ -248,33 +248,29 @@ macro_rules! detectors {
                 $(self.$module.observe(&mut states.$module, run, input);)+
             }
 
-            /// Judges one detector on one event (`subject`: its open episode's).
+            /// Judges one detector on one event (`session`: as `kind` sees it, every
+            /// detector's counters narrowed to its own here).
             #[inline]
             pub fn evaluate(
                 &self,
                 kind: DetectorKind,
                 levels: &Levels,
-                session: SessionView<'_>,
-                states: &DetectorStates,
-                subject: u64,
+                session: SessionView<'_, DetectorStates>,
                 input: &Input<'_>,
             ) -> Option<Signal> {
-                match kind { $(DetectorKind::$detector => evaluate_one(&self.$module, levels, &session.with(&states.$module, subject), input)),+ }
+                match kind { $(DetectorKind::$detector => evaluate_one(&self.$module, levels, &session.narrow(&session.own.$module), input)),+ }
             }
 
             /// Describes a finding of `kind` on the event it was found on.
-            #[allow(clippy::too_many_arguments)]
             pub fn describe(
                 &self,
                 kind: DetectorKind,
-                session: SessionView<'_>,
-                states: &DetectorStates,
-                subject: u64,
+                session: SessionView<'_, DetectorStates>,
                 input: &Input<'_>,
                 signal: &Signal,
                 threshold: f64,
             ) -> Description {
-                match kind { $(DetectorKind::$detector => describe_one(&self.$module, &session.with(&states.$module, subject), input, signal, threshold)),+ }
+                match kind { $(DetectorKind::$detector => describe_one(&self.$module, &session.narrow(&session.own.$module), input, signal, threshold)),+ }
             }
 
             /// Reads a table of settings on top of the current ones.

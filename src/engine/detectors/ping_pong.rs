@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, recent_calls};
 use crate::engine::levels::Levels;
-use crate::engine::trajectory::{CallRecord, RunState};
+use crate::engine::trajectory::RunState;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,8 +21,10 @@ impl Detector for PingPong {
     type State = u32;
 
     fn observe(&self, alternation: &mut u32, run: &RunState, input: &Input<'_>) {
-        let Some(t) = input.tool() else { return };
-        let this = CallRecord::of(&t.obs);
+        if input.tool().is_none() {
+            return;
+        }
+        let Some(this) = run.latest() else { return };
         *alternation = match (run.before_latest(1), run.before_latest(2)) {
             (Some(p1), _) if p1.action == this.action => 1,
             (Some(_), Some(p2)) if p2.same_outcome(&this) && *alternation >= 2 => {

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::settings::Threshold;
 use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, fp_hex, recent_calls};
 use crate::engine::levels::Levels;
-use crate::engine::trajectory::{CallRecord, RunState};
+use crate::engine::trajectory::RunState;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,7 +45,7 @@ impl Detector for Repeat {
         let Some(t) = input.tool() else { return };
         // A write re-applied in a row is a loop whatever it returns (the same insert grows
         // the file with each copy).
-        let this = CallRecord::of(&t.obs);
+        let Some(this) = run.latest() else { return };
         *streak = match run.before_latest(1) {
             Some(l) if l.action == this.action && (t.obs.write || l.same_outcome(&this)) => *streak + 1,
             _ => 1,

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::settings::Threshold;
 use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, fp_hex};
 use crate::engine::levels::Levels;
-use crate::engine::trajectory::{CallRecord, RunState};
+use crate::engine::trajectory::RunState;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,7 +54,7 @@ impl Detector for SameError {
 
     fn observe(&self, streak: &mut u32, run: &RunState, input: &Input<'_>) {
         let Some(t) = input.tool() else { return };
-        let this = CallRecord::of(&t.obs);
+        let Some(this) = run.latest() else { return };
         *streak = match run.before_latest(1) {
             _ if t.facts.poll_moved => 0,
             Some(l) if t.obs.error_text && l.is_error() && l.shape == this.shape => *streak + 1,

@@ -2,9 +2,10 @@
 //! fields and every detector's [`crate::engine::detectors::Detector::State`]) by tracing
 //! its serde shape, and pinned to [`crate::engine::store::STATE_FORMAT`]: a change of
 //! what is written (a counter added, removed, retyped or moved) fails here until it is a
-//! new state format. Names are shown, not compared: postcard writes values in order,
-//! without names, so a rename is no change; nor is a counter of nothing (`()`), which
-//! is written as nothing.
+//! new state format. Names are compared too: postcard writes values in order, without
+//! names, but two counters of one type swapped would read each other's values, and a
+//! rename costs only a new number. A counter of nothing (`()`) writes nothing and is no
+//! change.
 
 use serde_reflection::{ContainerFormat, Format, Registry, Samples, Tracer, TracerConfig};
 

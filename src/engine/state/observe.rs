@@ -10,21 +10,14 @@ use crate::engine::trajectory::{
 };
 
 impl SessionState {
-    /// Applies an LLM call: its step, the calls it asks for, its tokens and cost, and
-    /// (a turn) the turn counted.
+    /// Applies an LLM call: its step, the tool calls it asks for, its tokens and cost,
+    /// and (a turn) the turn counted.
     pub fn observe_llm(&mut self, call: LlmObservation) {
-        self.count_llm_call(&call);
-        if call.is_turn {
-            self.stats.turns += 1;
-        }
-    }
-
-    /// An LLM call's step, the tool calls it asks for, its tokens and its cost.
-    fn count_llm_call(&mut self, call: &LlmObservation) {
         let s = &mut self.stats;
         s.llm_calls += 1;
         s.steps += 1;
         if call.is_turn {
+            s.turns += 1;
             // The calls a turn asks for are part of its step; one that does not say asks
             // for as many as this agent's turns have.
             s.most_calls_per_turn = s.most_calls_per_turn.max(s.calls_since_turn);
@@ -84,15 +77,7 @@ impl SessionState {
     }
 
     fn count_tool(&mut self, tool: &str, repeated: bool) {
-        let name = if tool.len() > MAX_TOOL_NAME {
-            let mut end = MAX_TOOL_NAME;
-            while !tool.is_char_boundary(end) {
-                end -= 1;
-            }
-            &tool[..end]
-        } else {
-            tool
-        };
+        let name = cut_at_char(tool, MAX_TOOL_NAME);
         let idx = match self.tools.iter().position(|t| t.tool == name) {
             Some(i) => i,
             None if self.tools.len() < MAX_NAMED_TOOLS => {
