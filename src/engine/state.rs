@@ -212,7 +212,7 @@ impl SessionState {
 
     /// Returns true when `event_id` was seen recently (an exact duplicate to drop).
     pub fn is_duplicate(&mut self, event_hash: u64) -> bool {
-        if self.recent_event_ids.contains(&event_hash) {
+        if crate::engine::trajectory::holds(&self.recent_event_ids, event_hash) {
             self.stats.duplicates += 1;
             return true;
         }

@@ -193,6 +193,21 @@ impl TextSketch {
 
     /// Estimated Jaccard similarity of the two token sets.
     pub fn similarity(&self, other: &TextSketch) -> f64 {
+        self.walk(other, None)
+    }
+
+    /// Whether [`TextSketch::similarity`] is at least `min`, exactly, but the walk stops
+    /// as soon as too few of the first k can be shared to reach it (most turns compared
+    /// are unlike, and that shows within a few steps).
+    pub fn similar_at_least(&self, other: &TextSketch, min: f64) -> bool {
+        self.walk(other, Some(min)) >= min
+    }
+
+    /// The similarity, or with `stop_below`, any value below it as soon as the estimate
+    /// cannot reach it: of the first k of the union, at most `k - union + common` can be
+    /// shared, and the estimate is at most that over k (so `common / union`, rounded, is
+    /// at most it rounded: rounding keeps the order).
+    fn walk(&self, other: &TextSketch, stop_below: Option<f64>) -> f64 {
         if self.is_empty() && other.is_empty() {
             return 1.0;
         }
@@ -217,6 +232,12 @@ impl TextSketch {
             i += usize::from(same | below);
             j += usize::from(!below);
             union += 1;
+            if let Some(min) = stop_below.filter(|_| !exact) {
+                let best = (SKETCH_K - union + common) as f64 / SKETCH_K as f64;
+                if best < min {
+                    return best;
+                }
+            }
         }
         if union == 0 {
             0.0

@@ -264,6 +264,15 @@ pub fn wall_seconds(first_event_ms: i64, last_event_ms: i64) -> f64 {
     (last_event_ms - first_event_ms).max(0) as f64 / 1000.0
 }
 
+/// Whether `q` holds `item`: every entry compared, without an early exit, which the
+/// compiler turns into SIMD compares (most lookups of these sets miss).
+#[inline]
+pub(crate) fn holds<T: Copy + PartialEq>(q: &VecDeque<T>, item: T) -> bool {
+    let any = |s: &[T]| s.iter().fold(false, |found, &x| found | (x == item));
+    let (front, back) = q.as_slices();
+    any(front) | any(back)
+}
+
 /// Pushes `item`, dropping the oldest items past `cap`; returns the one that left.
 pub(crate) fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) -> Option<T> {
     // `while`: a stored state holding more (written by another build) comes back down.

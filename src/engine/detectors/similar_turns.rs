@@ -94,7 +94,7 @@ impl Detector for SimilarTurns {
             || own
                 .sketches
                 .iter()
-                .any(|prev| prev.similarity(sketch) >= min_similarity);
+                .any(|prev| prev.similar_at_least(sketch, min_similarity));
         // The words repeat: the first such turn opens the streak whatever it learned,
         // the next ones count while they learn nothing new (a turn that opens as
         // before with nothing done learned nothing from its failures). Repeated words

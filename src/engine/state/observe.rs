@@ -5,8 +5,8 @@
 
 use super::*;
 use crate::engine::trajectory::{
-    CallRecord, Did, PollTracker, ToolFacts, ToolObservation, MAX_NAMED_TOOLS, MAX_TOOL_NAME,
-    OTHER_TOOLS, POLL_TRACKERS, SEEN_PAIRS, WINDOW_CALLS,
+    holds, CallRecord, Did, PollTracker, ToolFacts, ToolObservation, MAX_NAMED_TOOLS,
+    MAX_TOOL_NAME, OTHER_TOOLS, POLL_TRACKERS, SEEN_PAIRS, WINDOW_CALLS,
 };
 
 impl SessionState {
@@ -246,7 +246,7 @@ impl RunState {
             return (None, false);
         }
         let pair = rec.news_key();
-        let seen = self.seen_pairs.contains(&pair);
+        let seen = holds(&self.seen_pairs, pair);
         let news = (!(seen && obs.wordless)).then_some(seen);
         if seen {
             return (news, false);

@@ -86,6 +86,9 @@ proptest::proptest! {
         proptest::prop_assert_eq!(x.mins(), &hashes[..]);
         proptest::prop_assert_eq!(x.similarity(&y), similarity_by_cases(&x, &y));
         proptest::prop_assert_eq!(y.similarity(&x), similarity_by_cases(&y, &x));
+        for min in [0.0, 0.3, 0.5, 0.85, 0.9375, 1.0] {
+            proptest::prop_assert_eq!(x.similar_at_least(&y, min), x.similarity(&y) >= min, "{}", min);
+        }
     }
 }
 
