@@ -59,6 +59,8 @@ const LINE_BYTES_MAX: usize = 256;
 struct Line {
     bytes: [u8; LINE_BYTES_MAX],
     len: usize,
+    /// The normalized line (`compact` may write 8 bytes past the kept ones).
+    normalized: [u8; LINE_BYTES_MAX + 8],
 }
 
 impl Line {
@@ -80,8 +82,7 @@ impl Line {
     /// the run's first bit through it (`(digits + starts) ^ digits`); the kept bytes are
     /// then copied out eight at a time (`classes::compact`), with no branch per byte.
     fn normalized_hash(&mut self) -> (u32, usize) {
-        // `compact` may write 8 bytes past the kept ones.
-        let mut out = [0u8; LINE_BYTES_MAX + 8];
+        let out = &mut self.normalized;
         let mut n = 0;
         // Whether the byte before the block was a digit, a word byte, a word's digit.
         let (mut digit_before, mut word_before, mut word_digit_before) = (0u64, 0u64, 0u64);
@@ -109,7 +110,7 @@ impl Line {
                 block[zeros.trailing_zeros() as usize] = b'0';
                 zeros &= zeros - 1;
             }
-            n = classes::compact(block, valid & !dropped, &mut out, n);
+            n = classes::compact(block, valid & !dropped, out, n);
             digit_before = digits >> 63;
             word_before = words >> 63;
             word_digit_before = word_digits >> 63;
@@ -126,6 +127,7 @@ impl ContentSample {
         let mut line = Line {
             bytes: [0; LINE_BYTES_MAX],
             len: 0,
+            normalized: [0; LINE_BYTES_MAX + 8],
         };
         let s = canonical;
         let mut i = 0;
@@ -300,7 +302,7 @@ mod tests {
             stale in "[0-9a-z ]{0,256}",
         ) {
             let text = parts.concat();
-            let mut line = Line { bytes: [0; LINE_BYTES_MAX], len: 0 };
+            let mut line = Line { bytes: [0; LINE_BYTES_MAX], len: 0, normalized: [0; LINE_BYTES_MAX + 8] };
             line.push(stale.as_bytes());
             line.len = 0;
             line.push(text.as_bytes());
