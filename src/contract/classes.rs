@@ -144,17 +144,14 @@ const SPREAD: [u64; 256] = {
 
 /// Copies the bytes of `block` whose bits are set in `keep` to `out` from `at` on, in
 /// order, and returns where they end. Up to 8 bytes past the end may be written too
-/// (scratch), so `out` needs 8 bytes beyond the kept ones.
+/// (scratch), so `out` needs `BLOCK + 8` bytes from `at` on.
 ///
 /// With SSSE3 (detected at run time; nearly every x86_64 processor since 2006 has it)
 /// eight bytes at a time by a byte shuffle from a table of the 256 masks; otherwise a
 /// byte per set bit.
 #[inline]
 pub fn compact(block: &[u8; BLOCK], keep: u64, out: &mut [u8], at: usize) -> usize {
-    assert!(
-        out.len() >= at + keep.count_ones() as usize + 8,
-        "compact: out too short"
-    );
+    assert!(out.len() >= at + BLOCK + 8, "compact: out too short");
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("ssse3") && std::is_x86_feature_detected!("popcnt") {
@@ -196,7 +193,7 @@ mod ssse3 {
     };
 
     /// # Safety
-    /// SSSE3 and POPCNT available; `out.len() >= at + keep.count_ones() + 8`.
+    /// SSSE3 and POPCNT available; `out.len() >= at + BLOCK + 8`.
     #[target_feature(enable = "ssse3,popcnt")]
     pub unsafe fn compact(block: &[u8; BLOCK], keep: u64, out: &mut [u8], mut at: usize) -> usize {
         // Up to the word of the last kept byte.
@@ -408,7 +405,11 @@ mod tests {
         for (k, b) in blocks().enumerate() {
             for keep in [0, u64::MAX, 0x8000_0000_0000_0001, 0x00ff_00f0_0f00_ff00]
                 .into_iter()
-                .chain((0..64).map(|r| (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(r)))
+                .chain((0..64).map(|r| {
+                    (k as u64)
+                        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                        .rotate_left(r)
+                }))
             {
                 let expected: Vec<u8> = (0..BLOCK)
                     .filter(|i| keep >> i & 1 == 1)

@@ -59,7 +59,9 @@ const LINE_BYTES_MAX: usize = 256;
 struct Line {
     bytes: [u8; LINE_BYTES_MAX],
     len: usize,
-    /// The normalized line (`compact` may write 8 bytes past the kept ones).
+    /// The normalized line. `compact` asks for a block and 8 bytes of room past where
+    /// it writes, and a block's bytes follow at most the kept bytes of the blocks before
+    /// it (at most `LINE_BYTES_MAX - BLOCK`).
     normalized: [u8; LINE_BYTES_MAX + 8],
 }
 
