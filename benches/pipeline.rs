@@ -15,7 +15,14 @@
 //! - spans: OTEL_EXPORTER_OTLP_ENDPOINT, or LOOPWARDEN_TELEMETRY__SPANS_TO_KAFKA=true
 //!   (a topic of their own on the broker under test; Tansu only), as in `loopwarden run`;
 //! - LOOPWARDEN_BENCH_RESTORE_SESSIONS: open sessions a fresh instance restores from the
-//!   changelog in the third phase (default 100000; 0 skips it).
+//!   changelog in the third phase (default 100000; 0 skips it);
+//! - LOOPWARDEN_BENCH_GROWTH_SESSIONS / LOOPWARDEN_BENCH_GROWTH_EVENTS: a fourth phase
+//!   (skipped by default) where events go round-robin to that many sessions that never
+//!   complete (default 5 events each), so the open sessions grow to it and then every
+//!   session is touched once a round; it prints, every 2 s, events/s, open sessions, the
+//!   store's size and each stage's mean, to show whether throughput holds as state grows
+//!   (issue 32). The producer stays at most LOOPWARDEN_BENCH_GROWTH_AHEAD events (default
+//!   200000) ahead of the pipeline, within what the embedded broker keeps.
 //!
 //! Throughput is measured from the first output readable to the last session summary
 //! readable, so group-join time is left out; every session completes, so the last
@@ -37,6 +44,7 @@ use loopwarden::telemetry::{Spans, Telemetry};
 use loopwarden::tools::feed::{feed, FeedProducer, Routing, Target};
 use loopwarden::tools::simulate::{Fleet, FleetSpec};
 use rdkafka::consumer::Consumer;
+use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -464,6 +472,156 @@ fn dir_bytes(path: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Events of `sessions` sessions, round-robin, none completing: the `k`-th event is step
+/// `k / sessions` of session `k % sessions`, a tool call with arguments and a result of
+/// its own (no detector has a reason to fire), 1 ms of event time apart.
+fn growth_event(k: u64, sessions: u64) -> (String, String) {
+    let (session, step) = (k % sessions, k / sessions);
+    let id = format!("grow-{session:08}");
+    let ms = 1_763_000_000_000 + k as i64 / 10;
+    let json = format!(
+        concat!(
+            r#"{{"type":"tool.called","event_id":"{id}#{step}","session_id":"{id}","#,
+            r#""timestamp":"{ts}","tool":"read_file","args":{{"path":"src/m{session}/f{step}.rs"}},"#,
+            r#""result":"fn step_{step}() {{ /* session {session} */ }}"}}"#
+        ),
+        id = id,
+        step = step,
+        session = session,
+        ts = loopwarden::contract::event::format_rfc3339_ms(ms),
+    );
+    (id, json)
+}
+
+/// The running sum and count of one stage's histogram.
+fn stage_totals(telemetry: &Telemetry, stage: &str) -> (f64, u64) {
+    use prometheus::core::Metric as _;
+    let h = telemetry
+        .metrics
+        .batch_stages
+        .with_label_values(&[stage])
+        .metric();
+    let h = h.get_histogram();
+    (h.get_sample_sum(), h.get_sample_count())
+}
+
+fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
+    let brokers = &cluster.brokers();
+    let topics = cluster.topics(partitions);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), brokers, &topics);
+    let ahead: u64 = env_or("LOOPWARDEN_BENCH_GROWTH_AHEAD", 200_000);
+    let shutdown = Shutdown::new();
+    let mut telemetry = Telemetry::new();
+    telemetry.spans = None;
+    let telemetry = Arc::new(telemetry);
+    let pipeline = {
+        let (config, brokers, shutdown, telemetry) = (
+            config.clone(),
+            brokers.to_string(),
+            shutdown.clone(),
+            telemetry.clone(),
+        );
+        std::thread::spawn(move || run_observed(config, &brokers, shutdown, telemetry))
+    };
+    let consumed = |t: &Telemetry| -> u64 {
+        use prometheus::core::Metric as _;
+        t.metrics
+            .events_consumed
+            .with_label_values(&["tool.called"])
+            .metric()
+            .get_counter()
+            .get_value() as u64
+    };
+    let p = producer(brokers);
+    let started = Instant::now();
+    let mut last = (Instant::now(), 0u64, [(0.0, 0u64); 3]);
+    let stages = ["apply", "deliver", "store"];
+    eprintln!(
+        "growth: {events} events round-robin over {sessions} sessions, {partitions} partitions"
+    );
+    eprintln!("growth:   secs   consumed   events/s  open sessions  store MB  stage means (ms): apply deliver store");
+    let mut report = |final_line: bool| {
+        let now = Instant::now();
+        let done = consumed(&telemetry);
+        let totals = stages.map(|s| stage_totals(&telemetry, s));
+        let rate = (done - last.1) as f64 / (now - last.0).as_secs_f64();
+        let means: Vec<String> = totals
+            .iter()
+            .zip(last.2.iter())
+            .map(|((sum, n), (sum0, n0))| {
+                if n > n0 {
+                    format!("{:.1}", (sum - sum0) / (n - n0) as f64 * 1e3)
+                } else {
+                    "-".to_string()
+                }
+            })
+            .collect();
+        eprintln!(
+            "growth: {:6.1} {:10} {:10.0} {:14} {:9.1}  {}{}",
+            started.elapsed().as_secs_f64(),
+            done,
+            rate,
+            telemetry.metrics.sessions_open.get(),
+            telemetry.metrics.state_store_bytes.get() as f64 / 1e6,
+            means.join(" "),
+            if final_line { " (last)" } else { "" }
+        );
+        last = (now, done, totals);
+    };
+    let mut next_report = Instant::now() + Duration::from_secs(2);
+    for k in 0..events {
+        while k.saturating_sub(consumed(&telemetry)) >= ahead {
+            // rdkafka's `poll(t)` serves events until `t` has passed, spinning through its
+            // last millisecond: poll without waiting, and sleep, to leave the cores to the
+            // pipeline.
+            p.poll(Duration::ZERO);
+            std::thread::sleep(Duration::from_millis(1));
+            if Instant::now() >= next_report {
+                report(false);
+                next_report += Duration::from_secs(2);
+            }
+        }
+        let (id, json) = growth_event(k, sessions);
+        let mut record = BaseRecord::to(&topics.input)
+            .key(id.as_bytes())
+            .payload(&json);
+        loop {
+            match p.send(record) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    p.poll(Duration::ZERO);
+                    std::thread::sleep(Duration::from_millis(1));
+                    record = r;
+                }
+            }
+        }
+        p.poll(Duration::ZERO);
+        if Instant::now() >= next_report {
+            report(false);
+            next_report += Duration::from_secs(2);
+        }
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+    let limit = Instant::now() + Duration::from_secs(env_or("LOOPWARDEN_BENCH_LIMIT_SECS", 600));
+    while consumed(&telemetry) < events && Instant::now() < limit {
+        std::thread::sleep(Duration::from_millis(50));
+        if Instant::now() >= next_report {
+            report(false);
+            next_report += Duration::from_secs(2);
+        }
+    }
+    report(true);
+    eprintln!(
+        "growth: {} events in {:.1} s ({:.0} events/s over the whole phase)",
+        consumed(&telemetry),
+        started.elapsed().as_secs_f64(),
+        consumed(&telemetry) as f64 / started.elapsed().as_secs_f64()
+    );
+    shutdown.trigger();
+    pipeline.join().unwrap().unwrap();
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: run only then.
     if !std::env::args().any(|a| a == "--bench") {
@@ -506,5 +664,10 @@ fn main() {
     let restore_sessions = env_or("LOOPWARDEN_BENCH_RESTORE_SESSIONS", 100_000u64);
     if restore_sessions > 0 {
         restore(&cluster, partitions, restore_sessions);
+    }
+    let growth_sessions = env_or("LOOPWARDEN_BENCH_GROWTH_SESSIONS", 0u64);
+    if growth_sessions > 0 {
+        let events = env_or("LOOPWARDEN_BENCH_GROWTH_EVENTS", 5 * growth_sessions);
+        growth(&cluster, partitions, growth_sessions, events);
     }
 }
