@@ -108,15 +108,10 @@ fn run_with_telemetry(
 /// The batch stages' times from the pipeline's own histogram: mean and the bucket bound
 /// under which 50 % and 99 % of batches fell.
 fn print_stage_budget(telemetry: &Telemetry) {
-    use prometheus::core::Metric as _;
     let mut parts = Vec::new();
     for stage in ["wait", "apply", "deliver", "store", "commit"] {
-        let h = telemetry
-            .metrics
-            .batch_stages
-            .with_label_values(&[stage])
-            .metric();
-        let h = h.get_histogram();
+        let m = stage_metric(telemetry, stage);
+        let h = m.get_histogram();
         let count = h.get_sample_count();
         if count == 0 {
             continue;
@@ -495,14 +490,19 @@ fn growth_event(k: u64, sessions: u64) -> (String, String) {
 
 /// The running sum and count of one stage's histogram.
 fn stage_totals(telemetry: &Telemetry, stage: &str) -> (f64, u64) {
+    let m = stage_metric(telemetry, stage);
+    let h = m.get_histogram();
+    (h.get_sample_sum(), h.get_sample_count())
+}
+
+/// One batch stage's histogram as it stands.
+fn stage_metric(telemetry: &Telemetry, stage: &str) -> prometheus::proto::Metric {
     use prometheus::core::Metric as _;
-    let h = telemetry
+    telemetry
         .metrics
         .batch_stages
         .with_label_values(&[stage])
-        .metric();
-    let h = h.get_histogram();
-    (h.get_sample_sum(), h.get_sample_count())
+        .metric()
 }
 
 fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
