@@ -44,6 +44,7 @@ use loopwarden::telemetry::{Spans, Telemetry};
 use loopwarden::tools::feed::{feed, FeedProducer, Routing, Target};
 use loopwarden::tools::simulate::{Fleet, FleetSpec};
 use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message};
 
@@ -469,7 +470,9 @@ fn dir_bytes(path: &std::path::Path) -> u64 {
 
 /// Events of `sessions` sessions, round-robin, none completing: the `k`-th event is step
 /// `k / sessions` of session `k % sessions`, a tool call with arguments and a result of
-/// its own (no detector has a reason to fire), 1 ms of event time apart.
+/// its own (no detector has a reason to fire), 0.1 ms of event time apart (so a session's
+/// events are `sessions / 10` ms apart: under the 30-minute session gap up to 18M
+/// sessions).
 fn growth_event(k: u64, sessions: u64) -> (String, String) {
     let (session, step) = (k % sessions, k / sessions);
     let id = format!("grow-{session:08}");
@@ -511,6 +514,10 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), brokers, &topics);
     let ahead: u64 = env_or("LOOPWARDEN_BENCH_GROWTH_AHEAD", 200_000);
+    assert!(
+        ahead > 0,
+        "LOOPWARDEN_BENCH_GROWTH_AHEAD must be at least 1"
+    );
     let shutdown = Shutdown::new();
     let mut telemetry = Telemetry::new();
     telemetry.spans = None;
@@ -524,26 +531,25 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         );
         std::thread::spawn(move || run_observed(config, &brokers, shutdown, telemetry))
     };
-    let consumed = |t: &Telemetry| -> u64 {
-        use prometheus::core::Metric as _;
-        t.metrics
-            .events_consumed
-            .with_label_values(&["tool.called"])
-            .metric()
-            .get_counter()
-            .get_value() as u64
-    };
+    // Resolved once: a labelled lookup per event produced would cost the cores measured.
+    let consumed = telemetry
+        .metrics
+        .events_consumed
+        .with_label_values(&["tool.called"]);
     let p = producer(brokers);
     let started = Instant::now();
+    let deadline = started + Duration::from_secs(env_or("LOOPWARDEN_BENCH_LIMIT_SECS", 600));
+    // The pipeline gone, or out of time: stop feeding and waiting, and say so below.
+    let stopped = || pipeline.is_finished() || Instant::now() >= deadline;
     let mut last = (Instant::now(), 0u64, [(0.0, 0u64); 3]);
     let stages = ["apply", "deliver", "store"];
     eprintln!(
         "growth: {events} events round-robin over {sessions} sessions, {partitions} partitions"
     );
-    eprintln!("growth:   secs   consumed   events/s  open sessions  store MB  stage means (ms): apply deliver store");
+    eprintln!("growth:   secs   consumed   events/s  open sessions  store MB  stage means over the interval (ms): apply deliver store");
     let mut report = |final_line: bool| {
         let now = Instant::now();
-        let done = consumed(&telemetry);
+        let done = consumed.get();
         let totals = stages.map(|s| stage_totals(&telemetry, s));
         let rate = (done - last.1) as f64 / (now - last.0).as_secs_f64();
         let means: Vec<String> = totals
@@ -570,17 +576,23 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         last = (now, done, totals);
     };
     let mut next_report = Instant::now() + Duration::from_secs(2);
-    for k in 0..events {
-        while k.saturating_sub(consumed(&telemetry)) >= ahead {
+    let mut tick = |report: &mut dyn FnMut(bool)| {
+        if Instant::now() >= next_report {
+            report(false);
+            next_report += Duration::from_secs(2);
+        }
+    };
+    'feed: for k in 0..events {
+        while k.saturating_sub(consumed.get()) >= ahead {
+            if stopped() {
+                break 'feed;
+            }
             // rdkafka's `poll(t)` serves events until `t` has passed, spinning through its
             // last millisecond: poll without waiting, and sleep, to leave the cores to the
             // pipeline.
             p.poll(Duration::ZERO);
             std::thread::sleep(Duration::from_millis(1));
-            if Instant::now() >= next_report {
-                report(false);
-                next_report += Duration::from_secs(2);
-            }
+            tick(&mut report);
         }
         let (id, json) = growth_event(k, sessions);
         let mut record = BaseRecord::to(&topics.input)
@@ -589,34 +601,38 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         loop {
             match p.send(record) {
                 Ok(()) => break,
-                Err((_, r)) => {
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     p.poll(Duration::ZERO);
                     std::thread::sleep(Duration::from_millis(1));
                     record = r;
                 }
+                Err((e, _)) => panic!("growth: producing event {k}: {e}"),
             }
         }
         p.poll(Duration::ZERO);
-        if Instant::now() >= next_report {
-            report(false);
-            next_report += Duration::from_secs(2);
-        }
+        tick(&mut report);
     }
     p.flush(Duration::from_secs(30)).unwrap();
-    let limit = Instant::now() + Duration::from_secs(env_or("LOOPWARDEN_BENCH_LIMIT_SECS", 600));
-    while consumed(&telemetry) < events && Instant::now() < limit {
+    while consumed.get() < events && !stopped() {
         std::thread::sleep(Duration::from_millis(50));
-        if Instant::now() >= next_report {
-            report(false);
-            next_report += Duration::from_secs(2);
-        }
+        tick(&mut report);
     }
     report(true);
+    let done = consumed.get();
+    if done < events {
+        eprintln!(
+            "growth: stopped after {done} of {events} events ({})",
+            if pipeline.is_finished() {
+                "the pipeline ended"
+            } else {
+                "LOOPWARDEN_BENCH_LIMIT_SECS passed"
+            }
+        );
+    }
     eprintln!(
-        "growth: {} events in {:.1} s ({:.0} events/s over the whole phase)",
-        consumed(&telemetry),
+        "growth: {done} events in {:.1} s ({:.0} events/s over the whole phase, the group's join included)",
         started.elapsed().as_secs_f64(),
-        consumed(&telemetry) as f64 / started.elapsed().as_secs_f64()
+        done as f64 / started.elapsed().as_secs_f64()
     );
     shutdown.trigger();
     pipeline.join().unwrap().unwrap();

@@ -6,7 +6,8 @@
 //! Guarantees: every function gives exactly the mask its byte-by-byte definition gives
 //! (the tests hold each to it for every byte value at every position); on x86_64 the
 //! masks come from SSE2, which every x86_64 processor has, so nothing is detected at run
-//! time; elsewhere from a portable loop.
+//! time; elsewhere from a portable loop. [`compact`] alone detects SSSE3 and POPCNT at
+//! run time (a portable loop without them), and checks its output's room itself.
 
 /// Bytes per block.
 pub const BLOCK: usize = 64;
@@ -146,12 +147,17 @@ const SPREAD: [u64; 256] = {
 /// order, and returns where they end. Up to 8 bytes past the end may be written too
 /// (scratch), so `out` needs `BLOCK + 8` bytes from `at` on.
 ///
-/// With SSSE3 (detected at run time; nearly every x86_64 processor since 2006 has it)
-/// eight bytes at a time by a byte shuffle from a table of the 256 masks; otherwise a
-/// byte per set bit.
+/// With SSSE3 and POPCNT (detected at run time; nearly every x86_64 processor since
+/// 2008 has both) eight bytes at a time by a byte shuffle from a table of the 256 masks;
+/// otherwise a byte per set bit.
 #[inline]
 pub fn compact(block: &[u8; BLOCK], keep: u64, out: &mut [u8], at: usize) -> usize {
-    assert!(out.len() >= at + BLOCK + 8, "compact: out too short");
+    // `checked_sub`: a huge `at` must not wrap around into a passing check.
+    let room = out.len().checked_sub(at);
+    assert!(
+        room.is_some_and(|r| r >= BLOCK + 8),
+        "compact: out too short"
+    );
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("ssse3") && std::is_x86_feature_detected!("popcnt") {
@@ -422,6 +428,13 @@ mod tests {
                 assert_eq!(&plain[3..end], &expected[..]);
             }
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "compact: out too short")]
+    fn compact_refuses_a_start_past_the_output_however_large() {
+        let mut out = [0u8; BLOCK + 8];
+        compact(&[b'a'; BLOCK], 1, &mut out, usize::MAX - 70);
     }
 
     #[test]

@@ -81,8 +81,10 @@ impl Line {
     ///
     /// Read a 64-byte block at a time as byte-class masks: a run of digits is a word's
     /// when the byte before it continues a word, found for whole runs at once by carrying
-    /// the run's first bit through it (`(digits + starts) ^ digits`); the kept bytes are
-    /// then copied out eight at a time (`classes::compact`), with no branch per byte.
+    /// the run's first bit through it (`((digits + starts) ^ digits) & digits`); the kept
+    /// bytes are then copied out eight at a time (`classes::compact`), with no branch per
+    /// byte. A number standing on its own is written as `0` over its first digit in the
+    /// raw line, which is read no more after this.
     fn normalized_hash(&mut self) -> (u32, usize) {
         let out = &mut self.normalized;
         let mut n = 0;
@@ -283,6 +285,33 @@ mod tests {
             }
         }
         (crate::engine::hash::line_hash(&out), out.len())
+    }
+
+    #[test]
+    fn the_block_normalization_holds_at_block_edges_and_long_runs() {
+        let digits = |n: usize| "7".repeat(n);
+        let cases = [
+            format!("a{}", digits(130)),
+            digits(256),
+            format!("{}a{}", "x".repeat(62), digits(70)),
+            format!("{} {}", "x".repeat(62), digits(70)),
+            format!("{}.{}", digits(63), digits(100)),
+            "ab 1 c".repeat(11),
+            "w".repeat(64),
+            "9 ".repeat(64),
+            format!("{}z", " ".repeat(191)),
+            "utf8 x86_64 12:30 ".repeat(15),
+        ];
+        for text in cases {
+            let mut line = Line {
+                bytes: [0; LINE_BYTES_MAX],
+                len: 0,
+                normalized: [0; LINE_BYTES_MAX + 8],
+            };
+            line.push(text.as_bytes());
+            let expected = normalized_hash_bytewise(&line.bytes[..line.len]);
+            assert_eq!(line.normalized_hash(), expected, "{text:?}");
+        }
     }
 
     proptest! {
