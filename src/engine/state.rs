@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::detectors::{DetectorKind, DetectorStates, SessionView, DETECTOR_COUNT};
 use crate::engine::levels::Level;
-use crate::engine::trajectory::{fixed, push_bounded, wall_seconds, Counters, RunState, ToolCount};
+use crate::engine::trajectory::{
+    fixed, holds, push_bounded, wall_seconds, Counters, RunState, ToolCount,
+};
 
 mod observe;
 
@@ -212,7 +214,7 @@ impl SessionState {
 
     /// Returns true when `event_id` was seen recently (an exact duplicate to drop).
     pub fn is_duplicate(&mut self, event_hash: u64) -> bool {
-        if crate::engine::trajectory::holds(&self.recent_event_ids, event_hash) {
+        if holds(&self.recent_event_ids, event_hash) {
             self.stats.duplicates += 1;
             return true;
         }

@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, ConsumerGroupMetadata,
@@ -150,6 +150,10 @@ impl ProducerContext for Reports {
     }
 }
 
+/// How long [`KafkaTransport::poll`] sleeps between polls that served no report: short
+/// beside a broker's acknowledgement (milliseconds), long enough that waiting costs no core.
+const REPORT_WAIT: Duration = Duration::from_micros(250);
+
 impl Transport for KafkaTransport {
     fn send(&self, r: Outgoing<'_>, report: Report) -> KafkaResult<()> {
         let mut record = BaseRecord::with_opaque_to(r.topic, report).key(r.key);
@@ -165,8 +169,22 @@ impl Transport for KafkaTransport {
         self.producer.send(record).map_err(|(e, _)| e)
     }
 
+    /// Serves what has come without waiting, then sleeps in steps of [`REPORT_WAIT`]
+    /// until a report is served or `timeout` has passed. rdkafka's own `poll(t)` serves
+    /// reports until `t` has passed and hands librdkafka its wait in whole milliseconds
+    /// rounded down: with under a millisecond left it does not wait at all, so the
+    /// outbox's `poll(1 ms)` loop kept a core busy for as long as the broker took.
     fn poll(&self, timeout: Duration) {
-        self.producer.poll(timeout);
+        let until = Instant::now() + timeout;
+        let before = self.in_flight();
+        loop {
+            self.producer.poll(Duration::ZERO);
+            let now = Instant::now();
+            if self.in_flight() != before || now >= until {
+                return;
+            }
+            std::thread::sleep(REPORT_WAIT.min(until - now));
+        }
     }
 
     fn in_flight(&self) -> usize {

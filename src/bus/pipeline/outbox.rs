@@ -131,10 +131,6 @@ pub fn dead_letter(m: &impl Message, topic: &str, reason: &str, message: &str) -
     }
 }
 
-/// How long [`Outbox::await_acks`] sleeps when a poll served no report: short beside a
-/// broker's acknowledgement (milliseconds), long enough that waiting costs no core.
-const ACK_WAIT: Duration = Duration::from_micros(250);
-
 /// The records of the batch in hand and the producer they go through: the first `sent`
 /// are with the producer until [`Outbox::settle`] sees them acknowledged; records pushed
 /// meanwhile (the next batch's) wait behind them.
@@ -285,24 +281,12 @@ impl Outbox {
     }
 
     /// Waits until the producer has nothing in flight (or the deadline passed).
-    ///
-    /// Serves what has come without waiting, and sleeps [`ACK_WAIT`] only when nothing
-    /// had: rdkafka's `poll(t)` serves reports until `t` has passed and hands librdkafka
-    /// its wait in whole milliseconds rounded down, so with under a millisecond left it
-    /// does not wait at all, and `poll(1 ms)` in a loop kept a core busy for as long as
-    /// the broker took to acknowledge.
     pub fn await_acks(&self, backoff: &Backoff) -> Result<(), DeadlinePassed> {
-        let mut left = self.transport.in_flight();
-        while left > 0 {
-            self.transport.poll(Duration::ZERO);
+        while self.transport.in_flight() > 0 {
+            self.transport.poll(Duration::from_millis(1));
             if backoff.past_deadline() {
                 return Err(DeadlinePassed);
             }
-            let now = self.transport.in_flight();
-            if now == left {
-                std::thread::sleep(ACK_WAIT);
-            }
-            left = now;
         }
         Ok(())
     }
