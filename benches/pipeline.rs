@@ -48,6 +48,11 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message};
 
+// The allocator `loopwarden` itself runs on (src/main.rs), so that the pipeline is measured
+// as it runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()

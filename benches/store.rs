@@ -1,0 +1,184 @@
+//! The state store alone as open sessions grow (issue 32): the engine and sled, no broker.
+//!
+//! Events go round-robin to `sessions` sessions that never complete (the pipeline bench's
+//! growth phase, without Kafka): each input partition has its engine and its sled tree in
+//! one database, as a worker has, and every `batch` events each partition's changes are
+//! stored as one atomic batch, as the pipeline's store stage does. It prints, per round
+//! (every session touched once), the engine's and the store's time per event, the process
+//! CPU (sled's flusher threads included), the database's size on disk and the bytes each
+//! stored state takes, so the store's cost can be read against the state's size.
+//!
+//! Knobs (environment): LOOPWARDEN_BENCH_STORE_SESSIONS (comma-separated, default
+//! `10000,200000`), LOOPWARDEN_BENCH_STORE_ROUNDS (events per session, default 4),
+//! LOOPWARDEN_BENCH_STORE_BATCH (events per batch, default 10000),
+//! LOOPWARDEN_BENCH_STORE_PARTITIONS (default 128), LOOPWARDEN_BENCH_STORE_CACHE_MIB (sled's
+//! page cache, default the pipeline's), LOOPWARDEN_BENCH_STORE_FLUSH=1 (flush after every
+//! batch, as the pipeline does when the changelog is off).
+//!
+//! `cargo bench --bench store`
+
+use std::hash::BuildHasher as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use loopwarden::config::Config;
+use loopwarden::contract::event::{format_rfc3339_ms, parse_event, ParseLimits};
+use loopwarden::engine::store::{open_db_with_cache, SledStore, StateStore};
+use loopwarden::engine::{Engine, EventMeta};
+
+// The allocator `loopwarden` itself runs on (src/main.rs), so that the engine and the store are measured
+// as it runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
+        Err(_) => default,
+    }
+}
+
+/// The pipeline bench's growth event: step `k / sessions` of session `k % sessions`.
+fn growth_event(k: u64, sessions: u64) -> String {
+    let (session, step) = (k % sessions, k / sessions);
+    let id = format!("grow-{session:08}");
+    format!(
+        concat!(
+            r#"{{"type":"tool.called","event_id":"{id}#{step}","session_id":"{id}","#,
+            r#""timestamp":"{ts}","tool":"read_file","args":{{"path":"src/m{session}/f{step}.rs"}},"#,
+            r#""result":"fn step_{step}() {{ /* session {session} */ }}"}}"#
+        ),
+        id = id,
+        step = step,
+        session = session,
+        ts = format_rfc3339_ms(1_763_000_000_000 + k as i64 / 10),
+    )
+}
+
+/// User + system CPU of this process so far (every thread, sled's included).
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // Linux reports in clock ticks of 1/100 s on every platform this runs on.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, flush: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_db_with_cache(dir.path(), cache_mib * 1024 * 1024).unwrap();
+    let config = Arc::new(
+        Config::from_toml_str(
+            "[engine]\nsession_gap_secs = 315360000\n",
+            "bench",
+            std::iter::empty(),
+        )
+        .unwrap(),
+    );
+    let mut stores: Vec<SledStore> = (0..partitions)
+        .map(|p| SledStore::partition(&db, p as i32).unwrap())
+        .collect();
+    let mut engines: Vec<Engine> = stores
+        .iter()
+        .map(|s| Engine::restore(config.clone(), s).unwrap())
+        .collect();
+    let mut out = Vec::new();
+    let limits = ParseLimits::default();
+    println!(
+        "store: {sessions} sessions, {rounds} rounds, batches of {batch} events, {partitions} partitions, cache {cache_mib} MiB{}",
+        if flush { ", flushed every batch" } else { "" }
+    );
+    println!("store: round  engine µs/event  store µs/event  CPU µs/event  wall µs/event  MB on disk  bytes/state");
+    let (mut engine_time, mut store_time) = (Duration::ZERO, Duration::ZERO);
+    let (mut round_start, mut cpu_start) = (Instant::now(), process_cpu());
+    let mut put_bytes = (0u64, 0u64);
+    for k in 0..sessions * rounds {
+        let started = Instant::now();
+        let json = growth_event(k, sessions);
+        let event = parse_event(json.as_bytes(), &limits).unwrap();
+        let partition = (rustc_hash::FxBuildHasher.hash_one(k % sessions) % partitions) as usize;
+        let meta = EventMeta {
+            offset: Some(k as i64),
+            ..EventMeta::default()
+        };
+        engines[partition].process(&event, &meta, &mut out);
+        out.clear();
+        engine_time += started.elapsed();
+        if (k + 1) % batch == 0 || k + 1 == sessions * rounds {
+            let started = Instant::now();
+            for (engine, store) in engines.iter_mut().zip(&mut stores) {
+                let offsets = [("input/0".to_string(), k as i64)];
+                if let Some(b) = engine.take_changes(&offsets) {
+                    for (_, v) in &b.puts {
+                        put_bytes.0 += 1;
+                        put_bytes.1 += v.len() as u64;
+                    }
+                    store.commit(b).unwrap();
+                }
+            }
+            if flush {
+                db.flush().unwrap();
+            }
+            store_time += started.elapsed();
+        }
+        if (k + 1) % sessions == 0 {
+            let events = sessions as f64;
+            let per = |d: Duration| d.as_secs_f64() * 1e6 / events;
+            println!(
+                "store: {:5}  {:15.2}  {:14.2}  {:12.2}  {:13.2}  {:10.1}  {:11.0}",
+                (k + 1) / sessions,
+                per(engine_time),
+                per(store_time),
+                per(process_cpu() - cpu_start),
+                per(round_start.elapsed()),
+                db.size_on_disk().unwrap() as f64 / 1e6,
+                put_bytes.1 as f64 / put_bytes.0.max(1) as f64,
+            );
+            (engine_time, store_time) = (Duration::ZERO, Duration::ZERO);
+            (round_start, cpu_start) = (Instant::now(), process_cpu());
+            put_bytes = (0, 0);
+        }
+    }
+    let open: usize = engines.iter().map(Engine::open_sessions).sum();
+    assert_eq!(open as u64, sessions, "every session stays open");
+    let stored: usize = stores
+        .iter()
+        .map(|s| s.load_sessions().unwrap().len())
+        .sum();
+    assert_eq!(stored as u64, sessions, "every session is stored");
+}
+
+fn main() {
+    let sizes: String = env_or(
+        "LOOPWARDEN_BENCH_STORE_SESSIONS",
+        "10000,200000".to_string(),
+    );
+    let rounds = env_or("LOOPWARDEN_BENCH_STORE_ROUNDS", 4u64);
+    let batch = env_or("LOOPWARDEN_BENCH_STORE_BATCH", 10_000u64);
+    let partitions = env_or("LOOPWARDEN_BENCH_STORE_PARTITIONS", 128u64);
+    let cache = env_or(
+        "LOOPWARDEN_BENCH_STORE_CACHE_MIB",
+        loopwarden::config::DEFAULT_STATE_CACHE_MIB,
+    );
+    let flush = env_or("LOOPWARDEN_BENCH_STORE_FLUSH", 0u8) == 1;
+    assert!(
+        batch > 0 && partitions > 0 && rounds > 0,
+        "batch, partitions and rounds must be at least 1"
+    );
+    for size in sizes.split(',') {
+        let sessions: u64 = size
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("LOOPWARDEN_BENCH_STORE_SESSIONS: {size:?} is not a count"));
+        run(sessions, rounds, batch, partitions, cache, flush);
+    }
+}
