@@ -122,7 +122,7 @@ fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, 
                         put_bytes.0 += 1;
                         put_bytes.1 += v.len() as u64;
                     }
-                    store.commit(b).unwrap();
+                    store.commit(&b).unwrap();
                 }
             }
             if flush {

@@ -229,8 +229,21 @@ impl ContentSample {
 
     /// Adds the lines sampled here to `seen`, which keeps the newest [`SEEN_LINES`].
     pub fn remember_in(&self, seen: &mut VecDeque<u16>) {
-        for &h in self.hashes() {
-            if holds(seen, h) {
+        self.seen_then_remember(seen);
+    }
+
+    /// [`ContentSample::all_seen_in`] `seen` as it was, then adds the lines sampled here
+    /// to it: each line looked up once for both.
+    pub fn seen_then_remember(&self, seen: &mut VecDeque<u16>) -> Option<bool> {
+        let lines = self.hashes();
+        let mut held = [false; SAMPLED_LINES_MAX];
+        for (h, held) in lines.iter().zip(&mut held) {
+            *held = holds(seen, *h);
+        }
+        for (&h, &held) in lines.iter().zip(&held) {
+            // A line held before may have been pushed out by one added since (then it
+            // is not found); one not held is not there now (the sample's are distinct).
+            if held {
                 if let Some(at) = seen.iter().position(|&s| s == h) {
                     seen.remove(at);
                 }
@@ -241,6 +254,11 @@ impl ContentSample {
             }
             seen.push_back(h);
         }
+        if lines.len() < MIN_SAMPLED_LINES {
+            return None;
+        }
+        let new = held[..lines.len()].iter().filter(|&&held| !held).count();
+        Some(new * 8 <= lines.len())
     }
 }
 
@@ -339,6 +357,40 @@ mod tests {
             line.push(text.as_bytes());
             let expected = normalized_hash_bytewise(&line.bytes[..line.len]);
             prop_assert_eq!(line.normalized_hash(), expected);
+        }
+    }
+
+    proptest! {
+        /// One lookup per line judges and remembers as judging, then remembering, did:
+        /// with a set full or nearly (a line added pushes out the oldest, which may be
+        /// one of the sample's) and lines drawn from a few values (most seen before).
+        #[test]
+        fn seen_then_remember_is_all_seen_in_then_remember_in(
+            seen in proptest::collection::vec_deque(0u16..300, SEEN_LINES - 8..=SEEN_LINES),
+            lines in proptest::collection::btree_set(0u16..300, 0..=SAMPLED_LINES_MAX),
+            order in any::<u64>(),
+        ) {
+            let mut lines: Vec<u16> = lines.into_iter().collect();
+            let turn = (order as usize) % lines.len().max(1);
+            lines.rotate_left(turn);
+            let mut sample = ContentSample::default();
+            sample.hashes[..lines.len()].copy_from_slice(&lines);
+            sample.len = lines.len() as u8;
+            let (mut before, mut merged) = (seen.clone(), seen);
+            let judged = sample.all_seen_in(&before);
+            // Remembering as first written: each line looked up as it is added.
+            for &h in sample.hashes() {
+                if holds(&before, h) {
+                    let at = before.iter().position(|&s| s == h).unwrap();
+                    before.remove(at);
+                }
+                while before.len() >= SEEN_LINES {
+                    before.pop_front();
+                }
+                before.push_back(h);
+            }
+            prop_assert_eq!(sample.seen_then_remember(&mut merged), judged);
+            prop_assert_eq!(merged, before);
         }
     }
 

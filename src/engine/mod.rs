@@ -117,6 +117,8 @@ pub struct Engine {
     dirty: Option<FxHashSet<String>>,
     closed: Vec<String>,
     counters: EngineCounters,
+    /// Where changed states are serialized (its capacity kept between them).
+    state_bytes: Vec<u8>,
 }
 
 impl Engine {
@@ -130,6 +132,7 @@ impl Engine {
             dirty: None,
             closed: Vec::new(),
             counters: EngineCounters::default(),
+            state_bytes: Vec::new(),
         }
     }
 
@@ -530,7 +533,7 @@ impl Engine {
         offsets: &[(String, i64)],
     ) -> Result<(), StoreError> {
         match self.take_changes(offsets) {
-            Some(batch) => store.commit(batch),
+            Some(batch) => store.commit(&batch),
             None => Ok(()),
         }
     }
@@ -544,7 +547,9 @@ impl Engine {
         let mut batch = StoreBatch::default();
         for id in dirty.drain() {
             if let Some(slot) = self.sessions.get(&id) {
-                batch.puts.push((id, slot.state.to_bytes()));
+                batch
+                    .puts
+                    .push((id, slot.state.to_bytes_with(&mut self.state_bytes)));
             }
         }
         // A session that closed and reopened since the last flush is a put, not a delete.

@@ -53,16 +53,18 @@ pub struct Episode {
 /// Episodes are mostly untouched: only the non-default ones are stored, with their index.
 mod sparse_episodes {
     use super::{Episode, DETECTOR_COUNT};
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde::{Deserialize, Deserializer, Serializer};
 
+    /// Written as a `Vec<(u8, Episode)>` of the used ones would be, without building it
+    /// (a state is serialized for every event stored).
     pub fn serialize<S: Serializer>(v: &[Episode], s: S) -> Result<S::Ok, S::Error> {
-        let used: Vec<(u8, Episode)> = v
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| **e != Episode::default())
-            .map(|(i, e)| (i as u8, *e))
-            .collect();
-        used.serialize(s)
+        use serde::ser::SerializeSeq as _;
+        let used = |(_, e): &(usize, &Episode)| **e != Episode::default();
+        let mut seq = s.serialize_seq(Some(v.iter().enumerate().filter(used).count()))?;
+        for (i, e) in v.iter().enumerate().filter(used) {
+            seq.serialize_element(&(i as u8, *e))?;
+        }
+        seq.end()
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Episode>, D::Error> {
@@ -162,7 +164,19 @@ impl SessionState {
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
-        postcard::to_allocvec(self).expect("session state always serializes")
+        self.to_bytes_with(&mut Vec::new())
+    }
+
+    /// [`SessionState::to_bytes`], written into `scratch` first (its capacity kept from
+    /// state to state), then copied once at its size: a vector grown from empty is
+    /// reallocated half a dozen times for every state stored.
+    pub fn to_bytes_with(&self, scratch: &mut Vec<u8>) -> Vec<u8> {
+        scratch.clear();
+        let written = postcard::to_extend(self, std::mem::take(scratch))
+            .expect("session state always serializes");
+        let bytes = written.as_slice().to_vec();
+        *scratch = written;
+        bytes
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<SessionState, CorruptState> {

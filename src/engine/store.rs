@@ -49,7 +49,7 @@ pub trait StateStore {
     /// The last applied offset of a partition.
     fn offset(&self, partition: &str) -> Result<Option<i64>, StoreError>;
     /// Applies a batch atomically (and durably, for on-disk stores).
-    fn commit(&mut self, batch: StoreBatch) -> Result<(), StoreError>;
+    fn commit(&mut self, batch: &StoreBatch) -> Result<(), StoreError>;
     /// Stored bytes of one session (for size measurements and tests).
     fn session_bytes(&self, session: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
@@ -109,15 +109,15 @@ impl StateStore for MemoryStore {
         Ok(self.offsets.get(partition).copied())
     }
 
-    fn commit(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
-        for (k, v) in batch.puts {
-            self.sessions.insert(k, v);
+    fn commit(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
+        for (k, v) in &batch.puts {
+            self.sessions.insert(k.clone(), v.clone());
         }
-        for k in batch.deletes {
-            self.sessions.remove(&k);
+        for k in &batch.deletes {
+            self.sessions.remove(k);
         }
-        for (p, o) in batch.offsets {
-            self.offsets.insert(p, o);
+        for (p, o) in &batch.offsets {
+            self.offsets.insert(p.clone(), *o);
         }
         Ok(())
     }
@@ -278,16 +278,16 @@ impl StateStore for SledStore {
             .map(i64::from_be_bytes))
     }
 
-    fn commit(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+    fn commit(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
         let mut b = sled::Batch::default();
-        for (k, v) in batch.puts {
-            b.insert(key(SESSION_PREFIX, &k), v);
+        for (k, v) in &batch.puts {
+            b.insert(key(SESSION_PREFIX, k), v.as_slice());
         }
-        for k in batch.deletes {
-            b.remove(key(SESSION_PREFIX, &k));
+        for k in &batch.deletes {
+            b.remove(key(SESSION_PREFIX, k));
         }
-        for (p, o) in batch.offsets {
-            b.insert(key(OFFSET_PREFIX, &p), o.to_be_bytes().to_vec());
+        for (p, o) in &batch.offsets {
+            b.insert(key(OFFSET_PREFIX, p), &o.to_be_bytes());
         }
         self.tree.apply_batch(b)?;
         if self.flush_on_commit {
@@ -311,14 +311,14 @@ mod tests {
     fn exercise(store: &mut dyn StateStore) {
         let st = SessionState::new(42, 42);
         store
-            .commit(StoreBatch {
+            .commit(&StoreBatch {
                 puts: vec![("a".into(), st.to_bytes()), ("b".into(), st.to_bytes())],
                 deletes: vec![],
                 offsets: vec![("t/0".into(), 7)],
             })
             .unwrap();
         store
-            .commit(StoreBatch {
+            .commit(&StoreBatch {
                 puts: vec![],
                 deletes: vec!["a".into()],
                 offsets: vec![("t/0".into(), 9)],
@@ -338,7 +338,7 @@ mod tests {
         let st = SessionState::new(42, 42);
         for store in [&mut sled as &mut dyn StateStore, &mut memory] {
             store
-                .commit(StoreBatch {
+                .commit(&StoreBatch {
                     puts: vec![
                         ("garbled".into(), vec![0xff; 7]),
                         ("fine".into(), st.to_bytes()),

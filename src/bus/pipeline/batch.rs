@@ -73,7 +73,7 @@ impl Worker {
                 continue;
             };
             loop {
-                match p.store.commit(batch.clone()) {
+                match p.store.commit(&batch) {
                     Ok(()) => break,
                     Err(StoreError::Io(e)) => {
                         error!(partition, error = %e, "state store write failed; retrying");

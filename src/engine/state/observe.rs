@@ -205,11 +205,8 @@ impl RunState {
         // code it found before, a file viewed again through another tool or range) is
         // no news, whatever its arguments. Every result's lines count as seen from then
         // on (an edit shows the agent its new code too).
-        let known_content = !obs.is_error
-            && !obs.poll
-            && !obs.write
-            && obs.content.all_seen_in(&self.seen_lines) == Some(true);
-        obs.content.remember_in(&mut self.seen_lines);
+        let all_seen = obs.content.seen_then_remember(&mut self.seen_lines);
+        let known_content = !obs.is_error && !obs.poll && !obs.write && all_seen == Some(true);
         // The same call answering differently stays progress (digits count: a test run
         // whose failures go down), however alike its lines: only a call new to the
         // window (a rephrased search) is judged by what it showed.

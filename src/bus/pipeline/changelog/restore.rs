@@ -361,7 +361,7 @@ impl Assembler {
         changes.offsets.push((CHANGELOG_POSITION.to_string(), at));
         self.session_records += (changes.puts.len() + changes.deletes.len()) as u64;
         self.applied += 1;
-        store.commit(changes)?;
+        store.commit(&changes)?;
         Ok(())
     }
 }

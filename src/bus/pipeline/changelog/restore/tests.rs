@@ -15,8 +15,8 @@ impl StateStore for Stored {
     fn offset(&self, _: &str) -> Result<Option<i64>, StoreError> {
         Ok(None)
     }
-    fn commit(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
-        self.0.push(batch);
+    fn commit(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
+        self.0.push(batch.clone());
         Ok(())
     }
     fn session_bytes(&self, _: &str) -> Result<Option<Vec<u8>>, StoreError> {
