@@ -30,6 +30,9 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "shared/growth.rs"]
+mod growth;
+use growth::growth_event;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -471,29 +474,6 @@ fn dir_bytes(path: &std::path::Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
-}
-
-/// Events of `sessions` sessions, round-robin, none completing: the `k`-th event is step
-/// `k / sessions` of session `k % sessions`, a tool call with arguments and a result of
-/// its own (no detector has a reason to fire), 0.1 ms of event time apart (so a session's
-/// events are `sessions / 10` ms apart: under the 30-minute session gap up to 18M
-/// sessions).
-fn growth_event(k: u64, sessions: u64) -> (String, String) {
-    let (session, step) = (k % sessions, k / sessions);
-    let id = format!("grow-{session:08}");
-    let ms = 1_763_000_000_000 + k as i64 / 10;
-    let json = format!(
-        concat!(
-            r#"{{"type":"tool.called","event_id":"{id}#{step}","session_id":"{id}","#,
-            r#""timestamp":"{ts}","tool":"read_file","args":{{"path":"src/m{session}/f{step}.rs"}},"#,
-            r#""result":"fn step_{step}() {{ /* session {session} */ }}"}}"#
-        ),
-        id = id,
-        step = step,
-        session = session,
-        ts = loopwarden::contract::event::format_rfc3339_ms(ms),
-    );
-    (id, json)
 }
 
 /// The running sum and count of one stage's histogram.

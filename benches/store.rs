@@ -4,7 +4,8 @@
 //! growth phase, without Kafka): each input partition has its engine and its sled tree in
 //! one database, as a worker has, and every `batch` events each partition's changes are
 //! stored as one atomic batch, as the pipeline's store stage does. It prints, per round
-//! (every session touched once), the engine's and the store's time per event, the process
+//! (every session touched once), the time per event of parsing and the engine and of the
+//! store (serializing the changed states and sled's puts), the process
 //! CPU (sled's flusher threads included), the database's size on disk and the bytes each
 //! stored state takes, so the store's cost can be read against the state's size.
 //!
@@ -22,12 +23,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loopwarden::config::Config;
-use loopwarden::contract::event::{format_rfc3339_ms, parse_event, ParseLimits};
+use loopwarden::contract::event::{parse_event, ParseLimits};
 use loopwarden::engine::store::{open_db_with_cache, SledStore, StateStore};
 use loopwarden::engine::{Engine, EventMeta};
 
-// The allocator `loopwarden` itself runs on (src/main.rs), so that the engine and the store are measured
-// as it runs.
+#[path = "shared/growth.rs"]
+mod growth;
+use growth::growth_event;
+
+// The allocator `loopwarden` itself runs on (src/main.rs), so that the engine and the
+// store are measured as they run.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -38,23 +43,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
             .unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
         Err(_) => default,
     }
-}
-
-/// The pipeline bench's growth event: step `k / sessions` of session `k % sessions`.
-fn growth_event(k: u64, sessions: u64) -> String {
-    let (session, step) = (k % sessions, k / sessions);
-    let id = format!("grow-{session:08}");
-    format!(
-        concat!(
-            r#"{{"type":"tool.called","event_id":"{id}#{step}","session_id":"{id}","#,
-            r#""timestamp":"{ts}","tool":"read_file","args":{{"path":"src/m{session}/f{step}.rs"}},"#,
-            r#""result":"fn step_{step}() {{ /* session {session} */ }}"}}"#
-        ),
-        id = id,
-        step = step,
-        session = session,
-        ts = format_rfc3339_ms(1_763_000_000_000 + k as i64 / 10),
-    )
 }
 
 /// User + system CPU of this process so far (every thread, sled's included).
@@ -77,8 +65,9 @@ fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, 
     let dir = tempfile::tempdir().unwrap();
     let db = open_db_with_cache(dir.path(), cache_mib * 1024 * 1024).unwrap();
     let config = Arc::new(
+        // Sessions never close and ceilings never stop them, however many rounds.
         Config::from_toml_str(
-            "[engine]\nsession_gap_secs = 315360000\n",
+            "[engine]\nsession_gap_secs = 315360000\n[detectors.turn_cap]\nterminate_at = 1e12\n[detectors.tool_call_cap]\nterminate_at = 1e12\n",
             "bench",
             std::iter::empty(),
         )
@@ -97,13 +86,13 @@ fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, 
         "store: {sessions} sessions, {rounds} rounds, batches of {batch} events, {partitions} partitions, cache {cache_mib} MiB{}",
         if flush { ", flushed every batch" } else { "" }
     );
-    println!("store: round  engine µs/event  store µs/event  CPU µs/event  wall µs/event  MB on disk  bytes/state");
+    println!("store: round  parse + engine µs/event  store µs/event  CPU µs/event  wall µs/event  MB on disk  bytes/state");
     let (mut engine_time, mut store_time) = (Duration::ZERO, Duration::ZERO);
     let (mut round_start, mut cpu_start) = (Instant::now(), process_cpu());
     let mut put_bytes = (0u64, 0u64);
     for k in 0..sessions * rounds {
+        let (_, json) = growth_event(k, sessions);
         let started = Instant::now();
-        let json = growth_event(k, sessions);
         let event = parse_event(json.as_bytes(), &limits).unwrap();
         let partition = (rustc_hash::FxBuildHasher.hash_one(k % sessions) % partitions) as usize;
         let meta = EventMeta {
@@ -113,7 +102,8 @@ fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, 
         engines[partition].process(&event, &meta, &mut out);
         out.clear();
         engine_time += started.elapsed();
-        if (k + 1) % batch == 0 || k + 1 == sessions * rounds {
+        // A batch also ends with each round, so that a round's row holds its own stores.
+        if (k + 1) % batch == 0 || (k + 1) % sessions == 0 {
             let started = Instant::now();
             for (engine, store) in engines.iter_mut().zip(&mut stores) {
                 let offsets = [("input/0".to_string(), k as i64)];
@@ -134,7 +124,7 @@ fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, 
             let events = sessions as f64;
             let per = |d: Duration| d.as_secs_f64() * 1e6 / events;
             println!(
-                "store: {:5}  {:15.2}  {:14.2}  {:12.2}  {:13.2}  {:10.1}  {:11.0}",
+                "store: {:5}  {:23.2}  {:14.2}  {:12.2}  {:13.2}  {:10.1}  {:11.0}",
                 (k + 1) / sessions,
                 per(engine_time),
                 per(store_time),
@@ -169,16 +159,25 @@ fn main() {
         "LOOPWARDEN_BENCH_STORE_CACHE_MIB",
         loopwarden::config::DEFAULT_STATE_CACHE_MIB,
     );
-    let flush = env_or("LOOPWARDEN_BENCH_STORE_FLUSH", 0u8) == 1;
+    let flush = match env_or("LOOPWARDEN_BENCH_STORE_FLUSH", 0u8) {
+        0 => false,
+        1 => true,
+        other => panic!("LOOPWARDEN_BENCH_STORE_FLUSH={other}: 0 or 1"),
+    };
     assert!(
-        batch > 0 && partitions > 0 && rounds > 0,
-        "batch, partitions and rounds must be at least 1"
+        batch > 0 && rounds > 0 && (1..=i32::MAX as u64).contains(&partitions),
+        "LOOPWARDEN_BENCH_STORE_BATCH, _ROUNDS and _PARTITIONS must be at least 1"
+    );
+    assert!(
+        (1..=loopwarden::config::MAX_STATE_CACHE_MIB).contains(&cache),
+        "LOOPWARDEN_BENCH_STORE_CACHE_MIB={cache}: 1 to {} (MiB), as state.cache_mib",
+        loopwarden::config::MAX_STATE_CACHE_MIB
     );
     for size in sizes.split(',') {
-        let sessions: u64 = size
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("LOOPWARDEN_BENCH_STORE_SESSIONS: {size:?} is not a count"));
+        let sessions: u64 = match size.trim().parse() {
+            Ok(n) if n > 0 => n,
+            _ => panic!("LOOPWARDEN_BENCH_STORE_SESSIONS: {size:?} is not a count of at least 1"),
+        };
         run(sessions, rounds, batch, partitions, cache, flush);
     }
 }

@@ -1,0 +1,24 @@
+//! The growth workload of `benches/pipeline.rs` and `benches/store.rs` (issue 32).
+
+/// Events of `sessions` sessions, round-robin, none completing: the `k`-th event is step
+/// `k / sessions` of session `k % sessions`, a tool call with arguments and a result of
+/// its own (no detector has a reason to fire), 0.1 ms of event time apart (so a session's
+/// events are `sessions / 10` ms apart: under the 30-minute session gap up to 18M
+/// sessions). Returns the session id and the event's JSON.
+pub fn growth_event(k: u64, sessions: u64) -> (String, String) {
+    let (session, step) = (k % sessions, k / sessions);
+    let id = format!("grow-{session:08}");
+    let ms = 1_763_000_000_000 + k as i64 / 10;
+    let json = format!(
+        concat!(
+            r#"{{"type":"tool.called","event_id":"{id}#{step}","session_id":"{id}","#,
+            r#""timestamp":"{ts}","tool":"read_file","args":{{"path":"src/m{session}/f{step}.rs"}},"#,
+            r#""result":"fn step_{step}() {{ /* session {session} */ }}"}}"#
+        ),
+        id = id,
+        step = step,
+        session = session,
+        ts = loopwarden::contract::event::format_rfc3339_ms(ms),
+    );
+    (id, json)
+}
