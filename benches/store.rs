@@ -7,7 +7,8 @@
 //! (every session touched once), the time per event of parsing and the engine and of the
 //! store (serializing the changed states and sled's puts), the process
 //! CPU (sled's flusher threads included), the database's size on disk and the bytes each
-//! stored state takes, so the store's cost can be read against the state's size.
+//! stored state takes, so the store's cost can be read against the state's size; at the
+//! end, the resident memory each open session took.
 //!
 //! Knobs (environment): LOOPWARDEN_BENCH_STORE_SESSIONS (comma-separated, default
 //! `10000,200000`), LOOPWARDEN_BENCH_STORE_ROUNDS (events per session, default 4),
@@ -61,7 +62,19 @@ fn process_cpu() -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
+/// Resident memory of this process.
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
 fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, flush: bool) {
+    let rss_before = rss_bytes();
     let dir = tempfile::tempdir().unwrap();
     let db = open_db_with_cache(dir.path(), cache_mib * 1024 * 1024).unwrap();
     let config = Arc::new(
@@ -140,6 +153,10 @@ fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, 
     }
     let open: usize = engines.iter().map(Engine::open_sessions).sum();
     assert_eq!(open as u64, sessions, "every session stays open");
+    println!(
+        "store: resident memory per open session (the engines' states and sled's cache and structures): {} bytes",
+        rss_bytes().saturating_sub(rss_before) / sessions
+    );
     let stored: usize = stores
         .iter()
         .map(|s| s.load_sessions().unwrap().len())

@@ -84,7 +84,9 @@ pub struct EngineCounters {
 }
 
 struct Slot {
-    state: SessionState,
+    /// Boxed: the session table holds its entries inline, with room to spare, and a state
+    /// inline made each entry ~700 bytes, most of a session's memory.
+    state: Box<SessionState>,
     /// The deadline under which the session sits in the expiry heap.
     scheduled: i64,
     /// The session's policy, resolved when it opened or its tenant / agent changed.
@@ -160,7 +162,7 @@ impl Engine {
             engine.sessions.insert(
                 id,
                 Slot {
-                    state,
+                    state: Box::new(state),
                     scheduled: deadline,
                     policy,
                     policy_key: key,
@@ -188,7 +190,7 @@ impl Engine {
     }
 
     pub fn session(&self, id: &str) -> Option<&SessionState> {
-        self.sessions.get(id).map(|s| &s.state)
+        self.sessions.get(id).map(|s| &*s.state)
     }
 
     /// Moves the clock forward (e.g. wall-clock time while a partition is idle) and closes
@@ -354,7 +356,7 @@ impl Engine {
                 self.expiry.push(Reverse((deadline, id.to_string())));
                 self.counters.sessions_opened += 1;
                 unknown.insert(Slot {
-                    state: SessionState::new(event_ms, now),
+                    state: Box::new(SessionState::new(event_ms, now)),
                     scheduled: deadline,
                     policy,
                     policy_key: key,
