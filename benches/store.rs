@@ -8,7 +8,9 @@
 //! store (serializing the changed states and sled's puts), the process
 //! CPU (sled's flusher threads included), the database's size on disk and the bytes each
 //! stored state takes, so the store's cost can be read against the state's size; at the
-//! end, the resident memory each open session took.
+//! end, the resident memory each open session took (for the first size: run one size per
+//! process for it; transparent huge pages as the host has them, where `loopwarden run`
+//! turns them off for itself).
 //!
 //! Knobs (environment): LOOPWARDEN_BENCH_STORE_SESSIONS (comma-separated, default
 //! `10000,200000`), LOOPWARDEN_BENCH_STORE_ROUNDS (events per session, default 4),
@@ -62,18 +64,25 @@ fn process_cpu() -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
-/// Resident memory of this process.
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
+/// Resident memory of this process, bytes (`VmRSS`, in kB whatever the page size).
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
-fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, flush: bool) {
+/// `first`: the process's first run, whose memory growth is its own (a later run reuses
+/// what the ones before it left resident).
+fn run(
+    sessions: u64,
+    rounds: u64,
+    batch: u64,
+    partitions: u64,
+    cache_mib: u64,
+    flush: bool,
+    first: bool,
+) {
     let rss_before = rss_bytes();
     let dir = tempfile::tempdir().unwrap();
     let db = open_db_with_cache(dir.path(), cache_mib * 1024 * 1024).unwrap();
@@ -153,10 +162,17 @@ fn run(sessions: u64, rounds: u64, batch: u64, partitions: u64, cache_mib: u64, 
     }
     let open: usize = engines.iter().map(Engine::open_sessions).sum();
     assert_eq!(open as u64, sessions, "every session stays open");
-    println!(
-        "store: resident memory per open session (the engines' states and sled's cache and structures): {} bytes",
-        rss_bytes().saturating_sub(rss_before) / sessions
-    );
+    match (first, rss_before, rss_bytes()) {
+        (true, Some(before), Some(after)) => println!(
+            "store: resident memory grew {:.1} MB over the run, {} bytes per open session (the engines' session tables, states, ids and expiry heaps, sled's cache and structures, and whatever else the run left resident)",
+            after.saturating_sub(before) as f64 / 1e6,
+            after.saturating_sub(before) / sessions
+        ),
+        (false, ..) => println!(
+            "store: resident memory per open session: only for a process's first size (run one size per process)"
+        ),
+        _ => println!("store: resident memory: not readable here (/proc/self/status)"),
+    }
     let stored: usize = stores
         .iter()
         .map(|s| s.load_sessions().unwrap().len())
@@ -190,11 +206,11 @@ fn main() {
         "LOOPWARDEN_BENCH_STORE_CACHE_MIB={cache}: 1 to {} (MiB), as state.cache_mib",
         loopwarden::config::MAX_STATE_CACHE_MIB
     );
-    for size in sizes.split(',') {
+    for (i, size) in sizes.split(',').enumerate() {
         let sessions: u64 = match size.trim().parse() {
             Ok(n) if n > 0 => n,
             _ => panic!("LOOPWARDEN_BENCH_STORE_SESSIONS: {size:?} is not a count of at least 1"),
         };
-        run(sessions, rounds, batch, partitions, cache, flush);
+        run(sessions, rounds, batch, partitions, cache, flush, i == 0);
     }
 }

@@ -84,8 +84,9 @@ pub struct EngineCounters {
 }
 
 struct Slot {
-    /// Boxed: the session table holds its entries inline, with room to spare, and a state
-    /// inline made each entry ~700 bytes, most of a session's memory.
+    /// Boxed: the session table holds its entries inline and is 7/16 to 7/8 full, so a
+    /// state inline made each bucket ~700 bytes and the table about half a session's
+    /// memory.
     state: Box<SessionState>,
     /// The deadline under which the session sits in the expiry heap.
     scheduled: i64,
