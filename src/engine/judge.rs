@@ -29,7 +29,7 @@ pub(super) fn judge(
         let Some((reached, threshold)) = sig.level else {
             continue;
         };
-        let ep = st.episodes[kind.index()];
+        let ep = st.episodes.get(kind);
         let steps = st.steps();
         // Nudge before kill: a termination waits until the episode's first finding has
         // had `grace_steps` steps to reach the agent and be acted on; until then it
@@ -63,7 +63,7 @@ pub(super) fn judge(
         {
             continue;
         }
-        let e = &mut st.episodes[kind.index()];
+        let e = st.episodes.get_mut(kind);
         let said_before = e.emitted & effective.bit() != 0;
         e.emitted |= (level.bit() << 1) - 1;
         if said_before {

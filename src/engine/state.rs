@@ -50,28 +50,77 @@ pub struct Episode {
     pub warned_at_step: Option<u32>,
 }
 
+/// Each detector's episode marks, held sparse: most detectors never emit in a session, and
+/// a full list (25 × 24 bytes) was over a quarter of an open session's memory. The used
+/// ones, in detector order; a detector without an entry has the default marks.
+#[derive(Debug, Clone, Default)]
+pub struct Episodes(Vec<(u8, Episode)>);
+
+impl Episodes {
+    fn find(&self, kind: DetectorKind) -> Result<usize, usize> {
+        let index = kind.index() as u8;
+        self.0.binary_search_by_key(&index, |(i, _)| *i)
+    }
+
+    /// The marks of `kind`'s current episode.
+    pub fn get(&self, kind: DetectorKind) -> Episode {
+        self.find(kind)
+            .map_or_else(|_| Episode::default(), |at| self.0[at].1)
+    }
+
+    /// `kind`'s marks, to change (an entry is made for it).
+    pub fn get_mut(&mut self, kind: DetectorKind) -> &mut Episode {
+        let at = match self.find(kind) {
+            Ok(at) => at,
+            Err(at) => {
+                self.0.insert(at, (kind.index() as u8, Episode::default()));
+                at
+            }
+        };
+        &mut self.0[at].1
+    }
+
+    /// `kind`'s marks, to change, when it has any besides the default.
+    pub fn existing_mut(&mut self, kind: DetectorKind) -> Option<&mut Episode> {
+        let at = self.find(kind).ok()?;
+        Some(&mut self.0[at].1)
+    }
+
+    /// The entries that differ from the default, in detector order.
+    fn used(&self) -> impl Iterator<Item = &(u8, Episode)> + '_ {
+        self.0.iter().filter(|(_, e)| *e != Episode::default())
+    }
+}
+
+/// Equal when every detector's marks are: an entry holding the default marks is no entry.
+impl PartialEq for Episodes {
+    fn eq(&self, other: &Episodes) -> bool {
+        self.used().eq(other.used())
+    }
+}
+
 /// Episodes are mostly untouched: only the non-default ones are stored, with their index.
 mod sparse_episodes {
-    use super::{Episode, DETECTOR_COUNT};
+    use super::{DetectorKind, Episode, Episodes, DETECTOR_COUNT};
     use serde::{Deserialize, Deserializer, Serializer};
 
-    /// Written as a `Vec<(u8, Episode)>` of the used ones would be, without building it
-    /// (a state is serialized for every event stored).
-    pub fn serialize<S: Serializer>(v: &[Episode], s: S) -> Result<S::Ok, S::Error> {
+    /// Written as a `Vec<(u8, Episode)>` of the used ones, in detector order.
+    pub fn serialize<S: Serializer>(v: &Episodes, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq as _;
-        let used = |(_, e): &(usize, &Episode)| **e != Episode::default();
-        let mut seq = s.serialize_seq(Some(v.iter().enumerate().filter(used).count()))?;
-        for (i, e) in v.iter().enumerate().filter(used) {
-            seq.serialize_element(&(i as u8, *e))?;
+        let mut seq = s.serialize_seq(Some(v.used().count()))?;
+        for entry in v.used() {
+            seq.serialize_element(entry)?;
         }
         seq.end()
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Episode>, D::Error> {
-        let mut out = vec![Episode::default(); DETECTOR_COUNT];
+    /// An index past the detectors (a newer build's) is passed over; of one index given
+    /// twice, the later holds.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Episodes, D::Error> {
+        let mut out = Episodes::default();
         for (i, e) in Vec::<(u8, Episode)>::deserialize(d)? {
-            if let Some(slot) = out.get_mut(i as usize) {
-                *slot = e;
+            if (i as usize) < DETECTOR_COUNT {
+                *out.get_mut(DetectorKind::ALL[i as usize]) = e;
             }
         }
         Ok(out)
@@ -115,7 +164,7 @@ pub struct SessionState {
     #[serde(with = "fixed::deque")]
     pub recent_event_ids: VecDeque<u64>,
     #[serde(with = "sparse_episodes")]
-    pub episodes: Vec<Episode>,
+    pub episodes: Episodes,
     pub findings: Vec<FindingCounts>,
     pub termination: Option<Termination>,
 }
@@ -158,7 +207,6 @@ impl SessionState {
             first_event_ms,
             last_event_ms: first_event_ms,
             last_arrival_ms: arrival_ms,
-            episodes: vec![Episode::default(); DETECTOR_COUNT],
             ..SessionState::default()
         }
     }
@@ -180,9 +228,7 @@ impl SessionState {
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<SessionState, CorruptState> {
-        let mut s: SessionState = postcard::from_bytes(bytes)?;
-        s.episodes.resize(DETECTOR_COUNT, Episode::default());
-        Ok(s)
+        Ok(postcard::from_bytes(bytes)?)
     }
 
     /// Records the agent and tenant an event names; true when either label was set anew
@@ -246,7 +292,10 @@ impl SessionState {
 
     /// Closes the detector's current episode, if it emitted anything.
     pub fn end_episode(&mut self, kind: DetectorKind) {
-        let e = &mut self.episodes[kind.index()];
+        // A detector without marks has nothing to close (the default is closed).
+        let Some(e) = self.episodes.existing_mut(kind) else {
+            return;
+        };
         if e.emitted != 0 {
             e.number += 1;
             e.emitted = 0;
@@ -295,7 +344,7 @@ impl SessionState {
             run: &self.run,
             first_event_ms: self.first_event_ms,
             last_event_ms: self.last_event_ms,
-            subject: self.episodes[kind.index()].subject,
+            subject: self.episodes.get(kind).subject,
             own: &self.counters,
         }
     }

@@ -93,7 +93,7 @@ fn stored_state() -> SessionState {
     }
     s.count_finding(DetectorKind::Repeat, Level::Warning);
     s.count_finding(DetectorKind::Repeat, Level::Terminate);
-    s.episodes[DetectorKind::Repeat.index()] = Episode {
+    *s.episodes.get_mut(DetectorKind::Repeat) = Episode {
         number: 2,
         emitted: Level::Warning.bit() | Level::Terminate.bit(),
         subject: 0xfeed_f00d,
@@ -147,7 +147,7 @@ fn the_largest_state_stays_within_the_bound() {
     for d in DetectorKind::ALL {
         s.count_finding(*d, Level::Warning);
         s.count_finding(*d, Level::Critical);
-        s.episodes[d.index()] = Episode {
+        *s.episodes.get_mut(*d) = Episode {
             number: u32::MAX,
             emitted: 7,
             subject: u64::MAX,
@@ -332,4 +332,53 @@ fn round_trips_through_bytes() {
     observe_llm_call(&mut s, call, Some("hello there"));
     let back = SessionState::from_bytes(&s.to_bytes()).unwrap();
     assert_eq!(back, s);
+}
+
+/// Episode marks are held sparse: an entry made for a detector whose marks stay the default
+/// is no change (equal, and written as no entry); read back, an index past the detectors
+/// is passed over and the later of one index given twice holds.
+#[test]
+fn episodes_held_sparse_read_and_write_as_a_full_list_did() {
+    let mut touched = SessionState::new(1, 1);
+    touched.episodes.get_mut(DetectorKind::Cycle);
+    let untouched = SessionState::new(1, 1);
+    assert_eq!(touched, untouched);
+    assert_eq!(touched.to_bytes(), untouched.to_bytes());
+    assert_eq!(
+        touched.episodes.get(DetectorKind::Cycle),
+        Episode::default()
+    );
+    // Ending an episode that never emitted leaves no entry behind.
+    let mut ended = SessionState::new(1, 1);
+    ended.end_episode(DetectorKind::Repeat);
+    assert!(ended.episodes.existing_mut(DetectorKind::Repeat).is_none());
+
+    let marks = |number| Episode {
+        number,
+        emitted: 1,
+        subject: 7,
+        warned_at_step: Some(3),
+    };
+    let repeat = DetectorKind::Repeat.index() as u8;
+    let stored: Vec<(u8, Episode)> = vec![
+        (repeat, marks(1)),
+        (DETECTOR_COUNT as u8 + 5, marks(9)),
+        (repeat, marks(2)),
+    ];
+    let mut state = SessionState::new(1, 1);
+    *state.episodes.get_mut(DetectorKind::Repeat) = marks(2);
+    // The state's bytes with its episode list swapped for `stored`: postcard writes the
+    // fields in order, so the list is what lies between the fields before and after it.
+    let written = state.to_bytes();
+    let own = postcard::to_allocvec(&vec![(repeat, marks(2))]).unwrap();
+    let at = written
+        .windows(own.len())
+        .position(|w| w == own.as_slice())
+        .expect("the episode list is in the state's bytes");
+    let mut swapped = written[..at].to_vec();
+    swapped.extend(postcard::to_allocvec(&stored).unwrap());
+    swapped.extend_from_slice(&written[at + own.len()..]);
+    let read = SessionState::from_bytes(&swapped).unwrap();
+    assert_eq!(read, state);
+    assert_eq!(read.episodes.get(DetectorKind::Repeat), marks(2));
 }
