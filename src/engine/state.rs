@@ -80,7 +80,8 @@ impl Episodes {
         &mut self.0[at].1
     }
 
-    /// `kind`'s marks, to change, when it has any besides the default.
+    /// `kind`'s marks, to change, when it has an entry (one made by [`Episodes::get_mut`]
+    /// may still hold the default).
     pub fn existing_mut(&mut self, kind: DetectorKind) -> Option<&mut Episode> {
         let at = self.find(kind).ok()?;
         Some(&mut self.0[at].1)

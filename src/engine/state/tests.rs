@@ -382,3 +382,31 @@ fn episodes_held_sparse_read_and_write_as_a_full_list_did() {
     assert_eq!(read, state);
     assert_eq!(read.episodes.get(DetectorKind::Repeat), marks(2));
 }
+
+/// Marks made out of detector order (a policy's order need not be the detectors') are
+/// written in detector order, as the full list wrote them.
+#[test]
+fn episodes_made_out_of_order_are_written_in_detector_order() {
+    let marks = |number| Episode {
+        number,
+        emitted: 1,
+        subject: 0,
+        warned_at_step: None,
+    };
+    let (late, early) = (DetectorKind::ALL[5], DetectorKind::ALL[2]);
+    let mut out_of_order = SessionState::new(1, 1);
+    *out_of_order.episodes.get_mut(late) = marks(1);
+    *out_of_order.episodes.get_mut(early) = marks(2);
+    let mut in_order = SessionState::new(1, 1);
+    *in_order.episodes.get_mut(early) = marks(2);
+    *in_order.episodes.get_mut(late) = marks(1);
+    assert_eq!(out_of_order.to_bytes(), in_order.to_bytes());
+    let list = postcard::to_allocvec(&vec![(2u8, marks(2)), (5u8, marks(1))]).unwrap();
+    let written = out_of_order.to_bytes();
+    assert!(
+        written.windows(list.len()).any(|w| w == list.as_slice()),
+        "the episode list is written in detector order"
+    );
+    assert_eq!(out_of_order.episodes.get(late), marks(1));
+    assert_eq!(out_of_order.episodes.get(early), marks(2));
+}
