@@ -30,6 +30,9 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "shared/proc.rs"]
+mod proc;
+use proc::cpu_ms;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -72,24 +75,6 @@ fn keep_smaps(pid: u32, to: &std::path::Path) {
     if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) {
         let _ = std::fs::write(to, text);
     }
-}
-
-/// A process's CPU time so far (user + system, ms), 0 when it cannot be read.
-fn cpu_ms(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) are space-separated;
-    // utime and stime are the 14th and 15th fields, in clock ticks (100 per second).
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (ticks(11) + ticks(12)) * 10
 }
 
 fn main() {

@@ -32,7 +32,10 @@ use loopwarden::engine::{Engine, EventMeta};
 
 #[path = "shared/growth.rs"]
 mod growth;
+#[path = "shared/proc.rs"]
+mod proc;
 use growth::growth_event;
+use proc::cpu_ms;
 
 // The allocator `loopwarden` itself runs on (src/main.rs), so that the engine and the
 // store are measured as they run.
@@ -50,18 +53,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 /// User + system CPU of this process so far (every thread, sled's included).
 fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // Linux reports in clock ticks of 1/100 s on every platform this runs on.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+    Duration::from_millis(cpu_ms(std::process::id()))
 }
 
 /// Resident memory of this process, bytes (`VmRSS`, in kB whatever the page size).
