@@ -216,24 +216,10 @@ impl ContentSample {
         &self.hashes[..self.len as usize]
     }
 
-    /// Whether every line sampled here, but at most one in eight, is in `seen`; `None`
-    /// when too few lines were sampled to judge the result by its content.
-    pub fn all_seen_in(&self, seen: &VecDeque<u16>) -> Option<bool> {
-        let lines = self.hashes();
-        if lines.len() < MIN_SAMPLED_LINES {
-            return None;
-        }
-        let new = lines.iter().filter(|&&h| !holds(seen, h)).count();
-        Some(new * 8 <= lines.len())
-    }
-
-    /// Adds the lines sampled here to `seen`, which keeps the newest [`SEEN_LINES`].
-    pub fn remember_in(&self, seen: &mut VecDeque<u16>) {
-        self.seen_then_remember(seen);
-    }
-
-    /// [`ContentSample::all_seen_in`] `seen` as it was, then adds the lines sampled here
-    /// to it: each line looked up once for both.
+    /// Whether every line sampled here, but at most one in eight, is in `seen` (`None`
+    /// when too few lines were sampled to judge the result by its content); then adds
+    /// them to `seen`, which keeps the newest [`SEEN_LINES`]. Each line is looked up once
+    /// for both.
     pub fn seen_then_remember(&self, seen: &mut VecDeque<u16>) -> Option<bool> {
         let lines = self.hashes();
         let mut held = [false; SAMPLED_LINES_MAX];
@@ -266,6 +252,24 @@ impl ContentSample {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The two halves of [`ContentSample::seen_then_remember`], for the tests: judging
+    /// alone (by lookups of its own, the reference the merged version is held to), and
+    /// remembering alone.
+    impl ContentSample {
+        fn all_seen_in(&self, seen: &VecDeque<u16>) -> Option<bool> {
+            let lines = self.hashes();
+            if lines.len() < MIN_SAMPLED_LINES {
+                return None;
+            }
+            let new = lines.iter().filter(|&&h| !holds(seen, h)).count();
+            Some(new * 8 <= lines.len())
+        }
+
+        fn remember_in(&self, seen: &mut VecDeque<u16>) {
+            self.seen_then_remember(seen);
+        }
+    }
 
     /// The normalization byte by byte, as first written: the block version is held to it.
     fn normalized_hash_bytewise(line: &[u8]) -> (u32, usize) {

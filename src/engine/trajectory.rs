@@ -255,7 +255,7 @@ impl Did {
     /// The call was a poll.
     pub const POLLED: u8 = 16;
     /// The call was a read that succeeded, whose sampled lines the run had nearly all seen (see
-    /// [`crate::engine::content::ContentSample::all_seen_in`]).
+    /// [`crate::engine::content::ContentSample::seen_then_remember`]).
     pub const REREAD: u8 = 32;
 }
 
