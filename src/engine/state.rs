@@ -58,7 +58,10 @@ pub struct Episodes(Vec<(u8, Episode)>);
 
 impl Episodes {
     fn find(&self, kind: DetectorKind) -> Result<usize, usize> {
-        let index = kind.index() as u8;
+        self.find_index(kind.index() as u8)
+    }
+
+    fn find_index(&self, index: u8) -> Result<usize, usize> {
         self.0.binary_search_by_key(&index, |(i, _)| *i)
     }
 
@@ -70,10 +73,15 @@ impl Episodes {
 
     /// `kind`'s marks, to change (an entry is made for it).
     pub fn get_mut(&mut self, kind: DetectorKind) -> &mut Episode {
-        let at = match self.find(kind) {
+        self.entry(kind.index() as u8)
+    }
+
+    /// The marks of the detector at `index` (in range), an entry made for it if need be.
+    fn entry(&mut self, index: u8) -> &mut Episode {
+        let at = match self.find_index(index) {
             Ok(at) => at,
             Err(at) => {
-                self.0.insert(at, (kind.index() as u8, Episode::default()));
+                self.0.insert(at, (index, Episode::default()));
                 at
             }
         };
@@ -102,7 +110,7 @@ impl PartialEq for Episodes {
 
 /// Episodes are mostly untouched: only the non-default ones are stored, with their index.
 mod sparse_episodes {
-    use super::{DetectorKind, Episode, Episodes, DETECTOR_COUNT};
+    use super::{Episode, Episodes, DETECTOR_COUNT};
     use serde::{Deserialize, Deserializer, Serializer};
 
     /// Written as a `Vec<(u8, Episode)>` of the used ones, in detector order.
@@ -121,7 +129,7 @@ mod sparse_episodes {
         let mut out = Episodes::default();
         for (i, e) in Vec::<(u8, Episode)>::deserialize(d)? {
             if (i as usize) < DETECTOR_COUNT {
-                *out.get_mut(DetectorKind::ALL[i as usize]) = e;
+                *out.entry(i) = e;
             }
         }
         Ok(out)
