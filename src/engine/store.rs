@@ -1,5 +1,6 @@
 //! Session state storage (DESIGN §4): a small trait with two implementations, sled on
-//! disk and an in-memory map for `replay` and tests.
+//! disk (each partition's states as a log of records, [`records`]) and an in-memory map
+//! for `replay` and tests.
 //!
 //! Guarantees: [`StateStore::commit`] is atomic — session puts, deletes and the partition
 //! offsets of one batch are all visible after it returns, or none are — and durable for
@@ -7,8 +8,13 @@
 //! commit Kafka offsets afterwards. A state that cannot be decoded is reported with its
 //! key, never silently dropped.
 
+use std::cell::{RefCell, RefMut};
 use std::collections::BTreeMap;
 use std::path::Path;
+
+mod records;
+pub use records::BadRecord;
+use records::{Entry, Log, Writer};
 
 use crate::engine::state::{CorruptState, SessionState};
 
@@ -18,7 +24,7 @@ use crate::engine::state::{CorruptState, SessionState};
 pub enum StoreError {
     #[error("cannot open state store at {path}: {source}")]
     Open { path: String, source: sled::Error },
-    #[error("state store at {path} holds state format {found}; this build reads format {expected} (move it aside and start with an empty one: with the changelog on, its partitions are restored from it)")]
+    #[error("state store at {path} holds store format {found}; this build reads store format {expected} (move it aside and start with an empty one: with the changelog on, its partitions are restored from it)")]
     Format {
         path: String,
         found: String,
@@ -127,6 +133,7 @@ impl StateStore for MemoryStore {
     }
 }
 
+/// Sessions of the per-session layout (store format 5), read only to upgrade it.
 const SESSION_PREFIX: &[u8] = b"s/";
 const OFFSET_PREFIX: &[u8] = b"o/";
 
@@ -137,27 +144,42 @@ fn key(prefix: &[u8], name: &str) -> Vec<u8> {
     k
 }
 
-/// sled on disk: one tree, sessions under `s/`, offsets under `o/`, so a batch of both is
-/// one atomic `apply_batch`.
+/// sled on disk: one tree, the sessions' states in records under `r/` ([`records`]),
+/// offsets under `o/`, so a batch of both is one atomic `apply_batch`.
 pub struct SledStore {
     db: sled::Db,
     tree: sled::Tree,
     /// Whether `commit` flushes the database itself (else the owner flushes it once
     /// for the batches of several trees).
     flush_on_commit: bool,
+    /// Where each session's newest state is, read from the records on first use and kept
+    /// as batches are written; `None` until then, and again after a failed write (sled's
+    /// tree is what is true).
+    log: RefCell<Option<Log>>,
 }
 
 /// How long to wait for the state directory's lock: a handle dropped a moment ago (sled
 /// releases the lock from its flusher thread) or a previous process still exiting.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The encoding of session states and offsets on disk. Bump it when `SessionState`'s
-/// encoding changes: `state::layout_tests` fails until it is (format 5: each
-/// detector's counters its own, in the list's order).
+/// The encoding of session states (on disk and on the changelog). Bump it when
+/// `SessionState`'s encoding changes: `state::layout_tests` fails until it is (format 5:
+/// each detector's counters its own, in the list's order). [`STORE_FORMAT`] goes with it.
 pub const STATE_FORMAT: u32 = 5;
+
+/// The state directory's format: the states' encoding and how they are laid out. Format
+/// 6: [`STATE_FORMAT`] 5's states in records ([`records`]); format 5 held one key per
+/// session and is upgraded in place when opened.
+pub const STORE_FORMAT: u32 = 6;
+const _: () = assert!(
+    STORE_FORMAT == STATE_FORMAT + 1,
+    "a new state format is a new store format too: bump STORE_FORMAT with STATE_FORMAT"
+);
+/// The store format of one key per session, whose states this build reads.
+const PER_SESSION_FORMAT: u32 = 5;
 const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 
-/// Opens (or creates) the sled database at `path`, checking (or recording) its state
+/// Opens (or creates) the sled database at `path`, checking (or recording) its store
 /// format, with the default page cache ([`crate::config::DEFAULT_STATE_CACHE_MIB`]).
 pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
     open_db_with_cache(path, crate::config::DEFAULT_STATE_CACHE_MIB * 1024 * 1024)
@@ -172,33 +194,76 @@ pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, Sto
         path: path.display().to_string(),
         source,
     };
-    let expected = STATE_FORMAT.to_be_bytes();
-    match db.get(FORMAT_KEY).map_err(opened)? {
+    let expected = STORE_FORMAT.to_be_bytes();
+    let found = db.get(FORMAT_KEY).map_err(opened)?;
+    let found = match found.as_deref().map(<[u8; 4]>::try_from) {
         // Databases from before the marker hold format 1.
-        None if db.tree_names().len() > 1 || !db.is_empty() => {
-            return Err(StoreError::Format {
-                path: path.display().to_string(),
-                found: "1".to_string(),
-                expected: STATE_FORMAT,
-            })
-        }
+        None if db.tree_names().len() > 1 || !db.is_empty() => Err("1".to_string()),
         None => {
             db.insert(FORMAT_KEY, &expected).map_err(opened)?;
             db.flush().map_err(opened)?;
+            Ok(STORE_FORMAT)
         }
-        Some(found) if found.as_ref() == expected => {}
-        Some(found) => {
+        Some(Ok(b)) => Ok(u32::from_be_bytes(b)),
+        Some(Err(_)) => Err(format!("{:?}", found.as_deref().unwrap_or_default())),
+    };
+    match found {
+        Ok(STORE_FORMAT) => {}
+        Ok(PER_SESSION_FORMAT) if STATE_FORMAT == PER_SESSION_FORMAT => {
+            upgrade_per_session(&db).map_err(opened)?;
+            db.insert(FORMAT_KEY, &expected).map_err(opened)?;
+            db.flush().map_err(opened)?;
+            tracing::info!(
+                path = %path.display(),
+                from = PER_SESSION_FORMAT,
+                to = STORE_FORMAT,
+                "state store upgraded"
+            );
+        }
+        Ok(other) => {
             return Err(StoreError::Format {
                 path: path.display().to_string(),
-                found: match <[u8; 4]>::try_from(found.as_ref()) {
-                    Ok(b) => u32::from_be_bytes(b).to_string(),
-                    Err(_) => format!("{:?}", found.as_ref()),
-                },
-                expected: STATE_FORMAT,
+                found: other.to_string(),
+                expected: STORE_FORMAT,
+            })
+        }
+        Err(found) => {
+            return Err(StoreError::Format {
+                path: path.display().to_string(),
+                found,
+                expected: STORE_FORMAT,
             })
         }
     }
     Ok(db)
+}
+
+/// Rewrites each tree's per-session keys (store format 5) as records, one atomic batch
+/// per tree: a tree already rewritten holds none, so an upgrade cut short resumes.
+fn upgrade_per_session(db: &sled::Db) -> Result<(), sled::Error> {
+    for name in db.tree_names() {
+        if name.as_ref() == b"__sled__default" {
+            continue;
+        }
+        let tree = db.open_tree(&name)?;
+        let mut log = Log::default();
+        let mut writer = Writer::new(&mut log);
+        let mut batch = sled::Batch::default();
+        for item in tree.scan_prefix(SESSION_PREFIX) {
+            let (k, v) = item?;
+            writer.put(&k[SESSION_PREFIX.len()..], &v);
+            batch.remove(k);
+        }
+        let (records, _) = writer.finish();
+        if records.is_empty() {
+            continue;
+        }
+        for (seq, bytes) in records {
+            batch.insert(&records::record_key(seq), bytes);
+        }
+        tree.apply_batch(batch)?;
+    }
+    Ok(())
 }
 
 fn open_locked(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
@@ -234,11 +299,7 @@ impl SledStore {
                 path: path.display().to_string(),
                 source,
             })?;
-        Ok(SledStore {
-            db,
-            tree,
-            flush_on_commit: true,
-        })
+        Ok(SledStore::new(db, tree, true))
     }
 
     /// The store of one input partition inside a shared database: its own tree, so its
@@ -246,27 +307,105 @@ impl SledStore {
     /// flushes the database once per batch, before it commits offsets to Kafka.
     pub fn partition(db: &sled::Db, partition: i32) -> Result<SledStore, StoreError> {
         let tree = db.open_tree(format!("partition/{partition}"))?;
-        Ok(SledStore {
-            db: db.clone(),
+        Ok(SledStore::new(db.clone(), tree, false))
+    }
+
+    fn new(db: sled::Db, tree: sled::Tree, flush_on_commit: bool) -> SledStore {
+        SledStore {
+            db,
             tree,
-            flush_on_commit: false,
-        })
+            flush_on_commit,
+            log: RefCell::new(None),
+        }
     }
 
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         Ok(self.db.size_on_disk()?)
     }
+
+    /// The records' index, read from the tree when it is not held.
+    fn log(&self) -> Result<RefMut<'_, Log>, StoreError> {
+        let mut held = self.log.borrow_mut();
+        if held.is_none() {
+            let mut log = Log::default();
+            for item in self.tree.scan_prefix(records::RECORD_PREFIX) {
+                let (k, v) = item?;
+                let Some(seq) = records::record_seq(&k) else {
+                    tracing::error!(key = ?k, "skipping a state store key that names no record");
+                    continue;
+                };
+                if let Err(error) = log.read_record(seq, &v) {
+                    tracing::error!(
+                        record = seq,
+                        %error,
+                        "a state store record cannot be read to its end; the sessions after the fault start anew"
+                    );
+                }
+            }
+            *held = Some(log);
+        }
+        Ok(RefMut::map(held, |l| l.as_mut().expect("read above")))
+    }
+
+    /// Sessions whose newest state the records hold.
+    pub fn stored_sessions(&self) -> Result<usize, StoreError> {
+        Ok(self.log()?.sessions())
+    }
+
+    fn write(&self, batch: &StoreBatch) -> Result<(), StoreError> {
+        let mut log = self.log()?;
+        let mut writer = Writer::new(&mut log);
+        for (k, v) in &batch.puts {
+            writer.put(k.as_bytes(), v);
+        }
+        for k in &batch.deletes {
+            writer.delete(k.as_bytes());
+        }
+        let budget = writer.written.max(records::FOLD_BYTES_MIN);
+        writer.fold(budget, |seq| self.tree.get(records::record_key(seq)))?;
+        let (written, removed) = writer.finish();
+        let mut b = sled::Batch::default();
+        for (seq, bytes) in written {
+            b.insert(&records::record_key(seq), bytes);
+        }
+        for seq in removed {
+            b.remove(&records::record_key(seq));
+        }
+        for (p, o) in &batch.offsets {
+            b.insert(key(OFFSET_PREFIX, p), &o.to_be_bytes());
+        }
+        self.tree.apply_batch(b)?;
+        if self.flush_on_commit {
+            self.db.flush()?;
+        }
+        Ok(())
+    }
 }
 
 impl StateStore for SledStore {
     fn load_sessions(&self) -> Result<Vec<(String, SessionState)>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.tree.scan_prefix(SESSION_PREFIX) {
+        let log = self.log()?;
+        let mut out = Vec::with_capacity(log.sessions());
+        for item in self.tree.scan_prefix(records::RECORD_PREFIX) {
             let (k, v) = item?;
-            let name = String::from_utf8_lossy(&k[SESSION_PREFIX.len()..]).into_owned();
-            loaded(name, &v, &mut out);
+            let Some(seq) = records::record_seq(&k) else {
+                continue;
+            };
+            for (index, entry) in records::entries(&v).enumerate() {
+                let Ok((Entry::State { name, state }, _)) = entry else {
+                    continue;
+                };
+                let newest = log
+                    .holder(name)
+                    .is_some_and(|h| h.record == seq && h.entry == index as u32);
+                if newest {
+                    loaded(String::from_utf8_lossy(name).into_owned(), state, &mut out);
+                }
+            }
         }
+        // In the sessions' order, as a tree of one key per session gave them.
+        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
 
@@ -279,28 +418,27 @@ impl StateStore for SledStore {
     }
 
     fn commit(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
-        let mut b = sled::Batch::default();
-        for (k, v) in &batch.puts {
-            b.insert(key(SESSION_PREFIX, k), v.as_slice());
+        let written = self.write(batch);
+        if written.is_err() {
+            // The index may describe a batch sled did not take: read it again.
+            *self.log.get_mut() = None;
         }
-        for k in &batch.deletes {
-            b.remove(key(SESSION_PREFIX, k));
-        }
-        for (p, o) in &batch.offsets {
-            b.insert(key(OFFSET_PREFIX, p), &o.to_be_bytes());
-        }
-        self.tree.apply_batch(b)?;
-        if self.flush_on_commit {
-            self.db.flush()?;
-        }
-        Ok(())
+        written
     }
 
     fn session_bytes(&self, session: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self
-            .tree
-            .get(key(SESSION_PREFIX, session))?
-            .map(|v| v.to_vec()))
+        let Some(holder) = self.log()?.holder(session.as_bytes()) else {
+            return Ok(None);
+        };
+        let Some(bytes) = self.tree.get(records::record_key(holder.record))? else {
+            return Ok(None);
+        };
+        Ok(records::entries(&bytes)
+            .nth(holder.entry as usize)
+            .and_then(|e| match e {
+                Ok((Entry::State { state, .. }, _)) => Some(state.to_vec()),
+                _ => None,
+            }))
     }
 }
 
@@ -372,23 +510,23 @@ mod tests {
     }
 
     #[test]
-    fn a_database_of_another_state_format_is_refused() {
+    fn a_database_of_another_store_format_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
         {
             let db = open_db(&path).unwrap();
             assert_eq!(
                 db.get(FORMAT_KEY).unwrap().unwrap().as_ref(),
-                STATE_FORMAT.to_be_bytes()
+                STORE_FORMAT.to_be_bytes()
             );
-            db.insert(FORMAT_KEY, &(STATE_FORMAT + 1).to_be_bytes())
+            db.insert(FORMAT_KEY, &(STORE_FORMAT + 1).to_be_bytes())
                 .unwrap();
             db.flush().unwrap();
         }
         let e = open_db(&path).unwrap_err().to_string();
         let (found, reads) = (
-            format!("state format {}", STATE_FORMAT + 1),
-            format!("reads format {STATE_FORMAT}"),
+            format!("store format {}", STORE_FORMAT + 1),
+            format!("reads store format {STORE_FORMAT}"),
         );
         assert!(e.contains(&found) && e.contains(&reads), "{e}");
     }
@@ -406,11 +544,120 @@ mod tests {
             db.flush().unwrap();
         }
         let e = open_db(&path).unwrap_err().to_string();
-        assert!(e.contains("state format 1"), "{e}");
+        assert!(e.contains("store format 1"), "{e}");
         // An empty directory is new, not old.
         let fresh = dir.path().join("fresh");
         drop(open_db(&fresh).unwrap());
         drop(open_db(&fresh).unwrap());
+    }
+
+    /// A state directory of one key per session (store format 5, written here as that
+    /// build wrote it) opens with its sessions and offsets, as records.
+    #[test]
+    fn a_database_of_one_key_per_session_is_upgraded_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let states: Vec<(String, SessionState)> = (0..50u64)
+            .map(|i| {
+                (
+                    format!("s{i:02}"),
+                    SessionState::new(i as i64, i as i64 + 1),
+                )
+            })
+            .collect();
+        {
+            let db = sled::open(&path).unwrap();
+            db.insert(FORMAT_KEY, &PER_SESSION_FORMAT.to_be_bytes())
+                .unwrap();
+            for p in 0..2 {
+                let tree = db.open_tree(format!("partition/{p}")).unwrap();
+                for (name, st) in states.iter().skip(p).step_by(2) {
+                    tree.insert(key(SESSION_PREFIX, name), st.to_bytes())
+                        .unwrap();
+                }
+                tree.insert(key(OFFSET_PREFIX, "t/0"), &(7 + p as i64).to_be_bytes())
+                    .unwrap();
+            }
+            db.flush().unwrap();
+        }
+        for _ in 0..2 {
+            // The second open finds format 6 and nothing to upgrade.
+            let db = open_db(&path).unwrap();
+            assert_eq!(
+                db.get(FORMAT_KEY).unwrap().unwrap().as_ref(),
+                STORE_FORMAT.to_be_bytes()
+            );
+            for p in 0..2 {
+                let store = SledStore::partition(&db, p as i32).unwrap();
+                let want: Vec<_> = states.iter().skip(p).step_by(2).cloned().collect();
+                assert_eq!(store.load_sessions().unwrap(), want);
+                assert_eq!(store.offset("t/0").unwrap(), Some(7 + p as i64));
+                assert_eq!(store.tree.scan_prefix(SESSION_PREFIX).count(), 0);
+            }
+        }
+    }
+
+    /// The sled store against the in-memory one over many batches of a fleet whose
+    /// sessions come, change and end, reopened now and then: the same sessions with the
+    /// same bytes, and the records folded (the tree holds far fewer bytes than were
+    /// written).
+    #[test]
+    fn the_sled_store_holds_what_the_memory_store_holds_across_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sled = SledStore::open(dir.path()).unwrap();
+        let mut memory = MemoryStore::new();
+        let mut written = 0usize;
+        for round in 0..120u64 {
+            let mut batch = StoreBatch::default();
+            for i in 0..30u64 {
+                let n = (round * 30 + i) % 400;
+                let mut st = SessionState::new(n as i64, round as i64);
+                st.agent_id = Some(format!(
+                    "agent-{round}-{i}-{}",
+                    "x".repeat((i * 11 % 90) as usize)
+                ));
+                batch.puts.push((format!("session-{n}"), st.to_bytes()));
+            }
+            batch
+                .deletes
+                .push(format!("session-{}", (round * 13) % 400));
+            batch.offsets.push(("t/0".into(), round as i64));
+            written += batch.puts.iter().map(|(_, v)| v.len()).sum::<usize>();
+            sled.commit(&batch).unwrap();
+            memory.commit(&batch).unwrap();
+            if round % 40 == 39 {
+                drop(sled);
+                sled = SledStore::open(dir.path()).unwrap();
+            }
+        }
+        assert_eq!(
+            sled.load_sessions().unwrap(),
+            memory.load_sessions().unwrap()
+        );
+        assert_eq!(sled.offset("t/0").unwrap(), Some(119));
+        for name in memory.sessions.keys() {
+            assert_eq!(
+                sled.session_bytes(name).unwrap(),
+                memory.session_bytes(name).unwrap()
+            );
+        }
+        assert_eq!(sled.session_bytes("nobody").unwrap(), None);
+        assert_eq!(sled.stored_sessions().unwrap(), memory.len());
+        let stored: usize = sled
+            .tree
+            .scan_prefix(records::RECORD_PREFIX)
+            .map(|kv| kv.unwrap().1.len())
+            .sum();
+        // Folded: within a few times the live states (not the 480 kB written).
+        let live: usize = memory
+            .sessions
+            .iter()
+            .map(|(k, v)| 9 + k.len() + v.len())
+            .sum();
+        assert!(
+            stored < 3 * live + 16 * 1024,
+            "{stored} bytes stored for {live} live, of {written} written"
+        );
     }
 
     #[test]

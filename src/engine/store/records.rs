@@ -1,0 +1,424 @@
+//! How the sled store lays out a partition's session states: as a log of records, each
+//! holding the states (and deletions) of one batch, instead of one key per session.
+//!
+//! Why: a fleet whose every event belongs to a session of its own writes one state per
+//! event, and sled's cost per key written (its tree walk, page cache and log entry) was as
+//! much as the engine's whole work on the event, growing with the tree. A record holds
+//! many states, so a batch costs a few sled writes per partition, and the tree holds as
+//! many keys as there are records, not sessions.
+//!
+//! A record is a sled value under `r/<sequence>` (big-endian, so a scan reads them in the
+//! order they were written): entries one after another, each a state (`0`, the session's
+//! name and its state's bytes, both length-prefixed) or a deletion (`1` and the name). A
+//! session's state is the one in its newest entry, unless a later deletion ends it.
+//! Records are cut at [`RECORD_BYTES`] so that sled's leaves, which it rewrites whole,
+//! stay small.
+//!
+//! The store keeps in memory which entry holds each session's newest state ([`Log`]) and
+//! how many bytes of each record are still live. A record none of whose states is live
+//! any more is removed in the next batch; once the records hold more than twice the live
+//! bytes, the oldest are folded: their live states are written again in the newest
+//! record and they are removed (a deletion needs no keeping once no older record is
+//! left). Each batch folds at most as many bytes as it wrote itself (or
+//! [`FOLD_BYTES_MIN`]), so no batch pays for the whole log, and the log stays within a
+//! bounded multiple of the live states.
+//!
+//! Guarantees: a batch's records, the removals it folds and the partition's offsets are
+//! one sled batch (all or nothing); the in-memory index only ever describes what sled
+//! holds (it is dropped, to be read again, when a write fails); a record that cannot be
+//! read is reported with its key and what could be read of it is kept, never a panic.
+
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
+
+/// Key prefix of the records.
+pub(super) const RECORD_PREFIX: &[u8] = b"r/";
+
+/// A record is cut once it holds this many bytes (a longer state gets one of its own).
+/// sled splits a leaf past 16 keys and rewrites a leaf whole every few writes to it;
+/// values this size keep a leaf under sled's blob threshold (a quarter of its 512 KiB
+/// segments), where it would be written to a file of its own.
+pub(super) const RECORD_BYTES: usize = 6 * 1024;
+
+/// The live bytes folded per batch when the batch itself wrote fewer (smaller in the
+/// unit tests, so that their small stores fold).
+pub(super) const FOLD_BYTES_MIN: u64 = if cfg!(test) { 2048 } else { 256 * 1024 };
+
+/// The records are folded while they hold more than this many times the live bytes…
+const FOLD_FACTOR: u64 = 2;
+/// …plus this much (a small store is not folded over and over).
+const FOLD_SLACK_BYTES: u64 = if cfg!(test) { 4096 } else { 1024 * 1024 };
+
+const STATE: u8 = 0;
+const DELETION: u8 = 1;
+
+pub(super) fn record_key(seq: u64) -> [u8; 10] {
+    let mut k = [0u8; 10];
+    k[..2].copy_from_slice(RECORD_PREFIX);
+    k[2..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The sequence number of a record's key.
+pub(super) fn record_seq(key: &[u8]) -> Option<u64> {
+    let rest = key.strip_prefix(RECORD_PREFIX)?;
+    Some(u64::from_be_bytes(rest.try_into().ok()?))
+}
+
+/// One entry of a record, as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Entry<'a> {
+    State { name: &'a [u8], state: &'a [u8] },
+    Deletion { name: &'a [u8] },
+}
+
+/// Why a record could not be read to its end.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("entry {entry} at byte {at}: {reason}")]
+pub struct BadRecord {
+    pub entry: u32,
+    pub at: usize,
+    pub reason: &'static str,
+}
+
+/// Reads a record's entries in order; stops at the first that cannot be read.
+pub(super) struct Entries<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    entry: u32,
+}
+
+pub(super) fn entries(bytes: &[u8]) -> Entries<'_> {
+    Entries {
+        bytes,
+        at: 0,
+        entry: 0,
+    }
+}
+
+impl<'a> Entries<'a> {
+    fn bad(&mut self, reason: &'static str) -> BadRecord {
+        let bad = BadRecord {
+            entry: self.entry,
+            at: self.at,
+            reason,
+        };
+        self.at = self.bytes.len();
+        bad
+    }
+
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let part = self.bytes.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(part)
+    }
+
+    fn length_prefixed(&mut self) -> Option<&'a [u8]> {
+        let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?);
+        self.take(len as usize)
+    }
+}
+
+impl<'a> Iterator for Entries<'a> {
+    /// The entry and its length in the record.
+    type Item = Result<(Entry<'a>, u32), BadRecord>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at >= self.bytes.len() {
+            return None;
+        }
+        let start = self.at;
+        let kind = self.bytes[self.at];
+        self.at += 1;
+        let Some(name) = self.length_prefixed() else {
+            self.at = start;
+            return Some(Err(self.bad("the name runs past the record's end")));
+        };
+        let entry = match kind {
+            STATE => match self.length_prefixed() {
+                Some(state) => Entry::State { name, state },
+                None => {
+                    self.at = start;
+                    return Some(Err(self.bad("the state runs past the record's end")));
+                }
+            },
+            DELETION => Entry::Deletion { name },
+            _ => {
+                self.at = start;
+                return Some(Err(self.bad("unknown entry kind")));
+            }
+        };
+        self.entry += 1;
+        Some(Ok((entry, (self.at - start) as u32)))
+    }
+}
+
+/// Where a session's newest state is: its record, its entry there, the entry's length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Holder {
+    pub record: u64,
+    pub entry: u32,
+    len: u32,
+}
+
+/// What one record holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct RecordStats {
+    /// The record's bytes (once it is written whole).
+    bytes: u64,
+    /// Its entries holding a session's newest state, and their bytes.
+    live: u32,
+    live_bytes: u64,
+    /// Its deletions: they must stay while an older record may hold what they end.
+    deletions: u32,
+    /// Entries so far (the next entry's index).
+    entries: u32,
+}
+
+/// The in-memory index of a partition's records.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Log {
+    /// The sequence number of the next record.
+    next: u64,
+    holders: FxHashMap<Box<[u8]>, Holder>,
+    records: BTreeMap<u64, RecordStats>,
+    stored_bytes: u64,
+    live_bytes: u64,
+}
+
+impl Log {
+    /// Adds a record read from the tree (records are read in order); what could be read
+    /// of a record that cannot be read to its end is kept.
+    pub(super) fn read_record(&mut self, seq: u64, bytes: &[u8]) -> Result<(), BadRecord> {
+        self.next = self.next.max(seq + 1);
+        let mut result = Ok(());
+        for entry in entries(bytes) {
+            match entry {
+                Ok((e, len)) => self.note(seq, e, len),
+                Err(e) => result = Err(e),
+            }
+        }
+        self.seal(seq, bytes.len());
+        result
+    }
+
+    pub(super) fn holder(&self, name: &[u8]) -> Option<Holder> {
+        self.holders.get(name).copied()
+    }
+
+    pub(super) fn sessions(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// Accounts for an entry written (or read) at the end of record `seq`.
+    fn note(&mut self, seq: u64, entry: Entry<'_>, len: u32) {
+        let stats = self.records.entry(seq).or_default();
+        let index = stats.entries;
+        stats.entries += 1;
+        let before = match entry {
+            Entry::State { name, .. } => {
+                stats.live += 1;
+                stats.live_bytes += u64::from(len);
+                self.live_bytes += u64::from(len);
+                let holder = Holder {
+                    record: seq,
+                    entry: index,
+                    len,
+                };
+                match self.holders.get_mut(name) {
+                    Some(h) => Some(std::mem::replace(h, holder)),
+                    None => {
+                        self.holders.insert(name.into(), holder);
+                        None
+                    }
+                }
+            }
+            Entry::Deletion { name } => {
+                stats.deletions += 1;
+                self.holders.remove(name)
+            }
+        };
+        if let Some(old) = before {
+            // The holder's record is in the index while it holds a live state (a record
+            // is removed only once none of its states is live).
+            if let Some(stats) = self.records.get_mut(&old.record) {
+                stats.live -= 1;
+                stats.live_bytes -= u64::from(old.len);
+                self.live_bytes -= u64::from(old.len);
+            }
+        }
+    }
+
+    /// Record `seq` is written whole, `bytes` long.
+    fn seal(&mut self, seq: u64, bytes: usize) {
+        let stats = self.records.entry(seq).or_default();
+        stats.bytes = bytes as u64;
+        self.stored_bytes += bytes as u64;
+    }
+
+    /// Removes a record from the index; sessions whose newest state it still held (only
+    /// when it could not be read whole while it was folded) are forgotten with it.
+    fn remove(&mut self, seq: u64) {
+        let Some(stats) = self.records.remove(&seq) else {
+            return;
+        };
+        self.stored_bytes -= stats.bytes;
+        self.live_bytes -= stats.live_bytes;
+        if stats.live > 0 {
+            self.holders.retain(|_, h| h.record != seq);
+        }
+    }
+
+    fn needs_folding(&self) -> bool {
+        self.stored_bytes > FOLD_FACTOR * self.live_bytes + FOLD_SLACK_BYTES
+    }
+}
+
+/// A batch's records being written: entries go into the open record, which is cut into
+/// a new one at [`RECORD_BYTES`].
+pub(super) struct Writer<'l> {
+    log: &'l mut Log,
+    /// Records written whole (sequence, bytes).
+    pub sealed: Vec<(u64, Vec<u8>)>,
+    open: Option<(u64, Vec<u8>)>,
+    /// The first record this batch writes: older ones may be folded.
+    first: u64,
+    /// Bytes of entries written (folded ones included).
+    pub written: u64,
+    /// Records to remove.
+    pub removed: Vec<u64>,
+}
+
+impl<'l> Writer<'l> {
+    pub(super) fn new(log: &'l mut Log) -> Writer<'l> {
+        let first = log.next;
+        Writer {
+            log,
+            sealed: Vec::new(),
+            open: None,
+            first,
+            written: 0,
+            removed: Vec::new(),
+        }
+    }
+
+    fn write(&mut self, kind: u8, name: &[u8], state: Option<&[u8]>) {
+        let len = 1 + 4 + name.len() + state.map_or(0, |s| 4 + s.len());
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|(_, b)| !b.is_empty() && b.len() + len > RECORD_BYTES)
+        {
+            self.seal();
+        }
+        let (seq, buf) = self.open.get_or_insert_with(|| {
+            let seq = self.log.next;
+            self.log.next += 1;
+            (seq, Vec::with_capacity(RECORD_BYTES.max(len)))
+        });
+        buf.push(kind);
+        buf.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        buf.extend_from_slice(name);
+        let entry = match state {
+            Some(s) => {
+                buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                buf.extend_from_slice(s);
+                Entry::State { name, state: s }
+            }
+            None => Entry::Deletion { name },
+        };
+        let seq = *seq;
+        self.log.note(seq, entry, len as u32);
+        self.written += len as u64;
+    }
+
+    fn seal(&mut self) {
+        if let Some((seq, buf)) = self.open.take() {
+            self.log.seal(seq, buf.len());
+            self.sealed.push((seq, buf));
+        }
+    }
+
+    /// A session's state.
+    pub(super) fn put(&mut self, name: &[u8], state: &[u8]) {
+        self.write(STATE, name, Some(state));
+    }
+
+    /// A session's end: written only when some record holds its state.
+    pub(super) fn delete(&mut self, name: &[u8]) {
+        if self.log.holders.contains_key(name) {
+            self.write(DELETION, name, None);
+        }
+    }
+
+    /// Removes the records that hold nothing live and end nothing, then folds the oldest
+    /// while the records hold more than [`FOLD_FACTOR`] times the live bytes, up to
+    /// `budget` bytes of live entries. `read` gives an older record's bytes.
+    pub(super) fn fold<E>(
+        &mut self,
+        budget: u64,
+        mut read: impl FnMut(u64) -> Result<Option<sled::IVec>, E>,
+    ) -> Result<(), E> {
+        let dead: Vec<u64> = self
+            .log
+            .records
+            .range(..self.first)
+            .filter(|(_, r)| r.live == 0 && r.deletions == 0)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in dead {
+            self.log.remove(seq);
+            self.removed.push(seq);
+        }
+        let mut folded = 0u64;
+        while self.log.needs_folding() && folded < budget {
+            let Some((&oldest, stats)) = self.log.records.first_key_value() else {
+                break;
+            };
+            if oldest >= self.first {
+                break;
+            }
+            if stats.live > 0 {
+                // A record the index counts but sled does not hold would be a bug;
+                // it is removed from the index like any other.
+                if let Some(bytes) = read(oldest)? {
+                    for (index, entry) in entries(&bytes).enumerate() {
+                        let Ok((Entry::State { name, state }, len)) = entry else {
+                            continue;
+                        };
+                        let live = self
+                            .log
+                            .holders
+                            .get(name)
+                            .is_some_and(|h| h.record == oldest && h.entry == index as u32);
+                        if live {
+                            self.put(name, state);
+                            folded += u64::from(len);
+                        }
+                    }
+                }
+            }
+            let lost = self.log.records.get(&oldest).map_or(0, |r| r.live);
+            if lost > 0 {
+                tracing::error!(
+                    record = oldest,
+                    sessions = lost,
+                    "a state store record being folded cannot be read whole; its sessions after the fault start anew"
+                );
+            }
+            // Its deletions end nothing now: no older record is left.
+            self.log.remove(oldest);
+            self.removed.push(oldest);
+        }
+        Ok(())
+    }
+
+    /// The records to insert (sequence, bytes) and the ones to remove.
+    pub(super) fn finish(mut self) -> (Vec<(u64, Vec<u8>)>, Vec<u64>) {
+        self.seal();
+        (self.sealed, self.removed)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,220 @@
+use super::*;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+/// sled's tree as the records see it: records by sequence.
+type Tree = BTreeMap<u64, Vec<u8>>;
+/// What the store must hold: each session's newest state.
+type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+
+#[derive(Debug, Clone)]
+enum Change {
+    Put(u8, Vec<u8>),
+    Delete(u8),
+}
+
+fn name(n: u8) -> Vec<u8> {
+    format!("session-{n}").into_bytes()
+}
+
+/// Writes one batch as the store does: its states, its deletions, folding, then the
+/// records in and the folded ones out.
+fn write(log: &mut Log, tree: &mut Tree, changes: &[Change]) -> u64 {
+    let mut w = Writer::new(log);
+    for c in changes {
+        if let Change::Put(n, state) = c {
+            w.put(&name(*n), state);
+        }
+    }
+    for c in changes {
+        if let Change::Delete(n) = c {
+            w.delete(&name(*n));
+        }
+    }
+    let written = w.written;
+    w.fold(written.max(FOLD_BYTES_MIN), |seq| {
+        Ok::<_, ()>(tree.get(&seq).map(|b| sled::IVec::from(b.as_slice())))
+    })
+    .unwrap();
+    let (records, removed) = w.finish();
+    for (seq, bytes) in records {
+        assert!(
+            tree.insert(seq, bytes).is_none(),
+            "record {seq} written twice"
+        );
+    }
+    for seq in removed {
+        assert!(
+            tree.remove(&seq).is_some(),
+            "record {seq} removed but not there"
+        );
+    }
+    written
+}
+
+fn apply(model: &mut Model, changes: &[Change]) {
+    for c in changes {
+        if let Change::Put(n, state) = c {
+            model.insert(name(*n), state.clone());
+        }
+    }
+    for c in changes {
+        if let Change::Delete(n) = c {
+            model.remove(&name(*n));
+        }
+    }
+}
+
+/// The index read afresh from the tree, as a store opened on it reads it.
+fn reread(tree: &Tree) -> Log {
+    let mut log = Log::default();
+    for (seq, bytes) in tree {
+        log.read_record(*seq, bytes).unwrap();
+    }
+    log
+}
+
+/// The sessions' newest states as loading reads them: each entry its holder names.
+fn loaded(log: &Log, tree: &Tree) -> Model {
+    let mut out = Model::new();
+    for (seq, bytes) in tree {
+        for (index, e) in entries(bytes).enumerate() {
+            if let Ok((Entry::State { name, state }, _)) = e {
+                let newest = log
+                    .holder(name)
+                    .is_some_and(|h| h.record == *seq && h.entry == index as u32);
+                if newest {
+                    assert!(out.insert(name.to_vec(), state.to_vec()).is_none());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn check(log: &Log, tree: &Tree, model: &Model) {
+    let mut fresh = reread(tree);
+    // A batch that wrote nothing may have removed the newest record.
+    fresh.next = log.next;
+    assert_eq!(&fresh, log, "the kept index is the one the tree reads as");
+    assert_eq!(&loaded(&fresh, tree), model);
+    assert_eq!(fresh.holders.len(), model.len());
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        // A state's bytes do not matter here, its length does (up to past a record's).
+        4 => (0u8..24, any::<u8>(), 0usize..9000).prop_map(|(n, b, len)| Change::Put(n, vec![b; len])),
+        1 => (0u8..24).prop_map(Change::Delete),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    /// Any batches of states and deletions, of states up to past a record's size: the
+    /// tree holds each session's newest state, and the index kept as batches were
+    /// written is the one read afresh from the tree.
+    #[test]
+    fn the_records_hold_the_newest_states_and_the_kept_index_is_the_read_one(
+        batches in prop::collection::vec(prop::collection::vec(change(), 0..12), 1..40)
+    ) {
+        let (mut log, mut tree, mut model) = (Log::default(), Tree::new(), Model::new());
+        for b in &batches {
+            write(&mut log, &mut tree, b);
+            apply(&mut model, b);
+            check(&log, &tree, &model);
+        }
+    }
+}
+
+#[test]
+fn records_are_cut_at_their_size_and_a_large_state_has_one_of_its_own() {
+    let (mut log, mut tree, mut model) = (Log::default(), Tree::new(), Model::new());
+    let batch: Vec<Change> = (0..20)
+        .map(|n| Change::Put(n, vec![n; if n == 7 { 3 * RECORD_BYTES } else { 1000 }]))
+        .collect();
+    write(&mut log, &mut tree, &batch);
+    apply(&mut model, &batch);
+    check(&log, &tree, &model);
+    assert!(tree.len() > 3, "{} records", tree.len());
+    for bytes in tree.values() {
+        let n = entries(bytes).count();
+        assert!(
+            bytes.len() <= RECORD_BYTES || n == 1,
+            "{} bytes in {n} entries",
+            bytes.len()
+        );
+    }
+}
+
+/// A fleet's case: every batch rewrites a share of many sessions; the log stays within
+/// the folding bound of the live bytes (plus what a batch writes), however long it runs.
+#[test]
+fn the_log_stays_within_a_multiple_of_the_live_states() {
+    let (mut log, mut tree, mut model) = (Log::default(), Tree::new(), Model::new());
+    let mut most = 0u64;
+    for round in 0..300u32 {
+        // 40 of 200 sessions a batch, round-robin; some end and come back.
+        let batch: Vec<Change> = (0..40u32)
+            .map(|i| {
+                let n = ((round * 40 + i) % 200) as u8;
+                if (round + i) % 17 == 0 {
+                    Change::Delete(n)
+                } else {
+                    Change::Put(n, vec![round as u8; 300 + (i as usize * 7) % 400])
+                }
+            })
+            .collect();
+        let written = write(&mut log, &mut tree, &batch);
+        apply(&mut model, &batch);
+        most = most.max(written);
+        assert!(
+            log.stored_bytes
+                <= FOLD_FACTOR * log.live_bytes + FOLD_SLACK_BYTES + 2 * most.max(FOLD_BYTES_MIN),
+            "round {round}: {} bytes stored for {} live",
+            log.stored_bytes,
+            log.live_bytes
+        );
+    }
+    check(&log, &tree, &model);
+}
+
+/// A session ended where no record holds it costs no deletion.
+#[test]
+fn a_deletion_is_written_only_for_a_stored_session() {
+    let (mut log, mut tree) = (Log::default(), Tree::new());
+    write(&mut log, &mut tree, &[Change::Delete(1)]);
+    assert!(tree.is_empty());
+    write(&mut log, &mut tree, &[Change::Put(1, vec![1; 10])]);
+    write(&mut log, &mut tree, &[Change::Delete(1)]);
+    let deletions = tree
+        .values()
+        .flat_map(|b| entries(b))
+        .filter(|e| matches!(e, Ok((Entry::Deletion { .. }, _))))
+        .count();
+    assert_eq!(deletions, 1);
+}
+
+#[test]
+fn a_record_cut_short_keeps_what_can_be_read_and_says_where_it_stops() {
+    let (mut log, mut tree) = (Log::default(), Tree::new());
+    write(
+        &mut log,
+        &mut tree,
+        &[Change::Put(1, vec![1; 10]), Change::Put(2, vec![2; 10])],
+    );
+    let (seq, bytes) = tree.iter().next().map(|(s, b)| (*s, b.clone())).unwrap();
+    let cut = &bytes[..bytes.len() - 3];
+    let mut fresh = Log::default();
+    let err = fresh.read_record(seq, cut).unwrap_err();
+    assert_eq!(err.entry, 1);
+    assert!(err.to_string().contains("entry 1"), "{err}");
+    assert!(fresh.holder(&name(1)).is_some() && fresh.holder(&name(2)).is_none());
+    let mut unknown = bytes.clone();
+    unknown[0] = 9;
+    let err = Log::default().read_record(seq, &unknown).unwrap_err();
+    assert_eq!(
+        (err.entry, err.at, err.reason),
+        (0, 0, "unknown entry kind")
+    );
+}
