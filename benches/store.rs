@@ -5,12 +5,13 @@
 //! one database, as a worker has, and every `batch` events each partition's changes are
 //! stored as one atomic batch, as the pipeline's store stage does. It prints, per round
 //! (every session touched once), the time per event of parsing and the engine and of the
-//! store (serializing the changed states and sled's puts), the process
+//! store (serializing the changed states and writing them to sled), the process
 //! CPU (sled's flusher threads included), the database's size on disk and the bytes each
 //! stored state takes, so the store's cost can be read against the state's size; at the
 //! end, the resident memory each open session took (for the first size: run one size per
 //! process for it; transparent huge pages as the host has them, where `loopwarden run`
-//! turns them off for itself).
+//! turns them off for itself), and how long loading every session afresh takes, as a
+//! restart does.
 //!
 //! Knobs (environment): LOOPWARDEN_BENCH_STORE_SESSIONS (comma-separated, default
 //! `10000,200000`), LOOPWARDEN_BENCH_STORE_ROUNDS (events per session, default 4),
@@ -165,11 +166,23 @@ fn run(
         ),
         _ => println!("store: resident memory: not readable here (/proc/self/status)"),
     }
-    let stored: usize = stores
-        .iter()
-        .map(|s| s.load_sessions().unwrap().len())
+    // What a restart reads: each partition's store opened afresh (its index read from
+    // the records) and its sessions loaded.
+    drop(stores);
+    let load_start = Instant::now();
+    let stored: usize = (0..partitions)
+        .map(|p| {
+            let store = SledStore::partition(&db, p as i32).unwrap();
+            store.load_sessions().unwrap().len()
+        })
         .sum();
+    let load = load_start.elapsed();
     assert_eq!(stored as u64, sessions, "every session is stored");
+    println!(
+        "store: loading the {stored} sessions afresh took {:.2} s ({:.2} µs a session)",
+        load.as_secs_f64(),
+        load.as_secs_f64() * 1e6 / stored as f64
+    );
 }
 
 fn main() {

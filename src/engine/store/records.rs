@@ -176,7 +176,7 @@ struct RecordStats {
 }
 
 /// The in-memory index of a partition's records.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 pub(super) struct Log {
     /// The sequence number of the next record.
     next: u64,
@@ -184,6 +184,9 @@ pub(super) struct Log {
     records: BTreeMap<u64, RecordStats>,
     stored_bytes: u64,
     live_bytes: u64,
+    /// Records that may hold nothing live and end nothing any more (checked again when
+    /// removed), so that a batch finds them without walking every record.
+    emptied: Vec<u64>,
 }
 
 impl Log {
@@ -245,6 +248,9 @@ impl Log {
                 stats.live -= 1;
                 stats.live_bytes -= u64::from(old.len);
                 self.live_bytes -= u64::from(old.len);
+                if stats.live == 0 && stats.deletions == 0 {
+                    self.emptied.push(old.record);
+                }
             }
         }
     }
@@ -279,14 +285,14 @@ impl Log {
 pub(super) struct Writer<'l> {
     log: &'l mut Log,
     /// Records written whole (sequence, bytes).
-    pub sealed: Vec<(u64, Vec<u8>)>,
+    sealed: Vec<(u64, Vec<u8>)>,
     open: Option<(u64, Vec<u8>)>,
     /// The first record this batch writes: older ones may be folded.
     first: u64,
     /// Bytes of entries written (folded ones included).
     pub written: u64,
     /// Records to remove.
-    pub removed: Vec<u64>,
+    removed: Vec<u64>,
 }
 
 impl<'l> Writer<'l> {
@@ -359,16 +365,22 @@ impl<'l> Writer<'l> {
         budget: u64,
         mut read: impl FnMut(u64) -> Result<Option<sled::IVec>, E>,
     ) -> Result<(), E> {
-        let dead: Vec<u64> = self
-            .log
-            .records
-            .range(..self.first)
-            .filter(|(_, r)| r.live == 0 && r.deletions == 0)
-            .map(|(seq, _)| *seq)
-            .collect();
-        for seq in dead {
-            self.log.remove(seq);
-            self.removed.push(seq);
+        // Records of this batch stay candidates for the next.
+        let first = self.first;
+        let (older, this): (Vec<u64>, Vec<u64>) = std::mem::take(&mut self.log.emptied)
+            .into_iter()
+            .partition(|seq| *seq < first);
+        self.log.emptied = this;
+        for seq in older {
+            let dead = self
+                .log
+                .records
+                .get(&seq)
+                .is_some_and(|r| r.live == 0 && r.deletions == 0);
+            if dead {
+                self.log.remove(seq);
+                self.removed.push(seq);
+            }
         }
         let mut folded = 0u64;
         while self.log.needs_folding() && folded < budget {
