@@ -5,8 +5,8 @@
 //! Guarantees: [`StateStore::commit`] is atomic — session puts, deletes and the partition
 //! offsets of one batch are all visible after it returns, or none are — and durable for
 //! the sled store (flushed to disk before it returns), which is what lets the pipeline
-//! commit Kafka offsets afterwards. A state that cannot be decoded is reported with its
-//! key, never silently dropped.
+//! commit Kafka offsets afterwards; a commit that failed may be tried again. A state that
+//! cannot be decoded is reported with its session, never silently dropped.
 
 use std::cell::{RefCell, RefMut};
 use std::collections::BTreeMap;
@@ -24,7 +24,7 @@ use crate::engine::state::{CorruptState, SessionState};
 pub enum StoreError {
     #[error("cannot open state store at {path}: {source}")]
     Open { path: String, source: sled::Error },
-    #[error("state store at {path} holds store format {found}; this build reads store format {expected} (move it aside and start with an empty one: with the changelog on, its partitions are restored from it)")]
+    #[error("state store at {path} holds store format {found}; this build reads store format {expected} and upgrades format 5 (move it aside and start with an empty one: with the changelog on, its partitions are restored from it)")]
     Format {
         path: String,
         found: String,
@@ -153,10 +153,21 @@ pub struct SledStore {
     /// for the batches of several trees).
     flush_on_commit: bool,
     /// Where each session's newest state is, read from the records on first use and kept
-    /// as batches are written; `None` until then, and again after a failed write (sled's
-    /// tree is what is true).
+    /// as batches are written; `None` until then, and again when a batch could not be
+    /// planned (sled's tree is what is true).
     log: RefCell<Option<Log>>,
+    /// The writes of a batch sled did not take: it applies a batch's writes one by one
+    /// and stops at the first error, so its tree may hold part of them (its recovery at
+    /// the next open is what is atomic). They are applied again, whole, before the next
+    /// batch, so the tree ends as the index describes it whatever part was kept.
+    unapplied: Option<Writes>,
+    /// Tests: the next apply writes this many of its writes, then fails.
+    #[cfg(test)]
+    fail_after: Option<usize>,
 }
+
+/// A batch's writes to the tree, in the order sled applies them (by key): `None` removes.
+type Writes = BTreeMap<Vec<u8>, Option<sled::IVec>>;
 
 /// How long to wait for the state directory's lock: a handle dropped a moment ago (sled
 /// releases the lock from its flusher thread) or a previous process still exiting.
@@ -177,6 +188,15 @@ const _: () = assert!(
 );
 /// The store format of one key per session, whose states this build reads.
 const PER_SESSION_FORMAT: u32 = 5;
+/// The state encoding of [`PER_SESSION_FORMAT`]'s states (upgraded only while it is
+/// this build's).
+const PER_SESSION_STATE_FORMAT: u32 = 5;
+/// Marks a directory while format 5 is rewritten as format 6: a build of format 5
+/// refuses it (an unknown format), as it must, since part of it may be records already;
+/// this build resumes the upgrade.
+const UPGRADING_TO_RECORDS: u32 = 0x0005_0006;
+/// The key of the format marker (named when it held the state format; it holds the
+/// store format).
 const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 
 /// Opens (or creates) the sled database at `path`, checking (or recording) its store
@@ -209,7 +229,12 @@ pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, Sto
     };
     match found {
         Ok(STORE_FORMAT) => {}
-        Ok(PER_SESSION_FORMAT) if STATE_FORMAT == PER_SESSION_FORMAT => {
+        Ok(PER_SESSION_FORMAT | UPGRADING_TO_RECORDS)
+            if STATE_FORMAT == PER_SESSION_STATE_FORMAT =>
+        {
+            db.insert(FORMAT_KEY, &UPGRADING_TO_RECORDS.to_be_bytes())
+                .map_err(opened)?;
+            db.flush().map_err(opened)?;
             upgrade_per_session(&db).map_err(opened)?;
             db.insert(FORMAT_KEY, &expected).map_err(opened)?;
             db.flush().map_err(opened)?;
@@ -239,14 +264,19 @@ pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, Sto
 }
 
 /// Rewrites each tree's per-session keys (store format 5) as records, one atomic batch
-/// per tree: a tree already rewritten holds none, so an upgrade cut short resumes.
+/// per tree (held in memory: a tree's states at once): a tree already rewritten holds
+/// none, so an upgrade cut short resumes. Records a tree already holds stay, and the
+/// rewritten states come after them.
 fn upgrade_per_session(db: &sled::Db) -> Result<(), sled::Error> {
     for name in db.tree_names() {
         if name.as_ref() == b"__sled__default" {
             continue;
         }
         let tree = db.open_tree(&name)?;
-        let mut log = Log::default();
+        if tree.scan_prefix(SESSION_PREFIX).next().is_none() {
+            continue;
+        }
+        let mut log = read_log(&tree)?;
         let mut writer = Writer::new(&mut log);
         let mut batch = sled::Batch::default();
         for item in tree.scan_prefix(SESSION_PREFIX) {
@@ -316,6 +346,9 @@ impl SledStore {
             tree,
             flush_on_commit,
             log: RefCell::new(None),
+            unapplied: None,
+            #[cfg(test)]
+            fail_after: None,
         }
     }
 
@@ -328,22 +361,7 @@ impl SledStore {
     fn log(&self) -> Result<RefMut<'_, Log>, StoreError> {
         let mut held = self.log.borrow_mut();
         if held.is_none() {
-            let mut log = Log::default();
-            for item in self.tree.scan_prefix(records::RECORD_PREFIX) {
-                let (k, v) = item?;
-                let Some(seq) = records::record_seq(&k) else {
-                    tracing::error!(key = ?k, "skipping a state store key that names no record");
-                    continue;
-                };
-                if let Err(error) = log.read_record(seq, &v) {
-                    tracing::error!(
-                        record = seq,
-                        %error,
-                        "a state store record cannot be read to its end; the sessions after the fault start anew"
-                    );
-                }
-            }
-            *held = Some(log);
+            *held = Some(read_log(&self.tree)?);
         }
         Ok(RefMut::map(held, |l| l.as_mut().expect("read above")))
     }
@@ -353,7 +371,9 @@ impl SledStore {
         Ok(self.log()?.sessions())
     }
 
-    fn write(&self, batch: &StoreBatch) -> Result<(), StoreError> {
+    /// A batch's writes: its states and deletions as records, the records it folds or
+    /// empties removed, its offsets. The index is kept as if they were applied.
+    fn plan(&self, batch: &StoreBatch) -> Result<Writes, StoreError> {
         let mut log = self.log()?;
         let mut writer = Writer::new(&mut log);
         for (k, v) in &batch.puts {
@@ -362,25 +382,86 @@ impl SledStore {
         for k in &batch.deletes {
             writer.delete(k.as_bytes());
         }
-        let budget = writer.written.max(records::FOLD_BYTES_MIN);
+        let budget = writer.written().max(records::FOLD_BYTES_MIN);
         writer.fold(budget, |seq| self.tree.get(records::record_key(seq)))?;
         let (written, removed) = writer.finish();
-        let mut b = sled::Batch::default();
+        let mut writes = Writes::new();
         for (seq, bytes) in written {
-            b.insert(&records::record_key(seq), bytes);
+            writes.insert(records::record_key(seq).to_vec(), Some(bytes.into()));
         }
         for seq in removed {
-            b.remove(&records::record_key(seq));
+            writes.insert(records::record_key(seq).to_vec(), None);
         }
         for (p, o) in &batch.offsets {
-            b.insert(key(OFFSET_PREFIX, p), &o.to_be_bytes());
+            writes.insert(
+                key(OFFSET_PREFIX, p),
+                Some(o.to_be_bytes().as_slice().into()),
+            );
         }
-        self.tree.apply_batch(b)?;
+        Ok(writes)
+    }
+
+    /// Applies writes as one sled batch (flushed if this store flushes its commits);
+    /// writes sled did not take are kept to be applied again.
+    fn apply(&mut self, writes: Writes) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        #[allow(unused_mut)]
+        let mut fail = None;
+        #[cfg(test)]
+        if let Some(n) = self.fail_after.take() {
+            // As sled fails: the writes before the failing one are in its tree.
+            let mut first = sled::Batch::default();
+            for (k, v) in writes.iter().take(n) {
+                match v {
+                    Some(v) => first.insert(k.as_slice(), v.clone()),
+                    None => first.remove(k.as_slice()),
+                }
+            }
+            self.tree.apply_batch(first)?;
+            fail = Some(sled::Error::Io(std::io::Error::other(
+                "failed for the test",
+            )));
+        }
+        for (k, v) in &writes {
+            match v {
+                Some(v) => batch.insert(k.as_slice(), v.clone()),
+                None => batch.remove(k.as_slice()),
+            }
+        }
+        let applied = match fail {
+            Some(e) => Err(e),
+            None => self.tree.apply_batch(batch),
+        };
+        if let Err(e) = applied {
+            self.unapplied = Some(writes);
+            return Err(e.into());
+        }
         if self.flush_on_commit {
             self.db.flush()?;
         }
         Ok(())
     }
+}
+
+/// A tree's records read into their index (records that cannot be read whole are logged
+/// and what can be read of them is kept).
+fn read_log(tree: &sled::Tree) -> Result<Log, sled::Error> {
+    let mut log = Log::default();
+    for item in tree.scan_prefix(records::RECORD_PREFIX) {
+        let (k, v) = item?;
+        let Some(seq) = records::record_seq(&k) else {
+            tracing::error!(key = ?k, "skipping a state store key that names no record");
+            continue;
+        };
+        if let Err(error) = log.read_record(seq, &v) {
+            tracing::error!(
+                record = seq,
+                %error,
+                "a state store record cannot be read to its end; the sessions after the fault start anew"
+            );
+        }
+    }
+    Ok(log)
 }
 
 impl StateStore for SledStore {
@@ -418,12 +499,19 @@ impl StateStore for SledStore {
     }
 
     fn commit(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
-        let written = self.write(batch);
-        if written.is_err() {
-            // The index may describe a batch sled did not take: read it again.
-            *self.log.get_mut() = None;
+        // A batch sled did not take is finished first (a retry then writes its states
+        // again: the same states, superseding).
+        if let Some(writes) = self.unapplied.take() {
+            self.apply(writes)?;
         }
-        written
+        match self.plan(batch) {
+            Ok(writes) => self.apply(writes),
+            Err(e) => {
+                // Planned in part, applied not at all: the tree is what is true.
+                *self.log.get_mut() = None;
+                Err(e)
+            }
+        }
     }
 
     fn session_bytes(&self, session: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -595,6 +683,98 @@ mod tests {
                 assert_eq!(store.tree.scan_prefix(SESSION_PREFIX).count(), 0);
             }
         }
+    }
+
+    /// sled applies a batch's writes one by one and stops at the first error, leaving
+    /// the ones before in its tree: whichever write fails, the retry (and the batch after
+    /// it) end with what the in-memory store holds, a folded record's states included.
+    #[test]
+    fn a_batch_sled_took_in_part_is_finished_by_the_retry() {
+        let st = |n: u64, round: u64| {
+            let mut st = SessionState::new(n as i64, round as i64);
+            st.agent_id = Some(format!("agent-{n}-{round}-{}", "y".repeat(300)));
+            st.to_bytes()
+        };
+        for fail_after in 0..12 {
+            let dir = tempfile::tempdir().unwrap();
+            let mut sled = SledStore::open(dir.path()).unwrap();
+            let mut memory = MemoryStore::new();
+            let mut failed = false;
+            for round in 0..60u64 {
+                // Sessions 0–99 written, then a few of them at a time again: the old
+                // records hold fewer and fewer live states, and fold.
+                let names: Vec<u64> = if round < 10 {
+                    (round * 10..round * 10 + 10).collect()
+                } else {
+                    vec![round * 7 % 100, round * 13 % 100, round * 17 % 100]
+                };
+                let batch = StoreBatch {
+                    puts: names
+                        .iter()
+                        .map(|n| (format!("s{n}"), st(*n, round)))
+                        .collect(),
+                    deletes: if round == 30 {
+                        vec!["s5".into()]
+                    } else {
+                        vec![]
+                    },
+                    offsets: vec![("t/0".into(), round as i64)],
+                };
+                memory.commit(&batch).unwrap();
+                let folds = sled.log().unwrap().needs_folding();
+                if folds && !failed {
+                    failed = true;
+                    sled.fail_after = Some(fail_after);
+                    assert!(sled.commit(&batch).is_err());
+                }
+                sled.commit(&batch).unwrap();
+                if round % 20 == 19 {
+                    drop(sled);
+                    sled = SledStore::open(dir.path()).unwrap();
+                }
+            }
+            assert!(failed, "the run folds");
+            assert_eq!(
+                sled.load_sessions().unwrap(),
+                memory.load_sessions().unwrap(),
+                "failing after {fail_after} writes"
+            );
+            assert_eq!(sled.offset("t/0").unwrap(), Some(59));
+        }
+    }
+
+    /// A directory whose upgrade was cut short (marked as upgrading, one tree rewritten,
+    /// one not) is upgraded on: both trees' sessions load.
+    #[test]
+    fn an_upgrade_cut_short_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let state = |i: i64| SessionState::new(i, i);
+        {
+            let db = sled::open(&path).unwrap();
+            db.insert(FORMAT_KEY, &UPGRADING_TO_RECORDS.to_be_bytes())
+                .unwrap();
+            let done = db.open_tree("partition/0").unwrap();
+            let mut log = Log::default();
+            let mut w = Writer::new(&mut log);
+            w.put(b"a", &state(1).to_bytes());
+            for (seq, bytes) in w.finish().0 {
+                done.insert(records::record_key(seq), bytes).unwrap();
+            }
+            let left = db.open_tree("partition/1").unwrap();
+            left.insert(key(SESSION_PREFIX, "b"), state(2).to_bytes())
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let db = open_db(&path).unwrap();
+        let loaded = |p| {
+            SledStore::partition(&db, p)
+                .unwrap()
+                .load_sessions()
+                .unwrap()
+        };
+        assert_eq!(loaded(0), vec![("a".to_string(), state(1))]);
+        assert_eq!(loaded(1), vec![("b".to_string(), state(2))]);
     }
 
     /// The sled store against the in-memory one over many batches of a fleet whose

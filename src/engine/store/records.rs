@@ -15,18 +15,21 @@
 //! stay small.
 //!
 //! The store keeps in memory which entry holds each session's newest state ([`Log`]) and
-//! how many bytes of each record are still live. A record none of whose states is live
-//! any more is removed in the next batch; once the records hold more than twice the live
-//! bytes, the oldest are folded: their live states are written again in the newest
-//! record and they are removed (a deletion needs no keeping once no older record is
-//! left). Each batch folds at most as many bytes as it wrote itself (or
-//! [`FOLD_BYTES_MIN`]), so no batch pays for the whole log, and the log stays within a
+//! how many bytes of each record are still live. A record written before a batch that
+//! holds no live state and no deletion is removed by that batch (a deletion stays until
+//! its record is the oldest: an older record may hold a state it ends). While the
+//! records hold more than twice the live bytes (plus [`FOLD_SLACK_BYTES`]), the oldest
+//! are folded: their live states are written again in the batch's records, and they are
+//! removed, deletions and all, since no older record is left. A batch folds about as
+//! many live bytes as it wrote itself (at least [`FOLD_BYTES_MIN`]; the last record
+//! folded may pass it), so no batch pays for the whole log, and the log stays within a
 //! bounded multiple of the live states.
 //!
 //! Guarantees: a batch's records, the removals it folds and the partition's offsets are
-//! one sled batch (all or nothing); the in-memory index only ever describes what sled
-//! holds (it is dropped, to be read again, when a write fails); a record that cannot be
-//! read is reported with its key and what could be read of it is kept, never a panic.
+//! one sled batch, which the store applies whole or applies again (`store.rs`); the
+//! in-memory index describes the tree once the batch is applied; a record that cannot be
+//! read is reported with its sequence number and what could be read of it is kept,
+//! never a panic.
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -60,9 +63,11 @@ pub(super) fn record_key(seq: u64) -> [u8; 10] {
 }
 
 /// The sequence number of a record's key.
+/// The sequence number of a record's key (`u64::MAX` is none: no record is written
+/// there, and the next would have no number).
 pub(super) fn record_seq(key: &[u8]) -> Option<u64> {
     let rest = key.strip_prefix(RECORD_PREFIX)?;
-    Some(u64::from_be_bytes(rest.try_into().ok()?))
+    Some(u64::from_be_bytes(rest.try_into().ok()?)).filter(|seq| *seq != u64::MAX)
 }
 
 /// One entry of a record, as read.
@@ -129,6 +134,9 @@ impl<'a> Iterator for Entries<'a> {
         }
         let start = self.at;
         let kind = self.bytes[self.at];
+        if kind != STATE && kind != DELETION {
+            return Some(Err(self.bad("unknown entry kind")));
+        }
         self.at += 1;
         let Some(name) = self.length_prefixed() else {
             self.at = start;
@@ -142,11 +150,7 @@ impl<'a> Iterator for Entries<'a> {
                     return Some(Err(self.bad("the state runs past the record's end")));
                 }
             },
-            DELETION => Entry::Deletion { name },
-            _ => {
-                self.at = start;
-                return Some(Err(self.bad("unknown entry kind")));
-            }
+            _ => Entry::Deletion { name },
         };
         self.entry += 1;
         Some(Ok((entry, (self.at - start) as u32)))
@@ -169,7 +173,8 @@ struct RecordStats {
     /// Its entries holding a session's newest state, and their bytes.
     live: u32,
     live_bytes: u64,
-    /// Its deletions: they must stay while an older record may hold what they end.
+    /// Its deletions. What each ends is not tracked: they stay until their record is the
+    /// oldest, when nothing older is left to hold a state they end.
     deletions: u32,
     /// Entries so far (the next entry's index).
     entries: u32,
@@ -275,7 +280,7 @@ impl Log {
         }
     }
 
-    fn needs_folding(&self) -> bool {
+    pub(super) fn needs_folding(&self) -> bool {
         self.stored_bytes > FOLD_FACTOR * self.live_bytes + FOLD_SLACK_BYTES
     }
 }
@@ -290,7 +295,7 @@ pub(super) struct Writer<'l> {
     /// The first record this batch writes: older ones may be folded.
     first: u64,
     /// Bytes of entries written (folded ones included).
-    pub written: u64,
+    written: u64,
     /// Records to remove.
     removed: Vec<u64>,
 }
@@ -345,6 +350,11 @@ impl<'l> Writer<'l> {
         }
     }
 
+    /// Bytes of the entries written so far.
+    pub(super) fn written(&self) -> u64 {
+        self.written
+    }
+
     /// A session's state.
     pub(super) fn put(&mut self, name: &[u8], state: &[u8]) {
         self.write(STATE, name, Some(state));
@@ -357,9 +367,11 @@ impl<'l> Writer<'l> {
         }
     }
 
-    /// Removes the records that hold nothing live and end nothing, then folds the oldest
-    /// while the records hold more than [`FOLD_FACTOR`] times the live bytes, up to
-    /// `budget` bytes of live entries. `read` gives an older record's bytes.
+    /// Removes the records written before this batch that hold nothing live and end
+    /// nothing, then folds the oldest while the records hold more than [`FOLD_FACTOR`]
+    /// times the live bytes plus [`FOLD_SLACK_BYTES`], until `budget` bytes of live
+    /// entries are folded (the last record may pass it). `read` gives an older record's
+    /// bytes.
     pub(super) fn fold<E>(
         &mut self,
         budget: u64,
@@ -410,12 +422,14 @@ impl<'l> Writer<'l> {
                     }
                 }
             }
+            // Live entries not carried: the record is not in the tree (which the index
+            // never says), so their states are gone.
             let lost = self.log.records.get(&oldest).map_or(0, |r| r.live);
             if lost > 0 {
                 tracing::error!(
                     record = oldest,
                     sessions = lost,
-                    "a state store record being folded cannot be read whole; its sessions after the fault start anew"
+                    "a state store record being folded is not in the tree; its sessions start anew"
                 );
             }
             // Its deletions end nothing now: no older record is left.
