@@ -31,6 +31,8 @@ use loopwarden::contract::event::{parse_event, ParseLimits};
 use loopwarden::engine::store::{open_db_with_cache, SledStore, StateStore};
 use loopwarden::engine::{Engine, EventMeta};
 
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "shared/growth.rs"]
 mod growth;
 #[path = "shared/proc.rs"]
@@ -57,12 +59,11 @@ fn process_cpu() -> Duration {
     Duration::from_millis(cpu_ms(std::process::id()))
 }
 
-/// Resident memory of this process, bytes (`VmRSS`, in kB whatever the page size).
+/// Resident memory of this process, bytes (`None` where it cannot be read).
 fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    Some(common::rss_kb(std::process::id()))
+        .filter(|kb| *kb > 0)
+        .map(|kb| kb * 1024)
 }
 
 /// `first`: the process's first run, whose memory growth is its own (a later run reuses

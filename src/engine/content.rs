@@ -253,9 +253,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The two halves of [`ContentSample::seen_then_remember`], for the tests: judging
-    /// alone (by lookups of its own, the reference the merged version is held to), and
-    /// remembering alone.
+    /// Judging alone, by lookups of its own: the reference
+    /// [`ContentSample::seen_then_remember`] is held to.
     impl ContentSample {
         fn all_seen_in(&self, seen: &VecDeque<u16>) -> Option<bool> {
             let lines = self.hashes();
@@ -264,10 +263,6 @@ mod tests {
             }
             let new = lines.iter().filter(|&&h| !holds(seen, h)).count();
             Some(new * 8 <= lines.len())
-        }
-
-        fn remember_in(&self, seen: &mut VecDeque<u16>) {
-            self.seen_then_remember(seen);
         }
     }
 
@@ -370,7 +365,7 @@ mod tests {
         /// one of the sample's), duplicates in it (a stored state from another build),
         /// and samples made mostly of lines it holds, so both verdicts come up.
         #[test]
-        fn seen_then_remember_is_all_seen_in_then_remember_in(
+        fn seen_then_remember_is_all_seen_in_then_remembering(
             seen in proptest::collection::vec_deque(0u16..200, SEEN_LINES - 8..=SEEN_LINES),
             held in proptest::collection::vec(any::<proptest::sample::Index>(), 0..=SAMPLED_LINES_MAX),
             fresh in proptest::collection::btree_set(200u16..300, 0..=6),
@@ -437,14 +432,14 @@ mod tests {
             "code": listing_numbered(1, 200, 351).replace('\t', "    "),
         }));
         let mut seen = VecDeque::new();
-        a.remember_in(&mut seen);
+        a.seen_then_remember(&mut seen);
         assert_eq!(b.all_seen_in(&seen), Some(true));
     }
 
     #[test]
     fn new_lines_are_news_and_short_results_are_not_judged() {
         let mut seen = VecDeque::new();
-        sample(serde_json::json!(listing(1, 200))).remember_in(&mut seen);
+        sample(serde_json::json!(listing(1, 200))).seen_then_remember(&mut seen);
         assert_eq!(
             sample(serde_json::json!(listing(1000, 200))).all_seen_in(&seen),
             Some(false)
@@ -485,7 +480,7 @@ mod tests {
         let s = sample(serde_json::Value::Object(record));
         assert!(s.hashes().is_empty(), "{s:?}");
         let mut seen: VecDeque<u16> = (0..SEEN_LINES as u16 + 50).collect();
-        sample(serde_json::json!(listing(1, 200))).remember_in(&mut seen);
+        sample(serde_json::json!(listing(1, 200))).seen_then_remember(&mut seen);
         assert_eq!(seen.len(), SEEN_LINES);
     }
 
@@ -493,7 +488,7 @@ mod tests {
     fn the_run_keeps_a_bounded_set_of_lines() {
         let mut seen = VecDeque::new();
         for k in 0..50 {
-            sample(serde_json::json!(listing(k * 1000, 300))).remember_in(&mut seen);
+            sample(serde_json::json!(listing(k * 1000, 300))).seen_then_remember(&mut seen);
             assert!(seen.len() <= SEEN_LINES);
         }
         assert_eq!(seen.len(), SEEN_LINES);

@@ -404,35 +404,7 @@ impl SledStore {
     /// Applies writes as one sled batch (flushed if this store flushes its commits);
     /// writes sled did not take are kept to be applied again.
     fn apply(&mut self, writes: Writes) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        #[allow(unused_mut)]
-        let mut fail = None;
-        #[cfg(test)]
-        if let Some(n) = self.fail_after.take() {
-            // As sled fails: the writes before the failing one are in its tree.
-            let mut first = sled::Batch::default();
-            for (k, v) in writes.iter().take(n) {
-                match v {
-                    Some(v) => first.insert(k.as_slice(), v.clone()),
-                    None => first.remove(k.as_slice()),
-                }
-            }
-            self.tree.apply_batch(first)?;
-            fail = Some(sled::Error::Io(std::io::Error::other(
-                "failed for the test",
-            )));
-        }
-        for (k, v) in &writes {
-            match v {
-                Some(v) => batch.insert(k.as_slice(), v.clone()),
-                None => batch.remove(k.as_slice()),
-            }
-        }
-        let applied = match fail {
-            Some(e) => Err(e),
-            None => self.tree.apply_batch(batch),
-        };
-        if let Err(e) = applied {
+        if let Err(e) = self.apply_to_tree(&writes) {
             self.unapplied = Some(writes);
             return Err(e.into());
         }
@@ -441,6 +413,33 @@ impl SledStore {
         }
         Ok(())
     }
+
+    /// One sled batch of `writes`.
+    fn apply_to_tree(&mut self, writes: &Writes) -> Result<(), sled::Error> {
+        #[cfg(test)]
+        if let Some(n) = self.fail_after.take() {
+            // As sled fails: the writes before the failing one are in its tree.
+            self.tree.apply_batch(sled_batch(writes.iter().take(n)))?;
+            return Err(sled::Error::Io(std::io::Error::other(
+                "failed for the test",
+            )));
+        }
+        self.tree.apply_batch(sled_batch(writes))
+    }
+}
+
+/// A sled batch of writes.
+fn sled_batch<'a>(
+    writes: impl IntoIterator<Item = (&'a Vec<u8>, &'a Option<sled::IVec>)>,
+) -> sled::Batch {
+    let mut batch = sled::Batch::default();
+    for (k, v) in writes {
+        match v {
+            Some(v) => batch.insert(k.as_slice(), v.clone()),
+            None => batch.remove(k.as_slice()),
+        }
+    }
+    batch
 }
 
 /// A tree's records read into their index (records that cannot be read whole are logged
@@ -473,16 +472,8 @@ impl StateStore for SledStore {
             let Some(seq) = records::record_seq(&k) else {
                 continue;
             };
-            for (index, entry) in records::entries(&v).enumerate() {
-                let Ok((Entry::State { name, state }, _)) = entry else {
-                    continue;
-                };
-                let newest = log
-                    .holder(name)
-                    .is_some_and(|h| h.record == seq && h.entry == index as u32);
-                if newest {
-                    loaded(String::from_utf8_lossy(name).into_owned(), state, &mut out);
-                }
+            for (name, state, _) in log.live_states(seq, &v) {
+                loaded(String::from_utf8_lossy(name).into_owned(), state, &mut out);
             }
         }
         // In the sessions' order, as a tree of one key per session gave them.

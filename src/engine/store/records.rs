@@ -214,6 +214,24 @@ impl Log {
         self.holders.get(name).copied()
     }
 
+    /// The entries of record `seq` (its `bytes`) that hold their session's newest state:
+    /// name, state and the entry's length.
+    pub(super) fn live_states<'s, 'b>(
+        &'s self,
+        seq: u64,
+        bytes: &'b [u8],
+    ) -> impl Iterator<Item = (&'b [u8], &'b [u8], u32)> + use<'s, 'b> {
+        entries(bytes)
+            .enumerate()
+            .filter_map(move |(index, entry)| match entry {
+                Ok((Entry::State { name, state }, len)) => self
+                    .holder(name)
+                    .is_some_and(|h| h.record == seq && h.entry == index as u32)
+                    .then_some((name, state, len)),
+                _ => None,
+            })
+    }
+
     pub(super) fn sessions(&self) -> usize {
         self.holders.len()
     }
@@ -406,19 +424,10 @@ impl<'l> Writer<'l> {
                 // A record the index counts but sled does not hold would be a bug;
                 // it is removed from the index like any other.
                 if let Some(bytes) = read(oldest)? {
-                    for (index, entry) in entries(&bytes).enumerate() {
-                        let Ok((Entry::State { name, state }, len)) = entry else {
-                            continue;
-                        };
-                        let live = self
-                            .log
-                            .holders
-                            .get(name)
-                            .is_some_and(|h| h.record == oldest && h.entry == index as u32);
-                        if live {
-                            self.put(name, state);
-                            folded += u64::from(len);
-                        }
+                    let live: Vec<_> = self.log.live_states(oldest, &bytes).collect();
+                    for (name, state, len) in live {
+                        self.put(name, state);
+                        folded += u64::from(len);
                     }
                 }
             }

@@ -78,15 +78,8 @@ fn reread(tree: &Tree) -> Log {
 fn loaded(log: &Log, tree: &Tree) -> Model {
     let mut out = Model::new();
     for (seq, bytes) in tree {
-        for (index, e) in entries(bytes).enumerate() {
-            if let Ok((Entry::State { name, state }, _)) = e {
-                let newest = log
-                    .holder(name)
-                    .is_some_and(|h| h.record == *seq && h.entry == index as u32);
-                if newest {
-                    assert!(out.insert(name.to_vec(), state.to_vec()).is_none());
-                }
-            }
+        for (name, state, _) in log.live_states(*seq, bytes) {
+            assert!(out.insert(name.to_vec(), state.to_vec()).is_none());
         }
     }
     out
