@@ -355,8 +355,11 @@ impl Drop for CpuLoad {
 /// differed per run): the aligner applied one topic's events without the other's once
 /// `align_wait_ms` had passed, and after a restart on a busy machine the second topic's
 /// first fetch came later than that, so the order (and with it a streak, an episode, an
-/// `event_id`) differed from replay's. `docs/DEVELOPMENT.md`, "Crashes on a busy
-/// machine", tells the story. `LOOPWARDEN_CRASH_SEED` and `CRASH_TEST_ALIGN_WAIT_MS` set
+/// `event_id`) differed from replay's. Later failures (one in ~50 runs, more with a
+/// faster restore) came from the feeding: each topic fed by count on its own thread ran
+/// up to 14 s of event time ahead of the other, so both topics are now fed in step
+/// ([`feed_in_step`]). `docs/DEVELOPMENT.md`, "Crashes on a busy machine", tells the
+/// story. `LOOPWARDEN_CRASH_SEED` and `CRASH_TEST_ALIGN_WAIT_MS` set
 /// the fleet and the wait; `scripts/busy-crash-runs` runs it for many seeds.
 #[test]
 fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
@@ -386,25 +389,19 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
         events.len(),
         want.terminations.len()
     );
-    let (tool_calls, others) = tool_calls_and_others(&events);
     let pace = Pace {
         delay: Duration::ZERO,
         chunks: 40,
         pause: Duration::from_millis(250),
     };
     let load = CpuLoad::start();
-    let feeders = [
-        feed_paced(&brokers, topics.input.clone(), others, pace),
-        feed_paced(&brokers, tools.clone(), tool_calls, pace),
-    ];
+    let feeder = feed_in_step(&brokers, [&topics.input, &tools], events, pace);
     let log = dir.path().join("run.log");
     let mut rng = Lcg(seed);
     kill_after_assignments(&cfg, &log, 4, 5, Duration::from_secs(60), || {
         rng.next(500, 4000)
     });
-    for f in feeders {
-        f.join().unwrap();
-    }
+    feeder.join().unwrap();
     let run = spawn_run(&cfg, &log);
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(150));
     drop(load);
@@ -466,6 +463,35 @@ fn feed_paced(
     })
 }
 
+/// Produces `events` as the runtime writes them, at `pace`: the tool calls to
+/// `topics[1]`, the rest to `topics[0]`, each chunk in event-time order and flushed
+/// before the pause, so that neither topic gets ahead of the other in event time by
+/// more than the chunk being written. (Chunks cut per topic by count were apart by up to
+/// ~14 s of event time, one pause of 250 ms in wall time: more than the test's
+/// `align_wait_ms` whenever the pipeline had caught up, so its order differed from
+/// replay's for reasons that have nothing to do with crashes.)
+fn feed_in_step(
+    brokers: &str,
+    topics: [&str; 2],
+    events: Vec<Vec<u8>>,
+    pace: Pace,
+) -> std::thread::JoinHandle<()> {
+    let brokers = brokers.to_string();
+    let topics = topics.map(str::to_string);
+    std::thread::spawn(move || {
+        let producer = producer(&brokers);
+        std::thread::sleep(pace.delay);
+        for chunk in events.chunks(events.len() / pace.chunks + 1) {
+            for run in chunk.chunk_by(|a, b| is_tool_call(a) == is_tool_call(b)) {
+                let topic = &topics[usize::from(is_tool_call(&run[0]))];
+                send_with(&producer, topic, run, &[]);
+            }
+            flush(&producer);
+            std::thread::sleep(pace.pause);
+        }
+    })
+}
+
 /// Starts `loopwarden run` `kills` times and SIGKILLs it `after()` ms after it has
 /// logged the assignment of all `partitions` (or `wait` passed): a kill during the
 /// restores of a start would land before anything of it was stored.
@@ -517,10 +543,11 @@ fn two_topic_fixture(partitions: i32, kafka: &str) -> (Fixture, String) {
 
 /// The tool calls among `events`, and the rest, each in order.
 fn tool_calls_and_others(events: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    events
-        .iter()
-        .cloned()
-        .partition(|e| json_of(e)["type"] == "tool.called")
+    events.iter().cloned().partition(|e| is_tool_call(e))
+}
+
+fn is_tool_call(event: &[u8]) -> bool {
+    json_of(event)["type"] == "tool.called"
 }
 
 fn json_of(bytes: &[u8]) -> serde_json::Value {

@@ -376,6 +376,17 @@ pub fn produce_with(
     payloads: &[Vec<u8>],
     headers: &[(&str, &str)],
 ) {
+    send_with(producer, topic, payloads, headers);
+    flush(producer);
+}
+
+/// Hands every payload, keyed by its session, to `producer` (not flushed: see [`flush`]).
+pub fn send_with(
+    producer: &BaseProducer,
+    topic: &str,
+    payloads: &[Vec<u8>],
+    headers: &[(&str, &str)],
+) {
     for p in payloads {
         let key = session_of(p);
         let mut h = OwnedHeaders::new();
@@ -396,9 +407,13 @@ pub fn produce_with(
             }
         }
     }
+}
+
+/// Waits until `producer` has delivered everything handed to it.
+pub fn flush(producer: &BaseProducer) {
     producer
         .flush(Duration::from_secs(120))
-        .unwrap_or_else(|e| panic!("producing to {topic}: {e}"));
+        .unwrap_or_else(|e| panic!("producing: {e}"));
 }
 
 /// A consumer assigned every partition of `topics` from the start (no group join, so it

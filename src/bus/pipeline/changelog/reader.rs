@@ -47,8 +47,12 @@ impl KafkaChangelog {
                 .set("enable.auto.commit", "false")
                 .set("enable.auto.offset.store", "false")
                 .set("isolation.level", "read_committed")
-                // Says at once when the read reaches the end (see `read`).
+                // Says at once when the read reaches the end (see `read`)…
                 .set("enable.partition.eof", "true")
+                // …which takes a fetch that finds nothing new: the broker holds such a
+                // fetch up to this long (librdkafka's default is 500 ms, which each
+                // partition's restore then waited once at its end).
+                .set("fetch.wait.max.ms", "10")
                 // Fetched records wait in a queue of at most 2 MiB (librdkafka's default
                 // is 64 MiB): a restore applies them slower than they arrive, and each
                 // restore's queue would otherwise stay in the process's heap (10 MB after
