@@ -102,10 +102,12 @@ impl Worker {
     /// records is sent before, so the changelog holds whole batches in order; its
     /// findings went out as they were found) → apply what is ready → take the changes →
     /// send (findings not sent yet, changelog session records) → store and commit the
-    /// batch before. This batch's
-    /// acknowledgements are awaited at the next batch's end, while the next batch is
-    /// polled: that round trip is off the path of the next batch's findings; its commit
-    /// records' round trip is one more wait at that batch's end. With
+    /// batch before. This batch's acknowledgements are awaited at the next batch's end,
+    /// while the next batch is polled: that round trip is off the path of the next
+    /// batch's findings. Its commit records go out as soon as its records are
+    /// acknowledged, also while the next batch is polled
+    /// ([`Worker::send_commit_records_once_acked`]), else at that batch's end, one more
+    /// round trip there. With
     /// [`Finish::Settle`] this batch is also acknowledged, stored and committed before
     /// returning. exactly_once: apply → take the changes → one transaction (findings,
     /// changelog, offsets) → store.
@@ -131,6 +133,8 @@ impl Worker {
             batch: self.batch_ids.next(),
             polled,
             sent: Instant::now(),
+            records_end: 0,
+            commits_end: None,
         };
         let transaction = match self.commit.transaction() {
             None => None,
@@ -185,10 +189,14 @@ impl Worker {
         let waited = Instant::now();
         let mut backoff = Backoff::new(self.settings(), &self.shutdown);
         let deadline = |outbox: &Outbox, b: &Backoff| PipelineError::deadline(b, outbox.len());
+        // Its records, and its commit records if they went out while this batch was
+        // polled; not this batch's findings sent since.
+        let mark = unacked.commits_end.unwrap_or(unacked.records_end);
         self.outbox
-            .settle(&mut backoff)
+            .settle_below(mark, &mut backoff)
             .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
-        if self.commit.changelog_after_acks() && !unacked.changes.is_empty() {
+        let commits_due = unacked.commits_end.is_none() && !unacked.changes.is_empty();
+        if self.commit.changelog_after_acks() && commits_due {
             // Everything the batch produced is on the broker, and its session records:
             // now its commit records (see the changelog's module docs). Whatever of the
             // next batch waits in the outbox goes with them: its findings may precede
@@ -199,9 +207,9 @@ impl Worker {
                 unacked.batch,
                 &self.config.kafka.group_id,
             );
-            self.outbox.send_all();
+            let end = self.outbox.end();
             self.outbox
-                .settle(&mut backoff)
+                .settle_below(end, &mut backoff)
                 .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
         }
         self.telemetry
@@ -269,10 +277,11 @@ impl Worker {
 
     /// at_least_once: hands the batch's records (with its changelog records) to the
     /// producer and keeps the batch until [`Worker::acknowledge`].
-    fn send(&mut self, batch: Unacked) {
+    fn send(&mut self, mut batch: Unacked) {
         if self.commit.changelog_after_acks() {
             changelog::queue_sessions(&mut self.outbox, &batch.changes, batch.batch);
         }
+        batch.records_end = self.outbox.end();
         self.outbox.send_all();
         if self.outbox.has_sent() || batch.offsets.count() > 0 || !batch.changes.is_empty() {
             self.unacked = Some(batch);

@@ -11,6 +11,7 @@
 //! seams existed, one for one (no new request, no new wait); delivery reports reach the
 //! [`DeliveryTracker`] the same way from either implementation.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -225,13 +226,17 @@ impl Transport for KafkaTransport {
     }
 }
 
-/// Collects failed deliveries (the opaque is the record's epoch and index in the outbox)
-/// and the highest acknowledged changelog offset per partition. Reports of an earlier
+/// Collects failed deliveries (the opaque is the record's epoch and its number in the
+/// outbox, counted from the outbox's first record), the records sent and not yet
+/// acknowledged, and the highest acknowledged changelog offset per partition. Reports of an earlier
 /// epoch (records given up by [`Outbox::clear`] while in flight) are ignored: their
 /// indexes refer to nothing now, and their changelog offsets to no stored batch.
 #[derive(Default)]
 pub struct DeliveryTracker {
     pub(super) failed: Mutex<Vec<(usize, KafkaError)>>,
+    /// The numbers of the records handed to the producer and not acknowledged (a failed
+    /// one stays until it is sent again and acknowledged).
+    pub(super) unacknowledged: Mutex<BTreeSet<usize>>,
     pub(super) changelog_topic: String,
     pub(super) changelog_offsets: Mutex<FxHashMap<i32, i64>>,
     pub(super) epoch: AtomicU64,
@@ -264,12 +269,14 @@ impl DeliveryTracker {
         }
         match result {
             Err(e) => lock(&self.failed).push((index, e)),
-            Ok((topic, partition, offset)) if topic == self.changelog_topic => {
-                let mut offsets = lock(&self.changelog_offsets);
-                let o = offsets.entry(partition).or_insert(offset);
-                *o = (*o).max(offset);
+            Ok((topic, partition, offset)) => {
+                lock(&self.unacknowledged).remove(&index);
+                if topic == self.changelog_topic {
+                    let mut offsets = lock(&self.changelog_offsets);
+                    let o = offsets.entry(partition).or_insert(offset);
+                    *o = (*o).max(offset);
+                }
             }
-            Ok(_) => {}
         }
     }
 }

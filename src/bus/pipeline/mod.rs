@@ -497,6 +497,7 @@ fn poll_batch(
         if polled.started.is_some() && now.duration_since(swept) >= sweep_every {
             w.observe_unpolled(consumer);
             w.release_due();
+            w.send_commit_records_once_acked();
             swept = now;
         }
         let timeout = match polled.started {

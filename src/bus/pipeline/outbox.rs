@@ -132,10 +132,13 @@ pub fn dead_letter(m: &impl Message, topic: &str, reason: &str, message: &str) -
 }
 
 /// The records of the batch in hand and the producer they go through: the first `sent`
-/// are with the producer until [`Outbox::settle`] sees them acknowledged; records pushed
-/// meanwhile (the next batch's) wait behind them.
+/// are with the producer until [`Outbox::settle`] (or [`Outbox::settle_below`], for the
+/// records before a mark) sees them acknowledged; records pushed meanwhile (the next
+/// batch's) wait behind them. Records are numbered from the outbox's first one: the
+/// first held is number `base`, and a mark ([`Outbox::end`]) is a number.
 pub struct Outbox {
-    pub records: Vec<Record>,
+    records: Vec<Record>,
+    base: usize,
     sent: usize,
     pub transport: Box<dyn Transport>,
     settings: KafkaSettings,
@@ -172,6 +175,7 @@ impl Outbox {
     ) -> Outbox {
         Outbox {
             records: Vec::new(),
+            base: 0,
             sent: 0,
             transport,
             settings: settings.clone(),
@@ -206,14 +210,29 @@ impl Outbox {
         self.records.is_empty()
     }
 
+    /// The mark after the last record pushed: [`Outbox::settle_below`] it waits for
+    /// every record pushed so far, and for none pushed later.
+    pub fn end(&self) -> usize {
+        self.base + self.records.len()
+    }
+
+    /// Drops the first `count` records (acknowledged).
+    fn drop_first(&mut self, count: usize) {
+        self.records.drain(..count);
+        self.sent -= count;
+        self.base += count;
+    }
+
     /// Drops the records, sent or not (a batch given up: its events are read again);
     /// reports still to come for them are ignored.
     pub fn clear(&mut self) {
+        self.base += self.records.len();
         self.records.clear();
         self.sent = 0;
         let tracker = self.transport.tracker();
         tracker.epoch.fetch_add(1, Ordering::AcqRel);
         lock(&tracker.failed).clear();
+        lock(&tracker.unacknowledged).clear();
     }
 
     /// Counts `records` sent again (a retried delivery or transaction).
@@ -241,11 +260,13 @@ impl Outbox {
             .map(|(_, e)| e.clone())
     }
 
-    /// Hands the records at `indexes` to the producer (waiting while its queue is full);
-    /// a record it refuses outright is recorded as failed, like a failed delivery.
+    /// Hands the records at `indexes` (positions in the outbox) to the producer (waiting
+    /// while its queue is full); a record it refuses outright is recorded as failed, like
+    /// a failed delivery.
     pub fn send(&mut self, indexes: &[usize]) {
         let epoch = self.transport.tracker().epoch.load(Ordering::Acquire);
         for &i in indexes {
+            let number = self.base + i;
             let r = &self.records[i];
             loop {
                 let record = Outgoing {
@@ -257,22 +278,25 @@ impl Outbox {
                         .then_some(r.payload.as_slice()),
                     headers: r.headers(),
                 };
-                let report = Box::new((epoch, i, r.source_ms));
+                let report = Box::new((epoch, number, r.source_ms));
                 match self.transport.send(record, report) {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        lock(&self.transport.tracker().unacknowledged).insert(number);
+                        break;
+                    }
                     Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
                         // The queue drains as the broker acknowledges, or as its records
                         // expire (`message.timeout.ms`, minutes): past the shutdown
                         // deadline, the record fails instead, as the deadline says.
                         if Backoff::new(&self.settings, &self.shutdown).past_deadline() {
                             let full = KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull);
-                            lock(&self.transport.tracker().failed).push((i, full));
+                            lock(&self.transport.tracker().failed).push((number, full));
                             break;
                         }
                         self.transport.poll(Duration::from_millis(5));
                     }
                     Err(e) => {
-                        lock(&self.transport.tracker().failed).push((i, e));
+                        lock(&self.transport.tracker().failed).push((number, e));
                         break;
                     }
                 }
@@ -291,10 +315,14 @@ impl Outbox {
         Ok(())
     }
 
-    /// Takes the failed deliveries; a dead letter the broker refused as too large is cut
-    /// to its first bytes (with a header saying how long it was), so it is never lost.
+    /// Takes the failed deliveries, by position in the outbox; a dead letter the broker
+    /// refused as too large is cut to its first bytes (with a header saying how long it
+    /// was), so it is never lost.
     pub fn take_failed(&mut self) -> Vec<(usize, KafkaError)> {
-        let failed = std::mem::take(&mut *lock(&self.transport.tracker().failed));
+        let mut failed = std::mem::take(&mut *lock(&self.transport.tracker().failed));
+        for (number, _) in &mut failed {
+            *number -= self.base;
+        }
         for (i, e) in &failed {
             let r = &mut self.records[*i];
             let too_large = matches!(
@@ -336,17 +364,91 @@ impl Outbox {
             self.await_acks(backoff)?;
             let failed = self.take_failed();
             if failed.is_empty() {
-                self.records.drain(..self.sent);
-                self.sent = 0;
+                self.drop_first(self.sent);
                 return Ok(());
             }
-            self.retried(failed.len());
-            let (_, first) = &failed[0];
-            warn!(failed = failed.len(), error = %first, backoff_ms = backoff.delay_ms(), "output delivery failed; retrying");
-            let pending: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
-            backoff.pause()?;
-            self.send(&pending);
+            self.send_again(failed, backoff)?;
         }
+    }
+
+    /// Sends failed deliveries again after the backoff's pause.
+    fn send_again(
+        &mut self,
+        failed: Vec<(usize, KafkaError)>,
+        backoff: &mut Backoff,
+    ) -> Result<(), DeadlinePassed> {
+        self.retried(failed.len());
+        let (_, first) = &failed[0];
+        warn!(failed = failed.len(), error = %first, backoff_ms = backoff.delay_ms(), "output delivery failed; retrying");
+        let pending: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
+        backoff.pause()?;
+        self.send(&pending);
+        Ok(())
+    }
+
+    /// Whether every record before `mark` was handed to the producer and acknowledged
+    /// (delivery reports served first, without waiting); failures are sent again.
+    fn acknowledged_below(
+        &mut self,
+        mark: usize,
+        backoff: &mut Backoff,
+    ) -> Result<bool, DeadlinePassed> {
+        self.transport.poll(Duration::ZERO);
+        let failed = self.take_failed();
+        if !failed.is_empty() {
+            self.send_again(failed, backoff)?;
+            return Ok(false);
+        }
+        let sent_all = mark <= self.base + self.sent;
+        let unacknowledged = lock(&self.transport.tracker().unacknowledged)
+            .range(..mark)
+            .next()
+            .is_some();
+        Ok(sent_all && !unacknowledged)
+    }
+
+    /// Waits until the broker has acknowledged every record before `mark` (an
+    /// [`Outbox::end`]), sending failures again with backoff, then drops them; records
+    /// after the mark stay with the producer, unsettled. Records before it not sent yet
+    /// are sent first.
+    pub fn settle_below(
+        &mut self,
+        mark: usize,
+        backoff: &mut Backoff,
+    ) -> Result<(), DeadlinePassed> {
+        if mark > self.base + self.sent {
+            self.send_all();
+        }
+        while !self.acknowledged_below(mark, backoff)? {
+            if backoff.past_deadline() {
+                return Err(DeadlinePassed);
+            }
+            self.transport.poll(Duration::from_millis(1));
+        }
+        if mark > self.base {
+            self.drop_first(mark - self.base);
+        }
+        Ok(())
+    }
+
+    /// [`Outbox::settle_below`] without waiting: `true` (and the records before `mark`
+    /// dropped) when the broker has acknowledged each of them already. Failures are left
+    /// for a settling that may wait.
+    pub fn try_settle_below(&mut self, mark: usize) -> bool {
+        self.transport.poll(Duration::ZERO);
+        if !lock(&self.transport.tracker().failed).is_empty()
+            || mark > self.base + self.sent
+            || lock(&self.transport.tracker().unacknowledged)
+                .range(..mark)
+                .next()
+                .is_some()
+        {
+            return false;
+        }
+        if mark > self.base {
+            self.drop_first(mark - self.base);
+        }
+        true
     }
 
     /// Produces every record and waits until the broker has acknowledged each one
@@ -360,6 +462,60 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bus::pipeline::memory::{Bus, MemoryTransport};
+
+    fn warning(payload: &str) -> Record {
+        Record {
+            sink: Sink::Warning,
+            partition: None,
+            key: b"s".to_vec(),
+            payload: payload.as_bytes().to_vec(),
+            headers: Vec::new(),
+            source_headers: Vec::new(),
+            source_ms: None,
+        }
+    }
+
+    #[test]
+    fn settling_below_a_mark_leaves_the_records_after_it_with_the_producer() {
+        let bus = Bus::default();
+        let settings = KafkaSettings::default();
+        let telemetry = Arc::new(Telemetry::new());
+        let tracker = DeliveryTracker::of(&settings, &telemetry);
+        let transport = Box::new(MemoryTransport::new(&bus, tracker));
+        let mut outbox = Outbox::with_transport(transport, &settings, telemetry, &Shutdown::new());
+        let mut backoff = Backoff::new(&settings, &Shutdown::new());
+        outbox.push(warning("a"));
+        outbox.push(warning("b"));
+        let mark = outbox.end();
+        assert!(!outbox.try_settle_below(mark), "not sent: not acknowledged");
+        outbox.send_all();
+        outbox.push(warning("c"));
+        outbox.send_all();
+        outbox.push(warning("d"));
+        outbox.settle_below(mark, &mut backoff).unwrap();
+        assert_eq!(outbox.len(), 2, "c (sent) and d (not sent) stay");
+        assert_eq!(bus.records(&settings.warning_topic).len(), 3);
+        let end = outbox.end();
+        assert_eq!(end, mark + 2, "marks count every record pushed");
+        assert!(!outbox.try_settle_below(end), "d is not sent");
+        outbox.settle_below(end, &mut backoff).unwrap();
+        assert!(outbox.is_empty());
+        let landed: Vec<_> = bus
+            .records(&settings.warning_topic)
+            .into_iter()
+            .map(|r| r.payload.unwrap())
+            .collect();
+        assert_eq!(landed, [b"a", b"b", b"c", b"d"].map(|p| p.to_vec()));
+        // A cleared outbox numbers on: a report of a record given up names no other.
+        outbox.push(warning("e"));
+        outbox.send_all();
+        outbox.clear();
+        outbox.push(warning("f"));
+        assert_eq!(outbox.end(), end + 2);
+        outbox.settle_below(outbox.end(), &mut backoff).unwrap();
+        assert!(outbox.is_empty());
+    }
 
     #[test]
     fn a_full_producer_queue_gives_up_at_the_shutdown_deadline() {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Once};
 
 use super::batch::Finish;
 use super::bus::DeliveryTracker;
-use super::changelog::Restorer;
+use super::changelog::{Restorer, CHANGELOG_BATCH, CHANGELOG_KIND};
 use super::commit::Commit;
 use super::memory::{Bus, Landed, MemoryChangelog, MemoryConsumer, MemoryTransport, CRASH};
 use super::outbox::Outbox;
@@ -85,13 +85,19 @@ impl Member {
     }
 
     /// Polls and applies everything on the bus, finishing a batch every
-    /// `max_batch_events`, then settles and stops as `loopwarden run` does.
+    /// `max_batch_events`, then settles and stops as `loopwarden run` does. Between polls
+    /// it sends the batch in flight's commit records once everything before them is
+    /// acknowledged, as the poll loop does, after every other batch: the other half
+    /// send them at the next batch's end, so crashes cross both paths.
     fn consume_all(&mut self) -> Result<(), PipelineError> {
         let batch = self.worker.settings().max_batch_events;
         let mut polled = 0;
         while let Some(m) = self.input.poll() {
             self.worker.handle(&m)?;
             polled += 1;
+            if (polled / batch) % 2 == 1 {
+                self.worker.send_commit_records_once_acked();
+            }
             if polled % batch == 0 {
                 self.worker.finish_batch(&self.input, Finish::Overlap)?;
             }
@@ -205,6 +211,81 @@ fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_st
         settled, 20,
         "a settled batch is committed before it returns"
     );
+}
+
+/// The changelog commit records on the bus, by batch id.
+fn commit_records(bus: &Bus, config: &Config) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in bus.records(&config.kafka.changelog_topic) {
+        let header = |name: &str| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| v.clone())
+        };
+        if header(CHANGELOG_KIND).as_deref() == Some(b"commit".as_slice()) {
+            let batch = String::from_utf8(header(CHANGELOG_BATCH).unwrap()).unwrap();
+            *out.entry(batch).or_default() += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn a_batchs_commit_records_go_out_once_everything_before_them_is_acknowledged() {
+    let bus = bus_with_a_fleet(6);
+    let config = config(10, true);
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Member::start(&bus, dir.path(), &config);
+    let handle = |m: &mut Member, n: usize| {
+        for _ in 0..n {
+            let msg = m.input.poll().unwrap();
+            m.worker.handle(&msg).unwrap();
+        }
+    };
+    handle(&mut m, 10);
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    assert!(
+        commit_records(&bus, &config).is_empty(),
+        "in flight: no commit record"
+    );
+    handle(&mut m, 1);
+    m.worker.send_commit_records_once_acked();
+    assert!(
+        commit_records(&bus, &config).is_empty(),
+        "sent, not landed yet"
+    );
+    // The producer's next poll: they land, acknowledged.
+    let end = m.worker.outbox.end();
+    assert!(m.worker.outbox.try_settle_below(end));
+    let early = commit_records(&bus, &config);
+    assert_eq!(
+        early.len(),
+        1,
+        "the first batch's commit records, before its end"
+    );
+    assert!(
+        PARTITIONS
+            .iter()
+            .all(|&p| bus.committed(INPUT, p).is_none()),
+        "its offsets wait for its store, at the next batch's end"
+    );
+    m.worker.send_commit_records_once_acked();
+    handle(&mut m, 9);
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    let after_end = commit_records(&bus, &config);
+    assert_eq!(after_end, early, "sent once, not again at the batch's end");
+    let first_batch: i64 = PARTITIONS
+        .iter()
+        .filter_map(|&p| bus.committed(INPUT, p))
+        .sum();
+    assert_eq!(
+        first_batch, 10,
+        "stored and committed at the second batch's end"
+    );
+    m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
+    let settled = commit_records(&bus, &config);
+    assert_eq!(settled.len(), 2, "the second batch's, at its settling");
 }
 
 /// Where the restarted member's state comes from.

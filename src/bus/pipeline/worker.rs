@@ -25,7 +25,7 @@ use tracing::{info, warn};
 use super::align::{Held, UNPOLLED_WAIT_MAX};
 use super::backoff::{Backoff, DeadlinePassed};
 use super::bus::Input;
-use super::changelog::{BatchIds, Restorer};
+use super::changelog::{self, BatchIds, Restorer};
 use super::commit::Commit;
 use super::outbox::Outbox;
 use super::outputs::{self, Source};
@@ -137,9 +137,10 @@ impl Worker {
     /// lost): its events are read again from the committed offsets by their next owner.
     /// Records already with the producer are seen delivered first (a failure sent again):
     /// findings published twice at worst, with one `event_id`. (The batch's changelog
-    /// session records may land too, but without its commit records, sent only once
-    /// everything is acknowledged, no restore applies them.) What was not sent yet is
-    /// dropped.
+    /// session records may land too; without its commit records no restore applies them.
+    /// Its commit records may have been sent, only once everything before them was
+    /// acknowledged: then a restore applies the batch, as after a crash right after them,
+    /// and its findings are on the bus.) What was not sent yet is dropped.
     pub(super) fn drop_unstored(&mut self) {
         if self.outbox.has_sent() {
             let mut backoff = Backoff::new(self.settings(), &self.shutdown);
@@ -163,6 +164,33 @@ impl Worker {
         self.outbox.clear();
         self.outbox.forget_changelog_positions();
         self.polled.clear();
+    }
+
+    /// at_least_once with a changelog: sends the batch in flight's changelog commit
+    /// records as soon as its records are acknowledged, without waiting for them: their
+    /// round trip then passes while the next batch is polled, instead of at its end,
+    /// where no event is applied. Called between polls. (The next batch's findings sent
+    /// meanwhile may be in flight: they come of events after the batch, which a restore
+    /// of it leaves to be consumed again.)
+    pub(super) fn send_commit_records_once_acked(&mut self) {
+        let Some(unacked) = &mut self.unacked else {
+            return;
+        };
+        if unacked.commits_end.is_some()
+            || unacked.changes.is_empty()
+            || !self.commit.changelog_after_acks()
+            || !self.outbox.try_settle_below(unacked.records_end)
+        {
+            return;
+        }
+        changelog::queue_commits(
+            &mut self.outbox,
+            &unacked.changes,
+            unacked.batch,
+            &self.config.kafka.group_id,
+        );
+        unacked.commits_end = Some(self.outbox.end());
+        self.outbox.send_all();
     }
 
     /// Lets revoked partitions go (their batch already finished or dropped).
@@ -609,4 +637,10 @@ pub(super) struct Unacked {
     /// When each of its events was polled (processing latency).
     pub(super) polled: Vec<Instant>,
     pub(super) sent: Instant,
+    /// The outbox's mark after its records (its findings, dead letters and changelog
+    /// session records; the next batch's come after).
+    pub(super) records_end: usize,
+    /// The outbox's mark after its changelog commit records, once they are sent (as soon
+    /// as its records were acknowledged, [`Worker::send_commit_records_once_acked`]).
+    pub(super) commits_end: Option<usize>,
 }

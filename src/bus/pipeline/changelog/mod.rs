@@ -18,10 +18,11 @@
 //! commit record that follows all of the batch's session records (by batch id and
 //! count). So no commit record may reach the broker before anything the batch's events
 //! produced: at_least_once sends the commit records only once the batch's session
-//! records and every output sent before them (findings, summaries, dead letters) are
-//! acknowledged ([`queue_commits`]). Otherwise a crash between a commit record's
-//! acknowledgement and a finding's could restore the batch, skip its events and lose
-//! the finding for good. exactly_once: one transaction holds outputs, records and commit
+//! records and its outputs (findings, summaries, dead letters) are acknowledged
+//! ([`queue_commits`]). Otherwise a crash between a commit record's acknowledgement and
+//! a finding's could restore the batch, skip its events and lose the finding for good.
+//! (Outputs of the next batch may be in flight then: they come of later events, which a
+//! restore of the batch leaves to be consumed again.) exactly_once: one transaction holds outputs, records and commit
 //! records (a commit record sent again is applied at its first complete copy). A batch
 //! that never got a complete commit (its process died) is never applied: its records are
 //! dropped at the same writer's next complete commit, or left out at the end (its events
