@@ -84,6 +84,14 @@ impl Member {
         Member { worker, input }
     }
 
+    /// Polls and applies the next `n` messages.
+    fn handle_next(&mut self, n: usize) {
+        for _ in 0..n {
+            let msg = self.input.poll().unwrap();
+            self.worker.handle(&msg).unwrap();
+        }
+    }
+
     /// Polls and applies everything on the bus, finishing a batch every
     /// `max_batch_events`, then settles and stops as `loopwarden run` does. Between polls
     /// it sends the batch in flight's commit records once everything before them is
@@ -178,39 +186,34 @@ fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_st
     let config = config(10, false);
     let dir = tempfile::tempdir().unwrap();
     let mut m = Member::start(&bus, dir.path(), &config);
-    for _ in 0..10 {
-        let msg = m.input.poll().unwrap();
-        m.worker.handle(&msg).unwrap();
-    }
+    m.handle_next(10);
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
-    assert!(
-        PARTITIONS
-            .iter()
-            .all(|&p| bus.committed(INPUT, p).is_none()),
+    assert_eq!(
+        committed(&bus),
+        None,
         "the batch is in flight: nothing committed yet"
     );
-    for _ in 0..10 {
-        let msg = m.input.poll().unwrap();
-        m.worker.handle(&msg).unwrap();
-    }
+    m.handle_next(10);
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
-    let first_batch: i64 = PARTITIONS
-        .iter()
-        .filter_map(|&p| bus.committed(INPUT, p))
-        .sum();
     assert_eq!(
-        first_batch, 10,
+        committed(&bus),
+        Some(10),
         "the first batch's 10 events are committed at the second batch's end"
     );
     m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
-    let settled: i64 = PARTITIONS
-        .iter()
-        .filter_map(|&p| bus.committed(INPUT, p))
-        .sum();
     assert_eq!(
-        settled, 20,
+        committed(&bus),
+        Some(20),
         "a settled batch is committed before it returns"
     );
+}
+
+/// The input offsets committed over both partitions (`None`: none).
+fn committed(bus: &Bus) -> Option<i64> {
+    PARTITIONS
+        .iter()
+        .filter_map(|&p| bus.committed(INPUT, p))
+        .reduce(|a, b| a + b)
 }
 
 /// The changelog commit records on the bus, by batch id.
@@ -232,24 +235,18 @@ fn commit_records(bus: &Bus, config: &Config) -> BTreeMap<String, usize> {
 }
 
 #[test]
-fn a_batchs_commit_records_go_out_once_everything_before_them_is_acknowledged() {
+fn a_batchs_commit_records_go_out_once_its_records_are_acknowledged_before_the_next_batch_ends() {
     let bus = bus_with_a_fleet(6);
     let config = config(10, true);
     let dir = tempfile::tempdir().unwrap();
     let mut m = Member::start(&bus, dir.path(), &config);
-    let handle = |m: &mut Member, n: usize| {
-        for _ in 0..n {
-            let msg = m.input.poll().unwrap();
-            m.worker.handle(&msg).unwrap();
-        }
-    };
-    handle(&mut m, 10);
+    m.handle_next(10);
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     assert!(
         commit_records(&bus, &config).is_empty(),
         "in flight: no commit record"
     );
-    handle(&mut m, 1);
+    m.handle_next(1);
     m.worker.send_commit_records_once_acked();
     assert!(
         commit_records(&bus, &config).is_empty(),
@@ -264,23 +261,19 @@ fn a_batchs_commit_records_go_out_once_everything_before_them_is_acknowledged() 
         1,
         "the first batch's commit records, before its end"
     );
-    assert!(
-        PARTITIONS
-            .iter()
-            .all(|&p| bus.committed(INPUT, p).is_none()),
+    assert_eq!(
+        committed(&bus),
+        None,
         "its offsets wait for its store, at the next batch's end"
     );
     m.worker.send_commit_records_once_acked();
-    handle(&mut m, 9);
+    m.handle_next(9);
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     let after_end = commit_records(&bus, &config);
     assert_eq!(after_end, early, "sent once, not again at the batch's end");
-    let first_batch: i64 = PARTITIONS
-        .iter()
-        .filter_map(|&p| bus.committed(INPUT, p))
-        .sum();
     assert_eq!(
-        first_batch, 10,
+        committed(&bus),
+        Some(10),
         "stored and committed at the second batch's end"
     );
     m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
