@@ -48,6 +48,8 @@ struct State {
     committed: BTreeMap<(String, i32), i64>,
     /// Sent, not yet landed: served in order by [`Transport::poll`].
     in_flight: VecDeque<((String, i32), Landed, Report)>,
+    /// Polls land nothing while set (a broker slow to acknowledge).
+    held: bool,
     /// Operations so far, and the one that crashes.
     ops: u64,
     crash_at: Option<u64>,
@@ -121,6 +123,12 @@ impl Bus {
         lock(&self.0).crashed_at
     }
 
+    /// While `held`, the producer's polls land nothing: what is sent stays in flight,
+    /// unacknowledged.
+    pub fn hold_deliveries(&self, held: bool) {
+        lock(&self.0).held = held;
+    }
+
     /// Disarms a crash not reached.
     pub fn disarm(&self) {
         lock(&self.0).crash_at = None;
@@ -192,6 +200,9 @@ impl Transport for MemoryTransport {
         loop {
             let landed = {
                 let mut state = lock(&self.bus.0);
+                if state.held {
+                    return;
+                }
                 let Some((at, record, report)) = state.in_flight.pop_front() else {
                     return;
                 };

@@ -279,11 +279,11 @@ impl Outbox {
                     headers: r.headers(),
                 };
                 let report = Box::new((epoch, number, r.source_ms));
+                // Before the send: a transport may report inside it. A record that
+                // fails stays in it until sent again and acknowledged.
+                lock(&self.transport.tracker().unacknowledged).insert(number);
                 match self.transport.send(record, report) {
-                    Ok(()) => {
-                        lock(&self.transport.tracker().unacknowledged).insert(number);
-                        break;
-                    }
+                    Ok(()) => break,
                     Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
                         // The queue drains as the broker acknowledges, or as its records
                         // expire (`message.timeout.ms`, minutes): past the shutdown
@@ -296,6 +296,7 @@ impl Outbox {
                         self.transport.poll(Duration::from_millis(5));
                     }
                     Err(e) => {
+                        // Failed, not with the producer: sent again by a settling.
                         lock(&self.transport.tracker().failed).push((number, e));
                         break;
                     }
@@ -409,8 +410,8 @@ impl Outbox {
 
     /// Waits until the broker has acknowledged every record before `mark` (an
     /// [`Outbox::end`]), sending failures again with backoff, then drops them; records
-    /// after the mark stay with the producer, unsettled. Records before it not sent yet
-    /// are sent first.
+    /// after the mark stay with the producer, unsettled. When records before it are not
+    /// sent yet, every unsent record is sent first.
     pub fn settle_below(
         &mut self,
         mark: usize,

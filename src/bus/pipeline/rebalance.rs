@@ -178,8 +178,10 @@ fn revoke(
 ) -> Result<(), PipelineError> {
     let mut result = Ok(());
     if consumer.assignment_lost() {
-        // Nothing of them may be written — no findings, no changelog, no state. Their
-        // events are consumed again by the new owner from the last committed point.
+        // Nothing more of them is written: no state, no offsets. Records already with the
+        // producer may land (a batch whose commit records went out is then applied by a
+        // restore, as after a crash: its outputs were on the broker first); their events
+        // are consumed again by the new owner from the last committed point.
         warn!(partitions = ?revoked, "assignment lost; dropping the unstored batch");
         worker.drop_unstored();
     } else {

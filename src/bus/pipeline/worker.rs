@@ -138,7 +138,7 @@ impl Worker {
     /// Records already with the producer are seen delivered first (a failure sent again):
     /// findings published twice at worst, with one `event_id`. (The batch's changelog
     /// session records may land too; without its commit records no restore applies them.
-    /// Its commit records may have been sent, only once everything before them was
+    /// Its commit records may have been sent, only once its records and outputs were
     /// acknowledged: then a restore applies the batch, as after a crash right after them,
     /// and its findings are on the bus.) What was not sent yet is dropped.
     pub(super) fn drop_unstored(&mut self) {

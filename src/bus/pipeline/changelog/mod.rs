@@ -139,7 +139,7 @@ pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64, gro
 }
 
 /// Queues a batch's session records only (at_least_once: its commit records follow once
-/// everything sent before them is acknowledged, [`queue_commits`]).
+/// these and the batch's outputs are acknowledged, [`queue_commits`]).
 pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
     for (partition, changes) in batches {
         for (id, state) in &changes.puts {
