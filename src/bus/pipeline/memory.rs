@@ -19,6 +19,7 @@ use std::time::Duration;
 use rdkafka::consumer::{CommitMode, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, Timestamp, TopicPartitionList};
 
 use super::backoff::Backoff;
@@ -50,6 +51,8 @@ struct State {
     in_flight: VecDeque<((String, i32), Landed, Report)>,
     /// Polls land nothing while set (a broker slow to acknowledge).
     held: bool,
+    /// Deliveries still to fail (not landed, reported failed) before records land again.
+    failing: usize,
     /// Operations so far, and the one that crashes.
     ops: u64,
     crash_at: Option<u64>,
@@ -129,6 +132,12 @@ impl Bus {
         lock(&self.0).held = held;
     }
 
+    /// Fails the next `deliveries` records served by the producer's polls: they do not
+    /// land, and their reports say they failed.
+    pub fn fail_deliveries(&self, deliveries: usize) {
+        lock(&self.0).failing = deliveries;
+    }
+
     /// Disarms a crash not reached.
     pub fn disarm(&self) {
         lock(&self.0).crash_at = None;
@@ -206,6 +215,13 @@ impl Transport for MemoryTransport {
                 let Some((at, record, report)) = state.in_flight.pop_front() else {
                     return;
                 };
+                if state.failing > 0 {
+                    state.failing -= 1;
+                    drop(state);
+                    let failed = KafkaError::MessageProduction(RDKafkaErrorCode::RequestTimedOut);
+                    self.tracker.report(Err(failed), *report);
+                    continue;
+                }
                 let log = state.logs.entry(at.clone()).or_default();
                 log.push(record);
                 (at, log.len() as i64 - 1, report)

@@ -519,6 +519,50 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_delivery_after_the_outbox_numbered_on_is_sent_again_and_settled() {
+        let bus = Bus::default();
+        let settings = KafkaSettings {
+            retry_backoff_min: Duration::from_millis(1),
+            shutdown_deadline: Duration::from_secs(5),
+            ..KafkaSettings::default()
+        };
+        let telemetry = Arc::new(Telemetry::new());
+        let tracker = DeliveryTracker::of(&settings, &telemetry);
+        let transport = Box::new(MemoryTransport::new(&bus, tracker));
+        let mut outbox = Outbox::with_transport(transport, &settings, telemetry, &Shutdown::new());
+        // Settling gives up at the deadline (instead of waiting for ever) if the record
+        // sent again is not the one that failed.
+        let stopping = Shutdown::new();
+        stopping.trigger();
+        let mut backoff = Backoff::new(&settings, &stopping);
+        outbox.push(warning("a"));
+        outbox.push(warning("b"));
+        outbox.settle_below(outbox.end(), &mut backoff).unwrap();
+        outbox.push(warning("c"));
+        outbox.push(warning("d"));
+        let mark = outbox.end();
+        outbox.push(warning("e"));
+        outbox.send_all();
+        // c fails once: d and e land first.
+        bus.fail_deliveries(1);
+        assert!(
+            !outbox.try_settle_below(mark),
+            "c failed: a settling sends it"
+        );
+        outbox.settle_below(mark, &mut backoff).unwrap();
+        assert_eq!(outbox.len(), 1, "e stays, past the mark");
+        let landed: Vec<_> = bus
+            .records(&settings.warning_topic)
+            .into_iter()
+            .map(|r| r.payload.unwrap())
+            .collect();
+        assert_eq!(landed, [b"a", b"b", b"d", b"e", b"c"].map(|p| p.to_vec()));
+        outbox.settle(&mut backoff).unwrap();
+        assert!(outbox.is_empty());
+        assert_eq!(bus.records(&settings.warning_topic).len(), 5, "each once");
+    }
+
+    #[test]
     fn a_full_producer_queue_gives_up_at_the_shutdown_deadline() {
         // A broker that never answers and a queue with room for one record: the second
         // waits for room that only `message.timeout.ms` (an hour here) would make.
