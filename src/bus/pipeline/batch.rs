@@ -195,19 +195,12 @@ impl Worker {
         self.outbox
             .settle_below(mark, &mut backoff)
             .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
-        let commits_due = unacked.commits_end.is_none() && !unacked.changes.is_empty();
-        if self.commit.changelog_after_acks() && commits_due {
+        if self.commit.changelog_after_acks() && unacked.commits_due() {
             // Everything the batch produced is on the broker, and its session records:
             // now its commit records (see the changelog's module docs). Whatever of the
             // next batch waits in the outbox goes with them: its findings may precede
             // its store, and its changelog records are not queued yet.
-            changelog::queue_commits(
-                &mut self.outbox,
-                &unacked.changes,
-                unacked.batch,
-                &self.config.kafka.group_id,
-            );
-            let end = self.outbox.end();
+            let end = unacked.queue_commits(&mut self.outbox, &self.config.kafka.group_id);
             self.outbox
                 .settle_below(end, &mut backoff)
                 .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;

@@ -216,13 +216,6 @@ impl Outbox {
         self.base + self.records.len()
     }
 
-    /// Drops the first `count` records (acknowledged).
-    fn drop_first(&mut self, count: usize) {
-        self.records.drain(..count);
-        self.sent -= count;
-        self.base += count;
-    }
-
     /// Drops the records, sent or not (a batch given up: its events are read again);
     /// reports still to come for them are ignored.
     pub fn clear(&mut self) {
@@ -359,17 +352,9 @@ impl Outbox {
     }
 
     /// Waits until the broker has acknowledged every record sent, sending failures again
-    /// with backoff, then drops them (records pushed since stay).
+    /// with backoff, then drops them (records pushed since stay, unsent).
     pub fn settle(&mut self, backoff: &mut Backoff) -> Result<(), DeadlinePassed> {
-        loop {
-            self.await_acks(backoff)?;
-            let failed = self.take_failed();
-            if failed.is_empty() {
-                self.drop_first(self.sent);
-                return Ok(());
-            }
-            self.send_again(failed, backoff)?;
-        }
+        self.settle_below(self.base + self.sent, backoff)
     }
 
     /// Sends failed deliveries again after the backoff's pause.
@@ -400,12 +385,25 @@ impl Outbox {
             self.send_again(failed, backoff)?;
             return Ok(false);
         }
-        let sent_all = mark <= self.base + self.sent;
-        let unacknowledged = lock(&self.transport.tracker().unacknowledged)
-            .range(..mark)
-            .next()
-            .is_some();
-        Ok(sent_all && !unacknowledged)
+        Ok(self.delivered_below(mark))
+    }
+
+    /// Whether every record before `mark` was sent and none of them waits for its
+    /// acknowledgement (a failed one waits until sent again).
+    fn delivered_below(&self, mark: usize) -> bool {
+        mark <= self.base + self.sent
+            && lock(&self.transport.tracker().unacknowledged)
+                .range(..mark)
+                .next()
+                .is_none()
+    }
+
+    /// Drops the records before `mark` (sent and acknowledged).
+    fn drop_below(&mut self, mark: usize) {
+        let count = mark.saturating_sub(self.base);
+        self.records.drain(..count);
+        self.sent -= count;
+        self.base += count;
     }
 
     /// Waits until the broker has acknowledged every record before `mark` (an
@@ -426,9 +424,7 @@ impl Outbox {
             }
             self.transport.poll(Duration::from_millis(1));
         }
-        if mark > self.base {
-            self.drop_first(mark - self.base);
-        }
+        self.drop_below(mark);
         Ok(())
     }
 
@@ -437,18 +433,10 @@ impl Outbox {
     /// for a settling that may wait.
     pub fn try_settle_below(&mut self, mark: usize) -> bool {
         self.transport.poll(Duration::ZERO);
-        if !lock(&self.transport.tracker().failed).is_empty()
-            || mark > self.base + self.sent
-            || lock(&self.transport.tracker().unacknowledged)
-                .range(..mark)
-                .next()
-                .is_some()
-        {
+        if !lock(&self.transport.tracker().failed).is_empty() || !self.delivered_below(mark) {
             return false;
         }
-        if mark > self.base {
-            self.drop_first(mark - self.base);
-        }
+        self.drop_below(mark);
         true
     }
 

@@ -176,20 +176,14 @@ impl Worker {
         let Some(unacked) = &mut self.unacked else {
             return;
         };
-        if unacked.commits_end.is_some()
-            || unacked.changes.is_empty()
+        if !unacked.commits_due()
             || !self.commit.changelog_after_acks()
             || !self.outbox.try_settle_below(unacked.records_end)
         {
             return;
         }
-        changelog::queue_commits(
-            &mut self.outbox,
-            &unacked.changes,
-            unacked.batch,
-            &self.config.kafka.group_id,
-        );
-        unacked.commits_end = Some(self.outbox.end());
+        unacked.commits_end =
+            Some(unacked.queue_commits(&mut self.outbox, &self.config.kafka.group_id));
         self.outbox.send_all();
     }
 
@@ -643,4 +637,18 @@ pub(super) struct Unacked {
     /// The outbox's mark after its changelog commit records, once they are sent (as soon
     /// as its records were acknowledged, [`Worker::send_commit_records_once_acked`]).
     pub(super) commits_end: Option<usize>,
+}
+
+impl Unacked {
+    /// Its changelog commit records are still to send.
+    pub(super) fn commits_due(&self) -> bool {
+        self.commits_end.is_none() && !self.changes.is_empty()
+    }
+
+    /// Queues its changelog commit records, written by the consumer group `group`, and
+    /// returns the outbox's mark after them.
+    pub(super) fn queue_commits(&self, outbox: &mut Outbox, group: &str) -> usize {
+        changelog::queue_commits(outbox, &self.changes, self.batch, group);
+        outbox.end()
+    }
 }
