@@ -352,6 +352,13 @@ impl SledStore {
         }
     }
 
+    /// Tests: the next write applies `n` of its writes to the tree, then fails as sled
+    /// fails (an I/O error).
+    #[cfg(test)]
+    pub fn fail_next_write_after(&mut self, n: usize) {
+        self.fail_after = Some(n);
+    }
+
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         Ok(self.db.size_on_disk()?)

@@ -1,41 +1,42 @@
 //! A batch's end, as a recipe ([`Worker::finish_batch`]): at least once, acknowledge
 //! the batch before → apply what is left → take the changes → send them with the
-//! changelog → store and commit the batch before; exactly once, one transaction, then
-//! the store.
+//! changelog → hand the batch before to the store writer, and commit the input offsets of
+//! the batches it has stored; exactly once, one transaction, then the store.
 //!
 //! Guarantees: a batch's input offsets are committed only after every record it sent is
-//! acknowledged and its state stored; nothing of a batch's changelog records is sent
-//! before the batch before it is acknowledged (so the changelog holds whole batches in
-//! order); exactly once, a batch's findings, changelog records and offsets are one
-//! transaction.
+//! acknowledged and its state stored (the writer's report); nothing of a batch's
+//! changelog records is sent before the batch before it is acknowledged (so the changelog
+//! holds whole batches in order); exactly once, a batch's findings, changelog records and
+//! offsets are one transaction.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::CommitMode;
 use rdkafka::TopicPartitionList;
 use rustc_hash::FxHashMap;
-use tracing::{debug, error, warn};
+use tracing::{debug, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
 use super::bus::Input;
 use super::changelog::{self, CHANGELOG_POSITION};
 use super::commit::Transactional;
 use super::outbox::Outbox;
-use super::worker::{Unacked, Worker};
+use super::worker::{Storing, Unacked, Worker};
+use super::writer::Job;
 use super::PipelineError;
 use crate::bus::kafka::settings::KafkaSettings;
-use crate::engine::store::{StateStore, StoreBatch, StoreError};
+use crate::engine::store::StoreBatch;
 use crate::shutdown::Shutdown;
 
 /// How far [`Worker::finish_batch`] takes a batch before it returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
     /// The poll loop: at_least_once leaves the batch's records in flight while the next
-    /// batch is polled (stored and committed once acknowledged, at the next batch's end);
-    /// the offset commit does not wait for the broker.
+    /// batch is polled (handed to the store writer once acknowledged, at the next batch's
+    /// end, and committed once stored); the offset commit does not wait for the broker.
     Overlap,
     /// A revoke or a stop: the batch acknowledged, stored and committed (waiting for the
-    /// commit) before it returns.
+    /// writer and the commit) before it returns.
     Settle,
 }
 
@@ -56,60 +57,131 @@ impl Worker {
         (batches, commit)
     }
 
-    /// Stores the batches (one atomic sled batch per partition) and flushes the database.
-    /// `positions`: the changelog offsets the batches' records reached.
-    fn store(
-        &mut self,
-        batches: Vec<(i32, StoreBatch)>,
-        positions: FxHashMap<i32, i64>,
-    ) -> Result<(), PipelineError> {
-        let mut backoff = Backoff::new(self.settings(), &self.shutdown);
-        let stored_any = !batches.is_empty();
-        for (partition, mut batch) in batches {
-            if let Some(o) = positions.get(&partition) {
-                batch.offsets.push((CHANGELOG_POSITION.to_string(), *o));
-            }
-            let Some(p) = self.partitions.get_mut(&partition) else {
+    /// Hands an acknowledged batch to the store writer (one atomic sled batch per
+    /// partition, the database flushed after them where sled is the only record of the
+    /// state); its input offsets are committed once it is stored
+    /// ([`Worker::commit_stored`]). Without the changelog, sled is the only record of the
+    /// state: it reaches the disk before the offsets are committed. With it, the changelog
+    /// and the group's offsets already hold the batch, so the fsync stays off the batch's
+    /// path (sled flushes in the background): after a crash, the restore reads whatever
+    /// sled missed from the changelog, from the last position sled holds.
+    fn store(&mut self, (batch, positions): Acked) {
+        let mut batches = Vec::with_capacity(batch.changes.len());
+        for (partition, mut changes) in batch.changes {
+            // A partition released since (its batch settled or dropped) is not written.
+            let Some(p) = self.partitions.get(&partition) else {
                 continue;
             };
-            loop {
-                match p.store.commit(&batch) {
-                    Ok(()) => break,
-                    Err(StoreError::Io(e)) => {
-                        error!(partition, error = %e, "state store write failed; retrying");
-                        if self.shutdown.is_triggered() {
-                            return Err(StoreError::Io(e).into());
-                        }
-                        backoff.sleep();
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+            if let Some(o) = positions.get(&partition) {
+                changes.offsets.push((CHANGELOG_POSITION.to_string(), *o));
             }
+            batches.push((partition, p.store.clone(), changes));
         }
-        // Without the changelog, sled is the only record of the state: it reaches the disk
-        // before the offsets are committed. With it, the changelog and the group's offsets
-        // already hold the batch, so the fsync stays off the batch's path (sled flushes in
-        // the background): after a crash, the restore reads whatever sled missed from the
-        // changelog, from the last position sled holds.
-        if stored_any && !self.commit.changelog() {
-            self.db.flush().map_err(StoreError::Io)?;
+        let partitions = batches.iter().map(|(p, _, _)| *p).collect();
+        let waited = Instant::now();
+        self.writer.hand(Job {
+            batches,
+            flush: !self.commit.changelog(),
+        });
+        // Only when the writer is `QUEUED_MAX` batches behind.
+        let waited = waited.elapsed();
+        if waited >= Duration::from_millis(1) {
+            debug!(
+                waited_ms = waited.as_secs_f64() * 1e3,
+                "waited for the store writer"
+            );
+        }
+        self.storing.push_back(Storing {
+            offsets: batch.offsets,
+            partitions,
+            polled: batch.polled,
+            stored: None,
+        });
+    }
+
+    /// Commits the input offsets of the batches the writer has stored, in hand-over
+    /// order (at_least_once; exactly_once committed them in the transaction): those
+    /// stored so far, or with `settle` every batch handed over, waiting for the writer.
+    /// A batch the writer could not store ends the run (its offsets are not committed).
+    pub(super) fn commit_stored(
+        &mut self,
+        input: &dyn Input,
+        mode: CommitMode,
+        settle: bool,
+    ) -> Result<(), PipelineError> {
+        self.collect_stored(settle);
+        while self.storing.front().is_some_and(|s| s.stored.is_some()) {
+            let Some(Storing {
+                offsets,
+                polled,
+                stored: Some(stored),
+                ..
+            }) = self.storing.pop_front()
+            else {
+                unreachable!("checked above");
+            };
+            stored.result?;
+            self.commit_offsets(offsets, polled, stored.wrote, stored.took, input, mode);
         }
         Ok(())
+    }
+
+    /// Commits a stored batch's input offsets, and counts the batch done.
+    fn commit_offsets(
+        &mut self,
+        offsets: TopicPartitionList,
+        polled: Vec<Instant>,
+        wrote: bool,
+        store_took: Duration,
+        input: &dyn Input,
+        mode: CommitMode,
+    ) {
+        let telemetry = self.telemetry.clone();
+        let metrics = &telemetry.metrics;
+        if wrote {
+            metrics.observe_stage("store", store_took);
+            metrics.flush_duration.observe(store_took.as_secs_f64());
+        }
+        let started = Instant::now();
+        if self.commit.at_least_once() && offsets.count() > 0 {
+            if let Err(e) = input.commit(&offsets, mode) {
+                // sled holds the truth: a lost commit only means re-reading and skipping.
+                warn!(error = %e, "offset commit failed; the stored offsets still hold");
+            }
+            let took = started.elapsed();
+            metrics.observe_stage("commit", took);
+            metrics.commit_duration.observe(took.as_secs_f64());
+        }
+        let done = Instant::now();
+        for polled in polled {
+            metrics
+                .processing_latency
+                .observe((done - polled).as_secs_f64());
+        }
+        self.stats.batches += 1;
+        metrics.batches.inc();
+        debug!(
+            store_ms = store_took.as_secs_f64() * 1e3,
+            commit_ms = (done - started).as_secs_f64() * 1e3,
+            "batch finished"
+        );
     }
 
     /// Ends a batch, as a recipe. at_least_once: the batch before is acknowledged, then
     /// its changelog commit records sent and acknowledged (none of this one's changelog
     /// records is sent before, so the changelog holds whole batches in order; its
     /// findings went out as they were found) → apply what is ready → take the changes →
-    /// send (findings not sent yet, changelog session records) → store and commit the
-    /// batch before. This batch's acknowledgements are awaited at the next batch's end,
+    /// send (findings not sent yet, changelog session records) → hand the batch before
+    /// to the store writer → commit the offsets of the batches it has stored (the rest
+    /// are committed as the poll loop sees them stored, or at the next batch's end).
+    /// This batch's acknowledgements are awaited at the next batch's end,
     /// while the next batch is polled: that round trip is off the path of the next
     /// batch's findings. Its commit records go out as soon as its records are
     /// acknowledged, also while the next batch is polled
     /// ([`Worker::send_commit_records_once_acked`]), else at that batch's end, one more
     /// round trip there. With
-    /// [`Finish::Settle`] this batch is also acknowledged, stored and committed before
-    /// returning. exactly_once: apply → take the changes → one transaction (findings,
+    /// [`Finish::Settle`] this batch is also acknowledged, and every batch handed to the
+    /// writer stored and committed, before returning. exactly_once: apply → take the changes → one transaction (findings,
     /// changelog, offsets) → store.
     pub(super) fn finish_batch(
         &mut self,
@@ -155,13 +227,14 @@ impl Worker {
             None => {
                 self.send(this);
                 if let Some(previous) = previous {
-                    self.store_and_commit(previous, input, mode)?;
+                    self.store(previous);
                 }
                 if finish == Finish::Settle {
                     if let Some(this) = self.acknowledge()? {
-                        self.store_and_commit(this, input, mode)?;
+                        self.store(this);
                     }
                 }
+                self.commit_stored(input, mode, finish == Finish::Settle)?;
             }
             Some(false) => {
                 // The group moved on: the batch is dropped and read again from the
@@ -172,7 +245,8 @@ impl Worker {
                 metrics.observe_stage("deliver", this.sent.elapsed());
                 self.delivered(&this);
                 let positions = self.outbox.take_changelog_positions();
-                self.store_and_commit((this, positions), input, mode)?;
+                self.store((this, positions));
+                self.commit_stored(input, mode, finish == Finish::Settle)?;
             }
         }
         self.report_gauges();
@@ -220,52 +294,6 @@ impl Worker {
             .metrics
             .delivery_duration
             .observe(batch.sent.elapsed().as_secs_f64());
-    }
-
-    /// Stores an acknowledged batch (one atomic sled batch per partition), then commits
-    /// its input offsets (at_least_once; exactly_once committed them in the transaction).
-    fn store_and_commit(
-        &mut self,
-        (batch, positions): Acked,
-        input: &dyn Input,
-        mode: CommitMode,
-    ) -> Result<(), PipelineError> {
-        let telemetry = self.telemetry.clone();
-        let metrics = &telemetry.metrics;
-        let started = Instant::now();
-        let stored_any = !batch.changes.is_empty();
-        self.store(batch.changes, positions)?;
-        let stored = Instant::now();
-        if stored_any {
-            metrics.observe_stage("store", stored - started);
-            metrics
-                .flush_duration
-                .observe((stored - started).as_secs_f64());
-        }
-        let commit_offsets = self.commit.at_least_once() && batch.offsets.count() > 0;
-        if commit_offsets {
-            if let Err(e) = input.commit(&batch.offsets, mode) {
-                // sled holds the truth: a lost commit only means re-reading and skipping.
-                warn!(error = %e, "offset commit failed; the stored offsets still hold");
-            }
-            let took = stored.elapsed();
-            metrics.observe_stage("commit", took);
-            metrics.commit_duration.observe(took.as_secs_f64());
-        }
-        let done = Instant::now();
-        for polled in batch.polled {
-            metrics
-                .processing_latency
-                .observe((done - polled).as_secs_f64());
-        }
-        self.stats.batches += 1;
-        metrics.batches.inc();
-        debug!(
-            store_ms = (stored - started).as_secs_f64() * 1e3,
-            commit_ms = (done - stored).as_secs_f64() * 1e3,
-            "batch finished"
-        );
-        Ok(())
     }
 
     /// at_least_once: hands the batch's records (with its changelog records) to the

@@ -15,8 +15,10 @@
 //! 3. store: each changed partition writes its session states and its applied offsets in
 //!    one atomic sled batch; without the changelog the database is flushed to disk here,
 //!    with it sled flushes in the background (the changelog already holds the batch, and
-//!    a restart restores from it what sled had not written);
-//! 4. commit: the consumer group's offsets are committed.
+//!    a restart restores from it what sled had not written). The worker's store writer
+//!    does this on a thread of its own while the worker polls the next batch;
+//! 4. commit: the consumer group's offsets are committed, once the writer reports the
+//!    batch stored.
 //!
 //! A crash between any two steps loses nothing: events after the stored offset are
 //! applied again (and re-emit findings with the same `event_id`), events at or below it
@@ -28,6 +30,7 @@
 //! - `mod.rs` (this): `run`, the worker threads, and the poll loop that cuts batches;
 //! - `worker`: a group member's partitions, events applied as they are polled;
 //! - `batch`: the batch recipe (`finish_batch`): acknowledge, send, store, commit;
+//! - `writer`: the store writer, a worker's thread that writes its stored batches;
 //! - `partition`: one assigned partition, and a polled message made an event or a dead
 //!   letter;
 //! - `align`: event-time order across a partition's input topics;
@@ -48,7 +51,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use tracing::{error, info, warn};
 
@@ -84,6 +87,7 @@ mod rebalance;
 #[cfg(test)]
 mod recipe_tests;
 mod worker;
+mod writer;
 
 use backoff::Backoff;
 use batch::Finish;
@@ -132,6 +136,8 @@ pub enum PipelineError {
     Thread(std::io::Error),
     #[error("a worker thread panicked")]
     WorkerPanicked,
+    #[error("a batch was not stored since the one before it could not be (its offsets would pass over that batch's events)")]
+    StoreAfterFailure,
     #[error("kafka transaction failed fatally (is another instance using transactional.id {transactional_id}? set kafka.instance_id per instance): {source}")]
     Transaction {
         transactional_id: String,
@@ -374,7 +380,7 @@ fn run_worker(
         Restorer::new(&settings, brokers, &shutdown),
         &shutdown,
         telemetry,
-    );
+    )?;
     let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)
         .create_with_context(RebalanceHandler::default())
         .map_err(PipelineError::Client)?;
@@ -498,6 +504,7 @@ fn poll_batch(
             w.observe_unpolled(consumer);
             w.release_due();
             w.send_commit_records_once_acked();
+            w.commit_stored(consumer, CommitMode::Async, false)?;
             swept = now;
         }
         let timeout = match polled.started {
@@ -544,6 +551,7 @@ fn poll_batch(
                 // partition from one whose events wait on the broker.
                 w.lag(consumer);
                 w.observe_unpolled(consumer);
+                w.commit_stored(consumer, CommitMode::Async, false)?;
                 w.tick_idle();
                 if w.has_work() {
                     return Ok(polled);

@@ -6,7 +6,7 @@
 //! (one store batch), and the offsets to commit are exactly the applied ones.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -15,6 +15,7 @@ use tracing::warn;
 use super::align::Aligner;
 use super::outbox::{dead_letter, Record};
 use super::outputs::Source;
+use super::writer::SharedStore;
 use crate::contract::event::wall_ms;
 use crate::contract::event::{parse_event, Event, ParseLimits};
 use crate::contract::output::Output;
@@ -38,7 +39,8 @@ pub(super) enum Pending {
 /// One assigned partition number (partition *p* of every input topic).
 pub(super) struct Partition {
     pub engine: Engine,
-    pub store: SledStore,
+    /// Written by the worker's store writer, off the worker's thread.
+    pub store: SharedStore,
     /// Last applied offset per input topic.
     pub applied: BTreeMap<Arc<str>, i64>,
     /// Polled messages not applied yet, released across topics in event-time order.
@@ -110,7 +112,7 @@ impl Partition {
         let clock_at_last_event = engine.watermark();
         Partition {
             engine,
-            store,
+            store: Arc::new(Mutex::new(store)),
             applied,
             held: Aligner::new(topics, align_wait, Instant::now()),
             dirty: false,

@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Once};
 
+use rdkafka::consumer::CommitMode;
+
 use super::batch::Finish;
 use super::bus::DeliveryTracker;
 use super::changelog::{Restorer, CHANGELOG_BATCH, CHANGELOG_KIND};
@@ -14,6 +16,7 @@ use super::commit::Commit;
 use super::memory::{Bus, Landed, MemoryChangelog, MemoryConsumer, MemoryTransport, CRASH};
 use super::outbox::Outbox;
 use super::worker::Worker;
+use super::writer::SharedStore;
 use super::PipelineError;
 use crate::config::Config;
 use crate::engine::store::open_db_with_cache;
@@ -76,7 +79,8 @@ impl Member {
             restorer,
             &shutdown,
             telemetry,
-        );
+        )
+        .unwrap();
         for p in PARTITIONS {
             worker.acquire(p).unwrap();
         }
@@ -194,11 +198,31 @@ fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_st
         "the batch is in flight: nothing committed yet"
     );
     m.handle_next(10);
+    // The store writer cannot write while the partitions' stores are held: the first
+    // batch, acknowledged at the second's end and handed to it, is not committed.
+    let stores: Vec<SharedStore> = PARTITIONS
+        .iter()
+        .map(|p| m.worker.partitions[p].store.clone())
+        .collect();
+    let held: Vec<_> = stores.iter().map(|s| s.lock().unwrap()).collect();
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    assert_eq!(
+        m.worker.storing.len(),
+        1,
+        "the first batch is with the writer"
+    );
+    m.worker
+        .commit_stored(&m.input, CommitMode::Async, false)
+        .unwrap();
+    assert_eq!(committed(&bus), None, "not stored yet: not committed");
+    drop(held);
+    m.worker
+        .commit_stored(&m.input, CommitMode::Async, true)
+        .unwrap();
     assert_eq!(
         committed(&bus),
         Some(10),
-        "the first batch's 10 events are committed at the second batch's end"
+        "the first batch's 10 events are committed once the writer stored them"
     );
     m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
     assert_eq!(
@@ -277,10 +301,13 @@ fn a_batchs_commit_records_go_out_once_its_records_are_acknowledged_before_the_n
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     let after_end = commit_records(&bus, &config);
     assert_eq!(after_end, early, "sent once, not again at the batch's end");
+    m.worker
+        .commit_stored(&m.input, CommitMode::Async, true)
+        .unwrap();
     assert_eq!(
         committed(&bus),
         Some(10),
-        "stored and committed at the second batch's end"
+        "handed to the writer at the second batch's end, committed once stored"
     );
     m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
     let settled = commit_records(&bus, &config);

@@ -9,10 +9,11 @@
 //! Guarantees: an event is applied at most once per stored state (offsets at or below a
 //! partition's applied offset are skipped); a partition's state and its applied offsets
 //! are stored together in one atomic sled batch, only after the batch's outputs are on
-//! the broker; the group's offsets are committed only after the store. A crash between
-//! any two steps re-applies the events after the stored offsets, never fewer.
+//! the broker; the group's offsets are committed only after the store (which the store
+//! writer does off the worker's thread, `writer.rs`). A crash between any two steps
+//! re-applies the events after the stored offsets, never fewer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,7 @@ use super::commit::Commit;
 use super::outbox::Outbox;
 use super::outputs::{self, Source};
 use super::partition::{Partition, Pending};
+use super::writer::{Stored, Writer};
 use super::{PipelineError, RunStats};
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::config::Config;
@@ -74,6 +76,23 @@ pub struct Worker {
     pub(super) batch_ids: BatchIds,
     /// at_least_once: the batch whose records are with the producer.
     pub(super) unacked: Option<Unacked>,
+    /// Writes acknowledged batches to sled off this thread.
+    pub(super) writer: Writer,
+    /// The batches handed to the writer whose input offsets are not committed yet, in
+    /// hand-over order (the writer reports in that order).
+    pub(super) storing: VecDeque<Storing>,
+}
+
+/// A batch with the store writer: what to commit once it is stored.
+pub(super) struct Storing {
+    /// The input offsets to commit once stored.
+    pub(super) offsets: TopicPartitionList,
+    /// The partitions it writes.
+    pub(super) partitions: Vec<i32>,
+    /// When each of its events was polled (processing latency).
+    pub(super) polled: Vec<Instant>,
+    /// The writer's report, once it came.
+    pub(super) stored: Option<Stored>,
 }
 
 impl Worker {
@@ -85,9 +104,10 @@ impl Worker {
         restorer: Restorer,
         shutdown: &Shutdown,
         telemetry: Arc<Telemetry>,
-    ) -> Worker {
+    ) -> Result<Worker, PipelineError> {
         let settings = &config.kafka;
-        Worker {
+        let writer = Writer::start(db.clone(), settings, shutdown)?;
+        Ok(Worker {
             restorer,
             inputs: settings
                 .input_topics
@@ -114,7 +134,9 @@ impl Worker {
             applying: Duration::ZERO,
             batch_ids: BatchIds::new(),
             unacked: None,
-        }
+            writer,
+            storing: VecDeque::new(),
+        })
     }
 
     pub(super) fn settings(&self) -> &KafkaSettings {
@@ -142,6 +164,7 @@ impl Worker {
     /// acknowledged: then a restore applies the batch, as after a crash right after them,
     /// and its findings are on the bus.) What was not sent yet is dropped.
     pub(super) fn drop_unstored(&mut self) {
+        self.await_stores_uncommitted();
         if self.outbox.has_sent() {
             let mut backoff = Backoff::new(self.settings(), &self.shutdown);
             if let Err(DeadlinePassed) = self.outbox.settle(&mut backoff) {
@@ -154,6 +177,31 @@ impl Worker {
         self.forget_batch();
         for p in self.partitions.values_mut() {
             p.held.clear(Instant::now());
+        }
+    }
+
+    /// Waits for the batches with the store writer and forgets their input offsets: the
+    /// partitions they came from are gone (an assignment lost, a fenced transaction), and
+    /// a commit now could move the group's offsets of a partition another member reads.
+    /// Their states are stored (acknowledged batches), so a partition that comes back
+    /// is restored after them.
+    pub(super) fn await_stores_uncommitted(&mut self) {
+        self.collect_stored(true);
+        for s in self.storing.drain(..) {
+            if let Some(Stored { result: Err(e), .. }) = s.stored {
+                warn!(error = %e, "a batch of a lost assignment could not be stored");
+            }
+        }
+    }
+
+    /// Takes the store writer's reports into [`Worker::storing`]: those ready, or with
+    /// `wait` every outstanding one.
+    pub(super) fn collect_stored(&mut self, wait: bool) {
+        for slot in self.storing.iter_mut().filter(|s| s.stored.is_none()) {
+            match self.writer.next(wait) {
+                Some(stored) => slot.stored = Some(stored),
+                None => break,
+            }
         }
     }
 
@@ -212,6 +260,15 @@ impl Worker {
     pub(super) fn acquire(&mut self, partition: i32) -> Result<(), PipelineError> {
         if self.partitions.contains_key(&partition) {
             return Ok(());
+        }
+        // A batch of this partition still with the writer (from before it was taken
+        // away) is written before the partition is read again.
+        if self
+            .storing
+            .iter()
+            .any(|s| s.stored.is_none() && s.partitions.contains(&partition))
+        {
+            self.collect_stored(true);
         }
         let mut store = SledStore::partition(&self.db, partition)?;
         if self.commit.changelog() {
@@ -521,6 +578,7 @@ impl Worker {
     /// which are where the last committed transaction left them.
     pub(super) fn rewind(&mut self, input: &dyn Input) -> Result<(), PipelineError> {
         warn!(partitions = ?self.partitions.keys().collect::<Vec<_>>(), "consumer group moved on during the transaction; dropping the batch and reading it again");
+        self.await_stores_uncommitted();
         self.forget_batch();
         self.partitions.clear();
         let mut backoff = Backoff::new(self.settings(), &self.shutdown);
@@ -528,7 +586,7 @@ impl Worker {
     }
 
     /// Puts everything stored so far on disk (a clean stop: the next start restores
-    /// nothing).
+    /// nothing). Called once the batches are settled (none is with the writer).
     pub(super) fn flush_store(&self) -> Result<(), PipelineError> {
         self.db.flush().map_err(StoreError::Io)?;
         Ok(())

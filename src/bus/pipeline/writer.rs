@@ -1,0 +1,276 @@
+//! The store writer: a worker's thread that writes its acknowledged batches to sled (and
+//! flushes the database where sled is the only record of the state), so that the worker
+//! goes on polling and applying while a batch is stored. Without it a batch's end held
+//! every partition still for the sled write (tens of milliseconds at ten thousand open
+//! sessions and more as they grow), and the events polled meanwhile waited.
+//!
+//! Guarantees: batches are stored in the order they are handed over, each partition's
+//! changes as one atomic sled batch; a batch is reported only once all of it is written
+//! (and flushed, when asked), and reports come in hand-over order, so the worker, which
+//! commits a batch's input offsets on its report, never commits offsets before their
+//! state is stored. A failed write is retried with the pipeline's backoff until it
+//! succeeds or shutdown's deadline passes; the report then carries the error, and no
+//! later batch is written (its offsets would pass over the failed batch's events). At most
+//! [`QUEUED_MAX`] batches wait for the thread: a worker that outruns its disk waits at
+//! the hand-over instead of holding more states in memory. Dropping the writer lets the
+//! thread finish the batches handed over and joins it (the database is not left open
+//! behind a worker that is gone).
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tracing::error;
+
+use super::backoff::Backoff;
+use super::{lock, PipelineError};
+use crate::bus::kafka::settings::KafkaSettings;
+use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
+use crate::shutdown::Shutdown;
+
+/// A partition's store, shared by the worker (which restores it) and its writer (which
+/// writes it).
+pub(super) type SharedStore = Arc<Mutex<SledStore>>;
+
+/// Batches handed over and not yet taken by the thread, at most.
+pub(super) const QUEUED_MAX: usize = 2;
+
+/// One batch to store: each changed partition's changes, in one sled batch each.
+pub(super) struct Job {
+    pub batches: Vec<(i32, SharedStore, StoreBatch)>,
+    /// Flush the database after the writes (sled is the only record of the state).
+    pub flush: bool,
+}
+
+/// A stored batch, reported in hand-over order.
+#[derive(Debug)]
+pub(super) struct Stored {
+    /// Whether it wrote anything (a batch may only commit offsets it already stored).
+    pub wrote: bool,
+    /// How long the writes (and the flush) took.
+    pub took: Duration,
+    pub result: Result<(), PipelineError>,
+}
+
+/// The worker's handle on its writer thread.
+pub(super) struct Writer {
+    jobs: Option<SyncSender<Job>>,
+    reports: Receiver<Stored>,
+    thread: Option<JoinHandle<()>>,
+    /// Batches handed over and not reported back yet.
+    outstanding: usize,
+}
+
+impl Writer {
+    /// Starts the thread, which writes into `db`'s trees and retries with `settings`'
+    /// backoff.
+    pub fn start(
+        db: sled::Db,
+        settings: &KafkaSettings,
+        shutdown: &Shutdown,
+    ) -> Result<Writer, PipelineError> {
+        let (jobs, taken) = sync_channel::<Job>(QUEUED_MAX);
+        let (report, reports) = std::sync::mpsc::channel();
+        let backoff = Backoff::new(settings, shutdown);
+        let thread = std::thread::Builder::new()
+            .name("loopwarden-store".into())
+            .spawn(move || {
+                let mut failed = false;
+                for job in taken {
+                    let stored = if failed {
+                        // A later batch's offsets would pass over the failed one's
+                        // events, whose states were not written: nothing more is.
+                        Stored {
+                            wrote: false,
+                            took: Duration::ZERO,
+                            result: Err(PipelineError::StoreAfterFailure),
+                        }
+                    } else {
+                        write(&db, job, &mut backoff.fresh())
+                    };
+                    failed |= stored.result.is_err();
+                    if report.send(stored).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(PipelineError::Thread)?;
+        Ok(Writer {
+            jobs: Some(jobs),
+            reports,
+            thread: Some(thread),
+            outstanding: 0,
+        })
+    }
+
+    /// Hands a batch over; waits while [`QUEUED_MAX`] batches wait already.
+    pub fn hand(&mut self, job: Job) {
+        // The thread ends before the sender is dropped only if it panicked: then the
+        // batch is lost, and `next` reports it failed.
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(job);
+        }
+        self.outstanding += 1;
+    }
+
+    /// The next report: at once (`None`: none is ready yet), or with `block` once it
+    /// comes. A thread that died (a panic in sled) reports its batches failed.
+    pub fn next(&mut self, block: bool) -> Option<Stored> {
+        if self.outstanding == 0 {
+            return None;
+        }
+        let received = if block {
+            self.reports.recv().map_err(|_| TryRecvError::Disconnected)
+        } else {
+            self.reports.try_recv()
+        };
+        match received {
+            Ok(stored) => {
+                self.outstanding -= 1;
+                Some(stored)
+            }
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => {
+                self.outstanding -= 1;
+                Some(Stored {
+                    wrote: false,
+                    took: Duration::ZERO,
+                    result: Err(PipelineError::WorkerPanicked),
+                })
+            }
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Writes one batch: each partition's changes, retried on I/O errors until they are
+/// taken or shutdown's deadline passes, then the flush if asked.
+fn write(db: &sled::Db, job: Job, backoff: &mut Backoff) -> Stored {
+    let started = Instant::now();
+    let wrote = !job.batches.is_empty();
+    let result = (|| {
+        for (partition, store, batch) in &job.batches {
+            let mut store = lock(store);
+            loop {
+                match store.commit(batch) {
+                    Ok(()) => break,
+                    Err(StoreError::Io(e)) => {
+                        error!(partition, error = %e, "state store write failed; retrying");
+                        if backoff.pause().is_err() {
+                            return Err(StoreError::Io(e));
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if wrote && job.flush {
+            db.flush().map_err(StoreError::Io)?;
+        }
+        Ok(())
+    })();
+    Stored {
+        wrote,
+        took: started.elapsed(),
+        result: result.map_err(PipelineError::from),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::engine::store::open_db_with_cache;
+
+    fn settings() -> KafkaSettings {
+        let mut settings = Config::from_toml_str("", "writer", std::iter::empty())
+            .unwrap()
+            .kafka
+            .clone();
+        settings.retry_backoff_min = Duration::from_millis(1);
+        settings.retry_backoff_max = Duration::from_millis(5);
+        settings
+    }
+
+    /// A batch writing `session`'s state and the offset of `t/0`.
+    fn job(store: &SharedStore, session: &str, state: &[u8], offset: i64) -> Job {
+        let batch = StoreBatch {
+            puts: vec![(session.to_string(), state.to_vec())],
+            deletes: Vec::new(),
+            offsets: vec![("t/0".to_string(), offset)],
+        };
+        Job {
+            batches: vec![(0, store.clone(), batch)],
+            flush: true,
+        }
+    }
+
+    #[test]
+    fn batches_are_stored_in_hand_over_order_and_a_failed_write_is_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
+        let store: SharedStore = Arc::new(Mutex::new(SledStore::partition(&db, 0).unwrap()));
+        let mut writer = Writer::start(db.clone(), &settings(), &Shutdown::new()).unwrap();
+        lock(&store).fail_next_write_after(0);
+        for (i, state) in [b"first".as_slice(), b"second", b"third"]
+            .iter()
+            .enumerate()
+        {
+            writer.hand(job(&store, "s", state, i as i64 + 1));
+        }
+        for _ in 0..3 {
+            let stored = writer.next(true).expect("a report per batch");
+            assert!(stored.result.is_ok(), "{:?}", stored.result);
+            assert!(stored.wrote);
+        }
+        assert!(writer.next(true).is_none(), "three batches, three reports");
+        let store = lock(&store);
+        assert_eq!(store.offset("t/0").unwrap(), Some(3), "the last batch last");
+        assert_eq!(
+            store.session_bytes("s").unwrap().as_deref(),
+            Some(&b"third"[..])
+        );
+    }
+
+    #[test]
+    fn a_write_still_failing_at_the_shutdown_deadline_is_reported_failed_and_nothing_after_it_is_written(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
+        let store: SharedStore = Arc::new(Mutex::new(SledStore::partition(&db, 0).unwrap()));
+        let mut settings = settings();
+        settings.shutdown_deadline = Duration::ZERO;
+        let shutdown = Shutdown::new();
+        shutdown.trigger();
+        let mut writer = Writer::start(db.clone(), &settings, &shutdown).unwrap();
+        lock(&store).fail_next_write_after(0);
+        writer.hand(job(&store, "s", b"failed", 1));
+        writer.hand(job(&store, "s", b"after", 2));
+        let failed = writer.next(true).unwrap();
+        assert!(
+            matches!(failed.result, Err(PipelineError::Store(StoreError::Io(_)))),
+            "{:?}",
+            failed.result
+        );
+        let after = writer.next(true).unwrap();
+        assert!(
+            matches!(after.result, Err(PipelineError::StoreAfterFailure)),
+            "{:?}",
+            after.result
+        );
+        assert_eq!(
+            lock(&store).offset("t/0").unwrap(),
+            None,
+            "nothing written after a failed batch"
+        );
+    }
+}
