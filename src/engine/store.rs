@@ -333,8 +333,9 @@ impl SledStore {
     }
 
     /// The store of one input partition inside a shared database: its own tree, so its
-    /// sessions and offsets commit atomically. `commit` does not flush: the pipeline
-    /// flushes the database once per batch, before it commits offsets to Kafka.
+    /// sessions and offsets commit atomically. `commit` does not flush: the pipeline's
+    /// store writer flushes the database once per batch where sled is the only record
+    /// of the state (no changelog), before the batch's offsets are committed to Kafka.
     pub fn partition(db: &sled::Db, partition: i32) -> Result<SledStore, StoreError> {
         let tree = db.open_tree(format!("partition/{partition}"))?;
         Ok(SledStore::new(db.clone(), tree, false))

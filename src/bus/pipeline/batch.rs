@@ -67,9 +67,13 @@ impl Worker {
     /// sled missed from the changelog, from the last position sled holds.
     fn store(&mut self, (batch, positions): Acked) {
         let mut batches = Vec::with_capacity(batch.changes.len());
+        let mut offsets = batch.offsets;
         for (partition, mut changes) in batch.changes {
-            // A partition released since (its batch settled or dropped) is not written.
+            // A partition released since is neither written nor committed (not expected:
+            // a revoke settles the batch first, a lost assignment drops it).
             let Some(p) = self.partitions.get(&partition) else {
+                warn!(partition, "a released partition's batch is not stored");
+                offsets = without_partition(&offsets, partition);
                 continue;
             };
             if let Some(o) = positions.get(&partition) {
@@ -92,7 +96,7 @@ impl Worker {
             );
         }
         self.storing.push_back(Storing {
-            offsets: batch.offsets,
+            offsets,
             partitions,
             polled: batch.polled,
             stored: None,
@@ -174,15 +178,14 @@ impl Worker {
     /// send (findings not sent yet, changelog session records) → hand the batch before
     /// to the store writer → commit the offsets of the batches it has stored (the rest
     /// are committed as the poll loop sees them stored, or at the next batch's end).
-    /// This batch's acknowledgements are awaited at the next batch's end,
-    /// while the next batch is polled: that round trip is off the path of the next
-    /// batch's findings. Its commit records go out as soon as its records are
-    /// acknowledged, also while the next batch is polled
-    /// ([`Worker::send_commit_records_once_acked`]), else at that batch's end, one more
-    /// round trip there. With
-    /// [`Finish::Settle`] this batch is also acknowledged, and every batch handed to the
-    /// writer stored and committed, before returning. exactly_once: apply → take the changes → one transaction (findings,
-    /// changelog, offsets) → store.
+    /// This batch's acknowledgements are awaited at the next batch's end, while the next
+    /// batch is polled: that round trip is off the path of the next batch's findings.
+    /// Its commit records go out as soon as its records are acknowledged, also while the
+    /// next batch is polled ([`Worker::send_commit_records_once_acked`]), else at that
+    /// batch's end, one more round trip there. With [`Finish::Settle`] this batch is also
+    /// acknowledged, and every batch handed to the writer stored and committed, before
+    /// returning. exactly_once: apply → take the changes → one transaction (findings,
+    /// changelog, offsets) → hand to the store writer.
     pub(super) fn finish_batch(
         &mut self,
         input: &dyn Input,
@@ -308,6 +311,17 @@ impl Worker {
             self.unacked = Some(batch);
         }
     }
+}
+
+/// `offsets` without those of input partition `partition` (of every topic).
+fn without_partition(offsets: &TopicPartitionList, partition: i32) -> TopicPartitionList {
+    let mut kept = TopicPartitionList::new();
+    for e in offsets.elements() {
+        if e.partition() != partition {
+            let _ = kept.add_partition_offset(e.topic(), e.partition(), e.offset());
+        }
+    }
+    kept
 }
 
 /// exactly_once: the batch's records, its changelog records and its input offsets in one

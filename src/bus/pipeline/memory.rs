@@ -8,7 +8,10 @@
 //! landing on the broker before its report comes back, an offset commit):
 //! [`Bus::crash_at`] arms the bus to panic at the n-th operation from then on (the
 //! records still in the dead producer's hands are lost), and the test catches the
-//! panic, drops the worker as a kill would, and starts another over the same bus.
+//! panic, drops the worker as a kill would (its store writer finishes the write in
+//! progress and writes none of the batches queued), and starts another over the same
+//! bus. When the writer reports, and so where its offset commits fall among the bus's
+//! operations, varies from run to run: the windows are the same, their order is not.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};

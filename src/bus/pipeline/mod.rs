@@ -138,6 +138,8 @@ pub enum PipelineError {
     WorkerPanicked,
     #[error("a batch was not stored since the one before it could not be (its offsets would pass over that batch's events)")]
     StoreAfterFailure,
+    #[error("the state store's writer thread ended unexpectedly (a panic in the store)")]
+    StoreWriterEnded,
     #[error("kafka transaction failed fatally (is another instance using transactional.id {transactional_id}? set kafka.instance_id per instance): {source}")]
     Transaction {
         transactional_id: String,
@@ -425,8 +427,9 @@ fn run_worker(
     if result.is_err() {
         // Nothing of the unfinished batch may be stored (its events are processed again
         // on restart), and leaving the group must not wait on a broker that is away.
-        w.abandon();
+        // Shutdown first: the store writer's retries end at its deadline.
         shutdown.trigger();
+        w.abandon();
     }
     let stats = w.stats;
     // Leaving the group revokes everything: the worker's share of the gauges goes now,

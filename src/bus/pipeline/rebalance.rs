@@ -8,8 +8,9 @@
 //!
 //! Guarantees: a revoked partition's batch is finished (delivered, stored, committed)
 //! before the revoke is acknowledged, so its next owner starts where this one stopped;
-//! an assignment that was *lost* (the group went on without us) stores and commits
-//! nothing more of those partitions, since another member may own them already; records
+//! an assignment that was *lost* (the group went on without us) commits nothing more of
+//! those partitions, since another member may own them already, and stores only the
+//! batches already with the store writer (acknowledged: their outputs are out); records
 //! of a batch already in flight are seen delivered first (findings published twice at
 //! worst, with one event id; the batch's changelog records carry no commit record, so no
 //! restore applies them); an assigned partition is loaded from sled (and restored from
@@ -176,22 +177,27 @@ fn revoke(
     worker: &mut Worker,
     revoked: &[i32],
 ) -> Result<(), PipelineError> {
-    let mut result = Ok(());
-    if consumer.assignment_lost() {
-        // Nothing more of them is written: no state, no offsets. Records already with the
-        // producer may land (a batch whose commit records went out is then applied by a
-        // restore, as after a crash: its outputs were on the broker first); their events
-        // are consumed again by the new owner from the last committed point.
+    let result = if consumer.assignment_lost() {
+        // No offsets are committed, and no state is written but the batches already with
+        // the store writer (acknowledged: their outputs are out). Records already with
+        // the producer may land (a batch whose commit records went out is then applied
+        // by a restore, as after a crash: its outputs were on the broker first); their
+        // events are consumed again by the new owner from the last committed point.
         warn!(partitions = ?revoked, "assignment lost; dropping the unstored batch");
-        worker.drop_unstored();
+        let dropped = worker.drop_unstored();
+        if let Err(e) = &dropped {
+            error!(error = %e, "a batch of the lost assignment could not be stored");
+        }
+        dropped
     } else {
         worker.revoking = revoked.to_vec();
-        result = worker.finish_batch(consumer, Finish::Settle);
-        if let Err(e) = &result {
+        let settled = worker.finish_batch(consumer, Finish::Settle);
+        if let Err(e) = &settled {
             error!(error = %e, "cannot store the batch before the revoke");
         }
         worker.revoking.clear();
-    }
+        settled
+    };
     worker.release(revoked);
     info!(partitions = ?revoked, "partitions revoked");
     result

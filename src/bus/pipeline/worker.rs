@@ -163,8 +163,8 @@ impl Worker {
     /// Its commit records may have been sent, only once its records and outputs were
     /// acknowledged: then a restore applies the batch, as after a crash right after them,
     /// and its findings are on the bus.) What was not sent yet is dropped.
-    pub(super) fn drop_unstored(&mut self) {
-        self.await_stores_uncommitted();
+    pub(super) fn drop_unstored(&mut self) -> Result<(), PipelineError> {
+        let stored = self.await_stores_uncommitted();
         if self.outbox.has_sent() {
             let mut backoff = Backoff::new(self.settings(), &self.shutdown);
             if let Err(DeadlinePassed) = self.outbox.settle(&mut backoff) {
@@ -178,20 +178,26 @@ impl Worker {
         for p in self.partitions.values_mut() {
             p.held.clear(Instant::now());
         }
+        stored
     }
 
     /// Waits for the batches with the store writer and forgets their input offsets: the
     /// partitions they came from are gone (an assignment lost, a fenced transaction), and
     /// a commit now could move the group's offsets of a partition another member reads.
-    /// Their states are stored (acknowledged batches), so a partition that comes back
-    /// is restored after them.
-    pub(super) fn await_stores_uncommitted(&mut self) {
+    /// Their states are stored (acknowledged batches), so a partition that comes back is
+    /// restored after them. A batch the writer could not store is an error: sled may
+    /// hold part of it, and the run must not go on over that tree.
+    pub(super) fn await_stores_uncommitted(&mut self) -> Result<(), PipelineError> {
         self.collect_stored(true);
+        let mut first_error = Ok(());
         for s in self.storing.drain(..) {
             if let Some(Stored { result: Err(e), .. }) = s.stored {
-                warn!(error = %e, "a batch of a lost assignment could not be stored");
+                if first_error.is_ok() {
+                    first_error = Err(e);
+                }
             }
         }
+        first_error
     }
 
     /// Takes the store writer's reports into [`Worker::storing`]: those ready, or with
@@ -235,8 +241,17 @@ impl Worker {
         self.outbox.send_all();
     }
 
-    /// Lets revoked partitions go (their batch already finished or dropped).
+    /// Lets revoked partitions go (their batch already finished or dropped). A batch of
+    /// theirs still with the store writer (a settling that failed on the way) is written
+    /// first: another worker of this process may take them over the same database.
     pub(super) fn release(&mut self, revoked: &[i32]) {
+        if self
+            .storing
+            .iter()
+            .any(|s| s.stored.is_none() && s.partitions.iter().any(|p| revoked.contains(p)))
+        {
+            self.collect_stored(true);
+        }
         for p in revoked {
             self.partitions.remove(p);
             for topic in &self.config.kafka.input_topics {
@@ -250,8 +265,13 @@ impl Worker {
         self.report_gauges();
     }
 
-    /// Drops all in-memory partitions (after a fatal error: nothing more is stored).
+    /// Drops all in-memory partitions after a fatal error: the batch in hand is not
+    /// stored, nor committed; the batches already with the store writer (acknowledged)
+    /// are written or fail before this returns, and none is committed.
     pub(super) fn abandon(&mut self) {
+        if let Err(e) = self.await_stores_uncommitted() {
+            warn!(error = %e, "a batch handed to the store writer was not stored");
+        }
         self.forget_batch();
         self.partitions.clear();
     }
@@ -578,9 +598,10 @@ impl Worker {
     /// which are where the last committed transaction left them.
     pub(super) fn rewind(&mut self, input: &dyn Input) -> Result<(), PipelineError> {
         warn!(partitions = ?self.partitions.keys().collect::<Vec<_>>(), "consumer group moved on during the transaction; dropping the batch and reading it again");
-        self.await_stores_uncommitted();
+        let stored = self.await_stores_uncommitted();
         self.forget_batch();
         self.partitions.clear();
+        stored?;
         let mut backoff = Backoff::new(self.settings(), &self.shutdown);
         input.seek_to_committed(&self.revoking, &mut backoff)
     }

@@ -12,10 +12,14 @@
 //! succeeds or shutdown's deadline passes; the report then carries the error, and no
 //! later batch is written (its offsets would pass over the failed batch's events). At most
 //! [`QUEUED_MAX`] batches wait for the thread: a worker that outruns its disk waits at
-//! the hand-over instead of holding more states in memory. Dropping the writer lets the
-//! thread finish the batches handed over and joins it (the database is not left open
-//! behind a worker that is gone).
+//! the hand-over instead of holding more states in memory. Errors other than I/O (a
+//! state that cannot be written) are not retried. Dropping the writer ends the thread as
+//! a kill would: the write in progress finishes (or fails, without retrying), the
+//! batches still queued are not written, and the thread is joined, so the database is
+//! not left open behind a worker that is gone. (Leaving a batch unwritten is always safe:
+//! its offsets are not committed, and nothing after it is written.)
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -46,7 +50,7 @@ pub(super) struct Job {
 /// A stored batch, reported in hand-over order.
 #[derive(Debug)]
 pub(super) struct Stored {
-    /// Whether it wrote anything (a batch may only commit offsets it already stored).
+    /// Whether it had anything to write (for the store stage's metrics).
     pub wrote: bool,
     /// How long the writes (and the flush) took.
     pub took: Duration,
@@ -58,6 +62,8 @@ pub(super) struct Writer {
     jobs: Option<SyncSender<Job>>,
     reports: Receiver<Stored>,
     thread: Option<JoinHandle<()>>,
+    /// Set when the writer is dropped: the thread writes nothing more.
+    closing: Arc<AtomicBool>,
     /// Batches handed over and not reported back yet.
     outstanding: usize,
 }
@@ -73,11 +79,16 @@ impl Writer {
         let (jobs, taken) = sync_channel::<Job>(QUEUED_MAX);
         let (report, reports) = std::sync::mpsc::channel();
         let backoff = Backoff::new(settings, shutdown);
+        let closing = Arc::new(AtomicBool::new(false));
+        let closed = closing.clone();
         let thread = std::thread::Builder::new()
             .name("loopwarden-store".into())
             .spawn(move || {
                 let mut failed = false;
                 for job in taken {
+                    if closed.load(Ordering::Acquire) {
+                        return;
+                    }
                     let stored = if failed {
                         // A later batch's offsets would pass over the failed one's
                         // events, whose states were not written: nothing more is.
@@ -87,7 +98,7 @@ impl Writer {
                             result: Err(PipelineError::StoreAfterFailure),
                         }
                     } else {
-                        write(&db, job, &mut backoff.fresh())
+                        write(&db, job, &mut backoff.fresh(), &closed)
                     };
                     failed |= stored.result.is_err();
                     if report.send(stored).is_err() {
@@ -100,6 +111,7 @@ impl Writer {
             jobs: Some(jobs),
             reports,
             thread: Some(thread),
+            closing,
             outstanding: 0,
         })
     }
@@ -136,7 +148,7 @@ impl Writer {
                 Some(Stored {
                     wrote: false,
                     took: Duration::ZERO,
-                    result: Err(PipelineError::WorkerPanicked),
+                    result: Err(PipelineError::StoreWriterEnded),
                 })
             }
         }
@@ -145,6 +157,7 @@ impl Writer {
 
 impl Drop for Writer {
     fn drop(&mut self) {
+        self.closing.store(true, Ordering::Release);
         drop(self.jobs.take());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -153,8 +166,8 @@ impl Drop for Writer {
 }
 
 /// Writes one batch: each partition's changes, retried on I/O errors until they are
-/// taken or shutdown's deadline passes, then the flush if asked.
-fn write(db: &sled::Db, job: Job, backoff: &mut Backoff) -> Stored {
+/// taken, shutdown's deadline passes or the writer is dropped, then the flush if asked.
+fn write(db: &sled::Db, job: Job, backoff: &mut Backoff, closing: &AtomicBool) -> Stored {
     let started = Instant::now();
     let wrote = !job.batches.is_empty();
     let result = (|| {
@@ -165,7 +178,7 @@ fn write(db: &sled::Db, job: Job, backoff: &mut Backoff) -> Stored {
                     Ok(()) => break,
                     Err(StoreError::Io(e)) => {
                         error!(partition, error = %e, "state store write failed; retrying");
-                        if backoff.pause().is_err() {
+                        if closing.load(Ordering::Acquire) || backoff.pause().is_err() {
                             return Err(StoreError::Io(e));
                         }
                     }
@@ -272,5 +285,48 @@ mod tests {
             None,
             "nothing written after a failed batch"
         );
+    }
+}
+
+#[cfg(test)]
+mod drop_tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::engine::store::open_db_with_cache;
+
+    #[test]
+    fn a_dropped_writer_writes_none_of_the_batches_still_queued() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
+        let store: SharedStore = Arc::new(Mutex::new(SledStore::partition(&db, 0).unwrap()));
+        let settings = Config::from_toml_str("", "writer", std::iter::empty())
+            .unwrap()
+            .kafka
+            .clone();
+        let mut writer = Writer::start(db.clone(), &settings, &Shutdown::new()).unwrap();
+        // The thread waits for the store while the test holds it: the first batch taken,
+        // the second queued, when the writer is dropped.
+        let held = lock(&store);
+        for offset in [1, 2] {
+            let batch = StoreBatch {
+                puts: Vec::new(),
+                deletes: Vec::new(),
+                offsets: vec![("t/0".to_string(), offset)],
+            };
+            writer.hand(Job {
+                batches: vec![(0, store.clone(), batch)],
+                flush: false,
+            });
+        }
+        // Usually the thread has taken the first batch by then; if not, that one is not
+        // written either. The second never is.
+        std::thread::sleep(Duration::from_millis(50));
+        let dropping = std::thread::spawn(move || drop(writer));
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        dropping.join().unwrap();
+        let offset = lock(&store).offset("t/0").unwrap();
+        assert_ne!(offset, Some(2), "the queued batch is not written");
+        assert!(matches!(offset, None | Some(1)), "{offset:?}");
     }
 }
