@@ -431,3 +431,80 @@ impl std::fmt::Display for Windows {
         )
     }
 }
+
+/// Holds the member's partition stores from another thread for `hold` (the store writer
+/// cannot write meanwhile); returns once they are held.
+fn hold_stores_for(m: &Member, hold: std::time::Duration) -> std::thread::JoinHandle<()> {
+    let stores: Vec<SharedStore> = m
+        .worker
+        .partitions
+        .values()
+        .map(|p| p.store.clone())
+        .collect();
+    let (held, holding) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        let guards: Vec<_> = stores.iter().map(|s| s.lock().unwrap()).collect();
+        held.send(()).unwrap();
+        std::thread::sleep(hold);
+        drop(guards);
+    });
+    holding.recv().unwrap();
+    holder
+}
+
+/// Two batches polled; the first, acknowledged at the second's end, handed to a store
+/// writer that cannot write it yet (its stores held for `hold`).
+fn a_batch_with_the_writer(
+    m: &mut Member,
+    hold: std::time::Duration,
+) -> std::thread::JoinHandle<()> {
+    m.handle_next(10);
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    m.handle_next(10);
+    let holder = hold_stores_for(m, hold);
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    let first = m
+        .worker
+        .storing
+        .front()
+        .expect("the first batch is with the writer");
+    assert!(
+        first.stored.is_none(),
+        "not written while its stores are held"
+    );
+    assert!(first.partitions.contains(&0), "it wrote partition 0");
+    holder
+}
+
+#[test]
+fn a_partition_is_released_only_after_its_batch_with_the_writer_is_written() {
+    let bus = bus_with_a_fleet(6);
+    let config = config(10, true);
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Member::start(&bus, dir.path(), &config);
+    let holder = a_batch_with_the_writer(&mut m, std::time::Duration::from_millis(200));
+    m.worker.release(&[0]);
+    assert!(
+        m.worker.storing.front().is_some_and(|s| s.stored.is_some()),
+        "released before the writer wrote its batch"
+    );
+    holder.join().unwrap();
+}
+
+#[test]
+fn a_partition_is_acquired_again_only_after_its_batch_with_the_writer_is_written() {
+    let bus = bus_with_a_fleet(6);
+    let config = config(10, true);
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Member::start(&bus, dir.path(), &config);
+    let holder = a_batch_with_the_writer(&mut m, std::time::Duration::from_millis(200));
+    // Taken away without waiting (as no path does since the writer), then given back:
+    // the store is read again only once the batch is written.
+    m.worker.partitions.remove(&0);
+    m.worker.acquire(0).unwrap();
+    assert!(
+        m.worker.storing.front().is_some_and(|s| s.stored.is_some()),
+        "acquired before the writer wrote its batch"
+    );
+    holder.join().unwrap();
+}

@@ -116,7 +116,7 @@ impl BatchIds {
     }
 }
 
-fn record(partition: i32, batch: u64, key: &[u8], payload: Vec<u8>, kind: &str) -> Record {
+fn record(partition: i32, batch: &[u8], key: &[u8], payload: Vec<u8>, kind: &str) -> Record {
     Record {
         sink: Sink::Changelog,
         partition: Some(partition),
@@ -124,7 +124,7 @@ fn record(partition: i32, batch: u64, key: &[u8], payload: Vec<u8>, kind: &str) 
         payload,
         headers: vec![
             (CHANGELOG_KIND, kind.as_bytes().to_vec()),
-            (CHANGELOG_BATCH, batch.to_string().into_bytes()),
+            (CHANGELOG_BATCH, batch.to_vec()),
         ],
         source_headers: Vec::new(),
         source_ms: None,
@@ -141,19 +141,20 @@ pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64, gro
 /// Queues a batch's session records only (at_least_once: its commit records follow once
 /// these and the batch's outputs are acknowledged, [`queue_commits`]).
 pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
+    // Written once a batch, not formatted again for each of its (many) records.
+    let batch = batch.to_string().into_bytes();
+    let state_format = STATE_FORMAT.to_string().into_bytes();
     for (partition, changes) in batches {
         for (id, state) in &changes.puts {
-            let mut r = record(*partition, batch, id.as_bytes(), state.clone(), "session");
-            r.headers.push((
-                CHANGELOG_STATE_FORMAT,
-                STATE_FORMAT.to_string().into_bytes(),
-            ));
+            let mut r = record(*partition, &batch, id.as_bytes(), state.clone(), "session");
+            r.headers
+                .push((CHANGELOG_STATE_FORMAT, state_format.clone()));
             outbox.push(r);
         }
         for id in &changes.deletes {
             outbox.push(record(
                 *partition,
-                batch,
+                &batch,
                 id.as_bytes(),
                 Vec::new(),
                 "session",
@@ -180,7 +181,7 @@ pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: 
         let payload = serde_json::to_vec(&value).expect("plain data serialises");
         outbox.push(record(
             *partition,
-            batch,
+            batch.to_string().as_bytes(),
             CHANGELOG_COMMIT_KEY,
             payload,
             "commit",
