@@ -514,7 +514,12 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
             shutdown.clone(),
             telemetry.clone(),
         );
-        std::thread::spawn(move || run_observed(config, &brokers, shutdown, telemetry))
+        // Named: with one worker the pipeline's worker runs on this thread (the CPU by
+        // thread below).
+        std::thread::Builder::new()
+            .name("pipeline".into())
+            .spawn(move || run_observed(config, &brokers, shutdown, telemetry))
+            .unwrap()
     };
     // Resolved once: a labelled lookup per event produced would cost the cores measured.
     let consumed = telemetry
@@ -619,8 +624,52 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         started.elapsed().as_secs_f64(),
         done as f64 / started.elapsed().as_secs_f64()
     );
+    if let Some(threads) = cpu_by_thread() {
+        // What bounds one worker on cores of its own is its own thread's CPU per event.
+        let per_event: Vec<String> = threads
+            .iter()
+            .map(|(name, secs)| format!("{name} {:.2}", secs * 1e6 / done.max(1) as f64))
+            .collect();
+        eprintln!(
+            "growth: CPU per event by thread, µs (this phase's pipeline threads; the bench's producer, named after the binary, and `rdk:*` count the whole run): {}",
+            per_event.join(", ")
+        );
+    }
     shutdown.trigger();
     pipeline.join().unwrap().unwrap();
+}
+
+/// CPU seconds (user + system) so far of this process's threads, by name, busiest first:
+/// each worker (`pipeline` is the one worker's when there is one), the store writers
+/// together, sled's and the Kafka clients' threads together, the rest by name. `None`
+/// without Linux's `/proc`.
+fn cpu_by_thread() -> Option<Vec<(String, f64)>> {
+    let mut by_name: std::collections::BTreeMap<String, f64> = Default::default();
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        // Fields after the parenthesized name: state is the 3rd field, utime the 14th.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split(' ').collect();
+        let ticks: f64 =
+            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+        let name = comm.trim();
+        let group = if name.starts_with("rdk:") {
+            "rdk:*".to_string()
+        } else if name.starts_with("loopwarden-stor") {
+            "loopwarden-store (all)".to_string()
+        } else if name.starts_with("sled-io") {
+            "sled-io (all)".to_string()
+        } else {
+            name.to_string()
+        };
+        // /proc counts in USER_HZ, 100 a second on Linux.
+        *by_name.entry(group).or_default() += ticks / 100.0;
+    }
+    let mut threads: Vec<(String, f64)> = by_name.into_iter().filter(|(_, s)| *s >= 0.05).collect();
+    threads.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Some(threads)
 }
 
 fn main() {
