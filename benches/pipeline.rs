@@ -32,6 +32,8 @@
 mod common;
 #[path = "shared/growth.rs"]
 mod growth;
+#[path = "shared/proc.rs"]
+mod proc;
 use growth::growth_event;
 
 use std::sync::{Arc, Mutex};
@@ -645,16 +647,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
 /// without Linux's `/proc`.
 fn cpu_by_thread() -> Option<Vec<(String, f64)>> {
     let mut by_name: std::collections::BTreeMap<String, f64> = Default::default();
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let dir = task.ok()?.path();
-        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
-        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-        // Fields after the parenthesized name: state is the 3rd field, utime the 14th.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = rest.split(' ').collect();
-        let ticks: f64 =
-            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-        let name = comm.trim();
+    for (name, ms) in proc::threads_cpu_ms()? {
         let group = if name.starts_with("rdk:") {
             "rdk:*".to_string()
         } else if name.starts_with("loopwarden-stor") {
@@ -662,10 +655,9 @@ fn cpu_by_thread() -> Option<Vec<(String, f64)>> {
         } else if name.starts_with("sled-io") {
             "sled-io (all)".to_string()
         } else {
-            name.to_string()
+            name
         };
-        // /proc counts in USER_HZ, 100 a second on Linux.
-        *by_name.entry(group).or_default() += ticks / 100.0;
+        *by_name.entry(group).or_default() += ms as f64 / 1e3;
     }
     let mut threads: Vec<(String, f64)> = by_name.into_iter().filter(|(_, s)| *s >= 0.05).collect();
     threads.sort_by(|a, b| b.1.total_cmp(&a.1));
