@@ -184,14 +184,44 @@ fn assert_same(want: &Outputs, got: &Outputs, context: &str) -> usize {
     copies
 }
 
-#[test]
-fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_stored() {
+/// A member over a fresh directory and a bus holding a small fleet, its first batch of
+/// 10 events finished: its records in flight.
+struct InFlight {
+    m: Member,
+    bus: Bus,
+    config: Arc<Config>,
+    _dir: tempfile::TempDir,
+}
+
+fn a_batch_in_flight(changelog: bool) -> InFlight {
     let bus = bus_with_a_fleet(6);
-    let config = config(10, false);
+    let config = config(10, changelog);
     let dir = tempfile::tempdir().unwrap();
     let mut m = Member::start(&bus, dir.path(), &config);
     m.handle_next(10);
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    InFlight {
+        m,
+        bus,
+        config,
+        _dir: dir,
+    }
+}
+
+/// The member's partition stores (what its store writer writes).
+fn stores_of(m: &Member) -> Vec<SharedStore> {
+    m.worker
+        .partitions
+        .values()
+        .map(|p| p.store.clone())
+        .collect()
+}
+
+#[test]
+fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_stored() {
+    let InFlight {
+        mut m, bus, _dir, ..
+    } = a_batch_in_flight(false);
     assert_eq!(
         committed(&bus),
         None,
@@ -200,10 +230,7 @@ fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_st
     m.handle_next(10);
     // The store writer cannot write while the partitions' stores are held: the first
     // batch, acknowledged at the second's end and handed to it, is not committed.
-    let stores: Vec<SharedStore> = PARTITIONS
-        .iter()
-        .map(|p| m.worker.partitions[p].store.clone())
-        .collect();
+    let stores = stores_of(&m);
     let held: Vec<_> = stores.iter().map(|s| s.lock().unwrap()).collect();
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     assert_eq!(
@@ -216,11 +243,8 @@ fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_st
         .unwrap();
     assert_eq!(committed(&bus), None, "not stored yet: not committed");
     drop(held);
-    m.worker
-        .commit_stored(&m.input, CommitMode::Async, true)
-        .unwrap();
     assert_eq!(
-        committed(&bus),
+        committed_once_stored(&mut m, &bus),
         Some(10),
         "the first batch's 10 events are committed once the writer stored them"
     );
@@ -238,6 +262,15 @@ fn committed(bus: &Bus) -> Option<i64> {
         .iter()
         .filter_map(|&p| bus.committed(INPUT, p))
         .reduce(|a, b| a + b)
+}
+
+/// [`committed`] once the member's store writer has stored every batch handed to it
+/// and their offsets are committed.
+fn committed_once_stored(m: &mut Member, bus: &Bus) -> Option<i64> {
+    m.worker
+        .commit_stored(&m.input, CommitMode::Async, true)
+        .unwrap();
+    committed(bus)
 }
 
 /// The changelog commit records on the bus, by batch id.
@@ -260,12 +293,12 @@ fn commit_records(bus: &Bus, config: &Config) -> BTreeMap<String, usize> {
 
 #[test]
 fn a_batchs_commit_records_go_out_once_its_records_are_acknowledged_before_the_next_batch_ends() {
-    let bus = bus_with_a_fleet(6);
-    let config = config(10, true);
-    let dir = tempfile::tempdir().unwrap();
-    let mut m = Member::start(&bus, dir.path(), &config);
-    m.handle_next(10);
-    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    let InFlight {
+        mut m,
+        bus,
+        config,
+        _dir,
+    } = a_batch_in_flight(true);
     // Its records in flight, unacknowledged: no commit record goes.
     bus.hold_deliveries(true);
     m.handle_next(1);
@@ -301,11 +334,8 @@ fn a_batchs_commit_records_go_out_once_its_records_are_acknowledged_before_the_n
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     let after_end = commit_records(&bus, &config);
     assert_eq!(after_end, early, "sent once, not again at the batch's end");
-    m.worker
-        .commit_stored(&m.input, CommitMode::Async, true)
-        .unwrap();
     assert_eq!(
-        committed(&bus),
+        committed_once_stored(&mut m, &bus),
         Some(10),
         "handed to the writer at the second batch's end, committed once stored"
     );
@@ -435,12 +465,7 @@ impl std::fmt::Display for Windows {
 /// Holds the member's partition stores from another thread for `hold` (the store writer
 /// cannot write meanwhile); returns once they are held.
 fn hold_stores_for(m: &Member, hold: std::time::Duration) -> std::thread::JoinHandle<()> {
-    let stores: Vec<SharedStore> = m
-        .worker
-        .partitions
-        .values()
-        .map(|p| p.store.clone())
-        .collect();
+    let stores = stores_of(m);
     let (held, holding) = std::sync::mpsc::channel();
     let holder = std::thread::spawn(move || {
         let guards: Vec<_> = stores.iter().map(|s| s.lock().unwrap()).collect();
@@ -452,14 +477,13 @@ fn hold_stores_for(m: &Member, hold: std::time::Duration) -> std::thread::JoinHa
     holder
 }
 
-/// Two batches polled; the first, acknowledged at the second's end, handed to a store
-/// writer that cannot write it yet (its stores held for `hold`).
+/// A second batch polled after the one in flight ([`a_batch_in_flight`]); the first,
+/// acknowledged at the second's end, handed to a store writer that cannot write it yet
+/// (its stores held for `hold`).
 fn a_batch_with_the_writer(
     m: &mut Member,
     hold: std::time::Duration,
 ) -> std::thread::JoinHandle<()> {
-    m.handle_next(10);
-    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     m.handle_next(10);
     let holder = hold_stores_for(m, hold);
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
@@ -478,11 +502,9 @@ fn a_batch_with_the_writer(
 
 #[test]
 fn a_partition_is_released_only_after_its_batch_with_the_writer_is_written() {
-    let bus = bus_with_a_fleet(6);
-    let config = config(10, true);
-    let dir = tempfile::tempdir().unwrap();
-    let mut m = Member::start(&bus, dir.path(), &config);
-    let holder = a_batch_with_the_writer(&mut m, std::time::Duration::from_millis(200));
+    let mut t = a_batch_in_flight(true);
+    let holder = a_batch_with_the_writer(&mut t.m, std::time::Duration::from_millis(200));
+    let m = &mut t.m;
     m.worker.release(&[0]);
     assert!(
         m.worker.storing.front().is_some_and(|s| s.stored.is_some()),
@@ -493,11 +515,9 @@ fn a_partition_is_released_only_after_its_batch_with_the_writer_is_written() {
 
 #[test]
 fn a_partition_is_acquired_again_only_after_its_batch_with_the_writer_is_written() {
-    let bus = bus_with_a_fleet(6);
-    let config = config(10, true);
-    let dir = tempfile::tempdir().unwrap();
-    let mut m = Member::start(&bus, dir.path(), &config);
-    let holder = a_batch_with_the_writer(&mut m, std::time::Duration::from_millis(200));
+    let mut t = a_batch_in_flight(true);
+    let holder = a_batch_with_the_writer(&mut t.m, std::time::Duration::from_millis(200));
+    let m = &mut t.m;
     // Taken away without waiting (as no path does since the writer), then given back:
     // the store is read again only once the batch is written.
     m.worker.partitions.remove(&0);

@@ -211,6 +211,16 @@ impl Worker {
         }
     }
 
+    /// Waits for the writer while a batch it has not reported writes one of `partitions`
+    /// (its reports are kept for the commits).
+    fn await_stores_of(&mut self, partitions: &[i32]) {
+        let pending =
+            |s: &Storing| s.stored.is_none() && s.partitions.iter().any(|p| partitions.contains(p));
+        if self.storing.iter().any(pending) {
+            self.collect_stored(true);
+        }
+    }
+
     /// Forgets the batch in hand: its records, its changelog positions and its latency
     /// marks (nothing of it will be stored or committed).
     fn forget_batch(&mut self) {
@@ -245,13 +255,7 @@ impl Worker {
     /// theirs still with the store writer (a settling that failed on the way) is written
     /// first: another worker of this process may take them over the same database.
     pub(super) fn release(&mut self, revoked: &[i32]) {
-        if self
-            .storing
-            .iter()
-            .any(|s| s.stored.is_none() && s.partitions.iter().any(|p| revoked.contains(p)))
-        {
-            self.collect_stored(true);
-        }
+        self.await_stores_of(revoked);
         for p in revoked {
             self.partitions.remove(p);
             for topic in &self.config.kafka.input_topics {
@@ -283,13 +287,7 @@ impl Worker {
         }
         // A batch of this partition still with the writer (from before it was taken
         // away) is written before the partition is read again.
-        if self
-            .storing
-            .iter()
-            .any(|s| s.stored.is_none() && s.partitions.contains(&partition))
-        {
-            self.collect_stored(true);
-        }
+        self.await_stores_of(&[partition]);
         let mut store = SledStore::partition(&self.db, partition)?;
         if self.commit.changelog() {
             let telemetry = self.telemetry.clone();

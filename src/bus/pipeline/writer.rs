@@ -214,10 +214,21 @@ mod tests {
         settings
     }
 
-    /// A batch writing `session`'s state and the offset of `t/0`.
-    fn job(store: &SharedStore, session: &str, state: &[u8], offset: i64) -> Job {
+    /// A database in a temporary directory and its partition 0's store.
+    fn partition_store() -> (tempfile::TempDir, sled::Db, SharedStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
+        let store = Arc::new(Mutex::new(SledStore::partition(&db, 0).unwrap()));
+        (dir, db, store)
+    }
+
+    /// A batch writing `session`'s state (none when `None`) and the offset of `t/0`.
+    fn job(store: &SharedStore, session: Option<(&str, &[u8])>, offset: i64) -> Job {
         let batch = StoreBatch {
-            puts: vec![(session.to_string(), state.to_vec())],
+            puts: session
+                .map(|(id, state)| (id.to_string(), state.to_vec()))
+                .into_iter()
+                .collect(),
             deletes: Vec::new(),
             offsets: vec![("t/0".to_string(), offset)],
         };
@@ -229,16 +240,16 @@ mod tests {
 
     #[test]
     fn batches_are_stored_in_hand_over_order_and_a_failed_write_is_retried() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
-        let store: SharedStore = Arc::new(Mutex::new(SledStore::partition(&db, 0).unwrap()));
+        let (_dir, db, store) = partition_store();
         let mut writer = Writer::start(db.clone(), &settings(), &Shutdown::new()).unwrap();
         lock(&store).fail_next_write_after(0);
-        for (i, state) in [b"first".as_slice(), b"second", b"third"]
-            .iter()
-            .enumerate()
-        {
-            writer.hand(job(&store, "s", state, i as i64 + 1));
+        let batches = [
+            ("s", b"first".as_slice()),
+            ("s", b"second"),
+            ("t", b"third"),
+        ];
+        for (i, session) in batches.into_iter().enumerate() {
+            writer.hand(job(&store, Some(session), i as i64 + 1));
         }
         for _ in 0..3 {
             let stored = writer.next(true).expect("a report per batch");
@@ -250,6 +261,11 @@ mod tests {
         assert_eq!(store.offset("t/0").unwrap(), Some(3), "the last batch last");
         assert_eq!(
             store.session_bytes("s").unwrap().as_deref(),
+            Some(&b"second"[..]),
+            "the second batch after the first"
+        );
+        assert_eq!(
+            store.session_bytes("t").unwrap().as_deref(),
             Some(&b"third"[..])
         );
     }
@@ -257,17 +273,15 @@ mod tests {
     #[test]
     fn a_write_still_failing_at_the_shutdown_deadline_is_reported_failed_and_nothing_after_it_is_written(
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
-        let store: SharedStore = Arc::new(Mutex::new(SledStore::partition(&db, 0).unwrap()));
+        let (_dir, db, store) = partition_store();
         let mut settings = settings();
         settings.shutdown_deadline = Duration::ZERO;
         let shutdown = Shutdown::new();
         shutdown.trigger();
         let mut writer = Writer::start(db.clone(), &settings, &shutdown).unwrap();
         lock(&store).fail_next_write_after(0);
-        writer.hand(job(&store, "s", b"failed", 1));
-        writer.hand(job(&store, "s", b"after", 2));
+        writer.hand(job(&store, Some(("s", b"failed")), 1));
+        writer.hand(job(&store, Some(("s", b"after")), 2));
         let failed = writer.next(true).unwrap();
         assert!(
             matches!(failed.result, Err(PipelineError::Store(StoreError::Io(_)))),
@@ -286,38 +300,16 @@ mod tests {
             "nothing written after a failed batch"
         );
     }
-}
-
-#[cfg(test)]
-mod drop_tests {
-    use super::*;
-    use crate::config::Config;
-    use crate::engine::store::open_db_with_cache;
 
     #[test]
     fn a_dropped_writer_writes_none_of_the_batches_still_queued() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
-        let store: SharedStore = Arc::new(Mutex::new(SledStore::partition(&db, 0).unwrap()));
-        let settings = Config::from_toml_str("", "writer", std::iter::empty())
-            .unwrap()
-            .kafka
-            .clone();
-        let mut writer = Writer::start(db.clone(), &settings, &Shutdown::new()).unwrap();
+        let (_dir, db, store) = partition_store();
+        let mut writer = Writer::start(db.clone(), &settings(), &Shutdown::new()).unwrap();
         // The thread waits for the store while the test holds it: the first batch taken,
         // the second queued, when the writer is dropped.
         let held = lock(&store);
-        for offset in [1, 2] {
-            let batch = StoreBatch {
-                puts: Vec::new(),
-                deletes: Vec::new(),
-                offsets: vec![("t/0".to_string(), offset)],
-            };
-            writer.hand(Job {
-                batches: vec![(0, store.clone(), batch)],
-                flush: false,
-            });
-        }
+        writer.hand(job(&store, None, 1));
+        writer.hand(job(&store, None, 2));
         // Usually the thread has taken the first batch by then; if not, that one is not
         // written either. The second never is.
         std::thread::sleep(Duration::from_millis(50));
