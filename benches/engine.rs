@@ -7,7 +7,10 @@
 //! `cargo bench --bench engine` runs it: `parse_only` (and, for reference, a SIMD JSON
 //! parser of the field on the same lines), then `process` (engine alone) and
 //! `parse_and_process` (one core's work per event) with 1k, 100k and 1M sessions open;
-//! set `LOOPWARDEN_BENCH_MAX_SESSIONS` to skip the larger cases on small machines.
+//! set `LOOPWARDEN_BENCH_MAX_SESSIONS` to skip the larger cases on small machines. Last,
+//! `state/to_bytes` and `state/from_bytes`: a long-running session's state written as
+//! the store and the changelog write it after each batch that changed it, and read back
+//! as a restore does (throughput in states; issue 32).
 //! Whole-process replay is timed by `benches/vs-seeds`.
 
 use std::sync::Arc;
@@ -16,6 +19,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use loopwarden::config::Config;
 use loopwarden::contract::event::{parse_event, parse_rfc3339_ms, Event, EventBody, ParseLimits};
 use loopwarden::contract::otlp::{attr, decode, Encoding, Mapper};
+use loopwarden::engine::state::SessionState;
 use loopwarden::engine::{Engine, EventMeta};
 use loopwarden::tools::simulate::{prose, Rng};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -379,7 +383,56 @@ fn bench_engine(c: &mut Criterion) {
             sizes.iter().max().unwrap_or(&0),
         );
     }
+    bench_state_bytes(&mut group, BATCH as u64);
     group.finish();
+}
+
+/// A session's state written as the store and the changelog write it after each batch
+/// that changed it (issue 32: at a million open sessions nearly every event writes one),
+/// and read back as a restore does: the warmed fleet's states, throughput in states.
+/// The states are a 1k-session fleet's after 200 events each on average (their rings
+/// full, as a long-running session's are), whatever ran before.
+fn bench_state_bytes(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    batch: u64,
+) {
+    let open = 1_000u64;
+    let mut fleet = Fleet::new(open, 7);
+    let mut engine = fleet.warmed_engine();
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        for ev in &fleet.batch(batch as usize) {
+            engine.process(ev, &EventMeta::default(), &mut out);
+            out.clear();
+        }
+    }
+    let states: Vec<_> = (0..open)
+        .filter_map(|s| engine.session(&format!("warm-{s:08}")).cloned())
+        .collect();
+    let bytes: usize = states.iter().map(|st| st.to_bytes().len()).sum();
+    eprintln!(
+        "state bench: {} states, {:.0} bytes each on average",
+        states.len(),
+        bytes as f64 / states.len().max(1) as f64
+    );
+    let stored: Vec<Vec<u8>> = states.iter().map(|st| st.to_bytes()).collect();
+    group.throughput(Throughput::Elements(states.len() as u64));
+    let mut scratch = Vec::new();
+    group.bench_function(format!("state/to_bytes/{open}_sessions"), |b| {
+        b.iter(|| {
+            for st in &states {
+                std::hint::black_box(st.to_bytes_with(&mut scratch));
+            }
+        })
+    });
+    group.bench_function(format!("state/from_bytes/{open}_sessions"), |b| {
+        b.iter(|| {
+            for bytes in &stored {
+                std::hint::black_box(SessionState::from_bytes(bytes).unwrap());
+            }
+        })
+    });
+    group.throughput(Throughput::Elements(batch));
 }
 
 criterion_group!(benches, bench_engine);
