@@ -19,6 +19,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use loopwarden::config::Config;
 use loopwarden::contract::event::{parse_event, parse_rfc3339_ms, Event, EventBody, ParseLimits};
 use loopwarden::contract::otlp::{attr, decode, Encoding, Mapper};
+use loopwarden::contract::output::Output;
 use loopwarden::engine::state::SessionState;
 use loopwarden::engine::{Engine, EventMeta};
 use loopwarden::tools::simulate::{prose, Rng};
@@ -101,6 +102,11 @@ impl Fleet {
                     .into_owned()
             })
             .collect()
+    }
+
+    /// Events generated so far per session, on average.
+    fn events_per_session(&self) -> u64 {
+        self.steps.iter().sum::<u64>() / self.steps.len().max(1) as u64
     }
 
     /// An engine in which every session of the fleet is open (two events each).
@@ -201,6 +207,14 @@ fn as_trace_exports(raw: &[Vec<u8>], per_request: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Applies `events` in order, dropping what they cause (`out` is kept for its capacity).
+fn apply_all(engine: &mut Engine, events: &[Event<'_>], out: &mut Vec<Output>) {
+    for ev in events {
+        engine.process(ev, &EventMeta::default(), out);
+        out.clear();
+    }
+}
+
 /// `LOOPWARDEN_BENCH_MANUAL=<sessions>`: generate a few batches first, then time only
 /// `process` over them (a clean target for `perf record`).
 fn manual(open: u64) {
@@ -209,14 +223,10 @@ fn manual(open: u64) {
     let batches: Vec<Vec<Event<'static>>> = (0..6).map(|_| fleet.batch(50_000)).collect();
     let mut out = Vec::new();
     let start = std::time::Instant::now();
-    let mut n = 0;
     for b in &batches {
-        for ev in b {
-            engine.process(ev, &EventMeta::default(), &mut out);
-            out.clear();
-            n += 1;
-        }
+        apply_all(&mut engine, b, &mut out);
     }
+    let n: usize = batches.iter().map(Vec::len).sum();
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
         "manual: {open} open sessions, {n} events in {secs:.3} s = {:.0} events/s",
@@ -344,10 +354,7 @@ fn bench_engine(c: &mut Criterion) {
             b.iter_batched(
                 || fleet.batch(BATCH),
                 |batch| {
-                    for ev in &batch {
-                        engine.process(ev, &EventMeta::default(), &mut out);
-                        out.clear();
-                    }
+                    apply_all(&mut engine, &batch, &mut out);
                     batch
                 },
                 BatchSize::PerIteration,
@@ -379,7 +386,7 @@ fn bench_engine(c: &mut Criterion) {
         let avg = sizes.iter().sum::<usize>() as f64 / sizes.len().max(1) as f64;
         eprintln!(
             "{open} open sessions: {} events each on average; state bytes per session avg {avg:.0}, max {}; terminated: {tombstones}",
-            fleet.steps.iter().sum::<u64>() / open,
+            fleet.events_per_session(),
             sizes.iter().max().unwrap_or(&0),
         );
     }
@@ -390,8 +397,8 @@ fn bench_engine(c: &mut Criterion) {
 /// A session's state written as the store and the changelog write it after each batch
 /// that changed it (issue 32: at a million open sessions nearly every event writes one),
 /// and read back as a restore does, throughput in states. The states are a 1k-session
-/// fleet's after 200 events each on average (their rings full, as a long-running
-/// session's are), whatever ran before.
+/// fleet's after about 200 events each (two to warm, then four batches), whatever ran
+/// before.
 fn bench_state_bytes(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     batch: u64,
@@ -401,10 +408,7 @@ fn bench_state_bytes(
     let mut engine = fleet.warmed_engine();
     let mut out = Vec::new();
     for _ in 0..4 {
-        for ev in &fleet.batch(batch as usize) {
-            engine.process(ev, &EventMeta::default(), &mut out);
-            out.clear();
-        }
+        apply_all(&mut engine, &fleet.batch(batch as usize), &mut out);
     }
     let states: Vec<_> = (0..open)
         .filter_map(|s| engine.session(&format!("warm-{s:08}")).cloned())
@@ -412,8 +416,9 @@ fn bench_state_bytes(
     let stored: Vec<Vec<u8>> = states.iter().map(|st| st.to_bytes()).collect();
     let bytes: usize = stored.iter().map(Vec::len).sum();
     eprintln!(
-        "state bench: {} states, {:.0} bytes each on average",
+        "state bench: {} states after {} events each on average, {:.0} bytes each on average",
         states.len(),
+        fleet.events_per_session(),
         bytes as f64 / states.len().max(1) as f64
     );
     group.throughput(Throughput::Elements(states.len() as u64));
