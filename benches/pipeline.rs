@@ -18,8 +18,9 @@
 //!   changelog in the third phase (default 100000; 0 skips it);
 //! - LOOPWARDEN_BENCH_GROWTH_SESSIONS / LOOPWARDEN_BENCH_GROWTH_EVENTS: a fourth phase
 //!   (skipped by default) where events go round-robin to that many sessions that never
-//!   complete (default 5 events each), so the open sessions grow to it and then every
-//!   session is touched once a round; it prints, every 2 s, events/s, open sessions, the
+//!   complete (default 5 events each) and that no ceiling stops (`GROWTH_CONFIG`: every
+//!   event is applied however many each session takes), so the open sessions grow to it
+//!   and then every session is touched once a round; it prints, every 2 s, events/s, open sessions, the
 //!   store's size and each stage's mean, to show whether throughput holds as state grows
 //!   (issue 32). The producer stays at most LOOPWARDEN_BENCH_GROWTH_AHEAD events (default
 //!   200000) ahead of the pipeline, within what the embedded broker keeps.
@@ -34,7 +35,7 @@ mod common;
 mod growth;
 #[path = "shared/proc.rs"]
 mod proc;
-use growth::growth_event;
+use growth::{growth_event, GROWTH_CONFIG};
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,9 +67,20 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn config(dir: &std::path::Path, brokers: &str, topics: &common::Topics) -> Arc<Config> {
+    config_with(dir, brokers, topics, "")
+}
+
+/// [`config`] with `workload`'s TOML before LOOPWARDEN_BENCH_CONFIG's.
+fn config_with(
+    dir: &std::path::Path,
+    brokers: &str,
+    topics: &common::Topics,
+    workload: &str,
+) -> Arc<Config> {
     // LOOPWARDEN_BENCH_CONFIG: extra TOML for the pipeline's config (tuning experiments).
     let extra = std::env::var("LOOPWARDEN_BENCH_CONFIG").unwrap_or_default();
-    let path = common::write_config(dir, brokers, topics, &extra.replace("\\n", "\n"));
+    let extra = format!("{workload}{}", extra.replace("\\n", "\n"));
+    let path = common::write_config(dir, brokers, topics, &extra);
     // LOOPWARDEN_* variables apply, e.g. LOOPWARDEN_KAFKA__WORKERS=1.
     let env = std::env::vars().filter(|(k, _)| !k.starts_with("LOOPWARDEN_BENCH_"));
     let mut config = Config::load(&path, env).unwrap();
@@ -499,7 +511,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     let brokers = &cluster.brokers();
     let topics = cluster.topics(partitions);
     let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), brokers, &topics);
+    let config = config_with(dir.path(), brokers, &topics, GROWTH_CONFIG);
     let ahead: u64 = env_or("LOOPWARDEN_BENCH_GROWTH_AHEAD", 200_000);
     assert!(
         ahead > 0,
@@ -625,6 +637,15 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         "growth: {done} events in {:.1} s ({:.0} events/s over the whole phase, the group's join included)",
         started.elapsed().as_secs_f64(),
         done as f64 / started.elapsed().as_secs_f64()
+    );
+    // Each state written is a serialization, a changelog record and a sled write: a batch
+    // that touches a session several times writes it once, so fewer sessions mean fewer
+    // writes per event at the same rate.
+    eprintln!(
+        "growth: {:.3} states written per event ({} batches, {:.0} events a batch)",
+        telemetry.metrics.states_written.get() as f64 / done.max(1) as f64,
+        telemetry.metrics.batches.get(),
+        done as f64 / telemetry.metrics.batches.get().max(1) as f64
     );
     if let Some(threads) = cpu_by_thread() {
         // What bounds one worker on cores of its own is its own thread's CPU per event.

@@ -37,7 +37,7 @@ mod common;
 mod growth;
 #[path = "shared/proc.rs"]
 mod proc;
-use growth::growth_event;
+use growth::{growth_event, GROWTH_CONFIG};
 use proc::cpu_ms;
 
 // The allocator `loopwarden` itself runs on (src/main.rs), so that the engine and the
@@ -83,7 +83,7 @@ fn run(
     let config = Arc::new(
         // Sessions never close and ceilings never stop them, however many rounds.
         Config::from_toml_str(
-            "[engine]\nsession_gap_secs = 315360000\n[detectors.turn_cap]\nterminate_at = 1e12\n[detectors.tool_call_cap]\nterminate_at = 1e12\n",
+            &format!("[engine]\nsession_gap_secs = 315360000\n{GROWTH_CONFIG}"),
             "bench",
             std::iter::empty(),
         )

@@ -240,6 +240,14 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     assert_eq!(completed_metric, completed as f64, "sessions completed");
     assert_eq!(total(&metrics, "loopwarden_partitions_assigned"), 2.0);
     assert!(total(&metrics, "loopwarden_batches_total") >= 1.0);
+    // At most one state per event (a batch writes a session it changed once), and some:
+    // the sessions still open at a batch's end are written.
+    let written = total(&metrics, "loopwarden_states_written_total");
+    assert!(
+        written >= 1.0 && written <= events.len() as f64,
+        "states written: {written} for {} events",
+        events.len()
+    );
     assert_eq!(
         total(&metrics, "loopwarden_processing_latency_seconds_count"),
         events.len() as f64 + 1.0,

@@ -1,10 +1,18 @@
 //! The growth workload of `benches/pipeline.rs` and `benches/store.rs` (issue 32).
 
+/// The configuration the growth workload runs under: the step and tool-call ceilings out
+/// of reach. Without it every session that takes more than 200 events is terminated at
+/// its 200th (`turn_cap`) and its later events are dropped unapplied, so a run with few
+/// sessions and many events each would measure mostly dropped events, and compare them
+/// with a run with many sessions whose every event is applied.
+pub const GROWTH_CONFIG: &str =
+    "[detectors.turn_cap]\nterminate_at = 1e12\n[detectors.tool_call_cap]\nterminate_at = 1e12\n";
+
 /// Events of `sessions` sessions, round-robin, none completing: the `k`-th event is step
 /// `k / sessions` of session `k % sessions`, a tool call with arguments and a result of
-/// its own (no detector has a reason to fire), 0.1 ms of event time apart (so a session's
-/// events are `sessions / 10` ms apart: under the 30-minute session gap up to 18M
-/// sessions). Returns the session id and the event's JSON.
+/// its own (under [`GROWTH_CONFIG`] no detector has a reason to fire), 0.1 ms of event
+/// time apart (so a session's events are `sessions / 10` ms apart: under the 30-minute
+/// session gap up to 18M sessions). Returns the session id and the event's JSON.
 pub fn growth_event(k: u64, sessions: u64) -> (String, String) {
     let (session, step) = (k % sessions, k / sessions);
     let id = format!("grow-{session:08}");

@@ -94,6 +94,10 @@ pub struct Metrics {
     pub delivery_retries: IntCounter,
     /// Batches finished.
     pub batches: IntCounter,
+    /// Session states written (one per session a batch changed: a store write and, with
+    /// the changelog on, a changelog record), counted as a batch's end takes them (a
+    /// batch read again after a fenced transaction counts again).
+    pub states_written: IntCounter,
     /// Session records applied from the changelog, and restores by duration.
     pub restored_records: IntCounter,
     pub restore_duration: Histogram,
@@ -254,6 +258,13 @@ const BATCHES: Family = Family {
     labels: &[],
 };
 
+const STATES_WRITTEN: Family = Family {
+    name: "loopwarden_states_written_total",
+    help:
+        "Session states written to the store (and the changelog): one per session a batch changed.",
+    labels: &[],
+};
+
 const RESTORED_RECORDS: Family = Family {
     name: "loopwarden_restored_records_total",
     help: "Session records applied from the changelog while restoring partitions.",
@@ -374,6 +385,7 @@ impl Metrics {
             align_overruns: r.counter(ALIGN_OVERRUNS),
             delivery_retries: r.counter(DELIVERY_RETRIES),
             batches: r.counter(BATCHES),
+            states_written: r.counter(STATES_WRITTEN),
             restored_records: r.counter(RESTORED_RECORDS),
             restore_duration: r.histogram(RESTORE_DURATION),
             partitions_assigned: r.gauge(PARTITIONS_ASSIGNED),

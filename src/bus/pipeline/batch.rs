@@ -202,6 +202,8 @@ impl Worker {
         let telemetry = self.telemetry.clone();
         let metrics = &telemetry.metrics;
         metrics.observe_stage("apply", std::mem::take(&mut self.applying));
+        let states: usize = changes.iter().map(|(_, batch)| batch.puts.len()).sum();
+        metrics.states_written.inc_by(states as u64);
         let this = Unacked {
             changes,
             offsets,
