@@ -18,8 +18,8 @@
 //!   changelog in the third phase (default 100000; 0 skips it);
 //! - LOOPWARDEN_BENCH_GROWTH_SESSIONS / LOOPWARDEN_BENCH_GROWTH_EVENTS: a fourth phase
 //!   (skipped by default) where events go round-robin to that many sessions that never
-//!   complete (default 5 events each) and that no ceiling stops (`GROWTH_CONFIG`: every
-//!   event is applied however many each session takes), so the open sessions grow to it
+//!   complete (default 5 events each) and that no step ceiling stops (`GROWTH_CONFIG`:
+//!   every event is applied, up to 100M events), so the open sessions grow to it
 //!   and then every session is touched once a round; it prints, every 2 s, events/s, open sessions, the
 //!   store's size and each stage's mean, to show whether throughput holds as state grows
 //!   (issue 32). The producer stays at most LOOPWARDEN_BENCH_GROWTH_AHEAD events (default
@@ -70,7 +70,8 @@ fn config(dir: &std::path::Path, brokers: &str, topics: &common::Topics) -> Arc<
     config_with(dir, brokers, topics, "")
 }
 
-/// [`config`] with `workload`'s TOML before LOOPWARDEN_BENCH_CONFIG's.
+/// [`config`] with `workload`'s TOML after LOOPWARDEN_BENCH_CONFIG's (which may start
+/// with bare keys: they land in `[kafka.consumer]`; `workload` opens tables of its own).
 fn config_with(
     dir: &std::path::Path,
     brokers: &str,
@@ -79,7 +80,7 @@ fn config_with(
 ) -> Arc<Config> {
     // LOOPWARDEN_BENCH_CONFIG: extra TOML for the pipeline's config (tuning experiments).
     let extra = std::env::var("LOOPWARDEN_BENCH_CONFIG").unwrap_or_default();
-    let extra = format!("{workload}{}", extra.replace("\\n", "\n"));
+    let extra = format!("{}\n{workload}", extra.replace("\\n", "\n"));
     let path = common::write_config(dir, brokers, topics, &extra);
     // LOOPWARDEN_* variables apply, e.g. LOOPWARDEN_KAFKA__WORKERS=1.
     let env = std::env::vars().filter(|(k, _)| !k.starts_with("LOOPWARDEN_BENCH_"));

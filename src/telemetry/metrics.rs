@@ -94,9 +94,11 @@ pub struct Metrics {
     pub delivery_retries: IntCounter,
     /// Batches finished.
     pub batches: IntCounter,
-    /// Session states written (one per session a batch changed: a store write and, with
-    /// the changelog on, a changelog record), counted as a batch's end takes them (a
-    /// batch read again after a fenced transaction counts again).
+    /// Session states written: one per session a batch changed and left open (a sled
+    /// write, and with the changelog on a changelog record), counted as the batch is
+    /// handed to the store writer, once it is on the broker (closed sessions' deletes are
+    /// not counted; a batch dropped unstored, after a lost assignment or a fenced
+    /// transaction, is not either).
     pub states_written: IntCounter,
     /// Session records applied from the changelog, and restores by duration.
     pub restored_records: IntCounter,
@@ -260,8 +262,7 @@ const BATCHES: Family = Family {
 
 const STATES_WRITTEN: Family = Family {
     name: "loopwarden_states_written_total",
-    help:
-        "Session states written to the store (and the changelog): one per session a batch changed.",
+    help: "Session states written to the store (and the changelog when on): one per session a batch changed and left open.",
     labels: &[],
 };
 
@@ -481,7 +482,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 19, "{names:?}");
+        assert_eq!(names.len(), 20, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }

@@ -82,6 +82,8 @@ impl Worker {
             batches.push((partition, p.store.clone(), changes));
         }
         let partitions = batches.iter().map(|(p, _, _)| *p).collect();
+        let states: usize = batches.iter().map(|(_, _, c)| c.puts.len()).sum();
+        self.telemetry.metrics.states_written.inc_by(states as u64);
         let waited = Instant::now();
         self.writer.hand(Job {
             batches,
@@ -202,8 +204,6 @@ impl Worker {
         let telemetry = self.telemetry.clone();
         let metrics = &telemetry.metrics;
         metrics.observe_stage("apply", std::mem::take(&mut self.applying));
-        let states: usize = changes.iter().map(|(_, batch)| batch.puts.len()).sum();
-        metrics.states_written.inc_by(states as u64);
         let this = Unacked {
             changes,
             offsets,

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Once};
 
 use rdkafka::consumer::CommitMode;
+use rdkafka::Message;
 
 use super::batch::Finish;
 use super::bus::DeliveryTracker;
@@ -19,7 +20,9 @@ use super::worker::Worker;
 use super::writer::SharedStore;
 use super::PipelineError;
 use crate::config::Config;
-use crate::engine::store::open_db_with_cache;
+use crate::contract::event::{parse_event, ParseLimits};
+use crate::engine::store::{open_db_with_cache, SledStore};
+use crate::engine::{Engine, EventMeta};
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
 use crate::tools::simulate::{Fleet, FleetSpec};
@@ -253,6 +256,82 @@ fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_st
         committed(&bus),
         Some(20),
         "a settled batch is committed before it returns"
+    );
+}
+
+/// The states each batch leaves to write, from engines of their own fed the same
+/// messages in the same order (one per partition, as a worker has), `batch` at a time:
+/// the sessions a batch changed and left open.
+fn states_per_batch(bus: &Bus, config: &Arc<Config>, batch: usize, batches: usize) -> Vec<usize> {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
+    let mut engines: BTreeMap<i32, Engine> = PARTITIONS
+        .iter()
+        .map(|&p| {
+            let store = SledStore::partition(&db, p).unwrap();
+            (p, Engine::restore(config.clone(), &store).unwrap())
+        })
+        .collect();
+    let input = MemoryConsumer::new(bus, &[INPUT], &PARTITIONS);
+    let mut out = Vec::new();
+    (0..batches)
+        .map(|_| {
+            for _ in 0..batch {
+                let m = input.poll().unwrap();
+                let event = parse_event(m.payload().unwrap(), &ParseLimits::default()).unwrap();
+                engines.get_mut(&m.partition()).unwrap().process(
+                    &event,
+                    &EventMeta::default(),
+                    &mut out,
+                );
+            }
+            engines
+                .values_mut()
+                .filter_map(|e| e.take_changes(&[]))
+                .map(|changes| changes.puts.len())
+                .sum()
+        })
+        .collect()
+}
+
+#[test]
+fn a_batchs_states_are_counted_written_once_it_is_on_the_broker_and_once_only() {
+    let written = |m: &Member| m.worker.telemetry.metrics.states_written.get() as usize;
+    let InFlight {
+        mut m,
+        bus,
+        config,
+        _dir,
+    } = a_batch_in_flight(true);
+    // Read before anything is committed: the same messages the member polled.
+    let want = states_per_batch(&bus, &config, 10, 2);
+    assert!(
+        want[0] > 0,
+        "the first batch leaves open sessions: {want:?}"
+    );
+    assert_eq!(
+        written(&m),
+        0,
+        "the first batch is in flight: nothing written yet"
+    );
+    m.handle_next(10);
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    assert_eq!(
+        written(&m),
+        want[0],
+        "acknowledged: the first batch's states"
+    );
+    m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
+    assert_eq!(
+        written(&m),
+        want[0] + want[1],
+        "settled: both batches' states, each once"
+    );
+    m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
+    assert_eq!(
+        written(&m),
+        want[0] + want[1],
+        "a batch with no events writes nothing"
     );
 }
 
