@@ -19,11 +19,12 @@
 //! - LOOPWARDEN_BENCH_GROWTH_SESSIONS / LOOPWARDEN_BENCH_GROWTH_EVENTS: a fourth phase
 //!   (skipped by default) where events go round-robin to that many sessions that never
 //!   complete (default 5 events each) and that no step ceiling stops (`GROWTH_CONFIG`:
-//!   every event is applied, up to 100M events), so the open sessions grow to it
-//!   and then every session is touched once a round; it prints, every 2 s, events/s, open sessions, the
-//!   store's size and each stage's mean, to show whether throughput holds as state grows
-//!   (issue 32). The producer stays at most LOOPWARDEN_BENCH_GROWTH_AHEAD events (default
-//!   200000) ahead of the pipeline, within what the embedded broker keeps.
+//!   every event is applied, up to 100M events), so the open sessions grow to it and
+//!   then every session is touched once a round; it prints, every 2 s, events/s, open
+//!   sessions, the store's size and each stage's mean, to show whether throughput holds
+//!   as state grows (issue 32), and at its end the states written per event. The
+//!   producer stays at most LOOPWARDEN_BENCH_GROWTH_AHEAD events (default 200000) ahead
+//!   of the pipeline, within what the embedded broker keeps.
 //!
 //! Throughput is measured from the first output readable to the last session summary
 //! readable, so group-join time is left out; every session completes, so the last
