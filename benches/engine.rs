@@ -75,8 +75,13 @@ impl Fleet {
         }
     }
 
+    /// The id of session `s`.
+    fn session_id(s: u64) -> String {
+        format!("warm-{s:08}")
+    }
+
     fn raw_event(&mut self, s: u64) -> Vec<u8> {
-        let sid = format!("warm-{s:08}");
+        let sid = Fleet::session_id(s);
         let step = self.steps[s as usize];
         self.steps[s as usize] += 1;
         self.clock_ms += 2;
@@ -378,7 +383,7 @@ fn bench_engine(c: &mut Criterion) {
         let mut sizes = Vec::new();
         let mut tombstones = 0;
         for s in 0..open {
-            if let Some(st) = engine.session(&format!("warm-{s:08}")) {
+            if let Some(st) = engine.session(&Fleet::session_id(s)) {
                 sizes.push(st.to_bytes().len());
                 tombstones += usize::from(st.is_tombstone());
             }
@@ -411,7 +416,7 @@ fn bench_state_bytes(
         apply_all(&mut engine, &fleet.batch(batch as usize), &mut out);
     }
     let states: Vec<_> = (0..open)
-        .filter_map(|s| engine.session(&format!("warm-{s:08}")).cloned())
+        .filter_map(|s| engine.session(&Fleet::session_id(s)).cloned())
         .collect();
     let stored: Vec<Vec<u8>> = states.iter().map(|st| st.to_bytes()).collect();
     let bytes: usize = stored.iter().map(Vec::len).sum();
