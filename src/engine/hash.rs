@@ -9,7 +9,7 @@
 //! algorithms are written out here, not borrowed from a crate whose output could change
 //! with its version (the values live in stored session state).
 
-use crate::contract::classes::{digits_and_words, eq2, spread8, whitespace, Block, BLOCK};
+use crate::contract::classes::{compact, digits_and_words, eq2, whitespace, Block, BLOCK};
 
 /// The multiplier of FxHash: odd, with well-spread bits.
 const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
@@ -244,30 +244,26 @@ impl ShapeState {
             }
             return;
         }
-        for j in 0..BLOCK / 8 {
-            let keep = (kept >> (8 * j)) & 0xff;
-            if keep == 0 {
-                continue;
-            }
-            let mut w = block.word(j);
-            let zero = (zeros >> (8 * j)) & 0xff;
-            if zero != 0 {
-                let m = spread8(zero);
-                w = (w & !m) | (m & (b'0' as u64 * LO));
-            }
-            if keep == 0xff {
-                self.hasher.word(w);
-            } else {
-                let (mut gathered, mut n, mut k) = (0u64, 0u32, keep);
-                while k != 0 {
-                    let i = k.trailing_zeros();
-                    gathered |= ((w >> (8 * i)) & 0xff) << (8 * n);
-                    n += 1;
-                    k &= k - 1;
-                }
-                self.hasher.bytes(gathered, n);
-            }
+        // Otherwise the kept bytes (each number's first digit read as `0`) are moved
+        // together eight at a time (`classes::compact`, a byte shuffle), then hashed a
+        // word at a time: a byte-by-byte gather of each eight was the cost of results
+        // full of numbers (code with line numbers, logs).
+        let mut bytes = *block.bytes;
+        let mut z = zeros;
+        while z != 0 {
+            bytes[z.trailing_zeros() as usize] = b'0';
+            z &= z - 1;
         }
+        let mut out = [0u8; BLOCK + 8];
+        let n = compact(&bytes, kept, &mut out, 0);
+        let mut at = 0;
+        while at + 8 <= n {
+            self.hasher.word(load8(&out[at..]));
+            at += 8;
+        }
+        let rest = (n - at) as u32;
+        // `compact` leaves zeros past the kept bytes; masked all the same.
+        self.hasher.bytes(load8(&out[at..]) & low_bytes(rest), rest);
     }
 }
 
