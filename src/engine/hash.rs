@@ -147,22 +147,10 @@ impl Shape {
         while at < canonical.len() {
             let block = Block::at(canonical, at, &mut pad);
             let (digits, words) = digits_and_words(block.bytes);
-            let (backslashes, _) = eq2(block.bytes, b'\\', b'\\');
-            let mut escapes = escape_carry;
-            escape_carry = 0;
-            let mut starts = backslashes & block.valid & !escapes;
-            while starts != 0 {
-                let p = starts.trailing_zeros() as usize;
-                let len = if canonical.get(at + p + 1) == Some(&b'u') {
-                    6
-                } else {
-                    2
-                };
-                let span = ((1u128 << len) - 1) << p;
-                escapes |= span as u64;
-                escape_carry |= (span >> 64) as u64;
-                starts &= !(span as u64);
-            }
+            let (backslashes, us) = eq2(block.bytes, b'\\', b'u');
+            let (escapes, carry) =
+                escapes_in(canonical, at, backslashes & block.valid, us, escape_carry);
+            escape_carry = carry;
             // An escape's bytes are neither digits nor word bytes: kept as written, and
             // the byte after one starts afresh.
             st.block(&block, digits & !escapes, words & !escapes);
@@ -201,6 +189,67 @@ impl Shape {
         self.prev_word = st.prev_word;
         self.prev_digit = st.prev_digit;
     }
+}
+
+/// The bytes of the block of JSON text `s` at `at` that belong to escape sequences, and
+/// those of the next block that do. `backslashes` and `us` mark the block's `\\` (valid
+/// bytes only) and `u` bytes, `carried` its bytes that an escape of the block before
+/// covers. Read as a parser reads: a backslash starts an escape, `\u` and four more bytes
+/// or two bytes in all. Found with mask arithmetic, not a walk from escape to escape
+/// (every line break of a text result is one): in a run of backslashes they pair up, so a
+/// run of odd length escapes the byte after it (simdjson's odd-run trick, with a carry
+/// out of the block); an escaped `u` covers the four bytes after it. A block where a
+/// backslash sits among those four bytes (never in valid JSON) is walked instead.
+#[inline]
+fn escapes_in(s: &[u8], at: usize, backslashes: u64, us: u64, carried: u64) -> (u64, u64) {
+    let starting = backslashes & !carried;
+    if starting == 0 {
+        return (carried, 0);
+    }
+    const EVEN: u64 = 0x5555_5555_5555_5555;
+    let follows = starting << 1;
+    // Runs that start at an odd position, added to all runs: a run's sum carries out of
+    // it, so a run starting at an even position keeps its bits and an odd one flips them.
+    let odd_starts = starting & !EVEN & !follows;
+    let (sums, out_of_block) = odd_starts.overflowing_add(starting);
+    // The bytes a backslash escapes: at odd offsets within a run, and the byte after a
+    // run of odd length.
+    let escaped = (EVEN ^ (sums << 1)) & follows;
+    let u_escapes = u128::from(escaped & us);
+    let hex = (u_escapes << 1) | (u_escapes << 2) | (u_escapes << 3) | (u_escapes << 4);
+    if hex as u64 & starting != 0 {
+        return escapes_walked(s, at, backslashes, carried);
+    }
+    // The byte after the block is escaped (the block ends in a run of odd length): it
+    // covers that byte, and four more when it is a `u`.
+    let next = match (out_of_block, s.get(at + BLOCK)) {
+        (false, _) => 0,
+        (true, Some(b'u')) => 0b1_1111,
+        (true, _) => 1,
+    };
+    (
+        carried | starting | escaped | hex as u64,
+        (hex >> 64) as u64 | next,
+    )
+}
+
+/// [`escapes_in`], walked from escape to escape (its fallback, and what it is held to).
+fn escapes_walked(s: &[u8], at: usize, backslashes: u64, carried: u64) -> (u64, u64) {
+    let (mut escapes, mut carry) = (carried, 0u64);
+    let mut starts = backslashes & !escapes;
+    while starts != 0 {
+        let p = starts.trailing_zeros() as usize;
+        let len = if s.get(at + p + 1) == Some(&b'u') {
+            6
+        } else {
+            2
+        };
+        let span = ((1u128 << len) - 1) << p;
+        escapes |= span as u64;
+        carry |= (span >> 64) as u64;
+        starts &= !(span as u64);
+    }
+    (escapes, carry)
 }
 
 struct ShapeState {
@@ -491,6 +540,41 @@ mod tests {
                 .map(token_hash)
                 .collect();
             proptest::prop_assert_eq!(fast, slow);
+        }
+
+        /// Escapes found a block at a time by masks are those a walk finds, carries across
+        /// blocks included: in runs of backslashes, `\u` with its four bytes (and without,
+        /// the walk's fallback), `u`s escaped and not.
+        #[test]
+        fn escapes_found_by_masks_are_the_walks(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    4 => proptest::strategy::Just("\\"),
+                    2 => proptest::strategy::Just("u"),
+                    2 => proptest::strategy::Just("a"),
+                    2 => proptest::strategy::Just("\\u00a0"),
+                    1 => proptest::strategy::Just("\\n"),
+                ],
+                0..200,
+            ),
+        ) {
+            let text = parts.concat().into_bytes();
+            let (mut fast_carry, mut walked_carry) = (0, 0);
+            let mut pad = [0; BLOCK];
+            let mut at = 0;
+            while at < text.len() {
+                let block = Block::at(&text, at, &mut pad);
+                let (backslashes, us) = eq2(block.bytes, b'\\', b'u');
+                let backslashes = backslashes & block.valid;
+                let fast = escapes_in(&text, at, backslashes, us, fast_carry);
+                let walked = escapes_walked(&text, at, backslashes, walked_carry);
+                proptest::prop_assert_eq!(fast.0 & block.valid, walked.0 & block.valid, "at {}", at);
+                (fast_carry, walked_carry) = (fast.1, walked.1);
+                if at + BLOCK < text.len() {
+                    proptest::prop_assert_eq!(fast_carry, walked_carry, "carry at {}", at);
+                }
+                at += BLOCK;
+            }
         }
 
         /// Canonical JSON read in blocks reads as its literal runs and escapes one by one.
