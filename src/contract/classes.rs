@@ -121,28 +121,6 @@ pub fn whitespace(b: &[u8; BLOCK]) -> u64 {
     }
 }
 
-/// The byte mask (0xff per set bit) of the low eight bits of `bits`.
-#[inline]
-pub fn spread8(bits: u64) -> u64 {
-    SPREAD[(bits & 0xff) as usize]
-}
-
-const SPREAD: [u64; 256] = {
-    let mut table = [0u64; 256];
-    let mut bits = 0;
-    while bits < 256 {
-        let mut i = 0;
-        while i < 8 {
-            if bits >> i & 1 == 1 {
-                table[bits] |= 0xff << (8 * i);
-            }
-            i += 1;
-        }
-        bits += 1;
-    }
-    table
-};
-
 /// Copies the bytes of `block` whose bits are set in `keep` to `out` from `at` on, in
 /// order, and returns where they end. Up to 8 bytes past the end may be written too
 /// (scratch), so `out` needs `BLOCK + 8` bytes from `at` on.
@@ -435,17 +413,6 @@ mod tests {
     fn compact_refuses_a_start_past_the_output_however_large() {
         let mut out = [0u8; BLOCK + 8];
         compact(&[b'a'; BLOCK], 1, &mut out, usize::MAX - 70);
-    }
-
-    #[test]
-    fn spread8_gives_one_byte_per_bit() {
-        for bits in 0..=255u64 {
-            let m = spread8(bits | 0xff00);
-            for i in 0..8 {
-                let byte = (m >> (8 * i)) & 0xff;
-                assert_eq!(byte, if bits >> i & 1 == 1 { 0xff } else { 0 }, "{bits:#x}");
-            }
-        }
     }
 
     #[test]

@@ -98,9 +98,10 @@ pub(super) fn is_plain_number(n: &[u8]) -> bool {
     }
 }
 
+// Both sets are `match`es, not a slice's `contains`: that was an out-of-line `memchr`
+// call for every escape of every result.
+
 /// The escapes canonical JSON writes itself (any other is re-written).
-// A `match`, not a slice's `contains`: that went through a generic `memchr` for every
-// escape of every result.
 #[inline]
 fn is_canonical_escape(c: u8) -> bool {
     matches!(c, b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't')
@@ -647,4 +648,17 @@ pub(super) fn match_rfc3339(s: &[u8], at: usize) -> Option<usize> {
         _ => {}
     }
     Some(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_sets_are_the_bytes_they_name() {
+        for c in 0..=255u8 {
+            assert_eq!(is_canonical_escape(c), b"\"\\bfnrt".contains(&c), "{c:#x}");
+            assert_eq!(is_neutral_escape(c), b"\"\\nrt".contains(&c), "{c:#x}");
+        }
+    }
 }
