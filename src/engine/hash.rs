@@ -193,7 +193,7 @@ impl Shape {
 }
 
 /// The bytes of the block of JSON text `s` at `at` that belong to escape sequences, and
-/// those of the next block that do. `backslashes` and `us` mark the block's `\\` (valid
+/// those of the next block that do. `backslashes` and `us` mark the block's `\` (valid
 /// bytes only) and `u` bytes, `carried` its bytes that an escape of the block before
 /// covers. Read as a parser reads: a backslash starts an escape, `\u` and four more bytes
 /// or two bytes in all. Found with mask arithmetic, not a walk from escape to escape
