@@ -21,6 +21,7 @@
 use std::collections::VecDeque;
 
 use crate::contract::classes::{self, BLOCK};
+use crate::engine::hash::compact_numbers;
 use crate::engine::trajectory::holds;
 
 /// Sampled line hashes kept from one result.
@@ -109,12 +110,7 @@ impl Line {
             let word_digits = (digits.wrapping_add(word_starts) ^ digits) & digits;
             let own_starts = starts & !word_starts;
             let dropped = ws | (digits & !word_digits & !own_starts);
-            let mut zeros = own_starts;
-            while zeros != 0 {
-                block[zeros.trailing_zeros() as usize] = b'0';
-                zeros &= zeros - 1;
-            }
-            n = classes::compact(block, valid & !dropped, out, n);
+            n = compact_numbers(block, own_starts, valid & !dropped, out, n);
             digit_before = digits >> 63;
             word_before = words >> 63;
             word_digit_before = word_digits >> 63;

@@ -297,39 +297,35 @@ fn states_per_batch(bus: &Bus, config: &Arc<Config>, batch: usize, batches: usiz
 #[test]
 fn a_batchs_states_are_counted_written_once_it_is_on_the_broker_and_once_only() {
     let written = |m: &Member| m.worker.telemetry.metrics.states_written.get() as usize;
-    let InFlight {
-        mut m,
-        bus,
-        config,
-        _dir,
-    } = a_batch_in_flight(true);
+    let mut t = a_batch_in_flight(true);
     // Read before anything is committed: the same messages the member polled.
-    let want = states_per_batch(&bus, &config, 10, 2);
+    let want = states_per_batch(&t.bus, &t.config, 10, 2);
+    let m = &mut t.m;
     assert!(
         want[0] > 0,
         "the first batch leaves open sessions: {want:?}"
     );
     assert_eq!(
-        written(&m),
+        written(m),
         0,
         "the first batch is in flight: nothing written yet"
     );
     m.handle_next(10);
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     assert_eq!(
-        written(&m),
+        written(m),
         want[0],
         "acknowledged: the first batch's states"
     );
     m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
     assert_eq!(
-        written(&m),
+        written(m),
         want[0] + want[1],
         "settled: both batches' states, each once"
     );
     m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
     assert_eq!(
-        written(&m),
+        written(m),
         want[0] + want[1],
         "a batch with no events writes nothing"
     );
