@@ -10,7 +10,9 @@
 //! set `LOOPWARDEN_BENCH_MAX_SESSIONS` to skip the larger cases on small machines. Last,
 //! `state/to_bytes` and `state/from_bytes`: a long-running session's state written as
 //! the store and the changelog write it after each batch that changed it, and read back
-//! as a restore does (throughput in states; issue 32).
+//! as a restore does (throughput in states; issue 32). `content_sample/tool_outputs`: the
+//! lines of long tool outputs (file views with line numbers, search hits, test logs)
+//! sampled as a tool result's content is (throughput in bytes of canonical JSON).
 //! Whole-process replay is timed by `benches/vs-seeds`.
 
 use std::sync::Arc;
@@ -444,5 +446,64 @@ fn bench_state_bytes(
     });
 }
 
-criterion_group!(benches, bench_engine);
+/// Tool outputs as agents read them, as canonical JSON strings: a file view (numbered,
+/// tab after the number), search hits (`path:line: code`) and a test log with timings,
+/// each about the 8 kB a content sample reads.
+fn tool_outputs(rng: &mut Rng) -> Vec<Vec<u8>> {
+    let code = |rng: &mut Rng| {
+        let indent = " ".repeat(4 * rng.below(4) as usize);
+        let width = 16 + rng.below(80) as usize;
+        format!("{indent}{}", prose(rng, width).trim_end())
+    };
+    let mut outputs = Vec::new();
+    for k in 0..30u64 {
+        let mut text = String::new();
+        let mut n = 1 + rng.below(2000);
+        while text.len() < 8 * 1024 {
+            let line = match k % 3 {
+                0 => format!("{n:6}\t{}", code(rng)),
+                1 => format!(
+                    "src/module_{}/file_{}.py:{n}:{}",
+                    k,
+                    rng.below(40),
+                    code(rng)
+                ),
+                _ => format!(
+                    "tests/test_{k}.py::test_case_{} PASSED [{:3}%] in {}.{:03}s",
+                    rng.below(500),
+                    n % 100,
+                    rng.below(9),
+                    rng.below(1000)
+                ),
+            };
+            text.push_str(&line);
+            text.push('\n');
+            n += 1;
+        }
+        outputs.push(
+            serde_json::to_string(&text)
+                .expect("a string serializes")
+                .into_bytes(),
+        );
+    }
+    outputs
+}
+
+fn bench_content_sample(c: &mut Criterion) {
+    use loopwarden::engine::content::ContentSample;
+    let outputs = tool_outputs(&mut Rng::new(7));
+    let mut group = c.benchmark_group("engine");
+    group.throughput(Throughput::Bytes(
+        outputs.iter().map(|o| o.len() as u64).sum(),
+    ));
+    group.bench_function("content_sample/tool_outputs", |b| {
+        b.iter(|| {
+            for o in &outputs {
+                std::hint::black_box(ContentSample::of_canonical(o));
+            }
+        })
+    });
+}
+
+criterion_group!(benches, bench_content_sample, bench_engine);
 criterion_main!(benches);
