@@ -56,30 +56,17 @@ impl Default for ContentSample {
 /// Bytes of a line kept for its hash (a longer line is known by its beginning).
 const LINE_BYTES_MAX: usize = 256;
 
-/// Room for a normalized line (see [`Line::normalized`]).
-const NORMALIZED_BYTES: usize = LINE_BYTES_MAX + 2 * BLOCK + 8;
-
-/// One line being read, copied as it comes (escapes resolved): the walk's way, for what
-/// the block reading of strings leaves to it (see [`ContentSample::string`]).
+/// One line being read, copied as it comes (escapes resolved).
 struct Line {
     bytes: [u8; LINE_BYTES_MAX],
     len: usize,
     /// The normalized line. `compact` asks for a block and 8 bytes of room past where
-    /// it writes; the walk writes a block's bytes after at most `LINE_BYTES_MAX - BLOCK`
-    /// kept bytes, the block reading after at most `LINE_BYTES_MAX`, and it moves a
-    /// block's worth from at most `LINE_BYTES_MAX + BLOCK`.
-    normalized: [u8; NORMALIZED_BYTES],
+    /// it writes, and a block's bytes follow at most the kept bytes of the blocks before
+    /// it (at most `LINE_BYTES_MAX - BLOCK`).
+    normalized: [u8; LINE_BYTES_MAX + 8],
 }
 
 impl Line {
-    fn new() -> Line {
-        Line {
-            bytes: [0; LINE_BYTES_MAX],
-            len: 0,
-            normalized: [0; NORMALIZED_BYTES],
-        }
-    }
-
     #[inline]
     fn push(&mut self, chunk: &[u8]) {
         let n = chunk.len().min(LINE_BYTES_MAX - self.len);
@@ -93,189 +80,62 @@ impl Line {
     /// word (`utf8`, `x86_64`) stay, as in a result's shape. The same code viewed at
     /// other line numbers or indentation reads the same.
     ///
-    /// Read a 64-byte block at a time ([`normalize_block`]); the kept bytes are then
-    /// copied out eight at a time (`classes::compact`), with no branch per byte. A number
-    /// standing on its own is written as `0` over its first digit in the raw line, which
-    /// is read no more after this.
+    /// Read a 64-byte block at a time as byte-class masks: a run of digits is a word's
+    /// when the byte before it continues a word, found for whole runs at once by carrying
+    /// the run's first bit through it (`((digits + starts) ^ digits) & digits`); the kept
+    /// bytes are then copied out eight at a time (`classes::compact`), with no branch per
+    /// byte. A number standing on its own is written as `0` over its first digit in the
+    /// raw line, which is read no more after this.
     fn normalized_hash(&mut self) -> (u32, usize) {
         let out = &mut self.normalized;
         let mut n = 0;
-        let mut before = Before::default();
+        // Whether the byte before the block was a digit, a word byte, a word's digit.
+        let (mut digit_before, mut word_before, mut word_digit_before) = (0u64, 0u64, 0u64);
         let mut at = 0;
         while at < self.len {
             let block: &mut [u8; BLOCK] = (&mut self.bytes[at..at + BLOCK])
                 .try_into()
                 .expect("LINE_BYTES_MAX is a multiple of BLOCK");
-            let valid = low_bits(self.len - at);
-            let (kept, own_starts, after) = normalize_block(block, valid, before, BLOCK - 1);
-            n = compact_numbers(block, own_starts, kept, out, n);
-            before = after;
+            let valid = match self.len - at {
+                rest if rest >= BLOCK => u64::MAX,
+                rest => (1u64 << rest) - 1,
+            };
+            let ws = classes::whitespace(block);
+            let (digits, words) = classes::digits_and_words(block);
+            let (digits, words) = (digits & valid, words & valid);
+            let starts = digits & !((digits << 1) | digit_before);
+            // A run continued from the block before is a word's when that one was.
+            let word_starts =
+                (starts & ((words << 1) | word_before)) | (digits & word_digit_before);
+            let word_digits = (digits.wrapping_add(word_starts) ^ digits) & digits;
+            let own_starts = starts & !word_starts;
+            let dropped = ws | (digits & !word_digits & !own_starts);
+            n = compact_numbers(block, own_starts, valid & !dropped, out, n);
+            digit_before = digits >> 63;
+            word_before = words >> 63;
+            word_digit_before = word_digits >> 63;
             at += BLOCK;
         }
         (crate::engine::hash::line_hash(&out[..n]), n)
     }
 }
 
-/// What the escapes of a block of a string's text (its bytes from where the last block
-/// ended) say about it: where the block's part of the string ends, which bytes start
-/// a line break, which belong to no class of the normalization.
-struct StringBlock {
-    /// Bytes of the block that are the string's (its closing quote, or an escape that
-    /// runs past the block, stops it short of 64).
-    limit: usize,
-    /// Whether the closing quote is at `limit`.
-    ends_string: bool,
-    /// The `\` of each `\n` and `\r`.
-    breaks: u64,
-    /// Bytes the copied line would not have or would have as whitespace: the two of a
-    /// line break, of a `\t`, `\b` or `\f`, the `\` before an escaped `"`, `\`, `/`.
-    classless: u64,
-}
-
-impl StringBlock {
-    /// `avail`: the bytes of `block` that are the text's (the rest are zeros); `more`:
-    /// whether the text goes on after the block. `None` for what the walk reads instead:
-    /// an escape JSON does not have (`\` before another letter), and a string that the
-    /// text's end cuts off.
-    #[inline]
-    fn scan(block: &[u8; BLOCK], avail: usize, more: bool) -> Option<StringBlock> {
-        let (mut quotes, mut backslashes) = classes::eq2(block, b'"', b'\\');
-        let (mut breaks, mut classless) = (0u64, 0u64);
-        loop {
-            let quote = quotes.trailing_zeros() as usize;
-            let p = backslashes.trailing_zeros() as usize;
-            if quote < p {
-                return Some(StringBlock {
-                    limit: quote,
-                    ends_string: true,
-                    breaks,
-                    classless,
-                });
-            }
-            let (limit, escape_len) = match (p, block.get(p + 1)) {
-                (BLOCK, _) => (BLOCK, 0),
-                (_, Some(b'u')) => (p, 6),
-                _ => (p, 2),
-            };
-            if escape_len == 0 || p + escape_len > avail {
-                // The next block starts at this escape, whole; at the text's end, the
-                // walk reads what is left.
-                return more.then_some(StringBlock {
-                    limit,
-                    ends_string: false,
-                    breaks,
-                    classless,
-                });
-            }
-            let at = 1u64 << p;
-            match block[p + 1] {
-                b'n' | b'r' => {
-                    breaks |= at;
-                    classless |= at | at << 1;
-                }
-                b't' | b'b' | b'f' => classless |= at | at << 1,
-                b'"' | b'\\' | b'/' => classless |= at,
-                // Kept as written, its four bytes whatever they are, as the walk keeps
-                // it (the sample never leaves the process).
-                b'u' => {}
-                _ => return None,
-            }
-            let escape = (u64::MAX >> (64 - escape_len)) << p;
-            quotes &= !escape;
-            backslashes &= !escape;
-        }
-    }
-}
-
-/// The bits below `n` (`n <= 64`).
-#[inline]
-fn low_bits(n: usize) -> u64 {
-    if n >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << n) - 1
-    }
-}
-
-/// Whether the byte before a block was a digit, a word byte, a word's digit (one bit each,
-/// at bit 0).
-#[derive(Debug, Clone, Copy, Default)]
-struct Before {
-    digit: u64,
-    word: u64,
-    word_digit: u64,
-}
-
-/// The normalization of one block (its `valid` bytes, `before` saying what the byte before
-/// them was): the bytes kept, the first digits of numbers standing on their own (to be
-/// written as `0`), and what the byte at `last` is for the block after it.
-///
-/// Read as byte-class masks: a run of digits is a word's when the byte before it continues
-/// a word, found for whole runs at once by carrying the run's first bit through it
-/// (`((digits + starts) ^ digits) & digits`); whitespace and the digits after a number's
-/// first are dropped.
-#[inline(always)]
-fn normalize_block(
-    block: &[u8; BLOCK],
-    valid: u64,
-    before: Before,
-    last: usize,
-) -> (u64, u64, Before) {
-    let ws = classes::whitespace(block);
-    let (digits, words) = classes::digits_and_words(block);
-    let (digits, words) = (digits & valid, words & valid);
-    let starts = digits & !((digits << 1) | before.digit);
-    // A run continued from the block before is a word's when that one was.
-    let word_starts = (starts & ((words << 1) | before.word)) | (digits & before.word_digit);
-    let word_digits = (digits.wrapping_add(word_starts) ^ digits) & digits;
-    let own_starts = starts & !word_starts;
-    let kept = valid & !ws & !(digits & !word_digits & !own_starts);
-    let after = Before {
-        digit: digits >> last & 1,
-        word: words >> last & 1,
-        word_digit: word_digits >> last & 1,
-    };
-    (kept, own_starts, after)
-}
-
-/// Where the block reading of a string stands.
-struct Reading {
-    /// The next block's first byte.
-    at: usize,
-    /// The open line's first byte.
-    line_start: usize,
-    /// The open line's normalized bytes so far (in [`Line::normalized`]).
-    normalized: usize,
-    before: Before,
-}
-
-impl Reading {
-    /// At a line's start.
-    fn at(at: usize) -> Reading {
-        Reading {
-            at,
-            line_start: at,
-            normalized: 0,
-            before: Before::default(),
-        }
-    }
-}
-
-/// What a block of a string leaves to do.
-enum Step {
-    /// Read the next block.
-    Next,
-    /// The string (or the sample) ended; reading goes on here.
-    Ended(usize),
-    /// The walk reads the open line.
-    Walk,
-}
-
 impl ContentSample {
     /// Samples the lines of a result's canonical JSON text.
     pub fn of_canonical(canonical: &[u8]) -> ContentSample {
+        ContentSample::sampled(canonical, true)
+    }
+
+    /// [`ContentSample::of_canonical`], short strings passed over (`skip_short`) or
+    /// walked as every string is (what the tests hold the skip to).
+    #[inline(always)]
+    fn sampled(canonical: &[u8], skip_short: bool) -> ContentSample {
         let mut sample = ContentSample::default();
-        let mut line = Line::new();
+        let mut line = Line {
+            bytes: [0; LINE_BYTES_MAX],
+            len: 0,
+            normalized: [0; LINE_BYTES_MAX + 8],
+        };
         let s = canonical;
         let mut i = 0;
         while i < s.len() && !sample.is_full() {
@@ -283,7 +143,53 @@ impl ContentSample {
             match s[i] {
                 b'"' => {
                     sample.end_line(&mut line);
-                    i = sample.string(s, i + 1, &mut line);
+                    i += 1;
+                    // A short string, its closing quote among its first 16 bytes and no
+                    // escape before it (most keys and values of a structured result), is
+                    // too short to be content when under MIN_LINE_CHARS bytes, key or not.
+                    if let Some(head) = s.get(i..i + 16).filter(|_| skip_short) {
+                        let head: &[u8; 16] = head.try_into().expect("16 bytes");
+                        let first =
+                            classes::eq_either16(head, b'"', b'\\').trailing_zeros() as usize;
+                        if first < MIN_LINE_CHARS && s[i + first] == b'"' {
+                            i += first + 1;
+                            continue;
+                        }
+                    }
+                    // Inside a string: literal runs up to the next quote or escape.
+                    while i < s.len() {
+                        let Some(p) = memchr::memchr2(b'"', b'\\', &s[i..]) else {
+                            line.push(&s[i..]);
+                            i = s.len();
+                            break;
+                        };
+                        line.push(&s[i..i + p]);
+                        i += p;
+                        if s[i] == b'"' {
+                            i += 1;
+                            break;
+                        }
+                        match s.get(i + 1) {
+                            Some(b'n') | Some(b'r') => {
+                                sample.end_line(&mut line);
+                                if sample.is_full() {
+                                    return sample;
+                                }
+                            }
+                            Some(b't') | Some(b'b') | Some(b'f') => line.push(b" "),
+                            // Kept as written (the sample never leaves the process).
+                            Some(b'u') => line.push(&s[i..(i + 6).min(s.len())]),
+                            Some(c) => line.push(&[*c]),
+                            None => {}
+                        }
+                        i += if s.get(i + 1) == Some(&b'u') { 6 } else { 2 };
+                    }
+                    if s.get(i) == Some(&b':') {
+                        // An object's key names a field; its value is the content.
+                        line.len = 0;
+                    } else {
+                        sample.end_line(&mut line);
+                    }
                 }
                 b'{' | b'}' | b'[' | b']' | b',' | b':' => {
                     sample.end_line(&mut line);
@@ -299,157 +205,10 @@ impl ContentSample {
         sample
     }
 
-    /// Samples the lines of the string whose text starts at `from` (after its opening
-    /// quote) and returns where it ends (after its closing quote; the text's end when it
-    /// has none). Its last line is no content when the string is an object's key.
-    ///
-    /// Read a 64-byte block at a time, without copying a line out: the escapes of a
-    /// block are walked (in a tool's output, mostly its line breaks), each line break
-    /// marked, and the bytes an escape turns into whitespace or drops (`\t`, the `\` of
-    /// `\"`) taken out of every class. A byte's class then depends only on the byte
-    /// before it as on the copied line's (whitespace, a `"`, a `\` are no digit and no
-    /// word), so the normalization's masks are made once for the block and each line's
-    /// kept bytes moved out of them. A line whose text may pass [`LINE_BYTES_MAX`] (kept
-    /// by its beginning), an escape JSON does not have, or a string cut off by the text's
-    /// end is read by the walk ([`ContentSample::walk_line`]) instead, so both read every
-    /// line alike (a property test holds them to it).
-    fn string(&mut self, s: &[u8], from: usize, line: &mut Line) -> usize {
-        let mut reading = Reading::at(from);
-        loop {
-            let at = reading.at;
-            let mut block = [0u8; BLOCK];
-            let avail = (s.len() - at).min(BLOCK);
-            match s.get(at..at + BLOCK) {
-                // A whole block is copied as one (no call to `memcpy`).
-                Some(whole) => block = whole.try_into().expect("64 bytes"),
-                None => block[..avail].copy_from_slice(&s[at..]),
-            }
-            let step = match StringBlock::scan(&block, avail, at + BLOCK < s.len()) {
-                Some(scan) => self.string_block(s, &mut block, &scan, &mut reading, line),
-                None => Step::Walk,
-            };
-            match step {
-                Step::Next => {}
-                Step::Ended(end) => return end,
-                Step::Walk => {
-                    // The walk reads this line, from its start; the blocks go on after it.
-                    let (next, ended) = self.walk_line(s, reading.line_start, line);
-                    if ended || self.is_full() {
-                        return next;
-                    }
-                    reading = Reading::at(next);
-                }
-            }
-        }
-    }
-
-    /// The lines of one block of a string (see [`ContentSample::string`]).
-    #[inline(always)]
-    fn string_block(
-        &mut self,
-        s: &[u8],
-        block: &mut [u8; BLOCK],
-        scan: &StringBlock,
-        reading: &mut Reading,
-        line: &mut Line,
-    ) -> Step {
-        let at = reading.at;
-        let valid = low_bits(scan.limit) & !scan.classless;
-        // `limit > 0` when the string goes on: such a block holds at least 58 bytes.
-        let last = scan.limit.saturating_sub(1);
-        let (kept, own_starts, after) = normalize_block(block, valid, reading.before, last);
-        // The block's kept bytes, every line's, moved out at once after the open
-        // line's: a line then is a run of them, `kept`'s bits counted up to its ends.
-        let out = &mut line.normalized;
-        let packed_from = reading.normalized;
-        let packed_end = compact_numbers(block, own_starts, kept, out, packed_from);
-        let packed_at = |bit: usize| packed_from + (kept & low_bits(bit)).count_ones() as usize;
-        // Each line break ends a line; the line after it starts past its two bytes.
-        let (mut line_from, mut breaks) = (0, scan.breaks);
-        while breaks != 0 {
-            let to = breaks.trailing_zeros() as usize;
-            if at + to - reading.line_start > LINE_BYTES_MAX {
-                // A line longer than the copy keeps.
-                return Step::Walk;
-            }
-            self.sample_line(&out[line_from..packed_at(to)]);
-            if self.is_full() {
-                return Step::Ended(at + to);
-            }
-            reading.line_start = at + to + 2;
-            line_from = packed_at(to + 2);
-            breaks &= breaks - 1;
-        }
-        if at + scan.limit - reading.line_start > LINE_BYTES_MAX {
-            return Step::Walk;
-        }
-        if scan.ends_string {
-            // An object's key names a field; its value is the content.
-            if s.get(at + scan.limit + 1) != Some(&b':') {
-                self.sample_line(&out[line_from..packed_end]);
-            }
-            return Step::Ended(at + scan.limit + 1);
-        }
-        // The open line's bytes to the front, for the next block's to follow; a line that
-        // began in this block has at most a block's (a fixed copy, no call).
-        reading.normalized = packed_end - line_from;
-        if line_from > 0 {
-            let tail: [u8; BLOCK] = out[line_from..line_from + BLOCK]
-                .try_into()
-                .expect("room for a block past the packed bytes");
-            out[..BLOCK].copy_from_slice(&tail);
-        }
-        reading.before = after;
-        reading.at += scan.limit;
-        Step::Next
-    }
-
-    /// Reads the line of a string starting at `i` as first written, copying it: up to
-    /// its line break (the index after it, and `false`) or the string's end (the index
-    /// after the closing quote, and `true`), then ends it as [`ContentSample::string`]
-    /// does.
-    fn walk_line(&mut self, s: &[u8], mut i: usize, line: &mut Line) -> (usize, bool) {
-        line.len = 0;
-        while i < s.len() {
-            // Literal runs up to the next quote or escape.
-            let Some(p) = memchr::memchr2(b'"', b'\\', &s[i..]) else {
-                line.push(&s[i..]);
-                i = s.len();
-                break;
-            };
-            line.push(&s[i..i + p]);
-            i += p;
-            if s[i] == b'"' {
-                i += 1;
-                break;
-            }
-            match s.get(i + 1) {
-                Some(b'n') | Some(b'r') => {
-                    self.end_line(line);
-                    return (i + 2, false);
-                }
-                Some(b't') | Some(b'b') | Some(b'f') => line.push(b" "),
-                // Kept as written (the sample never leaves the process).
-                Some(b'u') => line.push(&s[i..(i + 6).min(s.len())]),
-                Some(c) => line.push(&[*c]),
-                None => {}
-            }
-            i += if s.get(i + 1) == Some(&b'u') { 6 } else { 2 };
-        }
-        if s.get(i) == Some(&b':') {
-            // An object's key names a field; its value is the content.
-            line.len = 0;
-        } else {
-            self.end_line(line);
-        }
-        (i, true)
-    }
-
     fn is_full(&self) -> bool {
         self.len as usize == SAMPLED_LINES_MAX
     }
 
-    /// Ends the line copied into `line` (outside strings, and the walk's).
     #[inline]
     fn end_line(&mut self, line: &mut Line) {
         if line.len < MIN_LINE_CHARS || self.is_full() {
@@ -457,21 +216,7 @@ impl ContentSample {
             return;
         }
         let (full, chars) = line.normalized_hash();
-        self.sample_hash(full, chars);
-        line.len = 0;
-    }
-
-    /// Ends a line given normalized.
-    #[inline]
-    fn sample_line(&mut self, normalized: &[u8]) {
-        if normalized.len() >= MIN_LINE_CHARS {
-            self.sample_hash(crate::engine::hash::line_hash(normalized), normalized.len());
-        }
-    }
-
-    #[inline]
-    fn sample_hash(&mut self, full: u32, chars: usize) {
-        if chars >= MIN_LINE_CHARS && !self.is_full() {
+        if chars >= MIN_LINE_CHARS {
             // One line in SAMPLE_ONE_IN, chosen by the low bits; the high ones are kept.
             let h = (full >> 16) as u16;
             if full % SAMPLE_ONE_IN == 0 && !self.hashes[..self.len as usize].contains(&h) {
@@ -479,6 +224,7 @@ impl ContentSample {
                 self.len += 1;
             }
         }
+        line.len = 0;
     }
 
     pub fn hashes(&self) -> &[u16] {
@@ -535,63 +281,6 @@ mod tests {
         }
     }
 
-    /// The sample as first written: every string's lines copied out and walked, escape
-    /// by escape. [`ContentSample::of_canonical`] is held to it.
-    fn of_canonical_walked(s: &[u8]) -> ContentSample {
-        let mut sample = ContentSample::default();
-        let mut line = Line::new();
-        let mut i = 0;
-        while i < s.len() && !sample.is_full() {
-            match s[i] {
-                b'"' => {
-                    sample.end_line(&mut line);
-                    i += 1;
-                    while i < s.len() {
-                        let Some(p) = memchr::memchr2(b'"', b'\\', &s[i..]) else {
-                            line.push(&s[i..]);
-                            i = s.len();
-                            break;
-                        };
-                        line.push(&s[i..i + p]);
-                        i += p;
-                        if s[i] == b'"' {
-                            i += 1;
-                            break;
-                        }
-                        match s.get(i + 1) {
-                            Some(b'n') | Some(b'r') => {
-                                sample.end_line(&mut line);
-                                if sample.is_full() {
-                                    return sample;
-                                }
-                            }
-                            Some(b't') | Some(b'b') | Some(b'f') => line.push(b" "),
-                            Some(b'u') => line.push(&s[i..(i + 6).min(s.len())]),
-                            Some(c) => line.push(&[*c]),
-                            None => {}
-                        }
-                        i += if s.get(i + 1) == Some(&b'u') { 6 } else { 2 };
-                    }
-                    if s.get(i) == Some(&b':') {
-                        line.len = 0;
-                    } else {
-                        sample.end_line(&mut line);
-                    }
-                }
-                b'{' | b'}' | b'[' | b']' | b',' | b':' => {
-                    sample.end_line(&mut line);
-                    i += 1;
-                }
-                c => {
-                    line.push(&[c]);
-                    i += 1;
-                }
-            }
-        }
-        sample.end_line(&mut line);
-        sample
-    }
-
     /// Text of JSON strings and structure, with every escape JSON has and some it does not,
     /// lines short and past the copy's cap, keys, and strings cut off by the text's end.
     fn canonical_like() -> impl Strategy<Value = Vec<u8>> {
@@ -618,30 +307,9 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(3000))]
         #[test]
-        fn the_block_reading_of_strings_samples_as_the_walk_does(text in canonical_like()) {
-            prop_assert_eq!(ContentSample::of_canonical(&text), of_canonical_walked(&text));
-        }
-
-        /// Every line sampled: a string of listing-like lines in any wrapping, so that
-        /// sampled lines are many and long lines and escapes fall anywhere in a block.
-        #[test]
-        fn listings_sample_as_the_walk_does(
-            lines in proptest::collection::vec(("[ ]{0,8}[0-9]{0,5}", canonical_like()), 1..40),
-            wrap in 0..3usize,
-        ) {
-            let body: Vec<u8> = lines
-                .iter()
-                .flat_map(|(head, rest)| {
-                    let rest: Vec<u8> = rest.iter().copied().filter(|&b| b != b'"').collect();
-                    [head.as_bytes(), b"\\t", &rest, b"\\n"].concat()
-                })
-                .collect();
-            let text = match wrap {
-                0 => [b"\"".as_slice(), &body, b"\""].concat(),
-                1 => [b"{\"output\":\"".as_slice(), &body, b"\",\"code\":0}"].concat(),
-                _ => [b"[\"".as_slice(), &body].concat(),
-            };
-            prop_assert_eq!(ContentSample::of_canonical(&text), of_canonical_walked(&text));
+        fn the_sample_skips_short_strings_as_the_walk_reads_them(text in canonical_like()) {
+            // Every string walked from its start, short ones too, as first written.
+            prop_assert_eq!(ContentSample::of_canonical(&text), ContentSample::sampled(&text, false));
         }
     }
 
@@ -699,7 +367,11 @@ mod tests {
             "utf8 x86_64 12:30 ".repeat(15),
         ];
         for text in cases {
-            let mut line = Line::new();
+            let mut line = Line {
+                bytes: [0; LINE_BYTES_MAX],
+                len: 0,
+                normalized: [0; LINE_BYTES_MAX + 8],
+            };
             line.push(text.as_bytes());
             let expected = normalized_hash_bytewise(&line.bytes[..line.len]);
             assert_eq!(line.normalized_hash(), expected, "{text:?}");
@@ -725,7 +397,7 @@ mod tests {
             stale in "[0-9a-z ]{0,256}",
         ) {
             let text = parts.concat();
-            let mut line = Line::new();
+            let mut line = Line { bytes: [0; LINE_BYTES_MAX], len: 0, normalized: [0; LINE_BYTES_MAX + 8] };
             line.push(stale.as_bytes());
             line.len = 0;
             line.push(text.as_bytes());
