@@ -10,9 +10,11 @@
 //! set `LOOPWARDEN_BENCH_MAX_SESSIONS` to skip the larger cases on small machines. Last,
 //! `state/to_bytes` and `state/from_bytes`: a long-running session's state written as
 //! the store and the changelog write it after each batch that changed it, and read back
-//! as a restore does (throughput in states; issue 32). `content_sample/tool_outputs`: the
-//! lines of long tool outputs (file views with line numbers, search hits, test logs)
-//! sampled as a tool result's content is (throughput in bytes of canonical JSON).
+//! as a restore does (throughput in states; issue 32). Before all these,
+//! `content_sample/tool_outputs`: the lines of tool outputs (file views with line numbers,
+//! search hits, test logs, and structured records of short fields) sampled as a tool
+//! result's content is (throughput in bytes of canonical JSON given; the reading stops
+//! once a sample is full).
 //! Whole-process replay is timed by `benches/vs-seeds`.
 
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use loopwarden::config::Config;
 use loopwarden::contract::event::{parse_event, parse_rfc3339_ms, Event, EventBody, ParseLimits};
 use loopwarden::contract::otlp::{attr, decode, Encoding, Mapper};
 use loopwarden::contract::output::Output;
+use loopwarden::engine::content::ContentSample;
 use loopwarden::engine::state::SessionState;
 use loopwarden::engine::{Engine, EventMeta};
 use loopwarden::tools::simulate::{prose, Rng};
@@ -446,9 +449,10 @@ fn bench_state_bytes(
     });
 }
 
-/// Tool outputs as agents read them, as canonical JSON strings: a file view (numbered,
-/// tab after the number), search hits (`path:line: code`) and a test log with timings,
-/// each about the 8 kB a content sample reads.
+/// Tool outputs as agents read them, in canonical JSON: a file view (numbered, tab after
+/// the number), search hits (`path:line:code`) and a test log with timings as strings,
+/// each about the 8 kB a content sample reads, and records of short fields (a listing of
+/// files as objects).
 fn tool_outputs(rng: &mut Rng) -> Vec<Vec<u8>> {
     let code = |rng: &mut Rng| {
         let indent = " ".repeat(4 * rng.below(4) as usize);
@@ -486,11 +490,18 @@ fn tool_outputs(rng: &mut Rng) -> Vec<Vec<u8>> {
                 .into_bytes(),
         );
     }
+    for k in 0..10u64 {
+        let records: Vec<serde_json::Value> = (0..80)
+            .map(|j| {
+                json!({"name": format!("file_{k}_{j}.py"), "size": rng.below(100_000), "kind": "file", "mode": "0644"})
+            })
+            .collect();
+        outputs.push(serde_json::to_vec(&records).expect("records serialize"));
+    }
     outputs
 }
 
 fn bench_content_sample(c: &mut Criterion) {
-    use loopwarden::engine::content::ContentSample;
     let outputs = tool_outputs(&mut Rng::new(7));
     let mut group = c.benchmark_group("engine");
     group.throughput(Throughput::Bytes(
@@ -503,6 +514,7 @@ fn bench_content_sample(c: &mut Criterion) {
             }
         })
     });
+    group.finish();
 }
 
 criterion_group!(benches, bench_content_sample, bench_engine);

@@ -144,16 +144,21 @@ impl ContentSample {
                 b'"' => {
                     sample.end_line(&mut line);
                     i += 1;
-                    // A short string, its closing quote among its first 16 bytes and no
-                    // escape before it (most keys and values of a structured result), is
-                    // too short to be content when under MIN_LINE_CHARS bytes, key or not.
-                    if let Some(head) = s.get(i..i + 16).filter(|_| skip_short) {
-                        let head: &[u8; 16] = head.try_into().expect("16 bytes");
-                        let first =
-                            classes::eq_either16(head, b'"', b'\\').trailing_zeros() as usize;
-                        if first < MIN_LINE_CHARS && s[i + first] == b'"' {
-                            i += first + 1;
-                            continue;
+                    // Most keys and values of a structured result are short strings:
+                    // one 16-byte compare instead of a `memchr2` call and the line's copy.
+                    // A string closed before MIN_LINE_CHARS bytes, with no escape before
+                    // its quote, is no content, key or not.
+                    const _: () =
+                        assert!(MIN_LINE_CHARS <= 16, "the quote is looked for in 16 bytes");
+                    if skip_short {
+                        if let Some(head) = s.get(i..i + 16) {
+                            let head: &[u8; 16] = head.try_into().expect("16 bytes");
+                            let stops = classes::eq_either16(head, b'"', b'\\');
+                            let first = stops.trailing_zeros() as usize;
+                            if first < MIN_LINE_CHARS && s[i + first] == b'"' {
+                                i += first + 1;
+                                continue;
+                            }
                         }
                     }
                     // Inside a string: literal runs up to the next quote or escape.
@@ -281,8 +286,10 @@ mod tests {
         }
     }
 
-    /// Text of JSON strings and structure, with every escape JSON has and some it does not,
-    /// lines short and past the copy's cap, keys, and strings cut off by the text's end.
+    /// Text of JSON strings and structure: short strings (closed anywhere in their first 16
+    /// bytes, keys among them), every escape JSON has and some it does not (before a
+    /// quote, the walk reads the string), lines past [`LINE_BYTES_MAX`], and strings cut
+    /// off by the text's end.
     fn canonical_like() -> impl Strategy<Value = Vec<u8>> {
         let piece = prop_oneof![
             8 => "[a-zA-Z_]{1,9}",
@@ -307,7 +314,13 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(3000))]
         #[test]
-        fn the_sample_skips_short_strings_as_the_walk_reads_them(text in canonical_like()) {
+        fn the_sample_skips_short_strings_as_the_walk_reads_them(
+            text in canonical_like(),
+            // Distinct lines first, so that the sample fills (and stops) in some cases.
+            lines_first in 0..300usize,
+        ) {
+            let lines: String = (0..lines_first).map(|k| format!("a listing's line_{k} of many\\n")).collect();
+            let text = [b"\"".as_slice(), lines.as_bytes(), b"\"", text.as_slice()].concat();
             // Every string walked from its start, short ones too, as first written.
             prop_assert_eq!(ContentSample::of_canonical(&text), ContentSample::sampled(&text, false));
         }

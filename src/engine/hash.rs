@@ -117,7 +117,7 @@ fn load8(b: &[u8]) -> u64 {
 #[inline(always)]
 fn load_short(b: &[u8]) -> u64 {
     let n = b.len();
-    debug_assert!(n <= 8, "load_short takes at most eight bytes");
+    assert!(n <= 8, "load_short takes at most eight bytes");
     if n >= 4 {
         let head = u32::from_le_bytes(b[..4].try_into().expect("four bytes"));
         let tail = u32::from_le_bytes(b[n - 4..n].try_into().expect("four bytes"));
@@ -414,7 +414,7 @@ pub fn each_token_hash_and_space(
 }
 
 /// [`token_hash`] of `text[start..end]`, its last word loaded whole when the text goes on
-/// for eight bytes (and masked), copied otherwise.
+/// for eight bytes (and masked), read by [`load_short`] otherwise.
 // Always inlined: it runs once per token, and the compiler once left it out of line (a
 // call per token: about 12 % more instructions for a turn's text features).
 #[inline(always)]
