@@ -98,10 +98,9 @@ pub(super) fn is_plain_number(n: &[u8]) -> bool {
     }
 }
 
-// Both sets are `match`es, not a slice's `contains`: that was an out-of-line `memchr`
-// call for every escape of every result.
-
 /// The escapes canonical JSON writes itself (any other is re-written).
+// This set and the next are `match`es, not a slice's `contains`: that was an out-of-line
+// `memchr` call for every escape of every result.
 #[inline]
 fn is_canonical_escape(c: u8) -> bool {
     matches!(c, b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't')
