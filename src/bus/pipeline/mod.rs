@@ -442,7 +442,12 @@ fn run_worker(
     result.map(|()| stats)
 }
 
-/// The poll loop: batches of up to `max_batch_events`, closed after `max_batch_wait`.
+/// How many times `max_batch_wait` a batch may stay open: while there is a backlog, or
+/// while the batch before is still in flight.
+const LONGEST_WAIT_FACTOR: u32 = 8;
+
+/// The poll loop: batches of up to `max_batch_events`, closed after `max_batch_wait`
+/// (longer while the batch before waits for the broker).
 fn consume(
     consumer: &BaseConsumer<RebalanceHandler>,
     w: &mut Worker,
@@ -463,7 +468,7 @@ fn consume(
         }
         let lag = w.lag(consumer);
         wait = if polled.timed_out && lag > polled.messages as i64 {
-            (wait * 2).min(settings.max_batch_wait * 8)
+            (wait * 2).min(settings.max_batch_wait * LONGEST_WAIT_FACTOR)
         } else {
             settings.max_batch_wait
         };
@@ -483,7 +488,9 @@ struct Polled {
 }
 
 /// Polls (and, through the worker, applies) one batch's messages: until `wait` after
-/// the first one, `max_batch_events` of them, a stop, or idle-clock work to finish.
+/// the first one (or, while the batch before still waits for the broker, until it has
+/// it, within [`LONGEST_WAIT_FACTOR`] × `max_batch_wait`), `max_batch_events` of them,
+/// a stop, or idle-clock work to finish.
 fn poll_batch(
     consumer: &BaseConsumer<RebalanceHandler>,
     w: &mut Worker,
@@ -495,6 +502,7 @@ fn poll_batch(
     // Held events whose wait for another topic ended are released at least this often
     // while a batch is open (a partition's own messages release its events at once).
     let sweep_every = Duration::from_millis(5);
+    let longest_wait = settings.max_batch_wait * LONGEST_WAIT_FACTOR;
     let mut polled = Polled {
         messages: 0,
         started: None,
@@ -517,13 +525,21 @@ fn poll_batch(
             }),
             // At most `sweep_every` at a time: a stop and due events are seen within it,
             // however long the batch may wait.
-            Some(t) => match wait.checked_sub(now.duration_since(t)) {
-                Some(left) if !left.is_zero() => left.min(sweep_every),
-                _ => {
-                    polled.timed_out = true;
-                    return Ok(polled);
+            Some(t) => {
+                let open = now.duration_since(t);
+                match wait.checked_sub(open) {
+                    Some(left) if !left.is_zero() => left.min(sweep_every),
+                    // The batch's time is up but the batch before is still in flight:
+                    // its end would wait for that with no event applied (every event
+                    // polled meanwhile waits, and so do its findings), so this batch
+                    // stays open until then, within the longest wait a backlog gives.
+                    _ if open < longest_wait && w.awaits_batch_in_flight() => sweep_every,
+                    _ => {
+                        polled.timed_out = true;
+                        return Ok(polled);
+                    }
                 }
-            },
+            }
         };
         let message = consumer.poll(timeout);
         // A rebalance librdkafka handed over inside the poll (which then returns

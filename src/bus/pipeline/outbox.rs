@@ -246,6 +246,11 @@ impl Outbox {
         lock(&self.transport.tracker().changelog_offsets).clear();
     }
 
+    /// Whether a delivery failed since the last [`Outbox::take_failed`].
+    pub fn has_failed(&self) -> bool {
+        !lock(&self.transport.tracker().failed).is_empty()
+    }
+
     /// The first failure recorded since the last [`Outbox::take_failed`].
     pub fn first_failure(&self) -> Option<KafkaError> {
         lock(&self.transport.tracker().failed)
@@ -433,7 +438,7 @@ impl Outbox {
     /// for a settling that may wait.
     pub fn try_settle_below(&mut self, mark: usize) -> bool {
         self.transport.poll(Duration::ZERO);
-        if !lock(&self.transport.tracker().failed).is_empty() || !self.delivered_below(mark) {
+        if self.has_failed() || !self.delivered_below(mark) {
             return false;
         }
         self.drop_below(mark);

@@ -101,9 +101,10 @@ impl Member {
 
     /// Polls and applies everything on the bus, finishing a batch every
     /// `max_batch_events`, then settles and stops as `loopwarden run` does. Between polls
-    /// it sends the batch in flight's commit records once its records are acknowledged,
-    /// as the poll loop does, in every other batch: the other half send them at the
-    /// next batch's end, so crashes cross both paths.
+    /// it asks whether the batch in flight still awaits the broker, which sends its
+    /// commit records once its records are acknowledged, as the poll loop does, in every
+    /// other batch: the other half send them at the next batch's end, so crashes cross
+    /// both paths.
     fn consume_all(&mut self) -> Result<(), PipelineError> {
         let batch = self.worker.settings().max_batch_events;
         let mut polled = 0;
@@ -111,7 +112,7 @@ impl Member {
             self.worker.handle(&m)?;
             polled += 1;
             if (polled / batch) % 2 == 1 {
-                self.worker.send_commit_records_once_acked();
+                self.worker.awaits_batch_in_flight();
             }
             if polled % batch == 0 {
                 self.worker.finish_batch(&self.input, Finish::Overlap)?;
@@ -602,4 +603,62 @@ fn a_partition_is_acquired_again_only_after_its_batch_with_the_writer_is_written
         "acquired before the writer wrote its batch"
     );
     holder.join().unwrap();
+}
+
+#[test]
+fn the_next_batch_waits_for_the_batch_in_flight_until_the_broker_has_all_of_it() {
+    let bus = bus_with_a_fleet(6);
+    let config = config(10, true);
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Member::start(&bus, dir.path(), &config);
+    assert!(
+        !m.worker.awaits_batch_in_flight(),
+        "no batch in flight before the first batch's end"
+    );
+    m.handle_next(10);
+    bus.hold_deliveries(true);
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    m.handle_next(1);
+    assert!(
+        m.worker.awaits_batch_in_flight(),
+        "its records are in flight"
+    );
+    assert!(commit_records(&bus, &config).is_empty());
+    // Its records land and its commit records go; they are in flight in turn.
+    bus.hold_deliveries(false);
+    m.worker.send_commit_records_once_acked();
+    bus.hold_deliveries(true);
+    assert!(
+        m.worker.awaits_batch_in_flight(),
+        "its commit records are in flight"
+    );
+    assert!(
+        commit_records(&bus, &config).is_empty(),
+        "the commit records have not landed"
+    );
+    bus.hold_deliveries(false);
+    assert!(
+        !m.worker.awaits_batch_in_flight(),
+        "everything of the batch is on the broker"
+    );
+    assert_eq!(commit_records(&bus, &config).len(), 1);
+    // A failed delivery ends the wait: the batch's end sends it again, with backoff.
+    m.handle_next(9);
+    bus.hold_deliveries(true);
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    assert!(m.worker.awaits_batch_in_flight());
+    bus.hold_deliveries(false);
+    bus.fail_deliveries(1);
+    assert!(
+        !m.worker.awaits_batch_in_flight(),
+        "a failed delivery is for the batch's end to send again"
+    );
+    m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
+    assert!(!m.worker.awaits_batch_in_flight(), "settled");
+    assert_eq!(
+        commit_records(&bus, &config).len(),
+        2,
+        "the second batch's commit records, after its failed record was sent again"
+    );
+    assert_eq!(committed_once_stored(&mut m, &bus), Some(20));
 }

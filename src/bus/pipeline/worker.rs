@@ -251,6 +251,26 @@ impl Worker {
         self.outbox.send_all();
     }
 
+    /// at_least_once: whether the batch in flight still waits for the broker (its
+    /// records, or its changelog commit records), checked without waiting; its commit
+    /// records are sent first if they are due ([`Worker::send_commit_records_once_acked`]).
+    /// A batch's end would wait for it with no event applied, so the poll loop keeps the
+    /// next batch open meanwhile. `false` once a delivery failed: the batch's end sends
+    /// it again, with backoff.
+    pub(super) fn awaits_batch_in_flight(&mut self) -> bool {
+        self.send_commit_records_once_acked();
+        let Some(unacked) = &self.unacked else {
+            return false;
+        };
+        if self.outbox.has_failed() {
+            return false;
+        }
+        // Its commit records are sent once its records are acknowledged (above), so until
+        // then this mark is its records' end.
+        let mark = unacked.commits_end.unwrap_or(unacked.records_end);
+        !self.outbox.try_settle_below(mark)
+    }
+
     /// Lets revoked partitions go (their batch already finished or dropped). A batch of
     /// theirs still with the store writer (a settling that failed on the way) is written
     /// first: another worker of this process may take them over the same database.
