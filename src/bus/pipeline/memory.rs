@@ -54,6 +54,8 @@ struct State {
     in_flight: VecDeque<((String, i32), Landed, Report)>,
     /// Polls land nothing while set (a broker slow to acknowledge).
     held: bool,
+    /// Producer polls still to land nothing ([`Bus::hold_deliveries_for_polls`]).
+    held_polls: usize,
     /// Deliveries still to fail (not landed, reported failed) before records land again.
     failing: usize,
     /// Operations so far, and the one that crashes.
@@ -135,6 +137,12 @@ impl Bus {
         lock(&self.0).held = held;
     }
 
+    /// The producer's next `polls` polls land nothing (the polls after land what is in
+    /// flight): acknowledgements that arrive between two polls of one call.
+    pub fn hold_deliveries_for_polls(&self, polls: usize) {
+        lock(&self.0).held_polls = polls;
+    }
+
     /// Fails the next `deliveries` records served by the producer's polls: they do not
     /// land, and their reports say they failed.
     pub fn fail_deliveries(&self, deliveries: usize) {
@@ -209,6 +217,13 @@ impl Transport for MemoryTransport {
 
     /// Lands every record in flight, in order, each one's report an operation.
     fn poll(&self, _timeout: Duration) {
+        {
+            let mut state = lock(&self.bus.0);
+            if state.held_polls > 0 {
+                state.held_polls -= 1;
+                return;
+            }
+        }
         loop {
             let landed = {
                 let mut state = lock(&self.bus.0);

@@ -446,6 +446,14 @@ fn run_worker(
 /// while the batch before is still in flight.
 const LONGEST_WAIT_FACTOR: u32 = 8;
 
+/// Whether a batch open for `open`, whose time is up, stays open: while the batch before
+/// still `awaiting` the broker (at least once), its end would wait for that with no event
+/// applied (every event polled meanwhile waits, and so do its findings), so the batch
+/// stays open until then, within `longest`, unless the worker is `stopping`.
+fn stays_open(open: Duration, longest: Duration, awaiting: bool, stopping: bool) -> bool {
+    awaiting && open < longest && !stopping
+}
+
 /// The poll loop: batches of up to `max_batch_events`, closed after `max_batch_wait`
 /// (longer while the batch before waits for the broker).
 fn consume(
@@ -509,12 +517,16 @@ fn poll_batch(
         timed_out: false,
     };
     let mut swept = Instant::now();
+    // Whether the batch before still awaits the broker, as of the last sweep (asking
+    // polls the producer: once a sweep, not once a message).
+    let mut awaiting = w.awaits_batch_in_flight();
     loop {
         let now = Instant::now();
         if polled.started.is_some() && now.duration_since(swept) >= sweep_every {
             w.observe_unpolled(consumer);
             w.release_due();
-            w.send_commit_records_once_acked();
+            // Sends its commit records once its records are acknowledged.
+            awaiting = w.awaits_batch_in_flight();
             w.commit_stored(consumer, CommitMode::Async, false)?;
             swept = now;
         }
@@ -529,11 +541,9 @@ fn poll_batch(
                 let open = now.duration_since(t);
                 match wait.checked_sub(open) {
                     Some(left) if !left.is_zero() => left.min(sweep_every),
-                    // The batch's time is up but the batch before is still in flight:
-                    // its end would wait for that with no event applied (every event
-                    // polled meanwhile waits, and so do its findings), so this batch
-                    // stays open until then, within the longest wait a backlog gives.
-                    _ if open < longest_wait && w.awaits_batch_in_flight() => sweep_every,
+                    _ if stays_open(open, longest_wait, awaiting, shutdown.is_triggered()) => {
+                        sweep_every
+                    }
                     _ => {
                         polled.timed_out = true;
                         return Ok(polled);
@@ -577,5 +587,30 @@ fn poll_batch(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_stays_open_past_its_time_only_while_the_batch_before_awaits_and_within_the_longest_wait(
+    ) {
+        let longest = Duration::from_millis(800);
+        let open = Duration::from_millis(120);
+        assert!(stays_open(open, longest, true, false));
+        assert!(!stays_open(open, longest, false, false), "nothing awaited");
+        assert!(!stays_open(open, longest, true, true), "stopping");
+        assert!(
+            !stays_open(longest, longest, true, false),
+            "at the longest wait"
+        );
+        assert!(stays_open(
+            longest - Duration::from_millis(1),
+            longest,
+            true,
+            false
+        ));
     }
 }

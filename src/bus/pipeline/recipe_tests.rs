@@ -101,18 +101,23 @@ impl Member {
 
     /// Polls and applies everything on the bus, finishing a batch every
     /// `max_batch_events`, then settles and stops as `loopwarden run` does. Between polls
-    /// it asks whether the batch in flight still awaits the broker, which sends its
-    /// commit records once its records are acknowledged, as the poll loop does, in every
-    /// other batch: the other half send them at the next batch's end, so crashes cross
-    /// both paths.
+    /// it sends the batch in flight's commit records once its records are acknowledged
+    /// in one batch of three (they may land after the next events), and asks whether the
+    /// batch in flight still awaits the broker, as the poll loop does (which sends them
+    /// and settles what landed), in another; the third sends them at the next batch's
+    /// end, so crashes cross every path.
     fn consume_all(&mut self) -> Result<(), PipelineError> {
         let batch = self.worker.settings().max_batch_events;
         let mut polled = 0;
         while let Some(m) = self.input.poll() {
             self.worker.handle(&m)?;
             polled += 1;
-            if (polled / batch) % 2 == 1 {
-                self.worker.awaits_batch_in_flight();
+            match (polled / batch) % 3 {
+                1 => self.worker.send_commit_records_once_acked(),
+                2 => {
+                    self.worker.awaits_batch_in_flight();
+                }
+                _ => {}
             }
             if polled % batch == 0 {
                 self.worker.finish_batch(&self.input, Finish::Overlap)?;
@@ -624,9 +629,18 @@ fn the_next_batch_waits_for_the_batch_in_flight_until_the_broker_has_all_of_it()
         "its records are in flight"
     );
     assert!(commit_records(&bus, &config).is_empty());
-    // Its records land and its commit records go; they are in flight in turn.
+    // Its records' acknowledgements come after the asking's first look at the producer
+    // (a second look would see them): its commit records are still to send.
     bus.hold_deliveries(false);
-    m.worker.send_commit_records_once_acked();
+    bus.hold_deliveries_for_polls(1);
+    assert!(
+        m.worker.awaits_batch_in_flight(),
+        "its commit records are not sent yet"
+    );
+    assert!(commit_records(&bus, &config).is_empty());
+    // They land; the next asking sends its commit records: in flight in turn.
+    let end = m.worker.outbox.end();
+    assert!(m.worker.outbox.try_settle_below(end));
     bus.hold_deliveries(true);
     assert!(
         m.worker.awaits_batch_in_flight(),

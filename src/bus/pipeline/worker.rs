@@ -265,10 +265,13 @@ impl Worker {
         if self.outbox.has_failed() {
             return false;
         }
-        // Its commit records are sent once its records are acknowledged (above), so until
-        // then this mark is its records' end.
+        // Its records' acknowledgements may arrive after the send above looked: its
+        // commit records then go at the next call.
+        if self.commit.changelog_after_acks() && unacked.commits_due() {
+            return true;
+        }
         let mark = unacked.commits_end.unwrap_or(unacked.records_end);
-        !self.outbox.try_settle_below(mark)
+        !self.outbox.try_settle_below(mark) && !self.outbox.has_failed()
     }
 
     /// Lets revoked partitions go (their batch already finished or dropped). A batch of
