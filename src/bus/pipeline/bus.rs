@@ -155,6 +155,32 @@ impl ProducerContext for Reports {
 /// beside a broker's acknowledgement (milliseconds), long enough that waiting costs no core.
 const REPORT_WAIT: Duration = Duration::from_micros(250);
 
+/// The most librdkafka events one [`KafkaTransport::serve_reports`] serves: reports come
+/// far slower than they are served, so this only bounds a call under a flood.
+const REPORT_EVENTS_MAX: usize = 4096;
+
+impl KafkaTransport {
+    /// Serves every delivery report that has come, without waiting; `true` when there
+    /// were any. librdkafka hands reports over as one event per message set (a
+    /// partition's records of one produce request), and rdkafka's `poll` without a wait
+    /// serves one event a call: a batch's records over many partitions were served one
+    /// partition's set per call, so a batch in flight looked unacknowledged long after
+    /// the broker had acknowledged it (each served event lowers the producer's count of
+    /// records not yet reported, which tells when none is left).
+    fn serve_reports(&self) -> bool {
+        let mut served = false;
+        for _ in 0..REPORT_EVENTS_MAX {
+            let before = self.in_flight();
+            self.producer.poll(Duration::ZERO);
+            if self.in_flight() == before {
+                break;
+            }
+            served = true;
+        }
+        served
+    }
+}
+
 impl Transport for KafkaTransport {
     fn send(&self, r: Outgoing<'_>, report: Report) -> KafkaResult<()> {
         let mut record = BaseRecord::with_opaque_to(r.topic, report).key(r.key);
@@ -170,18 +196,18 @@ impl Transport for KafkaTransport {
         self.producer.send(record).map_err(|(e, _)| e)
     }
 
-    /// Serves what has come without waiting, then sleeps in steps of [`REPORT_WAIT`]
-    /// until a report is served or `timeout` has passed. rdkafka's own `poll(t)` serves
-    /// reports until `t` has passed and hands librdkafka its wait in whole milliseconds
-    /// rounded down: with under a millisecond left it does not wait at all, so the
-    /// outbox's `poll(1 ms)` loop kept a core busy for as long as the broker took.
+    /// Serves every report that has come without waiting, then sleeps in steps of
+    /// [`REPORT_WAIT`] until a report is served or `timeout` has passed. rdkafka's own
+    /// `poll(t)` serves reports until `t` has passed and hands librdkafka its wait in
+    /// whole milliseconds rounded down: with under a millisecond left it does not wait at
+    /// all, so the outbox's `poll(1 ms)` loop kept a core busy for as long as the broker
+    /// took.
     fn poll(&self, timeout: Duration) {
         let until = Instant::now() + timeout;
-        let before = self.in_flight();
         loop {
-            self.producer.poll(Duration::ZERO);
+            let served = self.serve_reports();
             let now = Instant::now();
-            if self.in_flight() != before || now >= until {
+            if served || now >= until {
                 return;
             }
             std::thread::sleep(REPORT_WAIT.min(until - now));
@@ -367,6 +393,51 @@ mod tests {
         }
         got.sort();
         got
+    }
+
+    /// One poll without a wait serves every report that has come, not one partition's
+    /// (librdkafka hands them over as an event per message set).
+    #[test]
+    fn one_poll_serves_every_report_that_has_come() {
+        let partitions = 16;
+        let broker = EmbeddedBroker::start(&["out"], partitions).expect("mock cluster");
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", broker.bootstrap_servers())
+            .set("linger.ms", "1");
+        let transport = KafkaTransport::new(&config, DeliveryTracker::default()).expect("producer");
+        let records = 20 * partitions as usize;
+        for number in 0..records {
+            lock(&transport.tracker().unacknowledged).insert(number);
+            let record = Outgoing {
+                topic: "out",
+                partition: Some(number as i32 % partitions),
+                key: b"k",
+                payload: Some(b"v"),
+                headers: None,
+            };
+            transport
+                .send(record, Box::new((0, number, None)))
+                .expect("queued");
+        }
+        // Polls at a batch's pace until every record is reported: once the broker has
+        // acknowledged them all, one poll serves them all.
+        let mut polls = 0;
+        let until = Instant::now() + Duration::from_secs(30);
+        while !lock(&transport.tracker().unacknowledged).is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(250));
+            transport.poll(Duration::ZERO);
+            polls += 1;
+        }
+        assert!(
+            lock(&transport.tracker().unacknowledged).is_empty(),
+            "every record reported"
+        );
+        assert!(
+            polls < partitions as usize / 2,
+            "{polls} polls served the reports of {records} records over {partitions} partitions"
+        );
+        assert!(lock(&transport.tracker().failed).is_empty());
     }
 
     /// After a fenced transaction the dropped batch is read again: each assigned partition
