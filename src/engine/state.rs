@@ -20,7 +20,10 @@ use crate::engine::trajectory::{
     fixed, holds, push_bounded, wall_seconds, Counters, RunState, ToolCount,
 };
 
+mod encode;
 mod observe;
+
+pub use encode::Encode;
 
 /// Recent event ids remembered to drop exact duplicates.
 pub const RECENT_EVENT_IDS: usize = 16;
@@ -226,14 +229,12 @@ impl SessionState {
 
     /// [`SessionState::to_bytes`], written into `scratch` first (its capacity kept from
     /// state to state), then copied once at its size: a vector grown from empty is
-    /// reallocated half a dozen times for every state stored.
+    /// reallocated half a dozen times for every state stored. The bytes are postcard's
+    /// for the derived `Serialize`, written by [`Encode`] (the `encode` module).
     pub fn to_bytes_with(&self, scratch: &mut Vec<u8>) -> Vec<u8> {
         scratch.clear();
-        let written = postcard::to_extend(self, std::mem::take(scratch))
-            .expect("session state always serializes");
-        let bytes = written.as_slice().to_vec();
-        *scratch = written;
-        bytes
+        self.encode(scratch);
+        scratch.as_slice().to_vec()
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<SessionState, CorruptState> {

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::levels::Levels;
+use crate::engine::state::Encode;
 use crate::engine::trajectory::RunState;
 
 mod judging;
@@ -74,7 +75,8 @@ pub trait Detector:
     /// the stored session state, in the order of the list below, so a change to them
     /// is a change of the state format (`state::layout_tests` fails until it is one);
     /// they reset with the run, so budgets and ceilings keep none (a test holds it).
-    type State: Default + Clone + PartialEq + fmt::Debug + Serialize + DeserializeOwned;
+    /// They are written by [`Encode`] (postcard's bytes, without serde's per-byte path).
+    type State: Default + Clone + PartialEq + fmt::Debug + Serialize + DeserializeOwned + Encode;
 
     /// Its default `warn_at`, `critical_at` and `terminate_at`.
     fn default_levels() -> Levels;
@@ -236,6 +238,13 @@ macro_rules! detectors {
         /// list's order: part of the stored session state.
         #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
         pub struct DetectorStates { $(pub $module: <$detector as Detector>::State),+ }
+
+        /// Each detector's counters in the list's order, as the derived `Serialize` writes them.
+        impl Encode for DetectorStates {
+            fn encode(&self, out: &mut Vec<u8>) {
+                $(self.$module.encode(out);)+
+            }
+        }
 
         /// Every detector's own settings, one typed field each.
         #[derive(Debug, Clone, PartialEq, Default)]
