@@ -38,7 +38,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use hashbrown::hash_map::EntryRef;
-use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet, FxHasher};
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHasher};
 
 use crate::config::{Config, ToolClasses};
 use crate::contract::event::{
@@ -90,9 +90,30 @@ struct Slot {
     state: Box<SessionState>,
     /// The deadline under which the session sits in the expiry heap.
     scheduled: i64,
+    /// The last batch that changed it changed it more than once: its state is written at
+    /// the batch's end, not after each batch's first change too (see `Engine::dirty`).
+    changed_again: bool,
     /// The session's policy, resolved when it opened or its tenant / agent changed.
     policy: Arc<Policy>,
     policy_key: u64,
+}
+
+/// How a batch (the events since the last [`Engine::take_changes`]) changed a session.
+///
+/// A session that a batch changes once (nearly every one in a fleet of agents at about an
+/// event a second each, and at a million open sessions) is written right after that
+/// change, while its state is in the cache: written at the batch's end, thousands of
+/// sessions later, its state's memory (a dozen allocations) has left the cache, and
+/// reading it back cost more than writing it. A session that the batch before changed
+/// more than once (a burst of its events) is left to the batch's end, written once for
+/// all of its changes.
+enum Change {
+    /// Changed once, and its bytes written right after.
+    Written(Vec<u8>),
+    /// Changed once, to be written at the batch's end.
+    Once,
+    /// Changed more than once, to be written at the batch's end.
+    Again,
 }
 
 /// When an idle session closes (see [`Engine::advance_clock_with_deadlines`]).
@@ -116,8 +137,8 @@ pub struct Engine {
     expiry: BinaryHeap<Reverse<(i64, String)>>,
     watermark: Option<i64>,
     work: Work,
-    /// Sessions changed since the last flush, when a durable store is attached.
-    dirty: Option<FxHashSet<String>>,
+    /// Sessions changed since the last flush, when a durable store is attached, and how.
+    dirty: Option<FxHashMap<String, Change>>,
     closed: Vec<String>,
     counters: EngineCounters,
     /// Where changed states are serialized (its capacity kept between them).
@@ -143,7 +164,7 @@ impl Engine {
     /// [`Engine::flush`].
     pub fn restore(config: Arc<Config>, store: &dyn StateStore) -> Result<Engine, StoreError> {
         let mut engine = Engine::new(config);
-        engine.dirty = Some(FxHashSet::default());
+        engine.dirty = Some(FxHashMap::default());
         engine.watermark = store.offset(WATERMARK_KEY)?;
         for (id, state) in store.load_sessions()? {
             engine.watermark = Some(
@@ -165,6 +186,7 @@ impl Engine {
                 Slot {
                     state: Box::new(state),
                     scheduled: deadline,
+                    changed_again: false,
                     policy,
                     policy_key: key,
                 },
@@ -344,11 +366,21 @@ impl Engine {
         self.expire(out);
 
         let id: &str = &event.session_id;
-        if let Some(d) = self.dirty.as_mut() {
-            if !d.contains(id) {
-                d.insert(id.to_string());
-            }
-        }
+        // Whether this is the batch's first change of the session; a later one drops the
+        // bytes written after the first.
+        let first_change = match self.dirty.as_mut() {
+            None => false,
+            Some(d) => match d.get_mut(id) {
+                Some(change) => {
+                    *change = Change::Again;
+                    false
+                }
+                None => {
+                    d.insert(id.to_string(), Change::Once);
+                    true
+                }
+            },
+        };
         let deadline = now.saturating_add(gap);
         let slot = match self.sessions.entry_ref(id) {
             EntryRef::Occupied(found) => found.into_mut(),
@@ -359,6 +391,7 @@ impl Engine {
                 unknown.insert(Slot {
                     state: Box::new(SessionState::new(event_ms, now)),
                     scheduled: deadline,
+                    changed_again: false,
                     policy,
                     policy_key: key,
                 })
@@ -383,6 +416,12 @@ impl Engine {
             self.counters.dropped_after_termination += 1;
         } else {
             apply(&mut self.work, slot, event, meta, event_ms, out);
+        }
+        if first_change && !slot.changed_again && completion.is_none() {
+            let bytes = slot.state.to_bytes_with(&mut self.state_bytes);
+            if let Some(change) = self.dirty.as_mut().and_then(|d| d.get_mut(id)) {
+                *change = Change::Written(bytes);
+            }
         }
         if let Some(c) = completion {
             self.close(
@@ -548,11 +587,14 @@ impl Engine {
     pub fn take_changes(&mut self, offsets: &[(String, i64)]) -> Option<StoreBatch> {
         let dirty = self.dirty.as_mut()?;
         let mut batch = StoreBatch::default();
-        for id in dirty.drain() {
-            if let Some(slot) = self.sessions.get(&id) {
-                batch
-                    .puts
-                    .push((id, slot.state.to_bytes_with(&mut self.state_bytes)));
+        for (id, change) in dirty.drain() {
+            if let Some(slot) = self.sessions.get_mut(&id) {
+                slot.changed_again = matches!(change, Change::Again);
+                let bytes = match change {
+                    Change::Written(bytes) => bytes,
+                    Change::Once | Change::Again => slot.state.to_bytes_with(&mut self.state_bytes),
+                };
+                batch.puts.push((id, bytes));
             }
         }
         // A session that closed and reopened since the last flush is a put, not a delete.

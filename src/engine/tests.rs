@@ -294,3 +294,45 @@ fn duplicates_are_dropped_and_sessions_close_on_the_gap() {
     engine.close_all(ClosedBy::EndOfInput, &mut out);
     assert_eq!(engine.open_sessions(), 0);
 }
+
+/// A batch's changes carry each changed session's state as it stands at the batch's end,
+/// whether the batch changed it once (its bytes written right after that change), more
+/// than once, or closed it and opened it again; a session closed and not reopened is a
+/// delete.
+#[test]
+fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
+    let mut engine = Engine::restore(Arc::new(Config::default()), &store::MemoryStore::new())
+        .expect("an empty store");
+    let mut clock = 1_800_000_000_000i64;
+    let mut step = 0;
+    let mut send = |engine: &mut Engine, session: &str, body: serde_json::Value| {
+        let mut e = body;
+        step += 1;
+        clock += 1000;
+        e["session_id"] = json!(session);
+        e["event_id"] = json!(format!("{session}-{step}"));
+        e["timestamp"] = json!(format_rfc3339_ms(clock));
+        let line = e.to_string();
+        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+        engine.process(&ev, &EventMeta::default(), &mut Vec::new());
+    };
+    let completed = json!({"type": "session.completed"});
+    for batch in 0..3 {
+        send(&mut engine, "once", same_call());
+        send(&mut engine, "twice", same_call());
+        send(&mut engine, "twice", turn());
+        send(&mut engine, "reopened", same_call());
+        send(&mut engine, "reopened", completed.clone());
+        send(&mut engine, "reopened", turn());
+        send(&mut engine, "closed", turn());
+        send(&mut engine, "closed", completed.clone());
+        let changes = engine.take_changes(&[]).expect("tracked");
+        let puts: std::collections::BTreeMap<_, _> = changes.puts.into_iter().collect();
+        for id in ["once", "twice", "reopened"] {
+            let now = engine.session(id).expect("open").to_bytes();
+            assert_eq!(puts.get(id), Some(&now), "{id} after batch {batch}");
+        }
+        assert_eq!(puts.len(), 3, "{:?}", puts.keys());
+        assert_eq!(changes.deletes, vec!["closed".to_string()]);
+    }
+}
