@@ -296,9 +296,9 @@ fn duplicates_are_dropped_and_sessions_close_on_the_gap() {
 }
 
 /// A batch's changes carry each changed session's state as it stands at the batch's end,
-/// whether the batch changed it once (its bytes written right after that change), more
-/// than once, or closed it and opened it again; a session closed and not reopened is a
-/// delete.
+/// whether the batch changed it once (its bytes written right after that change, or at
+/// the end when the batch before changed it more than once), more than once, or closed
+/// it and opened it again; a session closed and not reopened is a delete.
 #[test]
 fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
     let mut engine = Engine::restore(Arc::new(Config::default()), &store::MemoryStore::new())
@@ -317,10 +317,15 @@ fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
         engine.process(&ev, &EventMeta::default(), &mut Vec::new());
     };
     let completed = json!({"type": "session.completed"});
-    for batch in 0..3 {
+    // "twice" is changed twice in the first three batches, then once (left to the batch's
+    // end, the batch before having changed it twice), then once again (written right
+    // after its change).
+    for batch in 0..5 {
         send(&mut engine, "once", same_call());
         send(&mut engine, "twice", same_call());
-        send(&mut engine, "twice", turn());
+        if batch < 3 {
+            send(&mut engine, "twice", turn());
+        }
         send(&mut engine, "reopened", same_call());
         send(&mut engine, "reopened", completed.clone());
         send(&mut engine, "reopened", turn());

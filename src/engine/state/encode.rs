@@ -16,8 +16,12 @@
 //! `0`/`1` tag and its value, a sequence or string as its length (varint) and its items,
 //! a struct or tuple as its fields in order, a unit variant as its index (varint). The
 //! fields written with `fixed::` (digests) are their little-endian bytes, no length.
-//! A new field or detector state needs its line here: the property test fails until it
-//! has it, and a detector's state type does not compile without an [`Encode`] impl.
+//! A new field or detector state needs its line here: a field left out fails the
+//! property test (and the stored-state fixture), and a detector's state type does not
+//! compile without an [`Encode`] impl. Set a new field in the test's strategy too: a field
+//! written in the wrong place or form shows only once it holds more than its default. A
+//! ring written as `fixed::deque` goes through [`ring`], not the `VecDeque` impl (which
+//! writes varints).
 
 use std::collections::VecDeque;
 
@@ -340,7 +344,7 @@ impl Encode for TextSketch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::detectors::DETECTOR_COUNT;
+    use crate::engine::detectors::{DetectorStates, DETECTOR_COUNT};
     use proptest::collection::{vec, vec_deque};
     use proptest::prelude::*;
 
@@ -453,39 +457,51 @@ mod tests {
         }
     }
 
-    /// Every detector's counters set from `d`.
-    fn set_detector_states(s: &mut SessionState, d: &DetectorInputs) {
-        let c = &mut s.counters;
+    /// Every detector's counters set from `d`: listed whole, so that a detector added
+    /// with counters does not compile here until the test sets them.
+    fn detector_states(d: &DetectorInputs) -> DetectorStates {
         let mut n = d.small.iter().copied().cycle();
-        for v in [
-            &mut c.compaction_loop,
-            &mut c.error_repeat,
-            &mut c.error_streak,
-            &mut c.ping_pong,
-            &mut c.repeat,
-            &mut c.same_error,
-            &mut c.stall,
-            &mut c.unknown_tool,
-        ] {
-            *v = n.next().unwrap_or_default();
+        let mut next = || n.next().unwrap_or_default();
+        DetectorStates {
+            turn_cap: (),
+            tool_call_cap: (),
+            token_cap: (),
+            cost_cap: (),
+            wall_clock_cap: (),
+            repeat: next(),
+            generic_repeat: (),
+            poll_no_progress: (),
+            ping_pong: next(),
+            cycle: d.cycle,
+            error_repeat: next(),
+            unknown_tool: next(),
+            error_streak: next(),
+            circuit_breaker: Wasted { bits: d.bits },
+            stall: next(),
+            similar_turns: Turns {
+                streak: next(),
+                stale: next(),
+                sketches: d.texts.iter().map(|t| TextSketch::of(t)).collect(),
+                openings: d.openings.iter().copied().collect(),
+                since_text: d.since_text,
+            },
+            repetitive_text: (),
+            low_novelty: (),
+            no_progress: Progress {
+                best: d.progress.0,
+                stale: d.progress.1,
+            },
+            no_new_information: Answers {
+                streak: d.answers.0,
+                turn_had_results: d.answers.1,
+                turn_all_seen: d.answers.2,
+            },
+            compaction_loop: next(),
+            write_no_effect: (),
+            token_ratio: (),
+            depth_cap: (),
+            same_error: next(),
         }
-        c.cycle = d.cycle;
-        c.circuit_breaker.bits = d.bits;
-        c.no_new_information = Answers {
-            streak: d.answers.0,
-            turn_had_results: d.answers.1,
-            turn_all_seen: d.answers.2,
-        };
-        c.no_progress = Progress {
-            best: d.progress.0,
-            stale: d.progress.1,
-        };
-        let turns = &mut c.similar_turns;
-        turns.streak = n.next().unwrap_or_default();
-        turns.stale = n.next().unwrap_or_default();
-        turns.sketches = d.texts.iter().map(|t| TextSketch::of(t)).collect();
-        turns.openings = d.openings.iter().copied().collect();
-        turns.since_text = d.since_text;
     }
 
     prop_compose! {
@@ -501,6 +517,8 @@ mod tests {
             findings in vec(any::<(u8, [u32; 3])>(), 0..8),
             termination in proptest::option::of((0..DETECTOR_COUNT, any::<i64>(), any::<bool>())),
         ) -> SessionState {
+            // Listed whole (no `..Default::default()`): a new field does not compile here
+            // until the test sets it.
             let mut s = SessionState {
                 run_id: labels.0,
                 agent_id: labels.1,
@@ -524,9 +542,9 @@ mod tests {
                     at_ms,
                     shadow,
                 }),
-                ..SessionState::default()
+                counters: detector_states(&detectors),
+                episodes: Episodes::default(),
             };
-            set_detector_states(&mut s, &detectors);
             for (d, (number, emitted, subject, warned_at_step)) in episodes {
                 *s.episodes.get_mut(DetectorKind::ALL[d]) = Episode {
                     number,
