@@ -14,7 +14,9 @@
 //! `content_sample/tool_outputs`: the lines of tool outputs (file views with line numbers,
 //! search hits, test logs, and structured records of short fields) sampled as a tool
 //! result's content is (throughput in bytes of canonical JSON given; the reading stops
-//! once a sample is full).
+//! once a sample is full). With `LOOPWARDEN_BENCH_MAX_SESSIONS` at 200,000 or more (the
+//! default), `state/batch_changes`: a batch of 15,000 events of as many of 200,000 open
+//! sessions and its changes taken, as the pipeline's worker does at a batch's end.
 //! Whole-process replay is timed by `benches/vs-seeds`.
 
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use loopwarden::contract::otlp::{attr, decode, Encoding, Mapper};
 use loopwarden::contract::output::Output;
 use loopwarden::engine::content::ContentSample;
 use loopwarden::engine::state::SessionState;
+use loopwarden::engine::store::MemoryStore;
 use loopwarden::engine::{Engine, EventMeta};
 use loopwarden::tools::simulate::{prose, Rng};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -34,6 +37,9 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message as _;
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
+
+#[path = "shared/growth.rs"]
+mod growth;
 
 // The allocator `loopwarden` itself runs on (src/main.rs), so that the engine is measured
 // as it runs.
@@ -401,7 +407,69 @@ fn bench_engine(c: &mut Criterion) {
         );
     }
     bench_state_bytes(&mut group, BATCH as u64);
+    if max_sessions >= GROWTH_SESSIONS {
+        bench_batch_changes(&mut group);
+    }
     group.finish();
+}
+
+/// Open sessions of `state/batch_changes`.
+const GROWTH_SESSIONS: u64 = 200_000;
+
+/// A batch of the pipeline's growth workload (issue 32) as the engine does it under a
+/// durable store: 15,000 events, each of another of 200,000 open sessions (one event
+/// each, as a fleet at about an event a second per agent gives a batch), then the batch's
+/// changes taken (`take_changes`: every changed state written). What the worker pays per
+/// event and state besides the broker; throughput in events. The sessions' states are
+/// far more than the caches hold, so a state written at the batch's end is read back from
+/// memory (the eleventh look of issue 32).
+fn bench_batch_changes(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+) {
+    const EVENTS: usize = 15_000;
+    let config = Arc::new(
+        Config::from_toml_str(growth::GROWTH_CONFIG, "growth", std::iter::empty()).unwrap(),
+    );
+    let mut engine = Engine::restore(config, &MemoryStore::new()).unwrap();
+    let mut out = Vec::new();
+    let mut k = 0u64;
+    let next_batch = |k: &mut u64| -> Vec<String> {
+        (0..EVENTS)
+            .map(|_| {
+                *k += 1;
+                growth::growth_event(*k - 1, GROWTH_SESSIONS).1
+            })
+            .collect()
+    };
+    // Every session opened and written once.
+    while k < GROWTH_SESSIONS {
+        for line in next_batch(&mut k) {
+            let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+            engine.process(&ev, &EventMeta::default(), &mut out);
+            out.clear();
+        }
+        engine.take_changes(&[]).unwrap();
+    }
+    group.throughput(Throughput::Elements(EVENTS as u64));
+    group.bench_function(
+        format!("state/batch_changes/{GROWTH_SESSIONS}_sessions"),
+        |b| {
+            b.iter_batched(
+                || next_batch(&mut k),
+                |batch| {
+                    for line in &batch {
+                        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+                        engine.process(&ev, &EventMeta::default(), &mut out);
+                        out.clear();
+                    }
+                    let changes = engine.take_changes(&[]).unwrap();
+                    assert_eq!(changes.puts.len(), EVENTS);
+                    (batch, changes)
+                },
+                BatchSize::PerIteration,
+            )
+        },
+    );
 }
 
 /// A session's state written as the store and the changelog write it after each batch
