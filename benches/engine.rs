@@ -16,10 +16,12 @@
 //! result's content is (throughput in bytes of canonical JSON given; the reading stops
 //! once a sample is full). With `LOOPWARDEN_BENCH_MAX_SESSIONS` at 200,000 or more (the
 //! default), `state/batch_changes`: a batch of 15,000 events of as many of 200,000 open
-//! sessions and its changes taken, as the pipeline's worker does at a batch's end.
+//! sessions and its changes taken, as the pipeline's worker does at a batch's end
+//! (`LOOPWARDEN_BENCH_BATCH_CHANGES=<sessions>` times its two parts apart instead).
 //! Whole-process replay is timed by `benches/vs-seeds`.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use loopwarden::config::Config;
@@ -28,7 +30,7 @@ use loopwarden::contract::otlp::{attr, decode, Encoding, Mapper};
 use loopwarden::contract::output::Output;
 use loopwarden::engine::content::ContentSample;
 use loopwarden::engine::state::SessionState;
-use loopwarden::engine::store::MemoryStore;
+use loopwarden::engine::store::{MemoryStore, StoreBatch};
 use loopwarden::engine::{Engine, EventMeta};
 use loopwarden::tools::simulate::{prose, Rng};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -258,6 +260,13 @@ fn bench_engine(c: &mut Criterion) {
         manual(open);
         return;
     }
+    if let Some(sessions) = std::env::var("LOOPWARDEN_BENCH_BATCH_CHANGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        manual_batch_changes(sessions);
+        return;
+    }
     let max_sessions: u64 = std::env::var("LOOPWARDEN_BENCH_MAX_SESSIONS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -416,59 +425,120 @@ fn bench_engine(c: &mut Criterion) {
 /// Open sessions of `state/batch_changes`.
 const GROWTH_SESSIONS: u64 = 200_000;
 
-/// A batch of the pipeline's growth workload (issue 32) as the engine does it under a
-/// durable store: 15,000 events, each of another of 200,000 open sessions (one event
-/// each, as a fleet at about an event a second per agent gives a batch), then the batch's
-/// changes taken (`take_changes`: every changed state written). What the worker pays per
-/// event and state besides the broker; throughput in events. The sessions' states are
-/// far more than the caches hold, so a state written at the batch's end is read back from
-/// memory (the eleventh look of issue 32).
-fn bench_batch_changes(
-    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-) {
-    const EVENTS: usize = 15_000;
+/// Events a batch of [`growth_batches`].
+const GROWTH_BATCH_EVENTS: usize = 15_000;
+
+/// The pipeline's growth workload (issue 32) as the engine does it under a durable
+/// store: batches of 15,000 events, each of another of `sessions` open sessions (one
+/// event each, as a fleet at about an event a second per agent gives a batch), each
+/// followed by its changes taken (`take_changes`: every changed state written). The
+/// sessions' states are far more than the caches hold, so a state read at the batch's
+/// end comes from memory (the eleventh look of issue 32). Returns the feed of batches and
+/// the engine, every session opened and written once.
+fn growth_batches(sessions: u64) -> (GrowthFeed, GrowthEngine) {
     let config = Arc::new(
         Config::from_toml_str(growth::GROWTH_CONFIG, "growth", std::iter::empty()).unwrap(),
     );
-    let mut engine = Engine::restore(config, &MemoryStore::new()).unwrap();
-    let mut out = Vec::new();
-    let mut k = 0u64;
-    let next_batch = |k: &mut u64| -> Vec<String> {
-        (0..EVENTS)
+    let mut feed = GrowthFeed { sessions, next: 0 };
+    let mut engine = GrowthEngine {
+        engine: Engine::restore(config, &MemoryStore::new()).unwrap(),
+        out: Vec::new(),
+    };
+    while feed.next < sessions {
+        engine.process(&feed.batch());
+        engine.engine.take_changes(&[]).unwrap();
+    }
+    (feed, engine)
+}
+
+/// The next batches' events (apart from the engine, for criterion's setup closure).
+struct GrowthFeed {
+    sessions: u64,
+    next: u64,
+}
+
+impl GrowthFeed {
+    fn batch(&mut self) -> Vec<String> {
+        (0..GROWTH_BATCH_EVENTS)
             .map(|_| {
-                *k += 1;
-                growth::growth_event(*k - 1, GROWTH_SESSIONS).1
+                self.next += 1;
+                growth::growth_event(self.next - 1, self.sessions).1
             })
             .collect()
-    };
-    // Every session opened and written once.
-    while k < GROWTH_SESSIONS {
-        for line in next_batch(&mut k) {
-            let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
-            engine.process(&ev, &EventMeta::default(), &mut out);
-            out.clear();
-        }
-        engine.take_changes(&[]).unwrap();
     }
-    group.throughput(Throughput::Elements(EVENTS as u64));
+}
+
+struct GrowthEngine {
+    engine: Engine,
+    out: Vec<Output>,
+}
+
+impl GrowthEngine {
+    fn process(&mut self, batch: &[String]) {
+        for line in batch {
+            let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+            self.engine
+                .process(&ev, &EventMeta::default(), &mut self.out);
+            self.out.clear();
+        }
+    }
+
+    fn take_changes(&mut self) -> StoreBatch {
+        let changes = self.engine.take_changes(&[]).unwrap();
+        assert_eq!(
+            changes.puts.len(),
+            GROWTH_BATCH_EVENTS,
+            "every event's session put"
+        );
+        changes
+    }
+}
+
+/// `state/batch_changes`: a batch of [`growth_batches`] and its changes taken. What the
+/// worker pays per event and state besides the broker; throughput in events.
+fn bench_batch_changes(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+) {
+    let (mut feed, mut engine) = growth_batches(GROWTH_SESSIONS);
+    group.throughput(Throughput::Elements(GROWTH_BATCH_EVENTS as u64));
     group.bench_function(
         format!("state/batch_changes/{GROWTH_SESSIONS}_sessions"),
         |b| {
             b.iter_batched(
-                || next_batch(&mut k),
+                || feed.batch(),
                 |batch| {
-                    for line in &batch {
-                        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
-                        engine.process(&ev, &EventMeta::default(), &mut out);
-                        out.clear();
-                    }
-                    let changes = engine.take_changes(&[]).unwrap();
-                    assert_eq!(changes.puts.len(), EVENTS);
-                    (batch, changes)
+                    engine.process(&batch);
+                    (batch, engine.take_changes())
                 },
                 BatchSize::PerIteration,
             )
         },
+    );
+}
+
+/// `LOOPWARDEN_BENCH_BATCH_CHANGES=<sessions>`: 40 batches of [`growth_batches`] over that
+/// many open sessions, `process` and `take_changes` timed apart (criterion's case times
+/// them together, and the batch's end is a tenth of it).
+fn manual_batch_changes(sessions: u64) {
+    let (mut feed, mut engine) = growth_batches(sessions);
+    let (mut processing, mut taking) = (Duration::ZERO, Duration::ZERO);
+    const BATCHES: usize = 40;
+    for _ in 0..BATCHES {
+        let batch = feed.batch();
+        let started = Instant::now();
+        engine.process(&batch);
+        let processed = Instant::now();
+        let changes = engine.take_changes();
+        taking += processed.elapsed();
+        processing += processed - started;
+        drop(changes);
+    }
+    let events = (BATCHES * GROWTH_BATCH_EVENTS) as f64;
+    eprintln!(
+        "batch changes: {sessions} open sessions, {BATCHES} batches of {}: process {:.3} µs an event, take_changes {:.3} µs an event",
+        GROWTH_BATCH_EVENTS,
+        processing.as_secs_f64() / events * 1e6,
+        taking.as_secs_f64() / events * 1e6,
     );
 }
 

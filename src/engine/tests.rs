@@ -341,3 +341,58 @@ fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
         assert_eq!(changes.deletes, vec!["closed".to_string()]);
     }
 }
+
+/// A session written right after its one change and closed later in the same batch (by
+/// its idle deadline, not by its own event) is a delete, not a put; one that reopens
+/// after is a put of its new state.
+#[test]
+fn a_session_closed_after_its_change_in_a_batch_is_not_put() {
+    let config = Arc::new(Config::default());
+    let gap = config.engine.session_gap_ms;
+    let mut engine = Engine::restore(config, &store::MemoryStore::new()).expect("an empty store");
+    let start = 1_800_000_000_000i64;
+    let mut step = 0;
+    let mut send = |engine: &mut Engine, session: &str, at: i64| {
+        let mut e = same_call();
+        step += 1;
+        e["session_id"] = json!(session);
+        e["event_id"] = json!(format!("{session}-{step}"));
+        e["timestamp"] = json!(format_rfc3339_ms(at));
+        let line = e.to_string();
+        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+        let mut out = Vec::new();
+        engine.process(&ev, &EventMeta::default(), &mut out);
+        out
+    };
+    send(&mut engine, "idle", start);
+    send(&mut engine, "busy", start);
+    let first = engine.take_changes(&[]).expect("tracked");
+    assert_eq!(first.puts.len(), 2);
+
+    // A change of "idle", then "busy" moves the clock past both deadlines: both close,
+    // and "busy" opens again with its event.
+    send(&mut engine, "idle", start + 1000);
+    let out = send(&mut engine, "busy", start + 1000 + gap + 1);
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Output::Summary(s) if s.session_id == "idle")),
+        "idle closed"
+    );
+    let changes = engine.take_changes(&[]).expect("tracked");
+    let puts: Vec<&str> = changes.puts.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(puts, ["busy"]);
+    assert_eq!(changes.deletes, ["idle"]);
+
+    // Changed, closed and opened again within one batch: its new state is put.
+    let later = start + 1000 + gap + 1;
+    send(&mut engine, "idle", later);
+    send(&mut engine, "busy", later + 1000 + gap + 1);
+    send(&mut engine, "idle", later + 1000 + gap + 2);
+    let changes = engine.take_changes(&[]).expect("tracked");
+    let puts: std::collections::BTreeMap<_, _> = changes.puts.into_iter().collect();
+    assert_eq!(
+        puts.get("idle"),
+        Some(&engine.session("idle").expect("open").to_bytes())
+    );
+    assert!(changes.deletes.is_empty(), "{:?}", changes.deletes);
+}
