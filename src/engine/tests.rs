@@ -295,6 +295,24 @@ fn duplicates_are_dropped_and_sessions_close_on_the_gap() {
     assert_eq!(engine.open_sessions(), 0);
 }
 
+/// Processes `body` as the `step`th event, of `session`, at `at`; returns what it caused.
+fn process_as(
+    engine: &mut Engine,
+    mut body: serde_json::Value,
+    session: &str,
+    step: u32,
+    at: i64,
+) -> Vec<Output> {
+    body["session_id"] = json!(session);
+    body["event_id"] = json!(format!("{session}-{step}"));
+    body["timestamp"] = json!(format_rfc3339_ms(at));
+    let line = body.to_string();
+    let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+    let mut out = Vec::new();
+    engine.process(&ev, &EventMeta::default(), &mut out);
+    out
+}
+
 /// A batch's changes carry each changed session's state as it stands at the batch's end,
 /// whether the batch changed it once (its bytes written right after that change, or at
 /// the end when the batch before changed it more than once), more than once, or closed
@@ -306,15 +324,9 @@ fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
     let mut clock = 1_800_000_000_000i64;
     let mut step = 0;
     let mut send = |engine: &mut Engine, session: &str, body: serde_json::Value| {
-        let mut e = body;
         step += 1;
         clock += 1000;
-        e["session_id"] = json!(session);
-        e["event_id"] = json!(format!("{session}-{step}"));
-        e["timestamp"] = json!(format_rfc3339_ms(clock));
-        let line = e.to_string();
-        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
-        engine.process(&ev, &EventMeta::default(), &mut Vec::new());
+        process_as(engine, body, session, step, clock);
     };
     let completed = json!({"type": "session.completed"});
     // "twice" is changed twice in the first three batches, then once (left to the batch's
@@ -353,16 +365,8 @@ fn a_session_closed_after_its_change_in_a_batch_is_not_put() {
     let start = 1_800_000_000_000i64;
     let mut step = 0;
     let mut send = |engine: &mut Engine, session: &str, at: i64| {
-        let mut e = same_call();
         step += 1;
-        e["session_id"] = json!(session);
-        e["event_id"] = json!(format!("{session}-{step}"));
-        e["timestamp"] = json!(format_rfc3339_ms(at));
-        let line = e.to_string();
-        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
-        let mut out = Vec::new();
-        engine.process(&ev, &EventMeta::default(), &mut out);
-        out
+        process_as(engine, same_call(), session, step, at)
     };
     send(&mut engine, "idle", start);
     send(&mut engine, "busy", start);
