@@ -644,6 +644,13 @@ fn tool_outputs(rng: &mut Rng) -> Vec<Vec<u8>> {
 }
 
 fn bench_content_sample(c: &mut Criterion) {
+    // The plain-timing modes time one thing alone (see `bench_engine`).
+    if ["LOOPWARDEN_BENCH_MANUAL", "LOOPWARDEN_BENCH_BATCH_CHANGES"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
+        return;
+    }
     let outputs = tool_outputs(&mut Rng::new(7));
     let mut group = c.benchmark_group("engine");
     group.throughput(Throughput::Bytes(
