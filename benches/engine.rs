@@ -432,9 +432,9 @@ const GROWTH_BATCH_EVENTS: usize = 15_000;
 /// store: batches of 15,000 events, each of another of `sessions` open sessions (one
 /// event each, as a fleet at about an event a second per agent gives a batch), each
 /// followed by its changes taken (`take_changes`: every changed state written). The
-/// sessions' states (at 200,000 sessions and more) are far more than the caches hold, so a
-/// state read at the batch's end comes from memory (the eleventh look of issue 32). Returns the feed of batches and
-/// the engine, every session opened and written once.
+/// sessions' states (at 200,000 sessions and more) are far more than the caches hold, so
+/// a state read at the batch's end comes from memory (the eleventh look of issue 32).
+/// Returns the feed of batches and the engine, every session opened and written once.
 fn growth_batches(sessions: u64) -> (GrowthFeed, GrowthEngine) {
     let config = Arc::new(
         Config::from_toml_str(growth::GROWTH_CONFIG, "growth", std::iter::empty()).unwrap(),
