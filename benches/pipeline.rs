@@ -21,10 +21,14 @@
 //!   complete (default 5 events each) and that no step ceiling stops (`GROWTH_CONFIG`:
 //!   every event is applied, up to 100M events), so the open sessions grow to it and
 //!   then every session is touched once a round; it prints, every 2 s, events/s, open
-//!   sessions, the store's size and each stage's mean, to show whether throughput holds
-//!   as state grows (issue 32), and at its end the states written per event. The
-//!   producer stays at most LOOPWARDEN_BENCH_GROWTH_AHEAD events (default 200000) ahead
-//!   of the pipeline, within what the embedded broker keeps.
+//!   sessions, the store's size, each stage's mean and the producer's backlog, to show
+//!   whether throughput holds as state grows (issue 32), and at its end the states
+//!   written per event. The producer stays at most LOOPWARDEN_BENCH_GROWTH_AHEAD events
+//!   (default 200000) ahead of the pipeline, within what the embedded broker keeps: a
+//!   backlog held near it says the pipeline set the pace, one well under it the producer;
+//! - LOOPWARDEN_BENCH_LIMIT_SECS (default 600): how long the throughput phase waits for
+//!   its last summary, and how long the growth phase runs at most (it says when it
+//!   stopped for it).
 //!
 //! Throughput is measured from the first output readable to the last session summary
 //! readable, so group-join time is left out; every session completes, so the last
@@ -549,10 +553,13 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     let stopped = || pipeline.is_finished() || Instant::now() >= deadline;
     let mut last = (Instant::now(), 0u64, [(0.0, 0u64); 3]);
     let stages = ["apply", "deliver", "store"];
+    // Events produced so far: the backlog (produced, not yet consumed) says who sets the
+    // pace. Held near `ahead`, the pipeline; well under it, the producer.
+    let produced = std::cell::Cell::new(0u64);
     eprintln!(
-        "growth: {events} events round-robin over {sessions} sessions, {partitions} partitions"
+        "growth: {events} events round-robin over {sessions} sessions, {partitions} partitions, the producer at most {ahead} ahead"
     );
-    eprintln!("growth:   secs   consumed   events/s  open sessions  store MB  stage means over the interval (ms): apply deliver store");
+    eprintln!("growth:    secs   consumed   events/s  open sessions  store MB  stage means over the interval (ms): apply deliver store  backlog");
     let mut report = |final_line: bool| {
         let now = Instant::now();
         let done = consumed.get();
@@ -570,13 +577,14 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
             })
             .collect();
         eprintln!(
-            "growth: {:6.1} {:10} {:10.0} {:14} {:9.1}  {}{}",
+            "growth: {:7.2} {:10} {:10.0} {:14} {:9.1}  {}  backlog {}{}",
             started.elapsed().as_secs_f64(),
             done,
             rate,
             telemetry.metrics.sessions_open.get(),
             telemetry.metrics.state_store_bytes.get() as f64 / 1e6,
             means.join(" "),
+            produced.get().saturating_sub(done),
             if final_line { " (last)" } else { "" }
         );
         last = (now, done, totals);
@@ -589,6 +597,10 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         }
     };
     'feed: for k in 0..events {
+        // Out of time while the pipeline keeps up (the wait below never runs then).
+        if k % 1024 == 0 && stopped() {
+            break 'feed;
+        }
         while k.saturating_sub(consumed.get()) >= ahead {
             if stopped() {
                 break 'feed;
@@ -615,6 +627,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
                 Err((e, _)) => panic!("growth: producing event {k}: {e}"),
             }
         }
+        produced.set(k + 1);
         p.poll(Duration::ZERO);
         tick(&mut report);
     }
