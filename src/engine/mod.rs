@@ -370,8 +370,9 @@ impl Engine {
         self.expire(out);
 
         let id: &str = &event.session_id;
-        // Whether this is the batch's first change of the session; a later one drops the
-        // bytes written after the first.
+        // Whether this is the batch's first change of the session, recorded below once
+        // the event is applied (one insert, not an insert and a lookup); a later one drops
+        // the bytes written after the first.
         let first_change = match self.dirty.as_mut() {
             None => false,
             Some(d) => match d.get_mut(id) {
@@ -379,10 +380,7 @@ impl Engine {
                     *change = Change::Again;
                     false
                 }
-                None => {
-                    d.insert(id.to_string(), Change::Once);
-                    true
-                }
+                None => true,
             },
         };
         let deadline = now.saturating_add(gap);
@@ -408,6 +406,9 @@ impl Engine {
         }
         if slot.state.is_duplicate(hash_id(&event.event_id)) {
             self.counters.duplicates += 1;
+            if let (true, Some(d)) = (first_change, self.dirty.as_mut()) {
+                d.insert(id.to_string(), Change::Once);
+            }
             return;
         }
         slot.state.touch(event_ms, now);
@@ -421,11 +422,14 @@ impl Engine {
         } else {
             apply(&mut self.work, slot, event, meta, event_ms, out);
         }
-        if first_change && !slot.changed_again && completion.is_none() {
-            let bytes = slot.state.to_bytes_with(&mut self.state_bytes);
-            if let Some(change) = self.dirty.as_mut().and_then(|d| d.get_mut(id)) {
-                *change = Change::Written(bytes);
-            }
+        // A completed session closes below, which drops its change: none to record.
+        if let (true, None, Some(d)) = (first_change, completion, self.dirty.as_mut()) {
+            let change = if slot.changed_again {
+                Change::Once
+            } else {
+                Change::Written(slot.state.to_bytes_with(&mut self.state_bytes))
+            };
+            d.insert(id.to_string(), change);
         }
         if let Some(c) = completion {
             self.close(
