@@ -13,13 +13,17 @@
 //! threads (a property test holds it).
 //!
 //! The input is read in batches of whole lines on a thread of its own, or, when its bytes
-//! are already in memory (a mapped file), cut into batches in place. A batch is parsed
-//! on every core (its events borrow from its bytes, each hashed to its shard) while the
-//! batch before it is prepared on the calling thread (its clock, in the one sequential
-//! pass, once the outputs of an earlier batch are merged and handed on there) and the
-//! batch before that is applied by the shards. So nothing every event passes through
-//! runs on the workers' path: the calling thread's share (prepare, merge, hand on) runs
-//! beside them, and the workers wait only when it is slower than the batch.
+//! are already in memory (a mapped file), cut into batches in place. In each round every
+//! worker applies its own shard's events of one batch (a shard never changes threads, so
+//! its sessions' states stay in that core's caches and allocator), then parses chunks of
+//! the next batch (its events borrow from its bytes, each hashed to its shard), claiming
+//! them one at a time until none is left: a worker with more of this batch's events
+//! parses less of the next, so the workers end the round together. Meanwhile the batch
+//! parsed in the round before is prepared on the calling thread (its clock, in the one
+//! sequential pass, once the outputs of an earlier batch are merged and handed on
+//! there). So nothing every event passes through runs on the workers' path: the calling
+//! thread's share (prepare, merge, hand on) runs beside them, and the workers wait only
+//! when it is slower than the batch.
 //! Memory stays bounded by the batch size and the open sessions, whatever the input's
 //! length (a mapped file's pages are the page cache's, read once in order: they count in
 //! the resident memory, and the kernel takes them back when it needs to).
@@ -34,9 +38,8 @@ use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
 use std::io::{BufRead, Write};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use rayon::prelude::*;
 use rustc_hash::FxHasher;
 
 use crate::config::Config;
@@ -44,8 +47,10 @@ use crate::contract::event::{parse_event, BadEvent, Event, ParseLimits};
 use crate::contract::output::{ClosedBy, Output};
 use crate::engine::{event_time, CloseAt, Engine, EventMeta};
 
-/// Shards (engines) per worker thread when there is more than one thread.
-const SHARDS_PER_THREAD: usize = 4;
+/// Bytes of a batch parsed as one piece of work when there is more than one thread: once
+/// its own shard's events are applied, each worker claims the next batch's chunks one at
+/// a time, so the parse evens out what the shards leave uneven.
+const CHUNK_BYTES: usize = 16 << 10;
 
 /// Bytes read per batch by default (whole lines: a batch ends at the last line break).
 pub const BATCH_BYTES: usize = 1 << 20;
@@ -146,10 +151,11 @@ fn session_of(o: &Output) -> &str {
     }
 }
 
-/// A valid event of a batch: where it is among the batch's parsed lines, its line, and
-/// the stream's clock once it is applied.
+/// A valid event of a batch: where it is among the batch's parsed lines (its chunk, and
+/// its place there), its line, and the stream's clock once it is applied.
 struct Mark {
-    index: u32,
+    chunk: u32,
+    at: u32,
     line: u64,
     clock: i64,
 }
@@ -195,12 +201,12 @@ impl<S: Sink> Shard<S> {
         marks.get(i).map_or(u64::MAX, |m| m.line)
     }
 
-    fn run(&mut self, lines: &[Line<'_>], marks: &[Mark], keep: bool) {
+    fn run(&mut self, chunks: &[Vec<Line<'_>>], marks: &[Mark], keep: bool) {
         let meta = EventMeta::default();
         let mine = std::mem::take(&mut self.mine);
         for &k in &mine {
             let mark = &marks[k as usize];
-            let Some(Ok(event)) = &lines[mark.index as usize].parsed else {
+            let Some(Ok(event)) = &chunks[mark.chunk as usize][mark.at as usize].parsed else {
                 continue; // marks are made of events only
             };
             self.engine.advance_clock_with_deadlines(
@@ -298,9 +304,11 @@ fn shard_of(session: &str, shards: usize) -> usize {
     (h.finish() % shards as u64) as usize
 }
 
-/// A batch's lines as parsed, borrowing from its bytes.
+/// A batch's lines as parsed, borrowing from its bytes, in chunks (one when there is one
+/// thread), and the worker that parsed each chunk (which drops its events too).
 struct Lines<'b> {
-    parsed: Vec<Line<'b>>,
+    chunks: Vec<Vec<Line<'b>>>,
+    parsers: Vec<usize>,
 }
 
 self_cell::self_cell!(
@@ -318,8 +326,7 @@ self_cell::self_cell!(
 /// pages again).
 #[derive(Default)]
 struct Spare {
-    lines: Vec<&'static [u8]>,
-    parsed: Vec<Line<'static>>,
+    chunks: Vec<Vec<Line<'static>>>,
 }
 
 /// An empty vector as one of the same type with another lifetime, keeping its
@@ -332,81 +339,99 @@ fn relabel<T, U>(mut v: Vec<T>) -> Vec<U> {
         .collect()
 }
 
-fn parse_batch(
-    batch: Batch,
-    limits: &ParseLimits,
+/// Where the line that holds byte `at` of `bytes` ends (after its line break), or the
+/// end of `bytes`.
+fn line_end(bytes: &[u8], at: usize) -> usize {
+    match bytes.get(at..) {
+        Some(rest) => memchr::memchr(b'\n', rest).map_or(bytes.len(), |i| at + i + 1),
+        None => bytes.len(),
+    }
+}
+
+/// How a batch's lines are parsed: the limits, and the shards their events go to.
+#[derive(Clone, Copy)]
+struct ParseWork {
+    limits: ParseLimits,
     shards: usize,
-    pool: Option<&rayon::ThreadPool>,
-    spare: &mut Spare,
-) -> ParsedBatch {
-    let (spare_lines, spare_parsed) = (
-        std::mem::take(&mut spare.lines),
-        std::mem::take(&mut spare.parsed),
-    );
-    ParsedBatch::new(batch, |batch| {
-        let bytes = batch.bytes();
-        let mut lines: Vec<&[u8]> = relabel(spare_lines);
-        let mut start = 0;
-        while start < bytes.len() {
-            let end = memchr::memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |i| start + i + 1);
-            lines.push(&bytes[start..end]);
-            start = end;
-        }
-        fn parse<'b>(line: &'b [u8], limits: &ParseLimits, shards: usize) -> Line<'b> {
-            // A line's size is judged before it is trimmed, as the reader judges it when
-            // it cuts one short: whatever the input, the same lines are oversized.
-            let unbroken = unbroken(line);
-            if unbroken.len() > limits.max_event_bytes {
-                let oversized = BadEvent::Oversized {
-                    size: unbroken.len(),
-                    limit: limits.max_event_bytes,
-                };
-                return Line {
-                    parsed: Some(Err(oversized)),
-                    shard: 0,
-                };
-            }
-            let t = trim_line(line);
-            let parsed = (!t.is_empty()).then(|| parse_event(t, limits));
-            let shard = match &parsed {
-                Some(Ok(event)) => shard_of(&event.session_id, shards) as u32,
-                _ => 0,
-            };
-            Line { parsed, shard }
-        }
-        let mut parsed = relabel(spare_parsed);
-        match pool {
-            Some(_) => lines
-                .par_iter()
-                .map(|l| parse(l, limits, shards))
-                .collect_into_vec(&mut parsed),
-            None => parsed.extend(lines.iter().map(|l| parse(l, limits, shards))),
-        }
+}
+
+impl ParseWork {
+    /// Parses into `out` the lines of `bytes` (a batch whose lines cut short are `cut`)
+    /// that start in `from..to`, each whole (the last may run past `to`). So the
+    /// workers cut a batch into lines themselves, in chunks of bytes each one claims,
+    /// with nothing to find first on one thread.
+    fn chunk<'b>(
+        &self,
+        bytes: &'b [u8],
+        (from, to): (usize, usize),
+        cut: &[LongLine],
+        out: &mut Vec<Line<'b>>,
+    ) {
+        // The first line to start at or after `from`: after the line break before it.
+        let start = if from == 0 {
+            0
+        } else {
+            line_end(bytes, from - 1)
+        };
+        let to = to.min(bytes.len());
         // The lines cut short are oversized at their whole length, whatever their first
         // bytes read as (a kept part ending in `\r` is one byte shorter once its break is
         // stripped, and could read as an event).
-        for long in batch.cut() {
-            let at = lines
-                .partition_point(|l| (l.as_ptr() as usize - bytes.as_ptr() as usize) < long.start);
-            if let Some(line) = parsed.get_mut(at) {
-                *line = Line {
+        let mut cuts = cut[cut.partition_point(|c| c.start < start)..]
+            .iter()
+            .peekable();
+        let mut at = start;
+        while at < to {
+            let end = line_end(bytes, at);
+            let mut long = None;
+            while let Some(c) = cuts.next_if(|c| c.start <= at) {
+                long = Some(c);
+            }
+            out.push(match long {
+                Some(long) => Line {
                     parsed: Some(Err(BadEvent::Oversized {
                         size: long.size,
-                        limit: limits.max_event_bytes,
+                        limit: self.limits.max_event_bytes,
                     })),
                     shard: 0,
-                };
-            }
+                },
+                None => self.line(&bytes[at..end]),
+            });
+            at = end;
         }
-        spare.lines = relabel(lines);
-        Lines { parsed }
-    })
+    }
+
+    fn line<'b>(&self, line: &'b [u8]) -> Line<'b> {
+        // A line's size is judged before it is trimmed, as the reader judges it when it
+        // cuts one short: whatever the input, the same lines are oversized.
+        let unbroken = unbroken(line);
+        if unbroken.len() > self.limits.max_event_bytes {
+            let oversized = BadEvent::Oversized {
+                size: unbroken.len(),
+                limit: self.limits.max_event_bytes,
+            };
+            return Line {
+                parsed: Some(Err(oversized)),
+                shard: 0,
+            };
+        }
+        let t = trim_line(line);
+        let parsed = (!t.is_empty()).then(|| parse_event(t, &self.limits));
+        let shard = match &parsed {
+            Some(Ok(event)) => shard_of(&event.session_id, self.shards) as u32,
+            _ => 0,
+        };
+        Line { parsed, shard }
+    }
 }
 
 /// Whether a parsed batch holds a line that is no event (`--strict` stops at it).
 fn has_bad_line(batch: &ParsedBatch) -> bool {
-    let lines = &batch.borrow_dependent().parsed;
-    lines.iter().any(|l| matches!(l.parsed, Some(Err(_))))
+    let chunks = &batch.borrow_dependent().chunks;
+    chunks
+        .iter()
+        .flatten()
+        .any(|l| matches!(l.parsed, Some(Err(_))))
 }
 
 /// A parsed batch ready to apply: where its events go and at what clock.
@@ -433,14 +458,10 @@ pub fn drive<S: Sink>(
     on_outputs: impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
 ) -> Result<(Read, Vec<S>), DriveError> {
     let threads = options.threads.max(1);
-    // More shards than threads: a shard's events run in order on one thread, so with
-    // one shard per thread the batch waits for the busiest; smaller shards let the
-    // threads even out (outputs are merged by place, whatever the count).
-    let shard_count = if threads > 1 {
-        threads * SHARDS_PER_THREAD
-    } else {
-        1
-    };
+    // One shard per thread, applied on that thread batch after batch: its sessions'
+    // states stay in that core's caches (and in its allocator's heap). What a batch gives
+    // the shards unevenly, the parse of the next batch evens out (see `overlap`).
+    let shard_count = threads;
     let pool = (threads > 1)
         .then(|| {
             rayon::ThreadPoolBuilder::new()
@@ -464,14 +485,17 @@ pub fn drive<S: Sink>(
             on_outputs,
         },
         spare: Spare::default(),
-        limits: config.limits,
-        shard_count,
+        parse: ParseWork {
+            limits: config.limits,
+            shards: shard_count,
+        },
     };
     let mut prepare = Prepare {
         read: Read::default(),
         clock: None,
         shard_count,
         strict: options.strict,
+        spare: Vec::new(),
     };
     let batch_bytes = options.batch_bytes.max(1);
     std::thread::scope(|scope| rounds.run(scope, input, batch_bytes, &mut prepare, errors))?;
@@ -487,6 +511,9 @@ struct Prepare {
     clock: Option<i64>,
     shard_count: usize,
     strict: bool,
+    /// The marks and assignments of batches applied, kept for the next ones (allocated
+    /// afresh, each batch's would fault in their pages again on this thread).
+    spare: Vec<(Vec<Mark>, Vec<Vec<u32>>)>,
 }
 
 impl Prepare {
@@ -494,12 +521,20 @@ impl Prepare {
     /// events assigned to shards.
     fn prepare(&mut self, batch: ParsedBatch, errors: &mut dyn Write) -> Ready {
         let first_line = self.read.lines + 1;
-        let parsed = &batch.borrow_dependent().parsed;
-        self.read.lines += parsed.len() as u64;
-        let mut marks: Vec<Mark> = Vec::with_capacity(parsed.len());
-        let mut assigned: Vec<Vec<u32>> = vec![Vec::new(); self.shard_count];
+        let chunks = &batch.borrow_dependent().chunks;
+        let lines = chunks.iter().map(Vec::len).sum::<usize>();
+        self.read.lines += lines as u64;
+        let (mut marks, mut assigned) = self.spare.pop().unwrap_or_default();
+        marks.clear();
+        marks.reserve(lines);
+        assigned.resize_with(self.shard_count, Vec::new);
+        assigned.iter_mut().for_each(Vec::clear);
         let mut stop = None;
-        for (i, l) in parsed.iter().enumerate() {
+        let places = chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(c, chunk)| chunk.iter().enumerate().map(move |(at, l)| (c, at, l)));
+        for (i, (c, at, l)) in places.enumerate() {
             let line = first_line + i as u64;
             match &l.parsed {
                 None => {}
@@ -510,7 +545,8 @@ impl Prepare {
                     self.clock = Some(now);
                     assigned[l.shard as usize].push(marks.len() as u32);
                     marks.push(Mark {
-                        index: i as u32,
+                        chunk: c as u32,
+                        at: at as u32,
                         line,
                         clock: now,
                     });
@@ -586,8 +622,7 @@ struct Rounds<'p, S, F> {
     shards: Vec<Shard<S>>,
     handoff: Handoff<F>,
     spare: Spare,
-    limits: ParseLimits,
-    shard_count: usize,
+    parse: ParseWork,
 }
 
 impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Rounds<'_, S, F> {
@@ -609,7 +644,7 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
         let mut batches: Box<dyn Iterator<Item = std::io::Result<Batch>>> = match input {
             Input::Reader(input) => {
                 let (tx, rx) = mpsc::sync_channel(2);
-                let line_limit = self.limits.max_event_bytes;
+                let line_limit = self.parse.limits.max_event_bytes;
                 scope.spawn(move || read_batches(input, batch_bytes, line_limit, tx, recycled));
                 Box::new(rx.into_iter())
             }
@@ -657,6 +692,7 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
                     return Err(e);
                 }
                 applied = Some(done.batch);
+                prepare.spare.push((done.marks, done.assigned));
             }
             current = prepared;
             parsed = parsed_next;
@@ -665,9 +701,11 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
         read_error.map_or(Ok(()), |e| Err(DriveError::Read(e)))
     }
 
-    /// One round, overlapped on the pool: `next` parsed, `current` applied, and on this
-    /// thread the outputs of `applied` handed on and its buffers recycled, then `parsed`
-    /// prepared. Returns `next` parsed and `parsed` prepared.
+    /// One round, overlapped on the pool: `current` applied (each shard on its own
+    /// thread), the events of `applied` dropped by the workers that parsed them, then
+    /// `next` parsed by whichever worker is free, while on this thread the outputs of
+    /// `applied` are handed on and `parsed` prepared. Returns `next` parsed and `parsed`
+    /// prepared.
     fn round(
         &mut self,
         work: Work<'_>,
@@ -680,74 +718,177 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
             shards,
             handoff,
             spare,
-            limits,
-            shard_count,
+            parse,
         } = self;
         let Work {
             next,
             parsed,
             current,
-            applied,
+            mut applied,
         } = work;
-        let (pool, limits, shard_count, keep) = (*pool, *limits, *shard_count, handoff.keep);
-        let mut parsing = std::mem::take(spare);
-        let mut parsed_next = None;
+        let keep = handoff.keep;
+        let mut free = std::mem::take(&mut spare.chunks);
         let mut handed_on = Ok(());
-        let parse = |parsed_next: &mut Option<ParsedBatch>| {
-            *parsed_next = next.map(|b| parse_batch(b, &limits, shard_count, pool, &mut parsing));
+        let mut prepared = None;
+        let calling = || {
+            handed_on = handoff.emit();
+            prepared = parsed.map(|b| prepare.prepare(b, errors));
         };
-        let apply = |shards: &mut Vec<Shard<S>>| {
-            let Some(ready) = current else { return };
-            for (shard, mine) in shards.iter_mut().zip(ready.assigned.iter_mut()) {
-                std::mem::swap(&mut shard.mine, mine);
-            }
-            let lines = &ready.batch.borrow_dependent().parsed;
-            let run = |s: &mut Shard<S>| s.run(lines, &ready.marks, keep);
-            match pool {
-                Some(_) => shards.par_iter_mut().for_each(run),
-                None => shards.iter_mut().for_each(run),
-            }
+        let mut overlap = Overlap {
+            pool: *pool,
+            shards,
+            current,
+            keep,
+            parse: *parse,
         };
-        let finish_applied = |handed_on: &mut Result<(), DriveError>| {
-            *handed_on = handoff.emit();
-            if let Some(mut batch) = applied {
-                batch.with_dependent_mut(|_, lines| {
-                    spare.parsed = relabel(std::mem::take(&mut lines.parsed));
-                });
-                if let Batch::Buffer { buf, .. } = batch.into_owner() {
-                    let _ = recycle.send(buf);
-                }
-            }
-            parsed.map(|b| prepare.prepare(b, errors))
-        };
-        let prepared = match pool {
-            Some(p) => p.in_place_scope(|s| {
-                s.spawn(|_| parse(&mut parsed_next));
-                s.spawn(|_| apply(shards));
-                finish_applied(&mut handed_on)
-            }),
+        let round = |dropping: &mut Lines<'_>| match next {
+            Some(batch) => Some(ParsedBatch::new(batch, |batch| {
+                overlap.run(Some(batch), dropping, &mut free, calling)
+            })),
             None => {
-                apply(shards);
-                let prepared = finish_applied(&mut handed_on);
-                parse(&mut parsed_next);
-                prepared
+                overlap.run(None, dropping, &mut free, calling);
+                None
             }
+        };
+        let parsed_next = match applied.as_mut() {
+            Some(batch) => batch.with_dependent_mut(|_, lines| round(lines)),
+            None => round(&mut Lines {
+                chunks: Vec::new(),
+                parsers: Vec::new(),
+            }),
         };
         handed_on?;
-        spare.lines = parsing.lines;
+        if let Some(mut batch) = applied {
+            // Their events are dropped: what is left is their containers.
+            batch.with_dependent_mut(|_, lines| {
+                free.extend(lines.chunks.drain(..).map(relabel));
+            });
+            if let Batch::Buffer { buf, .. } = batch.into_owner() {
+                let _ = recycle.send(buf);
+            }
+        }
+        spare.chunks = free;
         Ok((parsed_next, prepared))
     }
 
-    /// The end of the input: every shard closes its sessions; their outputs handed on.
+    /// The end of the input: every shard closes its sessions (on its own thread); their
+    /// outputs handed on.
     fn end(&mut self) -> Result<(), DriveError> {
         let keep = self.handoff.keep;
-        let finish = |s: &mut Shard<S>| s.end(keep);
         match self.pool {
-            Some(p) => p.install(|| self.shards.par_iter_mut().for_each(finish)),
-            None => self.shards.iter_mut().for_each(finish),
+            Some(pool) => {
+                let cells: Vec<Mutex<&mut Shard<S>>> =
+                    self.shards.iter_mut().map(Mutex::new).collect();
+                pool.broadcast(|ctx| {
+                    if let Some(cell) = cells.get(ctx.index()) {
+                        locked(cell).end(keep);
+                    }
+                });
+            }
+            None => self.shards.iter_mut().for_each(|s| s.end(keep)),
         }
         self.handoff.collect(&mut self.shards);
         self.handoff.emit()
+    }
+}
+
+/// A lock that a panic elsewhere does not make unusable (a worker's panic is re-raised
+/// by the pool anyway).
+fn locked<T>(cell: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    cell.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What the workers share in one round.
+struct Overlap<'r, S> {
+    pool: Option<&'r rayon::ThreadPool>,
+    shards: &'r mut [Shard<S>],
+    current: Option<&'r mut Ready>,
+    keep: bool,
+    parse: ParseWork,
+}
+
+impl<S: Sink> Overlap<'_, S> {
+    /// Applies `current`, drops the events of `dropping` and parses `next` (see
+    /// [`Rounds::round`]) while `calling` runs on this thread. Each worker applies its
+    /// own shard first, drops what it parsed of `dropping` (freed by the thread that
+    /// allocated it), then claims `next`'s chunks one at a time until none is left: a
+    /// shard with more of the batch's work parses less of the next, so the workers
+    /// finish the round together while the shards never change threads.
+    fn run<'b>(
+        &mut self,
+        next: Option<&'b Batch>,
+        dropping: &mut Lines<'_>,
+        free: &mut Vec<Vec<Line<'static>>>,
+        calling: impl FnOnce(),
+    ) -> Lines<'b> {
+        let (bytes, cut) = next.map_or((&[][..], &[][..]), |b| (b.bytes(), b.cut()));
+        // One thread parses the batch as one chunk: there is no one to share it with.
+        let chunk_bytes = if self.pool.is_some() {
+            CHUNK_BYTES
+        } else {
+            bytes.len().max(1)
+        };
+        let slots: Vec<Mutex<(Vec<Line<'b>>, usize)>> = (0..bytes.len().div_ceil(chunk_bytes))
+            .map(|_| Mutex::new((relabel(free.pop().unwrap_or_default()), 0)))
+            .collect();
+        if let Some(ready) = self.current.as_deref_mut() {
+            for (shard, mine) in self.shards.iter_mut().zip(ready.assigned.iter_mut()) {
+                std::mem::swap(&mut shard.mine, mine);
+            }
+        }
+        let (current, keep, parse) = (self.current.as_deref(), self.keep, self.parse);
+        let apply = |shard: &mut Shard<S>| {
+            if let Some(ready) = current {
+                shard.run(&ready.batch.borrow_dependent().chunks, &ready.marks, keep);
+            }
+        };
+        let claimed = std::sync::atomic::AtomicUsize::new(0);
+        let parse_claimed = |worker: usize| loop {
+            let k = claimed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(slot) = slots.get(k) else { break };
+            let (lines, parser) = &mut *locked(slot);
+            let from = k * chunk_bytes;
+            parse.chunk(bytes, (from, from.saturating_add(chunk_bytes)), cut, lines);
+            *parser = worker;
+        };
+        match self.pool {
+            Some(pool) => {
+                debug_assert_eq!(pool.current_num_threads(), self.shards.len());
+                let cells: Vec<Mutex<&mut Shard<S>>> =
+                    self.shards.iter_mut().map(Mutex::new).collect();
+                let parsers = &dropping.parsers;
+                let dropped: Vec<Mutex<&mut Vec<Line<'_>>>> =
+                    dropping.chunks.iter_mut().map(Mutex::new).collect();
+                pool.in_place_scope(|scope| {
+                    scope.spawn_broadcast(|_, worker| {
+                        let me = worker.index();
+                        if let Some(cell) = cells.get(me) {
+                            apply(&mut locked(cell));
+                        }
+                        for (chunk, _) in dropped.iter().zip(parsers).filter(|(_, &p)| p == me) {
+                            locked(chunk).clear();
+                        }
+                        parse_claimed(me);
+                    });
+                    calling();
+                });
+            }
+            None => {
+                self.shards.iter_mut().for_each(apply);
+                calling();
+                dropping.chunks.iter_mut().for_each(Vec::clear);
+                parse_claimed(0);
+            }
+        }
+        let (chunks, parsers) = slots
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            })
+            .unzip();
+        Lines { chunks, parsers }
     }
 }
 

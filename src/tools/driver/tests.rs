@@ -46,6 +46,45 @@ proptest::proptest! {
     }
 }
 
+proptest::proptest! {
+    /// A batch parsed in chunks of any size gives the lines parsed in one piece: each
+    /// line once, whole, in order (a chunk takes the lines that start in its bytes).
+    #[test]
+    fn chunks_give_the_lines_of_one_piece(
+        lines in proptest::collection::vec(
+            proptest::prop_oneof![
+                "s[0-9]{1,30}".prop_map(|s| format!(r#"{{"type":"session.started","session_id":"{s}"}}"#)),
+                "[a-z ]{0,12}",
+            ],
+            0..40,
+        ),
+        end_break in proptest::bool::ANY,
+        chunk_bytes in 1usize..200,
+    ) {
+        let mut text = lines.join("\n");
+        if end_break && !text.is_empty() {
+            text.push('\n');
+        }
+        let bytes = text.as_bytes();
+        let work = ParseWork {
+            limits: ParseLimits::default(),
+            shards: 3,
+        };
+        let mut whole = Vec::new();
+        work.chunk(bytes, (0, bytes.len()), &[], &mut whole);
+        let mut chunked = Vec::new();
+        for k in 0..bytes.len().div_ceil(chunk_bytes) {
+            let from = k * chunk_bytes;
+            work.chunk(bytes, (from, from + chunk_bytes), &[], &mut chunked);
+        }
+        let shown = |lines: &[Line<'_>]| -> Vec<String> {
+            lines.iter().map(|l| format!("{:?} {}", l.parsed, l.shard)).collect()
+        };
+        proptest::prop_assert_eq!(whole.len(), text.lines().count());
+        proptest::prop_assert_eq!(shown(&chunked), shown(&whole));
+    }
+}
+
 /// Every batch `read_batches` reads from `input`, with a line limit of `limit`.
 fn read_all(
     input: &mut (dyn BufRead + Send),
@@ -215,7 +254,7 @@ fn a_line_too_long_is_oversized_on_every_input_alike() {
         "x".repeat(100_000)
     );
     let text = format!("{event}\n{padded}\n{long}\r\n{event_then_cr}\n{event}\n");
-    let run = |input: Input<'_>| {
+    let run = |input: Input<'_>, threads: usize| {
         let mut errors = Vec::new();
         let report = replay(
             Arc::new(Config::default()),
@@ -225,6 +264,7 @@ fn a_line_too_long_is_oversized_on_every_input_alike() {
             Format::Json,
             ReplayOptions {
                 batch_bytes: 4096,
+                threads,
                 ..Default::default()
             },
         )
@@ -232,18 +272,25 @@ fn a_line_too_long_is_oversized_on_every_input_alike() {
         (report.bad_lines, String::from_utf8(errors).unwrap())
     };
     let bytes: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(text.clone().into_bytes());
-    let in_place = run(Input::Bytes(bytes));
-    let read = run(Input::Reader(&mut trickle(&text, false)));
-    assert_eq!(in_place, read);
-    // Read in pieces, so that the long lines are cut while read.
-    let chunked = Chunked {
-        data: text.as_bytes(),
-        chunk: 4096,
-    };
-    let cut = run(Input::Reader(&mut std::io::BufReader::with_capacity(
-        1, chunked,
-    )));
-    assert_eq!(in_place, cut);
+    let in_place = run(Input::Bytes(bytes.clone()), 1);
+    // On three threads a batch is parsed in chunks, the lines cut short among them.
+    for threads in [1, 3] {
+        if threads > 1 {
+            assert_eq!(in_place, run(Input::Bytes(bytes.clone()), threads));
+        }
+        let read = run(Input::Reader(&mut trickle(&text, false)), threads);
+        assert_eq!(in_place, read, "{threads} threads");
+        // Read in pieces, so that the long lines are cut while read.
+        let chunked = Chunked {
+            data: text.as_bytes(),
+            chunk: 4096,
+        };
+        let cut = run(
+            Input::Reader(&mut std::io::BufReader::with_capacity(1, chunked)),
+            threads,
+        );
+        assert_eq!(in_place, cut, "{threads} threads");
+    }
     assert_eq!(in_place.0, 3, "{}", in_place.1);
     assert!(
         in_place
