@@ -289,7 +289,7 @@ proptest! {
                 &mut out,
                 &mut std::io::sink(),
                 loopwarden::tools::replay::Format::Json,
-                loopwarden::tools::replay::ReplayOptions { threads, strict: false, batch_bytes },
+                loopwarden::tools::replay::ReplayOptions { threads, strict: false, batch_bytes: Some(batch_bytes) },
             )
             .unwrap();
             out

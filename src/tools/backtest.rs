@@ -402,7 +402,7 @@ pub fn backtest(
         strict: false,
         ordered_outputs: false,
         render_json: false,
-        batch_bytes: crate::tools::driver::BATCH_BYTES,
+        batch_bytes: None,
     };
     let (read, shards) = drive(config, input, errors, options, make, |_| Ok(()))?;
     let mut shards = shards.into_iter();

@@ -164,8 +164,9 @@ pub struct ReplayOptions {
     pub threads: usize,
     /// Stop at the first bad line.
     pub strict: bool,
-    /// Bytes read per batch ([`crate::tools::driver::BATCH_BYTES`]).
-    pub batch_bytes: usize,
+    /// Bytes read per batch (default: [`crate::tools::driver::batch_bytes_for`] the
+    /// threads).
+    pub batch_bytes: Option<usize>,
 }
 
 impl Default for ReplayOptions {
@@ -173,7 +174,7 @@ impl Default for ReplayOptions {
         ReplayOptions {
             threads: 1,
             strict: false,
-            batch_bytes: crate::tools::driver::BATCH_BYTES,
+            batch_bytes: None,
         }
     }
 }

@@ -37,6 +37,7 @@ use batches::*;
 use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
 use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -52,8 +53,25 @@ use crate::engine::{event_time, CloseAt, Engine, EventMeta};
 /// a time, so the parse evens out what the shards leave uneven.
 const CHUNK_BYTES: usize = 16 << 10;
 
-/// Bytes read per batch by default (whole lines: a batch ends at the last line break).
+/// Shards (engines) per worker thread when there is more than one thread.
+const SHARDS_PER_THREAD: usize = 4;
+
+/// Bytes read per batch by default for two threads (whole lines: a batch ends at the
+/// last line break); [`batch_bytes_for`] scales it with the threads.
 pub const BATCH_BYTES: usize = 1 << 20;
+
+/// The most bytes a batch takes by default, whatever the threads.
+const MAX_BATCH_BYTES: usize = 16 << 20;
+
+/// Bytes read per batch by default on `threads` threads: 512 KiB a thread, from 1 MiB to
+/// 16 MiB. Every worker waits at a batch's end for the busiest shard, and an input of
+/// whole sessions one after another (an export of trajectories) puts few sessions in a
+/// batch: with 1 MiB batches on 16 threads, a model of the recorded real sessions'
+/// shards keeps a third of the threads busy, with 8 MiB ones over nine tenths (see
+/// docs/DEVELOPMENT.md). On two threads larger batches only cost cache.
+pub fn batch_bytes_for(threads: usize) -> usize {
+    (threads.saturating_mul(512 << 10)).clamp(BATCH_BYTES, MAX_BATCH_BYTES)
+}
 
 /// What the driving loop read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -109,8 +127,8 @@ pub struct Options {
     /// With `ordered_outputs`: render each output's JSON line on its shard's thread
     /// (`on_outputs` gets it beside the output; otherwise an empty string).
     pub render_json: bool,
-    /// Bytes read per batch ([`BATCH_BYTES`]).
-    pub batch_bytes: usize,
+    /// Bytes read per batch (default: [`batch_bytes_for`] the threads).
+    pub batch_bytes: Option<usize>,
 }
 
 /// The cores this process may use.
@@ -458,10 +476,16 @@ pub fn drive<S: Sink>(
     on_outputs: impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
 ) -> Result<(Read, Vec<S>), DriveError> {
     let threads = options.threads.max(1);
-    // One shard per thread, applied on that thread batch after batch: its sessions'
-    // states stay in that core's caches (and in its allocator's heap). What a batch gives
-    // the shards unevenly, the parse of the next batch evens out (see `overlap`).
-    let shard_count = threads;
+    // A few shards per thread, each applied on its thread batch after batch: its
+    // sessions' states stay in that core's caches (and in its allocator's heap). What a
+    // batch gives the shards unevenly, the parse of the next batch evens out, and a
+    // worker with nothing left to parse takes a busy one's shards not yet begun (see
+    // `Overlap::run`).
+    let shard_count = if threads > 1 {
+        threads * SHARDS_PER_THREAD
+    } else {
+        1
+    };
     let pool = (threads > 1)
         .then(|| {
             rayon::ThreadPoolBuilder::new()
@@ -497,7 +521,10 @@ pub fn drive<S: Sink>(
         strict: options.strict,
         spare: Vec::new(),
     };
-    let batch_bytes = options.batch_bytes.max(1);
+    let batch_bytes = options
+        .batch_bytes
+        .unwrap_or_else(|| batch_bytes_for(threads))
+        .max(1);
     std::thread::scope(|scope| rounds.run(scope, input, batch_bytes, &mut prepare, errors))?;
     rounds.end()?;
     let sinks = rounds.shards.into_iter().map(|s| s.sink).collect();
@@ -779,8 +806,9 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
             Some(pool) => {
                 let cells: Vec<Mutex<&mut Shard<S>>> =
                     self.shards.iter_mut().map(Mutex::new).collect();
-                pool.broadcast(|ctx| {
-                    if let Some(cell) = cells.get(ctx.index()) {
+                pool.broadcast(|worker| {
+                    let home = worker.index() * SHARDS_PER_THREAD;
+                    for cell in &cells[home..home + SHARDS_PER_THREAD] {
                         locked(cell).end(keep);
                     }
                 });
@@ -811,10 +839,11 @@ struct Overlap<'r, S> {
 impl<S: Sink> Overlap<'_, S> {
     /// Applies `current`, drops the events of `dropping` and parses `next` (see
     /// [`Rounds::round`]) while `calling` runs on this thread. Each worker applies its
-    /// own shard first, drops what it parsed of `dropping` (freed by the thread that
+    /// own shards first, drops what it parsed of `dropping` (freed by the thread that
     /// allocated it), then claims `next`'s chunks one at a time until none is left: a
-    /// shard with more of the batch's work parses less of the next, so the workers
-    /// finish the round together while the shards never change threads.
+    /// worker with more of the batch's work parses less of the next. Only then does a
+    /// worker take another's shards that are not begun yet, so the workers finish the
+    /// round together while a shard changes threads only when one is behind.
     fn run<'b>(
         &mut self,
         next: Option<&'b Batch>,
@@ -843,9 +872,9 @@ impl<S: Sink> Overlap<'_, S> {
                 shard.run(&ready.batch.borrow_dependent().chunks, &ready.marks, keep);
             }
         };
-        let claimed = std::sync::atomic::AtomicUsize::new(0);
+        let claimed = AtomicUsize::new(0);
         let parse_claimed = |worker: usize| loop {
-            let k = claimed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let k = claimed.fetch_add(1, Relaxed);
             let Some(slot) = slots.get(k) else { break };
             let (lines, parser) = &mut *locked(slot);
             let from = k * chunk_bytes;
@@ -854,22 +883,34 @@ impl<S: Sink> Overlap<'_, S> {
         };
         match self.pool {
             Some(pool) => {
-                debug_assert_eq!(pool.current_num_threads(), self.shards.len());
+                let threads = pool.current_num_threads();
+                debug_assert_eq!(threads * SHARDS_PER_THREAD, self.shards.len());
                 let cells: Vec<Mutex<&mut Shard<S>>> =
                     self.shards.iter_mut().map(Mutex::new).collect();
+                // Whether a shard's events of `current` are begun, by whichever worker.
+                let begun: Vec<AtomicBool> = cells.iter().map(|_| AtomicBool::new(false)).collect();
+                let claim_and_apply = |s: usize| {
+                    if !begun[s].swap(true, Relaxed) {
+                        apply(&mut locked(&cells[s]));
+                    }
+                };
                 let parsers = &dropping.parsers;
                 let dropped: Vec<Mutex<&mut Vec<Line<'_>>>> =
                     dropping.chunks.iter_mut().map(Mutex::new).collect();
                 pool.in_place_scope(|scope| {
                     scope.spawn_broadcast(|_, worker| {
                         let me = worker.index();
-                        if let Some(cell) = cells.get(me) {
-                            apply(&mut locked(cell));
-                        }
+                        let home = me * SHARDS_PER_THREAD;
+                        (home..home + SHARDS_PER_THREAD).for_each(claim_and_apply);
                         for (chunk, _) in dropped.iter().zip(parsers).filter(|(_, &p)| p == me) {
                             locked(chunk).clear();
                         }
                         parse_claimed(me);
+                        // The other workers' shards, from the next one's on.
+                        let after = home + SHARDS_PER_THREAD;
+                        (0..cells.len())
+                            .map(|k| (after + k) % cells.len())
+                            .for_each(claim_and_apply);
                     });
                     calling();
                 });

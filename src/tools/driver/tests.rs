@@ -263,7 +263,7 @@ fn a_line_too_long_is_oversized_on_every_input_alike() {
             &mut errors,
             Format::Json,
             ReplayOptions {
-                batch_bytes: 4096,
+                batch_bytes: Some(4096),
                 threads,
                 ..Default::default()
             },
@@ -372,7 +372,7 @@ fn strict_replay(input: &str, threads: usize, batch_bytes: usize) -> (String, St
     let options = ReplayOptions {
         threads,
         strict: true,
-        batch_bytes,
+        batch_bytes: Some(batch_bytes),
     };
     let (out, ended) = replayed(Input::Reader(&mut trickle(input, false)), options);
     let err = ended.expect_err("a bad line under --strict");
@@ -427,7 +427,7 @@ fn a_strict_stop_reads_no_further() {
         let options = ReplayOptions {
             threads,
             strict: true,
-            batch_bytes: 1,
+            batch_bytes: Some(1),
         };
         let (_, ended) = replayed(Input::Reader(&mut trickle(input, true)), options);
         let err = ended.expect_err("a bad line under --strict").to_string();
@@ -455,7 +455,7 @@ fn a_read_error_comes_after_the_outputs_of_every_applied_batch() {
         let options = ReplayOptions {
             threads,
             strict: false,
-            batch_bytes: 1,
+            batch_bytes: Some(1),
         };
         let (out, ended) = replayed(Input::Reader(&mut trickle(&input, true)), options);
         let err = ended.expect_err("the input failed").to_string();
