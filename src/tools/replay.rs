@@ -100,7 +100,7 @@ fn write_output(o: &Output, format: Format, out: &mut dyn Write) -> std::io::Res
     }
 }
 
-/// Replays `input` through fresh engines (`threads` of them, sessions split between
+/// Replays `input` through fresh engines on `threads` threads (sessions split between
 /// them; the output is the same for any number), writing outputs to `out` and bad-line
 /// reports to `errors`.
 pub fn replay(
@@ -160,7 +160,8 @@ pub fn replay(
 /// How a replay runs.
 #[derive(Debug, Clone, Copy)]
 pub struct ReplayOptions {
-    /// Engines and worker threads (see [`crate::tools::driver`]).
+    /// Worker threads (see [`crate::tools::driver`]: four engines a thread when more
+    /// than one).
     pub threads: usize,
     /// Stop at the first bad line.
     pub strict: bool,

@@ -199,7 +199,7 @@ pub(super) fn cut_long_line(
     let mut line_start = line_start;
     let mut size = len - line_start;
     // Whether the last byte read past is a carriage return (of a `\r\n` line break,
-    // which is not counted, as in `parse_batch`).
+    // which is not counted, as in `ParseWork::line`).
     let mut cr = buf[len - 1] == b'\r';
     let mut len = line_start + keep;
     if buf.len() - len < (64 << 10) {

@@ -14,14 +14,17 @@
 //!
 //! The input is read in batches of whole lines on a thread of its own, or, when its bytes
 //! are already in memory (a mapped file), cut into batches in place. In each round every
-//! worker applies its own shard's events of one batch (a shard never changes threads, so
-//! its sessions' states stay in that core's caches and allocator), then parses chunks of
-//! the next batch (its events borrow from its bytes, each hashed to its shard), claiming
-//! them one at a time until none is left: a worker with more of this batch's events
-//! parses less of the next, so the workers end the round together. Meanwhile the batch
-//! parsed in the round before is prepared on the calling thread (its clock, in the one
-//! sequential pass, once the outputs of an earlier batch are merged and handed on
-//! there). So nothing every event passes through runs on the workers' path: the calling
+//! worker applies its own shards' events of one batch (their sessions' states stay in
+//! that core's caches and allocator), drops the events it parsed of the batch before
+//! (freed by the thread that allocated them), then parses chunks of the next batch (its
+//! events borrow from its bytes, each hashed to its shard), claiming them one at a time
+//! until none is left: a worker with more of this batch's events parses less of the next.
+//! Only then does a worker take another's shards not begun yet, so the workers end the
+//! round together and a shard changes threads only when its worker is behind. Every
+//! round needs every worker scheduled: more threads than free cores slow it down.
+//! Meanwhile the batch parsed in the round before is prepared on the calling thread (its
+//! clock, in the one sequential pass, once the outputs of an earlier batch are merged and
+//! handed on there). So nothing every event passes through runs on the workers' path: the calling
 //! thread's share (prepare, merge, hand on) runs beside them, and the workers wait only
 //! when it is slower than the batch.
 //! Memory stays bounded by the batch size and the open sessions, whatever the input's
@@ -49,7 +52,7 @@ use crate::contract::output::{ClosedBy, Output};
 use crate::engine::{event_time, CloseAt, Engine, EventMeta};
 
 /// Bytes of a batch parsed as one piece of work when there is more than one thread: once
-/// its own shard's events are applied, each worker claims the next batch's chunks one at
+/// its own shards' events are applied, each worker claims the next batch's chunks one at
 /// a time, so the parse evens out what the shards leave uneven.
 const CHUNK_BYTES: usize = 16 << 10;
 
@@ -67,8 +70,10 @@ const MAX_BATCH_BYTES: usize = 16 << 20;
 /// 16 MiB. Every worker waits at a batch's end for the busiest shard, and an input of
 /// whole sessions one after another (an export of trajectories) puts few sessions in a
 /// batch: with 1 MiB batches on 16 threads, a model of the recorded real sessions'
-/// shards keeps a third of the threads busy, with 8 MiB ones over nine tenths (see
-/// docs/DEVELOPMENT.md). On two threads larger batches only cost cache.
+/// shards (`sessions.jsonl.gz`, four shards a thread) keeps 0.36 of the threads busy,
+/// with 8 MiB ones 0.96 (`benches/batch-balance`; docs/DEVELOPMENT.md). On two threads
+/// larger batches only cost cache. Memory: about seven batches in flight with the
+/// reader's buffers, and their parsed lines.
 pub fn batch_bytes_for(threads: usize) -> usize {
     (threads.saturating_mul(512 << 10)).clamp(BATCH_BYTES, MAX_BATCH_BYTES)
 }
@@ -385,13 +390,17 @@ impl ParseWork {
         cut: &[LongLine],
         out: &mut Vec<Line<'b>>,
     ) {
-        // The first line to start at or after `from`: after the line break before it.
-        let start = if from == 0 {
-            0
-        } else {
-            line_end(bytes, from - 1)
-        };
         let to = to.min(bytes.len());
+        // The first line to start at or after `from`: after the line break before it,
+        // looked for in this chunk only (a line longer than many chunks is passed over
+        // once, by the chunk it starts in, not once by every chunk it covers).
+        let start = match from {
+            0 => 0,
+            _ => bytes
+                .get(from - 1..to)
+                .and_then(|range| memchr::memchr(b'\n', range))
+                .map_or(to, |i| from + i),
+        };
         // The lines cut short are oversized at their whole length, whatever their first
         // bytes read as (a kept part ending in `\r` is one byte shorter once its break is
         // stripped, and could read as an event).
@@ -654,9 +663,10 @@ struct Rounds<'p, S, F> {
 
 impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Rounds<'_, S, F> {
     /// Reads, parses and applies every batch of `input`. Four batches in flight: in each
-    /// round `current` is applied by the shards while `next` is parsed and, on this
-    /// thread, the outputs of the batch before are merged and handed on, its events
-    /// dropped, and the batch parsed in the round before is prepared (its clock and
+    /// round `current` is applied by the shards, the events of the batch before dropped
+    /// and `next` parsed by the workers while, on this thread, the outputs of the batch
+    /// before are merged and handed on, and the batch parsed in the round before is
+    /// prepared (its clock and
     /// shards: the one sequential pass, off the workers' path). So a batch's outputs are
     /// handed on three batches behind the reading (or when the input ends).
     fn run<'scope, 'env>(
@@ -798,19 +808,25 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
         Ok((parsed_next, prepared))
     }
 
-    /// The end of the input: every shard closes its sessions (on its own thread); their
-    /// outputs handed on.
+    /// The end of the input: every shard closes its sessions (each worker its own
+    /// shards, then any not begun); their outputs handed on.
     fn end(&mut self) -> Result<(), DriveError> {
         let keep = self.handoff.keep;
         match self.pool {
             Some(pool) => {
                 let cells: Vec<Mutex<&mut Shard<S>>> =
                     self.shards.iter_mut().map(Mutex::new).collect();
+                let begun: Vec<AtomicBool> = cells.iter().map(|_| AtomicBool::new(false)).collect();
+                let end = |s: usize| {
+                    if !begun[s].swap(true, Relaxed) {
+                        locked(&cells[s]).end(keep);
+                    }
+                };
                 pool.broadcast(|worker| {
                     let home = worker.index() * SHARDS_PER_THREAD;
-                    for cell in &cells[home..home + SHARDS_PER_THREAD] {
-                        locked(cell).end(keep);
-                    }
+                    (0..cells.len())
+                        .map(|k| (home + k) % cells.len())
+                        .for_each(end);
                 });
             }
             None => self.shards.iter_mut().for_each(|s| s.end(keep)),

@@ -48,22 +48,38 @@ proptest::proptest! {
 
 proptest::proptest! {
     /// A batch parsed in chunks of any size gives the lines parsed in one piece: each
-    /// line once, whole, in order (a chunk takes the lines that start in its bytes).
+    /// line once, whole, in order (a chunk takes the lines that start in its bytes), the
+    /// lines the reader cut short oversized wherever the chunks fall.
     #[test]
     fn chunks_give_the_lines_of_one_piece(
         lines in proptest::collection::vec(
-            proptest::prop_oneof![
-                "s[0-9]{1,30}".prop_map(|s| format!(r#"{{"type":"session.started","session_id":"{s}"}}"#)),
-                "[a-z ]{0,12}",
-            ],
+            (
+                proptest::prop_oneof![
+                    "s[0-9]{1,30}".prop_map(|s| format!(r#"{{"type":"session.started","session_id":"{s}"}}"#)),
+                    "[a-z ]{0,12}",
+                ],
+                proptest::bool::ANY,
+                proptest::bool::weighted(0.2),
+            ),
             0..40,
         ),
         end_break in proptest::bool::ANY,
         chunk_bytes in 1usize..200,
     ) {
-        let mut text = lines.join("\n");
-        if end_break && !text.is_empty() {
-            text.push('\n');
+        // Each line, `\r\n` or `\n` ended, some of them cut short as the reader cuts
+        // a line too long (a `LongLine` at its start).
+        let mut text = String::new();
+        let mut cut = Vec::new();
+        for (i, (line, crlf, long)) in lines.iter().enumerate() {
+            let broken = i + 1 < lines.len() || end_break;
+            // (No line is there to cut at the very end.)
+            if *long && (broken || !line.is_empty()) {
+                cut.push(LongLine { start: text.len(), size: 1 << 21 });
+            }
+            text.push_str(line);
+            if broken {
+                text.push_str(if *crlf { "\r\n" } else { "\n" });
+            }
         }
         let bytes = text.as_bytes();
         let work = ParseWork {
@@ -71,16 +87,21 @@ proptest::proptest! {
             shards: 3,
         };
         let mut whole = Vec::new();
-        work.chunk(bytes, (0, bytes.len()), &[], &mut whole);
+        work.chunk(bytes, (0, bytes.len()), &cut, &mut whole);
         let mut chunked = Vec::new();
         for k in 0..bytes.len().div_ceil(chunk_bytes) {
             let from = k * chunk_bytes;
-            work.chunk(bytes, (from, from + chunk_bytes), &[], &mut chunked);
+            work.chunk(bytes, (from, from + chunk_bytes), &cut, &mut chunked);
         }
         let shown = |lines: &[Line<'_>]| -> Vec<String> {
             lines.iter().map(|l| format!("{:?} {}", l.parsed, l.shard)).collect()
         };
         proptest::prop_assert_eq!(whole.len(), text.lines().count());
+        let oversized = whole
+            .iter()
+            .filter(|l| matches!(l.parsed, Some(Err(BadEvent::Oversized { size: 2097152, .. }))))
+            .count();
+        proptest::prop_assert_eq!(oversized, cut.len());
         proptest::prop_assert_eq!(shown(&chunked), shown(&whole));
     }
 }
