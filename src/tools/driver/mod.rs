@@ -24,9 +24,9 @@
 //! round needs every worker scheduled: more threads than free cores slow it down.
 //! Meanwhile the batch parsed in the round before is prepared on the calling thread (its
 //! clock, in the one sequential pass, once the outputs of an earlier batch are merged and
-//! handed on there). So nothing every event passes through runs on the workers' path: the calling
-//! thread's share (prepare, merge, hand on) runs beside them, and the workers wait only
-//! when it is slower than the batch.
+//! handed on there). So nothing every event passes through runs on the workers' path:
+//! the calling thread's share (prepare, merge, hand on) runs beside them, and the
+//! workers wait only when it is slower than the batch.
 //! Memory stays bounded by the batch size and the open sessions, whatever the input's
 //! length (a mapped file's pages are the page cache's, read once in order: they count in
 //! the resident memory, and the kernel takes them back when it needs to).
@@ -666,9 +666,9 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
     /// round `current` is applied by the shards, the events of the batch before dropped
     /// and `next` parsed by the workers while, on this thread, the outputs of the batch
     /// before are merged and handed on, and the batch parsed in the round before is
-    /// prepared (its clock and
-    /// shards: the one sequential pass, off the workers' path). So a batch's outputs are
-    /// handed on three batches behind the reading (or when the input ends).
+    /// prepared (its clock and shards: the one sequential pass, off the workers' path).
+    /// So a batch's outputs are handed on three batches behind the reading (or when the
+    /// input ends).
     fn run<'scope, 'env>(
         &mut self,
         scope: &'scope std::thread::Scope<'scope, 'env>,
@@ -738,8 +738,8 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
         read_error.map_or(Ok(()), |e| Err(DriveError::Read(e)))
     }
 
-    /// One round, overlapped on the pool: `current` applied (each shard on its own
-    /// thread), the events of `applied` dropped by the workers that parsed them, then
+    /// One round, overlapped on the pool: `current` applied (each worker its own
+    /// shards first), the events of `applied` dropped by the workers that parsed them, then
     /// `next` parsed by whichever worker is free, while on this thread the outputs of
     /// `applied` are handed on and `parsed` prepared. Returns `next` parsed and `parsed`
     /// prepared.

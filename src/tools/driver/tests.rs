@@ -55,7 +55,9 @@ proptest::proptest! {
         lines in proptest::collection::vec(
             (
                 proptest::prop_oneof![
-                    "s[0-9]{1,30}".prop_map(|s| format!(r#"{{"type":"session.started","session_id":"{s}"}}"#)),
+                    "s[0-9]{1,30}".prop_map(|s| {
+                        format!(r#"{{"type":"session.started","session_id":"{s}"}}"#)
+                    }),
                     "[a-z ]{0,12}",
                 ],
                 proptest::bool::ANY,
