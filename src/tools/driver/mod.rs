@@ -814,25 +814,48 @@ impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Ro
         let keep = self.handoff.keep;
         match self.pool {
             Some(pool) => {
-                let cells: Vec<Mutex<&mut Shard<S>>> =
-                    self.shards.iter_mut().map(Mutex::new).collect();
-                let begun: Vec<AtomicBool> = cells.iter().map(|_| AtomicBool::new(false)).collect();
-                let end = |s: usize| {
-                    if !begun[s].swap(true, Relaxed) {
-                        locked(&cells[s]).end(keep);
-                    }
-                };
-                pool.broadcast(|worker| {
-                    let home = worker.index() * SHARDS_PER_THREAD;
-                    (0..cells.len())
-                        .map(|k| (home + k) % cells.len())
-                        .for_each(end);
-                });
+                let claims = Claims::new(&mut self.shards);
+                pool.broadcast(|worker| claims.sweep(worker.index(), |s| s.end(keep)));
             }
             None => self.shards.iter_mut().for_each(|s| s.end(keep)),
         }
         self.handoff.collect(&mut self.shards);
         self.handoff.emit()
+    }
+}
+
+/// The shards of one round on the pool, each run by the one worker that claims it: a
+/// worker's own shards first, then any shard a busy worker has not begun.
+struct Claims<'s, S> {
+    cells: Vec<Mutex<&'s mut Shard<S>>>,
+    begun: Vec<AtomicBool>,
+}
+
+impl<'s, S> Claims<'s, S> {
+    fn new(shards: &'s mut [Shard<S>]) -> Self {
+        Claims {
+            begun: shards.iter().map(|_| AtomicBool::new(false)).collect(),
+            cells: shards.iter_mut().map(Mutex::new).collect(),
+        }
+    }
+
+    /// The shards of worker `worker` (it runs them first, so they stay on its core).
+    fn home(worker: usize) -> std::ops::Range<usize> {
+        worker * SHARDS_PER_THREAD..(worker + 1) * SHARDS_PER_THREAD
+    }
+
+    /// Runs `f` on shard `s` unless a worker has claimed it.
+    fn take(&self, s: usize, f: impl FnOnce(&mut Shard<S>)) {
+        if !self.begun[s].swap(true, Relaxed) {
+            f(&mut locked(&self.cells[s]));
+        }
+    }
+
+    /// Runs `f` on every shard no worker has claimed yet, worker `worker`'s own first.
+    fn sweep(&self, worker: usize, f: impl Fn(&mut Shard<S>)) {
+        let n = self.cells.len();
+        let from = Self::home(worker).start;
+        (0..n).for_each(|k| self.take((from + k) % n, &f));
     }
 }
 
@@ -899,34 +922,24 @@ impl<S: Sink> Overlap<'_, S> {
         };
         match self.pool {
             Some(pool) => {
-                let threads = pool.current_num_threads();
-                debug_assert_eq!(threads * SHARDS_PER_THREAD, self.shards.len());
-                let cells: Vec<Mutex<&mut Shard<S>>> =
-                    self.shards.iter_mut().map(Mutex::new).collect();
-                // Whether a shard's events of `current` are begun, by whichever worker.
-                let begun: Vec<AtomicBool> = cells.iter().map(|_| AtomicBool::new(false)).collect();
-                let claim_and_apply = |s: usize| {
-                    if !begun[s].swap(true, Relaxed) {
-                        apply(&mut locked(&cells[s]));
-                    }
-                };
+                debug_assert_eq!(
+                    pool.current_num_threads() * SHARDS_PER_THREAD,
+                    self.shards.len()
+                );
+                let claims = Claims::new(self.shards);
                 let parsers = &dropping.parsers;
                 let dropped: Vec<Mutex<&mut Vec<Line<'_>>>> =
                     dropping.chunks.iter_mut().map(Mutex::new).collect();
                 pool.in_place_scope(|scope| {
                     scope.spawn_broadcast(|_, worker| {
                         let me = worker.index();
-                        let home = me * SHARDS_PER_THREAD;
-                        (home..home + SHARDS_PER_THREAD).for_each(claim_and_apply);
+                        Claims::<S>::home(me).for_each(|s| claims.take(s, apply));
                         for (chunk, _) in dropped.iter().zip(parsers).filter(|(_, &p)| p == me) {
                             locked(chunk).clear();
                         }
                         parse_claimed(me);
-                        // The other workers' shards, from the next one's on.
-                        let after = home + SHARDS_PER_THREAD;
-                        (0..cells.len())
-                            .map(|k| (after + k) % cells.len())
-                            .for_each(claim_and_apply);
+                        // The shards a busy worker has not begun.
+                        claims.sweep(me, apply);
                     });
                     calling();
                 });
