@@ -46,15 +46,17 @@ fn framework_python(name: &str) -> String {
 }
 
 fn framework(name: &str) {
+    framework_script(name, &format!("guard_{}.py", name.replace('-', "_")));
+}
+
+/// Runs `tests/frameworks/{script}` in `name`'s virtualenv.
+fn framework_script(name: &str, script: &str) {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = framework_python(name);
     let brokers = broker();
     let (warnings, terminations) = (unique("fw-warn"), unique("fw-term"));
     create_topics(&brokers, &[(&warnings, 2), (&terminations, 2)]);
-    let script = manifest.join(format!(
-        "tests/frameworks/guard_{}.py",
-        name.replace('-', "_")
-    ));
+    let script = manifest.join("tests/frameworks").join(script);
     let out = Command::new(python)
         .arg(&script)
         .env("LOOPWARDEN_GUARD_BROKERS", &brokers)
@@ -79,6 +81,13 @@ fn pydantic_ai_gets_the_hint_once_and_stops_on_termination() {
 #[test]
 fn strands_gets_the_hint_once_and_stops_on_termination() {
     framework("strands");
+}
+
+/// A termination read after the loop's last cancellation check: the hook before the
+/// model call stops the run, and the result still says `cancelled`.
+#[test]
+fn strands_stops_on_a_termination_that_lands_before_a_model_call() {
+    framework_script("strands", "guard_strands_late.py");
 }
 
 #[test]
