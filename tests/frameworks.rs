@@ -46,19 +46,23 @@ fn framework_python(name: &str) -> String {
 }
 
 fn framework(name: &str) {
-    framework_script(name, &format!("guard_{}.py", name.replace('-', "_")));
+    framework_with(name, &[]);
 }
 
-/// Runs `tests/frameworks/{script}` in `name`'s virtualenv.
-fn framework_script(name: &str, script: &str) {
+/// Runs `tests/frameworks/guard_<name>.py` with `args` in `name`'s virtualenv.
+fn framework_with(name: &str, args: &[&str]) {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = framework_python(name);
     let brokers = broker();
     let (warnings, terminations) = (unique("fw-warn"), unique("fw-term"));
     create_topics(&brokers, &[(&warnings, 2), (&terminations, 2)]);
-    let script = manifest.join("tests/frameworks").join(script);
+    let script = manifest.join(format!(
+        "tests/frameworks/guard_{}.py",
+        name.replace('-', "_")
+    ));
     let out = Command::new(python)
         .arg(&script)
+        .args(args)
         .env("LOOPWARDEN_GUARD_BROKERS", &brokers)
         .env("LOOPWARDEN_GUARD_WARNING_TOPIC", &warnings)
         .env("LOOPWARDEN_GUARD_TERMINATED_TOPIC", &terminations)
@@ -87,7 +91,7 @@ fn strands_gets_the_hint_once_and_stops_on_termination() {
 /// model call stops the run, and the result still says `cancelled`.
 #[test]
 fn strands_stops_on_a_termination_that_lands_before_a_model_call() {
-    framework_script("strands", "guard_strands_late.py");
+    framework_with("strands", &["late"]);
 }
 
 #[test]

@@ -49,7 +49,7 @@ producer = Producer({"bootstrap.servers": BROKERS})
 guard = Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS).start()
 
 WARN_AT, KILL_AT = 3, 6
-KEEPS_HINT_IN_HISTORY = os.path.basename(sys.argv[0]).startswith("guard_strands")
+KEEPS_HINT_IN_HISTORY = os.path.basename(sys.argv[0]) == "guard_strands.py"
 tool_calls = 0
 
 
