@@ -103,6 +103,86 @@ fn replayed(config: Arc<Config>, events: &[Vec<u8>]) -> Replayed {
     }
 }
 
+/// A state store write that does not end makes `/healthz` fail once it has lasted
+/// `state.write_stall_secs`, so that the orchestrator's liveness probe restarts the
+/// instance; `/metrics` shows how long it has lasted, and `/healthz` is 200 again once
+/// the write ends. (The write is held by a failpoint: sleeping 6 s in the store writer's
+/// first write, against a bound of 1 s.)
+#[cfg(feature = "failpoints")]
+#[test]
+fn healthz_fails_while_a_store_write_lasts_longer_than_its_bound() {
+    let brokers = broker();
+    let topics = Topics::named();
+    create_topics(&brokers, &topics.layout(1));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &brokers, &topics, "");
+    let run = spawn_run_with_env(
+        &cfg,
+        &dir.path().join("run.log"),
+        &[
+            ("LOOPWARDEN_STATE__WRITE_STALL_SECS", "1"),
+            ("FAILPOINTS", "store-write=1*sleep(6000)"),
+        ],
+    );
+    let addr = http_address(&run);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get(&addr, "/readyz").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready:\n{}",
+            run.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(get(&addr, "/healthz").0, 200, "live before any write");
+    let (events, _) = fleet(5, 0.0, 7);
+    produce(&brokers, &topics.input, &events, &[]);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (status, body) = get(&addr, "/healthz");
+        if status == 503 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/healthz never failed while the write slept:\n{}",
+            run.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        body.contains("state store write") && body.contains("state.write_stall_secs (1 s)"),
+        "{body}"
+    );
+    assert_eq!(healthcheck(&format!("http://{addr}/healthz")), Some(1));
+    let lasted = total(
+        &get(&addr, "/metrics").1,
+        "loopwarden_store_write_in_progress_seconds",
+    );
+    assert!(lasted >= 1.0, "the write in progress, s: {lasted}");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&addr, "/healthz").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "/healthz still failing after the write ended:\n{}",
+            run.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let lasted = total(
+        &get(&addr, "/metrics").1,
+        "loopwarden_store_write_in_progress_seconds",
+    );
+    assert_eq!(lasted, 0.0, "no write stuck any more");
+    assert!(
+        run.log_text().contains("state store write stuck"),
+        "{}",
+        run.log_text()
+    );
+}
+
 #[test]
 fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     let brokers = broker();

@@ -13,7 +13,7 @@ use loopwarden::bus::kafka::embedded::EmbeddedBroker;
 use loopwarden::bus::pipeline;
 use loopwarden::config::Config;
 use loopwarden::shutdown::Shutdown;
-use loopwarden::telemetry::{http, Metrics, Spans, Telemetry};
+use loopwarden::telemetry::{http, Liveness, Metrics, Spans, Telemetry};
 
 use super::{load_config, on_signals};
 
@@ -41,6 +41,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let mut telemetry = Telemetry::new();
     telemetry.metrics = Metrics::with_owner_series_limit(config.telemetry.owner_series_limit);
+    telemetry.liveness = Liveness::new(config.state_write_stall);
     telemetry.spans = Spans::start(
         &config.telemetry,
         &config.kafka,

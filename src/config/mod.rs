@@ -40,6 +40,12 @@ pub const DEFAULT_STATE_PATH: &str = "./loopwarden-state";
 pub const DEFAULT_STATE_CACHE_MIB: u64 = 8;
 /// The largest `state.cache_mib` accepted (64 GiB).
 pub const MAX_STATE_CACHE_MIB: u64 = 64 * 1024;
+/// How long a state store write may last before `/healthz` fails (`state.write_stall_secs`).
+/// A batch's write takes milliseconds, seconds on a slow disk with a large fold; a write
+/// still in progress after two minutes will not end.
+pub const DEFAULT_WRITE_STALL_SECS: u64 = 120;
+/// The longest `state.write_stall_secs` accepted (a day).
+pub const MAX_WRITE_STALL_SECS: u64 = 24 * 3600;
 /// Environment variables with this prefix override file keys (`__` separates levels).
 pub const ENV_PREFIX: &str = "LOOPWARDEN_";
 
@@ -125,6 +131,8 @@ pub struct Config {
     pub state_path: PathBuf,
     /// sled's page cache, bytes.
     pub state_cache_bytes: u64,
+    /// How long a store write may last before the process counts as stuck (`/healthz`).
+    pub state_write_stall: std::time::Duration,
     pub fingerprint: FingerprintSpec,
     pub tools: ToolClassifier,
     pub policy: Policy,
@@ -211,7 +219,8 @@ impl Config {
             }
         }
         let (engine, limits) = sections::engine(&table, &mut errors);
-        let (state_path, state_cache_bytes) = sections::state(&table, &mut errors);
+        let (state_path, state_cache_bytes, state_write_stall) =
+            sections::state(&table, &mut errors);
         let (tools, ignore_args) = ToolClassifier::parse(&table, &mut errors);
         let fingerprint = sections::fingerprint(&table, ignore_args, &mut errors);
         let policy = policy::base_policy(&table, engine.grace_steps, &mut errors);
@@ -232,6 +241,7 @@ impl Config {
             limits,
             state_path,
             state_cache_bytes,
+            state_write_stall,
             fingerprint,
             tools,
             policy,
@@ -290,7 +300,11 @@ impl Config {
         let mut root = toml::Table::new();
         let engine = sections::engine_toml(&self.engine, &self.limits);
         root.insert("engine".into(), V::Table(engine));
-        let state = sections::state_toml(&self.state_path, self.state_cache_bytes);
+        let state = sections::state_toml(
+            &self.state_path,
+            self.state_cache_bytes,
+            self.state_write_stall,
+        );
         root.insert("state".into(), V::Table(state));
         let fp = sections::fingerprint_toml(&self.fingerprint);
         root.insert("fingerprint".into(), V::Table(fp));

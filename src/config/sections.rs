@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
@@ -12,8 +13,8 @@ use toml::Value as V;
 use super::raw::section;
 use super::{
     Errors, DEFAULT_HTTP_LISTEN, DEFAULT_POLL_GLOBS, DEFAULT_SESSION_GAP_SECS, DEFAULT_SPANS_TOPIC,
-    DEFAULT_STATE_CACHE_MIB, DEFAULT_STATE_PATH, DEFAULT_WRITE_GLOBS, MAX_SESSION_GAP_SECS,
-    MAX_STATE_CACHE_MIB,
+    DEFAULT_STATE_CACHE_MIB, DEFAULT_STATE_PATH, DEFAULT_WRITE_GLOBS, DEFAULT_WRITE_STALL_SECS,
+    MAX_SESSION_GAP_SECS, MAX_STATE_CACHE_MIB, MAX_WRITE_STALL_SECS,
 };
 use crate::contract::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
 use crate::engine::fingerprint::{BuiltinPattern, FingerprintSpec};
@@ -89,11 +90,20 @@ pub(super) fn engine_toml(settings: &EngineSettings, limits: &ParseLimits) -> to
 struct RawState {
     path: Option<String>,
     cache_mib: Option<u64>,
+    write_stall_secs: Option<u64>,
 }
 
-/// `[state]`: the store's directory and sled's page cache in bytes.
-pub(super) fn state(table: &toml::Table, errors: &mut Errors) -> (PathBuf, u64) {
+/// `[state]`: the store's directory, sled's page cache in bytes, and how long a store
+/// write may last before the process counts as stuck.
+pub(super) fn state(table: &toml::Table, errors: &mut Errors) -> (PathBuf, u64, Duration) {
     let state: RawState = section(table, "state", errors);
+    let write_stall_secs = state.write_stall_secs.unwrap_or(DEFAULT_WRITE_STALL_SECS);
+    if !(1..=MAX_WRITE_STALL_SECS).contains(&write_stall_secs) {
+        errors.push(
+            "state.write_stall_secs",
+            format!("{write_stall_secs} is not a duration: 1 to {MAX_WRITE_STALL_SECS} (seconds)"),
+        );
+    }
     let cache_mib = state.cache_mib.unwrap_or(DEFAULT_STATE_CACHE_MIB);
     if !(1..=MAX_STATE_CACHE_MIB).contains(&cache_mib) {
         errors.push(
@@ -108,15 +118,27 @@ pub(super) fn state(table: &toml::Table, errors: &mut Errors) -> (PathBuf, u64) 
         );
     }
     let path = PathBuf::from(state.path.unwrap_or_else(|| DEFAULT_STATE_PATH.to_string()));
-    (path, cache_mib.saturating_mul(1024 * 1024))
+    (
+        path,
+        cache_mib.saturating_mul(1024 * 1024),
+        Duration::from_secs(write_stall_secs),
+    )
 }
 
-pub(super) fn state_toml(path: &std::path::Path, cache_bytes: u64) -> toml::Table {
+pub(super) fn state_toml(
+    path: &std::path::Path,
+    cache_bytes: u64,
+    write_stall: Duration,
+) -> toml::Table {
     let mut state = toml::Table::new();
     state.insert("path".into(), V::String(path.display().to_string()));
     state.insert(
         "cache_mib".into(),
         V::Integer((cache_bytes / (1024 * 1024)) as i64),
+    );
+    state.insert(
+        "write_stall_secs".into(),
+        V::Integer(write_stall.as_secs() as i64),
     );
     state
 }

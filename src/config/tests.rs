@@ -4,6 +4,7 @@
 use super::*;
 use crate::engine::detectors::DetectorKind;
 use crate::engine::levels::Mode;
+use std::time::Duration;
 
 fn cfg(text: &str) -> Result<Config, ConfigError> {
     Config::from_toml_str(text, "test.toml", std::iter::empty())
@@ -152,6 +153,33 @@ fn an_empty_state_path_and_an_endless_session_gap_are_refused() {
         "[engine]\nsession_gap_secs = {MAX_SESSION_GAP_SECS}\n"
     ))
     .unwrap();
+}
+
+/// How long a store write may last before `/healthz` fails: two minutes by default,
+/// settable in seconds from 1 s to a day, and printed with the effective configuration.
+#[test]
+fn the_write_stall_bound_has_a_default_and_limits() {
+    assert_eq!(
+        cfg("").unwrap().state_write_stall,
+        Duration::from_secs(DEFAULT_WRITE_STALL_SECS)
+    );
+    for bad in ["0", "86401", "-5"] {
+        let err = cfg(&format!("[state]\nwrite_stall_secs = {bad}\n")).unwrap_err();
+        assert!(
+            err.key_errors()
+                .iter()
+                .any(|e| e.key == "state.write_stall_secs"),
+            "{bad}: {err}"
+        );
+    }
+    let env = vec![(
+        "LOOPWARDEN_STATE__WRITE_STALL_SECS".to_string(),
+        "30".to_string(),
+    )];
+    let c = Config::from_toml_str("", "t", env.into_iter()).unwrap();
+    assert_eq!(c.state_write_stall, Duration::from_secs(30));
+    let again = Config::from_toml_str(&c.effective_toml(), "t", std::iter::empty()).unwrap();
+    assert_eq!(again.state_write_stall, Duration::from_secs(30));
 }
 
 /// sled's page cache is bounded by default (its own default is 1 GiB), settable in

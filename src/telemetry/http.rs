@@ -1,6 +1,8 @@
 //! The HTTP endpoint of `loopwarden run`: `/metrics` (Prometheus text format),
-//! `/healthz` (the process is alive) and `/readyz` (200 once assigned partitions are
-//! restored and consuming, 503 before, during a restore and while shutting down).
+//! `/healthz` (200 while the process makes progress; 503 once a state store write has
+//! lasted longer than `state.write_stall_secs`) and `/readyz` (200 once assigned
+//! partitions are restored and consuming, 503 before, during a restore and while
+//! shutting down).
 //!
 //! Guarantees: the address is bound before `serve` returns, so a port already in use is
 //! a clear start-up error, not a later surprise; the server lives on its own thread and
@@ -8,7 +10,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -16,7 +18,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use super::Telemetry;
+use super::{Liveness, Telemetry};
 use crate::shutdown::Shutdown;
 
 /// Why the HTTP endpoint could not start (fatal at start-up).
@@ -53,14 +55,45 @@ struct AppState {
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    let t = &s.telemetry;
+    let longest = t.liveness.longest_write(Instant::now()).unwrap_or_default();
+    t.metrics
+        .store_write_in_progress_seconds
+        .set(longest.as_secs() as i64);
     (
         [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
-        s.telemetry.metrics.render(),
+        t.metrics.render(),
     )
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
+    health(&s.telemetry.liveness, Instant::now())
+}
+
+/// `/healthz` at `now`: alive unless a store write has been in progress for longer than
+/// the bound (then the orchestrator's liveness probe restarts the process, which
+/// restores from the changelog and the stored offsets; waiting would not end it).
+fn health(liveness: &Liveness, now: Instant) -> (StatusCode, String) {
+    match liveness.stalled_write(now) {
+        None => (StatusCode::OK, "ok\n".to_string()),
+        Some(stalled) => {
+            let bound = liveness.write_stall().as_secs();
+            tracing::error!(
+                in_progress_secs = stalled.as_secs(),
+                write_stall_secs = bound,
+                "state store write stuck; reporting not live"
+            );
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "not live: a state store write has been in progress for {} s, longer than \
+                     state.write_stall_secs ({bound} s); a restart restores from the changelog \
+                     and the stored offsets\n",
+                    stalled.as_secs()
+                ),
+            )
+        }
+    }
 }
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {

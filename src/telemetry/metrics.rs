@@ -75,6 +75,9 @@ pub struct Metrics {
     pub sessions_open: IntGauge,
     /// Bytes of the sled state directory on disk.
     pub state_store_bytes: IntGauge,
+    /// How long the longest state store write in progress has lasted, whole seconds (0
+    /// when none is): set when scraped, from [`super::Liveness`].
+    pub store_write_in_progress_seconds: IntGauge,
     /// Messages on the broker behind what this process applied, per input partition.
     pub consumer_lag: IntGaugeVec,
     /// From an event's poll to its batch being delivered, stored and committed.
@@ -197,6 +200,12 @@ const SESSIONS_OPEN: Family = Family {
 const STATE_STORE_BYTES: Family = Family {
     name: "loopwarden_state_store_bytes",
     help: "Size of the sled state directory on disk.",
+    labels: &[],
+};
+
+const STORE_WRITE_IN_PROGRESS: Family = Family {
+    name: "loopwarden_store_write_in_progress_seconds",
+    help: "How long the longest state store write in progress has lasted (0: none); past state.write_stall_secs, /healthz fails.",
     labels: &[],
 };
 
@@ -376,6 +385,7 @@ impl Metrics {
             shadow_stops: r.counter_vec(SHADOW_STOPS),
             sessions_open: r.gauge(SESSIONS_OPEN),
             state_store_bytes: r.gauge(STATE_STORE_BYTES),
+            store_write_in_progress_seconds: r.gauge(STORE_WRITE_IN_PROGRESS),
             consumer_lag: r.gauge_vec(CONSUMER_LAG),
             processing_latency: r.histogram(PROCESSING_LATENCY),
             produce_to_finding_latency: r.histogram(PRODUCE_TO_FINDING_LATENCY),
@@ -482,7 +492,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 20, "{names:?}");
+        assert_eq!(names.len(), 21, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }

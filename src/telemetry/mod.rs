@@ -1,16 +1,22 @@
-//! What `loopwarden run` shows of itself: Prometheus metrics, readiness, and the HTTP
-//! endpoint that serves them (`/metrics`, `/healthz`, `/readyz`).
+//! What `loopwarden run` shows of itself: Prometheus metrics, readiness, liveness, and
+//! the HTTP endpoint that serves them (`/metrics`, `/healthz`, `/readyz`).
 //!
 //! Guarantees: the pipeline only updates atomics here (never waits on a scrape); the
 //! HTTP server runs on its own thread, and a failing or slow scraper cannot stall
 //! processing. Readiness is true only while the process holds an assignment whose
-//! partitions are all restored and it is not shutting down.
+//! partitions are all restored and it is not shutting down. Liveness is false once a
+//! state store write has been in progress for longer than `state.write_stall_secs`: a
+//! store that never returns (a hung disk, a deadlock in the store) stops its worker for
+//! good, and only a restart, which restores from the changelog and the stored offsets,
+//! brings the instance back.
 
 pub mod http;
 pub mod metrics;
 pub mod spans;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 pub use metrics::Metrics;
 pub use spans::Spans;
@@ -20,6 +26,7 @@ pub use spans::Spans;
 pub struct Telemetry {
     pub metrics: Metrics,
     pub readiness: Readiness,
+    pub liveness: Liveness,
     /// Span export, when configured.
     pub spans: Option<Spans>,
 }
@@ -67,6 +74,93 @@ impl Readiness {
     }
 }
 
+/// Whether the process still makes progress, as `/healthz` tells it: every state store
+/// write in progress (each worker's store writer registers a [`WriteWatch`]) and how long
+/// one may last before the process counts as stuck.
+pub struct Liveness {
+    write_stall: Duration,
+    epoch: Instant,
+    writes: Mutex<Vec<Weak<AtomicU64>>>,
+}
+
+impl Default for Liveness {
+    fn default() -> Liveness {
+        Liveness::new(Duration::from_secs(crate::config::DEFAULT_WRITE_STALL_SECS))
+    }
+}
+
+impl Liveness {
+    /// Stuck once a store write lasts longer than `write_stall`.
+    pub fn new(write_stall: Duration) -> Liveness {
+        Liveness {
+            write_stall,
+            epoch: Instant::now(),
+            writes: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn write_stall(&self) -> Duration {
+        self.write_stall
+    }
+
+    /// A store writer's watch, counted while it lives.
+    pub fn store_writer(&self) -> WriteWatch {
+        let since = Arc::new(AtomicU64::new(IDLE));
+        let mut writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        writes.retain(|w| w.strong_count() > 0);
+        writes.push(Arc::downgrade(&since));
+        WriteWatch {
+            epoch: self.epoch,
+            since,
+        }
+    }
+
+    /// How long the longest write in progress at `now` has lasted (`None`: none is).
+    pub fn longest_write(&self, now: Instant) -> Option<Duration> {
+        let writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        writes
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|since| since.load(Ordering::Acquire))
+            .filter(|&since| since != IDLE)
+            .map(|since| {
+                let began = self.epoch + Duration::from_micros(since - 1);
+                now.saturating_duration_since(began)
+            })
+            .max()
+    }
+
+    /// The longest write in progress at `now`, when it has lasted longer than
+    /// `write_stall`.
+    pub fn stalled_write(&self, now: Instant) -> Option<Duration> {
+        self.longest_write(now).filter(|d| *d > self.write_stall)
+    }
+}
+
+/// A watch's value while no write is in progress (a write's is its start, in µs after
+/// the epoch, plus one).
+const IDLE: u64 = 0;
+
+/// One store writer's write in progress, as [`Liveness`] sees it.
+pub struct WriteWatch {
+    epoch: Instant,
+    since: Arc<AtomicU64>,
+}
+
+impl WriteWatch {
+    /// A write begins at `now`.
+    pub fn begin(&self, now: Instant) {
+        let micros = now.saturating_duration_since(self.epoch).as_micros();
+        let since = u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1;
+        self.since.store(since, Ordering::Release);
+    }
+
+    /// The write in progress ended.
+    pub fn end(&self) {
+        self.since.store(IDLE, Ordering::Release);
+    }
+}
+
 /// Marks a restore in progress for as long as it lives.
 pub struct RestoreGuard<'a>(&'a Readiness);
 
@@ -79,6 +173,36 @@ impl Drop for RestoreGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_in_progress_longer_than_the_bound_is_a_stall_and_an_ended_one_is_not() {
+        let live = Liveness::new(Duration::from_secs(60));
+        let start = Instant::now();
+        let (first, second) = (live.store_writer(), live.store_writer());
+        assert_eq!(live.longest_write(start), None, "no write begun");
+        first.begin(start);
+        second.begin(start + Duration::from_secs(50));
+        let at = |secs| start + Duration::from_secs(secs);
+        // (A write's start is kept to the microsecond: whole seconds compared.)
+        let secs = |d: Option<Duration>| d.map(|d| d.as_secs());
+        assert_eq!(secs(live.longest_write(at(55))), Some(55));
+        assert_eq!(live.stalled_write(at(59)), None, "within the bound");
+        assert_eq!(secs(live.stalled_write(at(61))), Some(61));
+        first.end();
+        assert_eq!(
+            live.stalled_write(at(61)),
+            None,
+            "the other write began 11 s before"
+        );
+        assert_eq!(secs(live.longest_write(at(111))), Some(61));
+        assert_eq!(secs(live.stalled_write(at(111))), Some(61));
+        drop(second);
+        assert_eq!(
+            live.longest_write(at(200)),
+            None,
+            "a writer gone is not watched"
+        );
+    }
 
     #[test]
     fn ready_only_after_an_assignment_and_outside_restores() {

@@ -106,7 +106,8 @@ impl Worker {
         telemetry: Arc<Telemetry>,
     ) -> Result<Worker, PipelineError> {
         let settings = &config.kafka;
-        let writer = Writer::start(db.clone(), settings, shutdown)?;
+        let watch = telemetry.liveness.store_writer();
+        let writer = Writer::start(db.clone(), settings, shutdown, watch)?;
         Ok(Worker {
             restorer,
             inputs: settings

@@ -32,6 +32,7 @@ use super::{lock, PipelineError};
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
 use crate::shutdown::Shutdown;
+use crate::telemetry::WriteWatch;
 
 /// A partition's store, shared by the worker (which restores it) and its writer (which
 /// writes it).
@@ -69,12 +70,14 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    /// Starts the thread, which writes into `db`'s trees and retries with `settings`'
-    /// backoff.
+    /// Starts the thread, which writes into `db`'s trees, retries with `settings`'
+    /// backoff, and shows each write in progress to `watch` (`/healthz` fails when one
+    /// never ends).
     pub fn start(
         db: sled::Db,
         settings: &KafkaSettings,
         shutdown: &Shutdown,
+        watch: WriteWatch,
     ) -> Result<Writer, PipelineError> {
         let (jobs, taken) = sync_channel::<Job>(QUEUED_MAX);
         let (report, reports) = std::sync::mpsc::channel();
@@ -98,7 +101,10 @@ impl Writer {
                             result: Err(PipelineError::StoreAfterFailure),
                         }
                     } else {
-                        write(&db, job, &mut backoff.fresh(), &closed)
+                        watch.begin(Instant::now());
+                        let stored = write(&db, job, &mut backoff.fresh(), &closed);
+                        watch.end();
+                        stored
                     };
                     failed |= stored.result.is_err();
                     if report.send(stored).is_err() {
@@ -170,6 +176,9 @@ impl Drop for Writer {
 fn write(db: &sled::Db, job: Job, backoff: &mut Backoff, closing: &AtomicBool) -> Stored {
     let started = Instant::now();
     let wrote = !job.batches.is_empty();
+    // A store that takes its time, for the liveness test (`FAILPOINTS=store-write=sleep(ms)`).
+    #[cfg(feature = "failpoints")]
+    let _ = fail::eval("store-write", |_| ());
     let result = (|| {
         for (partition, store, batch) in &job.batches {
             let mut store = lock(store);
@@ -214,6 +223,11 @@ mod tests {
         settings
     }
 
+    /// A watch no one reads.
+    fn watch() -> WriteWatch {
+        crate::telemetry::Liveness::default().store_writer()
+    }
+
     /// A database in a temporary directory and its partition 0's store.
     fn partition_store() -> (tempfile::TempDir, sled::Db, SharedStore) {
         let dir = tempfile::tempdir().unwrap();
@@ -238,10 +252,43 @@ mod tests {
         }
     }
 
+    /// The liveness watch sees a write while it is in progress, and not once it ended:
+    /// here a write held at its partition's store (the test holds the store's lock).
+    #[test]
+    fn a_write_in_progress_is_watched_until_it_ends() {
+        let (_dir, db, store) = partition_store();
+        let liveness = crate::telemetry::Liveness::new(Duration::from_secs(1));
+        let mut writer = Writer::start(
+            db.clone(),
+            &settings(),
+            &Shutdown::new(),
+            liveness.store_writer(),
+        )
+        .unwrap();
+        let held = lock(&store);
+        writer.hand(job(&store, Some(("s", b"state")), 1));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while liveness.longest_write(Instant::now()).is_none() {
+            assert!(Instant::now() < deadline, "the write never showed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(
+            liveness.stalled_write(Instant::now()).is_some(),
+            "held past the bound: {:?}",
+            liveness.longest_write(Instant::now())
+        );
+        assert!(writer.next(false).is_none(), "not reported while held");
+        drop(held);
+        let stored = writer.next(true).expect("reported once the store is free");
+        assert!(stored.result.is_ok(), "{:?}", stored.result);
+        assert_eq!(liveness.longest_write(Instant::now()), None, "ended");
+    }
+
     #[test]
     fn batches_are_stored_in_hand_over_order_and_a_failed_write_is_retried() {
         let (_dir, db, store) = partition_store();
-        let mut writer = Writer::start(db.clone(), &settings(), &Shutdown::new()).unwrap();
+        let mut writer = Writer::start(db.clone(), &settings(), &Shutdown::new(), watch()).unwrap();
         lock(&store).fail_next_write_after(0);
         let batches = [
             ("s", b"first".as_slice()),
@@ -278,7 +325,7 @@ mod tests {
         settings.shutdown_deadline = Duration::ZERO;
         let shutdown = Shutdown::new();
         shutdown.trigger();
-        let mut writer = Writer::start(db.clone(), &settings, &shutdown).unwrap();
+        let mut writer = Writer::start(db.clone(), &settings, &shutdown, watch()).unwrap();
         lock(&store).fail_next_write_after(0);
         writer.hand(job(&store, Some(("s", b"failed")), 1));
         writer.hand(job(&store, Some(("s", b"after")), 2));
@@ -304,7 +351,7 @@ mod tests {
     #[test]
     fn a_dropped_writer_writes_none_of_the_batches_still_queued() {
         let (_dir, db, store) = partition_store();
-        let mut writer = Writer::start(db.clone(), &settings(), &Shutdown::new()).unwrap();
+        let mut writer = Writer::start(db.clone(), &settings(), &Shutdown::new(), watch()).unwrap();
         // The thread waits for the store while the test holds it: the first batch taken,
         // the second queued, when the writer is dropped.
         let held = lock(&store);
