@@ -45,6 +45,27 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     }
 }
 
+/// The body of `GET http://addr/path` once it answers `status`, within `within`
+/// (the test fails with `what` and the run's log otherwise).
+fn await_status(
+    run: &Running,
+    addr: &str,
+    path: &str,
+    status: u16,
+    within: Duration,
+    what: &str,
+) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let (answered, body) = get(addr, path);
+        if answered == status {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{what}:\n{}", run.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Sample values of `name` keyed by their label set as written (`{a="x",b="y"}`).
 fn samples(exposition: &str, name: &str) -> BTreeMap<String, f64> {
     exposition
@@ -125,57 +146,32 @@ fn healthz_fails_while_a_store_write_lasts_longer_than_its_bound() {
         ],
     );
     let addr = http_address(&run);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while get(&addr, "/readyz").0 != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "never ready:\n{}",
-            run.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let secs = Duration::from_secs;
+    await_status(&run, &addr, "/readyz", 200, secs(60), "never ready");
     assert_eq!(get(&addr, "/healthz").0, 200, "live before any write");
     let (events, _) = fleet(5, 0.0, 7);
     produce(&brokers, &topics.input, &events, &[]);
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let body = loop {
-        let (status, body) = get(&addr, "/healthz");
-        if status == 503 {
-            break body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/healthz never failed while the write slept:\n{}",
-            run.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let failed = "/healthz never failed while the write slept";
+    let body = await_status(&run, &addr, "/healthz", 503, secs(30), failed);
     assert!(
         body.contains("state store write") && body.contains("state.write_stall_secs (1 s)"),
         "{body}"
     );
     assert_eq!(healthcheck(&format!("http://{addr}/healthz")), Some(1));
-    let lasted = total(
-        &get(&addr, "/metrics").1,
-        "loopwarden_store_write_in_progress_seconds",
+    let in_progress = || {
+        let metrics = get(&addr, "/metrics").1;
+        total(&metrics, "loopwarden_store_write_in_progress_seconds")
+    };
+    assert!(
+        in_progress() >= 1.0,
+        "the write in progress, s: {}",
+        in_progress()
     );
-    assert!(lasted >= 1.0, "the write in progress, s: {lasted}");
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get(&addr, "/healthz").0 != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "/healthz still failing after the write ended:\n{}",
-            run.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let lasted = total(
-        &get(&addr, "/metrics").1,
-        "loopwarden_store_write_in_progress_seconds",
-    );
-    assert_eq!(lasted, 0.0, "no write stuck any more");
+    let still = "/healthz still failing after the write ended";
+    await_status(&run, &addr, "/healthz", 200, secs(30), still);
+    assert_eq!(in_progress(), 0.0, "no write stuck any more");
     assert!(
         run.log_text().contains("state store write stuck"),
         "{}",
@@ -227,15 +223,14 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
         events.push(event.into_bytes());
     }
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(10)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while get(&addr, "/readyz").0 != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "never ready:\n{}",
-            run.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_status(
+        &run,
+        &addr,
+        "/readyz",
+        200,
+        Duration::from_secs(60),
+        "never ready",
+    );
     assert_eq!(healthcheck(&format!("http://{addr}/readyz")), Some(0));
 
     // Replay's view of the same events.
