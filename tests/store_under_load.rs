@@ -33,7 +33,7 @@ const RUN_SECS: u64 = 20;
 const STALL_SECS: u64 = 10;
 
 #[test]
-fn writers_sharing_a_database_keep_making_progress_on_a_busy_machine() {
+fn writers_sharing_a_database_keep_making_progress() {
     let dir = tempfile::tempdir().unwrap();
     let db = open_db_with_cache(dir.path(), 8 * 1024 * 1024).unwrap();
     let config = Arc::new(
@@ -47,9 +47,10 @@ fn writers_sharing_a_database_keep_making_progress_on_a_busy_machine() {
     let batches: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
     let started = Instant::now();
     let run_for = Duration::from_secs(RUN_SECS);
+    let mut writers = Vec::new();
     for w in 0..WRITERS {
         let (db, config, batches) = (db.clone(), config.clone(), batches.clone());
-        std::thread::spawn(move || {
+        let writer = std::thread::spawn(move || {
             let mut stores: Vec<SledStore> = (0..PARTITIONS_PER_WRITER)
                 .map(|p| SledStore::partition(&db, (w * PARTITIONS_PER_WRITER + p) as i32).unwrap())
                 .collect();
@@ -79,6 +80,7 @@ fn writers_sharing_a_database_keep_making_progress_on_a_busy_machine() {
                 batches[w as usize].fetch_add(1, Ordering::Relaxed);
             }
         });
+        writers.push(Some(writer));
     }
     let read = || -> Vec<u64> { batches.iter().map(|b| b.load(Ordering::Relaxed)).collect() };
     let (mut seen, mut moved) = (read(), vec![Instant::now(); WRITERS as usize]);
@@ -86,6 +88,11 @@ fn writers_sharing_a_database_keep_making_progress_on_a_busy_machine() {
         std::thread::sleep(Duration::from_millis(250));
         let now = read();
         for w in 0..WRITERS as usize {
+            // A writer gone before the run's end failed: its panic says why.
+            if writers[w].as_ref().is_some_and(|t| t.is_finished()) && started.elapsed() < run_for {
+                let ended = writers[w].take().map(|t| t.join());
+                panic!("writer {w} ended before the run's end: {ended:?}");
+            }
             if now[w] != seen[w] {
                 moved[w] = Instant::now();
             }
@@ -99,5 +106,11 @@ fn writers_sharing_a_database_keep_making_progress_on_a_busy_machine() {
         seen = now;
     }
     eprintln!("batches stored by each writer in {RUN_SECS} s: {seen:?}");
-    // The threads end at the run's end; a stuck one is never joined (the test has failed).
+    // Each writer ends at the run's end (a stuck one would have failed the test above,
+    // never joined).
+    for (w, writer) in writers.into_iter().enumerate() {
+        if let Some(Err(panic)) = writer.map(|t| t.join()) {
+            panic!("writer {w} failed: {panic:?}");
+        }
+    }
 }

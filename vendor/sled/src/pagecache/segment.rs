@@ -1101,7 +1101,9 @@ impl SegmentAccountant {
         // `sa_stabilize`) takes too: with the pool's threads all in such writes, a
         // truncation queued behind them never ran, and every writer stopped for good
         // (sled issue #1412). The thread takes no lock of sled's. See LOOPWARDEN.md.
-        let truncation = move || {
+        // If no thread can be started, the truncation runs here, before `truncate`
+        // returns: slower, never a lost truncation or an error the pool did not give.
+        let truncation = std::sync::Arc::new(std::sync::Mutex::new(Some(move || {
             debug!("truncating file to length {}", at);
             let res = config
                 .file
@@ -1109,10 +1111,22 @@ impl SegmentAccountant {
                 .and_then(|_| config.file.sync_all())
                 .map_err(|e| e.into());
             completer.fill(res);
-        };
-        std::thread::Builder::new()
+        })));
+        let on_thread = truncation.clone();
+        let spawned = std::thread::Builder::new()
             .name("sled-truncate".to_string())
-            .spawn(truncation)?;
+            .spawn(move || {
+                let task = on_thread.lock().ok().and_then(|mut t| t.take());
+                if let Some(task) = task {
+                    task();
+                }
+            });
+        if spawned.is_err() {
+            let task = truncation.lock().ok().and_then(|mut t| t.take());
+            if let Some(task) = task {
+                task();
+            }
+        }
 
         if self.async_truncations.insert(at, promise).is_some() {
             panic!(
