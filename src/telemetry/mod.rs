@@ -1,14 +1,16 @@
 //! What `loopwarden run` shows of itself: Prometheus metrics, readiness, liveness, and
 //! the HTTP endpoint that serves them (`/metrics`, `/healthz`, `/readyz`).
 //!
-//! Guarantees: the pipeline only updates atomics here (never waits on a scrape); the
+//! Guarantees: the pipeline only updates atomics here (never waits on a scrape; a store
+//! writer's registration, once per worker, shares a mutex with `/healthz`); the
 //! HTTP server runs on its own thread, and a failing or slow scraper cannot stall
 //! processing. Readiness is true only while the process holds an assignment whose
 //! partitions are all restored and it is not shutting down. Liveness is false once a
-//! state store write has been in progress for longer than `state.write_stall_secs`: a
-//! store that never returns (a hung disk, a deadlock in the store) stops its worker for
-//! good, and only a restart, which restores from the changelog and the stored offsets,
-//! brings the instance back.
+//! state store write (or a worker's own call into the store: loading a partition, a
+//! restore's records, the flush at a clean stop) has been in progress for longer than
+//! `state.write_stall_secs`: a store that never returns (a hung disk, a deadlock in the
+//! store) stops its worker for good, and only a restart, which restores from the
+//! changelog and the stored offsets, brings the instance back.
 
 pub mod http;
 pub mod metrics;
@@ -148,16 +150,23 @@ pub struct WriteWatch {
 }
 
 impl WriteWatch {
-    /// A write begins at `now`.
-    pub fn begin(&self, now: Instant) {
+    /// A write begins at `now`; it ends when the returned guard is dropped (an early
+    /// return and a panic end it too). One at a time: a write begun while another is in
+    /// progress replaces it.
+    pub fn begin(&self, now: Instant) -> Writing<'_> {
         let micros = now.saturating_duration_since(self.epoch).as_micros();
         let since = u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1;
         self.since.store(since, Ordering::Release);
+        Writing(self)
     }
+}
 
-    /// The write in progress ended.
-    pub fn end(&self) {
-        self.since.store(IDLE, Ordering::Release);
+/// A write in progress: ends it when dropped.
+pub struct Writing<'a>(&'a WriteWatch);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.since.store(IDLE, Ordering::Release);
     }
 }
 
@@ -180,15 +189,15 @@ mod tests {
         let start = Instant::now();
         let (first, second) = (live.store_writer(), live.store_writer());
         assert_eq!(live.longest_write(start), None, "no write begun");
-        first.begin(start);
-        second.begin(start + Duration::from_secs(50));
+        let first_write = first.begin(start);
+        let second_write = second.begin(start + Duration::from_secs(50));
         let at = |secs| start + Duration::from_secs(secs);
         // (A write's start is kept to the microsecond: whole seconds compared.)
         let secs = |d: Option<Duration>| d.map(|d| d.as_secs());
         assert_eq!(secs(live.longest_write(at(55))), Some(55));
         assert_eq!(live.stalled_write(at(59)), None, "within the bound");
         assert_eq!(secs(live.stalled_write(at(61))), Some(61));
-        first.end();
+        drop(first_write);
         assert_eq!(
             live.stalled_write(at(61)),
             None,
@@ -196,6 +205,7 @@ mod tests {
         );
         assert_eq!(secs(live.longest_write(at(111))), Some(61));
         assert_eq!(secs(live.stalled_write(at(111))), Some(61));
+        std::mem::forget(second_write);
         drop(second);
         assert_eq!(
             live.longest_write(at(200)),

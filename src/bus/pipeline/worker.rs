@@ -39,7 +39,7 @@ use crate::contract::output::Output;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
 use crate::engine::Engine;
 use crate::shutdown::Shutdown;
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Telemetry, WriteWatch};
 
 /// Everything a batch touches.
 pub struct Worker {
@@ -78,6 +78,9 @@ pub struct Worker {
     pub(super) unacked: Option<Unacked>,
     /// Writes acknowledged batches to sled off this thread.
     pub(super) writer: Writer,
+    /// This thread's own calls into the store (a partition's load, a restore's records,
+    /// the flush at a clean stop), as `/healthz` sees them.
+    store_watch: WriteWatch,
     /// The batches handed to the writer whose input offsets are not committed yet, in
     /// hand-over order (the writer reports in that order).
     pub(super) storing: VecDeque<Storing>,
@@ -108,6 +111,7 @@ impl Worker {
         let settings = &config.kafka;
         let watch = telemetry.liveness.store_writer();
         let writer = Writer::start(db.clone(), settings, shutdown, watch)?;
+        let store_watch = telemetry.liveness.store_writer();
         Ok(Worker {
             restorer,
             inputs: settings
@@ -136,6 +140,7 @@ impl Worker {
             batch_ids: BatchIds::new(),
             unacked: None,
             writer,
+            store_watch,
             storing: VecDeque::new(),
         })
     }
@@ -312,11 +317,15 @@ impl Worker {
         // A batch of this partition still with the writer (from before it was taken
         // away) is written before the partition is read again.
         self.await_stores_of(&[partition]);
+        let writing = self.store_watch.begin(Instant::now());
         let mut store = SledStore::partition(&self.db, partition)?;
+        drop(writing);
         if self.commit.changelog() {
             let telemetry = self.telemetry.clone();
             let _restoring = telemetry.readiness.restoring();
-            let restored = self.restorer.restore(partition, &mut store, &self.db)?;
+            let restored =
+                self.restorer
+                    .restore(partition, &mut store, &self.db, &self.store_watch)?;
             self.stats.restored_records += restored.session_records;
             self.stats.restore_ms += restored.took.as_millis() as u64;
             if restored.session_records > 0 {
@@ -328,6 +337,7 @@ impl Worker {
                 .restore_duration
                 .observe(restored.took.as_secs_f64());
         }
+        let writing = self.store_watch.begin(Instant::now());
         let engine = Engine::restore(self.config.clone(), &store)?;
         let mut applied = BTreeMap::new();
         for topic in &self.inputs {
@@ -335,6 +345,7 @@ impl Worker {
                 applied.insert(topic.clone(), o);
             }
         }
+        drop(writing);
         info!(
             partition,
             sessions = engine.open_sessions(),
@@ -631,6 +642,7 @@ impl Worker {
     /// Puts everything stored so far on disk (a clean stop: the next start restores
     /// nothing). Called once the batches are settled (none is with the writer).
     pub(super) fn flush_store(&self) -> Result<(), PipelineError> {
+        let _writing = self.store_watch.begin(Instant::now());
         self.db.flush().map_err(StoreError::Io)?;
         Ok(())
     }

@@ -101,10 +101,8 @@ impl Writer {
                             result: Err(PipelineError::StoreAfterFailure),
                         }
                     } else {
-                        watch.begin(Instant::now());
-                        let stored = write(&db, job, &mut backoff.fresh(), &closed);
-                        watch.end();
-                        stored
+                        let _writing = watch.begin(Instant::now());
+                        write(&db, job, &mut backoff.fresh(), &closed)
                     };
                     failed |= stored.result.is_err();
                     if report.send(stored).is_err() {

@@ -15,6 +15,7 @@ use crate::bus::kafka::settings::{Delivery, KafkaSettings};
 use crate::bus::pipeline::PipelineError;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError, STATE_FORMAT};
 use crate::shutdown::Shutdown;
+use crate::telemetry::WriteWatch;
 
 /// What a restore applied.
 #[derive(Debug, Default, Clone, Copy)]
@@ -57,11 +58,14 @@ impl Restorer {
     /// input offsets cover it: a broker that hands out records of aborted transactions
     /// (no `read_committed` filtering) cannot make the state run ahead of the offsets.
     /// Blocks until done: the partition is not consumed before.
+    /// Each call into the store shows in `watch` while it lasts (`/healthz`), not the
+    /// changelog's reading, whose length depends on the changelog.
     pub fn restore(
         &mut self,
         partition: i32,
         store: &mut SledStore,
         db: &sled::Db,
+        watch: &WriteWatch,
     ) -> Result<Restored, PipelineError> {
         let shut_down = || PipelineError::RestoreInterrupted { partition };
         let (low, high) = self.source.extent(partition)?.ok_or_else(shut_down)?;
@@ -69,7 +73,10 @@ impl Restorer {
             Delivery::AtLeastOnce => None,
             Delivery::ExactlyOnce => Some(self.source.committed(partition)?.ok_or_else(shut_down)?),
         };
-        let local = store.offset(CHANGELOG_POSITION)?;
+        let local = {
+            let _reading = watch.begin(Instant::now());
+            store.offset(CHANGELOG_POSITION)?
+        };
         let from = local.map_or(low, |l| (l + 1).max(low));
         if from >= high {
             // Up to date (the usual case for a partition that stays on its disk). A
@@ -86,11 +93,13 @@ impl Restorer {
             .map(|t| format!("{t}/{partition}"))
             .collect();
         let mut applied_offsets = FxHashMap::default();
+        let reading = watch.begin(Instant::now());
         for key in &input_keys {
             if let Some(o) = store.offset(key)? {
                 applied_offsets.insert(key.clone(), o);
             }
         }
+        drop(reading);
         let mut batches = Assembler {
             partition,
             topic: self.settings.changelog_topic.clone(),
@@ -102,9 +111,12 @@ impl Restorer {
         };
         self.source
             .read(partition, from, high, &mut |offset, parts| {
+                let _writing = watch.begin(Instant::now());
                 batches.add(Entry::from_parts(offset, parts), store)
             })?;
+        let flushing = watch.begin(Instant::now());
         db.flush().map_err(StoreError::Io)?;
+        drop(flushing);
         info!(
             partition,
             batches = batches.applied,
