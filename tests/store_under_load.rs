@@ -10,7 +10,7 @@
 //! `STALL_SECS`, and says where each stopped. The hang needs the pool's threads all in
 //! log writes at the moment a truncation is queued: this run did not reproduce it against
 //! the published crate in the tries made (its truncations: ~100 in 20 s), so it guards the
-//! writers' progress under load, not that one interleaving.
+//! writers' progress under load; `tests/sled_truncation.rs` holds the change itself.
 
 #[path = "../benches/shared/growth.rs"]
 mod growth;

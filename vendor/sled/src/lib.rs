@@ -394,6 +394,54 @@ fn calculate_message_crc32(header: &[u8], body: &[u8]) -> u32 {
     crc32 ^ 0xFFFF_FFFF
 }
 
+/// loopwarden (see LOOPWARDEN.md), for its test of its one change to sled, not sled's
+/// API: whether a task handed to the runner of sled's file truncations completes within
+/// `within` while the seven threads sled's I/O pool starts are all busy, as they were
+/// when the published crate deadlocked. Frees the pool's threads before it returns.
+#[doc(hidden)]
+#[cfg(all(not(miri), target_os = "linux"))]
+pub fn loopwarden_truncation_completes_while_the_pool_is_busy(
+    within: std::time::Duration,
+) -> bool {
+    const POOL_THREADS: usize = 7;
+    let gate = std::sync::Arc::new((Mutex::new((0usize, false)), Condvar::new()));
+    let mut busy = Vec::new();
+    for _ in 0..POOL_THREADS {
+        let gate = gate.clone();
+        busy.push(threadpool::spawn(move || {
+            let (state, cv) = &*gate;
+            let mut state = state.lock();
+            state.0 += 1;
+            cv.notify_all();
+            while !state.1 {
+                cv.wait(&mut state);
+            }
+        }));
+    }
+    // Every pool thread is in one of the tasks above before the truncation is handed on.
+    {
+        let (state, cv) = &*gate;
+        let mut state = state.lock();
+        while state.0 < POOL_THREADS {
+            if cv.wait_for(&mut state, within).timed_out() {
+                break;
+            }
+        }
+    }
+    let (filler, mut done) = OneShot::pair();
+    pagecache::off_the_pool(move || filler.fill(()));
+    let completed = done.wait_timeout(within).is_ok();
+    {
+        let (state, cv) = &*gate;
+        state.lock().1 = true;
+        cv.notify_all();
+    }
+    for task in busy.into_iter().flatten() {
+        let _ = task.wait();
+    }
+    completed
+}
+
 #[cfg(any(test, feature = "lock_free_delays"))]
 mod debug_delay;
 

@@ -19,6 +19,8 @@ mod parallel_io_unix;
 mod parallel_io_windows;
 mod reservation;
 mod segment;
+// loopwarden: see LOOPWARDEN.md.
+pub(crate) use segment::off_the_pool;
 mod snapshot;
 
 use std::{collections::BinaryHeap, ops::Deref};

@@ -1100,10 +1100,8 @@ impl SegmentAccountant {
         // lock, which every pool thread writing a buffer to the log (`write_to_log`,
         // `sa_stabilize`) takes too: with the pool's threads all in such writes, a
         // truncation queued behind them never ran, and every writer stopped for good
-        // (sled issue #1412). The thread takes no lock of sled's. See LOOPWARDEN.md.
-        // If no thread can be started, the truncation runs here, before `truncate`
-        // returns: slower, never a lost truncation or an error the pool did not give.
-        let truncation = std::sync::Arc::new(std::sync::Mutex::new(Some(move || {
+        // (sled issue #1412). See LOOPWARDEN.md.
+        off_the_pool(move || {
             debug!("truncating file to length {}", at);
             let res = config
                 .file
@@ -1111,22 +1109,7 @@ impl SegmentAccountant {
                 .and_then(|_| config.file.sync_all())
                 .map_err(|e| e.into());
             completer.fill(res);
-        })));
-        let on_thread = truncation.clone();
-        let spawned = std::thread::Builder::new()
-            .name("sled-truncate".to_string())
-            .spawn(move || {
-                let task = on_thread.lock().ok().and_then(|mut t| t.take());
-                if let Some(task) = task {
-                    task();
-                }
-            });
-        if spawned.is_err() {
-            let task = truncation.lock().ok().and_then(|mut t| t.take());
-            if let Some(task) = task {
-                task();
-            }
-        }
+        });
 
         if self.async_truncations.insert(at, promise).is_some() {
             panic!(
@@ -1149,5 +1132,26 @@ impl SegmentAccountant {
         }
 
         idx
+    }
+}
+
+/// loopwarden: runs `task` on a thread of its own, which takes no lock of sled's, never on
+/// the I/O pool (see `SegmentAccountant::truncate` and LOOPWARDEN.md); if no thread can be
+/// started, here, before returning (the pool never failed a task for want of a thread).
+pub(crate) fn off_the_pool<F: FnOnce() + Send + 'static>(task: F) {
+    let task = std::sync::Arc::new(std::sync::Mutex::new(Some(task)));
+    let on_thread = task.clone();
+    let take = |t: &std::sync::Mutex<Option<F>>| t.lock().ok().and_then(|mut t| t.take());
+    let spawned = std::thread::Builder::new()
+        .name("sled-truncate".to_string())
+        .spawn(move || {
+            if let Some(task) = take(&on_thread) {
+                task();
+            }
+        });
+    if spawned.is_err() {
+        if let Some(task) = take(&task) {
+            task();
+        }
     }
 }
