@@ -41,8 +41,8 @@ pub const DEFAULT_STATE_CACHE_MIB: u64 = 8;
 /// The largest `state.cache_mib` accepted (64 GiB).
 pub const MAX_STATE_CACHE_MIB: u64 = 64 * 1024;
 /// How long a state store write may last before `/healthz` fails (`state.write_stall_secs`).
-/// A batch's write takes milliseconds, seconds on a slow disk with a large fold; a write
-/// still in progress after two minutes will not end.
+/// A batch's write takes milliseconds, seconds on a slow disk with a large fold; one still
+/// in progress after two minutes is taken for one that will not end.
 pub const DEFAULT_WRITE_STALL_SECS: u64 = 120;
 /// The longest `state.write_stall_secs` accepted (a day).
 pub const MAX_WRITE_STALL_SECS: u64 = 24 * 3600;
