@@ -26,7 +26,6 @@ use std::hash::BuildHasher as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loopwarden::config::Config;
 use loopwarden::contract::event::{parse_event, ParseLimits};
 use loopwarden::engine::store::{open_db_with_cache, SledStore, StateStore};
 use loopwarden::engine::{Engine, EventMeta};
@@ -37,7 +36,7 @@ mod common;
 mod growth;
 #[path = "shared/proc.rs"]
 mod proc;
-use growth::{growth_event, GROWTH_CONFIG};
+use growth::{growth_config_never_closing, growth_event};
 use proc::cpu_ms;
 
 // The allocator `loopwarden` itself runs on (src/main.rs), so that the engine and the
@@ -80,15 +79,8 @@ fn run(
     let rss_before = rss_bytes();
     let dir = tempfile::tempdir().unwrap();
     let db = open_db_with_cache(dir.path(), cache_mib * 1024 * 1024).unwrap();
-    let config = Arc::new(
-        // Sessions never close and ceilings never stop them, however many rounds.
-        Config::from_toml_str(
-            &format!("[engine]\nsession_gap_secs = 315360000\n{GROWTH_CONFIG}"),
-            "bench",
-            std::iter::empty(),
-        )
-        .unwrap(),
-    );
+    // Sessions never close and ceilings never stop them, however many rounds.
+    let config = Arc::new(growth_config_never_closing("bench"));
     let mut stores: Vec<SledStore> = (0..partitions)
         .map(|p| SledStore::partition(&db, p as i32).unwrap())
         .collect();

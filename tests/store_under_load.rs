@@ -19,8 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use growth::{growth_event, GROWTH_CONFIG};
-use loopwarden::config::Config;
+use growth::{growth_config_never_closing, growth_event};
 use loopwarden::contract::event::{parse_event, ParseLimits};
 use loopwarden::engine::store::{open_db_with_cache, SledStore, StateStore};
 use loopwarden::engine::{Engine, EventMeta};
@@ -36,14 +35,7 @@ const STALL_SECS: u64 = 10;
 fn writers_sharing_a_database_keep_making_progress() {
     let dir = tempfile::tempdir().unwrap();
     let db = open_db_with_cache(dir.path(), 8 * 1024 * 1024).unwrap();
-    let config = Arc::new(
-        Config::from_toml_str(
-            &format!("[engine]\nsession_gap_secs = 315360000\n{GROWTH_CONFIG}"),
-            "test",
-            std::iter::empty(),
-        )
-        .unwrap(),
-    );
+    let config = Arc::new(growth_config_never_closing("test"));
     let batches: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
     let started = Instant::now();
     let run_for = Duration::from_secs(RUN_SECS);

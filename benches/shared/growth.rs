@@ -9,6 +9,18 @@
 pub const GROWTH_CONFIG: &str =
     "[detectors.turn_cap]\nterminate_at = 1e12\n[detectors.tool_call_cap]\nterminate_at = 1e12\n";
 
+/// The configuration of a workload run in-process: [`GROWTH_CONFIG`], and a session gap
+/// of ten years, so that no session closes however long the run's event time grows.
+#[allow(dead_code)] // the pipeline bench runs its own configuration
+pub fn growth_config_never_closing(origin: &str) -> loopwarden::config::Config {
+    loopwarden::config::Config::from_toml_str(
+        &format!("[engine]\nsession_gap_secs = 315360000\n{GROWTH_CONFIG}"),
+        origin,
+        std::iter::empty(),
+    )
+    .unwrap()
+}
+
 /// Events of `sessions` sessions, round-robin, none completing: the `k`-th event is step
 /// `k / sessions` of session `k % sessions`, a tool call with arguments and a result of
 /// its own (under [`GROWTH_CONFIG`] no detector has a reason to fire), 0.1 ms of event

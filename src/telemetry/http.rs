@@ -1,6 +1,6 @@
 //! The HTTP endpoint of `loopwarden run`: `/metrics` (Prometheus text format),
-//! `/healthz` (200 while the process makes progress; 503 once a state store write has
-//! lasted longer than `state.write_stall_secs`) and `/readyz` (200 once assigned
+//! `/healthz` (200 unless a state store write has been in progress for longer than
+//! `state.write_stall_secs`, then 503) and `/readyz` (200 once assigned
 //! partitions are restored and consuming, 503 before, during a restore and while
 //! shutting down).
 //!

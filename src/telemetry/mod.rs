@@ -1,8 +1,9 @@
 //! What `loopwarden run` shows of itself: Prometheus metrics, readiness, liveness, and
 //! the HTTP endpoint that serves them (`/metrics`, `/healthz`, `/readyz`).
 //!
-//! Guarantees: the pipeline only updates atomics here (never waits on a scrape; a store
-//! writer's registration, once per worker, shares a mutex with `/healthz`); the
+//! Guarantees: the pipeline only updates atomics here (never waits on a scrape; a
+//! store watch's registration, twice per worker at its start, shares a mutex with
+//! `/healthz`); the
 //! HTTP server runs on its own thread, and a failing or slow scraper cannot stall
 //! processing. Readiness is true only while the process holds an assignment whose
 //! partitions are all restored and it is not shutting down. Liveness is false once a
@@ -77,8 +78,8 @@ impl Readiness {
 }
 
 /// Whether the process still makes progress, as `/healthz` tells it: every state store
-/// write in progress (each worker's store writer registers a [`WriteWatch`]) and how long
-/// one may last before the process counts as stuck.
+/// write in progress (each worker and its store writer register a [`WriteWatch`]) and
+/// how long one may last before the process counts as stuck.
 pub struct Liveness {
     write_stall: Duration,
     epoch: Instant,
@@ -105,8 +106,8 @@ impl Liveness {
         self.write_stall
     }
 
-    /// A store writer's watch, counted while it lives.
-    pub fn store_writer(&self) -> WriteWatch {
+    /// A watch over one thread's calls into the store, counted while it lives.
+    pub fn store_watch(&self) -> WriteWatch {
         let since = Arc::new(AtomicU64::new(IDLE));
         let mut writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
         writes.retain(|w| w.strong_count() > 0);
@@ -143,7 +144,7 @@ impl Liveness {
 /// the epoch, plus one).
 const IDLE: u64 = 0;
 
-/// One store writer's write in progress, as [`Liveness`] sees it.
+/// One thread's write in progress, as [`Liveness`] sees it.
 pub struct WriteWatch {
     epoch: Instant,
     since: Arc<AtomicU64>,
@@ -158,6 +159,12 @@ impl WriteWatch {
         let since = u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1;
         self.since.store(since, Ordering::Release);
         Writing(self)
+    }
+
+    /// Runs `call` as a write begun now.
+    pub fn during<T>(&self, call: impl FnOnce() -> T) -> T {
+        let _writing = self.begin(Instant::now());
+        call()
     }
 }
 
@@ -187,7 +194,7 @@ mod tests {
     fn a_write_in_progress_longer_than_the_bound_is_a_stall_and_an_ended_one_is_not() {
         let live = Liveness::new(Duration::from_secs(60));
         let start = Instant::now();
-        let (first, second) = (live.store_writer(), live.store_writer());
+        let (first, second) = (live.store_watch(), live.store_watch());
         assert_eq!(live.longest_write(start), None, "no write begun");
         let first_write = first.begin(start);
         let second_write = second.begin(start + Duration::from_secs(50));

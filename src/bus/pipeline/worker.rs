@@ -109,9 +109,9 @@ impl Worker {
         telemetry: Arc<Telemetry>,
     ) -> Result<Worker, PipelineError> {
         let settings = &config.kafka;
-        let watch = telemetry.liveness.store_writer();
+        let watch = telemetry.liveness.store_watch();
         let writer = Writer::start(db.clone(), settings, shutdown, watch)?;
-        let store_watch = telemetry.liveness.store_writer();
+        let store_watch = telemetry.liveness.store_watch();
         Ok(Worker {
             restorer,
             inputs: settings
@@ -317,9 +317,9 @@ impl Worker {
         // A batch of this partition still with the writer (from before it was taken
         // away) is written before the partition is read again.
         self.await_stores_of(&[partition]);
-        let writing = self.store_watch.begin(Instant::now());
-        let mut store = SledStore::partition(&self.db, partition)?;
-        drop(writing);
+        let mut store = self
+            .store_watch
+            .during(|| SledStore::partition(&self.db, partition))?;
         if self.commit.changelog() {
             let telemetry = self.telemetry.clone();
             let _restoring = telemetry.readiness.restoring();
@@ -337,7 +337,7 @@ impl Worker {
                 .restore_duration
                 .observe(restored.took.as_secs_f64());
         }
-        let writing = self.store_watch.begin(Instant::now());
+        let loading = self.store_watch.begin(Instant::now());
         let engine = Engine::restore(self.config.clone(), &store)?;
         let mut applied = BTreeMap::new();
         for topic in &self.inputs {
@@ -345,7 +345,7 @@ impl Worker {
                 applied.insert(topic.clone(), o);
             }
         }
-        drop(writing);
+        drop(loading);
         info!(
             partition,
             sessions = engine.open_sessions(),
@@ -642,8 +642,9 @@ impl Worker {
     /// Puts everything stored so far on disk (a clean stop: the next start restores
     /// nothing). Called once the batches are settled (none is with the writer).
     pub(super) fn flush_store(&self) -> Result<(), PipelineError> {
-        let _writing = self.store_watch.begin(Instant::now());
-        self.db.flush().map_err(StoreError::Io)?;
+        self.store_watch
+            .during(|| self.db.flush())
+            .map_err(StoreError::Io)?;
         Ok(())
     }
 

@@ -101,8 +101,7 @@ impl Writer {
                             result: Err(PipelineError::StoreAfterFailure),
                         }
                     } else {
-                        let _writing = watch.begin(Instant::now());
-                        write(&db, job, &mut backoff.fresh(), &closed)
+                        watch.during(|| write(&db, job, &mut backoff.fresh(), &closed))
                     };
                     failed |= stored.result.is_err();
                     if report.send(stored).is_err() {
@@ -223,7 +222,7 @@ mod tests {
 
     /// A watch no one reads.
     fn watch() -> WriteWatch {
-        crate::telemetry::Liveness::default().store_writer()
+        crate::telemetry::Liveness::default().store_watch()
     }
 
     /// A database in a temporary directory and its partition 0's store.
@@ -260,7 +259,7 @@ mod tests {
             db.clone(),
             &settings(),
             &Shutdown::new(),
-            liveness.store_writer(),
+            liveness.store_watch(),
         )
         .unwrap();
         let held = lock(&store);

@@ -73,10 +73,7 @@ impl Restorer {
             Delivery::AtLeastOnce => None,
             Delivery::ExactlyOnce => Some(self.source.committed(partition)?.ok_or_else(shut_down)?),
         };
-        let local = {
-            let _reading = watch.begin(Instant::now());
-            store.offset(CHANGELOG_POSITION)?
-        };
+        let local = watch.during(|| store.offset(CHANGELOG_POSITION))?;
         let from = local.map_or(low, |l| (l + 1).max(low));
         if from >= high {
             // Up to date (the usual case for a partition that stays on its disk). A
@@ -93,13 +90,11 @@ impl Restorer {
             .map(|t| format!("{t}/{partition}"))
             .collect();
         let mut applied_offsets = FxHashMap::default();
-        let reading = watch.begin(Instant::now());
         for key in &input_keys {
-            if let Some(o) = store.offset(key)? {
+            if let Some(o) = watch.during(|| store.offset(key))? {
                 applied_offsets.insert(key.clone(), o);
             }
         }
-        drop(reading);
         let mut batches = Assembler {
             partition,
             topic: self.settings.changelog_topic.clone(),
@@ -111,12 +106,9 @@ impl Restorer {
         };
         self.source
             .read(partition, from, high, &mut |offset, parts| {
-                let _writing = watch.begin(Instant::now());
-                batches.add(Entry::from_parts(offset, parts), store)
+                watch.during(|| batches.add(Entry::from_parts(offset, parts), store))
             })?;
-        let flushing = watch.begin(Instant::now());
-        db.flush().map_err(StoreError::Io)?;
-        drop(flushing);
+        watch.during(|| db.flush()).map_err(StoreError::Io)?;
         info!(
             partition,
             batches = batches.applied,

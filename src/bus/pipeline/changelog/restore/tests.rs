@@ -108,7 +108,7 @@ fn a_restore_that_shutdown_interrupts_says_so_and_is_no_failure() {
     let dir = tempfile::tempdir().unwrap();
     let db = crate::engine::store::open_db(dir.path()).unwrap();
     let mut store = SledStore::partition(&db, 0).unwrap();
-    let watch = crate::telemetry::Liveness::default().store_writer();
+    let watch = crate::telemetry::Liveness::default().store_watch();
     match restorer.restore(0, &mut store, &db, &watch) {
         Err(PipelineError::RestoreInterrupted { partition: 0 }) => {}
         other => panic!("{other:?}"),
