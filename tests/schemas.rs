@@ -157,7 +157,7 @@ fn every_output_of_the_corpus_validates_against_its_schema() {
         let mut engine = Engine::new(config);
         let mut outputs = Vec::new();
         let meta = EventMeta {
-            topic: Some("tool.called".into()),
+            topic: Some("tool.called"),
             partition: Some(3),
             offset: Some(17),
             message_timestamp_ms: None,

@@ -10,7 +10,7 @@ pub(super) fn judge(
     st: &mut SessionState,
     policy: &Policy,
     event: &Event<'_>,
-    meta: &EventMeta,
+    meta: &EventMeta<'_>,
     event_ms: i64,
     input: &Input<'_>,
     out: &mut Vec<Output>,
@@ -118,7 +118,7 @@ struct Finding {
 
 fn build_finding(
     event: &Event<'_>,
-    meta: &EventMeta,
+    meta: &EventMeta<'_>,
     event_ms: i64,
     st: &SessionState,
     policy: &Policy,
@@ -164,7 +164,7 @@ fn build_finding(
         evidence: d.evidence,
         stats: Stats::of(st),
         trigger: Trigger {
-            topic: meta.topic.as_deref().map(str::to_string),
+            topic: meta.topic.map(str::to_string),
             partition: meta.partition,
             offset: meta.offset,
             event_id: event.event_id.to_string(),

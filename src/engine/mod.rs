@@ -60,9 +60,10 @@ use crate::engine::trajectory::ToolObservation;
 use fingerprint::Fingerprinter;
 
 /// Where an event came from, for `trigger` and for the event-time fallback.
-#[derive(Debug, Clone, Default)]
-pub struct EventMeta {
-    pub topic: Option<Arc<str>>,
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventMeta<'a> {
+    /// Borrowed: an event's topic is its consumer's, and only a finding copies it.
+    pub topic: Option<&'a str>,
     pub partition: Option<i32>,
     pub offset: Option<i64>,
     /// The Kafka message timestamp, used when the event has no `timestamp`.
@@ -355,7 +356,7 @@ impl Engine {
     }
 
     /// Applies one event and appends what it caused (findings, summaries) to `out`.
-    pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta, out: &mut Vec<Output>) {
+    pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta<'_>, out: &mut Vec<Output>) {
         self.counters.events += 1;
         let (event_ms, now) = event_time(
             self.watermark,
@@ -468,7 +469,7 @@ fn apply(
     work: &mut Work,
     slot: &mut Slot,
     event: &Event<'_>,
-    meta: &EventMeta,
+    meta: &EventMeta<'_>,
     event_ms: i64,
     out: &mut Vec<Output>,
 ) {

@@ -244,7 +244,7 @@ impl IngestBatch<'_> {
                 partition: None,
                 key: e.session_id.into_bytes(),
                 payload: e.json,
-                headers: vec![("traceparent", e.traceparent.into_bytes())],
+                headers: vec![("traceparent", e.traceparent.into_bytes().into())],
                 source_headers: Vec::new(),
                 source_ms: None,
             });

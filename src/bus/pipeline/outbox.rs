@@ -8,6 +8,7 @@
 //! header saying how long it was, so it is never lost. Records name their topic by kind
 //! ([`Sink`]), resolved by name from the settings.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,7 +75,9 @@ pub struct Record {
     pub partition: Option<i32>,
     pub key: Vec<u8>,
     pub payload: Vec<u8>,
-    pub headers: Vec<(&'static str, Vec<u8>)>,
+    /// Values borrowed where they are the same for every record (a changelog record's
+    /// kind and state format): most records are changelog records, one a state written.
+    pub headers: Vec<(&'static str, Cow<'static, [u8]>)>,
     /// For dead letters: the source message's own headers, kept first.
     pub source_headers: Vec<(String, Option<Vec<u8>>)>,
     /// For findings: the Kafka timestamp of the event that fired it (latency metric).
@@ -96,7 +99,7 @@ impl Record {
         for (k, v) in &self.headers {
             h = h.insert(Header {
                 key: k,
-                value: Some(v.as_slice()),
+                value: Some(v.as_ref()),
             });
         }
         Some(h)
@@ -120,11 +123,17 @@ pub fn dead_letter(m: &impl Message, topic: &str, reason: &str, message: &str) -
         key: m.key().unwrap_or_default().to_vec(),
         payload: m.payload().unwrap_or_default().to_vec(),
         headers: vec![
-            (DLQ_SOURCE_TOPIC, topic.as_bytes().to_vec()),
-            (DLQ_SOURCE_PARTITION, m.partition().to_string().into_bytes()),
-            (DLQ_SOURCE_OFFSET, m.offset().to_string().into_bytes()),
-            (DLQ_REASON, reason.as_bytes().to_vec()),
-            (DLQ_MESSAGE, message.as_bytes().to_vec()),
+            (DLQ_SOURCE_TOPIC, topic.as_bytes().to_vec().into()),
+            (
+                DLQ_SOURCE_PARTITION,
+                m.partition().to_string().into_bytes().into(),
+            ),
+            (
+                DLQ_SOURCE_OFFSET,
+                m.offset().to_string().into_bytes().into(),
+            ),
+            (DLQ_REASON, reason.as_bytes().to_vec().into()),
+            (DLQ_MESSAGE, message.as_bytes().to_vec().into()),
         ],
         source_headers,
         source_ms: None,
@@ -332,7 +341,7 @@ impl Outbox {
                 let len = r.payload.len();
                 r.payload.truncate(DLQ_TRUNCATE_TO);
                 r.headers
-                    .push((DLQ_TRUNCATED_FROM, len.to_string().into_bytes()));
+                    .push((DLQ_TRUNCATED_FROM, len.to_string().into_bytes().into()));
             }
         }
         failed

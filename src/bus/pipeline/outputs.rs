@@ -62,7 +62,7 @@ pub fn record(
         key: output.session_id().as_bytes().to_vec(),
         payload: output.to_json().into_bytes(),
         headers: traceparent
-            .map(|tp| vec![(TRACEPARENT, tp.into_bytes())])
+            .map(|tp| vec![(TRACEPARENT, tp.into_bytes().into())])
             .unwrap_or_default(),
         source_headers: Vec::new(),
         // Findings only: the produce → finding latency.

@@ -32,7 +32,8 @@ pub const BEHIND_WAITS: u32 = 4;
 // cost an allocation per event.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Pending {
-    Event(Event<'static>, EventMeta, Source),
+    /// Its meta without its topic, which the aligner's topic index names.
+    Event(Event<'static>, EventMeta<'static>, Source),
     DeadLetter(Record, &'static str),
 }
 
@@ -62,13 +63,13 @@ pub(super) struct Partition {
 impl Pending {
     /// A polled message of input `topic`, parsed: an event with its event time (the
     /// message's timestamp when the event has none), or a dead letter saying why not.
-    pub fn of(m: &impl Message, topic: Arc<str>, limits: &ParseLimits) -> (Option<i64>, Pending) {
+    pub fn of(m: &impl Message, topic: &str, limits: &ParseLimits) -> (Option<i64>, Pending) {
         let (partition, offset) = (m.partition(), m.offset());
         let payload = m.payload().unwrap_or_default();
         match parse_event(payload, limits) {
             Ok(event) => {
                 let meta = EventMeta {
-                    topic: Some(topic),
+                    topic: None,
                     partition: Some(partition),
                     offset: Some(offset),
                     message_timestamp_ms: m.timestamp().to_millis(),
@@ -89,10 +90,7 @@ impl Pending {
                 warn!(topic = %topic, partition, offset, reason = bad.reason(), error = %detail, "dead-lettering bad message");
                 (
                     None,
-                    Pending::DeadLetter(
-                        dead_letter(m, &topic, bad.reason(), &detail),
-                        bad.reason(),
-                    ),
+                    Pending::DeadLetter(dead_letter(m, topic, bad.reason(), &detail), bad.reason()),
                 )
             }
         }

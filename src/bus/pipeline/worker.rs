@@ -37,7 +37,7 @@ use crate::bus::kafka::settings::KafkaSettings;
 use crate::config::Config;
 use crate::contract::output::Output;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
-use crate::engine::Engine;
+use crate::engine::{Engine, EventMeta};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{Telemetry, WriteWatch};
 
@@ -383,11 +383,11 @@ impl Worker {
             );
             return Ok(());
         };
-        let topic = self.inputs[topic_index].clone();
+        let topic = &*self.inputs[topic_index];
         let offset = m.offset();
         let limits = self.config.limits;
         let p = self.partitions.get_mut(&partition).expect("acquired above");
-        let seen = p.applied.get(&topic).is_some_and(|&last| offset <= last)
+        let seen = p.applied.get(topic).is_some_and(|&last| offset <= last)
             || p.held
                 .last_offset(topic_index)
                 .is_some_and(|last| offset <= last);
@@ -462,7 +462,13 @@ impl Worker {
         let mut applied_any = false;
         while let Some((topic, held)) = p.held.pop_ready(now) {
             applied_any = true;
-            p.applied.insert(self.inputs[topic].clone(), held.offset);
+            // Updated in place: a new key (an `Arc` clone) only for a topic's first event.
+            match p.applied.get_mut(&*self.inputs[topic]) {
+                Some(applied) => *applied = held.offset,
+                None => {
+                    p.applied.insert(self.inputs[topic].clone(), held.offset);
+                }
+            }
             self.polled.push(held.polled);
             match held.item {
                 Pending::Event(event, meta, source) => {
@@ -472,6 +478,10 @@ impl Worker {
                         .entry(kind)
                         .or_insert_with(|| metrics.events_consumed.with_label_values(&[kind]))
                         .inc();
+                    let meta = EventMeta {
+                        topic: Some(&self.inputs[topic]),
+                        ..meta
+                    };
                     p.engine.process(&event, &meta, &mut self.scratch);
                     self.scratch_sources.resize(self.scratch.len(), source);
                 }

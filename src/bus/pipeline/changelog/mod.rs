@@ -47,7 +47,8 @@ mod restore;
 
 pub use restore::{assemble, Restorer};
 
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -116,16 +117,37 @@ impl BatchIds {
     }
 }
 
-fn record(partition: i32, batch: &[u8], key: &[u8], payload: Vec<u8>, kind: &str) -> Record {
+/// The state format header's value: the same for every session record.
+static STATE_FORMAT_VALUE: LazyLock<Vec<u8>> =
+    LazyLock::new(|| STATE_FORMAT.to_string().into_bytes());
+
+/// A changelog record of `kind` (`session` or `commit`) of batch `batch` (its id, in
+/// decimal); a state (not a tombstone) also says its format. One allocation for its
+/// headers' list and one for the batch id, the kind and the format borrowed: every state
+/// written is such a record.
+fn record(
+    partition: i32,
+    batch: &[u8],
+    key: &[u8],
+    payload: Vec<u8>,
+    kind: &'static str,
+    with_state_format: bool,
+) -> Record {
+    let mut headers = Vec::with_capacity(if with_state_format { 3 } else { 2 });
+    headers.push((CHANGELOG_KIND, Cow::Borrowed(kind.as_bytes())));
+    headers.push((CHANGELOG_BATCH, Cow::Owned(batch.to_vec())));
+    if with_state_format {
+        headers.push((
+            CHANGELOG_STATE_FORMAT,
+            Cow::Borrowed(STATE_FORMAT_VALUE.as_slice()),
+        ));
+    }
     Record {
         sink: Sink::Changelog,
         partition: Some(partition),
         key: key.to_vec(),
         payload,
-        headers: vec![
-            (CHANGELOG_KIND, kind.as_bytes().to_vec()),
-            (CHANGELOG_BATCH, batch.to_vec()),
-        ],
+        headers,
         source_headers: Vec::new(),
         source_ms: None,
     }
@@ -143,13 +165,16 @@ pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64, gro
 pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
     // Written once a batch, not formatted again for each of its (many) records.
     let batch = batch.to_string().into_bytes();
-    let state_format = STATE_FORMAT.to_string().into_bytes();
     for (partition, changes) in batches {
         for (id, state) in &changes.puts {
-            let mut r = record(*partition, &batch, id.as_bytes(), state.clone(), "session");
-            r.headers
-                .push((CHANGELOG_STATE_FORMAT, state_format.clone()));
-            outbox.push(r);
+            outbox.push(record(
+                *partition,
+                &batch,
+                id.as_bytes(),
+                state.clone(),
+                "session",
+                true,
+            ));
         }
         for id in &changes.deletes {
             outbox.push(record(
@@ -158,6 +183,7 @@ pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch:
                 id.as_bytes(),
                 Vec::new(),
                 "session",
+                false,
             ));
         }
     }
@@ -185,6 +211,7 @@ pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: 
             CHANGELOG_COMMIT_KEY,
             payload,
             "commit",
+            false,
         ));
     }
 }
@@ -258,6 +285,77 @@ mod tests {
         assert_eq!(lag(600, 3600), 30_000);
         assert_eq!(lag(1, 5), 3600);
         assert!(lag(u64::MAX, 5) > 0, "saturates, never wraps");
+    }
+
+    /// What a batch puts on the changelog, as it lands: a state's record says its kind,
+    /// batch and state format, a tombstone its kind and batch, the commit record its kind
+    /// and batch (the format restores and rolled-back versions read).
+    #[test]
+    fn a_batchs_records_carry_their_kind_batch_and_state_format() {
+        use super::super::bus::DeliveryTracker;
+        use super::super::memory::{Bus, MemoryTransport};
+        use crate::bus::kafka::settings::KafkaSettings;
+        use crate::shutdown::Shutdown;
+        use crate::telemetry::Telemetry;
+
+        let bus = Bus::default();
+        let settings = KafkaSettings::default();
+        let telemetry = Arc::new(Telemetry::new());
+        let tracker = DeliveryTracker::of(&settings, &telemetry);
+        let transport = Box::new(MemoryTransport::new(&bus, tracker));
+        let mut outbox = Outbox::with_transport(transport, &settings, telemetry, &Shutdown::new());
+        let changes = StoreBatch {
+            puts: vec![("s1".to_string(), b"state".to_vec())],
+            deletes: vec!["s2".to_string()],
+            offsets: vec![("in/3".to_string(), 41)],
+        };
+        queue(&mut outbox, &[(3, changes)], 77, "g");
+        outbox.send_all();
+        let mut backoff = super::super::backoff::Backoff::new(&settings, &Shutdown::new());
+        outbox.settle_below(outbox.end(), &mut backoff).unwrap();
+        let landed = bus.records(&settings.changelog_topic);
+        let headers = |i: usize| -> Vec<(String, Vec<u8>)> {
+            landed[i]
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone().unwrap()))
+                .collect()
+        };
+        let header = |k: &str, v: &[u8]| (k.to_string(), v.to_vec());
+        assert_eq!(landed.len(), 3);
+        assert_eq!(landed[0].key, b"s1");
+        assert_eq!(landed[0].payload.as_deref(), Some(b"state".as_slice()));
+        assert_eq!(
+            headers(0),
+            [
+                header(CHANGELOG_KIND, b"session"),
+                header(CHANGELOG_BATCH, b"77"),
+                header(CHANGELOG_STATE_FORMAT, STATE_FORMAT.to_string().as_bytes()),
+            ]
+        );
+        assert_eq!(landed[1].key, b"s2");
+        assert_eq!(landed[1].payload, None, "a tombstone has no value");
+        assert_eq!(
+            headers(1),
+            [
+                header(CHANGELOG_KIND, b"session"),
+                header(CHANGELOG_BATCH, b"77")
+            ]
+        );
+        assert_eq!(landed[2].key, CHANGELOG_COMMIT_KEY);
+        assert_eq!(
+            headers(2),
+            [
+                header(CHANGELOG_KIND, b"commit"),
+                header(CHANGELOG_BATCH, b"77")
+            ]
+        );
+        let commit: CommitValue =
+            serde_json::from_slice(landed[2].payload.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            (commit.group.as_deref(), commit.batch, commit.records),
+            (Some("g"), 77, 2)
+        );
     }
 
     #[test]
