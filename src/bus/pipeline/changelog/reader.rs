@@ -58,6 +58,10 @@ impl KafkaChangelog {
                 // restore's queue would otherwise stay in the process's heap (10 MB after
                 // the first restore of the hour-long soak, issue 28).
                 .set("queued.max.messages.kbytes", "2048")
+                // …and a full queue holds the next fetch back this long (librdkafka's
+                // default is 1,000 ms, which a restore that empties 2 MiB in a few
+                // milliseconds then waited out with nothing to apply).
+                .set("fetch.queue.backoff.ms", "10")
                 .create()
                 .map_err(PipelineError::Client)?;
             self.reader = Some(reader);
