@@ -52,8 +52,9 @@ pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -
         // Findings are latency-sensitive: do not let a fetch sit for librdkafka's 500 ms
         // default on brokers that wait out fetch.wait.max.ms.
         .set("fetch.wait.max.ms", "20")
-        // Once its queue of fetched records holds `queued.min.messages` (100,000), a
-        // partition's next fetch waits this long (librdkafka's default is 1,000 ms). With
+        // Once its queue of fetched records holds `queued.min.messages` (100,000) or
+        // `queued.max.messages.kbytes` (64 MiB), a partition's next fetch waits this
+        // long (librdkafka's default is 1,000 ms). With
         // a backlog, the worker emptied that queue in about half a second and then waited
         // out the rest of the second with nothing to apply: one worker moved ~110,000
         // events/s at most, with a core idle, and ~200,000 with this (docs/DEVELOPMENT.md,
@@ -355,6 +356,11 @@ mod tests {
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
         assert_eq!(c.get("fetch.wait.max.ms"), Some("20"));
         assert_eq!(c.get("fetch.queue.backoff.ms"), Some("20"));
+        // A user's value wins over loopwarden's defaults.
+        s.consumer
+            .insert("fetch.queue.backoff.ms".into(), "1000".into());
+        let c = consumer_config(&s, "k:9092", 0);
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("1000"));
         // Two input topics: range keeps them co-partitioned; no static membership.
         assert_eq!(c.get("partition.assignment.strategy"), Some("range"));
         assert_eq!(c.get("group.instance.id"), None);

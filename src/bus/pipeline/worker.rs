@@ -101,7 +101,8 @@ pub(super) struct Storing {
 }
 
 impl Drop for Worker {
-    /// The events counted but not yet added (a worker that ends on an error).
+    /// The events counted but not yet added, when a panic unwinds the worker (its other
+    /// ends, a stop, an error or a lost assignment, pass through `report_gauges`).
     fn drop(&mut self) {
         self.flush_counts();
     }

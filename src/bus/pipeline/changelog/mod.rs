@@ -121,22 +121,30 @@ impl BatchIds {
 static STATE_FORMAT_VALUE: LazyLock<Vec<u8>> =
     LazyLock::new(|| STATE_FORMAT.to_string().into_bytes());
 
-/// A changelog record of `kind` (`session` or `commit`) of batch `batch` (its id, in
-/// decimal); a state (not a tombstone) also says its format. One allocation for its
+/// What a changelog record holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A session's state: kind `session`, and the state's format.
+    State,
+    /// A closed session: kind `session`, no value.
+    Tombstone,
+    /// A batch's commit record: kind `commit`.
+    Commit,
+}
+
+/// A changelog record of batch `batch` (its id, in decimal). One allocation for its
 /// headers' list and one for the batch id, the kind and the format borrowed: every state
 /// written is such a record.
-fn record(
-    partition: i32,
-    batch: &[u8],
-    key: &[u8],
-    payload: Vec<u8>,
-    kind: &'static str,
-    with_state_format: bool,
-) -> Record {
-    let mut headers = Vec::with_capacity(if with_state_format { 3 } else { 2 });
-    headers.push((CHANGELOG_KIND, Cow::Borrowed(kind.as_bytes())));
+fn record(partition: i32, batch: &[u8], key: &[u8], payload: Vec<u8>, kind: Kind) -> Record {
+    let (name, headers_len) = match kind {
+        Kind::State => ("session", 3),
+        Kind::Tombstone => ("session", 2),
+        Kind::Commit => ("commit", 2),
+    };
+    let mut headers = Vec::with_capacity(headers_len);
+    headers.push((CHANGELOG_KIND, Cow::Borrowed(name.as_bytes())));
     headers.push((CHANGELOG_BATCH, Cow::Owned(batch.to_vec())));
-    if with_state_format {
+    if kind == Kind::State {
         headers.push((
             CHANGELOG_STATE_FORMAT,
             Cow::Borrowed(STATE_FORMAT_VALUE.as_slice()),
@@ -172,8 +180,7 @@ pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch:
                 &batch,
                 id.as_bytes(),
                 state.clone(),
-                "session",
-                true,
+                Kind::State,
             ));
         }
         for id in &changes.deletes {
@@ -182,8 +189,7 @@ pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch:
                 &batch,
                 id.as_bytes(),
                 Vec::new(),
-                "session",
-                false,
+                Kind::Tombstone,
             ));
         }
     }
@@ -210,8 +216,7 @@ pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: 
             batch.to_string().as_bytes(),
             CHANGELOG_COMMIT_KEY,
             payload,
-            "commit",
-            false,
+            Kind::Commit,
         ));
     }
 }
