@@ -194,6 +194,15 @@ impl Outbox {
         }
     }
 
+    /// An outbox onto the unit tests' in-memory bus, with telemetry of its own.
+    #[cfg(test)]
+    pub fn on_memory_bus(bus: &super::memory::Bus, settings: &KafkaSettings) -> Outbox {
+        let telemetry = Arc::new(Telemetry::new());
+        let tracker = DeliveryTracker::of(settings, &telemetry);
+        let transport = super::memory::MemoryTransport::new(bus, tracker);
+        Outbox::with_transport(Box::new(transport), settings, telemetry, &Shutdown::new())
+    }
+
     /// This outbox publishes [`Sink::Ingested`] records to `topic`.
     pub fn publishing_to(mut self, topic: &str) -> Outbox {
         self.ingest_topic = topic.to_string();
@@ -465,7 +474,7 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bus::pipeline::memory::{Bus, MemoryTransport};
+    use crate::bus::pipeline::memory::Bus;
 
     fn warning(payload: &str) -> Record {
         Record {
@@ -483,10 +492,7 @@ mod tests {
     fn settling_below_a_mark_leaves_the_records_after_it_with_the_producer() {
         let bus = Bus::default();
         let settings = KafkaSettings::default();
-        let telemetry = Arc::new(Telemetry::new());
-        let tracker = DeliveryTracker::of(&settings, &telemetry);
-        let transport = Box::new(MemoryTransport::new(&bus, tracker));
-        let mut outbox = Outbox::with_transport(transport, &settings, telemetry, &Shutdown::new());
+        let mut outbox = Outbox::on_memory_bus(&bus, &settings);
         let mut backoff = Backoff::new(&settings, &Shutdown::new());
         outbox.push(warning("a"));
         outbox.push(warning("b"));
@@ -528,10 +534,7 @@ mod tests {
             shutdown_deadline: Duration::from_secs(5),
             ..KafkaSettings::default()
         };
-        let telemetry = Arc::new(Telemetry::new());
-        let tracker = DeliveryTracker::of(&settings, &telemetry);
-        let transport = Box::new(MemoryTransport::new(&bus, tracker));
-        let mut outbox = Outbox::with_transport(transport, &settings, telemetry, &Shutdown::new());
+        let mut outbox = Outbox::on_memory_bus(&bus, &settings);
         // Settling gives up at the deadline (instead of waiting for ever) if the record
         // sent again is not the one that failed.
         let stopping = Shutdown::new();

@@ -297,18 +297,13 @@ mod tests {
     /// and batch (the format restores and rolled-back versions read).
     #[test]
     fn a_batchs_records_carry_their_kind_batch_and_state_format() {
-        use super::super::bus::DeliveryTracker;
-        use super::super::memory::{Bus, MemoryTransport};
+        use super::super::memory::Bus;
         use crate::bus::kafka::settings::KafkaSettings;
         use crate::shutdown::Shutdown;
-        use crate::telemetry::Telemetry;
 
         let bus = Bus::default();
         let settings = KafkaSettings::default();
-        let telemetry = Arc::new(Telemetry::new());
-        let tracker = DeliveryTracker::of(&settings, &telemetry);
-        let transport = Box::new(MemoryTransport::new(&bus, tracker));
-        let mut outbox = Outbox::with_transport(transport, &settings, telemetry, &Shutdown::new());
+        let mut outbox = Outbox::on_memory_bus(&bus, &settings);
         let changes = StoreBatch {
             puts: vec![("s1".to_string(), b"state".to_vec())],
             deletes: vec!["s2".to_string()],
