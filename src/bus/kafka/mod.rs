@@ -53,12 +53,12 @@ pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -
         // default on brokers that wait out fetch.wait.max.ms.
         .set("fetch.wait.max.ms", "20")
         // Once its queue of fetched records holds `queued.min.messages` (100,000) or
-        // `queued.max.messages.kbytes` (64 MiB), a partition's next fetch waits this
-        // long (librdkafka's default is 1,000 ms). With
-        // a backlog, the worker emptied that queue in about half a second and then waited
-        // out the rest of the second with nothing to apply: one worker moved ~110,000
-        // events/s at most, with a core idle, and ~200,000 with this (docs/DEVELOPMENT.md,
-        // issue 32's fourteenth look). No longer than a fetch may wait at the broker.
+        // `queued.max.messages.kbytes` (64 MiB), a partition's next fetch waits this long
+        // (librdkafka's default is 1,000 ms). With a backlog, the worker emptied that
+        // queue in about half a second and then waited out the rest of the second with
+        // nothing to apply: one worker moved ~110,000 events/s at most, with a core idle,
+        // and ~185,000 with this (docs/DEVELOPMENT.md, issue 32's fourteenth look). No
+        // longer than a fetch may wait at the broker.
         .set("fetch.queue.backoff.ms", "20");
     if let Some(id) = &settings.instance_id {
         let member = if settings.workers > 1 {
