@@ -525,7 +525,6 @@ fn poll_batch(
         if polled.started.is_some() && now.duration_since(swept) >= sweep_every {
             w.observe_unpolled(consumer);
             w.release_due();
-            w.flush_counts();
             // Sends its commit records once its records are acknowledged.
             awaiting = w.awaits_batch_in_flight();
             w.commit_stored(consumer, CommitMode::Async, false)?;
@@ -583,7 +582,6 @@ fn poll_batch(
                 w.observe_unpolled(consumer);
                 w.commit_stored(consumer, CommitMode::Async, false)?;
                 w.tick_idle();
-                w.flush_counts();
                 if w.has_work() {
                     return Ok(polled);
                 }

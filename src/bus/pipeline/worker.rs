@@ -525,10 +525,10 @@ impl Worker {
         p.clock_at_last_event = p.engine.watermark();
     }
 
-    /// Adds the events counted since the last call to the process-wide counters: at
-    /// each sweep of an open batch (every few milliseconds), at a batch's end, and while
-    /// idle.
-    pub(super) fn flush_counts(&self) {
+    /// Adds the events counted since the last call to the process-wide counters, with
+    /// the gauges ([`Worker::report_gauges`]: a batch's end, a release, a rebalance). An
+    /// applied event marks its partition changed, so a batch always ends after it.
+    fn flush_counts(&self) {
         for consumed in self.consumed.values() {
             consumed.flush();
         }

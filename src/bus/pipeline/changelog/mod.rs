@@ -136,15 +136,15 @@ enum Kind {
 /// headers' list and one for the batch id, the kind and the format borrowed: every state
 /// written is such a record.
 fn record(partition: i32, batch: &[u8], key: &[u8], payload: Vec<u8>, kind: Kind) -> Record {
-    let (name, headers_len) = match kind {
-        Kind::State => ("session", 3),
-        Kind::Tombstone => ("session", 2),
-        Kind::Commit => ("commit", 2),
+    let name = match kind {
+        Kind::State | Kind::Tombstone => "session",
+        Kind::Commit => "commit",
     };
-    let mut headers = Vec::with_capacity(headers_len);
+    let with_format = kind == Kind::State;
+    let mut headers = Vec::with_capacity(2 + usize::from(with_format));
     headers.push((CHANGELOG_KIND, Cow::Borrowed(name.as_bytes())));
     headers.push((CHANGELOG_BATCH, Cow::Owned(batch.to_vec())));
-    if kind == Kind::State {
+    if with_format {
         headers.push((
             CHANGELOG_STATE_FORMAT,
             Cow::Borrowed(STATE_FORMAT_VALUE.as_slice()),
