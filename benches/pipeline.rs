@@ -138,7 +138,7 @@ fn run_with_telemetry(
 /// under which 50 % and 99 % of batches fell.
 fn print_stage_budget(telemetry: &Telemetry) {
     let mut parts = Vec::new();
-    for stage in ["wait", "apply", "deliver", "store", "commit"] {
+    for stage in ["wait", "apply", "close", "deliver", "store", "commit"] {
         let m = stage_metric(telemetry, stage);
         let h = m.get_histogram();
         let count = h.get_sample_count();

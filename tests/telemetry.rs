@@ -315,6 +315,22 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     assert_eq!(completed_metric, completed as f64, "sessions completed");
     assert_eq!(total(&metrics, "loopwarden_partitions_assigned"), 2.0);
     assert!(total(&metrics, "loopwarden_batches_total") >= 1.0);
+    // Each stage of an at_least_once batch is timed; `close` (the batch's end on the
+    // thread that polls) once for every batch ended, stored or not yet.
+    let stages: BTreeMap<String, f64> = samples(&metrics, "loopwarden_batch_stage_seconds_count")
+        .into_iter()
+        .map(|(l, v)| (label(&l, "stage").to_string(), v))
+        .collect();
+    for stage in ["wait", "apply", "close", "deliver", "store", "commit"] {
+        assert!(
+            stages.get(stage).is_some_and(|&n| n >= 1.0),
+            "stage {stage} timed: {stages:?}"
+        );
+    }
+    assert!(
+        stages["close"] >= total(&metrics, "loopwarden_batches_total"),
+        "every finished batch closed: {stages:?}"
+    );
     // At most one state per event (a batch writes a session it changed once), and some:
     // the sessions still open at a batch's end are written.
     let written = total(&metrics, "loopwarden_states_written_total");

@@ -247,7 +247,7 @@ const DELIVERY_DURATION: Family = Family {
 
 const BATCH_STAGES: Family = Family {
     name: "loopwarden_batch_stage_seconds",
-    help: "A batch's time per stage: wait (first event polled to the batch closing), apply (events through the engines), deliver (waiting for the broker to acknowledge the batch before, whose records were in flight while this one was polled; exactly_once: the whole transaction), store (sled write and fsync), commit (offset commit).",
+    help: "A batch's time per stage: wait (first event polled to the batch closing), apply (events through the engines), close (at_least_once: the batch's changes taken and its records handed to the producer, on the thread that polls), deliver (waiting for the broker to acknowledge the batch before, whose records were in flight while this one was polled; exactly_once: the whole transaction), store (sled write and fsync), commit (offset commit).",
     labels: &["stage"],
 };
 
