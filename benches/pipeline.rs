@@ -663,13 +663,22 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         done as f64 / telemetry.metrics.batches.get().max(1) as f64
     );
     if let Some(threads) = cpu_by_thread() {
-        // What bounds one worker on cores of its own is its own thread's CPU per event.
+        // What bounds one worker on cores of its own is its own thread's CPU per event;
+        // its share of a core says whether it had work all along (near 1) or waited.
+        let phase = started.elapsed().as_secs_f64();
         let per_event: Vec<String> = threads
             .iter()
-            .map(|(name, secs)| format!("{name} {:.2}", secs * 1e6 / done.max(1) as f64))
+            .map(|(name, secs)| {
+                let per_event = secs * 1e6 / done.max(1) as f64;
+                if name == "pipeline" || name.starts_with("lw-") {
+                    format!("{name} {per_event:.2} ({:.2} of a core)", secs / phase)
+                } else {
+                    format!("{name} {per_event:.2}")
+                }
+            })
             .collect();
         eprintln!(
-            "growth: CPU per event by thread, µs (this phase's pipeline threads; the bench's producer, named after the binary, and `rdk:*` count the whole run): {}",
+            "growth: CPU per event by thread, µs (this phase's pipeline threads with their share of a core over the phase, each worker `lw-worker-N`, or `pipeline` when there is one, and its store writer `lw-store-N`; the bench's producer, named after the binary, and `rdk:*` count the whole run): {}",
             per_event.join(", ")
         );
     }
@@ -678,16 +687,14 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
 }
 
 /// CPU seconds (user + system) so far of this process's threads, by name, busiest first:
-/// each worker (`pipeline` is the one worker's when there is one), the store writers
-/// together, sled's and the Kafka clients' threads together, the rest by name. `None`
-/// without Linux's `/proc`.
+/// each worker (`pipeline` is the one worker's when there is one) and each store writer,
+/// sled's and the Kafka clients' threads together, the rest by name. `None` without
+/// Linux's `/proc`.
 fn cpu_by_thread() -> Option<Vec<(String, f64)>> {
     let mut by_name: std::collections::BTreeMap<String, f64> = Default::default();
     for (name, ms) in proc::threads_cpu_ms()? {
         let group = if name.starts_with("rdk:") {
             "rdk:*".to_string()
-        } else if name.starts_with("loopwarden-stor") {
-            "loopwarden-store (all)".to_string()
         } else if name.starts_with("sled-io") {
             "sled-io (all)".to_string()
         } else {

@@ -279,7 +279,7 @@ pub fn run_observed(
             );
             Some(
                 std::thread::Builder::new()
-                    .name("loopwarden-otlp-ingest".into())
+                    .name("lw-otlp-ingest".into())
                     .spawn(move || run_ingest(config, ingest, &brokers, shutdown, telemetry))
                     .map_err(PipelineError::Thread)?,
             )
@@ -306,6 +306,19 @@ pub fn run_observed(
     }
 }
 
+/// Worker `index`'s thread name (with more than one worker; one runs on the caller's
+/// thread). Linux keeps the first 15 bytes of a thread's name (`top -H`,
+/// `/proc/<pid>/task/*/comm`), so the pipeline's threads are named short enough that
+/// each worker's, and each worker's store writer's ([`store_thread`]), stays apart there.
+fn worker_thread(index: usize) -> String {
+    format!("lw-worker-{index}")
+}
+
+/// The thread name of worker `index`'s store writer (see [`worker_thread`]).
+pub(super) fn store_thread(index: usize) -> String {
+    format!("lw-store-{index}")
+}
+
 /// Several members of the group in one process: each owns its partitions, engines and
 /// sled trees; while one waits for the broker or the disk, the other computes.
 fn run_workers(
@@ -326,7 +339,7 @@ fn run_workers(
                 telemetry.clone(),
             );
             std::thread::Builder::new()
-                .name(format!("loopwarden-worker-{i}"))
+                .name(worker_thread(i))
                 .spawn(move || {
                     let result = run_worker(config, &brokers, db, shutdown.clone(), i, telemetry);
                     if result.is_err() {
@@ -375,6 +388,7 @@ fn run_worker(
     let outbox = Outbox::new(&producer_config, &settings, telemetry.clone(), &shutdown)
         .map_err(PipelineError::Client)?;
     let mut worker = Worker::new(
+        index,
         config.clone(),
         db,
         outbox,
@@ -593,6 +607,19 @@ fn poll_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_workers_threads_stay_apart_within_what_linux_keeps_of_a_name() {
+        // `kafka.workers` is at most 64.
+        let names: Vec<String> = (0..64)
+            .flat_map(|i| [worker_thread(i), store_thread(i)])
+            .collect();
+        for name in &names {
+            assert!(name.len() <= 15, "{name} is cut short by Linux");
+        }
+        let distinct: std::collections::HashSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len());
+    }
 
     #[test]
     fn a_batch_stays_open_past_its_time_only_while_the_batch_before_awaits_and_within_the_longest_wait(

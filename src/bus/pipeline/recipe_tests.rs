@@ -75,6 +75,7 @@ impl Member {
         let changelog = MemoryChangelog::new(bus, &settings.changelog_topic, &[INPUT]);
         let restorer = Restorer::with_source(settings, Box::new(changelog));
         let mut worker = Worker::new(
+            0,
             config.clone(),
             db,
             outbox,

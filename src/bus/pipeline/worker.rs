@@ -109,7 +109,11 @@ impl Drop for Worker {
 }
 
 impl Worker {
+    /// Worker `index` of the process (it names the store writer's thread).
+    // Each part is built by the caller (the tests give in-memory ones), so none is left out.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
+        index: usize,
         config: Arc<Config>,
         db: sled::Db,
         outbox: Outbox,
@@ -120,7 +124,7 @@ impl Worker {
     ) -> Result<Worker, PipelineError> {
         let settings = &config.kafka;
         let watch = telemetry.liveness.store_watch();
-        let writer = Writer::start(db.clone(), settings, shutdown, watch)?;
+        let writer = Writer::start(index, db.clone(), settings, shutdown, watch)?;
         let store_watch = telemetry.liveness.store_watch();
         Ok(Worker {
             restorer,

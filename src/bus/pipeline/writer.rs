@@ -70,10 +70,11 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    /// Starts the thread, which writes into `db`'s trees, retries with `settings`'
+    /// Starts worker `worker`'s writer thread, which writes into `db`'s trees, retries with `settings`'
     /// backoff, and shows each write in progress to `watch` (`/healthz` fails when one
     /// never ends).
     pub fn start(
+        worker: usize,
         db: sled::Db,
         settings: &KafkaSettings,
         shutdown: &Shutdown,
@@ -85,7 +86,7 @@ impl Writer {
         let closing = Arc::new(AtomicBool::new(false));
         let closed = closing.clone();
         let thread = std::thread::Builder::new()
-            .name("loopwarden-store".into())
+            .name(super::store_thread(worker))
             .spawn(move || {
                 let mut failed = false;
                 for job in taken {
@@ -256,6 +257,7 @@ mod tests {
         let (_dir, db, store) = partition_store();
         let liveness = crate::telemetry::Liveness::new(Duration::from_secs(1));
         let mut writer = Writer::start(
+            0,
             db.clone(),
             &settings(),
             &Shutdown::new(),
@@ -282,10 +284,39 @@ mod tests {
         assert_eq!(liveness.longest_write(Instant::now()), None, "ended");
     }
 
+    /// Each worker's writer has a thread name of its own, whole in what Linux keeps of it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_writers_thread_is_named_after_its_worker() {
+        let (_dir, db, _store) = partition_store();
+        let names = || -> Vec<String> {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|n| n.trim().to_string())
+                .collect()
+        };
+        // A worker index no other test's writer has.
+        let writer = Writer::start(37, db, &settings(), &Shutdown::new(), watch()).unwrap();
+        // The new thread names itself once it runs.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = names();
+        while !seen.iter().any(|n| n == "lw-store-37") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            seen = names();
+        }
+        assert!(
+            seen.iter().any(|n| n == "lw-store-37"),
+            "no thread lw-store-37 among {seen:?}"
+        );
+        drop(writer);
+    }
+
     #[test]
     fn batches_are_stored_in_hand_over_order_and_a_failed_write_is_retried() {
         let (_dir, db, store) = partition_store();
-        let mut writer = Writer::start(db.clone(), &settings(), &Shutdown::new(), watch()).unwrap();
+        let mut writer =
+            Writer::start(0, db.clone(), &settings(), &Shutdown::new(), watch()).unwrap();
         lock(&store).fail_next_write_after(0);
         let batches = [
             ("s", b"first".as_slice()),
@@ -322,7 +353,7 @@ mod tests {
         settings.shutdown_deadline = Duration::ZERO;
         let shutdown = Shutdown::new();
         shutdown.trigger();
-        let mut writer = Writer::start(db.clone(), &settings, &shutdown, watch()).unwrap();
+        let mut writer = Writer::start(0, db.clone(), &settings, &shutdown, watch()).unwrap();
         lock(&store).fail_next_write_after(0);
         writer.hand(job(&store, Some(("s", b"failed")), 1));
         writer.hand(job(&store, Some(("s", b"after")), 2));
@@ -348,7 +379,8 @@ mod tests {
     #[test]
     fn a_dropped_writer_writes_none_of_the_batches_still_queued() {
         let (_dir, db, store) = partition_store();
-        let mut writer = Writer::start(db.clone(), &settings(), &Shutdown::new(), watch()).unwrap();
+        let mut writer =
+            Writer::start(0, db.clone(), &settings(), &Shutdown::new(), watch()).unwrap();
         // The thread waits for the store while the test holds it: the first batch taken,
         // the second queued, when the writer is dropped.
         let held = lock(&store);
