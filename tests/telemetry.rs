@@ -316,11 +316,16 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     assert_eq!(total(&metrics, "loopwarden_partitions_assigned"), 2.0);
     assert!(total(&metrics, "loopwarden_batches_total") >= 1.0);
     // Each stage of an at_least_once batch is timed; `close` (the batch's end on the
-    // thread that polls) once for every batch ended, stored or not yet.
-    let stages: BTreeMap<String, f64> = samples(&metrics, "loopwarden_batch_stage_seconds_count")
-        .into_iter()
-        .map(|(l, v)| (label(&l, "stage").to_string(), v))
-        .collect();
+    // thread that polls) once for every batch ended, stored or not yet. Read from a
+    // scrape after the one the batches were counted in: a scrape reads its metrics one
+    // after another, and a batch is closed before it is counted.
+    let stages: BTreeMap<String, f64> = samples(
+        &get(&addr, "/metrics").1,
+        "loopwarden_batch_stage_seconds_count",
+    )
+    .into_iter()
+    .map(|(l, v)| (label(&l, "stage").to_string(), v))
+    .collect();
     for stage in ["wait", "apply", "close", "deliver", "store", "commit"] {
         assert!(
             stages.get(stage).is_some_and(|&n| n >= 1.0),

@@ -40,7 +40,7 @@ unsafe impl GlobalAlloc for Counting {
 /// Logs the live heap every 30 s, for the life of the process.
 pub fn log_every_30_secs() {
     let spawned = std::thread::Builder::new()
-        .name("loopwarden-heap-stats".into())
+        .name("lw-heap-stats".into())
         .spawn(|| loop {
             std::thread::sleep(Duration::from_secs(30));
             let live_bytes = LIVE.load(Ordering::Relaxed);

@@ -135,7 +135,7 @@ pub fn serve(
             shutdown: shutdown.clone(),
         });
     let thread = std::thread::Builder::new()
-        .name("loopwarden-http".into())
+        .name("lw-http".into())
         .spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -90,8 +90,8 @@ pub struct Metrics {
     pub flush_duration: Histogram,
     /// Delivering a batch's output records (until every acknowledgement).
     pub delivery_duration: Histogram,
-    /// A batch's time per stage (`wait`, `apply`, `deliver`, `store`, `commit`): the
-    /// latency budget of a finding.
+    /// A batch's time per stage (`wait`, `apply`, `close` (at_least_once), `deliver`,
+    /// `store`, `commit`): the latency budget of a finding.
     pub batch_stages: HistogramVec,
     /// Output deliveries that failed and were retried.
     pub delivery_retries: IntCounter,
@@ -247,7 +247,7 @@ const DELIVERY_DURATION: Family = Family {
 
 const BATCH_STAGES: Family = Family {
     name: "loopwarden_batch_stage_seconds",
-    help: "A batch's time per stage: wait (first event polled to the batch closing), apply (events through the engines), close (at_least_once: the batch's changes taken and its records handed to the producer, on the thread that polls), deliver (waiting for the broker to acknowledge the batch before, whose records were in flight while this one was polled; exactly_once: the whole transaction), store (sled write and fsync), commit (offset commit).",
+    help: "A batch's time per stage: wait (first event polled to the batch closing), apply (events through the engines), close (at_least_once: the batch's changes taken, its records handed to the producer and the batch before handed to the store writer, on the thread that polls), deliver (waiting for the broker to acknowledge the batch before, whose records were in flight while this one was polled; exactly_once: the whole transaction), store (sled write and fsync), commit (offset commit).",
     labels: &["stage"],
 };
 

@@ -208,7 +208,7 @@ impl Spans {
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
-            .thread_name("loopwarden-otlp")
+            .thread_name("lw-spans")
             .enable_all()
             .build()
             .map_err(SpanError::Runtime)?;

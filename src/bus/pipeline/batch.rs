@@ -234,11 +234,12 @@ impl Worker {
         match transaction {
             None => {
                 self.send(this);
-                // The polling thread's own share of a batch's end: events wait meanwhile.
-                metrics.observe_stage("close", closing.elapsed());
                 if let Some(previous) = previous {
                     self.store(previous);
                 }
+                // The polling thread's own share of a batch's end (a stop's or a
+                // revoke's waits below are not): events wait in the consumer meanwhile.
+                metrics.observe_stage("close", closing.elapsed());
                 if finish == Finish::Settle {
                     if let Some(this) = self.acknowledge()? {
                         self.store(this);

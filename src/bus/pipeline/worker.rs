@@ -109,7 +109,7 @@ impl Drop for Worker {
 }
 
 impl Worker {
-    /// Worker `index` of the process (it names the store writer's thread).
+    /// A worker of the process; `index` names its store writer's thread.
     // Each part is built by the caller (the tests give in-memory ones), so none is left out.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(

@@ -70,11 +70,11 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    /// Starts worker `worker`'s writer thread, which writes into `db`'s trees, retries with `settings`'
-    /// backoff, and shows each write in progress to `watch` (`/healthz` fails when one
-    /// never ends).
+    /// Starts worker `index`'s writer thread, which writes into `db`'s trees, retries
+    /// with `settings`' backoff, and shows each write in progress to `watch` (`/healthz`
+    /// fails when one never ends).
     pub fn start(
-        worker: usize,
+        index: usize,
         db: sled::Db,
         settings: &KafkaSettings,
         shutdown: &Shutdown,
@@ -86,7 +86,7 @@ impl Writer {
         let closing = Arc::new(AtomicBool::new(false));
         let closed = closing.clone();
         let thread = std::thread::Builder::new()
-            .name(super::store_thread(worker))
+            .name(super::store_thread(index))
             .spawn(move || {
                 let mut failed = false;
                 for job in taken {

@@ -499,7 +499,7 @@ pub fn drive<S: Sink>(
         .then(|| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
-                .thread_name(|i| format!("loopwarden-shard-{i}"))
+                .thread_name(|i| format!("lw-shard-{i}"))
                 .build()
         })
         .transpose()
