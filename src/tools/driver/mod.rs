@@ -157,13 +157,12 @@ struct Place {
     seq: u32,
 }
 
-fn compare(a: &(Place, Output, String), b: &(Place, Output, String)) -> Ordering {
-    let (pa, pb) = (&a.0, &b.0);
+fn compare((pa, a): (&Place, &Output), (pb, b): (&Place, &Output)) -> Ordering {
     pa.line
         .cmp(&pb.line)
         .then(pa.phase.cmp(&pb.phase))
         .then(pa.deadline.cmp(&pb.deadline))
-        .then_with(|| session_of(&a.1).cmp(session_of(&b.1)))
+        .then_with(|| session_of(a).cmp(session_of(b)))
         .then(pa.seq.cmp(&pb.seq))
 }
 
@@ -249,6 +248,11 @@ struct Shard<S> {
     /// This batch's events of the shard (indices into the batch's marks).
     mine: Vec<u32>,
     placed: Vec<(Place, Output, String)>,
+    /// Outputs handed on in an earlier round, given back to be dropped here: they were
+    /// allocated on this shard's thread, and a free from another thread is slower (and
+    /// on the calling thread, which every output passes through, it would not run beside
+    /// the workers).
+    spent: Vec<(Output, String)>,
     /// Render each output's JSON line here, on the shard's thread.
     render: bool,
     outputs: Vec<Output>,
@@ -262,6 +266,7 @@ impl<S: Sink> Shard<S> {
             sink,
             mine: Vec::new(),
             placed: Vec::new(),
+            spent: Vec::new(),
             render,
             outputs: Vec::new(),
             deadlines: Vec::new(),
@@ -275,6 +280,7 @@ impl<S: Sink> Shard<S> {
     }
 
     fn run(&mut self, chunks: &[Vec<Line<'_>>], marks: &[Mark], keep: bool) {
+        self.spent.clear();
         let meta = EventMeta::default();
         let mine = std::mem::take(&mut self.mine);
         let line = |k: u32| {
@@ -354,6 +360,7 @@ impl<S: Sink> Shard<S> {
     }
 
     fn end(&mut self, keep: bool) {
+        self.spent.clear();
         self.engine
             .close_all(ClosedBy::EndOfInput, &mut self.outputs);
         self.sink.step(Step::End, &self.outputs);
@@ -545,7 +552,7 @@ pub fn drive<S: Sink>(
     errors: &mut dyn Write,
     options: Options,
     make_sink: impl Fn() -> S,
-    on_outputs: impl FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>,
+    on_outputs: impl FnMut(&[(Output, String)]) -> Result<(), DriveError>,
 ) -> Result<(Read, Vec<S>), DriveError> {
     let threads = options.threads.max(1);
     // A few shards per thread, each applied on its thread batch after batch: its
@@ -578,6 +585,8 @@ pub fn drive<S: Sink>(
             keep,
             merged: Vec::new(),
             outputs: Vec::new(),
+            shard_of: Vec::new(),
+            spent: Vec::new(),
             on_outputs,
         },
         spare: Spare::default(),
@@ -676,17 +685,27 @@ impl Prepare {
 /// one thread's order and handed on.
 struct Handoff<F> {
     keep: bool,
-    merged: Vec<(Place, Output, String)>,
+    /// The collected outputs, each with the shard it came from.
+    merged: Vec<(Place, Output, String, u32)>,
     outputs: Vec<(Output, String)>,
+    /// The shard of each of `outputs`.
+    shard_of: Vec<u32>,
+    /// Per shard, its outputs handed on, to give back at the next collect.
+    spent: Vec<Vec<(Output, String)>>,
     on_outputs: F,
 }
 
-impl<F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Handoff<F> {
-    /// Moves the shards' placed outputs to `merged`.
+impl<F: FnMut(&[(Output, String)]) -> Result<(), DriveError>> Handoff<F> {
+    /// Moves the shards' placed outputs to `merged`, and gives each shard back its
+    /// outputs handed on since the last collect (it drops them in its next run).
     fn collect<S>(&mut self, shards: &mut [Shard<S>]) {
         if self.keep {
-            for s in shards.iter_mut() {
-                self.merged.append(&mut s.placed);
+            self.spent.resize_with(shards.len(), Vec::new);
+            for (i, (s, spent)) in shards.iter_mut().zip(&mut self.spent).enumerate() {
+                let from = |(p, o, json)| (p, o, json, i as u32);
+                self.merged.extend(s.placed.drain(..).map(from));
+                // The shard's own list was emptied by its run: the two swap buffers.
+                std::mem::swap(&mut s.spent, spent);
             }
         }
     }
@@ -696,12 +715,18 @@ impl<F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Handoff<F> 
         if !self.keep || self.merged.is_empty() {
             return Ok(());
         }
-        self.merged.sort_by(compare);
-        let merged = self.merged.drain(..).map(|(_, o, json)| (o, json));
-        self.outputs.extend(merged);
-        (self.on_outputs)(&mut self.outputs)?;
-        self.outputs.clear();
-        Ok(())
+        self.merged
+            .sort_by(|a, b| compare((&a.0, &a.1), (&b.0, &b.1)));
+        for (_, o, json, shard) in self.merged.drain(..) {
+            self.outputs.push((o, json));
+            self.shard_of.push(shard);
+        }
+        let handed_on = (self.on_outputs)(&self.outputs);
+        let back = self.outputs.drain(..).zip(self.shard_of.drain(..));
+        for (output, shard) in back {
+            self.spent[shard as usize].push(output);
+        }
+        handed_on
     }
 }
 
@@ -724,7 +749,7 @@ struct Rounds<'p, S, F> {
     parse: ParseWork,
 }
 
-impl<S: Sink, F: FnMut(&mut Vec<(Output, String)>) -> Result<(), DriveError>> Rounds<'_, S, F> {
+impl<S: Sink, F: FnMut(&[(Output, String)]) -> Result<(), DriveError>> Rounds<'_, S, F> {
     /// Reads, parses and applies every batch of `input`. Four batches in flight: in each
     /// round `current` is applied by the shards, the events of the batch before dropped
     /// and `next` parsed by the workers while, on this thread, the outputs of the batch
