@@ -26,7 +26,10 @@
 //! clock, in the one sequential pass, once the outputs of an earlier batch are merged and
 //! handed on there). So nothing every event passes through runs on the workers' path:
 //! the calling thread's share (prepare, merge, hand on) runs beside them, and the
-//! workers wait only when it is slower than the batch.
+//! workers wait only when it is slower than the batch. A batch's events were parsed a
+//! round before, on several threads by other cores as often as not, so a shard asks
+//! memory for its next events' lines and texts a few events ahead of applying them; and
+//! the outputs handed on go back to the shard that made them, to be dropped on its thread.
 //! Memory stays bounded by the batch size and the open sessions, whatever the input's
 //! length (a mapped file's pages are the page cache's, read once in order: they count in
 //! the resident memory, and the kernel takes them back when it needs to).
@@ -182,10 +185,11 @@ struct Mark {
     clock: i64,
 }
 
-/// Events ahead of the one applied whose parsed line (twice as far) and text (this far)
-/// are asked of memory in advance: a batch's events were parsed a round before, half of
-/// them (on two threads; 15 of 16 on sixteen) by another core, so the first touch of each
-/// missed every cache.
+/// Events ahead of the one applied whose mark (three times as far), parsed line (twice as
+/// far) and text (this far) are asked of memory in advance, each stage reading what the
+/// stage before asked for: a batch's events were parsed a round before, half of them (on
+/// two threads; 15 of 16 on sixteen) by another core, so the first touch of each missed
+/// every cache.
 const PREFETCH_AHEAD: usize = 8;
 
 /// Asks the core to start loading the cache line at `p` into every level: a hint, with
@@ -213,14 +217,16 @@ fn prefetch_value<T>(value: &T) {
 }
 
 /// The first cache lines of what the engine reads of an event's text: its session id
-/// (the session table's key) and its body's strings.
+/// (the session table's key) and its body's strings (up to eight lines each).
 #[inline(always)]
 fn prefetch_event_text(event: &Event<'_>) {
     use crate::contract::event::EventBody;
     prefetch(event.session_id.as_ptr());
     let text = |t: &str| {
-        for at in (0..t.len().min(512)).step_by(64) {
-            prefetch(t.as_ptr().wrapping_add(at));
+        let skew = t.as_ptr() as usize % 64;
+        let start = t.as_ptr().wrapping_sub(skew);
+        for at in (0..(skew + t.len()).min(512)).step_by(64) {
+            prefetch(start.wrapping_add(at));
         }
     };
     match &event.body {
@@ -249,9 +255,8 @@ struct Shard<S> {
     mine: Vec<u32>,
     placed: Vec<(Place, Output, String)>,
     /// Outputs handed on in an earlier round, given back to be dropped here: they were
-    /// allocated on this shard's thread, and a free from another thread is slower (and
-    /// on the calling thread, which every output passes through, it would not run beside
-    /// the workers).
+    /// allocated on this shard's thread, a free from another thread is slower, and on the
+    /// calling thread it would add to the one thread every output passes through.
     spent: Vec<(Output, String)>,
     /// Render each output's JSON line here, on the shard's thread.
     render: bool,
@@ -415,7 +420,7 @@ self_cell::self_cell!(
 );
 
 /// The containers a parsed batch borrows nothing in, kept from batch to batch (a batch's
-/// parsed events are ~360 bytes a line: allocated afresh, every batch would fault in its
+/// parsed events are 392 bytes a line: allocated afresh, every batch would fault in its
 /// pages again).
 #[derive(Default)]
 struct Spare {
@@ -585,7 +590,7 @@ pub fn drive<S: Sink>(
             keep,
             merged: Vec::new(),
             outputs: Vec::new(),
-            shard_of: Vec::new(),
+            origins: Vec::new(),
             spent: Vec::new(),
             on_outputs,
         },
@@ -688,8 +693,8 @@ struct Handoff<F> {
     /// The collected outputs, each with the shard it came from.
     merged: Vec<(Place, Output, String, u32)>,
     outputs: Vec<(Output, String)>,
-    /// The shard of each of `outputs`.
-    shard_of: Vec<u32>,
+    /// The shard each of `outputs` came from.
+    origins: Vec<u32>,
     /// Per shard, its outputs handed on, to give back at the next collect.
     spent: Vec<Vec<(Output, String)>>,
     on_outputs: F,
@@ -697,14 +702,16 @@ struct Handoff<F> {
 
 impl<F: FnMut(&[(Output, String)]) -> Result<(), DriveError>> Handoff<F> {
     /// Moves the shards' placed outputs to `merged`, and gives each shard back its
-    /// outputs handed on since the last collect (it drops them in its next run).
+    /// outputs handed on since the last collect (it drops them in its next run or end;
+    /// the last batch's are dropped here when the drive ends).
     fn collect<S>(&mut self, shards: &mut [Shard<S>]) {
         if self.keep {
             self.spent.resize_with(shards.len(), Vec::new);
             for (i, (s, spent)) in shards.iter_mut().zip(&mut self.spent).enumerate() {
-                let from = |(p, o, json)| (p, o, json, i as u32);
-                self.merged.extend(s.placed.drain(..).map(from));
-                // The shard's own list was emptied by its run: the two swap buffers.
+                let with_shard = |(p, o, json)| (p, o, json, i as u32);
+                self.merged.extend(s.placed.drain(..).map(with_shard));
+                // Its run emptied the shard's list: swapping hands it the outputs and
+                // takes back an empty buffer.
                 std::mem::swap(&mut s.spent, spent);
             }
         }
@@ -719,10 +726,10 @@ impl<F: FnMut(&[(Output, String)]) -> Result<(), DriveError>> Handoff<F> {
             .sort_by(|a, b| compare((&a.0, &a.1), (&b.0, &b.1)));
         for (_, o, json, shard) in self.merged.drain(..) {
             self.outputs.push((o, json));
-            self.shard_of.push(shard);
+            self.origins.push(shard);
         }
         let handed_on = (self.on_outputs)(&self.outputs);
-        let back = self.outputs.drain(..).zip(self.shard_of.drain(..));
+        let back = self.outputs.drain(..).zip(self.origins.drain(..));
         for (output, shard) in back {
             self.spent[shard as usize].push(output);
         }
