@@ -85,7 +85,7 @@ fn main() {
     let outage = knob("SOAK_OUTAGE_SECS", 20);
     let port = knob("SOAK_PORT", 19096) as u16;
 
-    let broker = OwnBroker::start(port);
+    let broker = OwnBroker::start_on(port);
     // The bench's own readers (lag, outputs) fetch as the members do.
     set_reader_fetch_wait_ms(knob("SOAK_FETCH_WAIT_MS", 500) as u32);
     if let Ok(base) = std::env::var("SOAK_VERIFY_TOPICS") {

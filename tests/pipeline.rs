@@ -891,7 +891,7 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
 /// counted twice. Runs on a broker of its own so other tests are not paused.
 #[test]
 fn a_paused_broker_stalls_the_pipeline_without_loss_or_double_counting() {
-    paused_broker(19093, "at_least_once");
+    paused_broker("at_least_once");
 }
 
 /// The same in exactly_once mode: transactions time out and are retried while the broker
@@ -899,14 +899,14 @@ fn a_paused_broker_stalls_the_pipeline_without_loss_or_double_counting() {
 /// shows no second copy).
 #[test]
 fn a_paused_broker_stalls_exactly_once_transactions_without_loss_or_duplicates() {
-    let duplicates = paused_broker(19094, "exactly_once");
+    let duplicates = paused_broker("exactly_once");
     assert_eq!(duplicates, 0, "a termination committed twice");
 }
 
-/// Pauses a broker of its own on `port` for 30 s mid-stream under `delivery`; returns the
+/// Pauses a broker of its own for 30 s mid-stream under `delivery`; returns the
 /// number of re-emitted termination copies.
-fn paused_broker(port: u16, delivery: &str) -> usize {
-    let own = OwnBroker::start(port);
+fn paused_broker(delivery: &str) -> usize {
+    let own = OwnBroker::start();
     let Fixture {
         brokers,
         topics,

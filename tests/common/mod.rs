@@ -40,8 +40,8 @@ pub fn broker() -> String {
         .clone()
 }
 
-/// A broker of the test's own on `port` (for tests that pause or stop it), with the pid
-/// to signal. Stops it when dropped.
+/// A broker of the test's own on a free port (for tests that pause or stop it), with
+/// the pid to signal. Stops it when dropped.
 pub struct OwnBroker {
     pub address: String,
     pub pid: u32,
@@ -49,7 +49,16 @@ pub struct OwnBroker {
 }
 
 impl OwnBroker {
-    pub fn start(port: u16) -> OwnBroker {
+    /// Starts a broker on a port free now: a fixed port would reach whatever an earlier
+    /// run left listening there (`scripts/broker start` leaves a listener alone), and the
+    /// test would pause or stop a broker that is not its own.
+    pub fn start() -> OwnBroker {
+        OwnBroker::start_on(free_port())
+    }
+
+    /// Starts a broker on `port`, or takes the one listening there (the soak's second
+    /// run reads what its first left on it).
+    pub fn start_on(port: u16) -> OwnBroker {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker");
         let status = Command::new(&script)
             .arg("start")
