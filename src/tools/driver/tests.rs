@@ -485,3 +485,86 @@ fn a_read_error_comes_after_the_outputs_of_every_applied_batch() {
         assert_eq!(out, caused(k + 1), "{threads} threads");
     }
 }
+
+/// The outputs of `examples/sessions.jsonl` on one engine, its end of input included.
+fn example_outputs() -> Vec<Output> {
+    let config = Arc::new(Config::default());
+    let limits = config.limits;
+    let mut engine = Engine::new(config);
+    let mut outputs = Vec::new();
+    let text = std::fs::read_to_string("examples/sessions.jsonl").unwrap();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let event = parse_event(line.as_bytes(), &limits).unwrap();
+        engine.process(&event, &EventMeta::default(), &mut outputs);
+    }
+    engine.close_all(ClosedBy::EndOfInput, &mut outputs);
+    outputs
+}
+
+/// Outputs handed on go back to the shard that made them (to be freed on its thread),
+/// each once, after being handed on in one thread's order; a shard's next run drops them.
+#[test]
+fn outputs_handed_on_go_back_to_the_shard_that_made_them() {
+    let outputs = example_outputs();
+    assert!(outputs.len() >= 6, "{}", outputs.len());
+    let config = Arc::new(Config::default());
+    let mut shards: Vec<Shard<()>> = (0..3)
+        .map(|_| Shard::new(Engine::new(config.clone()), (), true))
+        .collect();
+    // Output k made by shard k % 3, placed at line (len - k): the merge reverses them.
+    let n = outputs.len();
+    for (k, o) in outputs.iter().enumerate() {
+        let place = Place {
+            line: (n - k) as u64,
+            phase: 1,
+            deadline: 0,
+            seq: 0,
+        };
+        shards[k % 3]
+            .placed
+            .push((place, o.clone(), format!("{k}")));
+    }
+    let handed = std::cell::RefCell::new(Vec::new());
+    let mut handoff = Handoff {
+        keep: true,
+        merged: Vec::new(),
+        outputs: Vec::new(),
+        origins: Vec::new(),
+        spent: Vec::new(),
+        on_outputs: |batch: &[(Output, String)]| {
+            let jsons = batch.iter().map(|(_, json)| json.clone());
+            handed.borrow_mut().extend(jsons);
+            Ok(())
+        },
+    };
+    handoff.collect(&mut shards);
+    handoff.emit().unwrap();
+    let order: Vec<String> = (0..n).rev().map(|k| format!("{k}")).collect();
+    assert_eq!(*handed.borrow(), order, "handed on by place");
+    // Nothing is with the shards yet: they are given back at the next collect.
+    assert!(shards
+        .iter()
+        .all(|s| s.spent.is_empty() && s.placed.is_empty()));
+    handoff.collect(&mut shards);
+    // Nothing more to hand on: the next emit hands on nothing and gives nothing back.
+    handoff.emit().unwrap();
+    assert_eq!(handed.borrow().len(), n);
+    for (i, shard) in shards.iter().enumerate() {
+        let mut back: Vec<usize> = shard
+            .spent
+            .iter()
+            .map(|(_, j)| j.parse().unwrap())
+            .collect();
+        back.sort_unstable();
+        let made: Vec<usize> = (0..n).filter(|k| k % 3 == i).collect();
+        assert_eq!(back, made, "shard {i}");
+        for (o, j) in &shard.spent {
+            assert_eq!(o, &outputs[j.parse::<usize>().unwrap()]);
+        }
+    }
+    assert!(handoff.spent.iter().all(Vec::is_empty));
+    assert!(handoff.merged.is_empty() && handoff.outputs.is_empty());
+    // A shard's next run drops what it was given back.
+    shards[1].run(&[], &[], true);
+    assert!(shards[1].spent.is_empty());
+}
