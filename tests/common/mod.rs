@@ -40,6 +40,12 @@ pub fn broker() -> String {
         .clone()
 }
 
+/// Where `scripts/broker` keeps its pid files.
+fn broker_dir() -> String {
+    std::env::var("LOOPWARDEN_BROKER_DIR")
+        .unwrap_or_else(|_| format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap()))
+}
+
 /// A broker of the test's own on a free port (for tests that pause or stop it), with
 /// the pid to signal. Stops it when dropped.
 pub struct OwnBroker {
@@ -53,7 +59,11 @@ impl OwnBroker {
     /// run left listening there (`scripts/broker start` leaves a listener alone), and the
     /// test would pause or stop a broker that is not its own.
     pub fn start() -> OwnBroker {
-        OwnBroker::start_on(free_port())
+        let port = free_port();
+        // A pid file an earlier, killed run left for this port would name a process that
+        // is not this broker.
+        let _ = std::fs::remove_file(format!("{}/tansu-{port}.pid", broker_dir()));
+        OwnBroker::start_on(port)
     }
 
     /// Starts a broker on `port`, or takes the one listening there (the soak's second
@@ -66,10 +76,7 @@ impl OwnBroker {
             .status()
             .expect("run scripts/broker");
         assert!(status.success(), "scripts/broker start on {port} failed");
-        let dir = std::env::var("LOOPWARDEN_BROKER_DIR").unwrap_or_else(|_| {
-            format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap())
-        });
-        let pid = std::fs::read_to_string(format!("{dir}/tansu-{port}.pid"))
+        let pid = std::fs::read_to_string(format!("{}/tansu-{port}.pid", broker_dir()))
             .expect("the broker's pid file")
             .trim()
             .parse()

@@ -541,10 +541,8 @@ fn outputs_handed_on_go_back_to_the_shard_that_made_them() {
     handoff.emit().unwrap();
     let order: Vec<String> = (0..n).rev().map(|k| format!("{k}")).collect();
     assert_eq!(*handed.borrow(), order, "handed on by place");
-    // Nothing is with the shards yet: they are given back at the next collect.
-    assert!(shards
-        .iter()
-        .all(|s| s.spent.is_empty() && s.placed.is_empty()));
+    // Held to be given back at the next collect, each once.
+    assert_eq!(handoff.spent.iter().map(Vec::len).sum::<usize>(), n);
     handoff.collect(&mut shards);
     // Nothing more to hand on: the next emit hands on nothing and gives nothing back.
     handoff.emit().unwrap();
@@ -563,7 +561,7 @@ fn outputs_handed_on_go_back_to_the_shard_that_made_them() {
         }
     }
     assert!(handoff.spent.iter().all(Vec::is_empty));
-    assert!(handoff.merged.is_empty() && handoff.outputs.is_empty());
+    assert!(handoff.merged.is_empty() && handoff.outputs.is_empty() && handoff.origins.is_empty());
     // A shard's next run drops what it was given back.
     shards[1].run(&[], &[], true);
     assert!(shards[1].spent.is_empty());
