@@ -40,10 +40,11 @@ pub fn broker() -> String {
         .clone()
 }
 
-/// Where `scripts/broker` keeps its pid files.
-fn broker_dir() -> String {
-    std::env::var("LOOPWARDEN_BROKER_DIR")
-        .unwrap_or_else(|_| format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap()))
+/// Where `scripts/broker` keeps the pid of the broker it started on `port`.
+fn pid_file(port: u16) -> String {
+    let dir = std::env::var("LOOPWARDEN_BROKER_DIR")
+        .unwrap_or_else(|_| format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap()));
+    format!("{dir}/tansu-{port}.pid")
 }
 
 /// A broker of the test's own on a free port (for tests that pause or stop it), with
@@ -62,7 +63,7 @@ impl OwnBroker {
         let port = free_port();
         // A pid file an earlier, killed run left for this port would name a process that
         // is not this broker.
-        let _ = std::fs::remove_file(format!("{}/tansu-{port}.pid", broker_dir()));
+        let _ = std::fs::remove_file(pid_file(port));
         OwnBroker::start_on(port)
     }
 
@@ -76,7 +77,7 @@ impl OwnBroker {
             .status()
             .expect("run scripts/broker");
         assert!(status.success(), "scripts/broker start on {port} failed");
-        let pid = std::fs::read_to_string(format!("{}/tansu-{port}.pid", broker_dir()))
+        let pid = std::fs::read_to_string(pid_file(port))
             .expect("the broker's pid file")
             .trim()
             .parse()

@@ -206,14 +206,22 @@ fn prefetch(p: *const u8) {
     let _ = p;
 }
 
+/// Every cache line that the `len` bytes at `start` lie on, up to `max_bytes` from the
+/// start of the first.
+#[inline(always)]
+fn prefetch_span(start: *const u8, len: usize, max_bytes: usize) {
+    let skew = start as usize % 64;
+    let first = start.wrapping_sub(skew);
+    for at in (0..(skew + len).min(max_bytes)).step_by(64) {
+        prefetch(first.wrapping_add(at));
+    }
+}
+
 /// Every cache line that `value` lies on.
 #[inline(always)]
 fn prefetch_value<T>(value: &T) {
     let start = (value as *const T).cast::<u8>();
-    let skew = start as usize % 64;
-    for at in (0..skew + std::mem::size_of::<T>()).step_by(64) {
-        prefetch(start.wrapping_sub(skew).wrapping_add(at));
-    }
+    prefetch_span(start, std::mem::size_of::<T>(), usize::MAX);
 }
 
 /// The first cache lines of what the engine reads of an event's text: its session id
@@ -222,13 +230,7 @@ fn prefetch_value<T>(value: &T) {
 fn prefetch_event_text(event: &Event<'_>) {
     use crate::contract::event::EventBody;
     prefetch(event.session_id.as_ptr());
-    let text = |t: &str| {
-        let skew = t.as_ptr() as usize % 64;
-        let start = t.as_ptr().wrapping_sub(skew);
-        for at in (0..(skew + t.len()).min(512)).step_by(64) {
-            prefetch(start.wrapping_add(at));
-        }
-    };
+    let text = |t: &str| prefetch_span(t.as_ptr(), t.len(), 8 * 64);
     match &event.body {
         EventBody::ToolCall(c) => {
             c.args.iter().chain(&c.result).for_each(|j| text(&j.0));
