@@ -886,6 +886,69 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
     assert!(!c_log.contains("partition state restored"), "{c_log}");
 }
 
+/// `scripts/broker start` with an owner: once the owner is gone, the broker stops (a
+/// paused one too), its pid file and log removed, so a killed test run leaves no broker
+/// of its own behind on its free port.
+#[test]
+fn a_broker_with_an_owner_stops_once_the_owner_is_gone() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker");
+    // The install is shared with the other tests; the pid and log files are this test's.
+    let cache = format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap());
+    let port = free_port();
+    let mut owner = Command::new("sleep").arg("600").spawn().unwrap();
+    let status = Command::new(&script)
+        .arg("start")
+        .env("LOOPWARDEN_BROKER_PORT", port.to_string())
+        .env("LOOPWARDEN_BROKER_DIR", &cache)
+        .env("LOOPWARDEN_BROKER_OWNER", owner.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "scripts/broker start on {port}");
+    let pid_file = std::path::Path::new(&cache).join(format!("tansu-{port}.pid"));
+    let log_file = std::path::Path::new(&cache).join(format!("tansu-{port}.log"));
+    let broker: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let listening = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    let alive = || {
+        std::path::Path::new(&format!("/proc/{broker}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{broker}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+    };
+    assert!(listening() && alive(), "the broker on {port} runs");
+    // Still running while its owner lives, paused as a test pauses it.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(alive(), "the broker outlived nothing yet");
+    assert!(Command::new("kill")
+        .args(["-STOP", &broker.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !alive(),
+        "the broker {broker} on {port} still runs 20 s after its owner died"
+    );
+    assert!(!listening(), "nothing listens on {port}");
+    // The watch removes the files just after the broker has gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (pid_file.exists() || log_file.exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!pid_file.exists(), "{} removed", pid_file.display());
+    assert!(!log_file.exists(), "{} removed", log_file.display());
+}
+
 /// A broker that stops answering (SIGSTOP) for 30 s mid-stream and comes back (SIGCONT):
 /// the pipeline stalls without exiting, then catches up; nothing is lost, nothing is
 /// counted twice. Runs on a broker of its own so other tests are not paused.

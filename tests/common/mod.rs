@@ -58,24 +58,32 @@ pub struct OwnBroker {
 impl OwnBroker {
     /// Starts a broker on a port free now: a fixed port would reach whatever an earlier
     /// run left listening there (`scripts/broker start` leaves a listener alone), and the
-    /// test would pause or stop a broker that is not its own.
+    /// test would pause or stop a broker that is not its own. The broker stops once this
+    /// process is gone, dropped or not (a killed test run leaves none behind).
     pub fn start() -> OwnBroker {
         let port = free_port();
         // A pid file an earlier, killed run left for this port would name a process that
         // is not this broker.
         let _ = std::fs::remove_file(pid_file(port));
-        OwnBroker::start_on(port)
+        OwnBroker::launch(port, Some(std::process::id()))
     }
 
     /// Starts a broker on `port`, or takes the one listening there (the soak's second
-    /// run reads what its first left on it).
+    /// run reads what its first left on it, so it outlives this process until dropped).
     pub fn start_on(port: u16) -> OwnBroker {
+        OwnBroker::launch(port, None)
+    }
+
+    fn launch(port: u16, owner: Option<u32>) -> OwnBroker {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker");
-        let status = Command::new(&script)
+        let mut start = Command::new(&script);
+        start
             .arg("start")
-            .env("LOOPWARDEN_BROKER_PORT", port.to_string())
-            .status()
-            .expect("run scripts/broker");
+            .env("LOOPWARDEN_BROKER_PORT", port.to_string());
+        if let Some(owner) = owner {
+            start.env("LOOPWARDEN_BROKER_OWNER", owner.to_string());
+        }
+        let status = start.status().expect("run scripts/broker");
         assert!(status.success(), "scripts/broker start on {port} failed");
         let pid = std::fs::read_to_string(pid_file(port))
             .expect("the broker's pid file")

@@ -543,10 +543,29 @@ fn outputs_handed_on_go_back_to_the_shard_that_made_them() {
     assert_eq!(*handed.borrow(), order, "handed on by place");
     // Held to be given back at the next collect, each once.
     assert_eq!(handoff.spent.iter().map(Vec::len).sum::<usize>(), n);
+    // The next batch's outputs, made by other shards (k by shard (k + 1) % 3), are taken
+    // by the same collect that gives the first batch's back.
+    for (k, o) in outputs.iter().enumerate().take(4) {
+        let place = Place {
+            line: 100 + k as u64,
+            phase: 1,
+            deadline: 0,
+            seq: 0,
+        };
+        shards[(k + 1) % 3]
+            .placed
+            .push((place, o.clone(), format!("{}", 1000 + k)));
+    }
     handoff.collect(&mut shards);
-    // Nothing more to hand on: the next emit hands on nothing and gives nothing back.
+    assert!(shards.iter().all(|s| s.placed.is_empty()));
+    assert_eq!(handoff.merged.len(), 4);
     handoff.emit().unwrap();
-    assert_eq!(handed.borrow().len(), n);
+    let second: Vec<String> = (1000..1004).map(|k| format!("{k}")).collect();
+    assert_eq!(
+        handed.borrow()[n..],
+        second[..],
+        "the next batch handed on by place"
+    );
     for (i, shard) in shards.iter().enumerate() {
         let mut back: Vec<usize> = shard
             .spent
@@ -560,9 +579,18 @@ fn outputs_handed_on_go_back_to_the_shard_that_made_them() {
             assert_eq!(o, &outputs[j.parse::<usize>().unwrap()]);
         }
     }
-    assert!(handoff.spent.iter().all(Vec::is_empty));
+    // The next batch's held for its shards, to be given back at the collect after.
+    for (i, spent) in handoff.spent.iter().enumerate() {
+        let mut held: Vec<usize> = spent.iter().map(|(_, j)| j.parse().unwrap()).collect();
+        held.sort_unstable();
+        let made: Vec<usize> = (1000..1004).filter(|k| (k - 1000 + 1) % 3 == i).collect();
+        assert_eq!(held, made, "held for shard {i}");
+    }
     assert!(handoff.merged.is_empty() && handoff.outputs.is_empty() && handoff.origins.is_empty());
-    // A shard's next run drops what it was given back.
+    // A shard's next run drops what it was given back, and so does its end.
     shards[1].run(&[], &[], true);
     assert!(shards[1].spent.is_empty());
+    assert!(!shards[2].spent.is_empty());
+    shards[2].end(true);
+    assert!(shards[2].spent.is_empty());
 }
