@@ -891,26 +891,19 @@ fn a_fresh_instance_restores_from_the_changelog_and_carries_on() {
 /// of its own behind on its free port.
 #[test]
 fn a_broker_with_an_owner_stops_once_the_owner_is_gone() {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker");
-    // The install is shared with the other tests; the pid and log files are this test's.
-    let cache = format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap());
-    let port = free_port();
-    let mut owner = Command::new("sleep").arg("600").spawn().unwrap();
-    let status = Command::new(&script)
-        .arg("start")
-        .env("LOOPWARDEN_BROKER_PORT", port.to_string())
-        .env("LOOPWARDEN_BROKER_DIR", &cache)
-        .env("LOOPWARDEN_BROKER_OWNER", owner.id().to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "scripts/broker start on {port}");
-    let pid_file = std::path::Path::new(&cache).join(format!("tansu-{port}.pid"));
-    let log_file = std::path::Path::new(&cache).join(format!("tansu-{port}.log"));
-    let broker: u32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    /// The owner, killed when the test ends however it ends.
+    struct Owner(std::process::Child);
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut owner = Owner(Command::new("sleep").arg("600").spawn().unwrap());
+    // Dropped at the end, failed or not: continued, stopped and its log removed.
+    let own = OwnBroker::start_owned_by(owner.0.id());
+    let (broker, port) = (own.pid, own.port());
+    let (pid_file, log_file) = (pid_file(port), log_file(port));
     let listening = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
     let alive = || {
         std::path::Path::new(&format!("/proc/{broker}")).exists()
@@ -923,14 +916,10 @@ fn a_broker_with_an_owner_stops_once_the_owner_is_gone() {
     assert!(listening() && alive(), "the broker on {port} runs");
     // Still running while its owner lives, paused as a test pauses it.
     std::thread::sleep(Duration::from_millis(2500));
-    assert!(alive(), "the broker outlived nothing yet");
-    assert!(Command::new("kill")
-        .args(["-STOP", &broker.to_string()])
-        .status()
-        .unwrap()
-        .success());
-    owner.kill().unwrap();
-    owner.wait().unwrap();
+    assert!(alive(), "the broker stopped while its owner lives");
+    own.signal("-STOP");
+    owner.0.kill().unwrap();
+    owner.0.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while alive() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
@@ -940,13 +929,14 @@ fn a_broker_with_an_owner_stops_once_the_owner_is_gone() {
         "the broker {broker} on {port} still runs 20 s after its owner died"
     );
     assert!(!listening(), "nothing listens on {port}");
-    // The watch removes the files just after the broker has gone.
+    // The watch removes the files once the broker has gone.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while (pid_file.exists() || log_file.exists()) && Instant::now() < deadline {
+    let exists = |f: &str| std::path::Path::new(f).exists();
+    while (exists(&pid_file) || exists(&log_file)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(!pid_file.exists(), "{} removed", pid_file.display());
-    assert!(!log_file.exists(), "{} removed", log_file.display());
+    assert!(!exists(&pid_file), "{pid_file} removed");
+    assert!(!exists(&log_file), "{log_file} removed");
 }
 
 /// A broker that stops answering (SIGSTOP) for 30 s mid-stream and comes back (SIGCONT):

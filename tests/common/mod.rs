@@ -41,10 +41,18 @@ pub fn broker() -> String {
 }
 
 /// Where `scripts/broker` keeps the pid of the broker it started on `port`.
-fn pid_file(port: u16) -> String {
-    let dir = std::env::var("LOOPWARDEN_BROKER_DIR")
-        .unwrap_or_else(|_| format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap()));
-    format!("{dir}/tansu-{port}.pid")
+/// Where `scripts/broker` installs Tansu and keeps each port's pid and log file.
+pub fn broker_dir() -> String {
+    std::env::var("LOOPWARDEN_BROKER_DIR")
+        .unwrap_or_else(|_| format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap()))
+}
+
+pub fn pid_file(port: u16) -> String {
+    format!("{}/tansu-{port}.pid", broker_dir())
+}
+
+pub fn log_file(port: u16) -> String {
+    format!("{}/tansu-{port}.log", broker_dir())
 }
 
 /// A broker of the test's own on a free port (for tests that pause or stop it), with
@@ -61,11 +69,16 @@ impl OwnBroker {
     /// test would pause or stop a broker that is not its own. The broker stops once this
     /// process is gone, dropped or not (a killed test run leaves none behind).
     pub fn start() -> OwnBroker {
+        OwnBroker::start_owned_by(std::process::id())
+    }
+
+    /// [`OwnBroker::start`], the broker stopped once process `owner` is gone.
+    pub fn start_owned_by(owner: u32) -> OwnBroker {
         let port = free_port();
         // A pid file an earlier, killed run left for this port would name a process that
         // is not this broker.
         let _ = std::fs::remove_file(pid_file(port));
-        OwnBroker::launch(port, Some(std::process::id()))
+        OwnBroker::launch(port, Some(owner))
     }
 
     /// Starts a broker on `port`, or takes the one listening there (the soak's second
@@ -74,15 +87,20 @@ impl OwnBroker {
         OwnBroker::launch(port, None)
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     fn launch(port: u16, owner: Option<u32>) -> OwnBroker {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker");
         let mut start = Command::new(&script);
         start
             .arg("start")
             .env("LOOPWARDEN_BROKER_PORT", port.to_string());
-        if let Some(owner) = owner {
-            start.env("LOOPWARDEN_BROKER_OWNER", owner.to_string());
-        }
+        match owner {
+            Some(owner) => start.env("LOOPWARDEN_BROKER_OWNER", owner.to_string()),
+            None => start.env_remove("LOOPWARDEN_BROKER_OWNER"),
+        };
         let status = start.status().expect("run scripts/broker");
         assert!(status.success(), "scripts/broker start on {port} failed");
         let pid = std::fs::read_to_string(pid_file(port))
@@ -117,6 +135,9 @@ impl Drop for OwnBroker {
             .arg("stop")
             .env("LOOPWARDEN_BROKER_PORT", self.port.to_string())
             .status();
+        // `stop` keeps a port's log (CI's shared broker's is worth reading after a
+        // failure); a test's own broker's is not kept.
+        let _ = std::fs::remove_file(log_file(self.port));
     }
 }
 

@@ -502,7 +502,8 @@ fn example_outputs() -> Vec<Output> {
 }
 
 /// Outputs handed on go back to the shard that made them (to be freed on its thread),
-/// each once, after being handed on in one thread's order; a shard's next run drops them.
+/// each once, after being handed on in one thread's order, at the collect that takes the
+/// next batch's; a shard's next run drops them, and so does its end.
 #[test]
 fn outputs_handed_on_go_back_to_the_shard_that_made_them() {
     let outputs = example_outputs();
