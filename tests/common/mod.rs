@@ -40,17 +40,18 @@ pub fn broker() -> String {
         .clone()
 }
 
-/// Where `scripts/broker` keeps the pid of the broker it started on `port`.
 /// Where `scripts/broker` installs Tansu and keeps each port's pid and log file.
 pub fn broker_dir() -> String {
     std::env::var("LOOPWARDEN_BROKER_DIR")
         .unwrap_or_else(|_| format!("{}/.cache/loopwarden/tansu", std::env::var("HOME").unwrap()))
 }
 
+/// Where `scripts/broker` keeps the pid of the broker it started on `port`.
 pub fn pid_file(port: u16) -> String {
     format!("{}/tansu-{port}.pid", broker_dir())
 }
 
+/// Where the broker `scripts/broker` started on `port` writes its log.
 pub fn log_file(port: u16) -> String {
     format!("{}/tansu-{port}.log", broker_dir())
 }
