@@ -501,6 +501,23 @@ fn example_outputs() -> Vec<Output> {
     outputs
 }
 
+/// A place at `line`, after the line's event (phase 1).
+fn place_at(line: u64) -> Place {
+    Place {
+        line,
+        phase: 1,
+        deadline: 0,
+        seq: 0,
+    }
+}
+
+/// The labels (`json`, a number here) of handed-on outputs, in order.
+fn labels(outputs: &[(Output, String)]) -> Vec<usize> {
+    let mut labels: Vec<usize> = outputs.iter().map(|(_, j)| j.parse().unwrap()).collect();
+    labels.sort_unstable();
+    labels
+}
+
 /// Outputs handed on go back to the shard that made them (to be freed on its thread),
 /// each once, after being handed on in one thread's order, at the collect that takes the
 /// next batch's; a shard's next run drops them, and so does its end.
@@ -515,12 +532,7 @@ fn outputs_handed_on_go_back_to_the_shard_that_made_them() {
     // Output k made by shard k % 3, placed at line (len - k): the merge reverses them.
     let n = outputs.len();
     for (k, o) in outputs.iter().enumerate() {
-        let place = Place {
-            line: (n - k) as u64,
-            phase: 1,
-            deadline: 0,
-            seq: 0,
-        };
+        let place = place_at((n - k) as u64);
         shards[k % 3]
             .placed
             .push((place, o.clone(), format!("{k}")));
@@ -547,12 +559,7 @@ fn outputs_handed_on_go_back_to_the_shard_that_made_them() {
     // The next batch's outputs, made by other shards (k by shard (k + 1) % 3), are taken
     // by the same collect that gives the first batch's back.
     for (k, o) in outputs.iter().enumerate().take(4) {
-        let place = Place {
-            line: 100 + k as u64,
-            phase: 1,
-            deadline: 0,
-            seq: 0,
-        };
+        let place = place_at(100 + k as u64);
         shards[(k + 1) % 3]
             .placed
             .push((place, o.clone(), format!("{}", 1000 + k)));
@@ -568,24 +575,16 @@ fn outputs_handed_on_go_back_to_the_shard_that_made_them() {
         "the next batch handed on by place"
     );
     for (i, shard) in shards.iter().enumerate() {
-        let mut back: Vec<usize> = shard
-            .spent
-            .iter()
-            .map(|(_, j)| j.parse().unwrap())
-            .collect();
-        back.sort_unstable();
         let made: Vec<usize> = (0..n).filter(|k| k % 3 == i).collect();
-        assert_eq!(back, made, "shard {i}");
+        assert_eq!(labels(&shard.spent), made, "shard {i}");
         for (o, j) in &shard.spent {
             assert_eq!(o, &outputs[j.parse::<usize>().unwrap()]);
         }
     }
     // The next batch's held for its shards, to be given back at the collect after.
     for (i, spent) in handoff.spent.iter().enumerate() {
-        let mut held: Vec<usize> = spent.iter().map(|(_, j)| j.parse().unwrap()).collect();
-        held.sort_unstable();
         let made: Vec<usize> = (1000..1004).filter(|k| (k - 1000 + 1) % 3 == i).collect();
-        assert_eq!(held, made, "held for shard {i}");
+        assert_eq!(labels(spent), made, "held for shard {i}");
     }
     assert!(handoff.merged.is_empty() && handoff.outputs.is_empty() && handoff.origins.is_empty());
     // A shard's next run drops what it was given back, and so does its end.
