@@ -1,8 +1,9 @@
 //! `loopwarden-guard` (the Python package in `python/loopwarden-guard`) against a real
 //! Kafka-protocol broker (Tansu): findings produced onto the warning and termination
 //! topics as loopwarden publishes them reach the watch of their session, once each; a
-//! termination matched by trace id stops it; shadow and warn-mode terminations stop
-//! nothing; unreadable messages are skipped. The package's own unittest suite
+//! termination matched by trace id stops it (never another named session of that
+//! trace); a hint is given once across a session's watches; shadow and warn-mode
+//! terminations stop nothing; unreadable messages are skipped. The package's own unittest suite
 //! (`python/loopwarden-guard/tests/test_guard.py`) runs in the virtualenv
 //! `scripts/otel-python` makes (confluent-kafka pinned there).
 
@@ -36,5 +37,5 @@ fn the_guard_follows_the_verdicts_of_its_sessions() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}");
     // Every case ran (a test file that found nothing to run would pass too).
-    assert!(said.contains("Ran 9 tests"), "{said}");
+    assert!(said.contains("Ran 11 tests"), "{said}");
 }

@@ -83,7 +83,8 @@ class GuardTest(unittest.TestCase):
 
     def test_a_termination_matched_by_trace_stops_and_calls_back(self):
         trace = "0af7651916cd43dd8448eb211c80319c"
-        w = self.guard.watch(session_id="not-the-id-loopwarden-used", trace_id=trace.upper())
+        # The agent knows its trace, not the session id loopwarden used.
+        w = self.guard.watch(trace_id=trace.upper())
         called = threading.Event()
         w.on_terminate(lambda f: called.set())
         self.publish(TERMINATIONS, finding("terminated", "trace-session", "t1", trace_id=trace))
@@ -96,6 +97,39 @@ class GuardTest(unittest.TestCase):
         self.publish(WARNINGS, finding("warning", "trace-session", "w9", trace_id=trace))
         eventually(lambda: any(f.event_id == "w9" for f in self.guard._recent))
         self.assertIsNone(w.take_hint())
+
+    def test_a_session_in_a_shared_trace_gets_only_its_own_verdicts(self):
+        # Two conversations run under one trace (an evaluation loop under one span).
+        trace = "1f" * 16
+        a = self.guard.watch(session_id="conv-a", trace_id=trace)
+        b = self.guard.watch(session_id="conv-b", trace_id=trace)
+        self.publish(TERMINATIONS, finding("terminated", "conv-a", "t10", trace_id=trace))
+        eventually(lambda: a.terminated)
+        self.assertIsNone(b.terminated)
+        b.check()
+        # A later conversation in that trace does not inherit it either.
+        c = self.guard.watch(session_id="conv-c", trace_id=trace)
+        self.assertIsNone(c.terminated)
+        # Where loopwarden's session is the trace itself (the spans named none), the
+        # finding is the trace's, and reaches its watches.
+        self.publish(WARNINGS, finding("warning", trace, "w10", hint="trace-wide", trace_id=trace.upper()))
+        self.assertEqual(eventually(b.take_hint), "trace-wide")
+        for w in (a, b, c):
+            w.close()
+
+    def test_a_hint_taken_is_not_given_to_the_sessions_next_watch(self):
+        # A conversation's runs, one watch each: the second run does not get the hint
+        # the first one already put into a model call.
+        first = self.guard.watch(session_id="conv-turns")
+        self.publish(WARNINGS, finding("warning", "conv-turns", "w11", hint="once per warning"))
+        self.assertEqual(eventually(first.take_hint), "once per warning")
+        first.close()
+        second = self.guard.watch(session_id="conv-turns")
+        self.assertIsNone(second.take_hint())
+        # A warning after it is the second run's.
+        self.publish(WARNINGS, finding("warning", "conv-turns", "w12", hint="the next one"))
+        self.assertEqual(eventually(second.take_hint), "the next one")
+        second.close()
 
     def test_shadow_and_warn_mode_terminations_stop_nothing(self):
         w = self.guard.watch(session_id="s-shadow")

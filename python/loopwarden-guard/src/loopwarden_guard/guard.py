@@ -4,9 +4,13 @@ A `Guard` reads the warning and termination topics from their end (each partitio
 assigned directly: no consumer group to join, so it reads within a fetch of starting),
 drops copies (at-least-once delivery publishes a finding twice at worst, with one
 `event_id`), and hands each finding to the `Watch` of its session: matched on the
-session id or on the OpenTelemetry trace id the finding names (`trigger.trace_id`),
-whichever the agent knows. A watch gives each warning's hint once (`take_hint`), and
-once its session is terminated says so (`terminated`, `check`, `on_terminate`).
+session id, or on the OpenTelemetry trace id the finding names (`trigger.trace_id`) when
+the watch knows no session id or loopwarden's session is that trace (its spans named
+none). A trace may hold several sessions (an evaluation loop under one span, agents
+called within one request): a finding of a named session never reaches the watch of
+another session by their trace. A warning's hint is given once (`take_hint`), to one
+watch of its session, and a watch says once its session is terminated (`terminated`,
+`check`, `on_terminate`).
 
 Guarantees: thread-safe; a finding for a session watched later (its id learned after
 the verdict) is not lost while it is among the last `recent` findings; a termination in
@@ -93,7 +97,8 @@ class Watch:
     _guard: "Guard"
     session_ids: set[str] = field(default_factory=set)
     trace_ids: set[str] = field(default_factory=set)
-    _hints: list[str] = field(default_factory=list)
+    #: (event_id, hint) of the warnings not taken yet.
+    _hints: list[tuple[str, str]] = field(default_factory=list)
     _terminated: Finding | None = None
     _callbacks: list[Callable[[Finding], None]] = field(default_factory=list)
     _delivered: set[str] = field(default_factory=set)
@@ -105,12 +110,16 @@ class Watch:
         return self
 
     def take_hint(self) -> str | None:
-        """The hints of the warnings since the last call, once each; None when none."""
+        """The hints of the warnings since the last call, once each; None when none.
+
+        Once each across watches too: a warning whose hint one watch took is not given
+        to the next watch of its session (a conversation's next run)."""
         with self._lock:
             if not self._hints:
                 return None
             hints, self._hints = self._hints, []
-        return "\n".join(dict.fromkeys(hints))
+        fresh = self._guard._take_hints(hints)
+        return "\n".join(dict.fromkeys(fresh)) or None
 
     @property
     def terminated(self) -> Finding | None:
@@ -135,9 +144,13 @@ class Watch:
         self._guard._forget(self)
 
     def _matches(self, f: Finding) -> bool:
-        return (f.session_id in self.session_ids) or (
-            f.trace_id is not None and f.trace_id in self.trace_ids
-        )
+        if f.session_id in self.session_ids:
+            return True
+        if f.trace_id is None or f.trace_id not in self.trace_ids:
+            return False
+        # By the trace only where it cannot be another session's: this watch knows no
+        # session id, or loopwarden's session is the trace itself.
+        return not self.session_ids or (f.session_id or "").lower() == f.trace_id
 
     def _deliver(self, f: Finding) -> None:
         callbacks: list[Callable[[Finding], None]] = []
@@ -152,7 +165,7 @@ class Watch:
                     self._terminated = f
                     callbacks, self._callbacks = self._callbacks, []
             elif f.hint and self._terminated is None:
-                self._hints.append(f.hint)
+                self._hints.append((f.event_id, f.hint))
         for cb in callbacks:
             try:
                 cb(f)
@@ -189,6 +202,8 @@ class Guard:
         self._poll_interval = poll_interval
         self._watches: list[Watch] = []
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # The warnings whose hint a watch took (bounded as `_seen`).
+        self._hinted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._recent: collections.deque[Finding] = collections.deque(maxlen=recent)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -240,6 +255,20 @@ class Guard:
             earlier = [f for f in self._recent if w._matches(f)]
         for f in earlier:
             w._deliver(f)
+
+    def _take_hints(self, hints: list[tuple[str, str]]) -> list[str]:
+        """The hints of `hints` no watch took before, now marked taken."""
+        fresh = []
+        with self._lock:
+            for event_id, hint in hints:
+                if event_id:
+                    if event_id in self._hinted:
+                        continue
+                    self._hinted[event_id] = None
+                    if len(self._hinted) > 10 * (self._recent.maxlen or 1000):
+                        self._hinted.popitem(last=False)
+                fresh.append(hint)
+        return fresh
 
     def _forget(self, w: Watch) -> None:
         with self._lock:
