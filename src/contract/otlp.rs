@@ -212,7 +212,20 @@ pub struct MappedEvent {
     /// W3C `traceparent` of the span: loopwarden's own spans for this event join the
     /// agent's trace.
     pub traceparent: String,
-    pub end_unix_nano: u64,
+    /// When the span happened ([`span_time_unix_nano`]), `u64::MAX` for a span with no
+    /// time: a request's events are ordered by it.
+    pub at_unix_nano: u64,
+}
+
+/// When a span happened: its end, else its start. A span without its end (which an
+/// exporter should not send, and OTLP JSON without `endTimeUnixNano` reads as) is not
+/// dated 1970: that would make its session 56 years long at its next event. A span with
+/// neither gives an event without `timestamp`, which the Kafka message's time stands in
+/// for (DESIGN §1).
+pub fn span_time_unix_nano(span: &Span) -> Option<u64> {
+    [span.end_time_unix_nano, span.start_time_unix_nano]
+        .into_iter()
+        .find(|&t| t > 0)
 }
 
 /// Why a span gave no event.
@@ -473,7 +486,7 @@ impl Mapper {
             out.push(self.event(&spans, i, &ancestry, fields));
         }
         // In the order the spans ended (ties: as they came), the order they happened in.
-        out[request_events..].sort_by_key(|e| e.end_unix_nano);
+        out[request_events..].sort_by_key(|e| e.at_unix_nano);
         report
     }
 
@@ -491,8 +504,10 @@ impl Mapper {
             .str("session_id", &session_id)
             .str("event_id", &hex(&span.span_id))
             .str("trace_id", &hex(&span.trace_id));
-        let end_ms = (span.end_time_unix_nano / 1_000_000) as i64;
-        event.str("timestamp", &format_rfc3339_ms(end_ms));
+        let at = span_time_unix_nano(span);
+        if let Some(at) = at {
+            event.str("timestamp", &format_rfc3339_ms((at / 1_000_000) as i64));
+        }
         // The span's own agent attributes, else its nearest agent's (not one further up:
         // a sub-agent's steps are the sub-agent's).
         let agent = ancestry.agent[i];
@@ -517,7 +532,7 @@ impl Mapper {
             session_id,
             json: event.finish(),
             traceparent: format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id)),
-            end_unix_nano: span.end_time_unix_nano,
+            at_unix_nano: at.unwrap_or(u64::MAX),
         }
     }
 

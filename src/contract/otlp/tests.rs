@@ -583,3 +583,27 @@ fn openinference_spans_map_too() {
 }
 
 mod robustness;
+
+#[test]
+fn a_span_without_its_end_is_dated_by_its_start_never_1970() {
+    // OTLP JSON without `endTimeUnixNano` reads as an end of 0.
+    let mut unended = chat(1, None, 1_700_000_000_000);
+    unended.end_time_unix_nano = 0;
+    let mut timeless = tool(2, None, 1_700_000_000_000);
+    timeless.end_time_unix_nano = 0;
+    timeless.start_time_unix_nano = 0;
+    let later = chat(3, None, 1_700_000_001_000);
+    let req = request(vec![], vec![timeless, later, unended]);
+    let (ev, _) = events(&Mapper::default(), &req);
+    let ids: Vec<_> = ev.iter().map(|e| e["event_id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        ["0101010101010101", "0303030303030303", "0202020202020202"],
+        "in the order they happened, the span with no time last"
+    );
+    // The start (5 ms before the end the helper gives).
+    assert_eq!(ev[0]["timestamp"], "2023-11-14T22:13:19.995Z");
+    assert_eq!(ev[1]["timestamp"], "2023-11-14T22:13:21.000Z");
+    // No time at all: the message's time stands in, as for any event without one.
+    assert!(ev[2].get("timestamp").is_none(), "{}", ev[2]);
+}
