@@ -506,6 +506,19 @@ pub fn parse_paths_disagree(bytes: &[u8], limits: &ParseLimits) -> Option<String
 /// The slow path: serde_json reads the event (and says exactly what is wrong with it).
 fn slow_read(bytes: &[u8], limits: &ParseLimits) -> Result<Wire<'static>, BadEvent> {
     check_nesting(bytes, limits.max_nesting)?;
+    // serde reads a struct from an array too, its fields by position: an event is an
+    // object, whatever an array's elements would make of it.
+    let first = bytes
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+    if first != Some(&b'{') {
+        return Err(match serde_json::from_slice::<Value>(bytes) {
+            Ok(_) => BadEvent::NotAnObject,
+            Err(e) => BadEvent::InvalidJson {
+                detail: e.to_string(),
+            },
+        });
+    }
     match serde_json::from_slice::<SerdeWire>(bytes) {
         Ok(w) => Ok(w.into()),
         Err(e) => Err(explain_json_error(bytes, e)),

@@ -140,6 +140,8 @@ fn rejects_each_bad_input_class_with_its_reason() {
         (b"{\"a\":[[[[[1]]]]]}".to_vec(), "too_deep"),
         (b"{\"type\":".to_vec(), "invalid_json"),
         (b"[1,2]".to_vec(), "not_an_object"),
+        (b" \n\"session.started\"".to_vec(), "not_an_object"),
+        (b"".to_vec(), "invalid_json"),
         (
             b"{\"type\":\"x.y\",\"session_id\":\"s\"}".to_vec(),
             "unknown_type",
@@ -223,4 +225,15 @@ fn timestamps_round_trip() {
     let ms = parse_rfc3339_ms("2026-11-18T11:06:40Z").unwrap();
     assert_eq!(format_rfc3339_ms(ms), "2026-11-18T11:06:40.000Z");
     assert!(parse_rfc3339_ms("yesterday").is_none());
+}
+
+#[test]
+fn an_array_is_not_an_event_whatever_its_elements() {
+    // serde would read the event's fields from an array by position: as many elements as
+    // the event has fields, in their order, made a `session.started` of session `s1`.
+    let array = format!(r#"["session.started","s1"{}]"#, ",null".repeat(30));
+    let err = parse_event(array.as_bytes(), &ParseLimits::default()).unwrap_err();
+    assert_eq!(err.reason(), "not_an_object", "{err}");
+    let err = parse_event(b" [\"session.started\", \"s1\"", &ParseLimits::default()).unwrap_err();
+    assert_eq!(err.reason(), "invalid_json", "{err}");
 }
