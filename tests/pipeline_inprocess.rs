@@ -420,6 +420,55 @@ fn bad_messages_are_dead_lettered_with_their_reason() {
     }
 }
 
+/// A header whose name is not UTF-8 (any producer may write raw bytes there; rdkafka's
+/// own header reader panics on it) on a bad message and on every event: the events are
+/// applied, the bad one is dead-lettered with its headers, and the partitions flow on.
+#[test]
+fn a_header_name_that_is_not_utf8_stops_nothing() {
+    use rdkafka::bindings as rd;
+    use rdkafka::message::OwnedHeaders;
+    use rdkafka::producer::BaseRecord;
+    let cluster = Cluster::start();
+    let config = cluster.config("a", "");
+    let (events, _) = fleet(3, 0.0, 2);
+    let bad = b"{not json".to_vec();
+    let producer = producer(&cluster.brokers());
+    for payload in std::iter::once(&bad).chain(&events) {
+        let headers = OwnedHeaders::new();
+        let (name, value) = (b"\xffname", b"v");
+        // SAFETY: an owned, writable header list; librdkafka copies name and value.
+        let err = unsafe {
+            rd::rd_kafka_header_add(
+                headers.as_borrowed() as *const _ as *mut rd::rd_kafka_headers_t,
+                name.as_ptr().cast(),
+                name.len() as isize,
+                value.as_ptr().cast(),
+                value.len() as isize,
+            )
+        };
+        assert_eq!(err, rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+        let key = session_of(payload);
+        let record = BaseRecord::to(&cluster.topics.input)
+            .payload(payload)
+            .key(&key)
+            .headers(headers);
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    flush(&producer);
+    let running = Running::start(config, cluster.brokers());
+    let dead = cluster.read(&cluster.topics.dlq, 1);
+    let summaries = cluster.read(&cluster.topics.summary, 3);
+    let stats = running.stop();
+    assert_eq!(stats.dead_lettered, 1);
+    assert_eq!(summaries.len(), 3, "the partitions flowed on");
+    assert_eq!(
+        header(&dead[0], "loopwarden.error.reason").as_deref(),
+        Some("invalid_json")
+    );
+    // The source's header, its bad byte as U+FFFD (a produced name is UTF-8).
+    assert_eq!(header(&dead[0], "\u{fffd}name").as_deref(), Some("v"));
+}
+
 /// One OTLP protobuf export of `spans`, all in one trace.
 fn export(spans: Vec<opentelemetry_proto::tonic::trace::v1::Span>) -> Vec<u8> {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;

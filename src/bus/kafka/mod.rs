@@ -7,6 +7,7 @@
 //! guarantees rest on (manual offset commits, idempotence, the range assignor).
 
 pub mod embedded;
+pub mod headers;
 pub mod settings;
 
 use std::collections::BTreeMap;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message;
 use rustc_hash::FxHashMap;
@@ -23,6 +23,7 @@ use tracing::warn;
 use super::backoff::{Backoff, DeadlinePassed};
 use super::bus::{DeliveryTracker, KafkaTransport, Outgoing, Transport};
 use super::lock;
+use crate::bus::kafka::headers::{self, RawHeaders};
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
@@ -108,12 +109,22 @@ impl Record {
 
 /// The dead letter of a bad message: its key, payload and headers, and where it came
 /// from and why it was refused (`reason`: the bounded class; `message`: what and where).
-pub fn dead_letter(m: &impl Message, topic: &str, reason: &str, message: &str) -> Record {
+pub fn dead_letter<M: Message>(m: &M, topic: &str, reason: &str, message: &str) -> Record
+where
+    M::Headers: RawHeaders,
+{
+    // A name that is not UTF-8 is copied with its bad bytes as U+FFFD: the producer
+    // takes UTF-8 names only (the key and the payload stay as they came).
     let source_headers = m
         .headers()
         .map(|h| {
-            h.iter()
-                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+            headers::each(h)
+                .map(|(name, value)| {
+                    (
+                        String::from_utf8_lossy(name).into_owned(),
+                        value.map(<[u8]>::to_vec),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();

@@ -2,7 +2,7 @@
 //! metrics, given its span (a child of the triggering message's trace), and turned into
 //! a record for its topic. Shadow findings are counted and logged, never published.
 
-use rdkafka::message::Headers;
+use crate::bus::kafka::headers::{self, RawHeaders};
 use rdkafka::Message;
 use tracing::{debug, info};
 
@@ -22,7 +22,10 @@ pub struct Source {
 
 impl Source {
     /// The source of outputs triggered by message `m` (Kafka timestamp `timestamp_ms`).
-    pub fn of(m: &impl Message, timestamp_ms: Option<i64>) -> Source {
+    pub fn of<M: Message>(m: &M, timestamp_ms: Option<i64>) -> Source
+    where
+        M::Headers: RawHeaders,
+    {
         Source {
             timestamp_ms,
             traceparent: traceparent_of(m),
@@ -30,14 +33,15 @@ impl Source {
     }
 }
 
-/// A message's well-formed `traceparent` header, if it has one.
-fn traceparent_of(m: &impl Message) -> Option<TraceParent> {
-    let value = m
-        .headers()?
-        .iter()
-        .find(|h| h.key.eq_ignore_ascii_case(TRACEPARENT))?
-        .value?;
-    TraceParent::parse(value)
+/// A message's well-formed `traceparent` header (its first, the name's case ignored), if
+/// it has one.
+fn traceparent_of<M: Message>(m: &M) -> Option<TraceParent>
+where
+    M::Headers: RawHeaders,
+{
+    let (_, value) = headers::each(m.headers()?)
+        .find(|(name, _)| name.eq_ignore_ascii_case(TRACEPARENT.as_bytes()))?;
+    TraceParent::parse(value?)
 }
 
 /// The record `output` is published as (`None` for a shadow finding), counting it.

@@ -16,6 +16,7 @@ use super::align::Aligner;
 use super::outbox::{dead_letter, Record};
 use super::outputs::Source;
 use super::writer::SharedStore;
+use crate::bus::kafka::headers::RawHeaders;
 use crate::contract::event::wall_ms;
 use crate::contract::event::{parse_event, Event, ParseLimits};
 use crate::contract::output::Output;
@@ -63,7 +64,10 @@ pub(super) struct Partition {
 impl Pending {
     /// A polled message of input `topic`, parsed: an event with its event time (the
     /// message's timestamp when the event has none), or a dead letter saying why not.
-    pub fn of(m: &impl Message, topic: &str, limits: &ParseLimits) -> (Option<i64>, Pending) {
+    pub fn of<M: Message>(m: &M, topic: &str, limits: &ParseLimits) -> (Option<i64>, Pending)
+    where
+        M::Headers: RawHeaders,
+    {
         let (partition, offset) = (m.partition(), m.offset());
         let payload = m.payload().unwrap_or_default();
         match parse_event(payload, limits) {

@@ -33,6 +33,7 @@ use super::outputs::{self, Source};
 use super::partition::{Partition, Pending};
 use super::writer::{Stored, Writer};
 use super::{PipelineError, RunStats};
+use crate::bus::kafka::headers::RawHeaders;
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::config::Config;
 use crate::contract::output::Output;
@@ -378,7 +379,10 @@ impl Worker {
     /// Takes one polled message: parsed (an event, or a dead letter for a bad one), it
     /// goes through its partition's aligner and is applied as soon as the aligner
     /// releases it (at once with one input topic).
-    pub(super) fn handle(&mut self, m: &impl Message) -> Result<(), PipelineError> {
+    pub(super) fn handle<M: Message>(&mut self, m: &M) -> Result<(), PipelineError>
+    where
+        M::Headers: RawHeaders,
+    {
         let partition = m.partition();
         if !self.partitions.contains_key(&partition) {
             // Assignment callbacks always come first; this only guards against surprises.

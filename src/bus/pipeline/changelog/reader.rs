@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use rustc_hash::FxHashMap;
 use tracing::warn;
@@ -14,6 +14,7 @@ use tracing::warn;
 use super::{
     ChangelogSource, RecordParts, CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT,
 };
+use crate::bus::kafka::headers;
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::bus::pipeline::backoff::Backoff;
 use crate::bus::pipeline::PipelineError;
@@ -202,10 +203,7 @@ impl ChangelogSource for KafkaChangelog {
 
 /// A changelog record's headers, key and payload.
 fn parts_of<'a>(m: &'a BorrowedMessage<'_>) -> RecordParts<'a> {
-    let header = |name: &str| {
-        m.headers()
-            .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-    };
+    let header = |name: &str| m.headers().and_then(|h| headers::value(h, name));
     RecordParts {
         kind: header(CHANGELOG_KIND),
         batch: header(CHANGELOG_BATCH),
