@@ -36,11 +36,20 @@ pub const DLQ_SOURCE_OFFSET: &str = "loopwarden.source.offset";
 pub const DLQ_REASON: &str = "loopwarden.error.reason";
 /// The precise error, with the JSON path or byte offset where it applies.
 pub const DLQ_MESSAGE: &str = "loopwarden.error.message";
-/// Set when the broker refused the whole message and only its first bytes were kept.
+/// Set when the broker refused the whole message and only its first bytes were kept:
+/// the payload's length before.
 pub const DLQ_TRUNCATED_FROM: &str = "loopwarden.truncated_from_bytes";
+/// Set when the key was cut too: its length before.
+pub const DLQ_KEY_TRUNCATED_FROM: &str = "loopwarden.key_truncated_from_bytes";
+/// Set when the source's own headers were left out: how many there were.
+pub const DLQ_SOURCE_HEADERS_DROPPED: &str = "loopwarden.source_headers_dropped";
 
 /// Bytes of an oversized dead letter kept when the broker refuses the whole message.
 const DLQ_TRUNCATE_TO: usize = 64 * 1024;
+/// Bytes of its key kept then.
+const DLQ_KEY_TRUNCATE_TO: usize = 1024;
+/// The source's headers are kept then while their names and values take at most this.
+const DLQ_SOURCE_HEADERS_KEEP: usize = 4 * 1024;
 
 /// What a record is, and so where it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +95,42 @@ pub struct Record {
 }
 
 impl Record {
+    /// Makes a dead letter the broker (or the producer) refused as too large smaller, so
+    /// that it lands as its first bytes instead of being sent again for ever. The first
+    /// time: the payload cut to [`DLQ_TRUNCATE_TO`] bytes, the key to
+    /// [`DLQ_KEY_TRUNCATE_TO`], the source's own headers left out when they take more than
+    /// [`DLQ_SOURCE_HEADERS_KEEP`], each cut said in a header. Refused again (a
+    /// dead-letter topic whose limit is under that): the payload halved.
+    fn cut_to_fit(&mut self) {
+        let cut_before = self
+            .headers
+            .iter()
+            .any(|(name, _)| *name == DLQ_TRUNCATED_FROM);
+        if cut_before {
+            self.payload.truncate(self.payload.len() / 2);
+            return;
+        }
+        let said = |n: usize| -> Cow<'static, [u8]> { n.to_string().into_bytes().into() };
+        self.headers
+            .push((DLQ_TRUNCATED_FROM, said(self.payload.len())));
+        self.payload.truncate(DLQ_TRUNCATE_TO);
+        if self.key.len() > DLQ_KEY_TRUNCATE_TO {
+            self.headers
+                .push((DLQ_KEY_TRUNCATED_FROM, said(self.key.len())));
+            self.key.truncate(DLQ_KEY_TRUNCATE_TO);
+        }
+        let source_bytes: usize = self
+            .source_headers
+            .iter()
+            .map(|(name, value)| name.len() + value.as_ref().map_or(0, Vec::len))
+            .sum();
+        if source_bytes > DLQ_SOURCE_HEADERS_KEEP {
+            self.headers
+                .push((DLQ_SOURCE_HEADERS_DROPPED, said(self.source_headers.len())));
+            self.source_headers.clear();
+        }
+    }
+
     fn headers(&self) -> Option<OwnedHeaders> {
         if self.headers.is_empty() && self.source_headers.is_empty() {
             return None;
@@ -344,8 +389,7 @@ impl Outbox {
     }
 
     /// Takes the failed deliveries, by position in the outbox; a dead letter the broker
-    /// refused as too large is cut to its first bytes (with a header saying how long it
-    /// was), so it is never lost.
+    /// refused as too large is cut to fit ([`Record::cut_to_fit`]), so it is never lost.
     pub fn take_failed(&mut self) -> Vec<(usize, KafkaError)> {
         let mut failed = std::mem::take(&mut *lock(&self.transport.tracker().failed));
         for (number, _) in &mut failed {
@@ -357,11 +401,8 @@ impl Outbox {
                 e.rdkafka_error_code(),
                 Some(RDKafkaErrorCode::MessageSizeTooLarge)
             );
-            if too_large && r.sink == Sink::DeadLetter && r.payload.len() > DLQ_TRUNCATE_TO {
-                let len = r.payload.len();
-                r.payload.truncate(DLQ_TRUNCATE_TO);
-                r.headers
-                    .push((DLQ_TRUNCATED_FROM, len.to_string().into_bytes().into()));
+            if too_large && r.sink == Sink::DeadLetter {
+                r.cut_to_fit();
             }
         }
         failed
@@ -576,6 +617,61 @@ mod tests {
         outbox.settle(&mut backoff).unwrap();
         assert!(outbox.is_empty());
         assert_eq!(bus.records(&settings.warning_topic).len(), 5, "each once");
+    }
+
+    #[test]
+    fn a_dead_letter_too_large_is_cut_until_the_producer_takes_it() {
+        // librdkafka refuses a message over `message.max.bytes` in the send itself, as
+        // the broker refuses one over the topic's limit: a huge key, a payload over the
+        // limit and large source headers, with a limit under the first cut's 64 KiB.
+        let settings = KafkaSettings::default();
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.max.bytes", "20000")
+            .set("message.timeout.ms", "3600000");
+        let shutdown = Shutdown::new();
+        let mut outbox =
+            Outbox::new(&config, &settings, Arc::new(Telemetry::new()), &shutdown).unwrap();
+        outbox.push(Record {
+            sink: Sink::DeadLetter,
+            partition: None,
+            key: vec![b'k'; 50_000],
+            payload: vec![b'p'; 100_000],
+            headers: vec![(DLQ_REASON, b"oversized".to_vec().into())],
+            source_headers: vec![("big".to_string(), Some(vec![b'h'; 8_000]))],
+            source_ms: None,
+        });
+        outbox.send_all();
+        let mut refusals = 0;
+        loop {
+            let failed = outbox.take_failed();
+            if failed.is_empty() {
+                break;
+            }
+            refusals += 1;
+            assert!(refusals < 10, "still refused after {refusals} cuts");
+            let indexes: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
+            outbox.send(&indexes);
+        }
+        // 64 KiB, then 32, then 16: taken.
+        assert_eq!(refusals, 3);
+        let r = &outbox.records[0];
+        assert_eq!(r.payload.len(), 16 * 1024);
+        assert_eq!(r.key.len(), DLQ_KEY_TRUNCATE_TO);
+        assert!(r.source_headers.is_empty());
+        let said = |name: &str| {
+            r.headers
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        };
+        assert_eq!(said(DLQ_TRUNCATED_FROM).as_deref(), Some("100000"));
+        assert_eq!(said(DLQ_KEY_TRUNCATED_FROM).as_deref(), Some("50000"));
+        assert_eq!(said(DLQ_SOURCE_HEADERS_DROPPED).as_deref(), Some("1"));
+        assert_eq!(said(DLQ_REASON).as_deref(), Some("oversized"));
+        // Dropping the producer would wait on the silent broker.
+        std::mem::forget(outbox);
     }
 
     #[test]
