@@ -16,7 +16,10 @@ use super::{
     DEFAULT_STATE_CACHE_MIB, DEFAULT_STATE_PATH, DEFAULT_WRITE_GLOBS, DEFAULT_WRITE_STALL_SECS,
     MAX_SESSION_GAP_SECS, MAX_STATE_CACHE_MIB, MAX_WRITE_STALL_SECS,
 };
-use crate::contract::event::{ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING};
+use crate::contract::event::{
+    ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING, MAX_EVENT_BYTES_LIMIT,
+    MAX_NESTING_LIMIT,
+};
 use crate::engine::fingerprint::{BuiltinPattern, FingerprintSpec};
 use crate::engine::levels::DEFAULT_GRACE_STEPS;
 
@@ -54,11 +57,17 @@ pub(super) fn engine(table: &toml::Table, errors: &mut Errors) -> (EngineSetting
         max_event_bytes: engine.max_event_bytes.unwrap_or(DEFAULT_MAX_EVENT_BYTES),
         max_nesting: engine.max_nesting.unwrap_or(DEFAULT_MAX_NESTING),
     };
-    if limits.max_event_bytes < 64 {
-        errors.push("engine.max_event_bytes", "must be at least 64");
+    if !(64..=MAX_EVENT_BYTES_LIMIT).contains(&limits.max_event_bytes) {
+        errors.push(
+            "engine.max_event_bytes",
+            format!("must be 64..={MAX_EVENT_BYTES_LIMIT} (256 MiB)"),
+        );
     }
-    if !(2..=128).contains(&limits.max_nesting) {
-        errors.push("engine.max_nesting", "must be 2..=128");
+    if !(2..=MAX_NESTING_LIMIT).contains(&limits.max_nesting) {
+        errors.push(
+            "engine.max_nesting",
+            format!("must be 2..={MAX_NESTING_LIMIT}"),
+        );
     }
     let settings = EngineSettings {
         session_gap_ms: (gap as i64).saturating_mul(1000),

@@ -354,3 +354,23 @@ fn effective_toml_reparses_to_the_same_policy() {
     let again = cfg(&c.effective_toml()).unwrap();
     assert_eq!(again.policy, c.policy);
 }
+
+#[test]
+fn the_parse_limits_stay_within_what_the_parsers_and_the_producer_take() {
+    use crate::contract::event::{MAX_EVENT_BYTES_LIMIT, MAX_NESTING_LIMIT};
+    let ok = cfg(&format!(
+        "[engine]\nmax_nesting = {MAX_NESTING_LIMIT}\nmax_event_bytes = {MAX_EVENT_BYTES_LIMIT}\n"
+    ))
+    .unwrap();
+    assert_eq!(ok.limits.max_nesting, 127);
+    // One level more, serde_json refuses; bytes past the limit would overflow the
+    // producer's message limit (twice it and 64 KiB).
+    let err = cfg(&format!(
+        "[engine]\nmax_nesting = 128\nmax_event_bytes = {}\n",
+        MAX_EVENT_BYTES_LIMIT + 1
+    ))
+    .unwrap_err();
+    let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["engine.max_event_bytes", "engine.max_nesting"], "{err}");
+    assert!(cfg("[engine]\nmax_event_bytes = 9223372036854775807\n").is_err());
+}

@@ -26,8 +26,14 @@ pub use timestamps::{format_rfc3339_ms, parse_rfc3339_ms, wall_ms};
 
 /// Largest accepted message, in bytes, unless configured otherwise.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 1024 * 1024;
+/// The largest `engine.max_event_bytes` may allow (256 MiB): the producer's message limit
+/// is twice it and 64 KiB more, within librdkafka's 1,000,000,000 bytes.
+pub const MAX_EVENT_BYTES_LIMIT: usize = 256 * 1024 * 1024;
 /// Deepest accepted JSON nesting (objects and arrays), unless configured otherwise.
 pub const DEFAULT_MAX_NESTING: usize = 64;
+/// The deepest `engine.max_nesting` may allow: serde_json, which reads an event the fast
+/// reader leaves to it, stops at its 128th level.
+pub const MAX_NESTING_LIMIT: usize = 127;
 /// Longest accepted `session_id`, in bytes.
 pub const MAX_SESSION_ID_BYTES: usize = 256;
 

@@ -237,3 +237,28 @@ fn an_array_is_not_an_event_whatever_its_elements() {
     let err = parse_event(b" [\"session.started\", \"s1\"", &ParseLimits::default()).unwrap_err();
     assert_eq!(err.reason(), "invalid_json", "{err}");
 }
+
+#[test]
+fn the_deepest_nesting_allowed_parses_on_either_path() {
+    let limits = ParseLimits {
+        max_nesting: crate::contract::event::MAX_NESTING_LIMIT,
+        ..ParseLimits::default()
+    };
+    // The event object, `args`, then arrays down to the limit.
+    let depth = limits.max_nesting - 2;
+    let args = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    let plain =
+        format!(r#"{{"type":"tool.called","session_id":"s","tool":"t","args":{{"a":{args}}}}}"#);
+    parse_event(plain.as_bytes(), &limits).expect("the fast path");
+    // A field the fast path leaves to serde (an escaped surrogate pair) takes the slow one.
+    let slow = plain.replacen('{', r#"{"x":"\ud83d\ude00","#, 1);
+    parse_event(slow.as_bytes(), &limits).expect("the slow path");
+    // One more level is too deep, on either path.
+    let deeper = plain.replace("[1]", "[[1]]");
+    assert_eq!(
+        parse_event(deeper.as_bytes(), &limits)
+            .unwrap_err()
+            .reason(),
+        "too_deep"
+    );
+}
