@@ -46,6 +46,17 @@ pub struct Stats {
     pub tools: Vec<ToolStats>,
 }
 
+/// `usd` to the micro-dollar; one too large to scale (past 1.8e302) as it is: the
+/// scaled value would be infinite, which JSON writes as `null`.
+fn micro_rounded(usd: f64) -> f64 {
+    let micros = (usd * 1e6).round();
+    if micros.is_finite() {
+        micros / 1e6
+    } else {
+        usd
+    }
+}
+
 impl Stats {
     pub fn of(st: &SessionState) -> Stats {
         let s = &st.stats;
@@ -58,7 +69,7 @@ impl Stats {
             output_tokens: s.output_tokens,
             cache_read_tokens: s.cache_read_tokens,
             cache_write_tokens: s.cache_write_tokens,
-            cost_usd: s.has_cost.then_some((s.cost_usd * 1e6).round() / 1e6),
+            cost_usd: s.has_cost.then(|| micro_rounded(s.cost_usd)),
             wall_seconds: st.wall_seconds(),
             duplicates_dropped: s.duplicates,
             events_after_termination: s.dropped_after_termination,

@@ -400,3 +400,32 @@ fn a_session_closed_after_its_change_in_a_batch_is_not_put() {
     );
     assert!(changes.deletes.is_empty(), "{:?}", changes.deletes);
 }
+
+#[test]
+fn an_absurd_cost_is_summed_to_a_number_never_null() {
+    // Costs near f64's largest, each valid: their sum, or its micro-dollars, must not go
+    // infinite, which JSON writes as `null` ("the session reported no cost").
+    let off = "[detectors.cost_cap]\nwarn_at = \"off\"\nterminate_at = \"off\"\n";
+    let config = Arc::new(Config::from_toml_str(off, "t", std::iter::empty()).unwrap());
+    let mut engine = Engine::new(config);
+    let mut out = Vec::new();
+    for i in 0..2 {
+        let e = json!({"type": "cost.attributed", "session_id": "s", "event_id": format!("c{i}"),
+            "input_tokens": 1, "output_tokens": 1, "cost_usd": 1e308});
+        let line = e.to_string();
+        let e = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+        engine.process(&e, &EventMeta::default(), &mut out);
+    }
+    engine.close_all(ClosedBy::EndOfInput, &mut out);
+    let summary = out
+        .iter()
+        .find(|o| matches!(o, Output::Summary(_)))
+        .expect("a summary")
+        .to_json();
+    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    assert_eq!(
+        summary["stats"]["cost_usd"].as_f64(),
+        Some(f64::MAX),
+        "{summary}"
+    );
+}

@@ -39,7 +39,9 @@ impl SessionState {
             .cache_write_tokens
             .saturating_add(call.cache_write_tokens.unwrap_or(0));
         if let Some(c) = call.cost_usd {
-            s.cost_usd += c;
+            // Saturating, as the token counts: an infinite sum is written as JSON `null`,
+            // which says the session reported no cost.
+            s.cost_usd = (s.cost_usd + c).min(f64::MAX);
             s.has_cost = true;
         }
     }
