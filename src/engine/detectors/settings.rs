@@ -10,7 +10,9 @@ use std::fmt;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-/// A threshold: a number >= 0, or `"off"`.
+/// A threshold: a number > 0, or `"off"`. Not 0: a level at 0 would fire at every
+/// session's first event (a cap's count, a detector's streak is never below it), which
+/// nobody means; `"off"` is how a level is turned off.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Threshold(pub Option<f64>);
 
@@ -35,14 +37,19 @@ impl<'de> Deserialize<'de> for Threshold {
         impl Visitor<'_> for V {
             type Value = Threshold;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a number >= 0 or \"off\"")
+                f.write_str("a number > 0 or \"off\"")
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Threshold, E> {
-                if v.is_finite() && v >= 0.0 {
+                if v.is_finite() && v > 0.0 {
                     Ok(Threshold(Some(v)))
+                } else if v == 0.0 {
+                    Err(E::custom(
+                        "must be a number > 0 or \"off\", got 0 (which would fire at every \
+                         session's first event; \"off\" turns a level off)",
+                    ))
                 } else {
                     Err(E::custom(format!(
-                        "must be a number >= 0 or \"off\", got {v}"
+                        "must be a number > 0 or \"off\", got {v}"
                     )))
                 }
             }
@@ -57,7 +64,7 @@ impl<'de> Deserialize<'de> for Threshold {
                     Ok(Threshold(None))
                 } else {
                     Err(E::custom(format!(
-                        "must be a number >= 0 or \"off\", got \"{v}\""
+                        "must be a number > 0 or \"off\", got \"{v}\""
                     )))
                 }
             }
@@ -162,6 +169,11 @@ mod tests {
         assert_eq!(read::<Threshold>("2.5"), Ok(Threshold(Some(2.5))));
         assert_eq!(read::<Threshold>("\"off\""), Ok(Threshold(None)));
         assert!(read::<Threshold>("-1").unwrap_err().contains("got -1"));
+        // 0 would fire at every session's first event: "off" is how to turn a level off.
+        for zero in ["0", "0.0"] {
+            let err = read::<Threshold>(zero).unwrap_err();
+            assert!(err.contains("got 0 (") && err.contains("\"off\""), "{err}");
+        }
         assert!(read::<Threshold>("\"no\"")
             .unwrap_err()
             .contains("got \"no\""));
