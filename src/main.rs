@@ -1,6 +1,7 @@
 //! The `loopwarden` command line: `run`, `demo`, `simulate`, `replay`, `backtest`,
 //! `eval`, `check-config`, `healthcheck`. Exit codes: 0 done, 1 `eval` cases failed or
-//! `healthcheck` unhealthy, 2 any error (the message says what and where). This file
+//! `healthcheck` unhealthy, 2 any error (the message says what and where), 141 (quiet)
+//! when the reader of the output went away, as a SIGPIPE would end it. This file
 //! parses the arguments and dispatches; each command is a module of `cli`.
 
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
@@ -10,6 +11,7 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use loopwarden::tools::driver::DriveError;
 
 /// mimalloc rather than the system allocator: replay and the pipeline are faster with
 /// it, and scale better over threads (docs/DEVELOPMENT.md, "Performance").
@@ -151,11 +153,25 @@ fn main() -> ExitCode {
     let _failpoints = fail::FailScenario::setup();
     match run(cli) {
         Ok(code) => code,
+        // The reader of the output went away (`| head`): quiet, with the status a
+        // SIGPIPE gives in a shell (Rust ignores the signal, so the write fails instead).
+        Err(e) if output_closed(&e) => ExitCode::from(128 + 13),
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// Whether `e` is a write to a pipe whose reader is gone.
+fn output_closed(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        let io = match cause.downcast_ref::<DriveError>() {
+            Some(DriveError::Write(io)) => Some(io),
+            _ => cause.downcast_ref::<std::io::Error>(),
+        };
+        io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// An error and its causes on one line, each cause said once: many errors name their

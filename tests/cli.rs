@@ -460,3 +460,70 @@ fn a_file_mapped_read_or_piped_replays_and_backtests_alike() {
         text(&out.stderr)
     );
 }
+
+/// A fleet of `sessions` sessions written by `simulate` into `dir`.
+fn simulated_fleet(dir: &std::path::Path, sessions: u32) -> std::path::PathBuf {
+    let events = dir.join("fleet.jsonl");
+    let out = bin()
+        .args([
+            "simulate",
+            "--sessions",
+            &sessions.to_string(),
+            "--seed",
+            "3",
+            "--output",
+        ])
+        .arg(&events)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    events
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_replay_quietly_as_a_sigpipe_would() {
+    let dir = tempfile::tempdir().unwrap();
+    // Outputs of a few hundred kilobytes: more than a pipe holds.
+    let events = simulated_fleet(dir.path(), 600);
+    let mut child = bin()
+        .args(["replay", "--threads", "1"])
+        .arg(&events)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 100];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("error"), "{stderr}");
+}
+
+#[test]
+fn a_gzip_input_corrupt_past_its_start_is_an_error_that_names_it() {
+    use flate2::{write::GzEncoder, Compression};
+    let dir = tempfile::tempdir().unwrap();
+    let events = std::fs::read(simulated_fleet(dir.path(), 200)).unwrap();
+    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+    gz.write_all(&events).unwrap();
+    let mut gz = gz.finish().unwrap();
+    // Past the header and the first blocks: the start reads, the middle does not.
+    let middle = gz.len() / 2;
+    for b in &mut gz[middle..middle + 64] {
+        *b = !*b;
+    }
+    let path = dir.path().join("corrupt.jsonl.gz");
+    std::fs::write(&path, &gz).unwrap();
+    for command in ["replay", "backtest"] {
+        let out = bin().arg(command).arg(&path).output().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains(&format!("error: cannot read {}", path.display())),
+            "{command}: {stderr}"
+        );
+    }
+}

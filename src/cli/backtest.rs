@@ -50,7 +50,8 @@ pub fn run(args: BacktestArgs) -> anyhow::Result<ExitCode> {
         &outcomes,
         &mut std::io::stderr(),
         threads,
-    )?;
+    )
+    .map_err(|e| super::drive_error(e, &args.input))?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match args.format {

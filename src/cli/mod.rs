@@ -23,6 +23,7 @@ use clap::ValueEnum;
 use loopwarden::config::Config;
 use loopwarden::shutdown::Shutdown;
 use loopwarden::tools::driver::input::{open_events, Events, InputFormat};
+use loopwarden::tools::driver::DriveError;
 
 /// How `replay` and `backtest` print.
 #[derive(Copy, Clone, ValueEnum)]
@@ -96,6 +97,22 @@ pub fn share(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
         _ => Err(format!("`{s}` is not a share between 0 and 1")),
+    }
+}
+
+/// A drive's error, with the input named when reading it failed (a gzip stream corrupt
+/// past its start, a disk error): the driver reads a stream and does not know its name.
+pub fn drive_error(e: DriveError, input: &Path) -> anyhow::Error {
+    match e {
+        DriveError::Read(_) => {
+            let name = if input == Path::new("-") {
+                "standard input".to_string()
+            } else {
+                input.display().to_string()
+            };
+            anyhow::Error::new(e).context(format!("cannot read {name}"))
+        }
+        e => e.into(),
     }
 }
 

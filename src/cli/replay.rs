@@ -42,7 +42,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         FormatArg::Json => Format::Json,
         FormatArg::Table => Format::Table,
     };
-    let report = replay(config, events.input(), &mut out, &mut err, format, options)?;
+    let report = replay(config, events.input(), &mut out, &mut err, format, options)
+        .map_err(|e| super::drive_error(e, &args.input))?;
     drop(out);
     eprintln!("{report}");
     Ok(ExitCode::SUCCESS)

@@ -60,16 +60,18 @@ impl Outcomes {
             outcome: String,
         }
         let mut map = FxHashMap::default();
-        for (i, line) in input.lines().enumerate() {
+        // Lines as bytes: one that is not UTF-8 is a bad line that says where, not a
+        // read error that does not.
+        for (i, line) in input.split(b'\n').enumerate() {
             let line = line?;
-            if line.trim().is_empty() {
+            if line.trim_ascii().is_empty() {
                 continue;
             }
             let bad = |reason: String| OutcomesError::BadLine {
                 line: i as u64 + 1,
                 reason,
             };
-            let parsed: Line = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+            let parsed: Line = serde_json::from_slice(&line).map_err(|e| bad(e.to_string()))?;
             let outcome = Outcome::parse(&parsed.outcome)
                 .ok_or_else(|| bad(format!("unknown outcome \"{}\"", parsed.outcome)))?;
             let line = i as u64 + 1;
@@ -691,6 +693,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 1") && e.contains("won"), "{e}");
+        // A line that is not UTF-8 is a bad line too, named.
+        let e =
+            Outcomes::read(&mut &b"\n{\"session_id\": \"a\xff\", \"outcome\": \"success\"}\n"[..])
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("line 2") && e.contains("column"), "{e}");
     }
 
     #[test]

@@ -190,12 +190,14 @@ pub fn run_corpus(
     mut on_case: impl FnMut(Result<&CaseResult, (usize, String)>),
 ) -> std::io::Result<EvalTotals> {
     let mut totals = EvalTotals::default();
-    for (n, line) in input.lines().enumerate() {
+    for (n, line) in input.split(b'\n').enumerate() {
         let line = line?;
-        if line.trim().is_empty() {
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        match serde_json::from_str::<Case>(&line) {
+        // Read as bytes: a line that is not UTF-8 is one unreadable case, where
+        // `lines()` would end the whole run without saying which.
+        match serde_json::from_slice::<Case>(&line) {
             Ok(case) => {
                 let r = run_case(config, &case);
                 totals.cases += 1;
@@ -212,4 +214,32 @@ pub fn run_corpus(
         }
     }
     Ok(totals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_one_unreadable_case_and_the_run_goes_on() {
+        let config = Arc::new(Config::from_toml_str("", "t", std::iter::empty()).unwrap());
+        let case = r#"{"id":"c","events":[],"expect":{"max_level":"none"}}"#;
+        let corpus = [
+            b"{\"id\":\"\xff\"}".as_slice(),
+            b"\n",
+            case.as_bytes(),
+            b"\n",
+        ]
+        .concat();
+        let mut said = Vec::new();
+        let totals = run_corpus(&config, &mut corpus.as_slice(), |r| {
+            said.push(r.map(|c| c.id.clone()).map_err(|(line, e)| (line, e)))
+        })
+        .unwrap();
+        assert_eq!((totals.bad_lines, totals.cases), (1, 1), "{said:?}");
+        let (line, error) = said[0].clone().unwrap_err();
+        assert_eq!(line, 1);
+        assert!(error.contains("column"), "says where: {error}");
+        assert_eq!(said[1], Ok("c".to_string()));
+    }
 }

@@ -41,9 +41,6 @@ pub enum InputError {
         #[source]
         source: std::io::Error,
     },
-    /// Reading ahead to tell OTLP JSON from events failed.
-    #[error("cannot read the input")]
-    Lookahead(#[source] std::io::Error),
 }
 
 /// The two bytes every gzip stream starts with (and no JSON line does).
@@ -204,6 +201,7 @@ pub fn open_events(
     }
     Ok(Events::Reader(events_of(
         open_input(path)?,
+        path,
         format,
         config,
     )?))
@@ -213,6 +211,7 @@ pub fn open_events(
 /// bad lines and a summary on stderr), events pass through.
 fn events_of(
     mut input: Box<dyn BufRead + Send>,
+    path: &Path,
     format: InputFormat,
     config: &Config,
 ) -> Result<Box<dyn BufRead + Send>, InputError> {
@@ -228,7 +227,10 @@ fn events_of(
                 let n = (&mut input)
                     .take(1 << 16)
                     .read_until(b'\n', &mut head)
-                    .map_err(InputError::Lookahead)?;
+                    .map_err(|source| InputError::Read {
+                        path: path.display().to_string(),
+                        source,
+                    })?;
                 if n == 0 || !head[start..].trim_ascii().is_empty() || head.len() >= 1 << 16 {
                     break;
                 }
