@@ -64,6 +64,7 @@ use crate::engine::store::{open_db_with_cache, StoreError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
 use changelog::Restorer;
+use holds::PartitionHolds;
 
 /// A mutex's guard, whether or not a thread panicked while holding it (what it guards
 /// stays consistent: every holder leaves it whole before anything can panic).
@@ -77,6 +78,7 @@ mod batch;
 mod bus;
 mod changelog;
 mod commit;
+mod holds;
 mod ingest;
 #[cfg(test)]
 mod memory;
@@ -288,7 +290,8 @@ pub fn run_observed(
     };
     let workers = config.kafka.workers;
     let result = if workers == 1 {
-        run_worker(config, brokers, db, shutdown.clone(), 0, telemetry)
+        let holds = Arc::new(PartitionHolds::default());
+        run_worker(config, brokers, db, holds, shutdown.clone(), 0, telemetry)
     } else {
         run_workers(config, brokers, db, shutdown.clone(), telemetry)
     };
@@ -329,19 +332,23 @@ fn run_workers(
     telemetry: Arc<Telemetry>,
 ) -> Result<RunStats, PipelineError> {
     let workers = config.kafka.workers;
+    // One for all: a partition is held by one worker of the process at a time.
+    let holds = Arc::new(PartitionHolds::default());
     let threads: Vec<_> = (0..workers)
         .map(|i| {
-            let (config, brokers, db, shutdown, telemetry) = (
+            let (config, brokers, db, holds, shutdown, telemetry) = (
                 config.clone(),
                 brokers.to_string(),
                 db.clone(),
+                holds.clone(),
                 shutdown.clone(),
                 telemetry.clone(),
             );
             std::thread::Builder::new()
                 .name(worker_thread(i))
                 .spawn(move || {
-                    let result = run_worker(config, &brokers, db, shutdown.clone(), i, telemetry);
+                    let result =
+                        run_worker(config, &brokers, db, holds, shutdown.clone(), i, telemetry);
                     if result.is_err() {
                         // One worker failing stops the process: the others finish cleanly.
                         shutdown.trigger();
@@ -375,6 +382,7 @@ fn run_worker(
     config: Arc<Config>,
     brokers: &str,
     db: sled::Db,
+    holds: Arc<PartitionHolds>,
     shutdown: Shutdown,
     index: usize,
     telemetry: Arc<Telemetry>,
@@ -396,6 +404,7 @@ fn run_worker(
         Restorer::new(&settings, brokers, &shutdown),
         &shutdown,
         telemetry,
+        holds,
     )?;
     let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)
         .create_with_context(RebalanceHandler::default())

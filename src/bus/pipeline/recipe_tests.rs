@@ -14,6 +14,7 @@ use super::batch::Finish;
 use super::bus::DeliveryTracker;
 use super::changelog::{Restorer, CHANGELOG_BATCH, CHANGELOG_KIND};
 use super::commit::Commit;
+use super::holds::PartitionHolds;
 use super::memory::{Bus, Landed, MemoryChangelog, MemoryConsumer, MemoryTransport, CRASH};
 use super::outbox::Outbox;
 use super::worker::Worker;
@@ -59,10 +60,27 @@ fn bus_with_a_fleet(sessions: u64) -> Bus {
 struct Member {
     worker: Worker,
     input: MemoryConsumer,
+    /// The process's partition holds, shared with a second member over the same sled.
+    holds: Arc<PartitionHolds>,
 }
 
 impl Member {
     fn start(bus: &Bus, dir: &Path, config: &Arc<Config>) -> Member {
+        let db = open_db_with_cache(dir, 8 << 20).unwrap();
+        let holds = Arc::new(PartitionHolds::default());
+        Member::on(bus, dir, config, db, holds, 0, &PARTITIONS)
+    }
+
+    /// Worker `index` of a process over `db`, assigned `partitions`.
+    fn on(
+        bus: &Bus,
+        dir: &Path,
+        config: &Arc<Config>,
+        db: sled::Db,
+        holds: Arc<PartitionHolds>,
+        index: usize,
+        partitions: &[i32],
+    ) -> Member {
         let telemetry = Arc::new(Telemetry::new());
         let shutdown = Shutdown::new();
         let settings = &config.kafka;
@@ -70,12 +88,11 @@ impl Member {
         let transport = MemoryTransport::new(bus, tracker);
         let outbox =
             Outbox::with_transport(Box::new(transport), settings, telemetry.clone(), &shutdown);
-        let db = open_db_with_cache(dir, 8 << 20).unwrap();
-        let commit = Commit::of(settings, dir, 0);
+        let commit = Commit::of(settings, dir, index);
         let changelog = MemoryChangelog::new(bus, &settings.changelog_topic, &[INPUT]);
         let restorer = Restorer::with_source(settings, Box::new(changelog));
         let mut worker = Worker::new(
-            0,
+            index,
             config.clone(),
             db,
             outbox,
@@ -83,13 +100,18 @@ impl Member {
             restorer,
             &shutdown,
             telemetry,
+            holds.clone(),
         )
         .unwrap();
-        for p in PARTITIONS {
+        for &p in partitions {
             worker.acquire(p).unwrap();
         }
-        let input = MemoryConsumer::new(bus, &[INPUT], &PARTITIONS);
-        Member { worker, input }
+        let input = MemoryConsumer::new(bus, &[INPUT], partitions);
+        Member {
+            worker,
+            input,
+            holds,
+        }
     }
 
     /// Polls and applies the next `n` messages.
@@ -609,6 +631,43 @@ fn a_partition_is_acquired_again_only_after_its_batch_with_the_writer_is_written
         "acquired before the writer wrote its batch"
     );
     holder.join().unwrap();
+}
+
+#[test]
+fn a_partition_another_worker_of_the_process_holds_is_loaded_only_once_it_is_let_go() {
+    let mut t = a_batch_in_flight(true);
+    let holder = a_batch_with_the_writer(&mut t.m, std::time::Duration::from_millis(300));
+    // Kafka gives partition 0 to a second worker of the process while the first still
+    // holds it: out of the group (it did not poll in time), it has not learnt so yet.
+    let (bus, config) = (t.bus.clone(), t.config.clone());
+    let (db, holds) = (t.m.worker.db.clone(), t.m.holds.clone());
+    let dir = t._dir.path().to_path_buf();
+    let second = std::thread::spawn(move || {
+        let mut m = Member::on(&bus, &dir, &config, db, holds, 1, &[]);
+        m.worker.acquire(0).unwrap();
+        m.worker.partitions[&0].applied.get(INPUT).copied()
+    });
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    assert!(
+        !second.is_finished(),
+        "the second worker loaded partition 0 while the first held it"
+    );
+    holder.join().unwrap();
+    // At its next poll the first learns the assignment is lost: its batch with the
+    // writer is written, then the partition let go.
+    t.m.worker.drop_unstored().unwrap();
+    t.m.worker.release(&[0]);
+    let loaded = second.join().unwrap();
+    let stored = crate::engine::store::StateStore::offset(
+        &SledStore::partition(&t.m.worker.db, 0).unwrap(),
+        &format!("{INPUT}/0"),
+    )
+    .unwrap();
+    assert!(
+        stored.is_some(),
+        "the first worker's batch wrote partition 0"
+    );
+    assert_eq!(loaded, stored, "loaded as the first worker left it");
 }
 
 #[test]

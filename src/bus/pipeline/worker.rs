@@ -28,6 +28,7 @@ use super::backoff::{Backoff, DeadlinePassed};
 use super::bus::Input;
 use super::changelog::{self, BatchIds, Restorer};
 use super::commit::Commit;
+use super::holds::{PartitionHolds, StoppedWaiting};
 use super::outbox::Outbox;
 use super::outputs::{self, Source};
 use super::partition::{Partition, Pending};
@@ -87,6 +88,22 @@ pub struct Worker {
     /// The batches handed to the writer whose input offsets are not committed yet, in
     /// hand-over order (the writer reports in that order).
     pub(super) storing: VecDeque<Storing>,
+    /// The partitions this worker holds among the process's workers. Last: dropped after
+    /// the writer, whose drop waits for its thread, so a partition is given back only
+    /// once nothing of this worker writes it.
+    holds: Holding,
+}
+
+/// A worker's hold on its partitions ([`PartitionHolds`]), all given back when dropped.
+struct Holding {
+    holds: Arc<PartitionHolds>,
+    worker: usize,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.holds.give_back_all(self.worker);
+    }
 }
 
 /// A batch with the store writer: what to commit once it is stored.
@@ -122,6 +139,7 @@ impl Worker {
         restorer: Restorer,
         shutdown: &Shutdown,
         telemetry: Arc<Telemetry>,
+        holds: Arc<PartitionHolds>,
     ) -> Result<Worker, PipelineError> {
         let settings = &config.kafka;
         let watch = telemetry.liveness.store_watch();
@@ -157,6 +175,10 @@ impl Worker {
             writer,
             store_watch,
             storing: VecDeque::new(),
+            holds: Holding {
+                holds,
+                worker: index,
+            },
         })
     }
 
@@ -300,6 +322,7 @@ impl Worker {
     /// first: another worker of this process may take them over the same database.
     pub(super) fn release(&mut self, revoked: &[i32]) {
         self.await_stores_of(revoked);
+        self.give_back(revoked.iter().copied());
         for p in revoked {
             self.partitions.remove(p);
             for topic in &self.config.kafka.input_topics {
@@ -321,14 +344,41 @@ impl Worker {
             warn!(error = %e, "a batch handed to the store writer was not stored");
         }
         self.forget_batch();
-        self.partitions.clear();
+        self.clear_partitions();
     }
 
-    /// Loads a newly assigned partition's sessions and offsets from sled.
+    /// Drops every partition in memory, giving them back (their batches with the writer
+    /// awaited by the caller).
+    fn clear_partitions(&mut self) {
+        let held: Vec<i32> = self.partitions.keys().copied().collect();
+        self.partitions.clear();
+        self.give_back(held);
+    }
+
+    /// Lets `partitions` go among the process's workers.
+    fn give_back(&self, partitions: impl IntoIterator<Item = i32>) {
+        self.holds.holds.give_back(partitions, self.holds.worker);
+    }
+
+    /// Loads a newly assigned partition's sessions and offsets from sled, once no other
+    /// worker of the process holds it ([`PartitionHolds`]).
     pub(super) fn acquire(&mut self, partition: i32) -> Result<(), PipelineError> {
         if self.partitions.contains_key(&partition) {
             return Ok(());
         }
+        self.holds
+            .holds
+            .take(partition, self.holds.worker, &self.shutdown)
+            .map_err(|StoppedWaiting| PipelineError::RestoreInterrupted { partition })?;
+        let loaded = self.load(partition);
+        if loaded.is_err() {
+            self.give_back([partition]);
+        }
+        loaded
+    }
+
+    /// [`Worker::acquire`] once the partition is held.
+    fn load(&mut self, partition: i32) -> Result<(), PipelineError> {
         // A batch of this partition still with the writer (from before it was taken
         // away) is written before the partition is read again.
         self.await_stores_of(&[partition]);
@@ -673,7 +723,7 @@ impl Worker {
         warn!(partitions = ?self.partitions.keys().collect::<Vec<_>>(), "consumer group moved on during the transaction; dropping the batch and reading it again");
         let stored = self.await_stores_uncommitted();
         self.forget_batch();
-        self.partitions.clear();
+        self.clear_partitions();
         stored?;
         let mut backoff = Backoff::new(self.settings(), &self.shutdown);
         input.seek_to_committed(&self.revoking, &mut backoff)
