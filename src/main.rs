@@ -11,7 +11,6 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use loopwarden::tools::driver::DriveError;
 
 /// mimalloc rather than the system allocator: replay and the pipeline are faster with
 /// it, and scale better over threads (docs/DEVELOPMENT.md, "Performance").
@@ -163,15 +162,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// Whether `e` is a write to a pipe whose reader is gone.
+/// Whether `e` is standard output's reader gone ([`cli::OutputClosed`]; a broken pipe
+/// elsewhere, a socket's, is an error like any other).
 fn output_closed(e: &anyhow::Error) -> bool {
-    e.chain().any(|cause| {
-        let io = match cause.downcast_ref::<DriveError>() {
-            Some(DriveError::Write(io)) => Some(io),
-            _ => cause.downcast_ref::<std::io::Error>(),
-        };
-        io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    e.chain().any(|cause| cause.is::<cli::OutputClosed>())
 }
 
 /// An error and its causes on one line, each cause said once: many errors name their

@@ -481,25 +481,30 @@ fn simulated_fleet(dir: &std::path::Path, sessions: u32) -> std::path::PathBuf {
 }
 
 #[test]
-fn a_reader_that_goes_away_ends_replay_quietly_as_a_sigpipe_would() {
+fn a_reader_that_goes_away_ends_a_command_quietly_as_a_sigpipe_would() {
     let dir = tempfile::tempdir().unwrap();
-    // Outputs of a few hundred kilobytes: more than a pipe holds.
     let events = simulated_fleet(dir.path(), 600);
-    let mut child = bin()
-        .args(["replay", "--threads", "1"])
-        .arg(&events)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut first = [0u8; 100];
-    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
-    drop(stdout);
-    let out = child.wait_with_output().unwrap();
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(141), "{stderr}");
-    assert!(!stderr.contains("error"), "{stderr}");
+    let events = events.to_str().unwrap();
+    // Outputs of a few hundred kilobytes or more: more than a pipe holds.
+    for args in [
+        vec!["replay", "--threads", "1", events],
+        vec!["simulate", "--sessions", "600", "--output", "-"],
+    ] {
+        let mut child = bin()
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut first = [0u8; 100];
+        std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
+        assert!(!stderr.contains("error"), "{args:?}: {stderr}");
+    }
 }
 
 #[test]

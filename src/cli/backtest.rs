@@ -55,8 +55,9 @@ pub fn run(args: BacktestArgs) -> anyhow::Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match args.format {
-        FormatArg::Table => report.write_table(&mut out)?,
-        FormatArg::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+        FormatArg::Table => report.write_table(&mut out).map_err(super::stdout_error)?,
+        FormatArg::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)
+            .map_err(super::stdout_error)?,
     }
     Ok(ExitCode::SUCCESS)
 }

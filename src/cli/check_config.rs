@@ -1,6 +1,7 @@
 //! `loopwarden check-config`: a configuration validated (every error at once) and its
 //! effective values printed.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,7 +21,7 @@ pub struct CheckConfigArgs {
 
 pub fn run(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(args.file.or(args.config).as_deref())?;
-    print!("{}", config.effective_toml());
+    write!(std::io::stdout().lock(), "{}", config.effective_toml()).map_err(super::stdout_error)?;
     eprintln!("configuration is valid");
     Ok(ExitCode::SUCCESS)
 }

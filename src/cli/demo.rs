@@ -1,6 +1,7 @@
 //! `loopwarden demo`: an embedded broker, a simulated fleet and the real pipeline in one
 //! process, telling the story on stdout.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -45,6 +46,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     };
     let stdout = std::io::stdout();
     let report = demo(config, options, &mut stdout.lock(), shutdown)?;
-    println!("{report}");
+    writeln!(stdout.lock(), "{report}").map_err(super::stdout_error)?;
     Ok(ExitCode::SUCCESS)
 }

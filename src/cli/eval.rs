@@ -42,7 +42,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
             }
         }
     })?;
-    writeln!(out, "{totals}")?;
+    writeln!(out, "{totals}").map_err(super::stdout_error)?;
     Ok(if totals.held == totals.cases && totals.bad_lines == 0 {
         ExitCode::SUCCESS
     } else {

@@ -22,7 +22,7 @@ use clap::ValueEnum;
 
 use loopwarden::config::Config;
 use loopwarden::shutdown::Shutdown;
-use loopwarden::tools::driver::input::{open_events, Events, InputFormat};
+use loopwarden::tools::driver::input::{input_name, open_events, Events, InputFormat};
 use loopwarden::tools::driver::DriveError;
 
 /// How `replay` and `backtest` print.
@@ -100,18 +100,30 @@ pub fn share(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Standard output's reader went away (`… | head`): the command ends quietly, with the
+/// status a SIGPIPE gives (`main`; Rust ignores the signal, so the write fails instead).
+#[derive(Debug, thiserror::Error)]
+#[error("standard output was closed")]
+pub struct OutputClosed;
+
+/// A failed write to standard output: [`OutputClosed`] when its reader went away.
+pub fn stdout_error(e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        OutputClosed.into()
+    } else {
+        anyhow::Error::new(e).context("cannot write to standard output")
+    }
+}
+
 /// A drive's error, with the input named when reading it failed (a gzip stream corrupt
 /// past its start, a disk error): the driver reads a stream and does not know its name.
 pub fn drive_error(e: DriveError, input: &Path) -> anyhow::Error {
     match e {
         DriveError::Read(_) => {
-            let name = if input == Path::new("-") {
-                "standard input".to_string()
-            } else {
-                input.display().to_string()
-            };
+            let name = input_name(input);
             anyhow::Error::new(e).context(format!("cannot read {name}"))
         }
+        DriveError::Write(e) => stdout_error(e),
         e => e.into(),
     }
 }

@@ -12,7 +12,7 @@ use loopwarden::bus::kafka;
 use loopwarden::config::Config;
 use loopwarden::shutdown::Shutdown;
 use loopwarden::tools::feed::{
-    feed, write_truth, FeedProducer, FeedReport, Routing, Target, FILE_CLOCK,
+    feed, write_truth, FeedError, FeedProducer, FeedReport, Routing, Target, FILE_CLOCK,
 };
 use loopwarden::tools::simulate::{Fleet, FleetSpec};
 
@@ -126,12 +126,20 @@ fn to_file(
                 .with_context(|| format!("cannot create {}", path.display()))?,
         ))
     };
-    Ok(feed(
+    let to_stdout = path == Path::new("-");
+    feed(
         fleet,
         Target::Lines(&mut *w),
         rate,
         Some(FILE_CLOCK),
         None,
         shutdown,
-    )?)
+    )
+    .map_err(|e| match e {
+        FeedError::Write(e) if to_stdout => super::stdout_error(e),
+        FeedError::Write(e) => {
+            anyhow::Error::new(e).context(format!("cannot write {}", path.display()))
+        }
+        e => e.into(),
+    })
 }

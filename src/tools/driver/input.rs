@@ -43,6 +43,15 @@ pub enum InputError {
     },
 }
 
+/// How an input is named in messages: its path, or `standard input` for `-`.
+pub fn input_name(path: &Path) -> String {
+    if path == Path::new("-") {
+        "standard input".to_string()
+    } else {
+        path.display().to_string()
+    }
+}
+
 /// The two bytes every gzip stream starts with (and no JSON line does).
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
@@ -228,7 +237,7 @@ fn events_of(
                     .take(1 << 16)
                     .read_until(b'\n', &mut head)
                     .map_err(|source| InputError::Read {
-                        path: path.display().to_string(),
+                        path: input_name(path),
                         source,
                     })?;
                 if n == 0 || !head[start..].trim_ascii().is_empty() || head.len() >= 1 << 16 {
