@@ -99,36 +99,59 @@ impl Record {
     /// that it lands as its first bytes instead of being sent again for ever. The first
     /// time: the payload cut to [`DLQ_TRUNCATE_TO`] bytes, the key to
     /// [`DLQ_KEY_TRUNCATE_TO`], the source's own headers left out when they take more than
-    /// [`DLQ_SOURCE_HEADERS_KEEP`], each cut said in a header. Refused again (a
-    /// dead-letter topic whose limit is under that): the payload halved.
+    /// [`DLQ_SOURCE_HEADERS_KEEP`]. Refused again (a dead-letter topic whose limit is under
+    /// that), or when none of those applied: the payload halved, and once it is empty, the
+    /// source's headers and then the key left out. Each cut is said in a header with the
+    /// size before; what is left at the end is loopwarden's own headers (under 1 KiB).
     fn cut_to_fit(&mut self) {
-        let cut_before = self
-            .headers
-            .iter()
-            .any(|(name, _)| *name == DLQ_TRUNCATED_FROM);
-        if cut_before {
-            self.payload.truncate(self.payload.len() / 2);
-            return;
-        }
         let said = |n: usize| -> Cow<'static, [u8]> { n.to_string().into_bytes().into() };
-        self.headers
-            .push((DLQ_TRUNCATED_FROM, said(self.payload.len())));
-        self.payload.truncate(DLQ_TRUNCATE_TO);
-        if self.key.len() > DLQ_KEY_TRUNCATE_TO {
-            self.headers
-                .push((DLQ_KEY_TRUNCATED_FROM, said(self.key.len())));
-            self.key.truncate(DLQ_KEY_TRUNCATE_TO);
-        }
+        let first = ![
+            DLQ_TRUNCATED_FROM,
+            DLQ_KEY_TRUNCATED_FROM,
+            DLQ_SOURCE_HEADERS_DROPPED,
+        ]
+        .iter()
+        .any(|name| self.has_header(name));
+        let (payload, key) = (self.payload.len(), self.key.len());
         let source_bytes: usize = self
             .source_headers
             .iter()
             .map(|(name, value)| name.len() + value.as_ref().map_or(0, Vec::len))
             .sum();
-        if source_bytes > DLQ_SOURCE_HEADERS_KEEP {
+        let (cut_payload, cut_key, drop_source) = if first
+            && (payload > DLQ_TRUNCATE_TO
+                || key > DLQ_KEY_TRUNCATE_TO
+                || source_bytes > DLQ_SOURCE_HEADERS_KEEP)
+        {
+            (
+                DLQ_TRUNCATE_TO.min(payload),
+                DLQ_KEY_TRUNCATE_TO.min(key),
+                source_bytes > DLQ_SOURCE_HEADERS_KEEP,
+            )
+        } else if payload > 0 {
+            (payload / 2, key, false)
+        } else if !self.source_headers.is_empty() {
+            (0, key, true)
+        } else {
+            (0, 0, false)
+        };
+        if cut_payload < payload && !self.has_header(DLQ_TRUNCATED_FROM) {
+            self.headers.push((DLQ_TRUNCATED_FROM, said(payload)));
+        }
+        self.payload.truncate(cut_payload);
+        if cut_key < key && !self.has_header(DLQ_KEY_TRUNCATED_FROM) {
+            self.headers.push((DLQ_KEY_TRUNCATED_FROM, said(key)));
+        }
+        self.key.truncate(cut_key);
+        if drop_source {
             self.headers
                 .push((DLQ_SOURCE_HEADERS_DROPPED, said(self.source_headers.len())));
             self.source_headers.clear();
         }
+    }
+
+    fn has_header(&self, name: &str) -> bool {
+        self.headers.iter().any(|(n, _)| *n == name)
     }
 
     fn headers(&self) -> Option<OwnedHeaders> {
@@ -671,6 +694,52 @@ mod tests {
         assert_eq!(said(DLQ_SOURCE_HEADERS_DROPPED).as_deref(), Some("1"));
         assert_eq!(said(DLQ_REASON).as_deref(), Some("oversized"));
         // Dropping the producer would wait on the silent broker.
+        std::mem::forget(outbox);
+    }
+
+    #[test]
+    fn a_small_dead_letter_still_refused_loses_its_payload_then_its_source_headers() {
+        // librdkafka's smallest limit: no part is over the first cut's sizes, and the
+        // message is still too large.
+        let settings = KafkaSettings::default();
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.max.bytes", "1000")
+            .set("message.timeout.ms", "3600000");
+        let mut outbox = Outbox::new(
+            &config,
+            &settings,
+            Arc::new(Telemetry::new()),
+            &Shutdown::new(),
+        )
+        .unwrap();
+        outbox.push(Record {
+            sink: Sink::DeadLetter,
+            partition: None,
+            key: vec![b'k'; 300],
+            payload: vec![b'p'; 3_000],
+            headers: vec![(DLQ_REASON, b"invalid_json".to_vec().into())],
+            source_headers: vec![("h".to_string(), Some(vec![b'h'; 900]))],
+            source_ms: None,
+        });
+        outbox.send_all();
+        let mut refusals = 0;
+        while let failed @ [_, ..] = &outbox.take_failed()[..] {
+            refusals += 1;
+            assert!(refusals < 30, "still refused after {refusals} cuts");
+            let indexes: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
+            outbox.send(&indexes);
+        }
+        let r = &outbox.records[0];
+        assert!(
+            r.payload.is_empty() && r.source_headers.is_empty(),
+            "{refusals} cuts"
+        );
+        assert_eq!(r.key.len(), 300, "the key fits once the rest is gone");
+        let said = |name: &str| r.headers.iter().any(|(n, _)| *n == name);
+        assert!(said(DLQ_TRUNCATED_FROM) && said(DLQ_SOURCE_HEADERS_DROPPED));
+        assert!(!said(DLQ_KEY_TRUNCATED_FROM));
         std::mem::forget(outbox);
     }
 
