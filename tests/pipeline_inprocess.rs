@@ -425,7 +425,7 @@ fn bad_messages_are_dead_lettered_with_their_reason() {
 /// applied, the bad one is dead-lettered with its headers, and the partitions flow on.
 #[test]
 fn a_header_name_that_is_not_utf8_stops_nothing() {
-    use rdkafka::bindings as rd;
+    use loopwarden::bus::kafka::headers::with_raw_name;
     use rdkafka::message::OwnedHeaders;
     use rdkafka::producer::BaseRecord;
     let cluster = Cluster::start();
@@ -434,19 +434,7 @@ fn a_header_name_that_is_not_utf8_stops_nothing() {
     let bad = b"{not json".to_vec();
     let producer = producer(&cluster.brokers());
     for payload in std::iter::once(&bad).chain(&events) {
-        let headers = OwnedHeaders::new();
-        let (name, value) = (b"\xffname", b"v");
-        // SAFETY: an owned, writable header list; librdkafka copies name and value.
-        let err = unsafe {
-            rd::rd_kafka_header_add(
-                headers.as_borrowed() as *const _ as *mut rd::rd_kafka_headers_t,
-                name.as_ptr().cast(),
-                name.len() as isize,
-                value.as_ptr().cast(),
-                value.len() as isize,
-            )
-        };
-        assert_eq!(err, rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+        let headers = with_raw_name(OwnedHeaders::new(), b"\xffname", b"v");
         let key = session_of(payload);
         let record = BaseRecord::to(&cluster.topics.input)
             .payload(payload)
