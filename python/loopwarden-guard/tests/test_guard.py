@@ -105,6 +105,10 @@ class GuardTest(unittest.TestCase):
         b = self.guard.watch(session_id="conv-b", trace_id=trace)
         self.publish(TERMINATIONS, finding("terminated", "conv-a", "t10", trace_id=trace))
         eventually(lambda: a.terminated)
+        # A later finding of b's, handed on after t10 by the guard's one thread: by the
+        # time it is b's, t10 went wherever it was going.
+        self.publish(WARNINGS, finding("warning", "conv-b", "w13", hint="b's own"))
+        self.assertEqual(eventually(b.take_hint), "b's own")
         self.assertIsNone(b.terminated)
         b.check()
         # A later conversation in that trace does not inherit it either.

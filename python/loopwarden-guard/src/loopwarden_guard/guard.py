@@ -8,8 +8,9 @@ session id, or on the OpenTelemetry trace id the finding names (`trigger.trace_i
 the watch knows no session id or loopwarden's session is that trace (its spans named
 none). A trace may hold several sessions (an evaluation loop under one span, agents
 called within one request): a finding of a named session never reaches the watch of
-another session by their trace. A warning's hint is given once (`take_hint`), to one
-watch of its session, and a watch says once its session is terminated (`terminated`,
+another session by their trace. A warning's hint is given once (`take_hint`) in this
+process, to the first watch of its session that takes it (a conversation's next run does
+not get it again), and a watch says once its session is terminated (`terminated`,
 `check`, `on_terminate`).
 
 Guarantees: thread-safe; a finding for a session watched later (its id learned after
