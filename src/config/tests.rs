@@ -371,6 +371,10 @@ fn the_parse_limits_stay_within_what_the_parsers_and_the_producer_take() {
     ))
     .unwrap_err();
     let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
-    assert_eq!(keys, ["engine.max_event_bytes", "engine.max_nesting"], "{err}");
+    assert_eq!(
+        keys,
+        ["engine.max_event_bytes", "engine.max_nesting"],
+        "{err}"
+    );
     assert!(cfg("[engine]\nmax_event_bytes = 9223372036854775807\n").is_err());
 }
