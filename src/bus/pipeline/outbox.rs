@@ -642,20 +642,56 @@ mod tests {
         assert_eq!(bus.records(&settings.warning_topic).len(), 5, "each once");
     }
 
+    /// An outbox whose producer reaches no broker (nothing is ever acknowledged), with
+    /// `properties`: what librdkafka checks in the send itself is all that happens.
+    fn outbox_to_nowhere(
+        settings: &KafkaSettings,
+        shutdown: &Shutdown,
+        properties: &[(&str, &str)],
+    ) -> Outbox {
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.timeout.ms", "3600000");
+        for (key, value) in properties {
+            config.set(*key, *value);
+        }
+        Outbox::new(&config, settings, Arc::new(Telemetry::new()), shutdown).unwrap()
+    }
+
+    /// Sends the outbox's records, and each refused one again (cut to fit), until the
+    /// producer takes them all; how many refusals that took.
+    fn send_until_taken(outbox: &mut Outbox) -> usize {
+        outbox.send_all();
+        let mut refusals = 0;
+        loop {
+            let failed = outbox.take_failed();
+            if failed.is_empty() {
+                return refusals;
+            }
+            refusals += 1;
+            assert!(refusals < 30, "still refused after {refusals} cuts");
+            let indexes: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
+            outbox.send(&indexes);
+        }
+    }
+
+    /// The value of header `name` of `r`, as text.
+    fn header_of(r: &Record, name: &str) -> Option<String> {
+        r.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+
     #[test]
     fn a_dead_letter_too_large_is_cut_until_the_producer_takes_it() {
         // librdkafka refuses a message over `message.max.bytes` in the send itself, as
         // the broker refuses one over the topic's limit: a huge key, a payload over the
         // limit and large source headers, with a limit under the first cut's 64 KiB.
         let settings = KafkaSettings::default();
-        let mut config = rdkafka::ClientConfig::new();
-        config
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("message.max.bytes", "20000")
-            .set("message.timeout.ms", "3600000");
-        let shutdown = Shutdown::new();
-        let mut outbox =
-            Outbox::new(&config, &settings, Arc::new(Telemetry::new()), &shutdown).unwrap();
+        let limit = [("message.max.bytes", "20000")];
+        let mut outbox = outbox_to_nowhere(&settings, &Shutdown::new(), &limit);
         outbox.push(Record {
             sink: Sink::DeadLetter,
             partition: None,
@@ -665,34 +701,22 @@ mod tests {
             source_headers: vec![("big".to_string(), Some(vec![b'h'; 8_000]))],
             source_ms: None,
         });
-        outbox.send_all();
-        let mut refusals = 0;
-        loop {
-            let failed = outbox.take_failed();
-            if failed.is_empty() {
-                break;
-            }
-            refusals += 1;
-            assert!(refusals < 10, "still refused after {refusals} cuts");
-            let indexes: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
-            outbox.send(&indexes);
-        }
         // 64 KiB, then 32, then 16: taken.
-        assert_eq!(refusals, 3);
+        assert_eq!(send_until_taken(&mut outbox), 3);
         let r = &outbox.records[0];
         assert_eq!(r.payload.len(), 16 * 1024);
         assert_eq!(r.key.len(), DLQ_KEY_TRUNCATE_TO);
         assert!(r.source_headers.is_empty());
-        let said = |name: &str| {
-            r.headers
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-        };
-        assert_eq!(said(DLQ_TRUNCATED_FROM).as_deref(), Some("100000"));
-        assert_eq!(said(DLQ_KEY_TRUNCATED_FROM).as_deref(), Some("50000"));
-        assert_eq!(said(DLQ_SOURCE_HEADERS_DROPPED).as_deref(), Some("1"));
-        assert_eq!(said(DLQ_REASON).as_deref(), Some("oversized"));
+        assert_eq!(header_of(r, DLQ_TRUNCATED_FROM).as_deref(), Some("100000"));
+        assert_eq!(
+            header_of(r, DLQ_KEY_TRUNCATED_FROM).as_deref(),
+            Some("50000")
+        );
+        assert_eq!(
+            header_of(r, DLQ_SOURCE_HEADERS_DROPPED).as_deref(),
+            Some("1")
+        );
+        assert_eq!(header_of(r, DLQ_REASON).as_deref(), Some("oversized"));
         // Dropping the producer would wait on the silent broker.
         std::mem::forget(outbox);
     }
@@ -702,18 +726,8 @@ mod tests {
         // librdkafka's smallest limit: no part is over the first cut's sizes, and the
         // message is still too large.
         let settings = KafkaSettings::default();
-        let mut config = rdkafka::ClientConfig::new();
-        config
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("message.max.bytes", "1000")
-            .set("message.timeout.ms", "3600000");
-        let mut outbox = Outbox::new(
-            &config,
-            &settings,
-            Arc::new(Telemetry::new()),
-            &Shutdown::new(),
-        )
-        .unwrap();
+        let limit = [("message.max.bytes", "1000")];
+        let mut outbox = outbox_to_nowhere(&settings, &Shutdown::new(), &limit);
         outbox.push(Record {
             sink: Sink::DeadLetter,
             partition: None,
@@ -723,23 +737,19 @@ mod tests {
             source_headers: vec![("h".to_string(), Some(vec![b'h'; 900]))],
             source_ms: None,
         });
-        outbox.send_all();
-        let mut refusals = 0;
-        while let failed @ [_, ..] = &outbox.take_failed()[..] {
-            refusals += 1;
-            assert!(refusals < 30, "still refused after {refusals} cuts");
-            let indexes: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
-            outbox.send(&indexes);
-        }
+        let refusals = send_until_taken(&mut outbox);
         let r = &outbox.records[0];
         assert!(
             r.payload.is_empty() && r.source_headers.is_empty(),
             "{refusals} cuts"
         );
         assert_eq!(r.key.len(), 300, "the key fits once the rest is gone");
-        let said = |name: &str| r.headers.iter().any(|(n, _)| *n == name);
-        assert!(said(DLQ_TRUNCATED_FROM) && said(DLQ_SOURCE_HEADERS_DROPPED));
-        assert!(!said(DLQ_KEY_TRUNCATED_FROM));
+        assert_eq!(header_of(r, DLQ_TRUNCATED_FROM).as_deref(), Some("3000"));
+        assert_eq!(
+            header_of(r, DLQ_SOURCE_HEADERS_DROPPED).as_deref(),
+            Some("1")
+        );
+        assert_eq!(header_of(r, DLQ_KEY_TRUNCATED_FROM), None);
         std::mem::forget(outbox);
     }
 
@@ -751,14 +761,9 @@ mod tests {
             shutdown_deadline: Duration::from_millis(50),
             ..KafkaSettings::default()
         };
-        let mut config = rdkafka::ClientConfig::new();
-        config
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("queue.buffering.max.messages", "1")
-            .set("message.timeout.ms", "3600000");
         let shutdown = Shutdown::new();
-        let mut outbox =
-            Outbox::new(&config, &settings, Arc::new(Telemetry::new()), &shutdown).unwrap();
+        let room_for_one = [("queue.buffering.max.messages", "1")];
+        let mut outbox = outbox_to_nowhere(&settings, &shutdown, &room_for_one);
         for _ in 0..3 {
             outbox.push(Record {
                 sink: Sink::Warning,
