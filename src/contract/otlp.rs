@@ -186,7 +186,9 @@ impl OtlpError {
 
 /// Reads one message (or line) as a trace export. In JSON, an export
 /// (`{"resourceSpans": [...]}`, as the OpenTelemetry Collector writes it) or its bare
-/// array of resource spans (as rotel's Kafka exporter writes it).
+/// array of resource spans (as rotel's Kafka exporter writes it); its times as strings
+/// (as the Collector writes them) or as numbers, which the OTLP specification asks a
+/// decoder to take too.
 pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<ExportTraceServiceRequest, OtlpError> {
     if bytes.is_empty() {
         // Protobuf would read it as an export without spans.
@@ -194,13 +196,69 @@ pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<ExportTraceServiceRequ
     }
     match encoding {
         Encoding::OtlpProto => Ok(ExportTraceServiceRequest::decode(bytes)?),
-        Encoding::OtlpJson if bytes.trim_ascii_start().starts_with(b"[") => {
-            Ok(ExportTraceServiceRequest {
-                resource_spans: serde_json::from_slice(bytes)?,
-            })
-        }
-        Encoding::OtlpJson => Ok(serde_json::from_slice(bytes)?),
+        Encoding::OtlpJson => match decode_json(bytes) {
+            Ok(request) => Ok(request),
+            Err(first) => {
+                // The generated decoder takes the three nanosecond times as strings only:
+                // read again with those given as numbers made strings.
+                let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+                    return Err(first.into());
+                };
+                if !times_as_strings(&mut value) {
+                    return Err(first.into());
+                }
+                let text = serde_json::to_vec(&value)?;
+                decode_json(&text).map_err(|_| first.into())
+            }
+        },
     }
+}
+
+fn decode_json(bytes: &[u8]) -> Result<ExportTraceServiceRequest, serde_json::Error> {
+    if bytes.trim_ascii_start().starts_with(b"[") {
+        Ok(ExportTraceServiceRequest {
+            resource_spans: serde_json::from_slice(bytes)?,
+        })
+    } else {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// The span and span-event times in `value` that are whole numbers, made decimal strings;
+/// whether there was one.
+fn times_as_strings(value: &mut serde_json::Value) -> bool {
+    use serde_json::Value as V;
+    const TIMES: [&str; 3] = ["startTimeUnixNano", "endTimeUnixNano", "timeUnixNano"];
+    let mut changed = false;
+    match value {
+        V::Object(members) => {
+            for (key, v) in members.iter_mut() {
+                let whole = match v {
+                    V::Number(n) if TIMES.contains(&key.as_str()) => n.as_u64().or_else(|| {
+                        // A JSON writer may print a large integer as a float (1.7e18).
+                        n.as_f64()
+                            .filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0)
+                            .map(|f| f as u64)
+                    }),
+                    _ => None,
+                };
+                match whole {
+                    Some(n) => {
+                        *v = V::String(n.to_string());
+                        changed = true;
+                    }
+                    None => changed |= times_as_strings(v),
+                }
+            }
+        }
+        V::Array(items) => {
+            for item in items {
+                changed |= times_as_strings(item);
+            }
+        }
+        _ => {}
+    }
+    changed
 }
 
 /// One event made of a span.

@@ -25,6 +25,19 @@ fn both_encodings_decode_and_garbage_is_refused() {
         (Some(12), Some(3))
     );
     assert_eq!(ev[0]["event_id"], "0101010101010101");
+    // The times as numbers, which the OTLP specification asks a decoder to take too (a
+    // float's whole value included): the same request.
+    let numbers = json_text
+        .replace(r#""995000000""#, "995000000")
+        .replace(r#""1000000000""#, "1.0e9");
+    assert_eq!(
+        decode(numbers.as_bytes(), Encoding::OtlpJson).unwrap(),
+        from_json
+    );
+    // Not a whole number: refused, with the decoder's own error.
+    let fraction = json_text.replace(r#""995000000""#, "995000000.5");
+    let e = decode(fraction.as_bytes(), Encoding::OtlpJson).unwrap_err();
+    assert!(e.to_string().contains("ExportTraceServiceRequest"), "{e}");
     for (bytes, enc) in [
         (&b"\xff\x00garbage"[..], Encoding::OtlpProto),
         (&b"{\"resourceSpans\": 3}"[..], Encoding::OtlpJson),
