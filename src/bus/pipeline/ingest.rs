@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, DefaultConsumerContext};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
 use super::bus::seek_to_committed;
@@ -57,12 +57,28 @@ fn ingest_settings(kafka: &KafkaSettings, ingest: &OtlpIngest) -> KafkaSettings 
 }
 
 /// Runs the ingest until `shutdown`: then it finishes the batch in hand (deliver, commit)
-/// and returns.
+/// and returns. An error, at its start as later, stops the process (`shutdown`): the
+/// workers beside it would otherwise run on, healthy and ready, with nothing to read.
 pub fn run_ingest(
     config: Arc<Config>,
     ingest: OtlpIngest,
     brokers: &str,
     shutdown: Shutdown,
+    telemetry: Arc<Telemetry>,
+) -> Result<IngestStats, PipelineError> {
+    let result = ingest_until_stopped(config, ingest, brokers, &shutdown, telemetry);
+    if let Err(e) = &result {
+        error!(error = %e, "otlp ingest failed; stopping");
+        shutdown.trigger();
+    }
+    result
+}
+
+fn ingest_until_stopped(
+    config: Arc<Config>,
+    ingest: OtlpIngest,
+    brokers: &str,
+    shutdown: &Shutdown,
     telemetry: Arc<Telemetry>,
 ) -> Result<IngestStats, PipelineError> {
     let settings = ingest_settings(&config.kafka, &ingest);
@@ -73,14 +89,14 @@ pub fn run_ingest(
     if let Some(id) = commit.transactional_id() {
         producer.set("transactional.id", id);
     }
-    let mut outbox = Outbox::new(&producer, &settings, telemetry.clone(), &shutdown)
+    let mut outbox = Outbox::new(&producer, &settings, telemetry.clone(), shutdown)
         .map_err(PipelineError::Client)?
         .publishing_to(&ingest.to_topic);
     let consumer: BaseConsumer = consumer_config(&settings, brokers, 0)
         .create_with_context(DefaultConsumerContext)
         .map_err(PipelineError::Client)?;
     if let Some(transaction) = commit.transaction() {
-        if !transaction.init(&outbox, &mut Backoff::new(&settings, &shutdown))? {
+        if !transaction.init(&outbox, &mut Backoff::new(&settings, shutdown))? {
             return Ok(IngestStats::default());
         }
     }
@@ -104,14 +120,11 @@ pub fn run_ingest(
         offsets: TopicPartitionList::new(),
         told_uncaptured: HashSet::new(),
     };
-    let result = batch.consume(&consumer, &mut outbox, &commit, &shutdown);
-    if result.is_err() {
-        shutdown.trigger();
-    }
+    let result = batch.consume(&consumer, &mut outbox, &commit, shutdown);
     let stats = batch.stats;
     match &result {
         Ok(()) => info!(?stats, "otlp ingest stopped"),
-        Err(e) => warn!(error = %e, ?stats, "otlp ingest stopped with an error"),
+        Err(_) => warn!(?stats, "otlp ingest stopped with an error"),
     }
     result.map(|()| stats)
 }
@@ -329,5 +342,33 @@ fn count_spans(telemetry: &Telemetry, report: &MapReport) {
         if n > 0 {
             m.with_label_values(&[why.name()]).inc_by(n);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::otlp::Encoding;
+
+    #[test]
+    fn an_ingest_that_cannot_start_stops_the_process() {
+        // Its producer refused at creation (a CA file that is not there, which only the
+        // client's creation reads): an error before it consumes anything.
+        let toml = "[kafka.producer]\n\"security.protocol\" = \"ssl\"\n\"ssl.ca.location\" = \"/nonexistent/ca.pem\"\n";
+        let config = Arc::new(Config::from_toml_str(toml, "t", std::iter::empty()).unwrap());
+        let ingest = OtlpIngest {
+            topics: vec!["agent-traces".into()],
+            encoding: Encoding::OtlpProto,
+            to_topic: "tool.called".into(),
+            group_id: "ingest".into(),
+        };
+        let shutdown = Shutdown::new();
+        let telemetry = Arc::new(Telemetry::new());
+        let result = run_ingest(config, ingest, "127.0.0.1:1", shutdown.clone(), telemetry);
+        assert!(
+            matches!(result, Err(PipelineError::Client(_))),
+            "{result:?}"
+        );
+        assert!(shutdown.is_triggered(), "the workers beside it stop too");
     }
 }
