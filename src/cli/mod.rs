@@ -196,12 +196,14 @@ pub fn on_signals(shutdown: Shutdown) -> anyhow::Result<()> {
     })?;
     std::thread::spawn(move || {
         rt.block_on(async move {
-            for _ in 0..2 {
+            for received in 0..2 {
                 let name = tokio::select! {
                     _ = term.recv() => "SIGTERM",
                     _ = int.recv() => "SIGINT",
                 };
-                if shutdown.is_triggered() {
+                // The second signal, not the first after a stop the process began itself
+                // (a worker's error): that one still gets the clean stop under way.
+                if received > 0 {
                     tracing::warn!(signal = name, "second signal: exiting now");
                     std::process::exit(130);
                 }
