@@ -397,10 +397,24 @@ fn time_of(rfc3339: &str) -> SystemTime {
 }
 
 /// The context a `traceparent` value names (a root context when absent or malformed).
+/// Only its sampled flag is passed on: the SDK's propagator refuses version 00 with any
+/// flag it does not know (the W3C's newer `random` bit, 02, with 01 included), where the
+/// recommendation asks a receiver to ignore them; refused, our spans would start a trace
+/// of their own instead of joining the agent's.
 fn parent_context(traceparent: Option<&str>) -> Context {
     match traceparent {
         Some(tp) => {
-            let carrier = HashMap::from([(TRACEPARENT.to_string(), tp.to_string())]);
+            let mut tp = tp.to_string();
+            if let Some(flags) = tp
+                .len()
+                .checked_sub(2)
+                .and_then(|at| tp.get(at..))
+                .and_then(|f| u8::from_str_radix(f, 16).ok())
+            {
+                let at = tp.len() - 2;
+                tp.replace_range(at.., &format!("{:02x}", flags & 0x01));
+            }
+            let carrier = HashMap::from([(TRACEPARENT.to_string(), tp)]);
             TraceContextPropagator::new().extract(&carrier)
         }
         None => Context::new(),
@@ -436,7 +450,9 @@ impl TraceParent {
             && v[52] == b'-'
             && hex(3..35)
             && hex(36..52)
-            && v[53..].iter().all(|b| b.is_ascii_hexdigit());
+            && v[53..]
+                .iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
         ok.then_some(TraceParent(v))
     }
 
@@ -455,11 +471,24 @@ mod tests {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let parsed = TraceParent::parse(tp.as_bytes()).unwrap();
         assert_eq!(parsed.as_str(), tp);
-        // The propagator reads what parse accepts.
-        assert!(parent_context(Some(parsed.as_str()))
-            .span()
-            .span_context()
-            .is_valid());
+        // The propagator reads what parse accepts, whatever the flags (03: sampled and the
+        // W3C's newer random bit, which the SDK's propagator refuses as it comes).
+        for flags in ["00", "01", "02", "03", "ff"] {
+            let tp = format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}");
+            let parsed = TraceParent::parse(tp.as_bytes()).unwrap();
+            let cx = parent_context(Some(parsed.as_str()));
+            let span = cx.span();
+            let read = span.span_context();
+            assert!(read.is_valid(), "{tp}");
+            assert_eq!(
+                read.trace_id().to_string(),
+                "4bf92f3577b34da6a3ce929d0e0e4736"
+            );
+            assert_eq!(
+                read.is_sampled(),
+                flags == "01" || flags == "03" || flags == "ff"
+            );
+        }
         for bad in [
             "00-zz-00f067aa0ba902b7-01",
             "",
@@ -467,6 +496,7 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
             "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
             "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0F",
         ] {
             assert!(TraceParent::parse(bad.as_bytes()).is_none(), "{bad}");
         }
