@@ -323,7 +323,11 @@ impl Engine {
         };
         let mut findings = std::collections::BTreeMap::new();
         for f in &st.findings {
-            let kind = DetectorKind::ALL[f.detector as usize];
+            // A newer build's detector (a state restored after a rollback, or written to
+            // the changelog by anyone): its counts are not this build's to name.
+            let Some(&kind) = DetectorKind::ALL.get(f.detector as usize) else {
+                continue;
+            };
             let mut per_level = std::collections::BTreeMap::new();
             for level in Level::ALL {
                 let n = f.counts[level as usize];

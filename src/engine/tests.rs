@@ -429,3 +429,34 @@ fn an_absurd_cost_is_summed_to_a_number_never_null() {
         "{summary}"
     );
 }
+
+#[test]
+fn a_restored_state_that_counts_findings_of_a_detector_this_build_lacks_closes_without_them() {
+    // A newer build's detector index in a state restored after a rollback (or written to
+    // the changelog by anyone): the summary leaves it out instead of panicking.
+    let mut engine = Engine::restore(Arc::new(Config::default()), &store::MemoryStore::new())
+        .expect("an empty store");
+    process_as(&mut engine, same_call(), "s", 1, 1_800_000_000_000);
+    let mut state = engine.session("s").expect("open").clone();
+    state.findings.push(state::FindingCounts {
+        detector: detectors::DETECTOR_COUNT as u8,
+        counts: [1, 0, 0],
+    });
+    let mut store = store::MemoryStore::new();
+    store
+        .commit(&store::StoreBatch {
+            puts: vec![("s".to_string(), state.to_bytes())],
+            ..store::StoreBatch::default()
+        })
+        .unwrap();
+    let mut engine = Engine::restore(Arc::new(Config::default()), &store).unwrap();
+    let mut out = Vec::new();
+    engine.close_all(ClosedBy::EndOfInput, &mut out);
+    let summary = out
+        .iter()
+        .find(|o| matches!(o, Output::Summary(_)))
+        .expect("a summary")
+        .to_json();
+    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    assert_eq!(summary["findings"], json!({}), "{summary}");
+}
