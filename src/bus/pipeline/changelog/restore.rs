@@ -139,8 +139,9 @@ impl Restorer {
 enum Change {
     Put(Vec<u8>),
     Delete,
-    /// A state of another format (an upgrade): it counts towards its batch being whole,
-    /// but is not restored (the session starts anew).
+    /// A state of another format (an upgrade, a rollback): it counts towards its batch
+    /// being whole, but is not restored: the session starts anew (its stored state, if
+    /// any, is deleted).
     Skip,
 }
 
@@ -357,8 +358,10 @@ impl Assembler {
         for (key, change) in order {
             match change {
                 Change::Put(state) => changes.puts.push((key, state)),
-                Change::Delete => changes.deletes.push(key),
-                Change::Skip => {}
+                // A state this build cannot read: the session starts anew (as the
+                // README's upgrades say), not from an older state of it, which would
+                // come back without the events the offsets pass over.
+                Change::Delete | Change::Skip => changes.deletes.push(key),
             }
         }
         changes.offsets.extend(offsets);

@@ -314,7 +314,11 @@ fn the_earlier_format_is_still_read_and_other_state_formats_are_skipped() {
     let (a, stored) = feed(entries);
     assert_eq!(a.other_format, 1);
     assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..])]);
-    assert_eq!(stored.0[0].deletes, vec!["closed".to_string()]);
+    // The skipped session starts anew (deleted, as the closed one).
+    assert_eq!(
+        stored.0[0].deletes,
+        vec!["old".to_string(), "closed".to_string()]
+    );
     assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 41)));
 }
 
@@ -333,4 +337,30 @@ fn a_state_of_another_format_still_makes_its_batch_whole() {
     assert_eq!((a.applied, a.other_format, a.incomplete), (1, 1, 0));
     assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..])]);
     assert!(stored.0[0].offsets.contains(&("in/0".to_string(), 20)));
+    // The session it skips starts anew: its state from before is not kept.
+    assert_eq!(stored.0[0].deletes, vec!["old".to_string()]);
+}
+
+#[test]
+fn a_session_whose_later_state_is_of_another_format_starts_anew_not_from_its_older_one() {
+    // A rollback's restore: batch 8, of a newer build, wrote `a` in a format this build
+    // does not read. Keeping batch 7's `a` would bring it back without batch 8's events,
+    // which the offsets pass over.
+    let (mut v7, mut v8) = (Vec::new(), Vec::new());
+    let entries = vec![
+        session(0, 7, "a", b"A"),
+        commit(1, 7, 1, &mut v7),
+        Entry {
+            format: Some(b"999"),
+            ..session(2, 8, "a", b"newer")
+        },
+        commit(3, 8, 1, &mut v8),
+    ];
+    let (a, stored) = feed(entries);
+    assert_eq!((a.applied, a.other_format), (2, 1));
+    assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..])]);
+    let batch_8 = &stored.0[1];
+    assert!(batch_8.puts.is_empty(), "{batch_8:?}");
+    assert_eq!(batch_8.deletes, vec!["a".to_string()]);
+    assert!(batch_8.offsets.contains(&("in/0".to_string(), 30)));
 }
