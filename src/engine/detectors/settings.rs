@@ -56,6 +56,16 @@ impl<'de> Deserialize<'de> for Threshold {
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Threshold, E> {
                 self.visit_f64(v as f64)
             }
+            // `false` is off too: YAML 1.1 (Helm's values) reads an unquoted `off` so.
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Threshold, E> {
+                if v {
+                    Err(E::custom(
+                        "must be a number > 0 or \"off\" (or false), got true",
+                    ))
+                } else {
+                    Ok(Threshold(None))
+                }
+            }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Threshold, E> {
                 self.visit_f64(v as f64)
             }
@@ -168,6 +178,9 @@ mod tests {
         assert_eq!(read::<Threshold>("3"), Ok(Threshold(Some(3.0))));
         assert_eq!(read::<Threshold>("2.5"), Ok(Threshold(Some(2.5))));
         assert_eq!(read::<Threshold>("\"off\""), Ok(Threshold(None)));
+        // Helm's YAML reads an unquoted `off` as false.
+        assert_eq!(read::<Threshold>("false"), Ok(Threshold(None)));
+        assert!(read::<Threshold>("true").unwrap_err().contains("got true"));
         assert!(read::<Threshold>("-1").unwrap_err().contains("got -1"));
         // 0 would fire at every session's first event: "off" is how to turn a level off.
         for zero in ["0", "0.0"] {
