@@ -207,6 +207,15 @@ impl TelemetrySettings {
                 );
             }
         }
+        let otlp_endpoint = nonempty(raw.otlp_endpoint);
+        if let Some(e) = &otlp_endpoint {
+            if !crate::telemetry::spans::plain_http_endpoint(e) {
+                errors.push(
+                    "telemetry.otlp_endpoint",
+                    format!("`{e}` is not an http:// URL: spans go over plain http (the build has no TLS client), to a collector that forwards with TLS"),
+                );
+            }
+        }
         let spans_topic = raw
             .spans_topic
             .unwrap_or_else(|| DEFAULT_SPANS_TOPIC.to_string());
@@ -218,7 +227,7 @@ impl TelemetrySettings {
         }
         TelemetrySettings {
             http_listen,
-            otlp_endpoint: nonempty(raw.otlp_endpoint),
+            otlp_endpoint,
             otlp_protocol,
             spans_to_kafka: raw.spans_to_kafka.unwrap_or(false),
             spans_topic,

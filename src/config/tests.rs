@@ -107,6 +107,22 @@ fn spans_on_the_bus_need_a_topic_of_their_own() {
 }
 
 #[test]
+fn an_otlp_endpoint_must_be_plain_http() {
+    for endpoint in ["https://collector:4317", "collector:4317"] {
+        let err = cfg(&format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n")).unwrap_err();
+        let errors = err.key_errors();
+        assert_eq!(errors.len(), 1, "{err}");
+        assert_eq!(errors[0].key, "telemetry.otlp_endpoint");
+        assert!(errors[0].message.contains("not an http:// URL"), "{err}");
+    }
+    let c = cfg("[telemetry]\notlp_endpoint = \"http://collector:4317\"\n").unwrap();
+    assert_eq!(
+        c.telemetry.otlp_endpoint.as_deref(),
+        Some("http://collector:4317")
+    );
+}
+
+#[test]
 fn overrides_that_can_apply_together_are_checked_together() {
     let chain = |second: &str| {
         format!("[[overrides]]\ntenant = \"t\"\n[overrides.detectors.stall]\nwarn_at = 10\nterminate_at = 20\n[[overrides]]\n{second}\n[overrides.detectors.stall]\nterminate_at = 6\n")

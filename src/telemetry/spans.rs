@@ -53,6 +53,16 @@ pub enum SpanError {
     Exporter(String),
     #[error("cannot start the span exporter's runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("OTLP endpoint `{0}` is not an http:// URL, and this build exports spans over plain http only (its OTLP client has no TLS): export to a collector over http (a sidecar, the node's agent), which forwards with TLS")]
+    Tls(String),
+}
+
+/// Whether spans can be exported to `endpoint`: an `http://` URL (any case), as neither
+/// OTLP client of this build speaks TLS.
+pub fn plain_http_endpoint(endpoint: &str) -> bool {
+    endpoint
+        .get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
 }
 
 /// Counts the spans of failed exports.
@@ -205,6 +215,11 @@ impl Spans {
         });
         if endpoint.is_none() && !settings.spans_to_kafka {
             return Ok(None);
+        }
+        // Refused at the start rather than every export failing unseen but in a counter
+        // (the configured one is checked with the config; this catches the environment's).
+        if let Some(e) = endpoint.as_deref().filter(|e| !plain_http_endpoint(e)) {
+            return Err(SpanError::Tls(e.to_string()));
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -465,6 +480,24 @@ impl TraceParent {
 mod tests {
     use super::*;
     use opentelemetry::trace::TraceContextExt as _;
+
+    #[test]
+    fn an_https_endpoint_is_refused_at_the_start() {
+        assert!(plain_http_endpoint("HTTP://collector:4317"));
+        assert!(!plain_http_endpoint("https://collector:4317"));
+        assert!(!plain_http_endpoint("collector:4317"));
+        // The environment's endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) is not checked with the
+        // config: it is set here as it would arrive.
+        let mut config = crate::config::Config::from_toml_str("", "t", std::iter::empty()).unwrap();
+        config.telemetry.otlp_endpoint = Some("HTTPS://collector.example:4317".into());
+        let dropped = IntCounter::new("d", "d").unwrap();
+        let started = Spans::start(&config.telemetry, &config.kafka, "127.0.0.1:1", dropped);
+        match started {
+            Err(e @ SpanError::Tls(_)) => assert!(e.to_string().contains("collector over http")),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("an https endpoint was taken"),
+        }
+    }
 
     #[test]
     fn traceparents_are_checked() {
