@@ -1,7 +1,29 @@
 //! `LOOPWARDEN_…` environment variables as configuration overrides: `LOOPWARDEN_A__B=v`
 //! sets `a.b = v`, typed as TOML where it parses (librdkafka properties: always strings).
 
+use std::sync::LazyLock;
+
+use regex::Regex;
+
 use super::{Errors, ENV_PREFIX, RESERVED_ENV, RESERVED_ENV_PREFIX};
+
+/// What the kubelet (service links, on by default) and Docker's legacy links set for a
+/// service or container whose name starts with `loopwarden`: `<NAME>_SERVICE_HOST`,
+/// `<NAME>_SERVICE_PORT[_<PORT NAME>]`, `<NAME>_PORT[_<N>_<PROTO>[_PROTO|_PORT|_ADDR]]`,
+/// with `<NAME>` the rest of the service's name (`loopwarden-metrics`:
+/// `LOOPWARDEN_METRICS_SERVICE_HOST`). Single underscores only, so they would be taken
+/// for top-level keys, none of which ends so.
+static SERVICE_LINK: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        "^(?:[A-Z0-9_]*_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)$",
+    )
+    .expect("a valid pattern")
+});
+
+/// Whether `rest` (a variable's name after `LOOPWARDEN_`) is a service link, not a key.
+fn is_service_link(rest: &str) -> bool {
+    !rest.contains("__") && SERVICE_LINK.is_match(rest)
+}
 
 /// Applies `LOOPWARDEN_A__B=value` as `a.b = value` on `table`; returns which variable
 /// set which key (`a.b`), so that an error about a key can name the variable.
@@ -18,6 +40,7 @@ pub(super) fn apply_env(
         if RESERVED_ENV.contains(&name.as_str())
             || name.starts_with(RESERVED_ENV_PREFIX)
             || rest.is_empty()
+            || is_service_link(rest)
         {
             continue;
         }
@@ -64,4 +87,44 @@ fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Res
     }
     cursor.insert(last.clone(), value);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_service_link;
+
+    #[test]
+    fn service_links_are_told_from_keys() {
+        for link in [
+            "SERVICE_HOST",
+            "SERVICE_PORT",
+            "PORT",
+            "PORT_9464_TCP",
+            "PORT_9464_TCP_ADDR",
+            "METRICS_SERVICE_HOST",
+            "METRICS_SERVICE_PORT",
+            "METRICS_SERVICE_PORT_HTTP_METRICS",
+            "METRICS_PORT",
+            "METRICS_PORT_9464_TCP",
+            "METRICS_PORT_9464_TCP_PROTO",
+            "METRICS_PORT_9464_TCP_PORT",
+            "METRICS_PORT_9464_UDP_ADDR",
+            "OTHER_RELEASE_PORT_53_SCTP",
+        ] {
+            assert!(is_service_link(link), "{link}");
+        }
+        for key in [
+            "MODE",
+            "KAFKA__BROKERS",
+            "KAFKA__CLIENT__SERVICE_PORT",
+            "TELEMETRY__HTTP_PORT",
+            "PORTS",
+            "PORT_X_TCP",
+            "PORT_9464_HTTP",
+            "METRICS_PORT_9464_TCP_HOST",
+            "service_host",
+        ] {
+            assert!(!is_service_link(key), "{key}");
+        }
+    }
 }

@@ -107,6 +107,41 @@ fn spans_on_the_bus_need_a_topic_of_their_own() {
 }
 
 #[test]
+fn the_variables_kubernetes_sets_for_a_loopwarden_service_are_not_keys() {
+    // The kubelet's service links for the chart's `loopwarden-metrics` Service (and for
+    // a Service named `loopwarden`), beside a key set by the environment.
+    let env = [
+        ("LOOPWARDEN_METRICS_SERVICE_HOST", "10.0.0.7"),
+        ("LOOPWARDEN_METRICS_SERVICE_PORT", "9464"),
+        ("LOOPWARDEN_METRICS_SERVICE_PORT_HTTP_METRICS", "9464"),
+        ("LOOPWARDEN_METRICS_PORT", "tcp://10.0.0.7:9464"),
+        ("LOOPWARDEN_METRICS_PORT_9464_TCP", "tcp://10.0.0.7:9464"),
+        ("LOOPWARDEN_METRICS_PORT_9464_TCP_PROTO", "tcp"),
+        ("LOOPWARDEN_METRICS_PORT_9464_TCP_PORT", "9464"),
+        ("LOOPWARDEN_METRICS_PORT_9464_TCP_ADDR", "10.0.0.7"),
+        ("LOOPWARDEN_SERVICE_HOST", "10.0.0.8"),
+        ("LOOPWARDEN_PORT", "tcp://10.0.0.8:9464"),
+        ("LOOPWARDEN_MODE", "shadow"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let c = Config::from_toml_str("", "t", env.into_iter()).unwrap();
+    assert_eq!(
+        c.policy,
+        Config::from_toml_str("mode = \"shadow\"", "t", std::iter::empty())
+            .unwrap()
+            .policy
+    );
+    // Anything else under the prefix is still an unknown key.
+    let err = Config::from_toml_str(
+        "",
+        "t",
+        [("LOOPWARDEN_METRICS_HOST".to_string(), "x".to_string())].into_iter(),
+    )
+    .unwrap_err();
+    assert_eq!(err.key_errors()[0].key, "metrics_host");
+}
+
+#[test]
 fn an_otlp_endpoint_must_be_plain_http() {
     for endpoint in ["https://collector:4317", "collector:4317"] {
         let err = cfg(&format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n")).unwrap_err();
