@@ -52,6 +52,9 @@ pub trait Input {
     /// The group's metadata, which a transaction's offsets are sent with (`None`: not a
     /// Kafka group).
     fn group_metadata(&self) -> Option<ConsumerGroupMetadata>;
+    /// Whether `partition` of `topic` is assigned to this member (`true` when the client
+    /// cannot say).
+    fn is_assigned(&self, topic: &str, partition: i32) -> bool;
 }
 
 impl<C: ConsumerContext> Input for BaseConsumer<C> {
@@ -61,6 +64,11 @@ impl<C: ConsumerContext> Input for BaseConsumer<C> {
 
     fn positions(&self) -> Option<TopicPartitionList> {
         self.position().ok()
+    }
+
+    fn is_assigned(&self, topic: &str, partition: i32) -> bool {
+        self.assignment()
+            .map_or(true, |a| a.find_partition(topic, partition).is_some())
     }
 
     fn cached_watermarks(&self, topic: &str, partition: i32) -> Option<(Option<i64>, i64)> {

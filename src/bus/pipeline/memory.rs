@@ -399,6 +399,10 @@ impl Input for MemoryConsumer {
     fn group_metadata(&self) -> Option<ConsumerGroupMetadata> {
         None
     }
+
+    fn is_assigned(&self, topic: &str, partition: i32) -> bool {
+        lock(&self.positions).contains_key(&(topic.to_string(), partition))
+    }
 }
 
 /// The changelog on the bus, as a restore reads it.

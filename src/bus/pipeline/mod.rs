@@ -580,7 +580,7 @@ fn poll_batch(
         rebalance::serve(consumer, w)?;
         match message {
             Some(Ok(m)) => {
-                w.handle(&m)?;
+                w.handle_polled(&m, consumer)?;
                 polled.messages += 1;
                 polled.started.get_or_insert_with(Instant::now);
                 if polled.messages >= settings.max_batch_events {

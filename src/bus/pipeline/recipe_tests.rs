@@ -671,6 +671,52 @@ fn a_partition_another_worker_of_the_process_holds_is_loaded_only_once_it_is_let
 }
 
 #[test]
+fn a_message_of_a_partition_the_worker_is_not_assigned_is_left_for_its_owner() {
+    let bus = bus_with_a_fleet(6);
+    let config = config(100, true);
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
+    let holds = Arc::new(PartitionHolds::default());
+    let mut first = Member::on(
+        &bus,
+        dir.path(),
+        &config,
+        db.clone(),
+        holds.clone(),
+        0,
+        &[0],
+    );
+    // A message of partition 1 reaches the worker assigned only partition 0.
+    let stray = MemoryConsumer::new(&bus, &[INPUT], &[1]).poll().unwrap();
+    assert_eq!(stray.partition(), 1);
+    first.worker.handle_polled(&stray, &first.input).unwrap();
+    assert!(
+        !first.worker.partitions.contains_key(&1),
+        "the stray message's partition was loaded"
+    );
+    // The worker of the process that owns partition 1 takes it at once.
+    let (bus2, config2, dir2) = (bus.clone(), config.clone(), dir.path().to_path_buf());
+    let (loaded, took) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let owner = Member::on(&bus2, &dir2, &config2, db, holds, 1, &[1]);
+        let _ = loaded.send(owner.worker.partitions.contains_key(&1));
+    });
+    assert_eq!(
+        took.recv_timeout(std::time::Duration::from_secs(10)),
+        Ok(true),
+        "the owner waited for the partition"
+    );
+    // A partition assigned but not loaded (a surprise too) is loaded and applied.
+    first.worker.partitions.remove(&0);
+    let own = first.input.poll().unwrap();
+    first.worker.handle_polled(&own, &first.input).unwrap();
+    assert!(
+        first.worker.partitions[&0].dirty,
+        "its message was not applied"
+    );
+}
+
+#[test]
 fn the_next_batch_waits_for_the_batch_in_flight_until_the_broker_has_all_of_it() {
     let bus = bus_with_a_fleet(6);
     let config = config(10, true);

@@ -426,6 +426,33 @@ impl Worker {
         Ok(())
     }
 
+    /// Takes one message `input` polled: [`Worker::handle`] when its partition is loaded or
+    /// assigned to this worker. A message of a partition it is not assigned (a surprise:
+    /// the assignment callbacks come first) is left unapplied and uncommitted, for the
+    /// partition's owner, rather than loaded: a load would hold the partition against the
+    /// worker of this process that owns it until this one's next revoke.
+    pub(super) fn handle_polled<M: Message>(
+        &mut self,
+        m: &M,
+        input: &dyn Input,
+    ) -> Result<(), PipelineError>
+    where
+        M::Headers: RawHeaders,
+    {
+        if !self.partitions.contains_key(&m.partition())
+            && !input.is_assigned(m.topic(), m.partition())
+        {
+            warn!(
+                topic = m.topic(),
+                partition = m.partition(),
+                offset = m.offset(),
+                "skipping a message of a partition not assigned to this worker"
+            );
+            return Ok(());
+        }
+        self.handle(m)
+    }
+
     /// Takes one polled message: parsed (an event, or a dead letter for a bad one), it
     /// goes through its partition's aligner and is applied as soon as the aligner
     /// releases it (at once with one input topic).
@@ -435,7 +462,8 @@ impl Worker {
     {
         let partition = m.partition();
         if !self.partitions.contains_key(&partition) {
-            // Assignment callbacks always come first; this only guards against surprises.
+            // Assigned but not loaded (assignment callbacks come first; this only guards
+            // against surprises).
             match self.acquire(partition) {
                 Ok(()) => {}
                 // Shutting down: the message stays unapplied (and uncommitted), for
