@@ -222,9 +222,15 @@ impl Output {
     }
 }
 
-/// `event_id` of a finding: hash of session, detector, level and episode.
+/// `event_id` of a finding: hash of session (its id and first event time), detector,
+/// level and episode. The first event time tells a session id that comes back after its
+/// session closed (an agent that resumes after `idle_timeout`, a runtime that reuses ids)
+/// from the session before: its episodes count from 0 again, and with the same ids its
+/// findings, a termination too, would be dropped as duplicates by every consumer that
+/// drops them (`loopwarden-guard` among them).
 pub fn finding_event_id(
     session_id: &str,
+    first_event_ms: i64,
     detector: DetectorKind,
     level: Level,
     episode: u32,
@@ -232,6 +238,7 @@ pub fn finding_event_id(
     let mut h = Sha256::new();
     h.update(session_id.as_bytes());
     h.update([0]);
+    h.update(first_event_ms.to_be_bytes());
     h.update(detector.name().as_bytes());
     h.update([0]);
     h.update(level.name().as_bytes());

@@ -152,7 +152,7 @@ fn build_finding(
         }
         .to_string(),
         schema_version: SCHEMA_VERSION,
-        event_id: finding_event_id(&event.session_id, kind, level, episode),
+        event_id: finding_event_id(&event.session_id, st.first_event_ms, kind, level, episode),
         session_id: event.session_id.to_string(),
         run_id: st.run_id.clone(),
         agent_id: st.agent_id.clone(),

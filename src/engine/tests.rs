@@ -262,6 +262,52 @@ fn ceilings_stop_at_their_limit_without_grace() {
 }
 
 #[test]
+fn a_session_id_that_comes_back_after_its_session_closed_gets_findings_of_its_own_ids() {
+    let config = Arc::new(
+        Config::from_toml_str("[engine]\nsession_gap_secs = 60\n", "t", std::iter::empty())
+            .unwrap(),
+    );
+    let mut engine = Engine::new(config);
+    let mut run = |start_ms: i64| {
+        let mut found = Vec::new();
+        for i in 0..8 {
+            let mut e = same_call();
+            e["session_id"] = json!("s");
+            e["event_id"] = json!(format!("{start_ms}-{i}"));
+            e["timestamp"] = json!(format_rfc3339_ms(start_ms + i * 1000));
+            let line = e.to_string();
+            let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+            let mut out = Vec::new();
+            engine.process(&ev, &EventMeta::default(), &mut out);
+            for o in out {
+                if let Output::Finding(f) = o {
+                    found.push((f.detector, f.level, f.event_id));
+                }
+            }
+        }
+        found
+    };
+    let first = run(1_800_000_000_000);
+    // The same id an hour later: the session before closed on the gap.
+    let second = run(1_800_003_600_000);
+    assert!(!first.is_empty());
+    let kinds = |f: &[(DetectorKind, Level, String)]| -> Vec<(DetectorKind, Level)> {
+        f.iter().map(|x| (x.0, x.1)).collect()
+    };
+    assert_eq!(
+        kinds(&first),
+        kinds(&second),
+        "the same loop, judged the same"
+    );
+    for (_, _, id) in &second {
+        assert!(
+            first.iter().all(|f| &f.2 != id),
+            "finding id {id} of the second session was the first's"
+        );
+    }
+}
+
+#[test]
 fn duplicates_are_dropped_and_sessions_close_on_the_gap() {
     let config = Arc::new(
         Config::from_toml_str("[engine]\nsession_gap_secs = 60\n", "t", std::iter::empty())
