@@ -75,11 +75,13 @@ fn longest_cycle(run: &RunState, matched: &[u32; CYCLE_LENGTHS.len()]) -> Option
     let mut best: Option<(usize, u32)> = None;
     for (m, k) in matched.iter().zip(CYCLE_LENGTHS) {
         let m = *m as usize;
-        if m < k {
+        let n = w.len();
+        // A window shorter than the block comes only with a restored state that does not
+        // hang together; it is passed over rather than indexed below its start.
+        if m < k || n < k {
             continue;
         }
         // The block is w[n-k..]; it is reducible when it repeats with a period d | k.
-        let n = w.len();
         let reducible = (1..k)
             .filter(|d| k % d == 0)
             .any(|d| (d..k).all(|i| w[n - k + i].same_outcome(&w[n - k + i - d])));

@@ -36,7 +36,9 @@ impl TokenCap {
     /// The tokens the session has paid for, as this detector counts them.
     pub fn paid_tokens(&self, s: &Counters) -> f64 {
         let cached = s.cache_read_tokens.min(s.input_tokens);
-        let uncached = s.input_tokens - cached + s.output_tokens;
+        // Saturating: the counters saturate (a producer's `-1` read as 2^64 − 1 must not
+        // wrap the sum to a small number, nor panic).
+        let uncached = (s.input_tokens - cached).saturating_add(s.output_tokens);
         uncached as f64 + cached as f64 * self.cache_read_weight.get()
     }
 }
@@ -70,6 +72,7 @@ mod tests {
     use crate::engine::detectors::testing::*;
     use crate::engine::detectors::DetectorKind::TokenCap;
     use crate::engine::levels::Level;
+    use crate::engine::trajectory::Counters;
 
     #[test]
     fn counts_input_and_output_tokens() {
@@ -85,6 +88,21 @@ mod tests {
         assert!(of(&evs, TokenCap).is_empty(), "just under 80 %");
         let evs = vec![llm(json!({"input_tokens": 1_599_999, "output_tokens": 1}))];
         assert_eq!(of(&evs, TokenCap), vec![(0, Level::Warning)]);
+    }
+
+    #[test]
+    fn tokens_past_the_counters_range_terminate_without_a_panic() {
+        // Input tokens of 2^64 − 1 (a producer's -1 read unsigned), then any output: the
+        // sum saturates (it wrapped to a small number, or panicked in a debug build).
+        let evs = vec![llm(json!({"input_tokens": u64::MAX, "output_tokens": 0}))];
+        assert_eq!(of(&evs, TokenCap), vec![(0, Level::Terminate)]);
+        let counters = Counters {
+            input_tokens: u64::MAX,
+            output_tokens: 10,
+            ..Counters::default()
+        };
+        let paid = super::TokenCap::default().paid_tokens(&counters);
+        assert!(paid >= u64::MAX as f64, "{paid}");
     }
 
     #[test]

@@ -180,7 +180,8 @@ impl RunState {
                 (u, moved)
             }
             None => {
-                if self.polls.len() == POLL_TRACKERS {
+                // `>=`: a restored state holds whatever it was written with.
+                while self.polls.len() >= POLL_TRACKERS {
                     self.polls.remove(0);
                 }
                 self.polls.push(PollTracker {
