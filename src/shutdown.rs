@@ -47,9 +47,42 @@ impl Shutdown {
     }
 }
 
+/// Triggers the shutdown when dropped while its thread panics: a thread of a long-running
+/// command (a worker, the OTLP ingest) that dies by a panic stops the process, instead of
+/// leaving it up, live and ready, without the thread. Hold it for the thread's life.
+pub struct StopOnPanic(pub Shutdown);
+
+impl Drop for StopOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.trigger();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_that_panics_holding_the_guard_triggers_the_shutdown() {
+        let s = Shutdown::new();
+        let held = s.clone();
+        std::thread::spawn(move || {
+            let _stop = StopOnPanic(held);
+        })
+        .join()
+        .unwrap();
+        assert!(!s.is_triggered(), "a thread that ends well stops nothing");
+        let held = s.clone();
+        let died = std::thread::spawn(move || {
+            let _stop = StopOnPanic(held);
+            panic!("a worker's bug");
+        })
+        .join();
+        assert!(died.is_err());
+        assert!(s.is_triggered(), "the panic left the process running");
+    }
 
     #[test]
     fn trigger_wakes_a_sleeper_and_keeps_the_first_time() {

@@ -61,7 +61,7 @@ use crate::bus::kafka::{
 };
 use crate::config::Config;
 use crate::engine::store::{open_db_with_cache, StoreError};
-use crate::shutdown::Shutdown;
+use crate::shutdown::{Shutdown, StopOnPanic};
 use crate::telemetry::Telemetry;
 use changelog::Restorer;
 use holds::PartitionHolds;
@@ -282,7 +282,10 @@ pub fn run_observed(
             Some(
                 std::thread::Builder::new()
                     .name("lw-otlp-ingest".into())
-                    .spawn(move || run_ingest(config, ingest, &brokers, shutdown, telemetry))
+                    .spawn(move || {
+                        let _stop = StopOnPanic(shutdown.clone());
+                        run_ingest(config, ingest, &brokers, shutdown, telemetry)
+                    })
                     .map_err(PipelineError::Thread)?,
             )
         }
@@ -347,6 +350,8 @@ fn run_workers(
             std::thread::Builder::new()
                 .name(worker_thread(i))
                 .spawn(move || {
+                    // A panic stops the process as an error does.
+                    let _stop = StopOnPanic(shutdown.clone());
                     let result =
                         run_worker(config, &brokers, db, holds, shutdown.clone(), i, telemetry);
                     if result.is_err() {
