@@ -70,6 +70,12 @@ pub const RESERVED_ENV: &[&str] = &[
 ];
 /// Prefix of the benchmarks' variables (`LOOPWARDEN_BENCH_RATE`, …), not config keys.
 pub const RESERVED_ENV_PREFIX: &str = "LOOPWARDEN_BENCH_";
+/// The standard variables naming where spans go, the first set (not empty) winning, when
+/// `telemetry.otlp_endpoint` is not set.
+pub const OTEL_ENDPOINT_ENV: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
 
 /// Default globs of tools that wait on something (DESIGN §3).
 pub const DEFAULT_POLL_GLOBS: &[&str] = &["*status*", "*poll*", "*wait*", "*sleep*", "process.log"];
@@ -209,6 +215,13 @@ impl Config {
                     .unwrap_or_default(),
         })?;
         let mut errors = Errors { list: Vec::new() };
+        // The OpenTelemetry variables that decide where spans go when the file does not.
+        let mut otel = Vec::new();
+        let env = env.inspect(|(name, value)| {
+            if name.starts_with("OTEL_") {
+                otel.push((name.clone(), value.clone()));
+            }
+        });
         let set_by_env = env::apply_env(&mut table, env, &mut errors);
         raw::whole_floats_to_integers(&mut table);
         for key in table.keys() {
@@ -227,6 +240,7 @@ impl Config {
         let policy = policy::base_policy(&table, engine.grace_steps, &mut errors);
         let overrides = policy::overrides(&table, &policy, &mut errors);
         let telemetry = TelemetrySettings::parse(&table, &mut errors);
+        telemetry.check_otel_env(&otel, &mut errors);
         let (kafka, ingest, otlp_session_attribute) = bus(&table, &telemetry, &mut errors);
         if errors.list.is_empty() {
             policy::check_overrides_together(&policy, &overrides, &mut errors);

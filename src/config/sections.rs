@@ -237,6 +237,33 @@ impl TelemetrySettings {
         }
     }
 
+    /// Where the environment sends spans when the file does not say
+    /// (`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, unless `OTEL_SDK_DISABLED=true` or
+    /// `OTEL_TRACES_EXPORTER=none`): an endpoint that is not plain http is an error here,
+    /// so that `check-config` finds it before `run` refuses to start on it.
+    pub(super) fn check_otel_env(&self, otel: &[(String, String)], errors: &mut Errors) {
+        let var = |name: &str| {
+            otel.iter()
+                .rev()
+                .find(|(n, v)| n == name && !v.trim().is_empty())
+                .map(|(n, v)| (n.as_str(), v.trim()))
+        };
+        let off = var("OTEL_SDK_DISABLED").is_some_and(|(_, v)| v == "true")
+            || var("OTEL_TRACES_EXPORTER").is_some_and(|(_, v)| v == "none");
+        if self.otlp_endpoint.is_some() || off {
+            return;
+        }
+        let Some((name, endpoint)) = super::OTEL_ENDPOINT_ENV.iter().find_map(|n| var(n)) else {
+            return;
+        };
+        if !crate::telemetry::spans::plain_http_endpoint(endpoint) {
+            errors.push(
+                name,
+                format!("`{endpoint}` is not an http:// URL: spans go over plain http (the build has no TLS client), to a collector that forwards with TLS"),
+            );
+        }
+    }
+
     pub(super) fn to_toml(&self) -> toml::Table {
         let text = |v: &Option<String>| V::String(v.clone().unwrap_or_default());
         let mut telemetry = toml::Table::new();

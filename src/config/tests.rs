@@ -155,6 +155,64 @@ fn an_otlp_endpoint_must_be_plain_http() {
         c.telemetry.otlp_endpoint.as_deref(),
         Some("http://collector:4317")
     );
+    // The environment's endpoint, where the file names none, is checked too.
+    let with_env = |text: &str, vars: &[(&str, &str)]| {
+        let env = vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::from_toml_str(text, "t", env.collect::<Vec<_>>().into_iter())
+    };
+    let err = with_env(
+        "",
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4317")],
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.key_errors()[0].key,
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "{err}"
+    );
+    let err = with_env(
+        "",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://collector:4317",
+            ),
+        ],
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.key_errors()[0].key,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "{err}"
+    );
+    for fine in [
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")],
+        vec![
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://collector:4317",
+            ),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://metrics-only:4317"),
+        ],
+        vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4317"),
+            ("OTEL_SDK_DISABLED", "true"),
+        ],
+        vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4317"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+        ],
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "")],
+    ] {
+        with_env("", &fine).unwrap();
+    }
+    // The file's endpoint wins over the environment's.
+    with_env(
+        "[telemetry]\notlp_endpoint = \"http://collector:4317\"\n",
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://elsewhere:4317")],
+    )
+    .unwrap();
 }
 
 #[test]
