@@ -777,6 +777,40 @@ fn a_fatal_configuration_error_exits_non_zero_with_the_reason() {
     );
 }
 
+/// A worker that panics (a bug) stops the process, with `kafka.workers = 2` too, where
+/// the other worker would carry on with half of the partitions while the process looked
+/// live and ready; the events are left for the next start.
+#[test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs the crash points: cargo test --features failpoints"
+)]
+fn a_worker_that_panics_stops_the_process() {
+    let Fixture {
+        brokers,
+        topics,
+        dir,
+        cfg,
+    } = fixture(4, "");
+    let (events, _) = fleet(40, 0.4, 62);
+    produce(&brokers, &topics.input, &events, &[]);
+    let mut run = spawn_run_with_env(
+        &cfg,
+        &dir.path().join("run.log"),
+        &[
+            ("LOOPWARDEN_KAFKA__WORKERS", "2"),
+            ("FAILPOINTS", "worker-handle=1*panic"),
+        ],
+    );
+    let status = wait_exit(&mut run, Duration::from_secs(60));
+    let log = run.log_text();
+    assert!(
+        log.contains("worker-handle"),
+        "the failpoint did not fire:\n{log}"
+    );
+    assert!(!status.success(), "{status:?}:\n{log}");
+}
+
 /// State moves with its partition: an instance with an empty state directory restores
 /// the partitions from the changelog, then carries on exactly where the one it replaced
 /// stopped — sessions that span the handover keep their counters.

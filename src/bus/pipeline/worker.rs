@@ -460,6 +460,10 @@ impl Worker {
     where
         M::Headers: RawHeaders,
     {
+        // A worker's bug, for the test that a panicking worker stops the process
+        // (`FAILPOINTS=worker-handle=1*panic`).
+        #[cfg(feature = "failpoints")]
+        fail::eval("worker-handle", |_| ());
         let partition = m.partition();
         if !self.partitions.contains_key(&partition) {
             // Assigned but not loaded (assignment callbacks come first; this only guards

@@ -7,7 +7,8 @@ use crate::engine::detectors::similar_turns::TURN_SKETCHES;
 use crate::engine::detectors::{Context, Detectors, Input, LlmContext, ToolContext};
 use crate::engine::text::TextSketch;
 use crate::engine::trajectory::{
-    ToolFacts, ToolObservation, MAX_NAMED_TOOLS, SEEN_PAIRS, WINDOW_CALLS,
+    PollTracker, ToolFacts, ToolObservation, MAX_NAMED_TOOLS, POLL_TRACKERS, SEEN_PAIRS,
+    WINDOW_CALLS,
 };
 
 /// A tool call applied as the engine applies it: the trajectory, then every detector's
@@ -266,6 +267,24 @@ fn window_and_rings_stay_bounded() {
     assert!(s.tools.len() <= MAX_NAMED_TOOLS + 1);
     assert_eq!(s.recent_event_ids.len(), RECENT_EVENT_IDS);
     assert_eq!(s.run.seen_pairs.len(), SEEN_PAIRS);
+}
+
+#[test]
+fn a_restored_state_with_more_poll_trackers_than_the_bound_comes_back_to_it() {
+    let mut s = SessionState::new(0, 0);
+    s.run.polls = (0..POLL_TRACKERS as u64 + 2)
+        .map(|action| PollTracker {
+            action,
+            result: 0,
+            unchanged: 0,
+        })
+        .collect();
+    let mut s = SessionState::from_bytes(&s.to_bytes()).unwrap();
+    let mut poll = tool(1_000, 1);
+    poll.poll = true;
+    observe_call(&mut s, "job_status", poll);
+    assert_eq!(s.run.polls.len(), POLL_TRACKERS);
+    assert_eq!(s.run.polls.last().map(|p| p.action), Some(1_000));
 }
 
 #[test]
