@@ -321,6 +321,34 @@ pub struct ChantScratch {
     generation: u32,
 }
 
+/// The most each of the chant search's buffers keeps between texts. They grow with the
+/// text searched (the search's table: 48 bytes a byte of prose), and an engine lives as
+/// long as its partition: one 1 MiB reply would otherwise hold ~50 MiB for good.
+pub const CHANT_SCRATCH_KEPT_BYTES: usize = 2 << 20;
+
+impl ChantScratch {
+    /// Lets go of the buffers a long text grew past [`CHANT_SCRATCH_KEPT_BYTES`].
+    fn trim(&mut self) {
+        fn trim<T>(v: &mut Vec<T>) {
+            if v.capacity() * std::mem::size_of::<T>() > CHANT_SCRATCH_KEPT_BYTES {
+                *v = Vec::new();
+            }
+        }
+        trim(&mut self.filtered);
+        trim(&mut self.grams);
+        trim(&mut self.prev);
+        trim(&mut self.slots);
+    }
+
+    /// The bytes its buffers hold.
+    pub fn held_bytes(&self) -> usize {
+        self.filtered.capacity()
+            + self.grams.capacity()
+            + self.prev.capacity() * std::mem::size_of::<u32>()
+            + self.slots.capacity() * std::mem::size_of::<Slot>()
+    }
+}
+
 /// Whether some 8-byte sequence of `s` may recur `times` times: counts per hash bucket
 /// (a bucket counts at least every sequence in it, so "no" is certain). A window that
 /// recurs `times` times has an 8-byte prefix that does, so a text for which this says no
@@ -583,12 +611,15 @@ pub fn find_chant(text: &str, rule: ChantRule, scratch: &mut ChantScratch) -> Op
         return None;
     }
     let grams = &mut scratch.grams;
-    if rule.chunk >= 9
+    let chant = if rule.chunk >= 9
         && !line_gram_may_recur(text.as_bytes(), rule.chunk, rule.min_repeats(), grams)
     {
-        return None;
-    }
-    chant_in_prose(text, rule, scratch)
+        None
+    } else {
+        chant_in_prose(text, rule, scratch)
+    };
+    scratch.trim();
+    chant
 }
 
 /// A turn's text features in one pass over it: its sketch (when `sketch`) and whether it
@@ -613,6 +644,7 @@ pub fn turn_features(
     } else {
         None
     };
+    scratch.trim();
     (Some(sketching.finish()), chant)
 }
 

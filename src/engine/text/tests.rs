@@ -294,6 +294,33 @@ fn chanting_is_found() {
 }
 
 #[test]
+fn a_long_text_searched_leaves_no_large_buffers_behind() {
+    let rule = ChantRule {
+        chunk: 50,
+        min_repeats: 10,
+        max_spacing: 250,
+    };
+    let long = "Let me reconsider the approach. ".repeat(32_768); // 1 MiB
+    let short = "Let me reconsider the approach. ".repeat(40);
+    let mut scratch = ChantScratch::default();
+    assert!(find_chant(&long, rule, &mut scratch).is_some());
+    assert!(
+        scratch.held_bytes() <= 4 * CHANT_SCRATCH_KEPT_BYTES,
+        "{} bytes kept",
+        scratch.held_bytes()
+    );
+    let (_, chant) = turn_features(&long, true, rule, &mut scratch);
+    assert!(chant.is_some());
+    assert!(scratch.held_bytes() <= 4 * CHANT_SCRATCH_KEPT_BYTES);
+    // What a buffer let go of does not change what is found next.
+    assert_eq!(
+        find_chant(&short, rule, &mut scratch),
+        find_chant(&short, rule, &mut ChantScratch::default())
+    );
+    assert!(scratch.held_bytes() > 0, "small buffers are kept");
+}
+
+#[test]
 fn nine_repeats_are_not_enough() {
     let unit = "This exact sentence repeats here exactly, twice over!! ";
     assert!(unit.len() >= 50);
