@@ -24,6 +24,7 @@ use crate::bus::ingest::{OtlpIngest, RawIngest};
 use crate::bus::kafka::settings::{KafkaSettings, RawKafka};
 use crate::contract::event::ParseLimits;
 use crate::engine::fingerprint::FingerprintSpec;
+use crate::engine::levels::Mode;
 use crate::engine::policy::Policy;
 
 pub use policy::Override;
@@ -267,6 +268,23 @@ impl Config {
             otlp_session_attribute,
             effective: table,
         })
+    }
+
+    /// This configuration with every `warn` mode (the top level's, a detector's, an
+    /// override's) read as `shadow`: in `warn` a termination is published as a critical
+    /// warning, so the terminations `backtest` counts as kill points are lost, where in
+    /// `shadow` they are kept (and nothing is published either way).
+    pub fn with_warn_as_shadow(&self) -> Config {
+        let mut config = self.clone();
+        for levels in &mut config.policy.levels {
+            if levels.mode == Mode::Warn {
+                levels.mode = Mode::Shadow;
+            }
+        }
+        for o in &mut config.overrides {
+            o.warn_as_shadow();
+        }
+        config
     }
 
     /// Whether some override is scoped to a tool (the engine then resolves per tool).

@@ -50,6 +50,19 @@ pub struct Override {
 }
 
 impl Override {
+    /// Its `warn` modes (its own and its detectors') read as `shadow`.
+    pub(super) fn warn_as_shadow(&mut self) {
+        let swap = |m: &mut Option<Mode>| {
+            if *m == Some(Mode::Warn) {
+                *m = Some(Mode::Shadow);
+            }
+        };
+        swap(&mut self.mode);
+        for (_, table) in &mut self.detectors {
+            swap(&mut table.mode);
+        }
+    }
+
     /// Whether it applies to a session of `tenant` run by `agent`.
     pub(super) fn matches_session(&self, tenant: Option<&str>, agent: Option<&str>) -> bool {
         let tenant_ok = self.tenant.as_deref().is_none_or(|t| tenant == Some(t));

@@ -10,7 +10,10 @@
 //!
 //! Guarantees: the same engine and event-time rules as `replay` (the findings are
 //! `replay`'s); memory is bounded by the open sessions plus one row per killed successful
-//! session; an exact duplicate event is not counted twice.
+//! session; an exact duplicate event among its session's recent ones is not counted
+//! twice (one redelivered after its session closed opens a session of its own, as in
+//! `replay`); a `warn` configuration is judged as its `shadow` twin, and nothing a
+//! session says past its kill point is counted.
 
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -280,10 +283,14 @@ impl Backtest<'_> {
 
     fn finding(&mut self, session: &str, detector: DetectorKind, level: Level) {
         let tally = self.tally(session);
+        // Past its kill point an enforced session says nothing more (the engine stops
+        // judging it at its termination); a shadow one goes on, and what it says is not
+        // what enforcing would have done.
+        if tally.kill.is_some() {
+            return;
+        }
         if level == Level::Terminate {
-            if tally.kill.is_none() {
-                tally.kill = Some((detector, tally.spend));
-            }
+            tally.kill = Some((detector, tally.spend));
         } else {
             tally.warned |= 1 << detector.index();
         }
@@ -406,6 +413,9 @@ pub fn backtest(
         render_json: false,
         batch_bytes: None,
     };
+    // A `warn` config's terminations are critical warnings: read as `shadow`, they are
+    // kept as the kill points enforcing would have had.
+    let config = Arc::new(config.with_warn_as_shadow());
     let (read, shards) = drive(config, input, errors, options, make, |_| Ok(()))?;
     let mut shards = shards.into_iter();
     let mut run = shards.next().unwrap_or_else(make);
@@ -667,6 +677,23 @@ mod tests {
             .find(|d| d.detector == k.detector.name())
             .unwrap();
         assert_eq!(repeat.killed, [1, 1, 0]);
+        // A `warn` or `shadow` configuration backtests as its enforcing twin: the same
+        // kill points, and nothing counted that the session would not have said before
+        // them (a warn config's terminations were critical warnings: no kill at all).
+        for mode in ["warn", "shadow"] {
+            let twin =
+                Config::from_toml_str(&format!("mode = \"{mode}\"\n"), "t", std::iter::empty())
+                    .unwrap();
+            let twin = backtest(
+                Arc::new(twin),
+                Input::Reader(&mut &input[..]),
+                &outcomes,
+                &mut std::io::sink(),
+                1,
+            )
+            .unwrap();
+            assert_eq!(twin, report, "{mode}");
+        }
     }
 
     #[test]
