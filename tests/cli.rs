@@ -157,6 +157,14 @@ fn eval_passes_the_corpus_and_fails_a_bad_config() {
         .lines()
         .count();
     assert!(s.contains(&format!("{cases} of {cases} cases held")), "{s}");
+    // An empty corpus proves nothing: not a pass.
+    let empty = run_with_stdin(&["eval", "-"], "\n");
+    assert_eq!(empty.status.code(), Some(1), "{}", text(&empty.stderr));
+    assert!(
+        text(&empty.stderr).contains("holds no case"),
+        "{}",
+        text(&empty.stderr)
+    );
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("strict.toml");
     std::fs::write(
@@ -351,6 +359,57 @@ fn the_demo_catches_the_simulated_loops_and_stops_no_healthy_session() {
         stdout.contains("80 summaries"),
         "every session summarised:\n{stdout}"
     );
+}
+
+#[test]
+fn simulate_refuses_a_rate_it_cannot_pace_and_an_interrupted_run_says_so() {
+    for rate in ["nan", "-1", "1e-320", "inf"] {
+        let out = bin()
+            .args(["simulate", "--sessions", "2", "--output", "-"])
+            .arg(format!("--rate={rate}"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{rate}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("is not a rate"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    // Interrupted at 200 events a second: no ground truth of half-written sessions, and
+    // not the status of a run that finished.
+    let dir = tempfile::tempdir().unwrap();
+    let truth = dir.path().join("truth.jsonl");
+    let child = bin()
+        .args([
+            "simulate",
+            "--sessions",
+            "1000",
+            "--rate",
+            "200",
+            "--output",
+        ])
+        .arg(dir.path().join("fleet.jsonl"))
+        .arg("--truth")
+        .arg(&truth)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("interrupted"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!truth.exists(), "a ground truth was written");
 }
 
 #[test]

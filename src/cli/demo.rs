@@ -11,7 +11,7 @@ use loopwarden::shutdown::Shutdown;
 use loopwarden::tools::demo::{demo, DemoOptions};
 use loopwarden::tools::simulate::FleetSpec;
 
-use super::{load_config, on_signals, share};
+use super::{events_per_second, load_config, on_signals, share};
 
 #[derive(Args)]
 pub struct DemoArgs {
@@ -21,7 +21,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 300)]
     sessions: u64,
     /// Events per second.
-    #[arg(long, default_value_t = 3000.0)]
+    #[arg(long, value_parser = events_per_second, default_value_t = 3000.0)]
     rate: f64,
     /// Share of sessions that fall into a loop (0..1).
     #[arg(long, value_parser = share, default_value_t = 0.3)]

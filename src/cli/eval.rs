@@ -43,6 +43,15 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         }
     })?;
     writeln!(out, "{totals}").map_err(super::stdout_error)?;
+    if totals.cases == 0 && totals.bad_lines == 0 {
+        // An empty corpus (a wrong path to an empty file, a pipe that gave nothing)
+        // proves nothing: not a pass.
+        eprintln!(
+            "error: {} holds no case",
+            loopwarden::tools::driver::input::input_name(&args.corpus)
+        );
+        return Ok(ExitCode::from(1));
+    }
     Ok(if totals.held == totals.cases && totals.bad_lines == 0 {
         ExitCode::SUCCESS
     } else {

@@ -100,6 +100,18 @@ pub fn share(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `--rate`: events per second, 0 (as fast as possible) or from one every 1,000 s to a
+/// billion (a rate that is not a number, or so small that the schedule overflows, would
+/// panic the pacing).
+pub fn events_per_second(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 || (1e-3..=1e9).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a rate: 0 (as fast as possible) or 0.001 to 1e9 events a second"
+        )),
+    }
+}
+
 /// Standard output's reader went away (`… | head`): the command ends quietly, with the
 /// status a SIGPIPE gives (`main`; Rust ignores the signal, so the write fails instead).
 #[derive(Debug, thiserror::Error)]

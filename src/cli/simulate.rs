@@ -16,7 +16,7 @@ use loopwarden::tools::feed::{
 };
 use loopwarden::tools::simulate::{Fleet, FleetSpec};
 
-use super::{load_config, on_signals, share};
+use super::{events_per_second, load_config, on_signals, share};
 
 #[derive(Args)]
 pub struct SimulateArgs {
@@ -44,7 +44,7 @@ pub struct SimulateArgs {
     #[arg(long, value_parser = share, default_value_t = 0.2)]
     loop_share: f64,
     /// Events per second (0: as fast as possible).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, value_parser = events_per_second, default_value_t = 0.0)]
     rate: f64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -73,6 +73,15 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         (None, Some(path)) => to_file(path, &mut fleet, args.rate, &shutdown)?,
         (None, None) => anyhow::bail!("say where the events go: --brokers or --output"),
     };
+    if shutdown.is_triggered() {
+        // The events stop mid-session: a ground truth of the sessions started would name
+        // ones the output does not hold whole.
+        eprintln!(
+            "interrupted: simulated {} events of {} sessions; no ground truth written",
+            report.events, report.sessions
+        );
+        return Ok(ExitCode::from(130));
+    }
     if let Some(path) = &args.truth {
         let mut f = std::io::BufWriter::new(
             std::fs::File::create(path)
