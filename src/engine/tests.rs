@@ -268,18 +268,11 @@ fn a_session_id_that_comes_back_after_its_session_closed_gets_findings_of_its_ow
             .unwrap(),
     );
     let mut engine = Engine::new(config);
-    let mut run = |start_ms: i64| {
+    let mut run = |first_step: u32, start_ms: i64| {
         let mut found = Vec::new();
         for i in 0..8 {
-            let mut e = same_call();
-            e["session_id"] = json!("s");
-            e["event_id"] = json!(format!("{start_ms}-{i}"));
-            e["timestamp"] = json!(format_rfc3339_ms(start_ms + i * 1000));
-            let line = e.to_string();
-            let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
-            let mut out = Vec::new();
-            engine.process(&ev, &EventMeta::default(), &mut out);
-            for o in out {
+            let at = start_ms + i64::from(i) * 1000;
+            for o in process_as(&mut engine, same_call(), "s", first_step + i, at) {
                 if let Output::Finding(f) = o {
                     found.push((f.detector, f.level, f.event_id));
                 }
@@ -287,9 +280,9 @@ fn a_session_id_that_comes_back_after_its_session_closed_gets_findings_of_its_ow
         }
         found
     };
-    let first = run(1_800_000_000_000);
+    let first = run(0, 1_800_000_000_000);
     // The same id an hour later: the session before closed on the gap.
-    let second = run(1_800_003_600_000);
+    let second = run(100, 1_800_003_600_000);
     assert!(!first.is_empty());
     let kinds = |f: &[(DetectorKind, Level, String)]| -> Vec<(DetectorKind, Level)> {
         f.iter().map(|x| (x.0, x.1)).collect()
