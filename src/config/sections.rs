@@ -246,7 +246,7 @@ impl TelemetrySettings {
             otel.iter()
                 .rev()
                 .find(|(n, v)| n == name && !v.trim().is_empty())
-                .map(|(n, v)| (n.as_str(), v.trim()))
+                .map(|(n, v)| (n.as_str(), v.as_str()))
         };
         let off = var("OTEL_SDK_DISABLED").is_some_and(|(_, v)| v == "true")
             || var("OTEL_TRACES_EXPORTER").is_some_and(|(_, v)| v == "none");
