@@ -261,13 +261,27 @@ fn ceilings_stop_at_their_limit_without_grace() {
     );
 }
 
+/// The first summary among `out` and what closing every session at the end of input adds.
+fn summary_at_the_end(engine: &mut Engine, mut out: Vec<Output>) -> serde_json::Value {
+    engine.close_all(ClosedBy::EndOfInput, &mut out);
+    let summary = out
+        .iter()
+        .find(|o| matches!(o, Output::Summary(_)))
+        .expect("a summary")
+        .to_json();
+    serde_json::from_str(&summary).unwrap()
+}
+
+/// An engine under the configuration `toml`.
+fn engine_with(toml: &str) -> Engine {
+    Engine::new(Arc::new(
+        Config::from_toml_str(toml, "t", std::iter::empty()).unwrap(),
+    ))
+}
+
 #[test]
 fn a_session_id_that_comes_back_after_its_session_closed_gets_findings_of_its_own_ids() {
-    let config = Arc::new(
-        Config::from_toml_str("[engine]\nsession_gap_secs = 60\n", "t", std::iter::empty())
-            .unwrap(),
-    );
-    let mut engine = Engine::new(config);
+    let mut engine = engine_with("[engine]\nsession_gap_secs = 60\n");
     let mut run = |first_step: u32, start_ms: i64| {
         let mut found = Vec::new();
         for i in 0..8 {
@@ -302,11 +316,7 @@ fn a_session_id_that_comes_back_after_its_session_closed_gets_findings_of_its_ow
 
 #[test]
 fn duplicates_are_dropped_and_sessions_close_on_the_gap() {
-    let config = Arc::new(
-        Config::from_toml_str("[engine]\nsession_gap_secs = 60\n", "t", std::iter::empty())
-            .unwrap(),
-    );
-    let mut engine = Engine::new(config);
+    let mut engine = engine_with("[engine]\nsession_gap_secs = 60\n");
     let mut out = Vec::new();
     let ev = |id: &str, sid: &str, ts: &str| {
         let e = json!({"type": "tool.called", "tool": "t", "session_id": sid, "event_id": id, "timestamp": ts});
@@ -455,13 +465,7 @@ fn an_absurd_cost_is_summed_to_a_number_never_null() {
         let e = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
         engine.process(&e, &EventMeta::default(), &mut out);
     }
-    engine.close_all(ClosedBy::EndOfInput, &mut out);
-    let summary = out
-        .iter()
-        .find(|o| matches!(o, Output::Summary(_)))
-        .expect("a summary")
-        .to_json();
-    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    let summary = summary_at_the_end(&mut engine, out);
     assert_eq!(
         summary["stats"]["cost_usd"].as_f64(),
         Some(f64::MAX),
@@ -489,13 +493,6 @@ fn a_restored_state_that_counts_findings_of_a_detector_this_build_lacks_closes_w
         })
         .unwrap();
     let mut engine = Engine::restore(Arc::new(Config::default()), &store).unwrap();
-    let mut out = Vec::new();
-    engine.close_all(ClosedBy::EndOfInput, &mut out);
-    let summary = out
-        .iter()
-        .find(|o| matches!(o, Output::Summary(_)))
-        .expect("a summary")
-        .to_json();
-    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    let summary = summary_at_the_end(&mut engine, Vec::new());
     assert_eq!(summary["findings"], json!({}), "{summary}");
 }
