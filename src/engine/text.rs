@@ -321,23 +321,21 @@ pub struct ChantScratch {
     generation: u32,
 }
 
-/// The most each of the chant search's buffers keeps between texts. They grow with the
-/// text searched (the search's table: 48 bytes a byte of prose), and an engine lives as
-/// long as its partition: one 1 MiB reply would otherwise hold ~50 MiB for good.
-pub const CHANT_SCRATCH_KEPT_BYTES: usize = 2 << 20;
+/// The most the chant search's buffers keep between texts. They grow with the text
+/// searched (the search's table: ~50 bytes a byte of prose), and an engine lives as long
+/// as its partition: one 1 MiB reply would otherwise hold ~50 MiB for good. Texts of up
+/// to ~128 KiB of prose keep theirs (the table reused without clearing, by generation).
+pub const CHANT_SCRATCH_KEPT_BYTES: usize = 8 << 20;
 
 impl ChantScratch {
-    /// Lets go of the buffers a long text grew past [`CHANT_SCRATCH_KEPT_BYTES`].
-    fn trim(&mut self) {
-        fn trim<T>(v: &mut Vec<T>) {
-            if v.capacity() * std::mem::size_of::<T>() > CHANT_SCRATCH_KEPT_BYTES {
-                *v = Vec::new();
-            }
+    /// Lets go of its buffers once they hold more than [`CHANT_SCRATCH_KEPT_BYTES`].
+    pub fn trim(&mut self) {
+        if self.held_bytes() > CHANT_SCRATCH_KEPT_BYTES {
+            *self = ChantScratch {
+                generation: self.generation,
+                ..ChantScratch::default()
+            };
         }
-        trim(&mut self.filtered);
-        trim(&mut self.grams);
-        trim(&mut self.prev);
-        trim(&mut self.slots);
     }
 
     /// The bytes its buffers hold.
@@ -618,7 +616,6 @@ pub fn find_chant(text: &str, rule: ChantRule, scratch: &mut ChantScratch) -> Op
     } else {
         chant_in_prose(text, rule, scratch)
     };
-    scratch.trim();
     chant
 }
 
@@ -644,7 +641,6 @@ pub fn turn_features(
     } else {
         None
     };
-    scratch.trim();
     (Some(sketching.finish()), chant)
 }
 

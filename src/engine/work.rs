@@ -152,6 +152,7 @@ impl Work {
             max_spacing: rt.max_avg_spacing_chars,
         };
         let (sketch, chant) = turn_features(&self.text, is_turn, rule, &mut self.chant);
+        self.chant.trim();
         let words = policy.detectors.similar_turns.opening_words.get();
         let opening = if is_turn {
             opening(&self.text, words)
