@@ -585,7 +585,7 @@ fn poll_batch(
         rebalance::serve(consumer, w)?;
         match message {
             Some(Ok(m)) => {
-                w.handle_polled(&m, consumer)?;
+                w.handle(&m, consumer)?;
                 polled.messages += 1;
                 polled.started.get_or_insert_with(Instant::now);
                 if polled.messages >= settings.max_batch_events {

@@ -118,7 +118,7 @@ impl Member {
     fn handle_next(&mut self, n: usize) {
         for _ in 0..n {
             let msg = self.input.poll().unwrap();
-            self.worker.handle(&msg).unwrap();
+            self.worker.handle(&msg, &self.input).unwrap();
         }
     }
 
@@ -133,7 +133,7 @@ impl Member {
         let batch = self.worker.settings().max_batch_events;
         let mut polled = 0;
         while let Some(m) = self.input.poll() {
-            self.worker.handle(&m)?;
+            self.worker.handle(&m, &self.input)?;
             polled += 1;
             match (polled / batch) % 3 {
                 1 => self.worker.send_commit_records_once_acked(),
@@ -689,7 +689,7 @@ fn a_message_of_a_partition_the_worker_is_not_assigned_is_left_for_its_owner() {
     // A message of partition 1 reaches the worker assigned only partition 0.
     let stray = MemoryConsumer::new(&bus, &[INPUT], &[1]).poll().unwrap();
     assert_eq!(stray.partition(), 1);
-    first.worker.handle_polled(&stray, &first.input).unwrap();
+    first.worker.handle(&stray, &first.input).unwrap();
     assert!(
         !first.worker.partitions.contains_key(&1),
         "the stray message's partition was loaded"
@@ -709,7 +709,7 @@ fn a_message_of_a_partition_the_worker_is_not_assigned_is_left_for_its_owner() {
     // A partition assigned but not loaded (a surprise too) is loaded and applied.
     first.worker.partitions.remove(&0);
     let own = first.input.poll().unwrap();
-    first.worker.handle_polled(&own, &first.input).unwrap();
+    first.worker.handle(&own, &first.input).unwrap();
     assert!(
         first.worker.partitions[&0].dirty,
         "its message was not applied"

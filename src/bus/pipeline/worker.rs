@@ -350,9 +350,9 @@ impl Worker {
     /// Drops every partition in memory, giving them back (their batches with the writer
     /// awaited by the caller).
     fn clear_partitions(&mut self) {
-        let held: Vec<i32> = self.partitions.keys().copied().collect();
+        // The worker holds exactly the partitions it has loaded (`acquire`).
         self.partitions.clear();
-        self.give_back(held);
+        self.holds.holds.give_back_all(self.holds.worker);
     }
 
     /// Lets `partitions` go among the process's workers.
@@ -426,37 +426,18 @@ impl Worker {
         Ok(())
     }
 
-    /// Takes one message `input` polled: [`Worker::handle`] when its partition is loaded or
-    /// assigned to this worker. A message of a partition it is not assigned (a surprise:
-    /// the assignment callbacks come first) is left unapplied and uncommitted, for the
-    /// partition's owner, rather than loaded: a load would hold the partition against the
-    /// worker of this process that owns it until this one's next revoke.
-    pub(super) fn handle_polled<M: Message>(
+    /// Takes one message `input` polled: parsed (an event, or a dead letter for a bad one),
+    /// it goes through its partition's aligner and is applied as soon as the aligner
+    /// releases it (at once with one input topic). A message of a partition this worker
+    /// is not assigned (a surprise: the assignment callbacks come first) is left unapplied
+    /// and uncommitted, for the partition's owner, rather than loaded: a load would hold
+    /// the partition against the worker of this process that owns it until this one's
+    /// next revoke.
+    pub(super) fn handle<M: Message>(
         &mut self,
         m: &M,
         input: &dyn Input,
     ) -> Result<(), PipelineError>
-    where
-        M::Headers: RawHeaders,
-    {
-        if !self.partitions.contains_key(&m.partition())
-            && !input.is_assigned(m.topic(), m.partition())
-        {
-            warn!(
-                topic = m.topic(),
-                partition = m.partition(),
-                offset = m.offset(),
-                "skipping a message of a partition not assigned to this worker"
-            );
-            return Ok(());
-        }
-        self.handle(m)
-    }
-
-    /// Takes one polled message: parsed (an event, or a dead letter for a bad one), it
-    /// goes through its partition's aligner and is applied as soon as the aligner
-    /// releases it (at once with one input topic).
-    pub(super) fn handle<M: Message>(&mut self, m: &M) -> Result<(), PipelineError>
     where
         M::Headers: RawHeaders,
     {
@@ -466,6 +447,15 @@ impl Worker {
         fail::eval("worker-handle", |_| ());
         let partition = m.partition();
         if !self.partitions.contains_key(&partition) {
+            if !input.is_assigned(m.topic(), partition) {
+                warn!(
+                    topic = m.topic(),
+                    partition,
+                    offset = m.offset(),
+                    "skipping a message of a partition not assigned to this worker"
+                );
+                return Ok(());
+            }
             // Assigned but not loaded (assignment callbacks come first; this only guards
             // against surprises).
             match self.acquire(partition) {
