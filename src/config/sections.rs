@@ -22,6 +22,7 @@ use crate::contract::event::{
 };
 use crate::engine::fingerprint::{BuiltinPattern, FingerprintSpec};
 use crate::engine::levels::DEFAULT_GRACE_STEPS;
+use crate::telemetry::spans;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -209,11 +210,8 @@ impl TelemetrySettings {
         }
         let otlp_endpoint = nonempty(raw.otlp_endpoint);
         if let Some(e) = &otlp_endpoint {
-            if !crate::telemetry::spans::plain_http_endpoint(e) {
-                errors.push(
-                    "telemetry.otlp_endpoint",
-                    format!("`{e}` is not an http:// URL: spans go over plain http (the build has no TLS client), to a collector that forwards with TLS"),
-                );
+            if !spans::plain_http_endpoint(e) {
+                errors.push("telemetry.otlp_endpoint", spans::not_plain_http(e));
             }
         }
         let spans_topic = raw
@@ -242,25 +240,21 @@ impl TelemetrySettings {
     /// `OTEL_TRACES_EXPORTER=none`): an endpoint that is not plain http is an error here,
     /// so that `check-config` finds it before `run` refuses to start on it.
     pub(super) fn check_otel_env(&self, otel: &[(String, String)], errors: &mut Errors) {
+        // The last value of a name, as the process would see it; empty is unset.
         let var = |name: &str| {
             otel.iter()
                 .rev()
-                .find(|(n, v)| n == name && !v.trim().is_empty())
-                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .filter(|v| !v.trim().is_empty())
         };
-        let off = var("OTEL_SDK_DISABLED").is_some_and(|(_, v)| v == "true")
-            || var("OTEL_TRACES_EXPORTER").is_some_and(|(_, v)| v == "none");
-        if self.otlp_endpoint.is_some() || off {
+        if self.otlp_endpoint.is_some() || spans::export_disabled(var) {
             return;
         }
-        let Some((name, endpoint)) = super::OTEL_ENDPOINT_ENV.iter().find_map(|n| var(n)) else {
-            return;
-        };
-        if !crate::telemetry::spans::plain_http_endpoint(endpoint) {
-            errors.push(
-                name,
-                format!("`{endpoint}` is not an http:// URL: spans go over plain http (the build has no TLS client), to a collector that forwards with TLS"),
-            );
+        if let Some((name, endpoint)) = spans::otlp_endpoint(None, var) {
+            if !spans::plain_http_endpoint(&endpoint) {
+                errors.push(name, spans::not_plain_http(&endpoint));
+            }
         }
     }
 

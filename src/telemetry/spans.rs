@@ -53,7 +53,7 @@ pub enum SpanError {
     Exporter(String),
     #[error("cannot start the span exporter's runtime: {0}")]
     Runtime(std::io::Error),
-    #[error("OTLP endpoint `{0}` is not an http:// URL, and this build exports spans over plain http only (its OTLP client has no TLS): export to a collector over http (a sidecar, the node's agent), which forwards with TLS")]
+    #[error("OTLP endpoint {}", not_plain_http(.0))]
     Tls(String),
 }
 
@@ -63,6 +63,33 @@ pub fn plain_http_endpoint(endpoint: &str) -> bool {
     endpoint
         .get(..7)
         .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
+}
+
+/// What is wrong with an `endpoint` that [`plain_http_endpoint`] refuses.
+pub fn not_plain_http(endpoint: &str) -> String {
+    format!("`{endpoint}` is not an http:// URL: spans go over plain http (the build has no TLS client), to a collector that forwards with TLS (a sidecar, the node's agent)")
+}
+
+/// Whether the standard variables (read through `var`) turn span export off:
+/// `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`.
+pub fn export_disabled(var: impl Fn(&str) -> Option<String>) -> bool {
+    var("OTEL_SDK_DISABLED").as_deref() == Some("true")
+        || var("OTEL_TRACES_EXPORTER").as_deref() == Some("none")
+}
+
+/// Where spans go over OTLP, and what named it: `telemetry.otlp_endpoint` (`file`), else
+/// the first of `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` and `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// that `var` gives (not empty).
+pub fn otlp_endpoint(
+    file: Option<&str>,
+    var: impl Fn(&str) -> Option<String>,
+) -> Option<(&'static str, String)> {
+    if let Some(e) = file {
+        return Some(("telemetry.otlp_endpoint", e.to_string()));
+    }
+    crate::config::OTEL_ENDPOINT_ENV
+        .iter()
+        .find_map(|name| var(name).map(|e| (*name, e)))
 }
 
 /// Counts the spans of failed exports.
@@ -205,19 +232,16 @@ impl Spans {
         brokers: &str,
         dropped: IntCounter,
     ) -> Result<Option<Spans>, SpanError> {
-        if env("OTEL_SDK_DISABLED").as_deref() == Some("true")
-            || env("OTEL_TRACES_EXPORTER").as_deref() == Some("none")
-        {
+        if export_disabled(env) {
             return Ok(None);
         }
-        let endpoint = settings.otlp_endpoint.clone().or_else(|| {
-            env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
-        });
+        let endpoint = otlp_endpoint(settings.otlp_endpoint.as_deref(), env).map(|(_, e)| e);
         if endpoint.is_none() && !settings.spans_to_kafka {
             return Ok(None);
         }
         // Refused at the start rather than every export failing unseen but in a counter
-        // (the configured one is checked with the config; this catches the environment's).
+        // (the config refuses it too, when it was loaded with the environment as `run`'s
+        // is; this holds for a config built without it).
         if let Some(e) = endpoint.as_deref().filter(|e| !plain_http_endpoint(e)) {
             return Err(SpanError::Tls(e.to_string()));
         }
@@ -486,14 +510,14 @@ mod tests {
         assert!(plain_http_endpoint("HTTP://collector:4317"));
         assert!(!plain_http_endpoint("https://collector:4317"));
         assert!(!plain_http_endpoint("collector:4317"));
-        // The environment's endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) is not checked with the
-        // config: it is set here as it would arrive.
+        // A config loaded without the environment (as a test or a bench may build one),
+        // its endpoint set afterwards, past the config's check.
         let mut config = crate::config::Config::from_toml_str("", "t", std::iter::empty()).unwrap();
         config.telemetry.otlp_endpoint = Some("HTTPS://collector.example:4317".into());
         let dropped = IntCounter::new("d", "d").unwrap();
         let started = Spans::start(&config.telemetry, &config.kafka, "127.0.0.1:1", dropped);
         match started {
-            Err(e @ SpanError::Tls(_)) => assert!(e.to_string().contains("collector over http")),
+            Err(e @ SpanError::Tls(_)) => assert!(e.to_string().contains("forwards with TLS")),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("an https endpoint was taken"),
         }
