@@ -207,8 +207,7 @@ pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<ExportTraceServiceRequ
                 if !times_as_strings(&mut value) {
                     return Err(first.into());
                 }
-                let text = serde_json::to_vec(&value)?;
-                decode_json(&text).map_err(|_| first.into())
+                decode_value(value).map_err(|_| first.into())
             }
         },
     }
@@ -221,6 +220,18 @@ fn decode_json(bytes: &[u8]) -> Result<ExportTraceServiceRequest, serde_json::Er
         })
     } else {
         serde_json::from_slice(bytes)
+    }
+}
+
+/// [`decode_json`] of a document already read.
+fn decode_value(value: serde_json::Value) -> Result<ExportTraceServiceRequest, serde_json::Error> {
+    use serde::Deserialize as _;
+    if value.is_array() {
+        Ok(ExportTraceServiceRequest {
+            resource_spans: Vec::deserialize(value)?,
+        })
+    } else {
+        ExportTraceServiceRequest::deserialize(value)
     }
 }
 
