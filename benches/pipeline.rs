@@ -552,6 +552,14 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     // The pipeline gone, or out of time: stop feeding and waiting, and say so below.
     let stopped = || pipeline.is_finished() || Instant::now() >= deadline;
     let mut last = (Instant::now(), 0u64, [(0.0, 0u64); 3]);
+    // States written and their bytes at the last report: the size of a state written over
+    // each interval, which grows as the sessions' rings fill (and the store's and the
+    // changelog's cost per state with it).
+    let written = || {
+        let m = &telemetry.metrics;
+        (m.states_written.get(), m.states_written_bytes.get())
+    };
+    let mut last_written = written();
     let stages = ["apply", "deliver", "store"];
     // Events produced so far: the backlog (produced, not yet consumed) says who sets the
     // pace. Held near `ahead`, the pipeline; well under it, the producer.
@@ -559,7 +567,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     eprintln!(
         "growth: {events} events round-robin over {sessions} sessions, {partitions} partitions, the producer at most {ahead} ahead"
     );
-    eprintln!("growth:    secs   consumed   events/s  open sessions  store MB  stage means over the interval (ms): apply deliver store  backlog");
+    eprintln!("growth:    secs   consumed   events/s  open sessions  store MB  state B  stage means over the interval (ms): apply deliver store  backlog");
     let mut report = |final_line: bool| {
         let now = Instant::now();
         let done = consumed.get();
@@ -576,13 +584,25 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
                 }
             })
             .collect();
+        let now_written = written();
+        let (states, bytes) = (
+            now_written.0 - last_written.0,
+            now_written.1 - last_written.1,
+        );
+        last_written = now_written;
+        let state_bytes = if states > 0 {
+            format!("{:.0}", bytes as f64 / states as f64)
+        } else {
+            "-".to_string()
+        };
         eprintln!(
-            "growth: {:7.2} {:10} {:10.0} {:14} {:9.1}  {}  backlog {}{}",
+            "growth: {:7.2} {:10} {:10.0} {:14} {:9.1} {:>8}  {}  backlog {}{}",
             started.elapsed().as_secs_f64(),
             done,
             rate,
             telemetry.metrics.sessions_open.get(),
             telemetry.metrics.state_store_bytes.get() as f64 / 1e6,
+            state_bytes,
             means.join(" "),
             produced.get().saturating_sub(done),
             if final_line { " (last)" } else { "" }
@@ -656,9 +676,11 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     // Each state written is a serialization, a changelog record and a sled write: a batch
     // that touches a session several times writes it once, so fewer sessions mean fewer
     // writes per event at the same rate.
+    let (states, bytes) = written();
     eprintln!(
-        "growth: {:.3} states written per event ({} batches, {:.0} events a batch)",
-        telemetry.metrics.states_written.get() as f64 / done.max(1) as f64,
+        "growth: {:.3} states written per event, {:.0} bytes a state ({} batches, {:.0} events a batch)",
+        states as f64 / done.max(1) as f64,
+        bytes as f64 / states.max(1) as f64,
         telemetry.metrics.batches.get(),
         done as f64 / telemetry.metrics.batches.get().max(1) as f64
     );

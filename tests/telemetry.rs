@@ -344,6 +344,13 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
         "states written: {written} for {} events",
         events.len()
     );
+    // Their bytes as stored: a state is tens of bytes at least (its clocks, counters and
+    // rings' lengths) and at most a few KiB (DESIGN §4 bounds it).
+    let bytes = total(&metrics, "loopwarden_states_written_bytes_total");
+    assert!(
+        bytes >= 20.0 * written && bytes <= 4096.0 * written,
+        "states written: {written}, their bytes: {bytes}"
+    );
     assert_eq!(
         total(&metrics, "loopwarden_processing_latency_seconds_count"),
         events.len() as f64 + 1.0,

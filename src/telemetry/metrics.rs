@@ -103,6 +103,10 @@ pub struct Metrics {
     /// not counted; a batch dropped unstored, after a lost assignment or a fenced
     /// transaction, is not either).
     pub states_written: IntCounter,
+    /// Bytes of those states as stored (each also a changelog record's value when the
+    /// changelog is on): with `states_written`, the size of a state written, which sets
+    /// the store's and the changelog's cost per event as much as their number does.
+    pub states_written_bytes: IntCounter,
     /// Session records applied from the changelog, and restores by duration.
     pub restored_records: IntCounter,
     pub restore_duration: Histogram,
@@ -275,6 +279,12 @@ const STATES_WRITTEN: Family = Family {
     labels: &[],
 };
 
+const STATES_WRITTEN_BYTES: Family = Family {
+    name: "loopwarden_states_written_bytes_total",
+    help: "Bytes of the session states written to the store (and the changelog when on), as stored: over loopwarden_states_written_total, a state's size.",
+    labels: &[],
+};
+
 const RESTORED_RECORDS: Family = Family {
     name: "loopwarden_restored_records_total",
     help: "Session records applied from the changelog while restoring partitions.",
@@ -397,6 +407,7 @@ impl Metrics {
             delivery_retries: r.counter(DELIVERY_RETRIES),
             batches: r.counter(BATCHES),
             states_written: r.counter(STATES_WRITTEN),
+            states_written_bytes: r.counter(STATES_WRITTEN_BYTES),
             restored_records: r.counter(RESTORED_RECORDS),
             restore_duration: r.histogram(RESTORE_DURATION),
             partitions_assigned: r.gauge(PARTITIONS_ASSIGNED),

@@ -82,8 +82,15 @@ impl Worker {
             batches.push((partition, p.store.clone(), changes));
         }
         let partitions = batches.iter().map(|(p, _, _)| *p).collect();
-        let states: usize = batches.iter().map(|(_, _, c)| c.puts.len()).sum();
-        self.telemetry.metrics.states_written.inc_by(states as u64);
+        let (states, bytes) = batches
+            .iter()
+            .flat_map(|(_, _, c)| &c.puts)
+            .fold((0u64, 0u64), |(n, b), (_, state)| {
+                (n + 1, b + state.len() as u64)
+            });
+        let metrics = &self.telemetry.metrics;
+        metrics.states_written.inc_by(states);
+        metrics.states_written_bytes.inc_by(bytes);
         let waited = Instant::now();
         self.writer.hand(Job {
             batches,
