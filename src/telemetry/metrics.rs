@@ -503,7 +503,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 21, "{names:?}");
+        assert_eq!(names.len(), 22, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }
