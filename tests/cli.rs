@@ -34,6 +34,13 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// Fails, showing the whole of it, unless the command's standard error says `what`.
+#[track_caller]
+fn assert_stderr_says(out: &Output, what: &str) {
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(what), "stderr lacks `{what}`: {stderr}");
+}
+
 #[test]
 fn replay_prints_json_lines_and_a_summary_line() {
     let out = bin()
@@ -123,11 +130,7 @@ fn strict_makes_a_bad_line_fatal() {
         "{\"type\":\"session.started\",\"session_id\":\"s\"}\n{oops\n",
     );
     assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("line 2"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_stderr_says(&out, "line 2");
 }
 
 #[test]
@@ -160,11 +163,7 @@ fn eval_passes_the_corpus_and_fails_a_bad_config() {
     // An empty corpus proves nothing: not a pass.
     let empty = run_with_stdin(&["eval", "-"], "\n");
     assert_eq!(empty.status.code(), Some(1), "{}", text(&empty.stderr));
-    assert!(
-        text(&empty.stderr).contains("holds no case"),
-        "{}",
-        text(&empty.stderr)
-    );
+    assert_stderr_says(&empty, "holds no case");
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("strict.toml");
     std::fs::write(
@@ -279,11 +278,7 @@ fn a_variable_that_is_not_utf8_is_named_or_passed_over() {
         .output()
         .unwrap();
     assert_eq!(ours.status.code(), Some(2), "{}", text(&ours.stderr));
-    assert!(
-        text(&ours.stderr).contains("LOOPWARDEN_MODE: its value is not UTF-8"),
-        "{}",
-        text(&ours.stderr)
-    );
+    assert_stderr_says(&ours, "LOOPWARDEN_MODE: its value is not UTF-8");
 }
 
 #[test]
@@ -370,11 +365,7 @@ fn simulate_refuses_a_rate_it_cannot_pace_and_an_interrupted_run_says_so() {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{rate}: {}", text(&out.stderr));
-        assert!(
-            text(&out.stderr).contains("is not a rate"),
-            "{}",
-            text(&out.stderr)
-        );
+        assert_stderr_says(&out, "is not a rate");
     }
     // Interrupted at 200 events a second: no ground truth of half-written sessions, and
     // not the status of a run that finished.
@@ -404,11 +395,7 @@ fn simulate_refuses_a_rate_it_cannot_pace_and_an_interrupted_run_says_so() {
         .success());
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("interrupted"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_stderr_says(&out, "interrupted");
     assert!(!truth.exists(), "a ground truth was written");
 }
 
@@ -479,11 +466,7 @@ fn a_file_mapped_read_or_piped_replays_and_backtests_alike() {
             &input,
         );
         assert!(piped.status.success(), "{}", text(&piped.stderr));
-        assert!(
-            text(&piped.stderr).contains("line 22: "),
-            "{}",
-            text(&piped.stderr)
-        );
+        assert_stderr_says(&piped, "line 22: ");
         for threads in ["1", "2"] {
             for extra in [&[][..], &["--no-mmap"][..]] {
                 let out = bin()
@@ -502,22 +485,14 @@ fn a_file_mapped_read_or_piped_replays_and_backtests_alike() {
     // One standard input cannot hold both the events and the outcomes.
     let both = run_with_stdin(&["backtest", "-", "--outcomes", "-"], &input);
     assert_eq!(both.status.code(), Some(2));
-    assert!(
-        text(&both.stderr).contains("cannot both be read from standard input"),
-        "{}",
-        text(&both.stderr)
-    );
+    assert_stderr_says(&both, "cannot both be read from standard input");
     // An empty file is read (it cannot be mapped): nothing to replay.
     let empty = dir.path().join("empty.jsonl");
     std::fs::write(&empty, "").unwrap();
     let out = bin().arg("replay").arg(&empty).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(out.stdout.is_empty());
-    assert!(
-        text(&out.stderr).contains("replayed 0 events from 0 lines"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_stderr_says(&out, "replayed 0 events from 0 lines");
 }
 
 /// A fleet of `sessions` sessions written by `simulate` into `dir`.

@@ -251,7 +251,7 @@ impl TelemetrySettings {
         if self.otlp_endpoint.is_some() || spans::export_disabled(var) {
             return;
         }
-        if let Some((name, endpoint)) = spans::otlp_endpoint(None, var) {
+        if let Some((name, endpoint)) = spans::env_otlp_endpoint(var) {
             if !spans::plain_http_endpoint(&endpoint) {
                 errors.push(name, spans::not_plain_http(&endpoint));
             }

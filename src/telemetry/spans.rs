@@ -77,16 +77,10 @@ pub fn export_disabled(var: impl Fn(&str) -> Option<String>) -> bool {
         || var("OTEL_TRACES_EXPORTER").as_deref() == Some("none")
 }
 
-/// Where spans go over OTLP, and what named it: `telemetry.otlp_endpoint` (`file`), else
-/// the first of `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` and `OTEL_EXPORTER_OTLP_ENDPOINT`
-/// that `var` gives (not empty).
-pub fn otlp_endpoint(
-    file: Option<&str>,
-    var: impl Fn(&str) -> Option<String>,
-) -> Option<(&'static str, String)> {
-    if let Some(e) = file {
-        return Some(("telemetry.otlp_endpoint", e.to_string()));
-    }
+/// The environment's OTLP endpoint when `telemetry.otlp_endpoint` is unset, and the
+/// variable that named it: the first of `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` and
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` that `var` gives (not empty).
+pub fn env_otlp_endpoint(var: impl Fn(&str) -> Option<String>) -> Option<(&'static str, String)> {
     crate::config::OTEL_ENDPOINT_ENV
         .iter()
         .find_map(|name| var(name).map(|e| (*name, e)))
@@ -235,7 +229,8 @@ impl Spans {
         if export_disabled(env) {
             return Ok(None);
         }
-        let endpoint = otlp_endpoint(settings.otlp_endpoint.as_deref(), env).map(|(_, e)| e);
+        let endpoint =
+            (settings.otlp_endpoint.clone()).or_else(|| env_otlp_endpoint(env).map(|(_, e)| e));
         if endpoint.is_none() && !settings.spans_to_kafka {
             return Ok(None);
         }
