@@ -734,6 +734,9 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
+    // glibc's malloc as `loopwarden run` tunes it for librdkafka (the embedded broker's
+    // threads get it too, as in `run` with `brokers = "embedded"`).
+    loopwarden::bus::kafka::c_heap::tune_for_librdkafka();
     // RUST_LOG=loopwarden=debug shows every batch's delivery and store times.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(

@@ -25,7 +25,7 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     without_transparent_huge_pages();
-    c_heap_that_gives_back();
+    loopwarden::bus::kafka::c_heap::tune_for_librdkafka();
     #[cfg(feature = "heap-stats")]
     super::heap::log_every_30_secs();
     let config = load_config(args.config.as_deref())?;
@@ -97,39 +97,6 @@ fn start_embedded_broker(config: &Config) -> anyhow::Result<(EmbeddedBroker, Str
         tracing::warn!(%error, "cannot print the embedded broker's address");
     }
     Ok((embedded, b))
-}
-
-/// librdkafka allocates with glibc's malloc: fetch responses, fetched records, produce
-/// buffers. glibc raises its mmap threshold to the largest block freed so far (up to
-/// 32 MiB), after which a fetch response's buffer comes from a thread arena instead of
-/// its own mapping, and an arena keeps the pages that small long-lived blocks pin around
-/// it: in the hour-long soak (issue 28) three of librdkafka's arenas grew from 1 MB to
-/// 7.6 MB resident in 45 minutes, with `malloc_trim` every 10 s, while the Rust heap
-/// grew 1 MB. So the service fixes the threshold at glibc's starting 128 KiB (large
-/// buffers are mapped and unmapped) and allows 4 arenas (8 per core by default: each
-/// one's free pages are kept apart). `MALLOC_MMAP_THRESHOLD_` and `MALLOC_ARENA_MAX` in
-/// the environment, glibc's own settings, win over these.
-fn c_heap_that_gives_back() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        let keep = |name: &str| std::env::var_os(name).is_some();
-        // SAFETY: mallopt takes two integers and changes only the allocator's tuning;
-        // called before the clients' threads start.
-        unsafe {
-            if !keep("MALLOC_MMAP_THRESHOLD_")
-                && libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) != 1
-            {
-                tracing::warn!(
-                    "cannot fix glibc's mmap threshold: librdkafka's heap may keep what it freed"
-                );
-            }
-            if !keep("MALLOC_ARENA_MAX") && libc::mallopt(libc::M_ARENA_MAX, 4) != 1 {
-                tracing::warn!(
-                    "cannot bound glibc's arenas: librdkafka's heap may keep what it freed"
-                );
-            }
-        }
-    }
 }
 
 /// `loopwarden run` is a long-lived service whose resident memory must stay flat.

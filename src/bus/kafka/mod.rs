@@ -6,6 +6,7 @@
 //! properties, and the consumer and producer always carry the properties the delivery
 //! guarantees rest on (manual offset commits, idempotence, the range assignor).
 
+pub mod c_heap;
 pub mod embedded;
 pub mod headers;
 pub mod settings;

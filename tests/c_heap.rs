@@ -1,0 +1,54 @@
+//! glibc's malloc as `loopwarden run` tunes it for librdkafka
+//! (`loopwarden::bus::kafka::c_heap`): after the tuning a large block is mapped on its own,
+//! and so unmapped when freed, even after a larger one was freed, which otherwise raises
+//! glibc's threshold past it and leaves such blocks in an arena that keeps their pages.
+//!
+//! The tuning is for the whole process and cannot be undone, so this binary holds one
+//! test, which probes the heap before and after it: the "before" reading shows that the
+//! probe can tell the difference.
+
+#![cfg(all(target_os = "linux", target_env = "gnu"))]
+
+/// Whether a block of `bytes` (under 8 MiB) is mapped on its own right after an 8 MiB
+/// block was freed. glibc serves a block from free memory at its arena's top before it
+/// considers mapping one, and a thread's arena keeps its top: so each call asks for more
+/// than the calls before it left there.
+fn block_mapped_after_a_larger_one_was_freed(bytes: usize) -> bool {
+    // SAFETY: plain malloc and free of blocks this function owns; mallinfo2 only reads.
+    unsafe {
+        let big = libc::malloc(8 << 20);
+        assert!(!big.is_null(), "malloc failed");
+        libc::free(big);
+        let mapped_before = libc::mallinfo2().hblks;
+        let block = libc::malloc(bytes);
+        assert!(!block.is_null(), "malloc failed");
+        let mapped = libc::mallinfo2().hblks > mapped_before;
+        libc::free(block);
+        mapped
+    }
+}
+
+#[test]
+fn the_tuned_heap_maps_large_blocks_whatever_was_freed_before() {
+    for name in [
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_ARENA_MAX",
+        "GLIBC_TUNABLES",
+    ] {
+        assert!(
+            std::env::var_os(name).is_none(),
+            "{name} is set: glibc's own settings win over the tuning, so this test needs it unset"
+        );
+    }
+    assert!(
+        !block_mapped_after_a_larger_one_was_freed(512 << 10),
+        "before the tuning, freeing an 8 MiB block raises glibc's mmap threshold past 512 KiB"
+    );
+
+    loopwarden::bus::kafka::c_heap::tune_for_librdkafka();
+
+    assert!(
+        block_mapped_after_a_larger_one_was_freed(4 << 20),
+        "after the tuning, the mmap threshold stays at 128 KiB"
+    );
+}
