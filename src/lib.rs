@@ -16,9 +16,9 @@
 //!   a set), the session as stored ([`engine::state`]), the policy, fingerprints, text
 //!   and content features, the state stores; pure and synchronous, its clock the events'
 //!   own time;
-//! - [`bus`]: the engine on Kafka — topics and client settings ([`bus::kafka`]), the
-//!   consumer-group pipeline with its delivery, changelog and rebalances
-//!   ([`bus::pipeline`]), and the OTLP ingest ([`bus::ingest`]);
+//! - [`bus`]: the engine on Kafka — topics, client settings and librdkafka's C heap
+//!   ([`bus::kafka`]), the consumer-group pipeline with its delivery, changelog and
+//!   rebalances ([`bus::pipeline`]), and the OTLP ingest ([`bus::ingest`]);
 //! - [`telemetry`]: metrics, spans and the health endpoints;
 //! - [`tools`]: the engine over files and fleets — `replay`, `backtest`, `eval`,
 //!   `simulate`, `demo`, the feeder, the file driver, and the fuzzers' entry points;

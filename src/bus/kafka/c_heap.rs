@@ -3,9 +3,10 @@
 //! `loopwarden run` and by the pipeline bench that measures it, so that it gives back
 //! what it freed.
 //!
-//! Guarantees: only glibc's tuning changes (`mallopt`), before the clients' threads
-//! start; a setting the environment makes (glibc's own variables) wins over ours; a
-//! setting glibc refuses is logged, never fatal. Elsewhere than glibc it does nothing.
+//! Guarantees: only glibc's tuning changes (`mallopt`); a setting the environment makes
+//! (glibc's own variables) wins over ours; a setting glibc refuses is logged, never
+//! fatal. Elsewhere than glibc it does nothing. Its caller runs it before any Kafka
+//! client's threads start (an arena made before keeps what it holds).
 
 /// Tunes glibc's malloc for librdkafka's heap (see the module's docs); call it before
 /// any Kafka client starts.
@@ -25,8 +26,7 @@ pub fn tune_for_librdkafka() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let keep = |name: &str| std::env::var_os(name).is_some();
-        // SAFETY: mallopt takes two integers and changes only the allocator's tuning;
-        // called before the clients' threads start.
+        // SAFETY: mallopt takes two integers and changes only the allocator's tuning.
         unsafe {
             if !keep("MALLOC_MMAP_THRESHOLD_")
                 && libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) != 1
