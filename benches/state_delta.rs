@@ -10,8 +10,12 @@
 //! empty), and for each ring (the window of tool calls, the seen pairs and seen lines,
 //! the recent event ids, `similar_turns`' sketches) its new length and the items it
 //! gained at its end (all of them when it changed otherwise, as the seen lines do when
-//! a line seen before moves to the end). It prints, per file, the whole state's and the
-//! delta's mean, median and 90th percentile in bytes, and the ratio of the means.
+//! a line seen before moves to the end). The items gained are found by comparison (the
+//! longest run of the previous ring's last items that the new ring starts with is kept):
+//! an item pushed onto a full ring of one repeated item is not counted (a tight loop's
+//! window, 21 bytes), where a delta format, counting its pushes, would write it. It
+//! prints, per file, the whole state's and the delta's mean, median and 90th percentile
+//! in bytes, and the ratio of the means.
 //!
 //! `cargo bench --bench state_delta -- FILE...`
 
