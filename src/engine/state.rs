@@ -8,7 +8,9 @@
 //! a fixed cap; tool names are capped in number and length); it holds digests, never
 //! args, results or text; updating it is deterministic; it round-trips through
 //! [`SessionState::to_bytes`] / [`SessionState::from_bytes`] unchanged, and its layout
-//! is pinned to [`crate::engine::store::STATE_FORMAT`] (`layout_tests`).
+//! is pinned to [`crate::engine::store::STATE_FORMAT`] (`layout_tests`); against the
+//! state last written it round-trips through a delta ([`SessionState::delta_bytes`] /
+//! [`SessionState::apply_delta`], the `delta` module) too.
 
 use std::collections::VecDeque;
 
@@ -17,12 +19,14 @@ use serde::{Deserialize, Serialize};
 use crate::engine::detectors::{DetectorKind, DetectorStates, SessionView, DETECTOR_COUNT};
 use crate::engine::levels::Level;
 use crate::engine::trajectory::{
-    fixed, holds, push_bounded, wall_seconds, Counters, RunState, ToolCount,
+    fixed, holds, push_bounded, wall_seconds, Counters, Gained, RunState, ToolCount,
 };
 
+mod delta;
 mod encode;
 mod observe;
 
+pub use delta::{DeltaError, DELTA_FORMAT, RINGS};
 pub use encode::Encode;
 
 /// Recent event ids remembered to drop exact duplicates.
@@ -175,6 +179,9 @@ pub struct SessionState {
     pub counters: DetectorStates,
     #[serde(with = "fixed::deque")]
     pub recent_event_ids: VecDeque<u64>,
+    /// What `recent_event_ids` gained since the state was last written.
+    #[serde(skip)]
+    pub ids_gained: Gained,
     #[serde(with = "sparse_episodes")]
     pub episodes: Episodes,
     pub findings: Vec<FindingCounts>,
@@ -289,6 +296,7 @@ impl SessionState {
             return true;
         }
         push_bounded(&mut self.recent_event_ids, event_hash, RECENT_EVENT_IDS);
+        self.ids_gained.push();
         false
     }
 

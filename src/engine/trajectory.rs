@@ -200,6 +200,51 @@ pub struct PollTracker {
     pub unchanged: u32,
 }
 
+/// How many items a ring gained since its session's state was last written
+/// ([`crate::engine::state::SessionState::mark_written`]), for a delta that writes only
+/// those (`engine::state::delta`). Not stored: a state read back or new says
+/// [`Gained::WHOLE`], so that its next delta writes the whole ring (one emptied since
+/// needs nothing: every item it then holds was counted). Not part of a state's equality either: two states that hold the same
+/// are equal however they were written.
+#[derive(Debug, Clone, Copy)]
+pub struct Gained(u8);
+
+impl Gained {
+    /// Unknown, or more than any ring holds: the whole ring.
+    pub const WHOLE: Gained = Gained(u8::MAX);
+    /// Nothing since the last write.
+    pub const NONE: Gained = Gained(0);
+
+    /// One item pushed (counts stop short of [`Gained::WHOLE`], past every ring's cap).
+    #[inline]
+    pub fn push(&mut self) {
+        if self.0 < u8::MAX - 1 {
+            self.0 += 1;
+        }
+    }
+
+    /// The items of a ring of `len` a delta writes.
+    pub fn of(self, len: usize) -> usize {
+        if self.0 == u8::MAX {
+            len
+        } else {
+            len.min(usize::from(self.0))
+        }
+    }
+}
+
+impl Default for Gained {
+    fn default() -> Gained {
+        Gained::WHOLE
+    }
+}
+
+impl PartialEq for Gained {
+    fn eq(&self, _: &Gained) -> bool {
+        true
+    }
+}
+
 /// What the current run's tool calls were and showed, shared by the loop detectors
 /// (reset when `run_id` changes). A detector's own counters are its own
 /// ([`crate::engine::detectors::Detector::State`]).
@@ -217,6 +262,11 @@ pub struct RunState {
     /// Lines the run's results showed, sampled (see [`crate::engine::content`]), oldest first.
     #[serde(with = "fixed::deque")]
     pub seen_lines: VecDeque<u16>,
+    /// What `window` and `seen_pairs` gained since the state was last written.
+    #[serde(skip)]
+    pub window_gained: Gained,
+    #[serde(skip)]
+    pub pairs_gained: Gained,
 }
 
 impl RunState {

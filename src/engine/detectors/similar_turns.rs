@@ -21,7 +21,7 @@ use super::settings::{Bounded, Share};
 use super::{Class, Detector, Evidence, Input, LlmContext, Message, Reading, SessionView, Signal};
 use crate::engine::levels::Levels;
 use crate::engine::text::TextSketch;
-use crate::engine::trajectory::{fixed, push_bounded, Did, RunState};
+use crate::engine::trajectory::{fixed, push_bounded, Did, Gained, RunState};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,6 +60,11 @@ pub struct Turns {
     /// `sketches`; 0 for a turn too short to have an opening.
     #[serde(with = "fixed::deque")]
     pub openings: VecDeque<u64>,
+    /// What `sketches` and `openings` gained since the state was last written.
+    #[serde(skip)]
+    pub sketches_gained: Gained,
+    #[serde(skip)]
+    pub openings_gained: Gained,
     /// What the calls since the last turn with text did (bits of [`Did`]); turns
     /// without text, common with native tool use, pass it on.
     pub since_text: u8,
@@ -110,7 +115,9 @@ impl Detector for SimilarTurns {
             0
         };
         push_bounded(&mut own.sketches, sketch.clone(), TURN_SKETCHES);
+        own.sketches_gained.push();
         push_bounded(&mut own.openings, l.opening.unwrap_or(0), TURN_SKETCHES);
+        own.openings_gained.push();
     }
 
     fn default_levels() -> Levels {

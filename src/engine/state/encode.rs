@@ -345,6 +345,7 @@ impl Encode for TextSketch {
 mod tests {
     use super::*;
     use crate::engine::detectors::{DetectorStates, DETECTOR_COUNT};
+    use crate::engine::trajectory::Gained;
     use proptest::collection::{vec, vec_deque};
     use proptest::prelude::*;
 
@@ -423,6 +424,8 @@ mod tests {
                     since_poll_moved,
                     seen_pairs,
                     seen_lines,
+                    window_gained: Gained::WHOLE,
+                    pairs_gained: Gained::WHOLE,
                 },
             )
     }
@@ -484,6 +487,8 @@ mod tests {
                 sketches: d.texts.iter().map(|t| TextSketch::of(t)).collect(),
                 openings: d.openings.iter().copied().collect(),
                 since_text: d.since_text,
+                sketches_gained: Gained::WHOLE,
+                openings_gained: Gained::WHOLE,
             },
             repetitive_text: (),
             low_novelty: (),
@@ -533,6 +538,7 @@ mod tests {
                     .collect(),
                 run,
                 recent_event_ids: recent,
+                ids_gained: Gained::WHOLE,
                 findings: findings
                     .into_iter()
                     .map(|(detector, counts)| FindingCounts { detector, counts })

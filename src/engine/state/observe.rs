@@ -252,6 +252,7 @@ impl RunState {
             return (news, false);
         }
         push_bounded(&mut self.seen_pairs, pair, SEEN_PAIRS);
+        self.pairs_gained.push();
         // Learned, for `similar_turns`, unless what it showed was all seen before.
         // (`no_new_information` judges answers as a whole: re-reading part of a file
         // read before, to work on it, is how work looks.)
@@ -262,6 +263,7 @@ impl RunState {
     /// left the window, if it was full.
     fn push_call(&mut self, rec: CallRecord) -> Option<CallRecord> {
         let departed = push_bounded(&mut self.window, rec, WINDOW_CALLS);
+        self.window_gained.push();
         self.since_poll_moved = self
             .since_poll_moved
             .map(|n| n.saturating_add(1).min(WINDOW_CALLS as u8));
