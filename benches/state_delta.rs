@@ -4,18 +4,17 @@
 //!
 //! Each input file (JSON Lines in the event contract, `.gz` or plain: a recorded agent
 //! file, a `loopwarden simulate` fleet) goes through one engine with the default
-//! settings, as `replay` does. After each event its session's state is compared with
-//! the one before it. The delta counted is what a reader holding the previous state
-//! needs: every field but the rings written whole (the state encoded with its rings
-//! empty), and for each ring (the window of tool calls, the seen pairs and seen lines,
-//! the recent event ids, `similar_turns`' sketches) its new length and the items it
-//! gained at its end (all of them when it changed otherwise, as the seen lines do when
-//! a line seen before moves to the end). The items gained are found by comparison (the
-//! longest run of the previous ring's last items that the new ring starts with is kept):
-//! an item pushed onto a full ring of one repeated item is not counted (a tight loop's
-//! window, 21 bytes), where a delta format, counting its pushes, would write it. It
-//! prints, per file, the whole state's and the delta's mean, median and 90th percentile
-//! in bytes, and the ratio of the means.
+//! settings, as `replay` does. After each event its session's state is written as a
+//! delta from the state before it by the state's own encoder (`SessionState::delta_bytes`,
+//! `engine::state::delta`: every field whole but five rings, which write the items they
+//! gained), and the delta is applied to that state and must give the new one back (the
+//! bench exits 1 when it does not). The engine does not count what its rings gained for
+//! a store yet, so the counts are found by comparison (the longest run of the previous
+//! ring's last items that the new ring starts with is kept): an item pushed onto a full
+//! ring of one repeated item is not counted (a tight loop's window, 21 bytes), where the
+//! engine's own count would write it. A session's first state counts whole. It prints,
+//! per file, the whole state's and the delta's mean, median and 90th percentile in
+//! bytes, and the ratio of the means.
 //!
 //! `cargo bench --bench state_delta -- FILE...`
 
@@ -25,15 +24,13 @@ use std::sync::Arc;
 
 use loopwarden::config::Config;
 use loopwarden::contract::event::{parse_event, ParseLimits};
-use loopwarden::engine::state::{Encode, SessionState};
+use loopwarden::engine::state::SessionState;
+use loopwarden::engine::trajectory::Gained;
 use loopwarden::engine::{Engine, EventMeta};
 
 /// Items `after` gained at its end over `before`: the longest run of `before`'s last
 /// items that `after` starts with is kept, the rest of `after` is new.
-fn gained<T: PartialEq>(before: Option<&VecDeque<T>>, after: &VecDeque<T>) -> usize {
-    let Some(before) = before else {
-        return after.len();
-    };
+fn gained<T: PartialEq>(before: &VecDeque<T>, after: &VecDeque<T>) -> usize {
     let (b, a) = (before.len(), after.len());
     (0..=b.min(a))
         .rev()
@@ -41,62 +38,50 @@ fn gained<T: PartialEq>(before: Option<&VecDeque<T>>, after: &VecDeque<T>) -> us
         .map_or(a, |kept| a - kept)
 }
 
-/// The bytes of `ring`'s last `n` items as the state stores them (`item_len` each), and
-/// the two varints (its length, `n`) before them.
-fn tail_bytes<T>(ring: &VecDeque<T>, n: usize, item_len: impl FnMut(&T) -> usize) -> usize {
-    let mut header = Vec::new();
-    (ring.len() as u32).encode(&mut header);
-    (n as u32).encode(&mut header);
-    header.len()
-        + ring
-            .iter()
-            .skip(ring.len() - n)
-            .map(item_len)
-            .sum::<usize>()
+/// The state's delta from `before` through the state's own encoder
+/// (`SessionState::delta_bytes`), its rings' gained counts set from the comparison; the
+/// delta is applied to `before` and must give `after` back.
+fn delta_bytes(before: &SessionState, after: &SessionState, out: &mut Vec<u8>) -> usize {
+    let mut st = after.clone();
+    st.mark_written();
+    let count = |gained: &mut Gained, n: usize| (0..n).for_each(|_| gained.push());
+    count(
+        &mut st.run.window_gained,
+        gained(&before.run.window, &after.run.window),
+    );
+    count(
+        &mut st.run.pairs_gained,
+        gained(&before.run.seen_pairs, &after.run.seen_pairs),
+    );
+    count(
+        &mut st.ids_gained,
+        gained(&before.recent_event_ids, &after.recent_event_ids),
+    );
+    let (bt, at) = (
+        &before.counters.similar_turns,
+        &after.counters.similar_turns,
+    );
+    let turns = &mut st.counters.similar_turns;
+    count(
+        &mut turns.sketches_gained,
+        gained(&bt.sketches, &at.sketches),
+    );
+    count(
+        &mut turns.openings_gained,
+        gained(&bt.openings, &at.openings),
+    );
+    out.clear();
+    st.delta_bytes(out);
+    match SessionState::apply_delta(before, out) {
+        Ok(rebuilt) if rebuilt == *after => out.len(),
+        Ok(_) => fail("a delta applied to the state before gave another state"),
+        Err(error) => fail(&format!("a delta does not apply: {error}")),
+    }
 }
 
-/// An item's stored bytes, through the state's own encoder.
-fn encoded<T: Encode>(item: &T, scratch: &mut Vec<u8>) -> usize {
-    scratch.clear();
-    item.encode(scratch);
-    scratch.len()
-}
-
-fn delta_bytes(
-    before: Option<&SessionState>,
-    after: &SessionState,
-    scratch: &mut Vec<u8>,
-) -> usize {
-    let mut bare = after.clone();
-    bare.run.window.clear();
-    bare.run.seen_pairs.clear();
-    bare.run.seen_lines.clear();
-    bare.recent_event_ids.clear();
-    bare.counters.similar_turns.sketches.clear();
-    let mut n = bare.to_bytes().len();
-    let (run, ids, sketches) = (
-        before.map(|s| &s.run),
-        before.map(|s| &s.recent_event_ids),
-        before.map(|s| &s.counters.similar_turns.sketches),
-    );
-    let (a, ar) = (after, &after.run);
-    // Digests in rings are stored fixed-width: 8 bytes a u64, 2 a u16.
-    let call = gained(run.map(|r| &r.window), &ar.window);
-    n += tail_bytes(&ar.window, call, |c| encoded(c, scratch));
-    n += tail_bytes(
-        &ar.seen_pairs,
-        gained(run.map(|r| &r.seen_pairs), &ar.seen_pairs),
-        |_| 8,
-    );
-    n += tail_bytes(
-        &ar.seen_lines,
-        gained(run.map(|r| &r.seen_lines), &ar.seen_lines),
-        |_| 2,
-    );
-    n += tail_bytes(&a.recent_event_ids, gained(ids, &a.recent_event_ids), |_| 8);
-    let own = &a.counters.similar_turns.sketches;
-    n += tail_bytes(own, gained(sketches, own), |k| encoded(k, scratch));
-    n
+fn fail(what: &str) -> ! {
+    eprintln!("state_delta: {what}");
+    std::process::exit(1);
 }
 
 fn summary(v: &mut [usize]) -> (f64, usize, usize) {
@@ -134,8 +119,10 @@ fn measure(path: &str) -> std::io::Result<()> {
         let Some(after) = engine.session(&event.session_id) else {
             continue;
         };
-        whole.push(after.to_bytes().len());
-        delta.push(delta_bytes(before.as_ref(), after, &mut scratch));
+        let whole_len = after.to_bytes().len();
+        whole.push(whole_len);
+        // A session's first state is written whole.
+        delta.push(before.map_or(whole_len, |b| delta_bytes(&b, after, &mut scratch)));
     }
     let (wm, w50, w90) = summary(&mut whole);
     let (dm, d50, d90) = summary(&mut delta);

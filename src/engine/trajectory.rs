@@ -204,8 +204,8 @@ pub struct PollTracker {
 /// ([`crate::engine::state::SessionState::mark_written`]), for a delta that writes only
 /// those (`engine::state::delta`). Not stored: a state read back or new says
 /// [`Gained::WHOLE`], so that its next delta writes the whole ring (one emptied since
-/// needs nothing: every item it then holds was counted). Not part of a state's equality either: two states that hold the same
-/// are equal however they were written.
+/// needs nothing: every item it then holds was counted). Not part of a state's equality
+/// either: two states that hold the same are equal however they were written.
 #[derive(Debug, Clone, Copy)]
 pub struct Gained(u8);
 

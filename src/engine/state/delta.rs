@@ -1,6 +1,6 @@
 //! A session state as the change from the state written before it (issue 32): what a
-//! reader holding that state needs to rebuild this one, in about a quarter of the whole
-//! state's bytes on the recorded agent sessions (`benches/state_delta.rs`).
+//! reader holding that state needs to rebuild this one, in a quarter to a third of the
+//! whole state's bytes on the recorded agent sessions (`benches/state_delta.rs`).
 //!
 //! Most of an aged state is its rings (the window of tool calls, the seen pairs, the
 //! recent event ids, `similar_turns`' sketches and openings), and an event adds an item
@@ -18,8 +18,8 @@
 //! ring in [`RINGS`] only gains items at its end (each counted where it is pushed) and
 //! loses its oldest ones, or is emptied (a new run, a tombstone), after which every item
 //! it holds was counted; a ring that changes otherwise (the seen lines move a line seen
-//! again to the end) belongs in the whole part. A delta that does not fit the state it is applied to is an error that
-//! says which ring and why, never a panic.
+//! again to the end) belongs in the whole part. A delta that does not fit the state it
+//! is applied to is an error that says which ring and why, never a panic.
 //!
 //! Not written by the store or the changelog yet: the next step of issue 32 (the
 //! eighteenth look in docs/DEVELOPMENT.md) writes these in the store's records.
@@ -35,8 +35,9 @@ use crate::engine::trajectory::{CallRecord, Gained};
 /// The first byte of every delta: its layout's version.
 pub const DELTA_FORMAT: u8 = 1;
 
-/// The rings a delta writes by the items they gained, in the order it writes them.
-pub const RINGS: [&str; 5] = [
+/// The rings a delta writes by the items they gained, in the order it writes them (the
+/// names its errors give).
+const RINGS: [&str; 5] = [
     "run.window",
     "run.seen_pairs",
     "recent_event_ids",
@@ -109,11 +110,9 @@ fn take<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, &[u8]), DeltaError> {
     Ok(postcard::take_from_bytes(bytes)?)
 }
 
+/// A digest as rings store it (`fixed::deque`: its 8 little-endian bytes).
 fn fixed_u64(bytes: &[u8]) -> Result<(u64, &[u8]), DeltaError> {
-    let Some((b, rest)) = bytes.split_first_chunk::<8>() else {
-        return Err(DeltaError::State(postcard::Error::DeserializeUnexpectedEnd));
-    };
-    Ok((u64::from_le_bytes(*b), rest))
+    take::<[u8; 8]>(bytes).map(|(b, rest)| (u64::from_le_bytes(b), rest))
 }
 
 /// The ring rebuilt from `before` and the tail at the front of `bytes`; the bytes after it.
