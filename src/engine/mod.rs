@@ -53,7 +53,7 @@ use crate::engine::content::ContentSample;
 use crate::engine::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
 use crate::engine::levels::{Level, Mode};
 use crate::engine::policy::Policy;
-use crate::engine::state::{LlmObservation, SessionState};
+use crate::engine::state::{LlmObservation, Marks, SessionState};
 use crate::engine::store::{StateStore, StoreBatch, StoreError};
 use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
 use crate::engine::trajectory::ToolObservation;
@@ -109,14 +109,45 @@ struct Slot {
 /// reading it back cost more than writing it. A session that the last batch to change it
 /// changed more than once (a burst of its events) is left to the batch's end, written
 /// once for all of its changes.
+///
+/// Each state taken is handed whole and, when the session was written before in this
+/// engine, as a delta from that write too (the store picks, `engine::store::records`);
+/// the state is then marked written. A state written early and changed again before the
+/// batch's end is unmarked ([`SessionState::unmark`]): the batch's end writes its delta
+/// from the write before.
 enum Change {
     /// Changed once, and its bytes written right after. The batch's end takes them
     /// without looking the session up: a change of a session that closes is dropped.
-    Written(Vec<u8>),
+    Written(Written),
     /// Changed once, to be written at the batch's end.
     Once,
     /// Changed more than once, to be written at the batch's end.
     Again,
+}
+
+/// A state written early in a batch ([`Change::Written`]).
+struct Written {
+    whole: Vec<u8>,
+    delta: Option<Vec<u8>>,
+    /// What marking it written dropped, to undo it if the session changes again.
+    marks: Marks,
+}
+
+/// A session's state as a batch takes it: whole, as a delta from its last write when it
+/// was written before, and marked written.
+fn take_state(state: &mut SessionState, scratch: &mut Vec<u8>) -> Written {
+    let whole = state.to_bytes_with(scratch);
+    let delta = state.written_before().then(|| {
+        let mut delta = Vec::with_capacity(whole.len() / 2);
+        state.delta_bytes(&mut delta);
+        delta
+    });
+    let marks = state.mark_written();
+    Written {
+        whole,
+        delta,
+        marks,
+    }
 }
 
 /// When an idle session closes (see [`Engine::advance_clock_with_deadlines`]).
@@ -375,19 +406,7 @@ impl Engine {
         self.expire(out);
 
         let id: &str = &event.session_id;
-        // Whether this is the batch's first change of the session, recorded below once
-        // the event is applied (one insert, not an insert and a lookup); a later one drops
-        // the bytes written after the first.
-        let first_change = match self.dirty.as_mut() {
-            None => false,
-            Some(d) => match d.get_mut(id) {
-                Some(change) => {
-                    *change = Change::Again;
-                    false
-                }
-                None => true,
-            },
-        };
+        let (first_change, unwritten) = self.change_of(id);
         let deadline = now.saturating_add(gap);
         let slot = match self.sessions.entry_ref(id) {
             EntryRef::Occupied(found) => found.into_mut(),
@@ -404,6 +423,9 @@ impl Engine {
                 })
             }
         };
+        if let Some(marks) = unwritten {
+            slot.state.unmark(marks);
+        }
         // Reschedule lazily: only when the deadline moved by more than an eighth of the gap.
         if deadline > slot.scheduled.saturating_add(gap / 8) {
             slot.scheduled = deadline;
@@ -432,7 +454,7 @@ impl Engine {
             let change = if slot.changed_again {
                 Change::Once
             } else {
-                Change::Written(slot.state.to_bytes_with(&mut self.state_bytes))
+                Change::Written(take_state(&mut slot.state, &mut self.state_bytes))
             };
             d.insert(id.to_string(), change);
         }
@@ -580,6 +602,23 @@ fn observe_tool_call<'e>(
 }
 
 impl Engine {
+    /// Whether an event of session `id` is the batch's first change of it, recorded by the
+    /// caller once the event is applied (one insert, not an insert and a lookup); a later
+    /// one drops the bytes written after the first, and returns what writing them marked,
+    /// to be undone ([`SessionState::unmark`]).
+    fn change_of(&mut self, id: &str) -> (bool, Option<Marks>) {
+        let Some(dirty) = self.dirty.as_mut() else {
+            return (false, None);
+        };
+        match dirty.get_mut(id) {
+            Some(change) => match std::mem::replace(change, Change::Again) {
+                Change::Written(w) => (false, Some(w.marks)),
+                _ => (false, None),
+            },
+            None => (true, None),
+        }
+    }
+
     /// Writes every changed session, closed session and the given offsets to `store` in
     /// one atomic batch. Only engines made by [`Engine::restore`] track changes.
     pub fn flush(
@@ -601,22 +640,25 @@ impl Engine {
         let dirty = self.dirty.as_mut()?;
         let mut batch = StoreBatch::default();
         for (id, change) in dirty.drain() {
-            let bytes = match change {
+            let written = match change {
                 // Written after its one change, so its `changed_again` is false already
                 // (it is written early only then) and its session open (a close drops
                 // the change): its slot is not looked up again, which at a million open
                 // sessions was a cache miss or two for each state written.
-                Change::Written(bytes) => bytes,
+                Change::Written(written) => written,
                 Change::Once | Change::Again => {
                     let Some(slot) = self.sessions.get_mut(&id) else {
                         debug_assert!(false, "a change of a closed session: {id}");
                         continue;
                     };
                     slot.changed_again = matches!(change, Change::Again);
-                    slot.state.to_bytes_with(&mut self.state_bytes)
+                    take_state(&mut slot.state, &mut self.state_bytes)
                 }
             };
-            batch.puts.push((id, bytes));
+            if let Some(delta) = written.delta {
+                batch.deltas.push((batch.puts.len() as u32, delta));
+            }
+            batch.puts.push((id, written.whole));
         }
         // A session that closed and reopened since the last flush is a put, not a delete.
         let sessions = &self.sessions;

@@ -26,7 +26,7 @@ mod delta;
 mod encode;
 mod observe;
 
-pub use delta::{DeltaError, DELTA_FORMAT};
+pub use delta::{DeltaError, Marks, DELTA_FORMAT};
 pub use encode::Encode;
 
 /// Recent event ids remembered to drop exact duplicates.

@@ -1,22 +1,25 @@
 //! Session state storage (DESIGN §4): a small trait with two implementations, sled on
-//! disk (each partition's states as a log of records, [`records`]) and an in-memory map
-//! for `replay` and tests.
+//! disk (each partition's states as a log of records, whole states and deltas from the
+//! state before, [`records`]) and an in-memory map for `replay` and tests.
 //!
 //! Guarantees: [`StateStore::commit`] is atomic — session puts, deletes and the partition
 //! offsets of one batch are all visible after it returns, or none are — and durable for
 //! the sled store (flushed to disk before it returns), which is what lets the pipeline
-//! commit Kafka offsets afterwards; a commit that failed may be tried again. A state that
-//! cannot be decoded is reported with its session, never silently dropped.
+//! commit Kafka offsets afterwards; a commit that failed may be tried again (the batch
+//! after a failed one is written whole). A state (or a delta) that cannot be decoded is
+//! reported with its session, never silently dropped.
 
 use std::cell::{RefCell, RefMut};
 use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 use std::path::Path;
 
 mod records;
 pub use records::BadRecord;
 use records::{Entry, Log, Writer};
 
-use crate::engine::state::{CorruptState, SessionState};
+use crate::engine::state::{CorruptState, DeltaError, SessionState, DELTA_FORMAT};
 
 /// Storage failures. `Io` is transient (retry with backoff); `Corrupt` is poison for one
 /// key; `Open` is fatal at start.
@@ -24,7 +27,7 @@ use crate::engine::state::{CorruptState, SessionState};
 pub enum StoreError {
     #[error("cannot open state store at {path}: {source}")]
     Open { path: String, source: sled::Error },
-    #[error("state store at {path} holds store format {found}; this build reads store format {expected} and upgrades format 5 (move it aside and start with an empty one: with the changelog on, its partitions are restored from it)")]
+    #[error("state store at {path} holds store format {found}; this build reads store format {expected} and upgrades formats 5 and 6 (move it aside and start with an empty one: with the changelog on, its partitions are restored from it)")]
     Format {
         path: String,
         found: String,
@@ -37,12 +40,21 @@ pub enum StoreError {
         session: String,
         source: CorruptState,
     },
+    #[error("session {session}: {source}")]
+    BadDelta { session: String, source: DeltaError },
 }
 
 /// One atomic unit of state changes.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct StoreBatch {
+    /// Sessions' new states, whole (what the changelog and the in-memory store take).
     pub puts: Vec<(String, Vec<u8>)>,
+    /// Some puts' states as deltas from the state the session's put before wrote
+    /// (`engine::state::delta`), by their index in `puts`, ascending: the sled store
+    /// writes the delta in place of the whole state while the session's chain of deltas is
+    /// short. Only for a session whose state before was handed to the same store in the
+    /// batch before, as the engine's batches are, in order.
+    pub deltas: Vec<(u32, Vec<u8>)>,
     pub deletes: Vec<String>,
     /// Last applied offset per input partition (key: `topic/partition`).
     pub offsets: Vec<(String, i64)>,
@@ -79,6 +91,27 @@ fn decode(session: &str, bytes: &[u8]) -> Result<SessionState, StoreError> {
         session: session.to_string(),
         source,
     })
+}
+
+/// The state a stored delta gives, from the one before it.
+fn apply(session: &str, before: &SessionState, delta: &[u8]) -> Result<SessionState, StoreError> {
+    SessionState::apply_delta(before, delta).map_err(|source| StoreError::BadDelta {
+        session: session.to_string(),
+        source,
+    })
+}
+
+/// A stored state as loaded (see [`loaded`]): one that cannot be read is logged and
+/// passed over, and the deltas after it with it.
+fn passed_over(state: Result<SessionState, StoreError>) -> Option<SessionState> {
+    state
+        .map_err(|error| {
+            tracing::warn!(
+                %error,
+                "skipping a stored session state that cannot be read; the session starts anew"
+            )
+        })
+        .ok()
 }
 
 /// In-memory store.
@@ -179,13 +212,20 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 pub const STATE_FORMAT: u32 = 5;
 
 /// The state directory's format: the states' encoding and how they are laid out. Format
-/// 6: [`STATE_FORMAT`] 5's states in records ([`records`]); format 5 held one key per
-/// session and is upgraded in place when opened.
-pub const STORE_FORMAT: u32 = 6;
+/// 7: [`STATE_FORMAT`] 5's states in records ([`records`]) as whole states and deltas
+/// ([`DELTA_FORMAT`] 1); format 6 held whole states only (its records are format 7's,
+/// and it is marked 7 when opened); format 5 held one key per session and is upgraded in
+/// place when opened.
+pub const STORE_FORMAT: u32 = 7;
 const _: () = assert!(
-    STORE_FORMAT == STATE_FORMAT + 1,
-    "a new state format is a new store format too: bump STORE_FORMAT with STATE_FORMAT"
+    STORE_FORMAT == STATE_FORMAT + 2 && DELTA_FORMAT == 1,
+    "a new state or delta format is a new store format too: bump STORE_FORMAT with them"
 );
+/// The store format of records of whole states only, read as they are.
+const WHOLE_RECORDS_FORMAT: u32 = 6;
+/// The state encoding of [`WHOLE_RECORDS_FORMAT`]'s states (read only while it is this
+/// build's).
+const WHOLE_RECORDS_STATE_FORMAT: u32 = 5;
 /// The store format of one key per session, whose states this build reads.
 const PER_SESSION_FORMAT: u32 = 5;
 /// The state encoding of [`PER_SESSION_FORMAT`]'s states (upgraded only while it is
@@ -229,6 +269,18 @@ pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, Sto
     };
     match found {
         Ok(STORE_FORMAT) => {}
+        Ok(WHOLE_RECORDS_FORMAT) if STATE_FORMAT == WHOLE_RECORDS_STATE_FORMAT => {
+            // Its records are this format's, without deltas: only an older build, which
+            // cannot read deltas, must refuse the directory from now on.
+            db.insert(FORMAT_KEY, &expected).map_err(opened)?;
+            db.flush().map_err(opened)?;
+            tracing::info!(
+                path = %path.display(),
+                from = WHOLE_RECORDS_FORMAT,
+                to = STORE_FORMAT,
+                "state store upgraded"
+            );
+        }
         Ok(PER_SESSION_FORMAT | UPGRADING_TO_RECORDS)
             if STATE_FORMAT == PER_SESSION_STATE_FORMAT =>
         {
@@ -379,13 +431,26 @@ impl SledStore {
         Ok(self.log()?.sessions())
     }
 
-    /// A batch's writes: its states and deletions as records, the records it folds or
-    /// empties removed, its offsets. The index is kept as if they were applied.
-    fn plan(&self, batch: &StoreBatch) -> Result<Writes, StoreError> {
+    /// Deltas the sessions' chains hold, after their state entries (walks every
+    /// session: for measurements and tests).
+    pub fn stored_deltas(&self) -> Result<usize, StoreError> {
+        Ok(self.log()?.deltas())
+    }
+
+    /// A batch's writes: its states (as deltas where `deltas` and the batch has them)
+    /// and deletions as records, the records it folds or empties removed, its offsets.
+    /// The index is kept as if they were applied.
+    fn plan(&self, batch: &StoreBatch, deltas: bool) -> Result<Writes, StoreError> {
         let mut log = self.log()?;
         let mut writer = Writer::new(&mut log);
-        for (k, v) in &batch.puts {
-            writer.put(k.as_bytes(), v);
+        let mut deltas = batch.deltas.iter().filter(|_| deltas).peekable();
+        for (i, (k, v)) in batch.puts.iter().enumerate() {
+            match deltas.next_if(|(at, _)| *at as usize == i) {
+                Some((_, delta)) => {
+                    writer.put_delta(k.as_bytes(), delta, v);
+                }
+                None => writer.put(k.as_bytes(), v),
+            }
         }
         for k in &batch.deletes {
             writer.delete(k.as_bytes());
@@ -474,16 +539,37 @@ fn read_log(tree: &sled::Tree) -> Result<Log, sled::Error> {
 impl StateStore for SledStore {
     fn load_sessions(&self) -> Result<Vec<(String, SessionState)>, StoreError> {
         let log = self.log()?;
-        let mut out = Vec::with_capacity(log.sessions());
+        // Each chain read in the log's order: its state entry, then its deltas applied.
+        let mut chains: FxHashMap<Vec<u8>, Option<SessionState>> = FxHashMap::default();
+        chains.reserve(log.sessions());
         for item in self.tree.scan_prefix(records::RECORD_PREFIX) {
             let (k, v) = item?;
             let Some(seq) = records::record_seq(&k) else {
                 continue;
             };
-            for (name, state, _) in log.live_states(seq, &v) {
-                loaded(String::from_utf8_lossy(name).into_owned(), state, &mut out);
+            for (entry, _) in log.live_entries(seq, &v) {
+                let name = entry.name();
+                match entry {
+                    Entry::State { state, .. } => {
+                        let state = decode(&String::from_utf8_lossy(name), state);
+                        chains.insert(name.to_vec(), passed_over(state));
+                    }
+                    Entry::Delta { delta, .. } => {
+                        if let Some(slot) = chains.get_mut(name) {
+                            if let Some(before) = slot.as_ref() {
+                                let state = apply(&String::from_utf8_lossy(name), before, delta);
+                                *slot = passed_over(state);
+                            }
+                        }
+                    }
+                    Entry::Deletion { .. } => {}
+                }
             }
         }
+        let mut out: Vec<(String, SessionState)> = chains
+            .into_iter()
+            .filter_map(|(name, state)| Some((String::from_utf8_lossy(&name).into_owned(), state?)))
+            .collect();
         // In the sessions' order, as a tree of one key per session gave them.
         out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
@@ -498,12 +584,17 @@ impl StateStore for SledStore {
     }
 
     fn commit(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
-        // A batch sled did not take is finished first (a retry then writes its states
-        // again: the same states, superseding).
-        if let Some(writes) = self.unapplied.take() {
-            self.apply(writes)?;
-        }
-        match self.plan(batch) {
+        // A batch sled did not take is finished first. A retry then writes its states
+        // again, whole: the same states, superseding (a delta written twice would be
+        // applied twice).
+        let after_a_failed_write = match self.unapplied.take() {
+            Some(writes) => {
+                self.apply(writes)?;
+                true
+            }
+            None => false,
+        };
+        match self.plan(batch, !after_a_failed_write) {
             Ok(writes) => self.apply(writes),
             Err(e) => {
                 // Planned in part, applied not at all: the tree is what is true.
@@ -513,19 +604,32 @@ impl StateStore for SledStore {
         }
     }
 
+    /// The session's state entry as stored when its chain has no deltas; else the state
+    /// its chain gives, encoded whole.
     fn session_bytes(&self, session: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(holder) = self.log()?.holder(session.as_bytes()) else {
+        let Some(chain) = self.log()?.chain(session.as_bytes()).cloned() else {
             return Ok(None);
         };
-        let Some(bytes) = self.tree.get(records::record_key(holder.record))? else {
-            return Ok(None);
-        };
-        Ok(records::entries(&bytes)
-            .nth(holder.entry as usize)
-            .and_then(|e| match e {
-                Ok((Entry::State { state, .. }, _)) => Some(state.to_vec()),
-                _ => None,
-            }))
+        let mut parts = Vec::with_capacity(1 + chain.deltas.len());
+        for h in std::iter::once(&chain.state).chain(&chain.deltas) {
+            let Some(record) = self.tree.get(records::record_key(h.record))? else {
+                return Ok(None);
+            };
+            match records::entries(&record).nth(h.entry as usize) {
+                Some(Ok((Entry::State { state, .. }, _))) => parts.push(state.to_vec()),
+                Some(Ok((Entry::Delta { delta, .. }, _))) => parts.push(delta.to_vec()),
+                _ => return Ok(None),
+            }
+        }
+        let (whole, deltas) = parts.split_first().expect("a chain has its state entry");
+        if deltas.is_empty() {
+            return Ok(Some(whole.clone()));
+        }
+        let mut state = decode(session, whole)?;
+        for delta in deltas {
+            state = apply(session, &state, delta)?;
+        }
+        Ok(Some(state.to_bytes()))
     }
 }
 
@@ -538,6 +642,7 @@ mod tests {
         store
             .commit(&StoreBatch {
                 puts: vec![("a".into(), st.to_bytes()), ("b".into(), st.to_bytes())],
+                deltas: Vec::new(),
                 deletes: vec![],
                 offsets: vec![("t/0".into(), 7)],
             })
@@ -545,6 +650,7 @@ mod tests {
         store
             .commit(&StoreBatch {
                 puts: vec![],
+                deltas: Vec::new(),
                 deletes: vec!["a".into()],
                 offsets: vec![("t/0".into(), 9)],
             })
@@ -568,6 +674,7 @@ mod tests {
                         ("garbled".into(), vec![0xff; 7]),
                         ("fine".into(), st.to_bytes()),
                     ],
+                    deltas: Vec::new(),
                     deletes: vec![],
                     offsets: vec![],
                 })
@@ -668,7 +775,7 @@ mod tests {
             db.flush().unwrap();
         }
         for _ in 0..2 {
-            // The second open finds format 6 and nothing to upgrade.
+            // The second open finds this format and nothing to upgrade.
             let db = open_db(&path).unwrap();
             assert_eq!(
                 db.get(FORMAT_KEY).unwrap().unwrap().as_ref(),
@@ -712,6 +819,7 @@ mod tests {
                         .iter()
                         .map(|n| (format!("s{n}"), st(*n, round)))
                         .collect(),
+                    deltas: Vec::new(),
                     deletes: if round == 30 {
                         vec!["s5".into()]
                     } else {
@@ -837,6 +945,66 @@ mod tests {
             stored < 3 * live + 16 * 1024,
             "{stored} bytes stored for {live} live, of {written} written"
         );
+    }
+
+    /// A state directory of store format 6 (records of whole states) is read as it is
+    /// and marked format 7, which a build of format 6 (that cannot read deltas) refuses.
+    #[test]
+    fn a_database_of_whole_state_records_is_read_and_marked_as_this_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let state = |i: i64| SessionState::new(i, i);
+        {
+            let db = sled::open(&path).unwrap();
+            db.insert(FORMAT_KEY, &WHOLE_RECORDS_FORMAT.to_be_bytes())
+                .unwrap();
+            let tree = db.open_tree("partition/0").unwrap();
+            let mut log = Log::default();
+            let mut w = Writer::new(&mut log);
+            w.put(b"a", &state(1).to_bytes());
+            w.put(b"b", &state(2).to_bytes());
+            for (seq, bytes) in w.finish().0 {
+                tree.insert(records::record_key(seq), bytes).unwrap();
+            }
+            db.flush().unwrap();
+        }
+        let db = open_db(&path).unwrap();
+        assert_eq!(
+            db.get(FORMAT_KEY).unwrap().unwrap().as_ref(),
+            STORE_FORMAT.to_be_bytes()
+        );
+        let store = SledStore::partition(&db, 0).unwrap();
+        assert_eq!(
+            store.load_sessions().unwrap(),
+            vec![("a".to_string(), state(1)), ("b".to_string(), state(2))]
+        );
+    }
+
+    /// A stored delta that does not apply to its chain passes over its session alone (it
+    /// starts anew), and reading that session's bytes says which session and why.
+    #[test]
+    fn a_delta_that_does_not_apply_passes_over_its_session_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SledStore::open(dir.path()).unwrap();
+        let mut st = SessionState::new(1, 1);
+        st.agent_id = Some("x".repeat(200));
+        let batch = |deltas| StoreBatch {
+            puts: vec![("a".into(), st.to_bytes()), ("b".into(), st.to_bytes())],
+            deltas,
+            ..StoreBatch::default()
+        };
+        store.commit(&batch(vec![])).unwrap();
+        store
+            .commit(&batch(vec![(0, vec![DELTA_FORMAT, 0xff, 0xff])]))
+            .unwrap();
+        assert_eq!(store.stored_deltas().unwrap(), 1);
+        assert_eq!(
+            store.load_sessions().unwrap(),
+            vec![("b".to_string(), st.clone())]
+        );
+        let err = store.session_bytes("a").unwrap_err().to_string();
+        assert!(err.starts_with("session a: state delta"), "{err}");
+        assert_eq!(store.session_bytes("b").unwrap(), Some(st.to_bytes()));
     }
 
     #[test]

@@ -496,3 +496,110 @@ fn a_restored_state_that_counts_findings_of_a_detector_this_build_lacks_closes_w
     let summary = summary_at_the_end(&mut engine, Vec::new());
     assert_eq!(summary["findings"], json!({}), "{summary}");
 }
+
+/// Runs a generated fleet through an engine restored from a sled store, storing its
+/// batches (whole states and deltas) there and in an in-memory store (whole states),
+/// every `batch_events` events; every `reopen_every` batches the sled store is opened
+/// afresh and the engine restored from it (its states read back, so their next writes
+/// are whole), and once a sled batch fails part-way and is retried. After every batch
+/// the sled store's sessions must be the in-memory store's, and those the engine's.
+/// Returns the deltas the sled store held after a batch, summed over the batches.
+fn fleet_through_the_sled_store(seed: u64, batch_events: usize, reopen_every: usize) -> usize {
+    use crate::tools::simulate::{Fleet, FleetSpec};
+    let config = Arc::new(Config::default());
+    let dir = tempfile::tempdir().unwrap();
+    let mut sled = store::SledStore::open(dir.path()).unwrap();
+    let mut memory = store::MemoryStore::new();
+    let mut engine = Engine::restore(config.clone(), &sled).unwrap();
+    let mut fleet = Fleet::new(FleetSpec {
+        sessions: 16,
+        concurrency: 6,
+        loop_share: 0.5,
+        seed,
+    });
+    let (limits, mut out) = (ParseLimits::default(), Vec::new());
+    let (mut t, mut events, mut batches, mut deltas) = (1_763_000_000_000i64, 0, 0, 0);
+    let mut failed = false;
+    loop {
+        let next = fleet.next_event(t);
+        if let Some(e) = &next {
+            t += 250;
+            let event = parse_event(&e.json, &limits).expect("the fleet's events parse");
+            engine.process(&event, &EventMeta::default(), &mut out);
+            out.clear();
+            events += 1;
+        }
+        if next.is_some() && events % batch_events != 0 {
+            continue;
+        }
+        let batch = engine.take_changes(&[]).expect("tracked");
+        if !failed && batches > 2 {
+            failed = true;
+            sled.fail_next_write_after(1 + batches % 3);
+            assert!(sled.commit(&batch).is_err());
+        }
+        sled.commit(&batch).unwrap();
+        memory.commit(&batch).unwrap();
+        deltas += sled.stored_deltas().unwrap();
+        batches += 1;
+        if batches % reopen_every == 0 {
+            drop(sled);
+            sled = store::SledStore::open(dir.path()).unwrap();
+            engine = Engine::restore(config.clone(), &sled).unwrap();
+        }
+        let (stored, want) = (
+            sled.load_sessions().unwrap(),
+            memory.load_sessions().unwrap(),
+        );
+        let names =
+            |v: &[(String, SessionState)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&stored), names(&want), "after batch {batches}");
+        for ((id, got), (_, want)) in stored.iter().zip(&want) {
+            assert!(
+                got == want,
+                "{id} after batch {batches}: {}",
+                first_difference(got, want)
+            );
+        }
+        for (id, state) in &stored {
+            assert_eq!(
+                engine.session(id),
+                Some(state),
+                "{id} after batch {batches}"
+            );
+        }
+        if next.is_none() {
+            return deltas;
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(6))]
+    /// The sled store's chains of whole states and deltas rebuild the engine's states,
+    /// across reopens, restores, folds and a batch sled took in part.
+    #[test]
+    fn the_sled_store_rebuilds_the_engines_states_from_its_deltas(
+        seed in proptest::prelude::any::<u64>(),
+        batch_events in 1usize..24,
+        reopen_every in 2usize..9,
+    ) {
+        proptest::prop_assert!(fleet_through_the_sled_store(seed, batch_events, reopen_every) > 20);
+    }
+}
+
+/// Where two states' debug forms first differ (a few dozen characters around it).
+fn first_difference(a: &SessionState, b: &SessionState) -> String {
+    let (a, b) = (format!("{a:?}"), format!("{b:?}"));
+    let at = a
+        .bytes()
+        .zip(b.bytes())
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
+    let from = at.saturating_sub(120);
+    format!(
+        "stored …{}… against …{}…",
+        &a[from..(at + 60).min(a.len())],
+        &b[from..(at + 60).min(b.len())]
+    )
+}

@@ -223,6 +223,20 @@ impl Gained {
         }
     }
 
+    /// Whether the count is unknown (the ring is written whole).
+    pub fn is_whole(self) -> bool {
+        self.0 == u8::MAX
+    }
+
+    /// The items gained over two spans, one after the other.
+    pub fn then(self, later: Gained) -> Gained {
+        if self.is_whole() || later.is_whole() {
+            Gained::WHOLE
+        } else {
+            Gained(self.0.saturating_add(later.0).min(u8::MAX - 1))
+        }
+    }
+
     /// The items of a ring of `len` a delta writes.
     pub fn of(self, len: usize) -> usize {
         if self.0 == u8::MAX {

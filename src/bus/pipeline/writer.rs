@@ -241,6 +241,7 @@ mod tests {
                 .map(|(id, state)| (id.to_string(), state.to_vec()))
                 .into_iter()
                 .collect(),
+            deltas: Vec::new(),
             deletes: Vec::new(),
             offsets: vec![("t/0".to_string(), offset)],
         };

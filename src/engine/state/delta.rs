@@ -21,8 +21,8 @@
 //! again to the end) belongs in the whole part. A delta that does not fit the state it
 //! is applied to is an error that says which ring and why, never a panic.
 //!
-//! Not written by the store or the changelog yet: the next step of issue 32 (the
-//! eighteenth look in docs/DEVELOPMENT.md) writes these in the store's records.
+//! The sled store writes these in its records (`engine::store::records`); the changelog
+//! takes whole states.
 
 use std::collections::VecDeque;
 
@@ -44,6 +44,10 @@ const RINGS: [&str; 5] = [
     "similar_turns.sketches",
     "similar_turns.openings",
 ];
+
+/// The rings' gain counts a [`SessionState::mark_written`] dropped, in [`RINGS`]' order.
+#[derive(Debug, Clone, Copy)]
+pub struct Marks([Gained; 5]);
 
 /// A delta that does not fit the state it is applied to, or is not one.
 #[derive(Debug, thiserror::Error)]
@@ -166,14 +170,45 @@ impl SessionState {
     }
 
     /// Records that this state was written (whole or as a delta): the next delta is
-    /// taken against it.
-    pub fn mark_written(&mut self) {
-        self.run.window_gained = Gained::NONE;
-        self.run.pairs_gained = Gained::NONE;
-        self.ids_gained = Gained::NONE;
+    /// taken against it. Returns the counts it drops, for [`SessionState::unmark`].
+    pub fn mark_written(&mut self) -> Marks {
         let turns = &mut self.counters.similar_turns;
-        turns.sketches_gained = Gained::NONE;
-        turns.openings_gained = Gained::NONE;
+        Marks([
+            std::mem::replace(&mut self.run.window_gained, Gained::NONE),
+            std::mem::replace(&mut self.run.pairs_gained, Gained::NONE),
+            std::mem::replace(&mut self.ids_gained, Gained::NONE),
+            std::mem::replace(&mut turns.sketches_gained, Gained::NONE),
+            std::mem::replace(&mut turns.openings_gained, Gained::NONE),
+        ])
+    }
+
+    /// Undoes a [`SessionState::mark_written`] whose write was not kept (a state written
+    /// early in a batch and changed again before its end): the next delta is taken
+    /// against the write before it again, counting what was gained before and since.
+    pub fn unmark(&mut self, dropped: Marks) {
+        let turns = &mut self.counters.similar_turns;
+        let [window, pairs, ids, sketches, openings] = dropped.0;
+        self.run.window_gained = window.then(self.run.window_gained);
+        self.run.pairs_gained = pairs.then(self.run.pairs_gained);
+        self.ids_gained = ids.then(self.ids_gained);
+        turns.sketches_gained = sketches.then(turns.sketches_gained);
+        turns.openings_gained = openings.then(turns.openings_gained);
+    }
+
+    /// Whether a state was written since it was made or read (every ring's gain since
+    /// then is counted): a delta of one that was not holds its rings whole, no smaller
+    /// than the state.
+    pub fn written_before(&self) -> bool {
+        let turns = &self.counters.similar_turns;
+        [
+            self.run.window_gained,
+            self.run.pairs_gained,
+            self.ids_gained,
+            turns.sketches_gained,
+            turns.openings_gained,
+        ]
+        .iter()
+        .all(|g| !g.is_whole())
     }
 
     /// The state `delta` describes, taken against `before` ([`SessionState::delta_bytes`]).

@@ -9,27 +9,42 @@
 //!
 //! A record is a sled value under `r/<sequence>` (big-endian, so a scan reads them in the
 //! order they were written): entries one after another, each a state (`0`, the session's
-//! name and its state's bytes, both length-prefixed) or a deletion (`1` and the name). A
-//! session's state is the one in its newest entry, unless a later deletion ends it.
-//! Records are cut at [`RECORD_BYTES`] so that sled's leaves, which it rewrites whole,
-//! stay small.
+//! name and its state's bytes, both length-prefixed), a deletion (`1` and the name) or a
+//! delta (`2`, the name and the delta's bytes: the change from the session's state
+//! before it, `engine::state::delta`). A session's state is its chain: its newest state
+//! entry and the deltas after it, applied in order, unless a later deletion ends it. A
+//! delta with no state before it (its chain's state was folded, below) is dead. Records
+//! are cut at [`RECORD_BYTES`] so that sled's leaves, which it rewrites whole, stay small.
 //!
-//! The store keeps in memory which entry holds each session's newest state ([`Log`]) and
-//! how many bytes of each record are still live. A record written before a batch that
-//! holds no live state and no deletion is removed by that batch (a deletion stays until
-//! its record is the oldest: an older record may hold a state it ends). While the
-//! records hold more than twice the live bytes (plus [`FOLD_SLACK_BYTES`]), the oldest
-//! are folded: their live states are written again in the batch's records, and they are
-//! removed, deletions and all, since no older record is left. A batch folds about as
-//! many live bytes as it wrote itself (at least [`FOLD_BYTES_MIN`]; the last record
-//! folded may pass it), so no batch pays for the whole log, and the log stays within a
-//! bounded multiple of the live states.
+//! Why deltas: an aged state is 0.7–1.3 kB and an event changes a quarter to a third of
+//! it (`benches/state_delta.rs`); every byte of a state written costs its copy into a
+//! record, sled's log and its leaves' rewrites. A chain is cut short: a delta is written
+//! only while the chain's deltas, with it, hold no more bytes than its state entry
+//! ([`CHAIN_DELTA_FACTOR`]); past that the whole state is written and starts a new chain.
+//! So a chain holds at most about twice a state's bytes and a restore applies a few
+//! deltas per session.
+//!
+//! The store keeps in memory which entries make each session's chain ([`Log`]) and how
+//! many bytes of each record are still live. A record written before a batch that holds
+//! no live entry and no deletion is removed by that batch (a deletion stays until its
+//! record is the oldest: an older record may hold a state it ends). While the records
+//! hold more than twice the live bytes (plus [`FOLD_SLACK_BYTES`]), the oldest are
+//! folded: the chains with a live entry there are written again, whole chain in order
+//! (its state entry and deltas as they are, none decoded), in the batch's records, and
+//! the record is removed, deletions and all, since no older record is left. A chain's
+//! state entry is its oldest, so the oldest record holds the state entry of every chain
+//! it holds a part of, and a chain copied later in the log reads, in the log's order,
+//! before any delta appended to it. A batch folds about as many live bytes as it wrote
+//! itself (at least [`FOLD_BYTES_MIN`]; the last record folded may pass it), so no batch
+//! pays for the whole log, and the log stays within a bounded multiple of the live
+//! entries.
 //!
 //! Guarantees: a batch's records, the removals it folds and the partition's offsets are
 //! one sled batch, which the store applies whole or applies again (`store.rs`); the
-//! in-memory index describes the tree once the batch is applied; a record that cannot be
-//! read is reported with its sequence number and what could be read of it is kept,
-//! never a panic.
+//! in-memory index describes the tree once the batch is applied (property-tested: the
+//! index kept as batches are written equals the one read afresh from the tree); a record
+//! that cannot be read is reported with its sequence number and what could be read of it
+//! is kept, never a panic.
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -52,8 +67,14 @@ const FOLD_FACTOR: u64 = 2;
 /// …plus this much (a small store is not folded over and over).
 const FOLD_SLACK_BYTES: u64 = if cfg!(test) { 4096 } else { 1024 * 1024 };
 
+/// A chain's deltas hold at most this many times its state entry's bytes: past it the
+/// whole state is written (a chain is at most about twice a state, and a restore applies a
+/// few deltas a session: 3 at the quarter-to-a-third deltas of the recorded sessions).
+pub(super) const CHAIN_DELTA_FACTOR: u64 = 1;
+
 const STATE: u8 = 0;
 const DELETION: u8 = 1;
+const DELTA: u8 = 2;
 
 pub(super) fn record_key(seq: u64) -> [u8; 10] {
     let mut k = [0u8; 10];
@@ -75,6 +96,17 @@ pub(super) fn record_seq(key: &[u8]) -> Option<u64> {
 pub(super) enum Entry<'a> {
     State { name: &'a [u8], state: &'a [u8] },
     Deletion { name: &'a [u8] },
+    Delta { name: &'a [u8], delta: &'a [u8] },
+}
+
+impl<'a> Entry<'a> {
+    pub(super) fn name(&self) -> &'a [u8] {
+        match *self {
+            Entry::State { name, .. } | Entry::Deletion { name } | Entry::Delta { name, .. } => {
+                name
+            }
+        }
+    }
 }
 
 /// Why a record could not be read to its end.
@@ -134,7 +166,7 @@ impl<'a> Iterator for Entries<'a> {
         }
         let start = self.at;
         let kind = self.bytes[self.at];
-        if kind != STATE && kind != DELETION {
+        if !matches!(kind, STATE | DELETION | DELTA) {
             return Some(Err(self.bad("unknown entry kind")));
         }
         self.at += 1;
@@ -143,8 +175,9 @@ impl<'a> Iterator for Entries<'a> {
             return Some(Err(self.bad("the name runs past the record's end")));
         };
         let entry = match kind {
-            STATE => match self.length_prefixed() {
-                Some(state) => Entry::State { name, state },
+            STATE | DELTA => match self.length_prefixed() {
+                Some(state) if kind == STATE => Entry::State { name, state },
+                Some(delta) => Entry::Delta { name, delta },
                 None => {
                     self.at = start;
                     return Some(Err(self.bad("the state runs past the record's end")));
@@ -157,12 +190,34 @@ impl<'a> Iterator for Entries<'a> {
     }
 }
 
-/// Where a session's newest state is: its record, its entry there, the entry's length.
+/// Where an entry of a session's chain is: its record, its index there, its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Holder {
     pub record: u64,
     pub entry: u32,
     len: u32,
+}
+
+/// A session's chain: its newest state entry and the deltas written after it, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Chain {
+    pub state: Holder,
+    pub deltas: Vec<Holder>,
+}
+
+impl Chain {
+    fn entries(&self) -> impl Iterator<Item = &Holder> {
+        std::iter::once(&self.state).chain(&self.deltas)
+    }
+
+    fn holds(&self, record: u64, entry: u32) -> bool {
+        self.entries()
+            .any(|h| h.record == record && h.entry == entry)
+    }
+
+    fn delta_bytes(&self) -> u64 {
+        self.deltas.iter().map(|h| u64::from(h.len)).sum()
+    }
 }
 
 /// What one record holds.
@@ -185,7 +240,7 @@ struct RecordStats {
 pub(super) struct Log {
     /// The sequence number of the next record.
     next: u64,
-    holders: FxHashMap<Box<[u8]>, Holder>,
+    chains: FxHashMap<Box<[u8]>, Chain>,
     records: BTreeMap<u64, RecordStats>,
     stored_bytes: u64,
     live_bytes: u64,
@@ -210,70 +265,106 @@ impl Log {
         result
     }
 
-    pub(super) fn holder(&self, name: &[u8]) -> Option<Holder> {
-        self.holders.get(name).copied()
+    pub(super) fn chain(&self, name: &[u8]) -> Option<&Chain> {
+        self.chains.get(name)
     }
 
-    /// The entries of record `seq` (its `bytes`) that hold their session's newest state:
-    /// name, state and the entry's length.
-    pub(super) fn live_states<'s, 'b>(
+    /// The entries of record `seq` (its `bytes`) that are part of their session's chain
+    /// (states and deltas), in the record's order, with their lengths. Read over the
+    /// records in order, each session's state entry comes before its deltas, in the
+    /// order they apply.
+    pub(super) fn live_entries<'s, 'b>(
         &'s self,
         seq: u64,
         bytes: &'b [u8],
-    ) -> impl Iterator<Item = (&'b [u8], &'b [u8], u32)> + use<'s, 'b> {
+    ) -> impl Iterator<Item = (Entry<'b>, u32)> + use<'s, 'b> {
         entries(bytes)
             .enumerate()
             .filter_map(move |(index, entry)| match entry {
-                Ok((Entry::State { name, state }, len)) => self
-                    .holder(name)
-                    .is_some_and(|h| h.record == seq && h.entry == index as u32)
-                    .then_some((name, state, len)),
+                Ok((e @ (Entry::State { .. } | Entry::Delta { .. }), len)) => self
+                    .chain(e.name())
+                    .is_some_and(|c| c.holds(seq, index as u32))
+                    .then_some((e, len)),
                 _ => None,
             })
     }
 
     pub(super) fn sessions(&self) -> usize {
-        self.holders.len()
+        self.chains.len()
+    }
+
+    /// The deltas the sessions' chains hold (walks every chain).
+    pub(super) fn deltas(&self) -> usize {
+        self.chains.values().map(|c| c.deltas.len()).sum()
+    }
+
+    /// An entry of `seq` no longer part of a chain.
+    fn unlive(&mut self, old: Holder) {
+        // The holder's record is in the index while it holds a live entry (a record is
+        // removed only once none of its entries is live).
+        if let Some(stats) = self.records.get_mut(&old.record) {
+            stats.live -= 1;
+            stats.live_bytes -= u64::from(old.len);
+            self.live_bytes -= u64::from(old.len);
+            if stats.live == 0 && stats.deletions == 0 {
+                self.emptied.push(old.record);
+            }
+        }
+    }
+
+    /// Forgets a session's chain, its entries no longer live.
+    fn forget(&mut self, name: &[u8]) {
+        if let Some(chain) = self.chains.remove(name) {
+            for h in chain.entries() {
+                self.unlive(*h);
+            }
+        }
     }
 
     /// Accounts for an entry written (or read) at the end of record `seq`.
     fn note(&mut self, seq: u64, entry: Entry<'_>, len: u32) {
         let stats = self.records.entry(seq).or_default();
-        let index = stats.entries;
+        let holder = Holder {
+            record: seq,
+            entry: stats.entries,
+            len,
+        };
         stats.entries += 1;
-        let before = match entry {
+        let live = |log: &mut Log| {
+            let stats = log.records.get_mut(&seq).expect("noted above");
+            stats.live += 1;
+            stats.live_bytes += u64::from(len);
+            log.live_bytes += u64::from(len);
+        };
+        match entry {
             Entry::State { name, .. } => {
-                stats.live += 1;
-                stats.live_bytes += u64::from(len);
-                self.live_bytes += u64::from(len);
-                let holder = Holder {
-                    record: seq,
-                    entry: index,
-                    len,
+                live(self);
+                let chain = Chain {
+                    state: holder,
+                    deltas: Vec::new(),
                 };
-                match self.holders.get_mut(name) {
-                    Some(h) => Some(std::mem::replace(h, holder)),
+                let before = match self.chains.get_mut(name) {
+                    Some(c) => Some(std::mem::replace(c, chain)),
                     None => {
-                        self.holders.insert(name.into(), holder);
+                        self.chains.insert(name.into(), chain);
                         None
                     }
+                };
+                for h in before.iter().flat_map(Chain::entries) {
+                    self.unlive(*h);
+                }
+            }
+            Entry::Delta { name, .. } => {
+                // A delta with no state before it is dead from the start: its chain's
+                // state was folded (and the chain copied later in the log).
+                if let Some(chain) = self.chains.get_mut(name) {
+                    chain.deltas.push(holder);
+                    live(self);
                 }
             }
             Entry::Deletion { name } => {
                 stats.deletions += 1;
-                self.holders.remove(name)
-            }
-        };
-        if let Some(old) = before {
-            // The holder's record is in the index while it holds a live state (a record
-            // is removed only once none of its states is live).
-            if let Some(stats) = self.records.get_mut(&old.record) {
-                stats.live -= 1;
-                stats.live_bytes -= u64::from(old.len);
-                self.live_bytes -= u64::from(old.len);
-                if stats.live == 0 && stats.deletions == 0 {
-                    self.emptied.push(old.record);
-                }
+                self.forget(name);
             }
         }
     }
@@ -285,17 +376,25 @@ impl Log {
         self.stored_bytes += bytes as u64;
     }
 
-    /// Removes a record from the index; sessions whose newest state it still held (only
+    /// Removes a record from the index; sessions whose chain it is still part of (only
     /// when it could not be read whole while it was folded) are forgotten with it.
     fn remove(&mut self, seq: u64) {
+        if self.records.get(&seq).is_some_and(|r| r.live > 0) {
+            let broken: Vec<Box<[u8]>> = self
+                .chains
+                .iter()
+                .filter(|(_, c)| c.entries().any(|h| h.record == seq))
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in broken {
+                self.forget(&name);
+            }
+        }
         let Some(stats) = self.records.remove(&seq) else {
             return;
         };
         self.stored_bytes -= stats.bytes;
         self.live_bytes -= stats.live_bytes;
-        if stats.live > 0 {
-            self.holders.retain(|_, h| h.record != seq);
-        }
     }
 
     pub(super) fn needs_folding(&self) -> bool {
@@ -352,7 +451,11 @@ impl<'l> Writer<'l> {
             Some(s) => {
                 buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
                 buf.extend_from_slice(s);
-                Entry::State { name, state: s }
+                if kind == DELTA {
+                    Entry::Delta { name, delta: s }
+                } else {
+                    Entry::State { name, state: s }
+                }
             }
             None => Entry::Deletion { name },
         };
@@ -378,11 +481,80 @@ impl<'l> Writer<'l> {
         self.write(STATE, name, Some(state));
     }
 
+    /// A session's state, `delta` the change from its state before (the one the chain
+    /// ends at), `whole` the state itself: the delta is written while the session has a
+    /// chain whose deltas, with this one, stay within [`CHAIN_DELTA_FACTOR`] times its
+    /// state entry; else the whole state, which starts a new chain. Whether the delta was
+    /// written.
+    pub(super) fn put_delta(&mut self, name: &[u8], delta: &[u8], whole: &[u8]) -> bool {
+        let entry = entry_len(name, delta) as u64;
+        let fits = self.log.chains.get(name).is_some_and(|c| {
+            c.delta_bytes() + entry <= CHAIN_DELTA_FACTOR * u64::from(c.state.len)
+        });
+        if fits {
+            self.write(DELTA, name, Some(delta));
+        } else {
+            self.put(name, whole);
+        }
+        fits
+    }
+
     /// A session's end: written only when some record holds its state.
     pub(super) fn delete(&mut self, name: &[u8]) {
-        if self.log.holders.contains_key(name) {
+        if self.log.chains.contains_key(name) {
             self.write(DELETION, name, None);
         }
+    }
+
+    /// Writes a session's chain again, in order, from the records' bytes (`read` gives a
+    /// record written before this batch); the bytes of live entries written. A chain one
+    /// of whose entries cannot be found (which the index never says) is forgotten: its
+    /// session starts anew.
+    fn copy_chain<E>(
+        &mut self,
+        name: &[u8],
+        read: &mut impl FnMut(u64) -> Result<Option<sled::IVec>, E>,
+    ) -> Result<u64, E> {
+        let Some(chain) = self.log.chains.get(name).cloned() else {
+            return Ok(0);
+        };
+        let mut parts: Vec<(u8, Vec<u8>)> = Vec::with_capacity(1 + chain.deltas.len());
+        for h in chain.entries() {
+            let part = match self.written_record(h.record) {
+                Some(bytes) => entry_at(bytes, h.entry),
+                None => read(h.record)?.and_then(|bytes| entry_at(&bytes, h.entry)),
+            };
+            match part {
+                Some(part) => parts.push(part),
+                None => {
+                    tracing::error!(
+                        record = h.record,
+                        entry = h.entry,
+                        "a state store chain's entry is not where the index says; its session starts anew"
+                    );
+                    self.log.forget(name);
+                    return Ok(0);
+                }
+            }
+        }
+        let mut copied = 0;
+        for (kind, bytes) in parts {
+            copied += entry_len(name, &bytes) as u64;
+            self.write(kind, name, Some(&bytes));
+        }
+        Ok(copied)
+    }
+
+    /// The bytes of a record this batch wrote.
+    fn written_record(&self, seq: u64) -> Option<&[u8]> {
+        if seq < self.first {
+            return None;
+        }
+        self.sealed
+            .iter()
+            .chain(self.open.as_ref())
+            .find(|(s, _)| *s == seq)
+            .map(|(_, b)| b.as_slice())
     }
 
     /// Removes the records written before this batch that hold nothing live and end
@@ -412,6 +584,16 @@ impl<'l> Writer<'l> {
                 self.removed.push(seq);
             }
         }
+        // A chain's deltas may lie in a few records, each read once a fold.
+        let mut cache: FxHashMap<u64, Option<sled::IVec>> = FxHashMap::default();
+        let mut read = |seq: u64| -> Result<Option<sled::IVec>, E> {
+            if let Some(bytes) = cache.get(&seq) {
+                return Ok(bytes.clone());
+            }
+            let bytes = read(seq)?;
+            cache.insert(seq, bytes.clone());
+            Ok(bytes)
+        };
         let mut folded = 0u64;
         while self.log.needs_folding() && folded < budget {
             let Some((&oldest, stats)) = self.log.records.first_key_value() else {
@@ -424,15 +606,27 @@ impl<'l> Writer<'l> {
                 // A record the index counts but sled does not hold would be a bug;
                 // it is removed from the index like any other.
                 if let Some(bytes) = read(oldest)? {
-                    let live: Vec<_> = self.log.live_states(oldest, &bytes).collect();
-                    for (name, state, len) in live {
-                        self.put(name, state);
-                        folded += u64::from(len);
+                    // Each chain once, whole: the record may hold its state and deltas.
+                    let mut names: Vec<Box<[u8]>> = self
+                        .log
+                        .live_entries(oldest, &bytes)
+                        .map(|(e, _)| Box::from(e.name()))
+                        .collect();
+                    names.dedup();
+                    for name in names {
+                        if self
+                            .log
+                            .chain(&name)
+                            .is_some_and(|c| c.state.record == oldest)
+                        {
+                            folded += self.copy_chain(&name, &mut read)?;
+                        }
                     }
                 }
             }
             // Live entries not carried: the record is not in the tree (which the index
-            // never says), so their states are gone.
+            // never says), or holds a delta whose chain's state is not in it (which the
+            // log's order never makes), so their states are gone.
             let lost = self.log.records.get(&oldest).map_or(0, |r| r.live);
             if lost > 0 {
                 tracing::error!(
@@ -452,6 +646,20 @@ impl<'l> Writer<'l> {
     pub(super) fn finish(mut self) -> (Vec<(u64, Vec<u8>)>, Vec<u64>) {
         self.seal();
         (self.sealed, self.removed)
+    }
+}
+
+/// An entry's length in a record: its kind, its name and its bytes, length-prefixed.
+fn entry_len(name: &[u8], bytes: &[u8]) -> usize {
+    1 + 4 + name.len() + 4 + bytes.len()
+}
+
+/// The kind and bytes of entry `index` of a record, if it is a state or a delta.
+fn entry_at(record: &[u8], index: u32) -> Option<(u8, Vec<u8>)> {
+    match entries(record).nth(index as usize)? {
+        Ok((Entry::State { state, .. }, _)) => Some((STATE, state.to_vec())),
+        Ok((Entry::Delta { delta, .. }, _)) => Some((DELTA, delta.to_vec())),
+        _ => None,
     }
 }
 

@@ -306,6 +306,7 @@ mod tests {
         let mut outbox = Outbox::on_memory_bus(&bus, &settings);
         let changes = StoreBatch {
             puts: vec![("s1".to_string(), b"state".to_vec())],
+            deltas: Vec::new(),
             deletes: vec!["s2".to_string()],
             offsets: vec![("in/3".to_string(), 41)],
         };
