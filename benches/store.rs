@@ -146,6 +146,11 @@ fn run(
             put_bytes = (0, 0);
         }
     }
+    let deltas: usize = stores.iter().map(|s| s.stored_deltas().unwrap()).sum();
+    println!(
+        "store: the sessions' chains hold {deltas} deltas after their whole states ({:.2} a session)",
+        deltas as f64 / sessions as f64
+    );
     let open: usize = engines.iter().map(Engine::open_sessions).sum();
     assert_eq!(open as u64, sessions, "every session stays open");
     match (first, rss_before, rss_bytes()) {
