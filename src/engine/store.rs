@@ -446,9 +446,7 @@ impl SledStore {
         let mut deltas = batch.deltas.iter().filter(|_| deltas).peekable();
         for (i, (k, v)) in batch.puts.iter().enumerate() {
             match deltas.next_if(|(at, _)| *at as usize == i) {
-                Some((_, delta)) => {
-                    writer.put_delta(k.as_bytes(), delta, v);
-                }
+                Some((_, delta)) => writer.put_delta(k.as_bytes(), delta, v),
                 None => writer.put(k.as_bytes(), v),
             }
         }

@@ -484,9 +484,8 @@ impl<'l> Writer<'l> {
     /// A session's state, `delta` the change from its state before (the one the chain
     /// ends at), `whole` the state itself: the delta is written while the session has a
     /// chain whose deltas, with this one, stay within [`CHAIN_DELTA_FACTOR`] times its
-    /// state entry; else the whole state, which starts a new chain. Whether the delta was
-    /// written.
-    pub(super) fn put_delta(&mut self, name: &[u8], delta: &[u8], whole: &[u8]) -> bool {
+    /// state entry; else the whole state, which starts a new chain.
+    pub(super) fn put_delta(&mut self, name: &[u8], delta: &[u8], whole: &[u8]) {
         let entry = entry_len(name, delta) as u64;
         let fits = self.log.chains.get(name).is_some_and(|c| {
             c.delta_bytes() + entry <= CHAIN_DELTA_FACTOR * u64::from(c.state.len)
@@ -496,7 +495,6 @@ impl<'l> Writer<'l> {
         } else {
             self.put(name, whole);
         }
-        fits
     }
 
     /// A session's end: written only when some record holds its state.
