@@ -619,6 +619,15 @@ impl Engine {
         }
     }
 
+    /// The batches taken since the last one stored were dropped, not stored: every open
+    /// session's next write is whole (a delta from a state the store never got would
+    /// rebuild a wrong one).
+    pub fn forget_writes(&mut self) {
+        for slot in self.sessions.values_mut() {
+            slot.state.forget_written();
+        }
+    }
+
     /// Writes every changed session, closed session and the given offsets to `store` in
     /// one atomic batch. Only engines made by [`Engine::restore`] track changes.
     pub fn flush(

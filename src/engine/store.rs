@@ -11,9 +11,9 @@
 
 use std::cell::{RefCell, RefMut};
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use rustc_hash::FxHashMap;
-use std::path::Path;
 
 mod records;
 pub use records::BadRecord;
@@ -194,9 +194,16 @@ pub struct SledStore {
     /// the next open is what is atomic). They are applied again, whole, before the next
     /// batch, so the tree ends as the index describes it whatever part was kept.
     unapplied: Option<Writes>,
+    /// Whether the last commit failed (at any point: its plan, its writes, the flush):
+    /// the tree may hold its writes, which its retry must not repeat as deltas, so the
+    /// next commit writes whole states only; cleared once one succeeds.
+    failed: bool,
     /// Tests: the next apply writes this many of its writes, then fails.
     #[cfg(test)]
     fail_after: Option<usize>,
+    /// Tests: the next plan fails (as reading a record to fold it fails).
+    #[cfg(test)]
+    fail_plan: bool,
 }
 
 /// A batch's writes to the tree, in the order sled applies them (by key): `None` removes.
@@ -400,8 +407,11 @@ impl SledStore {
             flush_on_commit,
             log: RefCell::new(None),
             unapplied: None,
+            failed: false,
             #[cfg(test)]
             fail_after: None,
+            #[cfg(test)]
+            fail_plan: false,
         }
     }
 
@@ -410,6 +420,12 @@ impl SledStore {
     #[cfg(test)]
     pub fn fail_next_write_after(&mut self, n: usize) {
         self.fail_after = Some(n);
+    }
+
+    /// Tests: the next batch's plan fails as sled fails (an I/O error), before it writes.
+    #[cfg(test)]
+    pub fn fail_next_plan(&mut self) {
+        self.fail_plan = true;
     }
 
     /// Bytes the database occupies on disk.
@@ -440,7 +456,11 @@ impl SledStore {
     /// A batch's writes: its states (as deltas where `deltas` and the batch has them)
     /// and deletions as records, the records it folds or empties removed, its offsets.
     /// The index is kept as if they were applied.
-    fn plan(&self, batch: &StoreBatch, deltas: bool) -> Result<Writes, StoreError> {
+    fn plan(&mut self, batch: &StoreBatch, deltas: bool) -> Result<Writes, StoreError> {
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_plan) {
+            return Err(sled::Error::Io(std::io::Error::other("failed for the test")).into());
+        }
         let mut log = self.log()?;
         let mut writer = Writer::new(&mut log);
         let mut deltas = batch.deltas.iter().filter(|_| deltas).peekable();
@@ -582,24 +602,24 @@ impl StateStore for SledStore {
     }
 
     fn commit(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
-        // A batch sled did not take is finished first. A retry then writes its states
-        // again, whole: the same states, superseding (a delta written twice would be
-        // applied twice).
-        let after_a_failed_write = match self.unapplied.take() {
-            Some(writes) => {
-                self.apply(writes)?;
-                true
-            }
-            None => false,
-        };
-        match self.plan(batch, !after_a_failed_write) {
-            Ok(writes) => self.apply(writes),
+        // After a failure the tree may hold the failed commit's writes, whole or in
+        // part: a retry writes its states again, whole (the same states, superseding;
+        // a delta written twice would be applied twice).
+        let deltas = !std::mem::replace(&mut self.failed, true);
+        // A batch sled did not take is finished first.
+        if let Some(writes) = self.unapplied.take() {
+            self.apply(writes)?;
+        }
+        match self.plan(batch, deltas) {
+            Ok(writes) => self.apply(writes)?,
             Err(e) => {
                 // Planned in part, applied not at all: the tree is what is true.
                 *self.log.get_mut() = None;
-                Err(e)
+                return Err(e);
             }
         }
+        self.failed = false;
+        Ok(())
     }
 
     /// The session's state entry as stored when its chain has no deltas; else the state

@@ -501,7 +501,8 @@ fn a_restored_state_that_counts_findings_of_a_detector_this_build_lacks_closes_w
 /// batches (whole states and deltas) there and in an in-memory store (whole states),
 /// every `batch_events` events; every `reopen_every` batches the sled store is opened
 /// afresh and the engine restored from it (its states read back, so their next writes
-/// are whole), and once a sled batch fails part-way and is retried. After every batch
+/// are whole), and once a sled batch fails part-way, its first retry fails to plan (after
+/// finishing the writes sled did not take) and the second is taken. After every batch
 /// the sled store's sessions must be the in-memory store's, and those the engine's.
 /// Returns the deltas the sled store held after a batch, summed over the batches.
 fn fleet_through_the_sled_store(seed: u64, batch_events: usize, reopen_every: usize) -> usize {
@@ -536,6 +537,8 @@ fn fleet_through_the_sled_store(seed: u64, batch_events: usize, reopen_every: us
         if !failed && batches > 2 {
             failed = true;
             sled.fail_next_write_after(1 + batches % 3);
+            assert!(sled.commit(&batch).is_err());
+            sled.fail_next_plan();
             assert!(sled.commit(&batch).is_err());
         }
         sled.commit(&batch).unwrap();
@@ -602,4 +605,44 @@ fn first_difference(a: &SessionState, b: &SessionState) -> String {
         &a[from..(at + 60).min(a.len())],
         &b[from..(at + 60).min(b.len())]
     )
+}
+
+/// A batch taken and then dropped, not stored (an assignment lost): after
+/// `forget_writes` the next batch's states rebuild the engine's from the store, though
+/// the dropped batch's were marked written.
+#[test]
+fn a_dropped_batch_is_forgotten_and_the_next_writes_rebuild_the_states() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sled = store::SledStore::open(dir.path()).unwrap();
+    let mut engine = Engine::restore(Arc::new(Config::default()), &sled).unwrap();
+    let start = 1_800_000_000_000i64;
+    let mut step = 0u32;
+    let mut send = |engine: &mut Engine, n: usize| {
+        for _ in 0..n {
+            step += 1;
+            let call = json!({"type": "tool.called", "tool": "read_file",
+                "args": {"path": format!("f{step}")}, "result": format!("r{step}")});
+            process_as(engine, call, "s", step, start + i64::from(step) * 1000);
+        }
+    };
+    // A state of some size first, so that its chain has room for small deltas.
+    send(&mut engine, 12);
+    sled.commit(&engine.take_changes(&[]).unwrap()).unwrap();
+    send(&mut engine, 1);
+    sled.commit(&engine.take_changes(&[]).unwrap()).unwrap();
+    assert_eq!(sled.stored_deltas().unwrap(), 1, "the chain takes deltas");
+    send(&mut engine, 1);
+    let dropped = engine.take_changes(&[]).unwrap();
+    assert_eq!(dropped.deltas.len(), 1, "a delta was taken, then dropped");
+    engine.forget_writes();
+    send(&mut engine, 1);
+    sled.commit(&engine.take_changes(&[]).unwrap()).unwrap();
+    // Its delta holds its rings whole, about the whole state: the whole state is written.
+    assert_eq!(sled.stored_deltas().unwrap(), 0);
+    drop(sled);
+    let sled = store::SledStore::open(dir.path()).unwrap();
+    assert_eq!(
+        sled.load_sessions().unwrap(),
+        vec![("s".to_string(), engine.session("s").unwrap().clone())]
+    );
 }

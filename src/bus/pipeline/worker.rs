@@ -220,6 +220,10 @@ impl Worker {
         self.forget_batch();
         for p in self.partitions.values_mut() {
             p.held.clear(Instant::now());
+            // The dropped batch's states were marked written: a partition kept (not
+            // expected: an assignment is lost whole, and revoked partitions are released
+            // after this) writes each session whole next, not as a delta from them.
+            p.engine.forget_writes();
         }
         stored
     }

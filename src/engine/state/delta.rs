@@ -195,6 +195,12 @@ impl SessionState {
         turns.openings_gained = openings.then(turns.openings_gained);
     }
 
+    /// Forgets what was written: the store may not hold the last write (a batch
+    /// dropped), so the next delta writes every ring whole, fitting any state before.
+    pub fn forget_written(&mut self) {
+        self.unmark(Marks([Gained::WHOLE; 5]));
+    }
+
     /// Whether a state was written since it was made or read (every ring's gain since
     /// then is counted): a delta of one that was not holds its rings whole, no smaller
     /// than the state.

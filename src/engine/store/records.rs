@@ -83,7 +83,6 @@ pub(super) fn record_key(seq: u64) -> [u8; 10] {
     k
 }
 
-/// The sequence number of a record's key.
 /// The sequence number of a record's key (`u64::MAX` is none: no record is written
 /// there, and the next would have no number).
 pub(super) fn record_seq(key: &[u8]) -> Option<u64> {
@@ -218,6 +217,11 @@ impl Chain {
     fn delta_bytes(&self) -> u64 {
         self.deltas.iter().map(|h| u64::from(h.len)).sum()
     }
+
+    /// The record of its newest entry.
+    fn last_record(&self) -> u64 {
+        self.deltas.last().unwrap_or(&self.state).record
+    }
 }
 
 /// What one record holds.
@@ -247,6 +251,11 @@ pub(super) struct Log {
     /// Records that may hold nothing live and end nothing any more (checked again when
     /// removed), so that a batch finds them without walking every record.
     emptied: Vec<u64>,
+    /// The newest record read that could not be read to its end. What followed its fault
+    /// is lost, a session's state or delta among it may be, so a chain that ends at or
+    /// before it is not extended by a delta after it (which may have been taken against
+    /// a lost entry): that delta is dead, and the session's next state is written whole.
+    damaged: Option<u64>,
 }
 
 impl Log {
@@ -261,8 +270,16 @@ impl Log {
                 Err(e) => result = Err(e),
             }
         }
+        if result.is_err() {
+            self.damaged = Some(self.damaged.map_or(seq, |d| d.max(seq)));
+        }
         self.seal(seq, bytes.len());
         result
+    }
+
+    /// Whether a delta may extend `chain` (see [`Log::damaged`]).
+    fn extends(&self, chain: &Chain) -> bool {
+        self.damaged.is_none_or(|d| chain.last_record() > d)
     }
 
     pub(super) fn chain(&self, name: &[u8]) -> Option<&Chain> {
@@ -356,10 +373,14 @@ impl Log {
             }
             Entry::Delta { name, .. } => {
                 // A delta with no state before it is dead from the start: its chain's
-                // state was folded (and the chain copied later in the log).
+                // state was folded (and the chain copied later in the log). So is one
+                // after a fault that may have lost what it was taken against.
+                let damaged = self.damaged;
                 if let Some(chain) = self.chains.get_mut(name) {
-                    chain.deltas.push(holder);
-                    live(self);
+                    if damaged.is_none_or(|d| chain.last_record() > d) {
+                        chain.deltas.push(holder);
+                        live(self);
+                    }
                 }
             }
             Entry::Deletion { name } => {
@@ -489,6 +510,7 @@ impl<'l> Writer<'l> {
         let entry = entry_len(name, delta) as u64;
         let fits = self.log.chains.get(name).is_some_and(|c| {
             c.delta_bytes() + entry <= CHAIN_DELTA_FACTOR * u64::from(c.state.len)
+                && self.log.extends(c)
         });
         if fits {
             self.write(DELTA, name, Some(delta));
@@ -604,7 +626,9 @@ impl<'l> Writer<'l> {
                 // A record the index counts but sled does not hold would be a bug;
                 // it is removed from the index like any other.
                 if let Some(bytes) = read(oldest)? {
-                    // Each chain once, whole: the record may hold its state and deltas.
+                    // Each chain once, whole: the record may hold its state and deltas
+                    // (a chain copied has its state entry elsewhere after, and is not
+                    // copied again; `dedup` only spares the common repeats).
                     let mut names: Vec<Box<[u8]>> = self
                         .log
                         .live_entries(oldest, &bytes)

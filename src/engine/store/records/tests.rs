@@ -358,3 +358,50 @@ fn a_folded_chain_is_copied_whole_and_in_order() {
         "session 0's state entry was folded with deltas after it"
     );
 }
+
+/// A record cut short may have lost a session's state or delta that a delta after it was
+/// taken against: read afresh, such a delta does not extend the session's older chain
+/// (the session keeps its older state, as it would with whole states), and its next
+/// state is written whole.
+#[test]
+fn a_delta_after_a_record_cut_short_does_not_extend_an_older_chain() {
+    let (mut log, mut tree, mut model) = (Log::default(), Tree::new(), Model::new());
+    let batches = [
+        // Session 2 keeps the first record live.
+        vec![Change::Put(0, vec![1; 100]), Change::Put(2, vec![7; 100])],
+        vec![Change::Put(1, vec![2; 100]), Change::Put(0, vec![3; 100])],
+        vec![Change::Delta(0, vec![4; 10])],
+    ];
+    for batch in &batches {
+        write(&mut log, &mut tree, &model, batch);
+        apply(&mut model, batch);
+    }
+    assert_eq!(log.chain(&name(0)).unwrap().deltas.len(), 1);
+    // The second record loses session 0's state: cut after its first entry.
+    let (&seq, bytes) = tree.iter().nth(1).unwrap();
+    let (_, first_len) = entries(bytes).next().unwrap().unwrap();
+    let cut = bytes[..first_len as usize + 3].to_vec();
+    tree.insert(seq, cut);
+    let mut fresh = Log::default();
+    let results: Vec<bool> = tree
+        .iter()
+        .map(|(seq, bytes)| fresh.read_record(*seq, bytes).is_ok())
+        .collect();
+    assert_eq!(results, [true, false, true]);
+    let read = loaded(&fresh, &tree);
+    assert_eq!(
+        read.get(&name(0)),
+        Some(&vec![1; 100]),
+        "the older state, no delta"
+    );
+    assert_eq!(read.get(&name(1)), Some(&vec![2; 100]));
+    // Its next delta is written whole.
+    let mut w = Writer::new(&mut fresh);
+    w.put_delta(&name(0), &[5; 10], &[6; 120]);
+    drop(w.finish());
+    let chain = fresh.chain(&name(0)).unwrap();
+    assert!(
+        chain.deltas.is_empty() && chain.state.record > seq,
+        "{chain:?}"
+    );
+}
