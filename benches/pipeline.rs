@@ -678,11 +678,12 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     // writes per event at the same rate.
     let (states, bytes) = written();
     eprintln!(
-        "growth: {:.3} states written per event, {:.0} bytes a state ({} batches, {:.0} events a batch)",
+        "growth: {:.3} states written per event, {:.0} bytes a state ({} batches, {:.0} events a batch); the store wrote {:.0} bytes a state (deltas, folding and offsets)",
         states as f64 / done.max(1) as f64,
         bytes as f64 / states.max(1) as f64,
         telemetry.metrics.batches.get(),
-        done as f64 / telemetry.metrics.batches.get().max(1) as f64
+        done as f64 / telemetry.metrics.batches.get().max(1) as f64,
+        telemetry.metrics.store_written_bytes.get() as f64 / states.max(1) as f64
     );
     if let Some(threads) = cpu_by_thread() {
         // What bounds one worker on cores of its own is its own thread's CPU per event;

@@ -198,6 +198,9 @@ pub struct SledStore {
     /// the tree may hold its writes, which its retry must not repeat as deltas, so the
     /// next commit writes whole states only; cleared once one succeeds.
     failed: bool,
+    /// Bytes of the values this store's batches put in sled's tree (its records and
+    /// offsets), since it was opened.
+    written_bytes: u64,
     /// Tests: the next apply writes this many of its writes, then fails.
     #[cfg(test)]
     fail_after: Option<usize>,
@@ -408,6 +411,7 @@ impl SledStore {
             log: RefCell::new(None),
             unapplied: None,
             failed: false,
+            written_bytes: 0,
             #[cfg(test)]
             fail_after: None,
             #[cfg(test)]
@@ -426,6 +430,12 @@ impl SledStore {
     #[cfg(test)]
     pub fn fail_next_plan(&mut self) {
         self.fail_plan = true;
+    }
+
+    /// Bytes of the values this store's batches put in sled's tree since it was opened
+    /// (records of whole states and deltas, the folding's copies, offsets).
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes
     }
 
     /// Bytes the database occupies on disk.
@@ -499,6 +509,11 @@ impl SledStore {
             self.unapplied = Some(writes);
             return Err(e.into());
         }
+        self.written_bytes += writes
+            .values()
+            .flatten()
+            .map(|v| v.len() as u64)
+            .sum::<u64>();
         if self.flush_on_commit {
             self.db.flush()?;
         }

@@ -103,10 +103,14 @@ pub struct Metrics {
     /// not counted; a batch dropped unstored, after a lost assignment or a fenced
     /// transaction, is not either).
     pub states_written: IntCounter,
-    /// Bytes of those states as stored (each also a changelog record's value when the
+    /// Bytes of those states, whole (each also a changelog record's value when the
     /// changelog is on): with `states_written`, the size of a state written, which sets
     /// the store's and the changelog's cost per event as much as their number does.
     pub states_written_bytes: IntCounter,
+    /// Bytes the state store wrote to sled (records of whole states and deltas, the
+    /// chains folding copies, deletions), counted as the store writer reports a batch
+    /// stored: against `states_written_bytes`, what the deltas save net of the folding.
+    pub store_written_bytes: IntCounter,
     /// Session records applied from the changelog, and restores by duration.
     pub restored_records: IntCounter,
     pub restore_duration: Histogram,
@@ -281,7 +285,13 @@ const STATES_WRITTEN: Family = Family {
 
 const STATES_WRITTEN_BYTES: Family = Family {
     name: "loopwarden_states_written_bytes_total",
-    help: "Bytes of the session states written to the store (and the changelog when on), as stored: over loopwarden_states_written_total, a state's size.",
+    help: "Bytes of the session states written to the store (and the changelog when on), whole: over loopwarden_states_written_total, a state's size.",
+    labels: &[],
+};
+
+const STORE_WRITTEN_BYTES: Family = Family {
+    name: "loopwarden_store_written_bytes_total",
+    help: "Bytes of records the state store wrote to sled: whole states, deltas, the copies its folding writes and deletions.",
     labels: &[],
 };
 
@@ -408,6 +418,7 @@ impl Metrics {
             batches: r.counter(BATCHES),
             states_written: r.counter(STATES_WRITTEN),
             states_written_bytes: r.counter(STATES_WRITTEN_BYTES),
+            store_written_bytes: r.counter(STORE_WRITTEN_BYTES),
             restored_records: r.counter(RESTORED_RECORDS),
             restore_duration: r.histogram(RESTORE_DURATION),
             partitions_assigned: r.gauge(PARTITIONS_ASSIGNED),

@@ -134,6 +134,10 @@ impl Worker {
                 unreachable!("checked above");
             };
             stored.result?;
+            self.telemetry
+                .metrics
+                .store_written_bytes
+                .inc_by(stored.bytes);
             self.commit_offsets(offsets, polled, stored.wrote, stored.took, input, mode);
         }
         Ok(())

@@ -55,6 +55,8 @@ pub(super) struct Stored {
     pub wrote: bool,
     /// How long the writes (and the flush) took.
     pub took: Duration,
+    /// Bytes the partitions' stores put in sled for it.
+    pub bytes: u64,
     pub result: Result<(), PipelineError>,
 }
 
@@ -99,6 +101,7 @@ impl Writer {
                         Stored {
                             wrote: false,
                             took: Duration::ZERO,
+                            bytes: 0,
                             result: Err(PipelineError::StoreAfterFailure),
                         }
                     } else {
@@ -152,6 +155,7 @@ impl Writer {
                 Some(Stored {
                     wrote: false,
                     took: Duration::ZERO,
+                    bytes: 0,
                     result: Err(PipelineError::StoreWriterEnded),
                 })
             }
@@ -177,12 +181,17 @@ fn write(db: &sled::Db, job: Job, backoff: &mut Backoff, closing: &AtomicBool) -
     // A store that takes its time, for the liveness test (`FAILPOINTS=store-write=sleep(ms)`).
     #[cfg(feature = "failpoints")]
     let _ = fail::eval("store-write", |_| ());
+    let mut bytes = 0;
     let result = (|| {
         for (partition, store, batch) in &job.batches {
             let mut store = lock(store);
+            let before = store.written_bytes();
             loop {
                 match store.commit(batch) {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        bytes += store.written_bytes() - before;
+                        break;
+                    }
                     Err(StoreError::Io(e)) => {
                         error!(partition, error = %e, "state store write failed; retrying");
                         if closing.load(Ordering::Acquire) || backoff.pause().is_err() {
@@ -201,6 +210,7 @@ fn write(db: &sled::Db, job: Job, backoff: &mut Backoff, closing: &AtomicBool) -
     Stored {
         wrote,
         took: started.elapsed(),
+        bytes,
         result: result.map_err(PipelineError::from),
     }
 }
