@@ -354,7 +354,7 @@ fn metrics_count_what_replay_finds_and_readyz_waits_for_the_assignment() {
     // The store wrote records of them (whole or as deltas) and the batches' offsets: some
     // bytes, and, with no session long enough to fold, no more than the states' whole
     // bytes and a record's framing and an offset or two per state.
-    let stored = total(&metrics, "loopwarden_store_written_bytes_total");
+    let stored = total(&metrics, "loopwarden_state_store_written_bytes_total");
     assert!(
         stored >= 1.0 && stored <= bytes + 128.0 * written,
         "states' bytes: {bytes}, the store wrote: {stored}"

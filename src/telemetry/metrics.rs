@@ -290,7 +290,7 @@ const STATES_WRITTEN_BYTES: Family = Family {
 };
 
 const STORE_WRITTEN_BYTES: Family = Family {
-    name: "loopwarden_store_written_bytes_total",
+    name: "loopwarden_state_store_written_bytes_total",
     help: "Bytes of records the state store wrote to sled: whole states, deltas, the copies its folding writes and deletions.",
     labels: &[],
 };
@@ -514,7 +514,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 22, "{names:?}");
+        assert_eq!(names.len(), 23, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }
