@@ -72,18 +72,20 @@ pub trait StateStore {
     fn session_bytes(&self, session: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
-/// A stored session as loaded: a state that cannot be read is poison for its session
-/// only (logged and passed over: the session starts anew), never for the partition,
-/// whose every instance would otherwise fail at each start.
-fn loaded(session: String, bytes: &[u8], out: &mut Vec<(String, SessionState)>) {
-    match decode(&session, bytes) {
-        Ok(state) => out.push((session, state)),
-        Err(error) => tracing::warn!(
-            session_id = %crate::contract::event::printable(&session),
-            %error,
-            "skipping a stored session state that cannot be read; the session starts anew"
-        ),
-    }
+/// A stored session as loaded: a state (or a delta) that cannot be read is poison for
+/// its session only (logged and passed over: the session starts anew, and the sled
+/// store's deltas after it with it), never for the partition, whose every instance would
+/// otherwise fail at each start.
+fn passed_over(session: &str, state: Result<SessionState, StoreError>) -> Option<SessionState> {
+    state
+        .map_err(|error| {
+            tracing::warn!(
+                session_id = %crate::contract::event::printable(session),
+                %error,
+                "skipping a stored session state that cannot be read; the session starts anew"
+            )
+        })
+        .ok()
 }
 
 fn decode(session: &str, bytes: &[u8]) -> Result<SessionState, StoreError> {
@@ -99,19 +101,6 @@ fn apply(session: &str, before: &SessionState, delta: &[u8]) -> Result<SessionSt
         session: session.to_string(),
         source,
     })
-}
-
-/// A stored state as loaded (see [`loaded`]): one that cannot be read is logged and
-/// passed over, and the deltas after it with it.
-fn passed_over(state: Result<SessionState, StoreError>) -> Option<SessionState> {
-    state
-        .map_err(|error| {
-            tracing::warn!(
-                %error,
-                "skipping a stored session state that cannot be read; the session starts anew"
-            )
-        })
-        .ok()
 }
 
 /// In-memory store.
@@ -139,7 +128,9 @@ impl StateStore for MemoryStore {
     fn load_sessions(&self) -> Result<Vec<(String, SessionState)>, StoreError> {
         let mut out = Vec::new();
         for (k, v) in &self.sessions {
-            loaded(k.clone(), v, &mut out);
+            if let Some(state) = passed_over(k, decode(k, v)) {
+                out.push((k.clone(), state));
+            }
         }
         Ok(out)
     }
@@ -581,22 +572,17 @@ impl StateStore for SledStore {
                 continue;
             };
             for (entry, _) in log.live_entries(seq, &v) {
-                let name = entry.name();
-                match entry {
-                    Entry::State { state, .. } => {
-                        let state = decode(&String::from_utf8_lossy(name), state);
-                        chains.insert(name.to_vec(), passed_over(state));
-                    }
-                    Entry::Delta { delta, .. } => {
-                        if let Some(slot) = chains.get_mut(name) {
-                            if let Some(before) = slot.as_ref() {
-                                let state = apply(&String::from_utf8_lossy(name), before, delta);
-                                *slot = passed_over(state);
-                            }
-                        }
-                    }
-                    Entry::Deletion { .. } => {}
-                }
+                let session = String::from_utf8_lossy(entry.name());
+                let state = match entry {
+                    Entry::State { state, .. } => decode(&session, state),
+                    Entry::Delta { delta, .. } => match chains.get(entry.name()) {
+                        Some(Some(before)) => apply(&session, before, delta),
+                        // Its chain's state was passed over: so is the delta.
+                        _ => continue,
+                    },
+                    Entry::Deletion { .. } => continue,
+                };
+                chains.insert(entry.name().to_vec(), passed_over(&session, state));
             }
         }
         let mut out: Vec<(String, SessionState)> = chains
@@ -644,15 +630,14 @@ impl StateStore for SledStore {
             return Ok(None);
         };
         let mut parts = Vec::with_capacity(1 + chain.deltas.len());
-        for h in std::iter::once(&chain.state).chain(&chain.deltas) {
+        for h in chain.entries() {
             let Some(record) = self.tree.get(records::record_key(h.record))? else {
                 return Ok(None);
             };
-            match records::entries(&record).nth(h.entry as usize) {
-                Some(Ok((Entry::State { state, .. }, _))) => parts.push(state.to_vec()),
-                Some(Ok((Entry::Delta { delta, .. }, _))) => parts.push(delta.to_vec()),
-                _ => return Ok(None),
-            }
+            let Some((_, bytes)) = records::entry_at(&record, h.entry) else {
+                return Ok(None);
+            };
+            parts.push(bytes);
         }
         let (whole, deltas) = parts.split_first().expect("a chain has its state entry");
         if deltas.is_empty() {
@@ -883,6 +868,18 @@ mod tests {
         }
     }
 
+    /// Writes `states` into `tree` as records of whole states, as a store writes them.
+    fn write_records(tree: &sled::Tree, states: &[(&[u8], SessionState)]) {
+        let mut log = Log::default();
+        let mut w = Writer::new(&mut log);
+        for (name, state) in states {
+            w.put(name, &state.to_bytes());
+        }
+        for (seq, bytes) in w.finish().0 {
+            tree.insert(records::record_key(seq), bytes).unwrap();
+        }
+    }
+
     /// A directory whose upgrade was cut short (marked as upgrading, one tree rewritten,
     /// one not) is upgraded on: both trees' sessions load.
     #[test]
@@ -894,13 +891,7 @@ mod tests {
             let db = sled::open(&path).unwrap();
             db.insert(FORMAT_KEY, &UPGRADING_TO_RECORDS.to_be_bytes())
                 .unwrap();
-            let done = db.open_tree("partition/0").unwrap();
-            let mut log = Log::default();
-            let mut w = Writer::new(&mut log);
-            w.put(b"a", &state(1).to_bytes());
-            for (seq, bytes) in w.finish().0 {
-                done.insert(records::record_key(seq), bytes).unwrap();
-            }
+            write_records(&db.open_tree("partition/0").unwrap(), &[(b"a", state(1))]);
             let left = db.open_tree("partition/1").unwrap();
             left.insert(key(SESSION_PREFIX, "b"), state(2).to_bytes())
                 .unwrap();
@@ -991,14 +982,10 @@ mod tests {
             let db = sled::open(&path).unwrap();
             db.insert(FORMAT_KEY, &WHOLE_RECORDS_FORMAT.to_be_bytes())
                 .unwrap();
-            let tree = db.open_tree("partition/0").unwrap();
-            let mut log = Log::default();
-            let mut w = Writer::new(&mut log);
-            w.put(b"a", &state(1).to_bytes());
-            w.put(b"b", &state(2).to_bytes());
-            for (seq, bytes) in w.finish().0 {
-                tree.insert(records::record_key(seq), bytes).unwrap();
-            }
+            write_records(
+                &db.open_tree("partition/0").unwrap(),
+                &[(b"a", state(1)), (b"b", state(2))],
+            );
             db.flush().unwrap();
         }
         let db = open_db(&path).unwrap();

@@ -205,7 +205,8 @@ pub(super) struct Chain {
 }
 
 impl Chain {
-    fn entries(&self) -> impl Iterator<Item = &Holder> {
+    /// Its entries in the order they apply: its state entry, then its deltas.
+    pub(super) fn entries(&self) -> impl Iterator<Item = &Holder> {
         std::iter::once(&self.state).chain(&self.deltas)
     }
 
@@ -677,7 +678,7 @@ fn entry_len(name: &[u8], bytes: &[u8]) -> usize {
 }
 
 /// The kind and bytes of entry `index` of a record, if it is a state or a delta.
-fn entry_at(record: &[u8], index: u32) -> Option<(u8, Vec<u8>)> {
+pub(super) fn entry_at(record: &[u8], index: u32) -> Option<(u8, Vec<u8>)> {
     match entries(record).nth(index as usize)? {
         Ok((Entry::State { state, .. }, _)) => Some((STATE, state.to_vec())),
         Ok((Entry::Delta { delta, .. }, _)) => Some((DELTA, delta.to_vec())),
