@@ -23,7 +23,8 @@
 //! - [`tools`]: the engine over files and fleets — `replay`, `backtest`, `eval`,
 //!   `simulate`, `demo`, the feeder, the file driver, and the fuzzers' entry points;
 //! - [`config`] (the configuration file and `LOOPWARDEN_` variables, parsed raw then
-//!   validated) and [`shutdown`] serve every layer.
+//!   validated), [`shutdown`] and [`prefetch`] (memory hints for the hot paths) serve
+//!   every layer.
 
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
@@ -31,6 +32,7 @@ pub mod bus;
 pub mod config;
 pub mod contract;
 pub mod engine;
+pub mod prefetch;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tools;

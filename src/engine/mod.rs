@@ -423,6 +423,7 @@ impl Engine {
                 })
             }
         };
+        slot.state.prefetch();
         if let Some(marks) = unwritten {
             slot.state.unmark(marks);
         }

@@ -21,6 +21,7 @@ use crate::engine::levels::Level;
 use crate::engine::trajectory::{
     fixed, holds, push_bounded, wall_seconds, Counters, Gained, RunState, ToolCount,
 };
+use crate::prefetch;
 
 mod delta;
 mod encode;
@@ -290,6 +291,29 @@ impl SessionState {
     }
 
     /// Returns true when `event_id` was seen recently (an exact duplicate to drop).
+    /// Asks memory for the parts of the state an event reads (its rings, sketches and
+    /// tables), all at once: a state that has left the cache (a fleet of many sessions
+    /// touches each once a batch) would otherwise miss on each part in turn, as the
+    /// event's path reaches it. Called as the session is found, before the event's own
+    /// features are computed, so the loads overlap that work. A hint: no result depends
+    /// on it.
+    #[inline]
+    pub fn prefetch(&self) {
+        const MAX: usize = 1024;
+        prefetch::value(self);
+        prefetch::deque(&self.recent_event_ids, MAX);
+        prefetch::deque(&self.run.window, MAX);
+        prefetch::deque(&self.run.seen_pairs, MAX);
+        prefetch::deque(&self.run.seen_lines, MAX);
+        prefetch::slice(&self.run.polls, MAX);
+        prefetch::slice(&self.tools, MAX);
+        let turns = &self.counters.similar_turns;
+        prefetch::deque(&turns.sketches, MAX);
+        prefetch::deque(&turns.openings, MAX);
+        prefetch::slice(&self.episodes.0, MAX);
+        prefetch::slice(&self.findings, MAX);
+    }
+
     pub fn is_duplicate(&mut self, event_hash: u64) -> bool {
         if holds(&self.recent_event_ids, event_hash) {
             self.stats.duplicates += 1;

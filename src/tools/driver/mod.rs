@@ -53,6 +53,7 @@ use crate::config::Config;
 use crate::contract::event::{parse_event, BadEvent, Event, ParseLimits};
 use crate::contract::output::{ClosedBy, Output};
 use crate::engine::{event_time, CloseAt, Engine, EventMeta};
+use crate::prefetch;
 
 /// Bytes of a batch parsed as one piece of work when there is more than one thread: once
 /// its own shards' events are applied, each worker claims the next batch's chunks one at
@@ -192,45 +193,13 @@ struct Mark {
 /// every cache.
 const PREFETCH_AHEAD: usize = 8;
 
-/// Asks the core to start loading the cache line at `p` into every level: a hint, with
-/// no effect on any result, and no fault whatever the address.
-#[inline(always)]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch reads nothing the program sees and never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// Every cache line that the `len` bytes at `start` lie on, up to `max_bytes` from the
-/// start of the first.
-#[inline(always)]
-fn prefetch_span(start: *const u8, len: usize, max_bytes: usize) {
-    let skew = start as usize % 64;
-    let first = start.wrapping_sub(skew);
-    for at in (0..(skew + len).min(max_bytes)).step_by(64) {
-        prefetch(first.wrapping_add(at));
-    }
-}
-
-/// Every cache line that `value` lies on.
-#[inline(always)]
-fn prefetch_value<T>(value: &T) {
-    let start = (value as *const T).cast::<u8>();
-    prefetch_span(start, std::mem::size_of::<T>(), usize::MAX);
-}
-
 /// The first cache lines of what the engine reads of an event's text: its session id
 /// (the session table's key) and its body's strings (up to eight lines each).
 #[inline(always)]
 fn prefetch_event_text(event: &Event<'_>) {
     use crate::contract::event::EventBody;
-    prefetch(event.session_id.as_ptr());
-    let text = |t: &str| prefetch_span(t.as_ptr(), t.len(), 8 * 64);
+    prefetch::line(event.session_id.as_ptr());
+    let text = |t: &str| prefetch::span(t.as_ptr(), t.len(), 8 * 64);
     match &event.body {
         EventBody::ToolCall(c) => {
             c.args.iter().chain(&c.result).for_each(|j| text(&j.0));
@@ -296,10 +265,10 @@ impl<S: Sink> Shard<S> {
         };
         for (i, &k) in mine.iter().enumerate() {
             if let Some(&farther) = mine.get(i + 3 * PREFETCH_AHEAD) {
-                prefetch_value(&marks[farther as usize]);
+                prefetch::value(&marks[farther as usize]);
             }
             if let Some(&far) = mine.get(i + 2 * PREFETCH_AHEAD) {
-                prefetch_value(line(far));
+                prefetch::value(line(far));
             }
             if let Some(Some(Ok(near))) = mine.get(i + PREFETCH_AHEAD).map(|&n| &line(n).parsed) {
                 prefetch_event_text(near);
