@@ -28,6 +28,7 @@ use std::collections::VecDeque;
 
 use serde::de::DeserializeOwned;
 
+use super::encode::fixed_items;
 use super::{Encode, SessionState};
 use crate::engine::text::TextSketch;
 use crate::engine::trajectory::{CallRecord, Gained};
@@ -110,6 +111,27 @@ fn write_tail<T>(
     }
 }
 
+/// [`write_tail`] of a ring of fixed-width items, written `N` bytes each in place.
+fn write_fixed_tail<T: Copy, const N: usize>(
+    out: &mut Vec<u8>,
+    ring: &VecDeque<T>,
+    gained: Gained,
+    le: impl Fn(T) -> [u8; N],
+) {
+    let written = gained.of(ring.len());
+    (ring.len() as u32).encode(out);
+    (written as u32).encode(out);
+    let skip = ring.len() - written;
+    let (front, back) = ring.as_slices();
+    match front.get(skip..) {
+        Some(front) => {
+            fixed_items(out, front, &le);
+            fixed_items(out, back, &le);
+        }
+        None => fixed_items(out, &back[skip - front.len()..], &le),
+    }
+}
+
 fn take<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, &[u8]), DeltaError> {
     Ok(postcard::take_from_bytes(bytes)?)
 }
@@ -158,15 +180,15 @@ impl SessionState {
         let rings = Rings::take(self);
         self.encode(out);
         rings.put_back(self);
-        let le = |x: &u64, out: &mut Vec<u8>| out.extend_from_slice(&x.to_le_bytes());
+        let le = u64::to_le_bytes;
         let (run, turns) = (&self.run, &self.counters.similar_turns);
-        write_tail(out, &run.window, run.window_gained, |x, o| x.encode(o));
-        write_tail(out, &run.seen_pairs, run.pairs_gained, le);
-        write_tail(out, &self.recent_event_ids, self.ids_gained, le);
+        write_fixed_tail(out, &run.window, run.window_gained, CallRecord::to_bytes);
+        write_fixed_tail(out, &run.seen_pairs, run.pairs_gained, le);
+        write_fixed_tail(out, &self.recent_event_ids, self.ids_gained, le);
         write_tail(out, &turns.sketches, turns.sketches_gained, |x, o| {
             x.encode(o)
         });
-        write_tail(out, &turns.openings, turns.openings_gained, le);
+        write_fixed_tail(out, &turns.openings, turns.openings_gained, le);
     }
 
     /// Records that this state was written (whole or as a delta): the next delta is

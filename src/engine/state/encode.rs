@@ -55,13 +55,44 @@ fn len(out: &mut Vec<u8>, n: usize) {
     varint(out, n as u64);
 }
 
-/// A ring of fixed-width values (`fixed::deque`): its length, then each value's
-/// little-endian bytes.
+/// A ring of fixed-width values (`fixed::deque`, or a sequence of [`CallRecord`]s): its
+/// length, then each value's bytes.
 #[inline]
-fn ring<T: Copy, const N: usize>(out: &mut Vec<u8>, v: &VecDeque<T>, le: impl Fn(T) -> [u8; N]) {
+pub(super) fn ring<T: Copy, const N: usize>(
+    out: &mut Vec<u8>,
+    v: &VecDeque<T>,
+    le: impl Fn(T) -> [u8; N],
+) {
     len(out, v.len());
-    for x in v {
-        out.extend_from_slice(&le(*x));
+    let (front, back) = v.as_slices();
+    fixed_items(out, front, &le);
+    fixed_items(out, back, &le);
+}
+
+/// Each value's `N` bytes, in order. The output grows once and the values are written
+/// into it in place: appended one at a time, each would check the vector's capacity and
+/// store its length (a ring of 128 two-byte hashes took 128 such appends).
+#[inline]
+pub(super) fn fixed_items<T: Copy, const N: usize>(
+    out: &mut Vec<u8>,
+    items: &[T],
+    le: impl Fn(T) -> [u8; N],
+) {
+    if items.is_empty() {
+        // A ring's second part, most often.
+        return;
+    }
+    let (start, bytes) = (out.len(), items.len() * N);
+    out.reserve(bytes);
+    // SAFETY: the `bytes` bytes past the length are reserved above; item `i` is written
+    // to the `N` of them at `i × N` (a `[u8; N]` has no alignment to keep), so every one
+    // is written before the length takes them in.
+    unsafe {
+        let at = out.as_mut_ptr().add(start);
+        for (i, x) in items.iter().enumerate() {
+            at.add(i * N).cast::<[u8; N]>().write(le(*x));
+        }
+        out.set_len(start + bytes);
     }
 }
 
@@ -215,7 +246,7 @@ impl Encode for ToolCount {
 
 impl Encode for RunState {
     fn encode(&self, out: &mut Vec<u8>) {
-        self.window.encode(out);
+        ring(out, &self.window, CallRecord::to_bytes);
         self.polls.encode(out);
         self.since_poll_moved.encode(out);
         ring(out, &self.seen_pairs, u64::to_le_bytes);
@@ -223,17 +254,17 @@ impl Encode for RunState {
     }
 }
 
-impl Encode for CallRecord {
+impl CallRecord {
+    /// Action, result and shape fixed-width (`fixed::u64`, `fixed::u32`), then the flags
+    /// byte: what the derived `Serialize` writes, as one array.
     #[inline]
-    fn encode(&self, out: &mut Vec<u8>) {
-        // Action, result and shape fixed-width (`fixed::u64`, `fixed::u32`), then the
-        // flags byte: 21 bytes in one copy.
+    pub(super) fn to_bytes(self) -> [u8; 21] {
         let mut bytes = [0u8; 21];
         bytes[..8].copy_from_slice(&self.action.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.result.to_le_bytes());
         bytes[16..20].copy_from_slice(&self.shape.to_le_bytes());
         bytes[20] = self.flags;
-        out.extend_from_slice(&bytes);
+        bytes
     }
 }
 
@@ -334,9 +365,7 @@ impl Encode for TextSketch {
     fn encode(&self, out: &mut Vec<u8>) {
         let mins = self.mins();
         len(out, mins.len());
-        for h in mins {
-            out.extend_from_slice(&h.to_le_bytes());
-        }
+        fixed_items(out, mins, u32::to_le_bytes);
         self.complete.encode(out);
     }
 }
@@ -351,6 +380,28 @@ mod tests {
 
     fn label() -> impl Strategy<Value = Option<String>> {
         proptest::option::of("\\PC{0,70}")
+    }
+
+    /// The same items, stored wrapped round the ring's buffer (in two parts), as a ring
+    /// that has dropped items off its front holds them: a writer must join both parts,
+    /// in order.
+    fn wrapped<T: Copy>(items: VecDeque<T>) -> VecDeque<T> {
+        let Some(&first) = items.front() else {
+            return items;
+        };
+        let mut ring = VecDeque::with_capacity(items.len());
+        let shift = ring.capacity() - items.len().div_ceil(2);
+        for _ in 0..shift {
+            ring.push_back(first);
+            ring.pop_front();
+        }
+        ring.extend(items);
+        assert!(
+            ring.len() < 2 || !ring.as_slices().1.is_empty(),
+            "a ring of {} items is stored in one part",
+            ring.len()
+        );
+        ring
     }
 
     fn counters() -> impl Strategy<Value = Counters> {
@@ -419,11 +470,11 @@ mod tests {
         )
             .prop_map(
                 |(window, polls, since_poll_moved, seen_pairs, seen_lines)| RunState {
-                    window,
+                    window: wrapped(window),
                     polls,
                     since_poll_moved,
-                    seen_pairs,
-                    seen_lines,
+                    seen_pairs: wrapped(seen_pairs),
+                    seen_lines: wrapped(seen_lines),
                     window_gained: Gained::WHOLE,
                     pairs_gained: Gained::WHOLE,
                 },
@@ -485,7 +536,7 @@ mod tests {
                 streak: next(),
                 stale: next(),
                 sketches: d.texts.iter().map(|t| TextSketch::of(t)).collect(),
-                openings: d.openings.iter().copied().collect(),
+                openings: wrapped(d.openings.iter().copied().collect()),
                 since_text: d.since_text,
                 sketches_gained: Gained::WHOLE,
                 openings_gained: Gained::WHOLE,
@@ -537,7 +588,7 @@ mod tests {
                     .map(|(tool, calls, repeats)| ToolCount { tool, calls, repeats })
                     .collect(),
                 run,
-                recent_event_ids: recent,
+                recent_event_ids: wrapped(recent),
                 ids_gained: Gained::WHOLE,
                 findings: findings
                     .into_iter()
