@@ -409,7 +409,11 @@ impl Engine {
         let (first_change, unwritten) = self.change_of(id);
         let deadline = now.saturating_add(gap);
         let slot = match self.sessions.entry_ref(id) {
-            EntryRef::Occupied(found) => found.into_mut(),
+            EntryRef::Occupied(found) => {
+                let slot = found.into_mut();
+                slot.state.prefetch();
+                slot
+            }
             EntryRef::Vacant(unknown) => {
                 let (key, policy) = self.work.policy_of(event);
                 self.expiry.push(Reverse((deadline, id.to_string())));
@@ -423,7 +427,6 @@ impl Engine {
                 })
             }
         };
-        slot.state.prefetch();
         if let Some(marks) = unwritten {
             slot.state.unmark(marks);
         }

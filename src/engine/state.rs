@@ -290,7 +290,6 @@ impl SessionState {
         changed
     }
 
-    /// Returns true when `event_id` was seen recently (an exact duplicate to drop).
     /// Asks memory for the parts of the state an event reads (its rings, sketches and
     /// tables), all at once: a state that has left the cache (a fleet of many sessions
     /// touches each once a batch) would otherwise miss on each part in turn, as the
@@ -314,6 +313,7 @@ impl SessionState {
         prefetch::slice(&self.findings, MAX);
     }
 
+    /// Returns true when `event_id` was seen recently (an exact duplicate to drop).
     pub fn is_duplicate(&mut self, event_hash: u64) -> bool {
         if holds(&self.recent_event_ids, event_hash) {
             self.stats.duplicates += 1;

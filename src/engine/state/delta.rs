@@ -182,7 +182,7 @@ impl SessionState {
         rings.put_back(self);
         let le = u64::to_le_bytes;
         let (run, turns) = (&self.run, &self.counters.similar_turns);
-        write_fixed_tail(out, &run.window, run.window_gained, CallRecord::to_bytes);
+        write_fixed_tail(out, &run.window, run.window_gained, CallRecord::fixed_bytes);
         write_fixed_tail(out, &run.seen_pairs, run.pairs_gained, le);
         write_fixed_tail(out, &self.recent_event_ids, self.ids_gained, le);
         write_tail(out, &turns.sketches, turns.sketches_gained, |x, o| {
@@ -277,6 +277,41 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
     use std::sync::Arc;
+
+    /// A ring's tail written in place is the tail written item by item, for every count
+    /// gained, whether the ring is stored in one part or wrapped round its buffer (the
+    /// gained items then in its second part, in both, or across the two).
+    #[test]
+    fn a_fixed_tail_is_the_tail_item_by_item_wherever_the_ring_is_split() {
+        for len in 0..=9u64 {
+            for dropped in 0..=len + 3 {
+                // A ring of capacity `len` (at least) that dropped `dropped` items off its
+                // front: its items start `dropped` places in, wrapping round.
+                let mut ring: VecDeque<u64> = VecDeque::with_capacity(len as usize);
+                for i in 0..dropped {
+                    ring.push_back(1000 + i);
+                    ring.pop_front();
+                }
+                ring.extend((0..len).map(|i| i * 0x0101_0101_0101));
+                for gained in 0..=len as u8 + 1 {
+                    let mut count = Gained::NONE;
+                    (0..gained).for_each(|_| count.push());
+                    let (mut fixed, mut each) = (Vec::new(), Vec::new());
+                    write_fixed_tail(&mut fixed, &ring, count, u64::to_le_bytes);
+                    write_tail(&mut each, &ring, count, |x, o| {
+                        o.extend_from_slice(&x.to_le_bytes())
+                    });
+                    assert_eq!(
+                        fixed,
+                        each,
+                        "{len} items in parts of {} and {}, {gained} gained",
+                        ring.as_slices().0.len(),
+                        ring.as_slices().1.len()
+                    );
+                }
+            }
+        }
+    }
 
     /// Runs a generated fleet through an engine, writing each session's state every
     /// `every` of its events: whole the first time, then as a delta applied to the state

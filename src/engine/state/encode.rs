@@ -20,8 +20,9 @@
 //! property test (and the stored-state fixture), and a detector's state type does not
 //! compile without an [`Encode`] impl. Set a new field in the test's strategy too: a field
 //! written in the wrong place or form shows only once it holds more than its default. A
-//! ring written as `fixed::deque` goes through [`ring`], not the `VecDeque` impl (which
-//! writes varints).
+//! ring written as `fixed::deque`, and the window of calls (fixed-width items), go
+//! through [`ring`], not the `VecDeque` impl (which writes each item's varints), and
+//! are written in place ([`fixed_items`], the module's one `unsafe` block).
 
 use std::collections::VecDeque;
 
@@ -58,11 +59,7 @@ fn len(out: &mut Vec<u8>, n: usize) {
 /// A ring of fixed-width values (`fixed::deque`, or a sequence of [`CallRecord`]s): its
 /// length, then each value's bytes.
 #[inline]
-pub(super) fn ring<T: Copy, const N: usize>(
-    out: &mut Vec<u8>,
-    v: &VecDeque<T>,
-    le: impl Fn(T) -> [u8; N],
-) {
+fn ring<T: Copy, const N: usize>(out: &mut Vec<u8>, v: &VecDeque<T>, le: impl Fn(T) -> [u8; N]) {
     len(out, v.len());
     let (front, back) = v.as_slices();
     fixed_items(out, front, &le);
@@ -78,6 +75,9 @@ pub(super) fn fixed_items<T: Copy, const N: usize>(
     items: &[T],
     le: impl Fn(T) -> [u8; N],
 ) {
+    // An item's bytes are no more than its size, so `items.len() × N` is at most the
+    // slice's size in bytes and cannot overflow.
+    const { assert!(N > 0 && N <= std::mem::size_of::<T>()) };
     if items.is_empty() {
         // A ring's second part, most often.
         return;
@@ -86,7 +86,9 @@ pub(super) fn fixed_items<T: Copy, const N: usize>(
     out.reserve(bytes);
     // SAFETY: the `bytes` bytes past the length are reserved above; item `i` is written
     // to the `N` of them at `i × N` (a `[u8; N]` has no alignment to keep), so every one
-    // is written before the length takes them in.
+    // is written before the length takes them in. `out` is borrowed mutably here, so
+    // neither `items` nor `le` can reach it; a panic in `le` leaves the length as it was
+    // (bytes have nothing to drop).
     unsafe {
         let at = out.as_mut_ptr().add(start);
         for (i, x) in items.iter().enumerate() {
@@ -246,7 +248,7 @@ impl Encode for ToolCount {
 
 impl Encode for RunState {
     fn encode(&self, out: &mut Vec<u8>) {
-        ring(out, &self.window, CallRecord::to_bytes);
+        ring(out, &self.window, CallRecord::fixed_bytes);
         self.polls.encode(out);
         self.since_poll_moved.encode(out);
         ring(out, &self.seen_pairs, u64::to_le_bytes);
@@ -258,7 +260,7 @@ impl CallRecord {
     /// Action, result and shape fixed-width (`fixed::u64`, `fixed::u32`), then the flags
     /// byte: what the derived `Serialize` writes, as one array.
     #[inline]
-    pub(super) fn to_bytes(self) -> [u8; 21] {
+    pub(super) fn fixed_bytes(self) -> [u8; 21] {
         let mut bytes = [0u8; 21];
         bytes[..8].copy_from_slice(&self.action.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.result.to_le_bytes());
@@ -382,11 +384,11 @@ mod tests {
         proptest::option::of("\\PC{0,70}")
     }
 
-    /// The same items, stored wrapped round the ring's buffer (in two parts), as a ring
-    /// that has dropped items off its front holds them: a writer must join both parts,
-    /// in order.
-    fn wrapped<T: Copy>(items: VecDeque<T>) -> VecDeque<T> {
-        let Some(&first) = items.front() else {
+    /// The same items, stored wrapped round the ring's buffer (in two parts) when `wrap`,
+    /// as a ring that has dropped items off its front holds them (a writer must join
+    /// both parts, in order); else in one part, as a ring that never dropped any.
+    fn wrapped<T: Copy>(items: VecDeque<T>, wrap: bool) -> VecDeque<T> {
+        let Some(&first) = items.front().filter(|_| wrap) else {
             return items;
         };
         let mut ring = VecDeque::with_capacity(items.len());
@@ -467,14 +469,15 @@ mod tests {
             any::<Option<u8>>(),
             vec_deque(any::<u64>(), 0..=32),
             vec_deque(any::<u16>(), 0..=128),
+            any::<[bool; 3]>(),
         )
             .prop_map(
-                |(window, polls, since_poll_moved, seen_pairs, seen_lines)| RunState {
-                    window: wrapped(window),
+                |(window, polls, since_poll_moved, seen_pairs, seen_lines, wrap)| RunState {
+                    window: wrapped(window, wrap[0]),
                     polls,
                     since_poll_moved,
-                    seen_pairs: wrapped(seen_pairs),
-                    seen_lines: wrapped(seen_lines),
+                    seen_pairs: wrapped(seen_pairs, wrap[1]),
+                    seen_lines: wrapped(seen_lines, wrap[2]),
                     window_gained: Gained::WHOLE,
                     pairs_gained: Gained::WHOLE,
                 },
@@ -536,7 +539,7 @@ mod tests {
                 streak: next(),
                 stale: next(),
                 sketches: d.texts.iter().map(|t| TextSketch::of(t)).collect(),
-                openings: wrapped(d.openings.iter().copied().collect()),
+                openings: d.openings.iter().copied().collect(),
                 since_text: d.since_text,
                 sketches_gained: Gained::WHOLE,
                 openings_gained: Gained::WHOLE,
@@ -569,6 +572,7 @@ mod tests {
             run in run(),
             detectors in detector_inputs(),
             recent in vec_deque(any::<u64>(), 0..=16),
+            wrap in any::<[bool; 2]>(),
             episodes in vec((0..DETECTOR_COUNT, any::<(u32, u8, u64, Option<u32>)>()), 0..8),
             findings in vec(any::<(u8, [u32; 3])>(), 0..8),
             termination in proptest::option::of((0..DETECTOR_COUNT, any::<i64>(), any::<bool>())),
@@ -588,7 +592,7 @@ mod tests {
                     .map(|(tool, calls, repeats)| ToolCount { tool, calls, repeats })
                     .collect(),
                 run,
-                recent_event_ids: wrapped(recent),
+                recent_event_ids: wrapped(recent, wrap[0]),
                 ids_gained: Gained::WHOLE,
                 findings: findings
                     .into_iter()
@@ -602,6 +606,8 @@ mod tests {
                 counters: detector_states(&detectors),
                 episodes: Episodes::default(),
             };
+            let openings = &mut s.counters.similar_turns.openings;
+            *openings = wrapped(std::mem::take(openings), wrap[1]);
             for (d, (number, emitted, subject, warned_at_step)) in episodes {
                 *s.episodes.get_mut(DetectorKind::ALL[d]) = Episode {
                     number,
