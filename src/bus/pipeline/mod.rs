@@ -491,9 +491,9 @@ fn consume(
     shutdown: &Shutdown,
 ) -> Result<(), PipelineError> {
     // Adaptive batching: while there is a backlog (a batch runs out of time with more
-    // messages waiting on the broker than it took), batches grow up to 8× the configured
-    // wait, so the fixed cost of delivering and storing a batch is spread over more
-    // events; once caught up, batches are short again (latency).
+    // messages waiting on the broker than it took, or fills up), batches grow up to 8×
+    // the configured wait, so the fixed cost of delivering and storing a batch is spread
+    // over more events; once caught up, batches are short again (latency).
     let mut wait = settings.max_batch_wait;
     while !shutdown.is_triggered() {
         let polled = poll_batch(consumer, w, settings, shutdown, wait)?;
@@ -503,15 +503,26 @@ fn consume(
                 .observe_stage("wait", first_polled.elapsed());
         }
         let lag = w.lag(consumer);
-        wait = if polled.timed_out && lag > polled.messages as i64 {
-            (wait * 2).min(settings.max_batch_wait * LONGEST_WAIT_FACTOR)
-        } else {
-            settings.max_batch_wait
-        };
+        wait = next_wait(wait, &polled, lag, settings);
         w.tick_idle();
         w.finish_batch(consumer, Finish::Overlap)?;
     }
     Ok(())
+}
+
+/// How long the next batch may wait, after a batch that `polled` with `lag` messages
+/// still on the broker: twice as long when its time ran out with more waiting than it
+/// took (a backlog), up to [`LONGEST_WAIT_FACTOR`] × `max_batch_wait`; as long when it
+/// filled up (the input outruns the batch: a backlog too, whose batches must not shrink
+/// back); the configured wait once a batch timed out caught up.
+fn next_wait(wait: Duration, polled: &Polled, lag: i64, settings: &KafkaSettings) -> Duration {
+    if polled.messages >= settings.max_batch_events {
+        wait
+    } else if polled.timed_out && lag > polled.messages as i64 {
+        (wait * 2).min(settings.max_batch_wait * LONGEST_WAIT_FACTOR)
+    } else {
+        settings.max_batch_wait
+    }
 }
 
 /// What one batch's polling took.
@@ -633,6 +644,36 @@ mod tests {
         }
         let distinct: std::collections::HashSet<&String> = names.iter().collect();
         assert_eq!(distinct.len(), names.len());
+    }
+
+    #[test]
+    fn batches_grow_while_there_is_a_backlog_and_shrink_back_once_caught_up() {
+        let settings = KafkaSettings {
+            max_batch_wait: Duration::from_millis(100),
+            max_batch_events: 1_000,
+            ..KafkaSettings::default()
+        };
+        let ms = Duration::from_millis;
+        // The next wait after a batch that waited `wait` ms and took `messages`, timed
+        // out or not, with `lag` messages left on the broker.
+        let next = |wait: u64, messages: usize, timed_out: bool, lag: i64| {
+            let polled = Polled {
+                messages,
+                started: Some(Instant::now()),
+                timed_out,
+            };
+            next_wait(ms(wait), &polled, lag, &settings)
+        };
+        // Timed out with more waiting than it took: twice as long, up to 8 ×.
+        assert_eq!(next(100, 400, true, 401), ms(200));
+        assert_eq!(next(800, 400, true, 5_000), ms(800));
+        // Timed out caught up: back to the configured wait.
+        assert_eq!(next(400, 400, true, 400), ms(100));
+        // Ended by a stop or an error, neither full nor timed out: back too.
+        assert_eq!(next(400, 10, false, 9_000), ms(100));
+        // Full: the input outruns it, whatever the lag reads; it keeps its wait.
+        assert_eq!(next(400, 1_000, false, 0), ms(400));
+        assert_eq!(next(100, 1_000, false, 0), ms(100));
     }
 
     #[test]
