@@ -98,6 +98,10 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
         "isolation.level",
         "read_committed: loopwarden reads only committed input and changelog records",
     ),
+    (
+        "delivery.report.only.error",
+        "every record's delivery is awaited before its batch is committed (and its report lets go of the record)",
+    ),
 ];
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -713,7 +717,7 @@ mod tests {
     #[test]
     fn owned_properties_and_bad_topics_are_refused_at_once() {
         let (_, errors) = validate(
-            "input_topics = [\"a\", \"a\", \"session.warning\", \"bad topic\"]\n[producer]\n\"enable.idempotence\" = false\n",
+            "input_topics = [\"a\", \"a\", \"session.warning\", \"bad topic\"]\n[producer]\n\"enable.idempotence\" = false\n\"delivery.report.only.error\" = true\n",
         );
         let keys: Vec<&str> = errors.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
@@ -722,6 +726,7 @@ mod tests {
                 "kafka.input_topics[1]",
                 "kafka.input_topics[2]",
                 "kafka.input_topics[3]",
+                "kafka.producer.delivery.report.only.error",
                 "kafka.producer.enable.idempotence"
             ],
             "{errors:?}"

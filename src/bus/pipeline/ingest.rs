@@ -245,8 +245,9 @@ impl IngestBatch<'_> {
                 letter.key = e.session_id.as_bytes()
                     [..e.session_id.len().min(MAX_SESSION_ID_BYTES)]
                     .to_vec();
-                letter.payload = e.json;
-                letter.payload.truncate(self.limits.max_event_bytes);
+                let mut json = e.json;
+                json.truncate(self.limits.max_event_bytes);
+                letter.payload = json.into();
                 self.dead_letter(outbox, letter, bad.reason());
                 continue;
             }
@@ -256,7 +257,7 @@ impl IngestBatch<'_> {
                 sink: Sink::Ingested,
                 partition: None,
                 key: e.session_id.into_bytes(),
-                payload: e.json,
+                payload: e.json.into(),
                 headers: vec![("traceparent", e.traceparent.into_bytes().into())],
                 source_headers: Vec::new(),
                 source_ms: None,

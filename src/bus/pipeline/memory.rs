@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::message::OwnedMessage;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, Timestamp, TopicPartitionList};
 
@@ -200,12 +200,10 @@ impl Transport for MemoryTransport {
         self.bus.tick("send");
         let landed = Landed {
             key: r.key.to_vec(),
-            payload: r.payload.map(<[u8]>::to_vec),
+            payload: r.payload.map(|p| p.to_vec()),
             headers: r
-                .headers
-                .iter()
-                .flat_map(|h| h.iter())
-                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .each_header()
+                .map(|(name, value)| (name.to_string(), value.map(<[u8]>::to_vec)))
                 .collect(),
         };
         let partition = r.partition.unwrap_or(0);
@@ -237,7 +235,7 @@ impl Transport for MemoryTransport {
                     state.failing -= 1;
                     drop(state);
                     let failed = KafkaError::MessageProduction(RDKafkaErrorCode::RequestTimedOut);
-                    self.tracker.report(Err(failed), *report);
+                    self.tracker.report(Err(failed), report);
                     continue;
                 }
                 let log = state.logs.entry(at.clone()).or_default();
@@ -249,7 +247,7 @@ impl Transport for MemoryTransport {
             self.bus.tick("delivery report");
             let ((topic, partition), offset, report) = landed;
             self.tracker
-                .report(Ok((topic.as_str(), partition, offset)), *report);
+                .report(Ok((topic.as_str(), partition, offset)), report);
         }
     }
 

@@ -6,7 +6,9 @@
 //! (failures are sent again with backoff, never dropped) or the shutdown deadline has
 //! passed; a dead letter the broker refuses as too large is cut to its first 64 KiB with a
 //! header saying how long it was, so it is never lost. Records name their topic by kind
-//! ([`Sink`]), resolved by name from the settings.
+//! ([`Sink`]), resolved by name from the settings. A record's value is shared with the
+//! producer while it is in flight, not copied ([`Payload`]): the outbox may drop or cut
+//! its record meanwhile without touching what librdkafka reads.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
@@ -14,14 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message;
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
 use super::backoff::{Backoff, DeadlinePassed};
-use super::bus::{DeliveryTracker, KafkaTransport, Outgoing, Transport};
+use super::bus::{DeliveryTracker, KafkaTransport, Outgoing, Payload, Transport};
 use super::lock;
 use crate::bus::kafka::headers::{self, RawHeaders};
 use crate::bus::kafka::settings::KafkaSettings;
@@ -84,7 +85,8 @@ pub struct Record {
     /// An explicit partition (changelog records go to their input partition's number).
     pub partition: Option<i32>,
     pub key: Vec<u8>,
-    pub payload: Vec<u8>,
+    /// Shared with the producer while the record is in flight (not copied).
+    pub payload: Payload,
     /// Values borrowed where they are the same for every record (a changelog record's
     /// kind and state format): most records are changelog records, one a state written.
     pub headers: Vec<(&'static str, Cow<'static, [u8]>)>,
@@ -138,7 +140,9 @@ impl Record {
         if cut_payload < payload && !self.has_header(DLQ_TRUNCATED_FROM) {
             self.headers.push((DLQ_TRUNCATED_FROM, said(payload)));
         }
-        self.payload.truncate(cut_payload);
+        // Refused: its report was served, so the producer holds no reference to the value
+        // and nothing is copied (a value still in flight would be, and stay intact).
+        Payload::make_mut(&mut self.payload).truncate(cut_payload);
         if cut_key < key && !self.has_header(DLQ_KEY_TRUNCATED_FROM) {
             self.headers.push((DLQ_KEY_TRUNCATED_FROM, said(key)));
         }
@@ -152,26 +156,6 @@ impl Record {
 
     fn has_header(&self, name: &str) -> bool {
         self.headers.iter().any(|(n, _)| *n == name)
-    }
-
-    fn headers(&self) -> Option<OwnedHeaders> {
-        if self.headers.is_empty() && self.source_headers.is_empty() {
-            return None;
-        }
-        let mut h = OwnedHeaders::new_with_capacity(self.headers.len() + self.source_headers.len());
-        for (k, v) in &self.source_headers {
-            h = h.insert(Header {
-                key: k,
-                value: v.as_deref(),
-            });
-        }
-        for (k, v) in &self.headers {
-            h = h.insert(Header {
-                key: k,
-                value: Some(v.as_ref()),
-            });
-        }
-        Some(h)
     }
 }
 
@@ -200,7 +184,7 @@ where
         sink: Sink::DeadLetter,
         partition: None,
         key: m.key().unwrap_or_default().to_vec(),
-        payload: m.payload().unwrap_or_default().to_vec(),
+        payload: Payload::new(m.payload().unwrap_or_default().to_vec()),
         headers: vec![
             (DLQ_SOURCE_TOPIC, topic.as_bytes().to_vec().into()),
             (
@@ -370,10 +354,11 @@ impl Outbox {
                     key: &r.key,
                     // A changelog tombstone has no value at all (compaction drops the key).
                     payload: (!(r.sink == Sink::Changelog && r.payload.is_empty()))
-                        .then_some(r.payload.as_slice()),
-                    headers: r.headers(),
+                        .then_some(&r.payload),
+                    source_headers: &r.source_headers,
+                    headers: &r.headers,
                 };
-                let report = Box::new((epoch, number, r.source_ms));
+                let report = (epoch, number, r.source_ms);
                 // Before the send: a transport may report inside it. A record that
                 // fails stays in it until sent again and acknowledged.
                 lock(&self.transport.tracker().unacknowledged).insert(number);
@@ -556,7 +541,7 @@ mod tests {
             sink: Sink::Warning,
             partition: None,
             key: b"s".to_vec(),
-            payload: payload.as_bytes().to_vec(),
+            payload: Payload::new(payload.as_bytes().to_vec()),
             headers: Vec::new(),
             source_headers: Vec::new(),
             source_ms: None,
@@ -696,7 +681,7 @@ mod tests {
             sink: Sink::DeadLetter,
             partition: None,
             key: vec![b'k'; 50_000],
-            payload: vec![b'p'; 100_000],
+            payload: Payload::new(vec![b'p'; 100_000]),
             headers: vec![(DLQ_REASON, b"oversized".to_vec().into())],
             source_headers: vec![("big".to_string(), Some(vec![b'h'; 8_000]))],
             source_ms: None,
@@ -732,7 +717,7 @@ mod tests {
             sink: Sink::DeadLetter,
             partition: None,
             key: vec![b'k'; 300],
-            payload: vec![b'p'; 3_000],
+            payload: Payload::new(vec![b'p'; 3_000]),
             headers: vec![(DLQ_REASON, b"invalid_json".to_vec().into())],
             source_headers: vec![("h".to_string(), Some(vec![b'h'; 900]))],
             source_ms: None,
@@ -769,7 +754,7 @@ mod tests {
                 sink: Sink::Warning,
                 partition: None,
                 key: b"s".to_vec(),
-                payload: b"{}".to_vec(),
+                payload: Payload::new(b"{}".to_vec()),
                 headers: Vec::new(),
                 source_headers: Vec::new(),
                 source_ms: None,

@@ -64,7 +64,7 @@ pub fn record(
         sink,
         partition: None,
         key: output.session_id().as_bytes().to_vec(),
-        payload: output.to_json().into_bytes(),
+        payload: output.to_json().into_bytes().into(),
         headers: traceparent
             .map(|tp| vec![(TRACEPARENT, tp.into_bytes().into())])
             .unwrap_or_default(),

@@ -154,7 +154,7 @@ fn record(partition: i32, batch: &[u8], key: &[u8], payload: Vec<u8>, kind: Kind
         sink: Sink::Changelog,
         partition: Some(partition),
         key: key.to_vec(),
-        payload,
+        payload: payload.into(),
         headers,
         source_headers: Vec::new(),
         source_ms: None,
