@@ -165,13 +165,58 @@ pub trait Transport: Send {
 /// A Kafka producer as the outbox's transport.
 pub struct KafkaTransport {
     producer: BaseProducer<Reports>,
+    /// librdkafka's handle of each topic sent to, by name (a few: the outputs, the dead
+    /// letters, the changelog). A produce call given the handle skips the lookup by name,
+    /// which takes the client's lock for writing on every record.
+    topics: Mutex<Vec<(String, TopicHandle)>>,
 }
+
+/// A topic handle of librdkafka's, destroyed with the transport.
+struct TopicHandle(*mut rdsys::rd_kafka_topic_t);
+
+// SAFETY: librdkafka's topic handles may be used and destroyed from any thread.
+unsafe impl Send for TopicHandle {}
 
 impl KafkaTransport {
     pub fn new(config: &ClientConfig, tracker: DeliveryTracker) -> KafkaResult<KafkaTransport> {
         Ok(KafkaTransport {
             producer: config.create_with_context(Reports(tracker))?,
+            topics: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The handle of `topic`, made at its first record.
+    fn topic(&self, topic: &str) -> KafkaResult<*mut rdsys::rd_kafka_topic_t> {
+        let mut topics = lock(&self.topics);
+        if let Some((_, handle)) = topics.iter().find(|(name, _)| name == topic) {
+            return Ok(handle.0);
+        }
+        let name = CString::new(topic)?;
+        // SAFETY: a live client, a C string it copies, and the default topic settings.
+        let handle = unsafe {
+            rdsys::rd_kafka_topic_new(
+                self.producer.client().native_ptr(),
+                name.as_ptr(),
+                ptr::null_mut(),
+            )
+        };
+        if handle.is_null() {
+            // SAFETY: reads the calling thread's last librdkafka error.
+            let err = unsafe { rdsys::rd_kafka_last_error() };
+            return Err(KafkaError::MessageProduction(err.into()));
+        }
+        topics.push((topic.to_string(), TopicHandle(handle)));
+        Ok(handle)
+    }
+}
+
+impl Drop for KafkaTransport {
+    fn drop(&mut self) {
+        for (_, handle) in lock(&self.topics).drain(..) {
+            // SAFETY: each handle is ours and destroyed once, before the client (a field,
+            // dropped after this); records still queued hold references of their own.
+            unsafe { rdsys::rd_kafka_topic_destroy(handle.0) };
+        }
     }
 }
 
@@ -269,7 +314,7 @@ impl Transport for KafkaTransport {
     /// what librdkafka asks of a value it does not copy: that it stay valid and unchanged
     /// until the record's delivery report.
     fn send(&self, r: Outgoing<'_>, report: Report) -> KafkaResult<()> {
-        let topic = CString::new(r.topic)?;
+        let topic = self.topic(r.topic)?;
         let (value_ptr, value_len) = r.payload.map_or((ptr::null_mut(), 0), |p| {
             (p.as_ptr().cast_mut().cast::<c_void>(), p.len())
         });
@@ -280,8 +325,9 @@ impl Transport for KafkaTransport {
         .into_ptr();
         let headers = native_headers(&r);
         // SAFETY: the argument list is rdkafka's own `send`'s (less its timestamp 0, the
-        // default: now), with the message flags 0 (no copy, no free), each value of the
-        // type librdkafka reads for its tag. `value_ptr` points into the `Payload` that
+        // default: now; the topic by its handle, which the call takes a reference to, not
+        // by name), with the message flags 0 (no copy, no free), each value of the type
+        // librdkafka reads for its tag. `value_ptr` points into the `Payload` that
         // `opaque` holds a reference to, and a `Payload` is never changed while it is
         // shared (`Arc` hands out no `&mut` then), so the value stays valid and unchanged
         // until librdkafka hands the opaque back with the delivery report. librdkafka
@@ -290,13 +336,12 @@ impl Transport for KafkaTransport {
         // request, never copied, even with `RD_KAFKA_MSG_F_COPY`), so after the report it
         // reads the value no more. A record never reported (the producer destroyed
         // first) leaks its opaque rather than free what librdkafka may still read. The
-        // topic and key are copied by the call; the headers' list is librdkafka's on
-        // success.
+        // key is copied by the call; the headers' list is librdkafka's on success.
         let err = unsafe {
             rdsys::rd_kafka_producev(
                 self.producer.client().native_ptr(),
-                rdsys::rd_kafka_vtype_t::RD_KAFKA_VTYPE_TOPIC,
-                topic.as_ptr(),
+                rdsys::rd_kafka_vtype_t::RD_KAFKA_VTYPE_RKT,
+                topic,
                 rdsys::rd_kafka_vtype_t::RD_KAFKA_VTYPE_PARTITION,
                 r.partition.unwrap_or(-1),
                 rdsys::rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS,
@@ -669,6 +714,25 @@ mod tests {
             Arc::strong_count(&first),
             2,
             "queued: held until its report"
+        );
+        assert_eq!(Arc::strong_count(&second), 1, "refused: not held");
+        // A topic name librdkafka refuses (over 512 bytes) is an error too, not a panic.
+        let long = "t".repeat(600);
+        let refused = transport.send(
+            Outgoing {
+                topic: &long,
+                ..record(&second)
+            },
+            (0, 2, None),
+        );
+        assert!(
+            matches!(
+                refused,
+                Err(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::InvalidArgument
+                ))
+            ),
+            "{refused:?}"
         );
         assert_eq!(Arc::strong_count(&second), 1, "refused: not held");
         // Dropping the producer purges the queued record, and its report, never served,
