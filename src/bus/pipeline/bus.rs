@@ -460,11 +460,7 @@ impl DeliveryTracker {
     }
 
     /// One record's delivery report: where it landed, or why it failed.
-    pub fn report(
-        &self,
-        result: Result<(&str, i32, i64), KafkaError>,
-        report: (u64, usize, Option<i64>),
-    ) {
+    pub fn report(&self, result: Result<(&str, i32, i64), KafkaError>, report: Report) {
         let (epoch, index, source_ms) = report;
         if epoch != self.epoch.load(Ordering::Acquire) {
             return;
@@ -829,9 +825,9 @@ mod tests {
                             source_headers: &[],
                             headers: &headers,
                         };
-                        if in_place.send(record, report).is_err() {
-                            panic!("the queue holds a round");
-                        }
+                        in_place
+                            .send(record, report)
+                            .expect("the queue holds a round");
                     }
                 }
                 while transport.in_flight() > 0 {

@@ -491,9 +491,10 @@ fn consume(
     shutdown: &Shutdown,
 ) -> Result<(), PipelineError> {
     // Adaptive batching: while there is a backlog (a batch runs out of time with more
-    // messages waiting on the broker than it took, or fills up), batches grow up to 8×
-    // the configured wait, so the fixed cost of delivering and storing a batch is spread
-    // over more events; once caught up, batches are short again (latency).
+    // messages waiting on the broker than it took), batches grow up to 8× the configured
+    // wait, so the fixed cost of delivering and storing a batch is spread over more
+    // events, and a batch that fills up keeps its wait; once caught up, batches are short
+    // again (latency) (`next_wait`).
     let mut wait = settings.max_batch_wait;
     while !shutdown.is_triggered() {
         let polled = poll_batch(consumer, w, settings, shutdown, wait)?;
