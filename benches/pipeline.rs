@@ -42,6 +42,7 @@ mod growth;
 mod proc;
 use growth::{growth_event, GROWTH_CONFIG};
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -546,7 +547,11 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         .metrics
         .events_consumed
         .with_label_values(&["tool.called"]);
-    let p = producer(brokers);
+    let producers: u64 = env_or("LOOPWARDEN_BENCH_GROWTH_PRODUCERS", 1);
+    assert!(
+        producers > 0,
+        "LOOPWARDEN_BENCH_GROWTH_PRODUCERS must be at least 1"
+    );
     let started = Instant::now();
     let deadline = started + Duration::from_secs(env_or("LOOPWARDEN_BENCH_LIMIT_SECS", 600));
     // The pipeline gone, or out of time: stop feeding and waiting, and say so below.
@@ -561,11 +566,12 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     };
     let mut last_written = written();
     let stages = ["apply", "deliver", "store"];
-    // Events produced so far: the backlog (produced, not yet consumed) says who sets the
-    // pace. Held near `ahead`, the pipeline; well under it, the producer.
-    let produced = std::cell::Cell::new(0u64);
+    // Events produced so far, by all the producers: the backlog (produced, not yet
+    // consumed) says who sets the pace. Held near `ahead`, the pipeline; well under it,
+    // the producers.
+    let produced = Arc::new(AtomicU64::new(0));
     eprintln!(
-        "growth: {events} events round-robin over {sessions} sessions, {partitions} partitions, the producer at most {ahead} ahead"
+        "growth: {events} events round-robin over {sessions} sessions, {partitions} partitions, {producers} producer thread(s), the producer at most {ahead} ahead"
     );
     eprintln!("growth:    secs   consumed   events/s  open sessions  store MB  state B  stage means over the interval (ms): apply deliver store  backlog");
     let mut report = |final_line: bool| {
@@ -604,58 +610,93 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
             telemetry.metrics.state_store_bytes.get() as f64 / 1e6,
             state_bytes,
             means.join(" "),
-            produced.get().saturating_sub(done),
+            produced.load(Ordering::Relaxed).saturating_sub(done),
             if final_line { " (last)" } else { "" }
         );
         last = (now, done, totals);
     };
+    // One producer thread is one client: on a many-core machine a single one sets the
+    // pace before the workers do (about 300,000 events/s on the 16-core server), so the
+    // events are dealt round-robin to `producers` threads, each with its own client.
+    let stop_feeding = Arc::new(AtomicBool::new(false));
+    let feeders: Vec<_> = (0..producers)
+        .map(|first| {
+            let (brokers, input, produced, stop, consumed) = (
+                brokers.to_string(),
+                topics.input.clone(),
+                produced.clone(),
+                stop_feeding.clone(),
+                consumed.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("feed-{first}"))
+                .spawn(move || {
+                    let p = producer(&brokers);
+                    let mut k = first;
+                    'feed: while k < events {
+                        while produced
+                            .load(Ordering::Relaxed)
+                            .saturating_sub(consumed.get())
+                            >= ahead
+                        {
+                            if stop.load(Ordering::Relaxed) {
+                                break 'feed;
+                            }
+                            // rdkafka's `poll(t)` serves events until `t` has passed,
+                            // spinning through its last millisecond: poll without
+                            // waiting, and sleep, to leave the cores to the pipeline.
+                            p.poll(Duration::ZERO);
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        // Out of time while the pipeline keeps up (the wait above never
+                        // runs then).
+                        if k % 1024 < producers && stop.load(Ordering::Relaxed) {
+                            break 'feed;
+                        }
+                        let (id, json) = growth_event(k, sessions);
+                        let mut record = BaseRecord::to(&input).key(id.as_bytes()).payload(&json);
+                        loop {
+                            match p.send(record) {
+                                Ok(()) => break,
+                                Err((
+                                    KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+                                    r,
+                                )) => {
+                                    p.poll(Duration::ZERO);
+                                    std::thread::sleep(Duration::from_millis(1));
+                                    record = r;
+                                }
+                                Err((e, _)) => panic!("growth: producing event {k}: {e}"),
+                            }
+                        }
+                        produced.fetch_add(1, Ordering::Relaxed);
+                        p.poll(Duration::ZERO);
+                        k += producers;
+                    }
+                    p.flush(Duration::from_secs(30)).unwrap();
+                    // Read before the thread ends and leaves /proc (the CPU by thread).
+                    proc::this_thread_cpu_ms().unwrap_or(0)
+                })
+                .unwrap()
+        })
+        .collect();
     let mut next_report = Instant::now() + Duration::from_secs(2);
-    let mut tick = |report: &mut dyn FnMut(bool)| {
+    while !(feeders.iter().all(|f| f.is_finished()) && consumed.get() >= events) {
+        if stopped() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
         if Instant::now() >= next_report {
             report(false);
             next_report += Duration::from_secs(2);
         }
-    };
-    'feed: for k in 0..events {
-        // Out of time while the pipeline keeps up (the wait below never runs then).
-        if k % 1024 == 0 && stopped() {
-            break 'feed;
-        }
-        while k.saturating_sub(consumed.get()) >= ahead {
-            if stopped() {
-                break 'feed;
-            }
-            // rdkafka's `poll(t)` serves events until `t` has passed, spinning through its
-            // last millisecond: poll without waiting, and sleep, to leave the cores to the
-            // pipeline.
-            p.poll(Duration::ZERO);
-            std::thread::sleep(Duration::from_millis(1));
-            tick(&mut report);
-        }
-        let (id, json) = growth_event(k, sessions);
-        let mut record = BaseRecord::to(&topics.input)
-            .key(id.as_bytes())
-            .payload(&json);
-        loop {
-            match p.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    p.poll(Duration::ZERO);
-                    std::thread::sleep(Duration::from_millis(1));
-                    record = r;
-                }
-                Err((e, _)) => panic!("growth: producing event {k}: {e}"),
-            }
-        }
-        produced.set(k + 1);
-        p.poll(Duration::ZERO);
-        tick(&mut report);
     }
-    p.flush(Duration::from_secs(30)).unwrap();
-    while consumed.get() < events && !stopped() {
-        std::thread::sleep(Duration::from_millis(50));
-        tick(&mut report);
-    }
+    stop_feeding.store(true, Ordering::Relaxed);
+    let feeders_cpu: Vec<(String, u64)> = feeders
+        .into_iter()
+        .enumerate()
+        .map(|(i, feeder)| (format!("feed-{i}"), feeder.join().unwrap()))
+        .collect();
     report(true);
     let done = consumed.get();
     if done < events {
@@ -685,7 +726,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         done as f64 / telemetry.metrics.batches.get().max(1) as f64,
         telemetry.metrics.store_written_bytes.get() as f64 / states.max(1) as f64
     );
-    if let Some(threads) = cpu_by_thread() {
+    if let Some(threads) = cpu_by_thread(&feeders_cpu) {
         // What bounds one worker on cores of its own is its own thread's CPU per event;
         // its share of a core says whether it had work all along (near 1) or waited.
         let phase = started.elapsed().as_secs_f64();
@@ -693,7 +734,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
             .iter()
             .map(|(name, secs)| {
                 let per_event = secs * 1e6 / done.max(1) as f64;
-                if name == "pipeline" || name.starts_with("lw-") {
+                if name == "pipeline" || name.starts_with("lw-") || name.starts_with("feed-") {
                     format!("{name} {per_event:.2} ({:.2} of a core)", secs / phase)
                 } else {
                     format!("{name} {per_event:.2}")
@@ -701,8 +742,25 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
             })
             .collect();
         eprintln!(
-            "growth: CPU per event by thread, µs (this phase's pipeline threads with their share of a core over the phase, each worker `lw-worker-N`, or `pipeline` when there is one, and its store writer `lw-store-N`; the bench's producer, named after the binary, and `rdk:*` count the whole run): {}",
+            "growth: CPU per event by thread, µs (this phase's pipeline threads with their share of a core over the phase, each worker `lw-worker-N`, or `pipeline` when there is one, and its store writer `lw-store-N`; the bench's producer threads `feed-N` with theirs; `rdk:*` counts the whole run): {}",
             per_event.join(", ")
+        );
+    }
+    if let Some(mut threads) = proc::threads_cpu_ms() {
+        threads.extend(feeders_cpu.iter().cloned());
+        // The busiest threads one by one: a thread near a whole core is a stage that
+        // cannot go faster by more workers (the embedded broker runs in one thread of
+        // librdkafka's mock cluster, each client's broker connection in one of its own).
+        threads.sort_by(|a, b| b.1.cmp(&a.1));
+        let phase = started.elapsed().as_secs_f64();
+        let busiest: Vec<String> = threads
+            .iter()
+            .take(6)
+            .map(|(name, ms)| format!("{name} {:.2}", *ms as f64 / 1e3 / phase))
+            .collect();
+        eprintln!(
+            "growth: busiest threads, CPU over the phase's wall time (threads older than the phase, the broker's and the clients', count from their start): {}",
+            busiest.join(", ")
         );
     }
     shutdown.trigger();
@@ -711,11 +769,15 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
 
 /// CPU seconds (user + system) so far of this process's threads, by name, busiest first:
 /// each worker (`pipeline` is the one worker's when there is one) and each store writer,
-/// sled's and the Kafka clients' threads together, the rest by name. `None` without
-/// Linux's `/proc`.
-fn cpu_by_thread() -> Option<Vec<(String, f64)>> {
+/// sled's and the Kafka clients' threads together, the rest by name, with `ended`
+/// (threads gone before this is read, the bench's producers: name and CPU ms). `None`
+/// without Linux's `/proc`.
+fn cpu_by_thread(ended: &[(String, u64)]) -> Option<Vec<(String, f64)>> {
     let mut by_name: std::collections::BTreeMap<String, f64> = Default::default();
-    for (name, ms) in proc::threads_cpu_ms()? {
+    for (name, ms) in proc::threads_cpu_ms()?
+        .into_iter()
+        .chain(ended.iter().cloned())
+    {
         let group = if name.starts_with("rdk:") {
             "rdk:*".to_string()
         } else if name.starts_with("sled-io") {

@@ -22,6 +22,13 @@ pub fn threads_cpu_ms() -> Option<Vec<(String, u64)>> {
     Some(threads)
 }
 
+/// The calling thread's CPU time so far (user + system, ms): for a thread that ends
+/// before `threads_cpu_ms` is read. `None` when it cannot be read.
+#[allow(dead_code)] // Not every bench that reads /proc asks for this.
+pub fn this_thread_cpu_ms() -> Option<u64> {
+    stat_cpu_ms(&std::fs::read_to_string("/proc/thread-self/stat").ok()?)
+}
+
 /// The CPU time (ms) in a `stat` file's text: fields after the command name (which may
 /// hold spaces) are space-separated; utime and stime are the 14th and 15th fields, in
 /// clock ticks (USER_HZ: 100 per second on Linux).
