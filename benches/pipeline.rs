@@ -751,7 +751,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         // The busiest threads one by one: a thread near a whole core is a stage that
         // cannot go faster by more workers (the embedded broker runs in one thread of
         // librdkafka's mock cluster, each client's broker connection in one of its own).
-        threads.sort_by(|a, b| b.1.cmp(&a.1));
+        threads.sort_by_key(|t| std::cmp::Reverse(t.1));
         let phase = started.elapsed().as_secs_f64();
         let busiest: Vec<String> = threads
             .iter()
