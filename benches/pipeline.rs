@@ -617,7 +617,8 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     };
     // One producer thread is one client: on a many-core machine a single one sets the
     // pace before the workers do (about 300,000 events/s on the 16-core server), so the
-    // events are dealt round-robin to `producers` threads, each with its own client.
+    // sessions are dealt to `producers` threads, each with its own client: every event
+    // of a session from one producer, in order.
     let stop_feeding = Arc::new(AtomicBool::new(false));
     let feeders: Vec<_> = (0..producers)
         .map(|first| {
@@ -631,9 +632,12 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
             std::thread::Builder::new()
                 .name(format!("feed-{first}"))
                 .spawn(move || {
+                    // A producer that fails stops the others and the wait below (its
+                    // panic is raised again at its join).
+                    let _failing = StopOnPanic(stop.clone());
                     let p = producer(&brokers);
-                    let mut k = first;
-                    'feed: while k < events {
+                    let mine = (0..events).filter(|k| (k % sessions) % producers == first);
+                    'feed: for (sent, k) in mine.enumerate() {
                         while produced
                             .load(Ordering::Relaxed)
                             .saturating_sub(consumed.get())
@@ -650,7 +654,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
                         }
                         // Out of time while the pipeline keeps up (the wait above never
                         // runs then).
-                        if k % 1024 < producers && stop.load(Ordering::Relaxed) {
+                        if sent % 1024 == 0 && stop.load(Ordering::Relaxed) {
                             break 'feed;
                         }
                         let (id, json) = growth_event(k, sessions);
@@ -671,7 +675,6 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
                         }
                         produced.fetch_add(1, Ordering::Relaxed);
                         p.poll(Duration::ZERO);
-                        k += producers;
                     }
                     p.flush(Duration::from_secs(30)).unwrap();
                     // Read before the thread ends and leaves /proc (the CPU by thread).
@@ -682,7 +685,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         .collect();
     let mut next_report = Instant::now() + Duration::from_secs(2);
     while !(feeders.iter().all(|f| f.is_finished()) && consumed.get() >= events) {
-        if stopped() {
+        if stopped() || stop_feeding.load(Ordering::Relaxed) {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -765,6 +768,17 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     }
     shutdown.trigger();
     pipeline.join().unwrap().unwrap();
+}
+
+/// Sets its flag when dropped by a panicking thread.
+struct StopOnPanic(Arc<AtomicBool>);
+
+impl Drop for StopOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// CPU seconds (user + system) so far of this process's threads, by name, busiest first:
