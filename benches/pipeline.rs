@@ -23,9 +23,12 @@
 //!   then every session is touched once a round; it prints, every 2 s, events/s, open
 //!   sessions, the store's size, each stage's mean and the producer's backlog, to show
 //!   whether throughput holds as state grows (issue 32), and at its end the states
-//!   written per event. The producer stays at most LOOPWARDEN_BENCH_GROWTH_AHEAD events
+//!   written per event. The producers stay at most LOOPWARDEN_BENCH_GROWTH_AHEAD events
 //!   (default 200000) ahead of the pipeline, within what the embedded broker keeps: a
-//!   backlog held near it says the pipeline set the pace, one well under it the producer;
+//!   backlog held near it says the pipeline set the pace, one well under it the producers;
+//! - LOOPWARDEN_BENCH_GROWTH_PRODUCERS (default 1): the growth phase's producer threads,
+//!   each with its own client and its share of the sessions (one client fed at most
+//!   ~300,000 events/s on a 16-core server);
 //! - LOOPWARDEN_BENCH_LIMIT_SECS (default 600): how long the throughput phase waits for
 //!   its last summary, and how long the growth phase runs at most (it says when it
 //!   stopped for it).
@@ -676,9 +679,17 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
                         produced.fetch_add(1, Ordering::Relaxed);
                         p.poll(Duration::ZERO);
                     }
-                    p.flush(Duration::from_secs(30)).unwrap();
-                    // Read before the thread ends and leaves /proc (the CPU by thread).
-                    proc::this_thread_cpu_ms().unwrap_or(0)
+                    if let Err(e) = p.flush(Duration::from_secs(30)) {
+                        eprintln!("growth: producer {first} could not flush: {e}");
+                    }
+                    // Read before the thread ends and leaves /proc (the CPU by thread);
+                    // the client is handed back, so that its threads are still there
+                    // when the CPU by thread is read.
+                    let cpu = proc::this_thread_cpu_ms().unwrap_or_else(|| {
+                        eprintln!("growth: producer {first}'s CPU time could not be read");
+                        0
+                    });
+                    (cpu, p)
                 })
                 .unwrap()
         })
@@ -695,11 +706,14 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         }
     }
     stop_feeding.store(true, Ordering::Relaxed);
-    let feeders_cpu: Vec<(String, u64)> = feeders
+    let (feeders_cpu, _feeding_clients): (Vec<(String, u64)>, Vec<_>) = feeders
         .into_iter()
         .enumerate()
-        .map(|(i, feeder)| (format!("feed-{i}"), feeder.join().unwrap()))
-        .collect();
+        .map(|(i, feeder)| {
+            let (cpu, client) = feeder.join().unwrap();
+            ((format!("feed-{i}"), cpu), client)
+        })
+        .unzip();
     report(true);
     let done = consumed.get();
     if done < events {
