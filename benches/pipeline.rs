@@ -833,6 +833,9 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .try_init();
+    // glibc's malloc as `loopwarden run` tunes it for librdkafka (the embedded broker's
+    // threads get it too, as in `run` with `brokers = "embedded"`).
+    loopwarden::bus::kafka::c_heap::tune_for_librdkafka();
     let cluster = match std::env::var("LOOPWARDEN_BENCH_BROKERS") {
         Ok(b) if b == "embedded" => Cluster::Embedded(EmbeddedBroker::start(&[], 1).unwrap()),
         Ok(b) => Cluster::Address(b),

@@ -28,10 +28,6 @@
 
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
-// Linked into every binary of the crate, its tests too, though none names it: its
-// `override` feature makes it the process's `malloc` (the C heap, `bus::kafka::c_heap`).
-extern crate mimalloc;
-
 pub mod bus;
 pub mod config;
 pub mod contract;
