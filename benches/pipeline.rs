@@ -743,7 +743,13 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         done as f64 / telemetry.metrics.batches.get().max(1) as f64,
         telemetry.metrics.store_written_bytes.get() as f64 / states.max(1) as f64
     );
-    if let Some(threads) = cpu_by_thread(&feeders_cpu) {
+    // Every thread's CPU so far, read once for both lines below: this process's, and the
+    // producers' that have ended.
+    let threads_cpu = proc::threads_cpu_ms().map(|mut threads| {
+        threads.extend(feeders_cpu.iter().cloned());
+        threads
+    });
+    if let Some(threads) = threads_cpu.as_deref().map(cpu_by_thread) {
         // What bounds one worker on cores of its own is its own thread's CPU per event;
         // its share of a core says whether it had work all along (near 1) or waited.
         let phase = started.elapsed().as_secs_f64();
@@ -763,8 +769,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
             per_event.join(", ")
         );
     }
-    if let Some(mut threads) = proc::threads_cpu_ms() {
-        threads.extend(feeders_cpu.iter().cloned());
+    if let Some(mut threads) = threads_cpu {
         // The busiest threads one by one: a thread near a whole core is a stage that
         // cannot go faster by more workers (the embedded broker runs in one thread of
         // librdkafka's mock cluster, each client's broker connection in one of its own).
@@ -795,17 +800,12 @@ impl Drop for StopOnPanic {
     }
 }
 
-/// CPU seconds (user + system) so far of this process's threads, by name, busiest first:
-/// each worker (`pipeline` is the one worker's when there is one) and each store writer,
-/// sled's and the Kafka clients' threads together, the rest by name, with `ended`
-/// (threads gone before this is read, the bench's producers: name and CPU ms). `None`
-/// without Linux's `/proc`.
-fn cpu_by_thread(ended: &[(String, u64)]) -> Option<Vec<(String, f64)>> {
+/// CPU seconds (user + system) of `threads` (name and CPU ms each) by name, busiest
+/// first: each worker (`pipeline` is the one worker's when there is one) and each store
+/// writer, sled's and the Kafka clients' threads together, the rest by name.
+fn cpu_by_thread(threads: &[(String, u64)]) -> Vec<(String, f64)> {
     let mut by_name: std::collections::BTreeMap<String, f64> = Default::default();
-    for (name, ms) in proc::threads_cpu_ms()?
-        .into_iter()
-        .chain(ended.iter().cloned())
-    {
+    for (name, ms) in threads.iter().cloned() {
         let group = if name.starts_with("rdk:") {
             "rdk:*".to_string()
         } else if name.starts_with("sled-io") {
@@ -817,7 +817,7 @@ fn cpu_by_thread(ended: &[(String, u64)]) -> Option<Vec<(String, f64)>> {
     }
     let mut threads: Vec<(String, f64)> = by_name.into_iter().filter(|(_, s)| *s >= 0.05).collect();
     threads.sort_by(|a, b| b.1.total_cmp(&a.1));
-    Some(threads)
+    threads
 }
 
 fn main() {
