@@ -473,7 +473,7 @@ pub fn reader(brokers: &str, topics: &[&str]) -> BaseConsumer {
 /// The readers' `fetch.wait.max.ms` (5: the tests' topics are small, and Tansu holds a
 /// fetch for its whole wait). A soak's topics are large: Tansu answers a fetch empty when
 /// finding its records outlasts the wait, so it reads with more ([`set_reader_fetch_wait_ms`]).
-static READER_FETCH_WAIT_MS: AtomicU32 = AtomicU32::new(5);
+pub static READER_FETCH_WAIT_MS: AtomicU32 = AtomicU32::new(5);
 
 pub fn set_reader_fetch_wait_ms(ms: u32) {
     READER_FETCH_WAIT_MS.store(ms, Ordering::Relaxed);
