@@ -6,7 +6,9 @@
 //! fresh instance takes to restore open sessions from the changelog. Knobs (environment):
 //! - LOOPWARDEN_BENCH_EVENTS: events of the throughput phase (default 300000);
 //! - LOOPWARDEN_BENCH_RATE / LOOPWARDEN_BENCH_SECS: the latency phase's rate (default
-//!   10000 events/s) and length (default 20 s);
+//!   10000 events/s) and length (default 20 s); the phase's pipeline fetches with its
+//!   reader's `fetch.wait.max.ms` (5) unless the config sets one, and with several
+//!   workers its feed starts 4 s after the warm-up, once their group has settled;
 //! - LOOPWARDEN_BENCH_PARTITIONS: input partitions (default 4; 32 on the embedded broker,
 //!   which keeps only ~5 MB per partition);
 //! - LOOPWARDEN_BENCH_BROKERS: `host:port` of a running broker, or `embedded` for the
