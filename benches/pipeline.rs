@@ -14,6 +14,9 @@
 //! - LOOPWARDEN_BENCH_BROKERS: `host:port` of a running broker, or `embedded` for the
 //!   in-process mock cluster (default: Tansu, started by `scripts/broker`);
 //! - LOOPWARDEN_BENCH_CONFIG: extra TOML appended to the pipeline's config;
+//! - LOOPWARDEN_BENCH_FEED_LINGER_MS: the bench's producers' `linger.ms` (default 2): how
+//!   many records a produced batch holds at a fixed rate (the embedded broker answers a
+//!   fetch with at most one produced batch a partition);
 //! - spans: OTEL_EXPORTER_OTLP_ENDPOINT, or LOOPWARDEN_TELEMETRY__SPANS_TO_KAFKA=true
 //!   (a topic of their own on the broker under test; Tansu only), as in `loopwarden run`;
 //! - LOOPWARDEN_BENCH_RESTORE_SESSIONS: open sessions a fresh instance restores from the
@@ -174,7 +177,10 @@ fn producer(brokers: &str) -> FeedProducer {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
-        .set("linger.ms", "2")
+        .set(
+            "linger.ms",
+            env_or("LOOPWARDEN_BENCH_FEED_LINGER_MS", 2u32).to_string(),
+        )
         .create_with_context(Default::default())
         .unwrap()
 }
