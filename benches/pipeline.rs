@@ -7,8 +7,11 @@
 //! - LOOPWARDEN_BENCH_EVENTS: events of the throughput phase (default 300000);
 //! - LOOPWARDEN_BENCH_RATE / LOOPWARDEN_BENCH_SECS: the latency phase's rate (default
 //!   10000 events/s) and length (default 20 s); the phase's pipeline fetches with its
-//!   reader's `fetch.wait.max.ms` (5) unless the config sets one, and with several
-//!   workers its feed starts 4 s after the warm-up, once their group has settled;
+//!   reader's `fetch.wait.max.ms` (5) unless the config's `[kafka.consumer]` or
+//!   `[kafka.client]` sets one, with several workers its feed starts once the
+//!   pipeline's partition assignments have been still for 4 s, and it prints each
+//!   finding's latency split where the pipeline parsed the event (`detected_at`) with
+//!   the partitions loaded during the feed (0 unless a rebalance was measured);
 //! - LOOPWARDEN_BENCH_PARTITIONS: input partitions (default 4; 32 on the embedded broker,
 //!   which keeps only ~5 MB per partition);
 //! - LOOPWARDEN_BENCH_BROKERS: `host:port` of a running broker, or `embedded` for the
@@ -126,6 +129,16 @@ fn run_with_telemetry(
     Result<loopwarden::bus::pipeline::RunStats, loopwarden::bus::pipeline::PipelineError>,
     Arc<Telemetry>,
 ) {
+    let telemetry = telemetry_for(&config, brokers);
+    (
+        run_observed_with_spans(config, brokers, shutdown, telemetry.clone()),
+        telemetry,
+    )
+}
+
+/// The telemetry `loopwarden run` sets up for `config`: metrics always, spans when
+/// configured.
+fn telemetry_for(config: &Config, brokers: &str) -> Arc<Telemetry> {
     let mut telemetry = Telemetry::new();
     telemetry.spans = Spans::start(
         &config.telemetry,
@@ -134,13 +147,33 @@ fn run_with_telemetry(
         telemetry.metrics.spans_dropped.clone(),
     )
     .unwrap();
-    let telemetry = Arc::new(telemetry);
+    Arc::new(telemetry)
+}
+
+/// The pipeline observed by `telemetry`, its spans flushed once it stops.
+fn run_observed_with_spans(
+    config: Arc<Config>,
+    brokers: &str,
+    shutdown: Shutdown,
+    telemetry: Arc<Telemetry>,
+) -> Result<loopwarden::bus::pipeline::RunStats, loopwarden::bus::pipeline::PipelineError> {
     let result = run_observed(config, brokers, shutdown, telemetry.clone());
     if let Some(spans) = &telemetry.spans {
         spans.shutdown();
         eprintln!("spans: {} dropped", telemetry.metrics.spans_dropped.get());
     }
-    (result, telemetry)
+    result
+}
+
+/// Partitions loaded by the pipeline so far (each assignment of a partition to a worker
+/// restores it from the changelog, and each restore is observed once), and those it holds
+/// now: together they change whenever the group rebalances.
+fn assignments(telemetry: &Telemetry) -> (u64, i64) {
+    let m = &telemetry.metrics;
+    (
+        m.restore_duration.get_sample_count(),
+        m.partitions_assigned.get(),
+    )
 }
 
 /// The batch stages' times from the pipeline's own histogram: mean and the bucket bound
@@ -305,21 +338,31 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
     // broker (and Tansu) hold a fetch that finds nothing for its whole wait, so the
     // pipeline's default 20 ms would be counted as the pipeline's own latency (a Kafka
     // broker answers a waiting fetch as a record arrives: there the wait costs nothing).
-    config
-        .kafka
+    const FETCH_WAIT: &str = "fetch.wait.max.ms";
+    let kafka = &mut config.kafka;
+    let fetch_wait = match kafka
         .consumer
-        .entry("fetch.wait.max.ms".into())
-        .or_insert_with(|| {
-            common::READER_FETCH_WAIT_MS
-                .load(Ordering::Relaxed)
-                .to_string()
-        });
-    let fetch_wait = config.kafka.consumer["fetch.wait.max.ms"].clone();
+        .get(FETCH_WAIT)
+        .or(kafka.client.get(FETCH_WAIT))
+    {
+        Some(set) => format!("{set} (as configured)"),
+        None => {
+            let reader = common::READER_FETCH_WAIT_MS.load(Ordering::Relaxed);
+            kafka.consumer.insert(FETCH_WAIT.into(), reader.to_string());
+            format!("{reader} (the reader's; the pipeline's default is 20)")
+        }
+    };
     let config = Arc::new(config);
     let shutdown = Shutdown::new();
+    let telemetry = telemetry_for(&config, brokers);
     let pipeline = {
-        let (config, brokers, shutdown) = (config.clone(), brokers.to_string(), shutdown.clone());
-        std::thread::spawn(move || run_with_telemetry(config, &brokers, shutdown))
+        let (config, brokers, shutdown, telemetry) = (
+            config.clone(),
+            brokers.to_string(),
+            shutdown.clone(),
+            telemetry.clone(),
+        );
+        std::thread::spawn(move || run_observed_with_spans(config, &brokers, shutdown, telemetry))
     };
     // Wait until the pipeline is assigned and delivering: one session through end to end.
     let r = common::reader(
@@ -345,14 +388,26 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
     // The workers start together, but a broker that assigns a new group at once (the
     // embedded one; a Kafka broker waits 3 s for more members) gives every partition to
     // the first to join, and the group rebalances once the others' joins are seen, at
-    // the first's next heartbeat (librdkafka's `heartbeat.interval.ms`, 3 s): the feed
-    // starts after that, not in the rebalance (which held events for ~1 s).
+    // the first's next heartbeat (librdkafka's `heartbeat.interval.ms`, 3 s), which held
+    // the moved partitions' events for about a second. So with several workers the feed
+    // starts once the assignments have not changed for 4 s (within a minute), and the
+    // partitions loaded during the feed are reported: 0 unless a rebalance was measured.
     if config.kafka.workers > 1 {
-        std::thread::sleep(Duration::from_secs(4));
+        let (settle, started) = (Duration::from_secs(4), Instant::now());
+        let (mut seen, mut since) = (assignments(&telemetry), Instant::now());
+        while since.elapsed() < settle && started.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = assignments(&telemetry);
+            if now != seen {
+                (seen, since) = (now, Instant::now());
+            }
+        }
     }
-    // Each finding's produce → readable, and the part of it before the engine judged the
-    // event (produce → `detected_at`: the broker's first hop and the pipeline's polling).
-    let samples = Arc::new(Mutex::new(Vec::<(i64, i64)>::new()));
+    let loads_before_feed = assignments(&telemetry).0;
+    // Each finding's produce → readable, and the part of it before the pipeline parsed
+    // the event (produce → `detected_at`, stamped as a worker parses the message: the
+    // broker's first hop and the pipeline's fetch).
+    let samples = Arc::new(Mutex::new(Vec::<(i64, Option<i64>)>::new()));
     // The broker alone: produce → readable for the input events themselves.
     let raw = Arc::new(Mutex::new(Vec::<i64>::new()));
     let stop_reading = Shutdown::new();
@@ -387,7 +442,7 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
                     samples
                         .lock()
                         .unwrap()
-                        .push((now - t, detected.map_or(-1, |d| d - t)));
+                        .push((now - t, detected.map(|d| d - t)));
                 }
             }
         })
@@ -413,9 +468,9 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
     std::thread::sleep(Duration::from_secs(2));
     stop_reading.trigger();
     reading.join().unwrap();
+    let loaded_during_feed = assignments(&telemetry).0 - loads_before_feed;
     shutdown.trigger();
-    let (stats, telemetry) = pipeline.join().unwrap();
-    let stats = stats.unwrap();
+    let stats = pipeline.join().unwrap().unwrap();
     let pct = |s: &[i64], q: f64| {
         s.get(((s.len() as f64 - 1.0) * q).round() as usize)
             .copied()
@@ -442,12 +497,24 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
         pct(&s, 0.99),
         s.last().copied().unwrap_or(-1)
     );
-    let mut before: Vec<i64> = sampled.iter().map(|&(_, b)| b).collect();
-    let mut after: Vec<i64> = sampled.iter().map(|&(t, b)| t - b).collect();
+    let split: Vec<(i64, i64)> = sampled
+        .iter()
+        .filter_map(|&(total, before)| before.map(|b| (b, total - b)))
+        .collect();
+    let mut before: Vec<i64> = split.iter().map(|&(b, _)| b).collect();
+    let mut after: Vec<i64> = split.iter().map(|&(_, a)| a).collect();
     before.sort_unstable();
     after.sort_unstable();
+    let changelog = if config.kafka.changelog {
+        ""
+    } else {
+        " (not counted: the changelog is off)"
+    };
     eprintln!(
-        "latency split (the pipeline's consumer with fetch.wait.max.ms {fetch_wait}): produce → judged p50 {} ms, p99 {} ms; judged → finding readable p50 {} ms, p99 {} ms",
+        "latency split (the pipeline's fetch.wait.max.ms {fetch_wait}; the bench's producers' linger.ms {}; partitions loaded during the feed: {loaded_during_feed}{changelog}; {} of {} findings with detected_at): produce → parsed by the pipeline p50 {} ms, p99 {} ms; parsed → finding readable p50 {} ms, p99 {} ms",
+        env_or("LOOPWARDEN_BENCH_FEED_LINGER_MS", 2u32),
+        split.len(),
+        sampled.len(),
         pct(&before, 0.5),
         pct(&before, 0.99),
         pct(&after, 0.5),
