@@ -469,7 +469,6 @@ pub fn reader(brokers: &str, topics: &[&str]) -> BaseConsumer {
     reader_isolated(brokers, topics, "read_committed")
 }
 
-/// [`reader`] with the given `isolation.level`.
 /// The readers' `fetch.wait.max.ms` (5: the tests' topics are small, and Tansu holds a
 /// fetch for its whole wait). A soak's topics are large: Tansu answers a fetch empty when
 /// finding its records outlasts the wait, so it reads with more ([`set_reader_fetch_wait_ms`]).
@@ -479,6 +478,7 @@ pub fn set_reader_fetch_wait_ms(ms: u32) {
     READER_FETCH_WAIT_MS.store(ms, Ordering::Relaxed);
 }
 
+/// [`reader`] with the given `isolation.level`.
 pub fn reader_isolated(brokers: &str, topics: &[&str], isolation: &str) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
