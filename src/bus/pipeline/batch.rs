@@ -139,6 +139,8 @@ impl Worker {
                 .store_written_bytes
                 .inc_by(stored.bytes);
             self.commit_offsets(offsets, polled, stored.wrote, stored.took, input, mode);
+            // The states written, freed on the thread that allocated them.
+            drop(stored.spent);
         }
         Ok(())
     }

@@ -58,6 +58,12 @@ pub(super) struct Stored {
     /// Bytes the partitions' stores put in sled for it.
     pub bytes: u64,
     pub result: Result<(), PipelineError>,
+    /// The batches written, handed back so that their states, allocated on the worker's
+    /// thread, are freed there once the report is taken: freed on this thread, each of
+    /// them cost a free from another thread's heap, and the worker's allocator a sweep
+    /// to take them back (about 3 % of the process's CPU at a million open sessions,
+    /// where every event writes a state).
+    pub spent: Vec<StoreBatch>,
 }
 
 /// The worker's handle on its writer thread.
@@ -103,6 +109,7 @@ impl Writer {
                             took: Duration::ZERO,
                             bytes: 0,
                             result: Err(PipelineError::StoreAfterFailure),
+                            spent: Vec::new(),
                         }
                     } else {
                         watch.during(|| write(&db, job, &mut backoff.fresh(), &closed))
@@ -157,6 +164,7 @@ impl Writer {
                     took: Duration::ZERO,
                     bytes: 0,
                     result: Err(PipelineError::StoreWriterEnded),
+                    spent: Vec::new(),
                 })
             }
         }
@@ -212,6 +220,7 @@ fn write(db: &sled::Db, job: Job, backoff: &mut Backoff, closing: &AtomicBool) -
         took: started.elapsed(),
         bytes,
         result: result.map_err(PipelineError::from),
+        spent: job.batches.into_iter().map(|(.., batch)| batch).collect(),
     }
 }
 
@@ -293,6 +302,26 @@ mod tests {
         let stored = writer.next(true).expect("reported once the store is free");
         assert!(stored.result.is_ok(), "{:?}", stored.result);
         assert_eq!(liveness.longest_write(Instant::now()), None, "ended");
+    }
+
+    /// A report hands back the batches it wrote (so the worker frees their states), and
+    /// what it wrote is on disk: the session's state and the offset read back from sled.
+    #[test]
+    fn a_report_hands_back_the_batches_it_wrote() {
+        let (_dir, db, store) = partition_store();
+        let mut writer = Writer::start(0, db, &settings(), &Shutdown::new(), watch()).unwrap();
+        let written = job(&store, Some(("s", b"state")), 7);
+        let expected: Vec<StoreBatch> = written.batches.iter().map(|(.., b)| b.clone()).collect();
+        writer.hand(written);
+        let stored = writer.next(true).expect("reported");
+        assert!(stored.result.is_ok(), "{:?}", stored.result);
+        assert_eq!(stored.spent, expected);
+        let store = lock(&store);
+        assert_eq!(StateStore::offset(&*store, "t/0").unwrap(), Some(7));
+        assert!(
+            store.session_bytes("s").unwrap().is_some(),
+            "the state is stored"
+        );
     }
 
     /// Each worker's writer has a thread name of its own, whole in what Linux keeps of it.
