@@ -117,23 +117,8 @@ fn run(
     brokers: &str,
     shutdown: Shutdown,
 ) -> Result<loopwarden::bus::pipeline::RunStats, loopwarden::bus::pipeline::PipelineError> {
-    run_with_telemetry(config, brokers, shutdown).0
-}
-
-/// [`run`], also handing back the telemetry (its metrics hold the stage budget).
-fn run_with_telemetry(
-    config: Arc<Config>,
-    brokers: &str,
-    shutdown: Shutdown,
-) -> (
-    Result<loopwarden::bus::pipeline::RunStats, loopwarden::bus::pipeline::PipelineError>,
-    Arc<Telemetry>,
-) {
     let telemetry = telemetry_for(&config, brokers);
-    (
-        run_observed_with_spans(config, brokers, shutdown, telemetry.clone()),
-        telemetry,
-    )
+    run_observed_with_spans(config, brokers, shutdown, telemetry)
 }
 
 /// The telemetry `loopwarden run` sets up for `config`: metrics always, spans when
@@ -206,14 +191,16 @@ fn print_stage_budget(telemetry: &Telemetry) {
     eprintln!("latency budget per batch: {}", parts.join("; "));
 }
 
+/// The bench's producers' `linger.ms` (LOOPWARDEN_BENCH_FEED_LINGER_MS, default 2).
+fn feed_linger_ms() -> u32 {
+    env_or("LOOPWARDEN_BENCH_FEED_LINGER_MS", 2)
+}
+
 fn producer(brokers: &str) -> FeedProducer {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
-        .set(
-            "linger.ms",
-            env_or("LOOPWARDEN_BENCH_FEED_LINGER_MS", 2u32).to_string(),
-        )
+        .set("linger.ms", feed_linger_ms().to_string())
         .create_with_context(Default::default())
         .unwrap()
 }
@@ -497,12 +484,10 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
         pct(&s, 0.99),
         s.last().copied().unwrap_or(-1)
     );
-    let split: Vec<(i64, i64)> = sampled
+    let (mut before, mut after): (Vec<i64>, Vec<i64>) = sampled
         .iter()
         .filter_map(|&(total, before)| before.map(|b| (b, total - b)))
-        .collect();
-    let mut before: Vec<i64> = split.iter().map(|&(b, _)| b).collect();
-    let mut after: Vec<i64> = split.iter().map(|&(_, a)| a).collect();
+        .unzip();
     before.sort_unstable();
     after.sort_unstable();
     let changelog = if config.kafka.changelog {
@@ -512,8 +497,8 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
     };
     eprintln!(
         "latency split (the pipeline's fetch.wait.max.ms {fetch_wait}; the bench's producers' linger.ms {}; partitions loaded during the feed: {loaded_during_feed}{changelog}; {} of {} findings with detected_at): produce → parsed by the pipeline p50 {} ms, p99 {} ms; parsed → finding readable p50 {} ms, p99 {} ms",
-        env_or("LOOPWARDEN_BENCH_FEED_LINGER_MS", 2u32),
-        split.len(),
+        feed_linger_ms(),
+        before.len(),
         sampled.len(),
         pct(&before, 0.5),
         pct(&before, 0.99),
