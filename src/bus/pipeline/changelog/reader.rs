@@ -7,7 +7,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
@@ -41,34 +41,49 @@ impl KafkaChangelog {
 
     fn reader(&mut self) -> Result<&BaseConsumer, PipelineError> {
         if self.reader.is_none() {
-            // The group's id, so that it can read the group's committed offsets; it only
-            // ever assigns partitions itself, so it never joins the group or commits.
-            let reader = crate::bus::kafka::client_config(&self.settings, &self.brokers)
-                .set("group.id", &self.settings.group_id)
-                .set("enable.auto.commit", "false")
-                .set("enable.auto.offset.store", "false")
-                .set("isolation.level", "read_committed")
-                // Says at once when the read reaches the end (see `read`)…
-                .set("enable.partition.eof", "true")
-                // …which takes a fetch that finds nothing new: the broker holds such a
-                // fetch up to this long (librdkafka's default is 500 ms, which each
-                // partition's restore then waited once at its end).
-                .set("fetch.wait.max.ms", "10")
-                // Fetched records wait in a queue of at most 2 MiB (librdkafka's default
-                // is 64 MiB): a restore applies them slower than they arrive, and each
-                // restore's queue would otherwise stay in the process's heap (10 MB after
-                // the first restore of the hour-long soak, issue 28).
-                .set("queued.max.messages.kbytes", "2048")
-                // …and a full queue holds the next fetch back this long (librdkafka's
-                // default is 1,000 ms, which a restore that empties 2 MiB in a few
-                // milliseconds then waited out with nothing to apply).
-                .set("fetch.queue.backoff.ms", "10")
+            let reader = reader_config(&self.settings, &self.brokers)
                 .create()
                 .map_err(PipelineError::Client)?;
             self.reader = Some(reader);
         }
         Ok(self.reader.as_ref().expect("made above"))
     }
+}
+
+/// The changelog reader's config. It carries the group's id, so that it can read the
+/// group's committed offsets; it only ever assigns partitions itself, so it never joins
+/// the group or commits.
+fn reader_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
+    let mut c = crate::bus::kafka::client_config(settings, brokers);
+    c.set("group.id", &settings.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        // Says at once when the read reaches the end (see `read`)…
+        .set("enable.partition.eof", "true")
+        // …which takes a fetch that finds nothing new: the broker holds such a fetch up
+        // to this long (librdkafka's default is 500 ms, which each partition's restore
+        // then waited once at its end).
+        .set("fetch.wait.max.ms", "10")
+        // Fetched records wait in a queue of at most 2 MiB (librdkafka's default is 64
+        // MiB): a restore applies them slower than they arrive, and each restore's queue
+        // would otherwise stay in the process's heap (10 MB after the first restore of
+        // the hour-long soak, issue 28).
+        .set("queued.max.messages.kbytes", "2048")
+        // …and a full queue holds the next fetch back this long (librdkafka's default is
+        // 1,000 ms, which a restore that empties 2 MiB in a few milliseconds then waited
+        // out with nothing to apply).
+        .set("fetch.queue.backoff.ms", "10");
+    // A fetch wait the user chose for the input consumer is one chosen for the brokers:
+    // Tansu, for one, answers a fetch empty when finding its records takes longer than
+    // the fetch may wait, which its in-memory log does once it holds tens of thousands of
+    // record batches a partition (80,000 one-record batches: a 10 ms fetch read nothing
+    // in 60 s, a 500 ms one 2,000 records in 0.6 s; a soak's restore took 55 s for 1,125
+    // records). The restore then ends up to that wait later, once a partition.
+    if let Some(wait) = settings.consumer.get("fetch.wait.max.ms") {
+        c.set("fetch.wait.max.ms", wait);
+    }
+    c
 }
 
 impl ChangelogSource for KafkaChangelog {
@@ -210,5 +225,26 @@ fn parts_of<'a>(m: &'a BorrowedMessage<'_>) -> RecordParts<'a> {
         format: header(CHANGELOG_STATE_FORMAT),
         key: m.key(),
         payload: m.payload(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reader_waits_as_briefly_as_it_can_unless_the_consumer_was_told_to_wait_longer() {
+        let mut s = KafkaSettings::default();
+        let c = reader_config(&s, "k:9092");
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("10"));
+        assert_eq!(c.get("queued.max.messages.kbytes"), Some("2048"));
+        s.consumer.insert("fetch.wait.max.ms".into(), "500".into());
+        // Only the fetch wait follows the input consumer's settings: its queue does not.
+        s.consumer
+            .insert("queued.max.messages.kbytes".into(), "65536".into());
+        let c = reader_config(&s, "k:9092");
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("500"));
+        assert_eq!(c.get("queued.max.messages.kbytes"), Some("2048"));
+        assert_eq!(c.get("enable.partition.eof"), Some("true"));
     }
 }

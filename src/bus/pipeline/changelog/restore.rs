@@ -83,6 +83,10 @@ impl Restorer {
         }
         let started = Instant::now();
         info!(partition, from, to = high, local = ?local, "restoring partition state from the changelog");
+        // A restore as slow as a large changelog's, for the rebalance tests (feature
+        // `failpoints`: `FAILPOINTS=restore-read=sleep(4000)`).
+        #[cfg(feature = "failpoints")]
+        fail::eval("restore-read", |_| ());
         let input_keys: Vec<String> = self
             .settings
             .input_topics
