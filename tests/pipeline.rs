@@ -1125,6 +1125,82 @@ fn partitions_move_between_instances_with_their_state() {
     );
 }
 
+/// The sequence after which a soak's group stopped (docs/DEVELOPMENT.md, issue 32's
+/// twenty-fifth look): two members, each of whose restores is slow (a large changelog
+/// on a slow broker); the broker goes away for longer than the session timeout, so both
+/// lose their assignments and restore what they are given back; one member stops inside
+/// such a restore. The other then takes every partition: the events fed after the stop
+/// all come out as replay's. Runs on a broker of its own.
+#[test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs the crash points: cargo test --features failpoints"
+)]
+fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_every_partition() {
+    let own = OwnBroker::start();
+    let fx = fixture_on(own.address.clone(), 4, "");
+    let (brokers, topics, cfg) = (fx.brokers.clone(), fx.topics.clone(), fx.cfg.clone());
+    let (events, _) = fleet(300, 0.4, 57);
+    let want = expected(config_of(&cfg), &events);
+    let (cfg_b, log_b) = fx.instance("b");
+    let log_a = fx.dir.path().join("a.log");
+    let feeder = {
+        let (brokers, topic, events) = (brokers.clone(), topics.input.clone(), events.clone());
+        std::thread::spawn(move || {
+            for chunk in events.chunks(events.len() / 60 + 1) {
+                produce(&brokers, &topic, chunk, &[]);
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+    let count = |log: &std::path::Path, text: &str| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .matches(text)
+            .count()
+    };
+    let wait_for = |log: &std::path::Path, text: &str, at_least: usize| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while count(log, text) < at_least {
+            assert!(
+                Instant::now() < deadline,
+                "no {at_least} × {text:?} within 90 s:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let slow = [("FAILPOINTS", "restore-read=sleep(4000)")];
+    let a = spawn_run_with_env(&cfg, &log_a, &slow);
+    wait_for(&log_a, "partition assigned", 1);
+    // Let a write changelog records, so that b's partitions have something to restore.
+    std::thread::sleep(Duration::from_secs(3));
+    let b = spawn_run_with_env(&cfg_b, &log_b, &slow);
+    wait_for(&log_b, "partition assigned", 2);
+    std::thread::sleep(Duration::from_secs(2));
+    let b_restores = count(&log_b, "restoring partition");
+    // Longer than the session timeout (2 s): both members' assignments are lost.
+    own.signal("-STOP");
+    std::thread::sleep(Duration::from_secs(6));
+    own.signal("-CONT");
+    // b stops inside the restore of a partition it is given back (4 s, slowed), where
+    // the assignment moves one to it; else once the group has settled again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(&log_b, "restoring partition") == b_restores && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let b_restoring = count(&log_b, "restoring partition") > b_restores;
+    b.stop_gracefully();
+    feeder.join().unwrap();
+    let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
+    a.stop_gracefully();
+    let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
+    eprintln!(
+        "outage, then a member leaving (inside a restore: {b_restoring}): {} terminations once by event_id, {duplicates} re-emitted copies",
+        want.terminations.len()
+    );
+}
+
 /// The changelog's commit records, in order, those of open transactions included: the
 /// input offsets each batch vouches for.
 fn changelog_commits(brokers: &str, topics: &Topics) -> Vec<BTreeMap<String, i64>> {
