@@ -1144,15 +1144,12 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
     let want = expected(config_of(&cfg), &events);
     let (cfg_b, log_b) = fx.instance("b");
     let log_a = fx.dir.path().join("a.log");
-    let feeder = {
-        let (brokers, topic, events) = (brokers.clone(), topics.input.clone(), events.clone());
-        std::thread::spawn(move || {
-            for chunk in events.chunks(events.len() / 60 + 1) {
-                produce(&brokers, &topic, chunk, &[]);
-                std::thread::sleep(Duration::from_millis(500));
-            }
-        })
+    let pace = Pace {
+        delay: Duration::ZERO,
+        chunks: 60,
+        pause: Duration::from_millis(500),
     };
+    let feeder = feed_paced(&brokers, topics.input.clone(), events.clone(), pace);
     let count = |log: &std::path::Path, text: &str| {
         std::fs::read_to_string(log)
             .unwrap_or_default()
