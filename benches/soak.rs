@@ -16,8 +16,8 @@
 //! remove). `SOAK_FETCH_WAIT_MS` (both members' `fetch.wait.max.ms`, their restores'
 //! included; 500, librdkafka's default, instead of loopwarden's 20 and the restores' 10:
 //! Tansu answers a fetch empty when finding its records takes longer than the fetch may
-//! wait, which its in-memory log does once it holds about 60,000 records a partition on
-//! a loaded machine, so that consumers with a 20 ms wait stall for minutes; see
+//! wait, which its in-memory log does once it holds tens of thousands of record batches
+//! a partition, so that consumers with a 20 ms wait stall for minutes; see
 //! docs/DEVELOPMENT.md). It prints
 //! one line every 30 s and a JSON report at the end, and exits non-zero when a target is
 //! missed: the first member's RSS at the end more than 10 % above (or below) its RSS

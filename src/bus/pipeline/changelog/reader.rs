@@ -74,13 +74,16 @@ fn reader_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
         // 1,000 ms, which a restore that empties 2 MiB in a few milliseconds then waited
         // out with nothing to apply).
         .set("fetch.queue.backoff.ms", "10");
-    // A fetch wait the user chose for the input consumer is one chosen for the brokers:
+    // A fetch wait the user chose for the input consumer (or for every client) is one
+    // chosen for the brokers:
     // Tansu, for one, answers a fetch empty when finding its records takes longer than
     // the fetch may wait, which its in-memory log does once it holds tens of thousands of
     // record batches a partition (80,000 one-record batches: a 10 ms fetch read nothing
     // in 60 s, a 500 ms one 2,000 records in 0.6 s; a soak's restore took 55 s for 1,125
     // records). The restore then ends up to that wait later, once a partition.
-    if let Some(wait) = settings.consumer.get("fetch.wait.max.ms") {
+    let chosen =
+        |from: &std::collections::BTreeMap<String, String>| from.get("fetch.wait.max.ms").cloned();
+    if let Some(wait) = chosen(&settings.consumer).or_else(|| chosen(&settings.client)) {
         c.set("fetch.wait.max.ms", wait);
     }
     c
@@ -238,6 +241,11 @@ mod tests {
         let c = reader_config(&s, "k:9092");
         assert_eq!(c.get("fetch.wait.max.ms"), Some("10"));
         assert_eq!(c.get("queued.max.messages.kbytes"), Some("2048"));
+        // Set for every client: the reader too.
+        s.client.insert("fetch.wait.max.ms".into(), "200".into());
+        let c = reader_config(&s, "k:9092");
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("200"));
+        // Set for the consumer: that wins, as it does for the consumer.
         s.consumer.insert("fetch.wait.max.ms".into(), "500".into());
         // Only the fetch wait follows the input consumer's settings: its queue does not.
         s.consumer
