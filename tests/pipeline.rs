@@ -1129,8 +1129,10 @@ fn partitions_move_between_instances_with_their_state() {
 /// twenty-fifth look): two members, each of whose restores is slow (a large changelog
 /// on a slow broker); the broker goes away for longer than the session timeout, so both
 /// lose their assignments and restore what they are given back; one member stops inside
-/// such a restore. The other then takes every partition: the events fed after the stop
-/// all come out as replay's. Runs on a broker of its own.
+/// such a restore (where the new assignment moves a partition to it: one given back
+/// current needs none). The other then takes every partition: the last third of the
+/// events, fed only after the stop, all come out as replay's. Runs on a broker of its
+/// own.
 #[test]
 #[cfg_attr(
     not(feature = "failpoints"),
@@ -1144,12 +1146,14 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
     let want = expected(config_of(&cfg), &events);
     let (cfg_b, log_b) = fx.instance("b");
     let log_a = fx.dir.path().join("a.log");
+    // The last third is fed once b has stopped: a alone must read every partition.
+    let (before, after) = events.split_at(events.len() * 2 / 3);
     let pace = Pace {
         delay: Duration::ZERO,
-        chunks: 60,
+        chunks: 40,
         pause: Duration::from_millis(500),
     };
-    let feeder = feed_paced(&brokers, topics.input.clone(), events.clone(), pace);
+    let feeder = feed_paced(&brokers, topics.input.clone(), before.to_vec(), pace);
     let count = |log: &std::path::Path, text: &str| {
         std::fs::read_to_string(log)
             .unwrap_or_default()
@@ -1189,6 +1193,7 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
     let b_restoring = count(&log_b, "restoring partition") > b_restores;
     b.stop_gracefully();
     feeder.join().unwrap();
+    produce(&brokers, &topics.input, after, &[]);
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
     a.stop_gracefully();
     let duplicates = assert_each_once_as_replay(&want, &terminated, &summaries);
