@@ -59,12 +59,9 @@ fn reader_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
-        // Says at once when the read reaches the end (see `read`)…
+        // Says at once when the read reaches the end (see `read`; how long that takes is
+        // the fetch wait below).
         .set("enable.partition.eof", "true")
-        // …which takes a fetch that finds nothing new: the broker holds such a fetch up
-        // to this long (librdkafka's default is 500 ms, which each partition's restore
-        // then waited once at its end).
-        .set("fetch.wait.max.ms", "10")
         // Fetched records wait in a queue of at most 2 MiB (librdkafka's default is 64
         // MiB): a restore applies them slower than they arrive, and each restore's queue
         // would otherwise stay in the process's heap (10 MB after the first restore of
@@ -74,18 +71,22 @@ fn reader_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
         // 1,000 ms, which a restore that empties 2 MiB in a few milliseconds then waited
         // out with nothing to apply).
         .set("fetch.queue.backoff.ms", "10");
-    // A fetch wait the user chose for the input consumer (or for every client) is one
-    // chosen for the brokers:
-    // Tansu, for one, answers a fetch empty when finding its records takes longer than
-    // the fetch may wait, which its in-memory log does once it holds tens of thousands of
-    // record batches a partition (80,000 one-record batches: a 10 ms fetch read nothing
-    // in 60 s, a 500 ms one 2,000 records in 0.6 s; a soak's restore took 55 s for 1,125
-    // records). The restore then ends up to that wait later, once a partition.
-    let chosen =
-        |from: &std::collections::BTreeMap<String, String>| from.get("fetch.wait.max.ms").cloned();
-    if let Some(wait) = chosen(&settings.consumer).or_else(|| chosen(&settings.client)) {
-        c.set("fetch.wait.max.ms", wait);
-    }
+    // The end of a read takes a fetch that finds nothing new, which the broker holds up to
+    // `fetch.wait.max.ms` (librdkafka's default is 500 ms, which each partition's
+    // restore then waited once at its end): 10 ms, unless the user chose a wait for the
+    // input consumer (or for every client). That is one chosen for the brokers: Tansu,
+    // for one, answers a fetch empty when finding its records takes longer than the
+    // fetch may wait, which its in-memory log does once it holds tens of thousands of
+    // record batches a partition (`benches/tansu-fetch-wait`: with 80,000 one-record
+    // batches a 10 ms fetch read nothing in 60 s, a 500 ms one 2,000 records in 0.6 s; a
+    // soak's restore took 55 s for 1,125 records). The restore then ends up to that wait
+    // later, once a partition.
+    const WAIT: &str = "fetch.wait.max.ms";
+    let chosen = settings
+        .consumer
+        .get(WAIT)
+        .or_else(|| settings.client.get(WAIT));
+    c.set(WAIT, chosen.map_or("10", String::as_str));
     c
 }
 
