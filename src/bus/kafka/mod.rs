@@ -4,7 +4,9 @@
 //!
 //! Guarantees: every client loopwarden creates carries the user's pass-through
 //! properties, and the consumer and producer always carry the properties the delivery
-//! guarantees rest on (manual offset commits, idempotence, the range assignor).
+//! guarantees rest on (manual offset commits, idempotence, the range assignor). What
+//! loopwarden sets only to tune a client (a fetch wait, a linger) yields to a value the
+//! user gives for every client or for that one.
 
 pub mod c_heap;
 pub mod embedded;
@@ -24,8 +26,23 @@ use settings::KafkaSettings;
 
 /// A client config with the bootstrap address and the shared pass-through properties.
 pub fn client_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
+    client_config_over(settings, brokers, &[])
+}
+
+/// [`client_config`] over loopwarden's own tuning `defaults`: each is set first, so that a
+/// value the user gave for every client (`[kafka.client]`) replaces it, as one given for
+/// this client alone does later. (Only tuning goes here: what the delivery guarantees rest
+/// on is in `settings::OWNED_PROPERTIES`, refused in every section, and set after.)
+fn client_config_over(
+    settings: &KafkaSettings,
+    brokers: &str,
+    defaults: &[(&str, &str)],
+) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", brokers);
+    for (k, v) in defaults {
+        c.set(*k, *v);
+    }
     for (k, v) in &settings.client {
         c.set(k, v);
     }
@@ -37,7 +54,21 @@ pub fn client_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
 /// others), range for several (it keeps partition p of each on one member); static
 /// membership when `instance_id` is set.
 pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -> ClientConfig {
-    let mut c = client_config(settings, brokers);
+    let tuning = [
+        // Findings are latency-sensitive: do not let a fetch sit for librdkafka's 500 ms
+        // default on brokers that wait out fetch.wait.max.ms.
+        ("fetch.wait.max.ms", "20"),
+        // Once its queue of fetched records holds `queued.min.messages` (100,000) or
+        // `queued.max.messages.kbytes` (64 MiB), a partition's next fetch waits this long
+        // (librdkafka's default is 1,000 ms). With a backlog, the worker emptied that
+        // queue in about half a second and then waited out the rest of the second with
+        // nothing to apply: one worker moved ~110,000 events/s at most, with a core idle,
+        // and ~185,000 with this (docs/DEVELOPMENT.md, issue 32's fourteenth look). No
+        // longer than a fetch may wait at the broker.
+        ("fetch.queue.backoff.ms", "20"),
+        ("auto.offset.reset", "earliest"),
+    ];
+    let mut c = client_config_over(settings, brokers, &tuning);
     let strategy = if settings.input_topics.len() == 1 {
         "cooperative-sticky"
     } else {
@@ -46,22 +77,10 @@ pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -
     c.set("group.id", &settings.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
         .set("partition.assignment.strategy", strategy)
         // Input written by transactional producers counts once it is committed; in
         // exactly_once mode this is what makes the changelog and findings atomic.
-        .set("isolation.level", "read_committed")
-        // Findings are latency-sensitive: do not let a fetch sit for librdkafka's 500 ms
-        // default on brokers that wait out fetch.wait.max.ms.
-        .set("fetch.wait.max.ms", "20")
-        // Once its queue of fetched records holds `queued.min.messages` (100,000) or
-        // `queued.max.messages.kbytes` (64 MiB), a partition's next fetch waits this long
-        // (librdkafka's default is 1,000 ms). With a backlog, the worker emptied that
-        // queue in about half a second and then waited out the rest of the second with
-        // nothing to apply: one worker moved ~110,000 events/s at most, with a core idle,
-        // and ~185,000 with this (docs/DEVELOPMENT.md, issue 32's fourteenth look). No
-        // longer than a fetch may wait at the broker.
-        .set("fetch.queue.backoff.ms", "20");
+        .set("isolation.level", "read_committed");
     if let Some(id) = &settings.instance_id {
         let member = if settings.workers > 1 {
             format!("{id}-{worker}")
@@ -83,16 +102,13 @@ pub fn producer_config(
     brokers: &str,
     max_event_bytes: usize,
 ) -> ClientConfig {
-    let mut c = client_config(settings, brokers);
-    c.set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "1")
-        .set(
-            "message.max.bytes",
-            (max_event_bytes.saturating_mul(2) + 65_536)
-                .min(1_000_000_000)
-                .to_string(),
-        );
+    let room = (max_event_bytes.saturating_mul(2) + 65_536)
+        .min(1_000_000_000)
+        .to_string();
+    let tuning = [("linger.ms", "1"), ("message.max.bytes", room.as_str())];
+    let mut c = client_config_over(settings, brokers, &tuning);
+    // `acks` other than all is refused in every section (`settings::breaks_idempotence`).
+    c.set("enable.idempotence", "true").set("acks", "all");
     for (k, v) in &settings.producer {
         c.set(k, v);
     }
@@ -377,6 +393,45 @@ mod tests {
         assert_eq!(c.get("group.instance.id"), Some("lw-a-1"));
         let p = producer_config(&s, "k:9092", 1 << 20);
         assert_eq!(p.get("enable.idempotence"), Some("true"));
+    }
+
+    #[test]
+    fn a_value_given_for_every_client_replaces_loopwardens_tuning() {
+        let mut s = KafkaSettings::default();
+        let c = consumer_config(&s, "k:9092", 0);
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("20"));
+        let p = producer_config(&s, "k:9092", 1 << 20);
+        assert_eq!(p.get("linger.ms"), Some("1"));
+        assert_eq!(p.get("message.max.bytes"), Some("2162688"));
+        for (k, v) in [
+            ("fetch.wait.max.ms", "500"),
+            ("linger.ms", "5"),
+            ("message.max.bytes", "4000000"),
+        ] {
+            s.client.insert(k.into(), v.into());
+        }
+        let c = consumer_config(&s, "k:9092", 0);
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("500"));
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("20"));
+        let p = producer_config(&s, "k:9092", 1 << 20);
+        assert_eq!(p.get("linger.ms"), Some("5"));
+        assert_eq!(p.get("message.max.bytes"), Some("4000000"));
+        // One given for a client alone replaces the client-wide one there.
+        s.consumer.insert("fetch.wait.max.ms".into(), "50".into());
+        s.producer.insert("linger.ms".into(), "2".into());
+        assert_eq!(
+            consumer_config(&s, "k:9092", 0).get("fetch.wait.max.ms"),
+            Some("50")
+        );
+        assert_eq!(
+            producer_config(&s, "k:9092", 1 << 20).get("linger.ms"),
+            Some("2")
+        );
+        // What delivery rests on stays loopwarden's whatever the sections say.
+        assert_eq!(
+            consumer_config(&s, "k:9092", 0).get("isolation.level"),
+            Some("read_committed")
+        );
     }
 
     #[test]
