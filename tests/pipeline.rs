@@ -1132,7 +1132,9 @@ fn partitions_move_between_instances_with_their_state() {
 /// such a restore (where the new assignment moves a partition to it: one given back
 /// current needs none). The other then takes every partition: the last third of the
 /// events, fed only after the stop, all come out as replay's. Runs on a broker of its
-/// own.
+/// own. With `TEST_STATIC_MEMBERS` set, each member joins under a static id of
+/// its own (`kafka.instance_id`, as the chart's pods do): on Tansu that stops the group
+/// before any outage (see the ignore reason's section).
 #[test]
 #[ignore = "Tansu's group coordinator keeps the members whose sessions timed out and names a member that left as leader, so the survivor's SyncGroup answers 'rebalance in progress' for good (docs/DEVELOPMENT.md, issue 32's twenty-fifth look): cargo test --features failpoints -- --ignored"]
 fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_every_partition() {
@@ -1168,12 +1170,20 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
             std::thread::sleep(Duration::from_millis(50));
         }
     };
-    let slow = [("FAILPOINTS", "restore-read=sleep(4000)")];
-    let a = spawn_run_with_env(&cfg, &log_a, &slow);
+    // Each member its own static id when asked (as the chart gives each pod its name).
+    let static_ids = std::env::var_os("TEST_STATIC_MEMBERS").is_some();
+    let env_of = |member: &'static str| {
+        let mut env = vec![("FAILPOINTS", "restore-read=sleep(4000)")];
+        if static_ids {
+            env.push(("LOOPWARDEN_KAFKA__INSTANCE_ID", member));
+        }
+        env
+    };
+    let a = spawn_run_with_env(&cfg, &log_a, &env_of("member-a"));
     wait_for(&log_a, "partition assigned", 1);
     // Let a write changelog records, so that b's partitions have something to restore.
     std::thread::sleep(Duration::from_secs(3));
-    let b = spawn_run_with_env(&cfg_b, &log_b, &slow);
+    let b = spawn_run_with_env(&cfg_b, &log_b, &env_of("member-b"));
     wait_for(&log_b, "partition assigned", 2);
     std::thread::sleep(Duration::from_secs(2));
     let b_restores = count(&log_b, "restoring partition");
