@@ -1132,11 +1132,13 @@ fn partitions_move_between_instances_with_their_state() {
 /// such a restore (where the new assignment moves a partition to it: one given back
 /// current needs none). The other then takes every partition: the last third of the
 /// events, fed only after the stop, all come out as replay's. Runs on a broker of its
-/// own. With `TEST_STATIC_MEMBERS` set, each member joins under a static id of
-/// its own (`kafka.instance_id`, as the chart's pods do): on Tansu that stops the group
-/// before any outage (see the ignore reason's section).
+/// own. Diagnostics (environment): `TEST_STATIC_MEMBERS`, each member joins under a
+/// static id of its own (`kafka.instance_id`, as the chart's pods do; on Tansu the group
+/// stops all the same, see the ignore reason's section); `TEST_GROUP_DEBUG`, librdkafka's
+/// group protocol in the members' logs; `TEST_KEEP_LOGS=<prefix>`, the logs copied to
+/// `<prefix>-a.log` and `<prefix>-b.log`, passed or not.
 #[test]
-#[ignore = "Tansu's group coordinator keeps the members whose sessions timed out and names a member that left as leader, so the survivor's SyncGroup answers 'rebalance in progress' for good (docs/DEVELOPMENT.md, issue 32's twenty-fifth look): cargo test --features failpoints -- --ignored"]
+#[ignore = "Tansu's group coordinator keeps the members whose sessions timed out and names a member that left (or, with static ids, a member id it replaced) as leader, so the survivor's SyncGroup answers 'rebalance in progress' for good (docs/DEVELOPMENT.md, issue 32's twenty-fifth and twenty-sixth looks): cargo test --features failpoints -- --ignored"]
 fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_every_partition() {
     let own = OwnBroker::start();
     let fx = fixture_on(own.address.clone(), 4, "");
@@ -1170,12 +1172,18 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
             std::thread::sleep(Duration::from_millis(50));
         }
     };
-    // Each member its own static id when asked (as the chart gives each pod its name).
+    // Each member its own static id when asked (as the chart gives each pod its name),
+    // and librdkafka's group protocol in the logs.
     let static_ids = std::env::var_os("TEST_STATIC_MEMBERS").is_some();
+    let group_debug = std::env::var_os("TEST_GROUP_DEBUG").is_some();
     let env_of = |member: &'static str| {
         let mut env = vec![("FAILPOINTS", "restore-read=sleep(4000)")];
         if static_ids {
             env.push(("LOOPWARDEN_KAFKA__INSTANCE_ID", member));
+        }
+        if group_debug {
+            env.push(("RUST_LOG", "info,librdkafka=debug"));
+            env.push(("LOOPWARDEN_KAFKA__CLIENT__DEBUG", "cgrp"));
         }
         env
     };
@@ -1202,6 +1210,10 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
     feeder.join().unwrap();
     produce(&brokers, &topics.input, after, &[]);
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
+    if let Ok(keep) = std::env::var("TEST_KEEP_LOGS") {
+        let _ = std::fs::copy(&log_a, format!("{keep}-a.log"));
+        let _ = std::fs::copy(&log_b, format!("{keep}-b.log"));
+    }
     if !has_every(&terminated, &want.terminations) {
         // What each member was given and did, for the stall this test looks for.
         let moves = |log: &std::path::Path| -> String {
