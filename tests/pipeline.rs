@@ -1132,8 +1132,8 @@ fn partitions_move_between_instances_with_their_state() {
 /// such a restore (where the new assignment moves a partition to it: one given back
 /// current needs none). The other then takes every partition: the last third of the
 /// events, fed only after the stop, all come out as replay's. Runs on a broker of its
-/// own. Diagnostics (environment): `TEST_STATIC_MEMBERS`, each member joins under a
-/// static id of its own (`kafka.instance_id`, as the chart's pods do; on Tansu the group
+/// own. Diagnostics (environment, each on when set to anything): `TEST_STATIC_MEMBERS`,
+/// each member joins under a static id of its own (`kafka.instance_id`, as the chart's pods do; on Tansu the group
 /// stops all the same, see the ignore reason's section); `TEST_GROUP_DEBUG`, librdkafka's
 /// group protocol in the members' logs; `TEST_KEEP_LOGS=<prefix>`, the logs copied to
 /// `<prefix>-a.log` and `<prefix>-b.log`, passed or not.
@@ -1147,6 +1147,13 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
     let want = expected(config_of(&cfg), &events);
     let (cfg_b, log_b) = fx.instance("b");
     let log_a = fx.dir.path().join("a.log");
+    // Dropped after the members (declared before them): their logs whole, passed or not.
+    let _kept = std::env::var("TEST_KEEP_LOGS").ok().map(|prefix| KeepLogs {
+        logs: vec![
+            (log_a.clone(), format!("{prefix}-a.log")),
+            (log_b.clone(), format!("{prefix}-b.log")),
+        ],
+    });
     // The last third is fed once b has stopped: a alone must read every partition.
     let (before, after) = events.split_at(events.len() * 2 / 3);
     let pace = Pace {
@@ -1210,10 +1217,6 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
     feeder.join().unwrap();
     produce(&brokers, &topics.input, after, &[]);
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, Duration::from_secs(120));
-    if let Ok(keep) = std::env::var("TEST_KEEP_LOGS") {
-        let _ = std::fs::copy(&log_a, format!("{keep}-a.log"));
-        let _ = std::fs::copy(&log_b, format!("{keep}-b.log"));
-    }
     if !has_every(&terminated, &want.terminations) {
         // What each member was given and did, for the stall this test looks for.
         let moves = |log: &std::path::Path| -> String {
@@ -1236,6 +1239,20 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
         "outage, then a member leaving (inside a restore: {b_restoring}): {} terminations once by event_id, {duplicates} re-emitted copies",
         want.terminations.len()
     );
+}
+
+/// Copies each log to its destination when dropped (a diagnostic: failures to copy are
+/// ignored).
+struct KeepLogs {
+    logs: Vec<(std::path::PathBuf, String)>,
+}
+
+impl Drop for KeepLogs {
+    fn drop(&mut self) {
+        for (log, to) in &self.logs {
+            let _ = std::fs::copy(log, to);
+        }
+    }
 }
 
 /// The changelog's commit records, in order, those of open transactions included: the

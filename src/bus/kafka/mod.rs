@@ -5,8 +5,9 @@
 //! Guarantees: every client loopwarden creates carries the user's pass-through
 //! properties, and the consumer and producer always carry the properties the delivery
 //! guarantees rest on (manual offset commits, idempotence, the range assignor). What
-//! loopwarden sets only to tune a client (a fetch wait, a linger) yields to a value the
-//! user gives for every client or for that one.
+//! loopwarden sets only to tune the input consumer or the output producer (a fetch wait,
+//! a linger) yields to a value the user gives for every client or for that one. (The
+//! changelog's reader and the span producer keep their own tuning: see theirs.)
 
 pub mod c_heap;
 pub mod embedded;
@@ -32,7 +33,8 @@ pub fn client_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
 /// [`client_config`] over loopwarden's own tuning `defaults`: each is set first, so that a
 /// value the user gave for every client (`[kafka.client]`) replaces it, as one given for
 /// this client alone does later. (Only tuning goes here: what the delivery guarantees rest
-/// on is in `settings::OWNED_PROPERTIES`, refused in every section, and set after.)
+/// on is set after, and refused in every section (`settings::OWNED_PROPERTIES`) or
+/// checked there (`acks` and the like).)
 fn client_config_over(
     settings: &KafkaSettings,
     brokers: &str,
@@ -66,7 +68,6 @@ pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -
         // and ~185,000 with this (docs/DEVELOPMENT.md, issue 32's fourteenth look). No
         // longer than a fetch may wait at the broker.
         ("fetch.queue.backoff.ms", "20"),
-        ("auto.offset.reset", "earliest"),
     ];
     let mut c = client_config_over(settings, brokers, &tuning);
     let strategy = if settings.input_topics.len() == 1 {
@@ -77,6 +78,9 @@ pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -
     c.set("group.id", &settings.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
+        // A new group reads its input from the start: not tuning, so a value for every
+        // client does not change it (one under `[kafka.consumer]` does).
+        .set("auto.offset.reset", "earliest")
         .set("partition.assignment.strategy", strategy)
         // Input written by transactional producers counts once it is committed; in
         // exactly_once mode this is what makes the changelog and findings atomic.
@@ -107,7 +111,8 @@ pub fn producer_config(
         .to_string();
     let tuning = [("linger.ms", "1"), ("message.max.bytes", room.as_str())];
     let mut c = client_config_over(settings, brokers, &tuning);
-    // `acks` other than all is refused in every section (`settings::breaks_idempotence`).
+    // A user's `acks` can only be another name for this one: `settings::breaks_idempotence`
+    // refuses any other under `[kafka.client]` and `[kafka.producer]`.
     c.set("enable.idempotence", "true").set("acks", "all");
     for (k, v) in &settings.producer {
         c.set(k, v);
@@ -405,14 +410,18 @@ mod tests {
         assert_eq!(p.get("message.max.bytes"), Some("2162688"));
         for (k, v) in [
             ("fetch.wait.max.ms", "500"),
+            ("fetch.queue.backoff.ms", "100"),
             ("linger.ms", "5"),
             ("message.max.bytes", "4000000"),
+            ("auto.offset.reset", "latest"),
         ] {
             s.client.insert(k.into(), v.into());
         }
         let c = consumer_config(&s, "k:9092", 0);
         assert_eq!(c.get("fetch.wait.max.ms"), Some("500"));
-        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("20"));
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("100"));
+        // Where a new group starts reading is not tuning: only the consumer's own says.
+        assert_eq!(c.get("auto.offset.reset"), Some("earliest"));
         let p = producer_config(&s, "k:9092", 1 << 20);
         assert_eq!(p.get("linger.ms"), Some("5"));
         assert_eq!(p.get("message.max.bytes"), Some("4000000"));
@@ -427,10 +436,11 @@ mod tests {
             producer_config(&s, "k:9092", 1 << 20).get("linger.ms"),
             Some("2")
         );
-        // What delivery rests on stays loopwarden's whatever the sections say.
+        s.consumer
+            .insert("auto.offset.reset".into(), "latest".into());
         assert_eq!(
-            consumer_config(&s, "k:9092", 0).get("isolation.level"),
-            Some("read_committed")
+            consumer_config(&s, "k:9092", 0).get("auto.offset.reset"),
+            Some("latest")
         );
     }
 
