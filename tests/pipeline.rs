@@ -1133,10 +1133,11 @@ fn partitions_move_between_instances_with_their_state() {
 /// current needs none). The other then takes every partition: the last third of the
 /// events, fed only after the stop, all come out as replay's. Runs on a broker of its
 /// own. Diagnostics (environment, each on when set to anything): `TEST_STATIC_MEMBERS`,
-/// each member joins under a static id of its own (`kafka.instance_id`, as the chart's pods do; on Tansu the group
-/// stops all the same, see the ignore reason's section); `TEST_GROUP_DEBUG`, librdkafka's
-/// group protocol in the members' logs; `TEST_KEEP_LOGS=<prefix>`, the logs copied to
-/// `<prefix>-a.log` and `<prefix>-b.log`, passed or not.
+/// each member joins under a static id of its own (`kafka.instance_id`, as the chart's
+/// pods do; on Tansu the group stops all the same: docs/DEVELOPMENT.md, issue 32's
+/// twenty-sixth look); `TEST_GROUP_DEBUG`, librdkafka's group protocol in the members'
+/// logs; `TEST_KEEP_LOGS=<prefix>`, the logs copied to `<prefix>-a.log` and
+/// `<prefix>-b.log`, passed or not.
 #[test]
 #[ignore = "Tansu's group coordinator keeps the members whose sessions timed out and names a member that left (or, with static ids, a member id it replaced) as leader, so the survivor's SyncGroup answers 'rebalance in progress' for good (docs/DEVELOPMENT.md, issue 32's twenty-fifth and twenty-sixth looks): cargo test --features failpoints -- --ignored"]
 fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_every_partition() {
