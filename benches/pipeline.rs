@@ -327,11 +327,7 @@ fn latency(cluster: &Cluster, partitions: i32, rate: f64, secs: u64) {
     // broker answers a waiting fetch as a record arrives: there the wait costs nothing).
     const FETCH_WAIT: &str = "fetch.wait.max.ms";
     let kafka = &mut config.kafka;
-    let fetch_wait = match kafka
-        .consumer
-        .get(FETCH_WAIT)
-        .or(kafka.client.get(FETCH_WAIT))
-    {
+    let fetch_wait = match kafka.consumer_property(FETCH_WAIT) {
         Some(set) => format!("{set} (as configured)"),
         None => {
             let reader = common::READER_FETCH_WAIT_MS.load(Ordering::Relaxed);

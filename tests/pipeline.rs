@@ -1077,13 +1077,7 @@ fn partitions_move_between_instances_with_their_state() {
     };
     let wait_assigned = |log: &std::path::Path, at_least: usize| {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .matches("partition assigned")
-            .count()
-            < at_least
-            && Instant::now() < deadline
-        {
+        while log_count(log, "partition assigned") < at_least && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
     };
@@ -1163,15 +1157,9 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
         pause: Duration::from_millis(500),
     };
     let feeder = feed_paced(&brokers, topics.input.clone(), before.to_vec(), pace);
-    let count = |log: &std::path::Path, text: &str| {
-        std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .matches(text)
-            .count()
-    };
     let wait_for = |log: &std::path::Path, text: &str, at_least: usize| {
         let deadline = Instant::now() + Duration::from_secs(90);
-        while count(log, text) < at_least {
+        while log_count(log, text) < at_least {
             assert!(
                 Instant::now() < deadline,
                 "no {at_least} × {text:?} within 90 s:\n{}",
@@ -1202,7 +1190,7 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
     let b = spawn_run_with_env(&cfg_b, &log_b, &env_of("member-b"));
     wait_for(&log_b, "partition assigned", 2);
     std::thread::sleep(Duration::from_secs(2));
-    let b_restores = count(&log_b, "restoring partition");
+    let b_restores = log_count(&log_b, "restoring partition");
     // Longer than the session timeout (2 s): both members' assignments are lost.
     own.signal("-STOP");
     std::thread::sleep(Duration::from_secs(6));
@@ -1210,10 +1198,10 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
     // b stops inside the restore of a partition it is given back (4 s, slowed), where
     // the assignment moves one to it; else once the group has settled again.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while count(&log_b, "restoring partition") == b_restores && Instant::now() < deadline {
+    while log_count(&log_b, "restoring partition") == b_restores && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let b_restoring = count(&log_b, "restoring partition") > b_restores;
+    let b_restoring = log_count(&log_b, "restoring partition") > b_restores;
     b.stop_gracefully();
     feeder.join().unwrap();
     produce(&brokers, &topics.input, after, &[]);

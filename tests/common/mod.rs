@@ -393,6 +393,14 @@ impl Running {
     }
 }
 
+/// How many times `text` appears in the log at `log` so far (0 before it exists).
+pub fn log_count(log: &Path, text: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches(text)
+        .count()
+}
+
 pub fn session_of(payload: &[u8]) -> Vec<u8> {
     serde_json::from_slice::<serde_json::Value>(payload)
         .ok()

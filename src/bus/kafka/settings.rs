@@ -516,6 +516,15 @@ impl KafkaSettings {
         }
     }
 
+    /// The value the user gave a librdkafka property for the input consumer: under
+    /// `[kafka.consumer]`, else under `[kafka.client]` (the order in which they apply).
+    pub fn consumer_property(&self, name: &str) -> Option<&str> {
+        self.consumer
+            .get(name)
+            .or_else(|| self.client.get(name))
+            .map(String::as_str)
+    }
+
     /// The output topics, in a fixed order.
     pub fn output_topics(&self) -> [&str; 4] {
         [

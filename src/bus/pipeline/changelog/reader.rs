@@ -82,11 +82,7 @@ fn reader_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
     // soak's restore took 55 s for 1,125 records). The restore then ends up to that wait
     // later, once a partition.
     const WAIT: &str = "fetch.wait.max.ms";
-    let chosen = settings
-        .consumer
-        .get(WAIT)
-        .or_else(|| settings.client.get(WAIT));
-    c.set(WAIT, chosen.map_or("10", String::as_str));
+    c.set(WAIT, settings.consumer_property(WAIT).unwrap_or("10"));
     c
 }
 
