@@ -5,7 +5,9 @@
 //! batch closes; the changelog rebuilds a fresh state directory; two members of
 //! the group share the partitions and together find what `replay` finds; bad messages are
 //! dead-lettered with their reason; the OTLP ingest re-publishes spans keyed by session and
-//! dead-letters what the engine would refuse. Transactions, pause/resume, SIGKILL and several
+//! dead-letters what the engine would refuse; readiness holds while every worker holds
+//! the group's assignment (an empty one too) and not while a group that refuses its joins
+//! leaves a worker without one. Transactions, pause/resume, SIGKILL and several
 //! processes stay in `tests/pipeline.rs` against Tansu (the mock cluster does not show
 //! them faithfully).
 
@@ -18,12 +20,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::*;
-use loopwarden::bus::kafka::embedded::EmbeddedBroker;
-use loopwarden::bus::pipeline::{run, PipelineError, RunStats};
+use loopwarden::bus::kafka::embedded::{ApiKey, EmbeddedBroker};
+use loopwarden::bus::pipeline::{run_observed, PipelineError, RunStats};
 use loopwarden::config::Config;
 use loopwarden::engine::store::{open_db, SledStore, StateStore};
 use loopwarden::shutdown::Shutdown;
+use loopwarden::telemetry::Telemetry;
 use rdkafka::message::OwnedMessage;
+use rdkafka::types::RDKafkaRespErr;
 
 const PARTITIONS: i32 = 3;
 
@@ -59,6 +63,11 @@ impl Cluster {
 
     /// The config of instance `name` (its own state directory), with `extra` TOML.
     fn config(&self, name: &str, extra: &str) -> Arc<Config> {
+        Arc::new(Config::load(&self.config_file(name, extra), std::iter::empty()).unwrap())
+    }
+
+    /// [`Cluster::config`]'s file, to be edited before it is loaded.
+    fn config_file(&self, name: &str, extra: &str) -> std::path::PathBuf {
         let home = self.dir.path().join(name);
         std::fs::create_dir_all(&home).unwrap();
         let path = write_config(&home, &self.brokers(), &self.topics, extra);
@@ -76,7 +85,7 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join("\n");
         std::fs::write(&path, text).unwrap();
-        Arc::new(Config::load(&path, std::iter::empty()).unwrap())
+        path
     }
 
     fn produce(&self, events: &[Vec<u8>]) {
@@ -119,10 +128,15 @@ struct Running {
 
 impl Running {
     fn start(config: Arc<Config>, brokers: String) -> Running {
+        Running::observed(config, brokers, Arc::new(Telemetry::new()))
+    }
+
+    /// [`Running::start`], reporting metrics and readiness to `telemetry`.
+    fn observed(config: Arc<Config>, brokers: String, telemetry: Arc<Telemetry>) -> Running {
         let shutdown = Shutdown::new();
         let thread = {
             let shutdown = shutdown.clone();
-            std::thread::spawn(move || run(config, &brokers, shutdown))
+            std::thread::spawn(move || run_observed(config, &brokers, shutdown, telemetry))
         };
         Running { shutdown, thread }
     }
@@ -384,6 +398,87 @@ fn two_group_members_share_the_partitions_and_find_what_replay_finds() {
         .map(|m| finding_key(&json(m)))
         .collect();
     assert_eq!(got, want, "findings differ from replay");
+}
+
+/// Waits (up to 30 s) until `ready` reads `want`; false if it never did.
+fn readiness_becomes(telemetry: &Telemetry, want: bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if telemetry.readiness.is_ready() == want {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn a_worker_given_no_partitions_by_a_settled_group_is_ready() {
+    // Four workers, three partitions: one worker's consumer is handed an empty assignment.
+    let cluster = Cluster::start();
+    let path = cluster.config_file("a", "");
+    let toml = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        toml.replacen("[kafka]\n", "[kafka]\nworkers = 4\n", 1),
+    )
+    .unwrap();
+    let config = Arc::new(Config::load(&path, std::iter::empty()).unwrap());
+    assert_eq!(config.kafka.workers, 4);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(config, cluster.brokers(), telemetry.clone());
+    assert!(
+        readiness_becomes(&telemetry, true),
+        "not ready: {}",
+        telemetry.readiness.describe()
+    );
+    let (events, _) = fleet(12, 0.0, 5);
+    cluster.produce(&events);
+    cluster.wait_committed(events.len());
+    assert_eq!(running.stop().events, events.len() as u64);
+}
+
+#[test]
+fn a_member_whose_group_cannot_settle_is_not_ready_until_it_holds_an_assignment_again() {
+    let cluster = Cluster::start();
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(
+        cluster.config("a", ""),
+        cluster.brokers(),
+        telemetry.clone(),
+    );
+    assert!(readiness_becomes(&telemetry, true), "ready once assigned");
+    // The coordinator forgets the member (its assignment is lost at the next heartbeat)
+    // and refuses every join after: the group cannot hand it partitions again.
+    let refused = RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID;
+    cluster
+        .broker
+        .fail_requests(ApiKey::JoinGroup, refused, 100_000);
+    cluster.broker.fail_requests(ApiKey::Heartbeat, refused, 1);
+    assert!(
+        readiness_becomes(&telemetry, false),
+        "a member that lost its partitions reads ready"
+    );
+    assert_eq!(
+        telemetry.readiness.describe(),
+        "waiting for a partition assignment"
+    );
+    // Rejoins keep failing (about one a second): it stays not ready meanwhile.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !telemetry.readiness.is_ready(),
+        "ready while no join succeeds"
+    );
+    cluster.broker.clear_request_failures(ApiKey::JoinGroup);
+    assert!(
+        readiness_becomes(&telemetry, true),
+        "not ready again once the group settles: {}",
+        telemetry.readiness.describe()
+    );
+    let (events, _) = fleet(12, 0.0, 7);
+    cluster.produce(&events);
+    cluster.wait_committed(events.len());
+    assert_eq!(running.stop().events, events.len() as u64);
 }
 
 #[test]

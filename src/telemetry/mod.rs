@@ -5,8 +5,12 @@
 //! store watch's registration, twice per worker at its start, shares a mutex with
 //! `/healthz`); the
 //! HTTP server runs on its own thread, and a failing or slow scraper cannot stall
-//! processing. Readiness is true only while the process holds an assignment whose
-//! partitions are all restored and it is not shutting down. Liveness is false once a
+//! processing. Readiness is true only while every group member of the process (each
+//! worker's consumer) holds an assignment of this generation, possibly empty, loaded
+//! and restored, and the process is not shutting down: a member whose partitions were
+//! revoked or lost is not ready until the group hands it its next assignment, so a
+//! group that cannot settle (a coordinator that keeps answering "rebalance in
+//! progress", a join that keeps failing) shows on `/readyz`. Liveness is false once a
 //! state store write (or a worker's own call into the store: loading a partition, a
 //! restore's records, the flush at a clean stop) has been in progress for longer than
 //! `state.write_stall_secs`: a store that never returns (a hung disk, a deadlock in the
@@ -17,7 +21,7 @@ pub mod http;
 pub mod metrics;
 pub mod spans;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -43,16 +47,28 @@ impl Telemetry {
 /// Whether the process is ready to be counted as a consuming member.
 #[derive(Default)]
 pub struct Readiness {
-    /// Some worker has received and loaded an assignment.
-    assigned: AtomicBool,
+    /// The group members of the process and those of them awaiting an assignment.
+    members: Arc<MemberCounts>,
     /// Partitions being restored from the changelog right now.
     restoring: AtomicUsize,
 }
 
+#[derive(Default)]
+struct MemberCounts {
+    live: AtomicUsize,
+    awaiting: AtomicUsize,
+}
+
 impl Readiness {
-    /// A worker finished loading an assignment (its partitions are restored).
-    pub fn assignment_loaded(&self) {
-        self.assigned.store(true, Ordering::Release);
+    /// A group member (a worker's consumer) joins: it awaits its first assignment until
+    /// [`GroupMember::assignment_loaded`], and counts until the handle is dropped.
+    pub fn member(&self) -> GroupMember {
+        self.members.live.fetch_add(1, Ordering::AcqRel);
+        self.members.awaiting.fetch_add(1, Ordering::AcqRel);
+        GroupMember {
+            counts: self.members.clone(),
+            awaiting: true,
+        }
     }
 
     /// A partition's restore begins; the returned guard ends it when dropped.
@@ -62,18 +78,55 @@ impl Readiness {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.assigned.load(Ordering::Acquire) && self.restoring.load(Ordering::Acquire) == 0
+        self.describe() == READY
     }
 
     /// Why not ready (for the `/readyz` body).
     pub fn describe(&self) -> &'static str {
         if self.restoring.load(Ordering::Acquire) > 0 {
             "restoring partition state from the changelog"
-        } else if !self.assigned.load(Ordering::Acquire) {
+        } else if self.members.live.load(Ordering::Acquire) == 0
+            || self.members.awaiting.load(Ordering::Acquire) > 0
+        {
             "waiting for a partition assignment"
         } else {
-            "ready"
+            READY
         }
+    }
+}
+
+const READY: &str = "ready";
+
+/// One group member's part in [`Readiness`]: awaiting an assignment from its start until
+/// one is loaded, and again from a revoke, a lost assignment or a rebalance error until
+/// the group's next assignment (librdkafka hands every member one at the end of each
+/// rebalance, an empty one included, eager and cooperative alike) is loaded.
+pub struct GroupMember {
+    counts: Arc<MemberCounts>,
+    awaiting: bool,
+}
+
+impl GroupMember {
+    /// The group's assignment is loaded (its partitions restored); empty counts too.
+    pub fn assignment_loaded(&mut self) {
+        if std::mem::replace(&mut self.awaiting, false) {
+            self.counts.awaiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Partitions were taken away (revoked or lost): the member awaits the next
+    /// assignment.
+    pub fn awaiting_assignment(&mut self) {
+        if !std::mem::replace(&mut self.awaiting, true) {
+            self.counts.awaiting.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for GroupMember {
+    fn drop(&mut self) {
+        self.assignment_loaded();
+        self.counts.live.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -224,14 +277,42 @@ mod tests {
     #[test]
     fn ready_only_after_an_assignment_and_outside_restores() {
         let r = Readiness::default();
-        assert!(!r.is_ready());
+        assert!(!r.is_ready(), "no member yet");
         assert_eq!(r.describe(), "waiting for a partition assignment");
+        let mut member = r.member();
+        assert!(!r.is_ready());
         {
             let _restore = r.restoring();
-            r.assignment_loaded();
+            member.assignment_loaded();
             assert!(!r.is_ready());
+            assert_eq!(r.describe(), "restoring partition state from the changelog");
         }
         assert!(r.is_ready());
         assert_eq!(r.describe(), "ready");
+    }
+
+    #[test]
+    fn every_member_must_hold_an_assignment_and_one_taken_away_waits_for_the_next() {
+        let r = Readiness::default();
+        let (mut first, mut second) = (r.member(), r.member());
+        first.assignment_loaded();
+        assert!(!r.is_ready(), "the second member has none yet");
+        second.assignment_loaded();
+        second.assignment_loaded();
+        assert!(r.is_ready(), "an assignment loaded twice counts once");
+        first.awaiting_assignment();
+        first.awaiting_assignment();
+        assert!(!r.is_ready(), "revoked or lost: awaiting the next");
+        assert_eq!(r.describe(), "waiting for a partition assignment");
+        first.assignment_loaded();
+        assert!(
+            r.is_ready(),
+            "taken away twice, one assignment ends the wait"
+        );
+        first.awaiting_assignment();
+        drop(first);
+        assert!(r.is_ready(), "a member gone awaits nothing");
+        drop(second);
+        assert!(!r.is_ready(), "no member left");
     }
 }

@@ -23,6 +23,16 @@ pub enum EmbeddedError {
     Topic { topic: String, code: String },
 }
 
+/// A request of the Kafka protocol, by its API key (the protocol's numbers), that
+/// [`EmbeddedBroker::fail_requests`] can refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i16)]
+pub enum ApiKey {
+    JoinGroup = 11,
+    Heartbeat = 12,
+    SyncGroup = 14,
+}
+
 /// A running in-process Kafka-protocol broker.
 pub struct EmbeddedBroker {
     cluster: *mut rd::rd_kafka_mock_cluster_t,
@@ -110,6 +120,29 @@ impl EmbeddedBroker {
             return Err(fail(format!("{err:?}")));
         }
         Ok(())
+    }
+
+    /// Answers the next `count` requests of `api` with `error` instead of serving them,
+    /// as a broker that refuses looks to its clients (tests: a coordinator that keeps a
+    /// group from settling).
+    pub fn fail_requests(&self, api: ApiKey, error: rd::rd_kafka_resp_err_t, count: usize) {
+        let errors = vec![error; count];
+        // SAFETY: live cluster; librdkafka copies the `count` errors before returning.
+        unsafe {
+            rd::rd_kafka_mock_push_request_errors_array(
+                self.cluster,
+                api as i16,
+                count,
+                errors.as_ptr(),
+            )
+        };
+    }
+
+    /// Serves `api`'s requests again: the errors [`EmbeddedBroker::fail_requests`] left
+    /// unused are dropped.
+    pub fn clear_request_failures(&self, api: ApiKey) {
+        // SAFETY: live cluster.
+        unsafe { rd::rd_kafka_mock_clear_request_errors(self.cluster, api as i16) };
     }
 
     /// `host:port` to give any Kafka client.

@@ -15,7 +15,9 @@
 //! worst, with one event id; the batch's changelog records carry no commit record, so no
 //! restore applies them); an assigned partition is loaded from sled (and restored from
 //! the changelog) before the assignment is acknowledged, so before it is fetched. A
-//! restore that shutdown interrupts leaves its partition unloaded: not a failure. Once
+//! restore that shutdown interrupts leaves its partition unloaded: not a failure. From a
+//! revoke, a lost assignment or a rebalance error until the next assignment is loaded,
+//! the worker's member counts as awaiting one (not ready, `/readyz`). Once
 //! the worker has stopped (a stop, an error, a panic), rebalances are acknowledged at
 //! once, so the consumer's close never waits on it.
 
@@ -161,6 +163,8 @@ pub(super) fn serve(
             Parked::Assign(tpl) => assign(worker, &partitions_of(tpl)),
             Parked::Error(e, _) => {
                 warn!(error = %e, "rebalance error");
+                // Acknowledged by giving up the assignment: the next rebalance brings one.
+                worker.member.awaiting_assignment();
                 Ok(())
             }
         };
@@ -177,6 +181,7 @@ fn revoke(
     worker: &mut Worker,
     revoked: &[i32],
 ) -> Result<(), PipelineError> {
+    worker.member.awaiting_assignment();
     let result = if consumer.assignment_lost() {
         // No offsets are committed, and no state is written but the batches already with
         // the store writer (acknowledged: their outputs are out). Records already with
@@ -221,7 +226,7 @@ fn assign(worker: &mut Worker, assigned: &[i32]) -> Result<(), PipelineError> {
         }
     }
     if fatal.is_none() {
-        worker.telemetry.readiness.assignment_loaded();
+        worker.member.assignment_loaded();
     }
     worker.report_gauges();
     fatal.map_or(Ok(()), Err)

@@ -41,7 +41,7 @@ use crate::contract::output::Output;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
 use crate::engine::{Engine, EventMeta};
 use crate::shutdown::Shutdown;
-use crate::telemetry::{Telemetry, WriteWatch};
+use crate::telemetry::{GroupMember, Telemetry, WriteWatch};
 
 /// Everything a batch touches.
 pub struct Worker {
@@ -88,6 +88,9 @@ pub struct Worker {
     /// The batches handed to the writer whose input offsets are not committed yet, in
     /// hand-over order (the writer reports in that order).
     pub(super) storing: VecDeque<Storing>,
+    /// This worker's consumer as `/readyz` counts it: holding an assignment or awaiting
+    /// one.
+    pub(super) member: GroupMember,
     /// The partitions this worker holds among the process's workers. Last: dropped after
     /// the writer, whose drop waits for its thread, so a partition is given back only
     /// once nothing of this worker writes it.
@@ -175,6 +178,7 @@ impl Worker {
             writer,
             store_watch,
             storing: VecDeque::new(),
+            member: telemetry.readiness.member(),
             holds: Holding {
                 holds,
                 worker: index,
