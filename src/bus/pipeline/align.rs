@@ -219,6 +219,11 @@ impl<T> Aligner<T> {
         self.candidate()?.1
     }
 
+    /// The last message held for `topic`, to complete while its message is at hand.
+    pub fn last_mut(&mut self, topic: usize) -> Option<&mut Held<T>> {
+        self.queues[topic].held.back_mut()
+    }
+
     /// The offset of the last message held for `topic`.
     pub fn last_offset(&self, topic: usize) -> Option<i64> {
         self.queues[topic].held.back().map(|h| h.offset)

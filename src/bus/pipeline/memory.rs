@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::message::OwnedMessage;
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, Timestamp, TopicPartitionList};
 
@@ -85,6 +85,18 @@ pub struct Bus(Arc<Mutex<State>>);
 impl Bus {
     /// Appends an input record (as a producer outside the pipeline would).
     pub fn produce(&self, topic: &str, partition: i32, key: &[u8], payload: &[u8]) {
+        self.produce_with_headers(topic, partition, key, payload, &[]);
+    }
+
+    /// [`Bus::produce`] with headers (name, value) in order.
+    pub fn produce_with_headers(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: &[u8],
+        payload: &[u8],
+        headers: &[(&str, &[u8])],
+    ) {
         lock(&self.0)
             .logs
             .entry((topic.to_string(), partition))
@@ -92,7 +104,10 @@ impl Bus {
             .push(Landed {
                 key: key.to_vec(),
                 payload: Some(payload.to_vec()),
-                headers: Vec::new(),
+                headers: headers
+                    .iter()
+                    .map(|(name, value)| (name.to_string(), Some(value.to_vec())))
+                    .collect(),
             });
     }
 
@@ -330,6 +345,16 @@ impl MemoryConsumer {
             };
             let offset = *next;
             *next += 1;
+            let headers = (!r.headers.is_empty()).then(|| {
+                r.headers
+                    .iter()
+                    .fold(OwnedHeaders::new(), |headers, (name, value)| {
+                        headers.insert(Header {
+                            key: name,
+                            value: value.as_deref(),
+                        })
+                    })
+            });
             return Some(OwnedMessage::new(
                 r.payload.clone(),
                 Some(r.key.clone()),
@@ -337,7 +362,7 @@ impl MemoryConsumer {
                 Timestamp::CreateTime(1_700_000_000_000 + offset),
                 *partition,
                 offset,
-                None,
+                headers,
             ));
         }
         None

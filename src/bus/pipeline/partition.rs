@@ -63,7 +63,9 @@ pub(super) struct Partition {
 
 impl Pending {
     /// A polled message of input `topic`, parsed: an event with its event time (the
-    /// message's timestamp when the event has none), or a dead letter saying why not.
+    /// message's timestamp when the event has none), or a dead letter saying why not. An
+    /// event's [`Source`] is [`Source::deferred`]: the caller reads the message's headers
+    /// into it while the message is at hand, if the event has outputs or is held.
     pub fn of<M: Message>(m: &M, topic: &str, limits: &ParseLimits) -> (Option<i64>, Pending)
     where
         M::Headers: RawHeaders,
@@ -83,7 +85,7 @@ impl Pending {
                     .timestamp_ms
                     .or(meta.message_timestamp_ms)
                     .unwrap_or(0);
-                let source = Source::of(m, meta.message_timestamp_ms);
+                let source = Source::deferred(meta.message_timestamp_ms);
                 (
                     Some(event_ms),
                     Pending::Event(event.into_owned(), meta, source),

@@ -89,7 +89,8 @@ impl Member {
         let outbox =
             Outbox::with_transport(Box::new(transport), settings, telemetry.clone(), &shutdown);
         let commit = Commit::of(settings, dir, index);
-        let changelog = MemoryChangelog::new(bus, &settings.changelog_topic, &[INPUT]);
+        let inputs: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
+        let changelog = MemoryChangelog::new(bus, &settings.changelog_topic, &inputs);
         let restorer = Restorer::with_source(settings, Box::new(changelog));
         let mut worker = Worker::new(
             index,
@@ -106,7 +107,7 @@ impl Member {
         for &p in partitions {
             worker.acquire(p).unwrap();
         }
-        let input = MemoryConsumer::new(bus, &[INPUT], partitions);
+        let input = MemoryConsumer::new(bus, &inputs, partitions);
         Member {
             worker,
             input,
@@ -781,4 +782,106 @@ fn the_next_batch_waits_for_the_batch_in_flight_until_the_broker_has_all_of_it()
         "the second batch's commit records, after its failed record was sent again"
     );
     assert_eq!(committed_once_stored(&mut m, &bus), Some(20));
+}
+
+/// A W3C `traceparent` of session `session` (its own trace and parent span).
+fn traceparent_of_session(session: &[u8]) -> String {
+    let h = crate::engine::hash::line_hash(session);
+    format!(
+        "00-{:016x}{:016x}-{:016x}-01",
+        h | 1,
+        !h,
+        h.rotate_left(17) | 1
+    )
+}
+
+/// Each input message carries its session's `traceparent`, and every output (a finding
+/// or a summary, all triggered by an event here) carries its triggering message's: with
+/// one input topic, where an event is applied as its message is handled, and with two,
+/// where the first topic's events are held for the second's (polled after it) and
+/// applied once their messages are gone.
+#[test]
+fn each_output_carries_the_traceparent_of_the_message_that_triggered_it() {
+    const LLM: &str = "cost.attributed";
+    for inputs in [vec![INPUT], vec![INPUT, LLM]] {
+        let bus = Bus::default();
+        let mut fleet = Fleet::new(FleetSpec {
+            sessions: 12,
+            concurrency: 12,
+            loop_share: 0.5,
+            seed: 30,
+        });
+        let mut t = 1_763_000_000_000;
+        while let Some(e) = fleet.next_event(t) {
+            let session = e.session_id.as_bytes();
+            let partition = (crate::engine::hash::line_hash(session) % 2) as i32;
+            let llm = e.json.windows(17).any(|w| w == br#""cost.attributed""#);
+            let topic = if llm && inputs.len() == 2 { LLM } else { INPUT };
+            let tp = traceparent_of_session(session);
+            bus.produce_with_headers(
+                topic,
+                partition,
+                session,
+                &e.json,
+                &[("traceparent", tp.as_bytes())],
+            );
+            t += 200;
+        }
+        let topics = inputs
+            .iter()
+            .map(|t| format!("\"{t}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let toml = format!("[kafka]\ninput_topics = [{topics}]\nmax_batch_events = 50\n");
+        let config = Arc::new(Config::from_toml_str(&toml, "recipe", std::iter::empty()).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = Member::start(&bus, dir.path(), &config);
+        let mut most_held = 0;
+        let mut polled = 0;
+        while let Some(msg) = m.input.poll() {
+            m.worker.handle(&msg, &m.input).unwrap();
+            most_held = most_held.max(m.worker.held());
+            polled += 1;
+            if polled % 50 == 0 {
+                m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+            }
+        }
+        // What still waits for the other topic goes once its wait is over.
+        std::thread::sleep(config.kafka.align_wait + std::time::Duration::from_millis(50));
+        m.worker.observe_unpolled(&m.input);
+        m.worker.release_due();
+        assert_eq!(m.worker.held(), 0, "{inputs:?}: nothing left held");
+        m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
+        if inputs.len() == 2 {
+            assert!(
+                most_held > 100,
+                "the first topic's events were held: {most_held}"
+            );
+        }
+        let mut outputs = 0;
+        for topic in [
+            &config.kafka.warning_topic,
+            &config.kafka.terminated_topic,
+            &config.kafka.summary_topic,
+        ] {
+            for r in bus.records(topic) {
+                let header = r
+                    .headers
+                    .iter()
+                    .find(|(name, _)| name == "traceparent")
+                    .and_then(|(_, v)| v.clone())
+                    .map(|v| String::from_utf8(v).unwrap());
+                assert_eq!(
+                    header,
+                    Some(traceparent_of_session(&r.key)),
+                    "{inputs:?}: an output on {topic}"
+                );
+                outputs += 1;
+            }
+        }
+        assert!(
+            outputs >= 12,
+            "{inputs:?}: every session's summary and findings: {outputs}"
+        );
+    }
 }

@@ -513,10 +513,44 @@ impl Worker {
         // (only the changelog's records do), and are acknowledged before this batch's
         // offsets are committed all the same.
         self.apply_ready_in(partition, polled);
+        self.read_sources_from(m, partition, topic_index);
         self.queue_outputs();
         self.applying += polled.elapsed();
         self.send_findings();
         Ok(())
+    }
+
+    /// Reads the headers of `m`, the message just handled, into the sources that wait for
+    /// them: its event's outputs (applied at once), or its event, still held. No other
+    /// source is unread: every event is applied or held by the end of its message's
+    /// [`Worker::handle`].
+    fn read_sources_from<M: Message>(&mut self, m: &M, partition: i32, topic_index: usize)
+    where
+        M::Headers: RawHeaders,
+    {
+        if let Some(first) = self.scratch_sources.iter().position(Source::is_unread) {
+            self.scratch_sources[first].read_from(m);
+            let read = self.scratch_sources[first].clone();
+            for source in &mut self.scratch_sources[first + 1..] {
+                if source.is_unread() {
+                    *source = read.clone();
+                }
+            }
+        }
+        let held = self
+            .partitions
+            .get_mut(&partition)
+            .and_then(|p| p.held.last_mut(topic_index));
+        if let Some(Held {
+            item: Pending::Event(_, _, source),
+            offset,
+            ..
+        }) = held
+        {
+            if *offset == m.offset() {
+                source.read_from(m);
+            }
+        }
     }
 
     /// at_least_once: hands the outputs found so far to the producer without waiting for
@@ -635,6 +669,10 @@ impl Worker {
         // Outputs of the idle clock have no triggering message.
         self.scratch_sources
             .resize(self.scratch.len(), Source::default());
+        debug_assert!(
+            !self.scratch_sources.iter().any(Source::is_unread),
+            "an output's message headers left unread"
+        );
         for (output, source) in self.scratch.drain(..).zip(self.scratch_sources.drain(..)) {
             if let Some(record) =
                 outputs::record(&output, &source, &mut self.stats, &self.telemetry)
