@@ -412,6 +412,24 @@ fn readiness_becomes(telemetry: &Telemetry, want: bool) -> bool {
     false
 }
 
+/// Waits (up to 30 s) until ready, saying why not if it never is.
+fn assert_becomes_ready(telemetry: &Telemetry, context: &str) {
+    assert!(
+        readiness_becomes(telemetry, true),
+        "{context}: not ready: {}",
+        telemetry.readiness.describe()
+    );
+}
+
+/// Produces a small fleet (`seed`), waits until the group has committed all of it, and
+/// stops `running`, which applied every event.
+fn applies_a_fleet_then_stops(cluster: &Cluster, running: Running, seed: u64) {
+    let (events, _) = fleet(12, 0.0, seed);
+    cluster.produce(&events);
+    cluster.wait_committed(events.len());
+    assert_eq!(running.stop().events, events.len() as u64);
+}
+
 #[test]
 fn a_worker_given_no_partitions_by_a_settled_group_is_ready() {
     // Four workers, three partitions: one worker's consumer is handed an empty assignment.
@@ -427,15 +445,8 @@ fn a_worker_given_no_partitions_by_a_settled_group_is_ready() {
     assert_eq!(config.kafka.workers, 4);
     let telemetry = Arc::new(Telemetry::new());
     let running = Running::observed(config, cluster.brokers(), telemetry.clone());
-    assert!(
-        readiness_becomes(&telemetry, true),
-        "not ready: {}",
-        telemetry.readiness.describe()
-    );
-    let (events, _) = fleet(12, 0.0, 5);
-    cluster.produce(&events);
-    cluster.wait_committed(events.len());
-    assert_eq!(running.stop().events, events.len() as u64);
+    assert_becomes_ready(&telemetry, "four workers, three partitions");
+    applies_a_fleet_then_stops(&cluster, running, 5);
 }
 
 #[test]
@@ -447,7 +458,7 @@ fn a_member_whose_group_cannot_settle_is_not_ready_until_it_holds_an_assignment_
         cluster.brokers(),
         telemetry.clone(),
     );
-    assert!(readiness_becomes(&telemetry, true), "ready once assigned");
+    assert_becomes_ready(&telemetry, "once assigned");
     // The coordinator forgets the member (its assignment is lost at the next heartbeat)
     // and refuses every join after: the group cannot hand it partitions again.
     let refused = RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID;
@@ -470,15 +481,8 @@ fn a_member_whose_group_cannot_settle_is_not_ready_until_it_holds_an_assignment_
         "ready while no join succeeds"
     );
     cluster.broker.clear_request_failures(ApiKey::JoinGroup);
-    assert!(
-        readiness_becomes(&telemetry, true),
-        "not ready again once the group settles: {}",
-        telemetry.readiness.describe()
-    );
-    let (events, _) = fleet(12, 0.0, 7);
-    cluster.produce(&events);
-    cluster.wait_committed(events.len());
-    assert_eq!(running.stop().events, events.len() as u64);
+    assert_becomes_ready(&telemetry, "once the group settles again");
+    applies_a_fleet_then_stops(&cluster, running, 7);
 }
 
 #[test]

@@ -62,7 +62,7 @@ use crate::bus::kafka::{
 use crate::config::Config;
 use crate::engine::store::{open_db_with_cache, StoreError};
 use crate::shutdown::{Shutdown, StopOnPanic};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{GroupMember, Telemetry};
 use changelog::Restorer;
 use holds::PartitionHolds;
 
@@ -294,7 +294,17 @@ pub fn run_observed(
     let workers = config.kafka.workers;
     let result = if workers == 1 {
         let holds = Arc::new(PartitionHolds::default());
-        run_worker(config, brokers, db, holds, shutdown.clone(), 0, telemetry)
+        let member = telemetry.readiness.member();
+        run_worker(
+            config,
+            brokers,
+            db,
+            holds,
+            shutdown.clone(),
+            0,
+            member,
+            telemetry,
+        )
     } else {
         run_workers(config, brokers, db, shutdown.clone(), telemetry)
     };
@@ -337,8 +347,13 @@ fn run_workers(
     let workers = config.kafka.workers;
     // One for all: a partition is held by one worker of the process at a time.
     let holds = Arc::new(PartitionHolds::default());
-    let threads: Vec<_> = (0..workers)
-        .map(|i| {
+    // Every worker counts for readiness before any thread starts, so that the first to
+    // hold an assignment cannot read ready while the others are still starting.
+    let members: Vec<GroupMember> = (0..workers).map(|_| telemetry.readiness.member()).collect();
+    let threads: Vec<_> = members
+        .into_iter()
+        .enumerate()
+        .map(|(i, member)| {
             let (config, brokers, db, holds, shutdown, telemetry) = (
                 config.clone(),
                 brokers.to_string(),
@@ -352,8 +367,16 @@ fn run_workers(
                 .spawn(move || {
                     // A panic stops the process as an error does.
                     let _stop = StopOnPanic(shutdown.clone());
-                    let result =
-                        run_worker(config, &brokers, db, holds, shutdown.clone(), i, telemetry);
+                    let result = run_worker(
+                        config,
+                        &brokers,
+                        db,
+                        holds,
+                        shutdown.clone(),
+                        i,
+                        member,
+                        telemetry,
+                    );
                     if result.is_err() {
                         // One worker failing stops the process: the others finish cleanly.
                         shutdown.trigger();
@@ -383,6 +406,8 @@ fn run_workers(
 }
 
 /// One member of the consumer group (one thread): subscribe, consume, stop.
+// Each part is made by `run_workers` for this worker alone, so none is left out.
+#[allow(clippy::too_many_arguments)]
 fn run_worker(
     config: Arc<Config>,
     brokers: &str,
@@ -390,6 +415,7 @@ fn run_worker(
     holds: Arc<PartitionHolds>,
     shutdown: Shutdown,
     index: usize,
+    member: GroupMember,
     telemetry: Arc<Telemetry>,
 ) -> Result<RunStats, PipelineError> {
     let settings = config.kafka.clone();
@@ -409,6 +435,7 @@ fn run_worker(
         Restorer::new(&settings, brokers, &shutdown),
         &shutdown,
         telemetry,
+        member,
         holds,
     )?;
     let consumer: BaseConsumer<RebalanceHandler> = consumer_config(&settings, brokers, index)

@@ -18,37 +18,39 @@ use crate::telemetry::Telemetry;
 pub struct Source {
     pub timestamp_ms: Option<i64>,
     pub traceparent: Option<TraceParent>,
-    /// The message's headers are not read yet: [`Source::read_from`] reads them once the
-    /// event has outputs, or once it is held past its message. Most events have none,
-    /// and reading a consumed message's headers makes librdkafka allocate and free a
-    /// parse buffer, a header list and each header even for a message without any (7 % of
-    /// a worker's time at a million open sessions).
-    unread: bool,
+    /// The message (partition, offset) whose headers are not read yet:
+    /// [`Source::read_from`] reads them once the event has outputs, or once it is held
+    /// past its message. Most events have none, and reading a consumed message's headers
+    /// makes librdkafka allocate and free a parse buffer even for a message without any,
+    /// and a list and each header for one with them (7 % of a worker's time at a million
+    /// open sessions).
+    unread: Option<(i32, i64)>,
 }
 
 impl Source {
-    /// The source of outputs triggered by a message with Kafka timestamp
-    /// `timestamp_ms`, its headers left unread for [`Source::read_from`] while the
+    /// The source of outputs triggered by message `m` (Kafka timestamp
+    /// `timestamp_ms`), its headers left unread for [`Source::read_from`] while the
     /// message is at hand.
-    pub fn deferred(timestamp_ms: Option<i64>) -> Source {
+    pub fn deferred<M: Message>(m: &M, timestamp_ms: Option<i64>) -> Source {
         Source {
             timestamp_ms,
             traceparent: None,
-            unread: true,
+            unread: Some((m.partition(), m.offset())),
         }
     }
 
     pub fn is_unread(&self) -> bool {
-        self.unread
+        self.unread.is_some()
     }
 
-    /// Reads the `traceparent` of `m`, the message this source was made for, if not
-    /// read yet.
+    /// Reads the `traceparent` of `m` if this source waits for that message's headers
+    /// (a source made for another message is left as it is).
     pub fn read_from<M: Message>(&mut self, m: &M)
     where
         M::Headers: RawHeaders,
     {
-        if std::mem::take(&mut self.unread) {
+        if self.unread == Some((m.partition(), m.offset())) {
+            self.unread = None;
             self.traceparent = traceparent_of(m);
         }
     }

@@ -85,7 +85,7 @@ impl Pending {
                     .timestamp_ms
                     .or(meta.message_timestamp_ms)
                     .unwrap_or(0);
-                let source = Source::deferred(meta.message_timestamp_ms);
+                let source = Source::deferred(m, meta.message_timestamp_ms);
                 (
                     Some(event_ms),
                     Pending::Event(event.into_owned(), meta, source),

@@ -163,7 +163,9 @@ pub(super) fn serve(
             Parked::Assign(tpl) => assign(worker, &partitions_of(tpl)),
             Parked::Error(e, _) => {
                 warn!(error = %e, "rebalance error");
-                // Acknowledged by giving up the assignment: the next rebalance brings one.
+                // Not expected (librdkafka 2.12 hands over only assignments and revokes).
+                // It is acknowledged by giving up the assignment, so the worker holds
+                // nothing until the group hands it one: not ready meanwhile.
                 worker.member.awaiting_assignment();
                 Ok(())
             }

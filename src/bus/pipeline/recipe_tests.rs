@@ -100,7 +100,8 @@ impl Member {
             commit,
             restorer,
             &shutdown,
-            telemetry,
+            telemetry.clone(),
+            telemetry.readiness.member(),
             holds.clone(),
         )
         .unwrap();
@@ -784,22 +785,25 @@ fn the_next_batch_waits_for_the_batch_in_flight_until_the_broker_has_all_of_it()
     assert_eq!(committed_once_stored(&mut m, &bus), Some(20));
 }
 
-/// A W3C `traceparent` of session `session` (its own trace and parent span).
-fn traceparent_of_session(session: &[u8]) -> String {
+/// The trace of session `session` (32 hex digits).
+fn trace_of_session(session: &[u8]) -> String {
     let h = crate::engine::hash::line_hash(session);
-    format!(
-        "00-{:016x}{:016x}-{:016x}-01",
-        h | 1,
-        !h,
-        h.rotate_left(17) | 1
-    )
+    format!("{:016x}{:016x}", h | 1, !h)
 }
 
-/// Each input message carries its session's `traceparent`, and every output (a finding
-/// or a summary, all triggered by an event here) carries its triggering message's: with
-/// one input topic, where an event is applied as its message is handled, and with two,
-/// where the first topic's events are held for the second's (polled after it) and
-/// applied once their messages are gone.
+/// The W3C `traceparent` of the message at `offset` of `topic`/`partition`: its
+/// session's trace, and a parent span of that message's own.
+fn traceparent_of_message(session: &[u8], topic: &str, partition: i32, offset: i64) -> String {
+    let span = crate::engine::hash::line_hash(format!("{topic}/{partition}/{offset}").as_bytes());
+    format!("00-{}-{:016x}-01", trace_of_session(session), span | 1)
+}
+
+/// Each input message carries a `traceparent` of its own (its session's trace), and every
+/// output carries its triggering message's: each finding the one at its trigger's
+/// offset, each summary (closed by an event here) one of its session's trace. With one
+/// input topic, where an event is applied as its message is handled, and with two, where
+/// the first topic's events are held for the second's (polled after it) and applied
+/// once their messages are gone.
 #[test]
 fn each_output_carries_the_traceparent_of_the_message_that_triggered_it() {
     const LLM: &str = "cost.attributed";
@@ -812,12 +816,15 @@ fn each_output_carries_the_traceparent_of_the_message_that_triggered_it() {
             seed: 30,
         });
         let mut t = 1_763_000_000_000;
+        let mut next_offset: BTreeMap<(&str, i32), i64> = BTreeMap::new();
         while let Some(e) = fleet.next_event(t) {
             let session = e.session_id.as_bytes();
             let partition = (crate::engine::hash::line_hash(session) % 2) as i32;
             let llm = e.json.windows(17).any(|w| w == br#""cost.attributed""#);
             let topic = if llm && inputs.len() == 2 { LLM } else { INPUT };
-            let tp = traceparent_of_session(session);
+            let offset = next_offset.entry((topic, partition)).or_default();
+            let tp = traceparent_of_message(session, topic, partition, *offset);
+            *offset += 1;
             bus.produce_with_headers(
                 topic,
                 partition,
@@ -858,30 +865,36 @@ fn each_output_carries_the_traceparent_of_the_message_that_triggered_it() {
                 "the first topic's events were held: {most_held}"
             );
         }
-        let mut outputs = 0;
-        for topic in [
-            &config.kafka.warning_topic,
-            &config.kafka.terminated_topic,
-            &config.kafka.summary_topic,
-        ] {
+        let header = |r: &Landed| {
+            let (_, value) = r.headers.iter().find(|(name, _)| name == "traceparent")?;
+            String::from_utf8(value.clone()?).ok()
+        };
+        let mut findings = 0;
+        for topic in [&config.kafka.warning_topic, &config.kafka.terminated_topic] {
             for r in bus.records(topic) {
-                let header = r
-                    .headers
-                    .iter()
-                    .find(|(name, _)| name == "traceparent")
-                    .and_then(|(_, v)| v.clone())
-                    .map(|v| String::from_utf8(v).unwrap());
-                assert_eq!(
-                    header,
-                    Some(traceparent_of_session(&r.key)),
-                    "{inputs:?}: an output on {topic}"
+                let finding: serde_json::Value =
+                    serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+                let trigger = &finding["trigger"];
+                let want = traceparent_of_message(
+                    &r.key,
+                    trigger["topic"].as_str().unwrap(),
+                    trigger["partition"].as_i64().unwrap() as i32,
+                    trigger["offset"].as_i64().unwrap(),
                 );
-                outputs += 1;
+                assert_eq!(header(&r), Some(want), "{inputs:?}: a finding on {topic}");
+                findings += 1;
             }
         }
-        assert!(
-            outputs >= 12,
-            "{inputs:?}: every session's summary and findings: {outputs}"
-        );
+        let summaries = bus.records(&config.kafka.summary_topic);
+        for r in &summaries {
+            let trace = header(r).map(|tp| tp[3..35].to_string());
+            assert_eq!(
+                trace,
+                Some(trace_of_session(&r.key)),
+                "{inputs:?}: a summary"
+            );
+        }
+        assert!(findings > 0, "{inputs:?}: no finding");
+        assert_eq!(summaries.len(), 12, "{inputs:?}: every session's summary");
     }
 }

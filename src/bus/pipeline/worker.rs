@@ -142,6 +142,7 @@ impl Worker {
         restorer: Restorer,
         shutdown: &Shutdown,
         telemetry: Arc<Telemetry>,
+        member: GroupMember,
         holds: Arc<PartitionHolds>,
     ) -> Result<Worker, PipelineError> {
         let settings = &config.kafka;
@@ -178,7 +179,7 @@ impl Worker {
             writer,
             store_watch,
             storing: VecDeque::new(),
-            member: telemetry.readiness.member(),
+            member,
             holds: Holding {
                 holds,
                 worker: index,
@@ -522,20 +523,15 @@ impl Worker {
 
     /// Reads the headers of `m`, the message just handled, into the sources that wait for
     /// them: its event's outputs (applied at once), or its event, still held. No other
-    /// source is unread: every event is applied or held by the end of its message's
-    /// [`Worker::handle`].
+    /// source is unread (every event is applied or held by the end of its message's
+    /// [`Worker::handle`]), and one that were would be left so, not given `m`'s.
     fn read_sources_from<M: Message>(&mut self, m: &M, partition: i32, topic_index: usize)
     where
         M::Headers: RawHeaders,
     {
-        if let Some(first) = self.scratch_sources.iter().position(Source::is_unread) {
-            self.scratch_sources[first].read_from(m);
-            let read = self.scratch_sources[first].clone();
-            for source in &mut self.scratch_sources[first + 1..] {
-                if source.is_unread() {
-                    *source = read.clone();
-                }
-            }
+        // (librdkafka parses a message's headers once: a second output's read is cheap.)
+        for source in &mut self.scratch_sources {
+            source.read_from(m);
         }
         let held = self
             .partitions
@@ -543,13 +539,10 @@ impl Worker {
             .and_then(|p| p.held.last_mut(topic_index));
         if let Some(Held {
             item: Pending::Event(_, _, source),
-            offset,
             ..
         }) = held
         {
-            if *offset == m.offset() {
-                source.read_from(m);
-            }
+            source.read_from(m);
         }
     }
 
