@@ -9,14 +9,14 @@
 //! worker's consumer) holds an assignment of this generation, possibly empty, loaded
 //! and restored, and the process is not shutting down: a member whose partitions were
 //! revoked or lost is not ready until the group hands it its next assignment, so a
-//! member that lost its partitions and cannot rejoin shows on `/readyz` (what
-//! librdkafka's callbacks do not show, a member with no partitions, or a cooperative
-//! rebalance that never ends while members keep theirs, it does not). Liveness is false once a
-//! state store write (or a worker's own call into the store: loading a partition, a
-//! restore's records, the flush at a clean stop) has been in progress for longer than
-//! `state.write_stall_secs`: a store that never returns (a hung disk, a deadlock in the
-//! store) stops its worker for good, and only a restart, which restores from the
-//! changelog and the stored offsets, brings the instance back.
+//! member that lost its partitions and cannot rejoin shows on `/readyz`. A member that
+//! holds no partition when its group breaks, and a cooperative rebalance that never ends
+//! while members keep their partitions, bring no callback and do not show. Liveness is
+//! false once a state store write (or a worker's own call into the store: loading a
+//! partition, a restore's records, the flush at a clean stop) has been in progress for
+//! longer than `state.write_stall_secs`: a store that never returns (a hung disk, a
+//! deadlock in the store) stops its worker for good, and only a restart, which restores
+//! from the changelog and the stored offsets, brings the instance back.
 
 pub mod http;
 pub mod metrics;

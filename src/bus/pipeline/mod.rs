@@ -406,7 +406,7 @@ fn run_workers(
 }
 
 /// One member of the consumer group (one thread): subscribe, consume, stop.
-// Each part is made by `run_workers` for this worker alone, so none is left out.
+// Each part is made by its caller for this worker alone, so none is left out.
 #[allow(clippy::too_many_arguments)]
 fn run_worker(
     config: Arc<Config>,
