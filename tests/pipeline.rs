@@ -1075,11 +1075,9 @@ fn partitions_move_between_instances_with_their_state() {
             }
         })
     };
+    // Not reaching it within the time is left to the assertions after.
     let wait_assigned = |log: &std::path::Path, at_least: usize| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while log_count(log, "partition assigned") < at_least && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        log_reaches(log, "partition assigned", at_least, Duration::from_secs(30))
     };
     let a = spawn_run(&cfg, &log_a);
     wait_assigned(&log_a, 1);
@@ -1158,15 +1156,11 @@ fn a_member_that_leaves_while_both_restore_after_an_outage_leaves_the_other_ever
     };
     let feeder = feed_paced(&brokers, topics.input.clone(), before.to_vec(), pace);
     let wait_for = |log: &std::path::Path, text: &str, at_least: usize| {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while log_count(log, text) < at_least {
-            assert!(
-                Instant::now() < deadline,
-                "no {at_least} × {text:?} within 90 s:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        assert!(
+            log_reaches(log, text, at_least, Duration::from_secs(90)),
+            "no {at_least} × {text:?} within 90 s:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
     };
     // Each member its own static id when asked (as the chart gives each pod its name),
     // and librdkafka's group protocol in the logs.

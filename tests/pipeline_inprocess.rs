@@ -63,11 +63,11 @@ impl Cluster {
 
     /// The config of instance `name` (its own state directory), with `extra` TOML.
     fn config(&self, name: &str, extra: &str) -> Arc<Config> {
-        Arc::new(Config::load(&self.config_file(name, extra), std::iter::empty()).unwrap())
+        self.config_with_env(name, extra, &[])
     }
 
-    /// [`Cluster::config`]'s file, to be edited before it is loaded.
-    fn config_file(&self, name: &str, extra: &str) -> std::path::PathBuf {
+    /// [`Cluster::config`] with `env`'s settings over the file's (`LOOPWARDEN_*`).
+    fn config_with_env(&self, name: &str, extra: &str, env: &[(&str, &str)]) -> Arc<Config> {
         let home = self.dir.path().join(name);
         std::fs::create_dir_all(&home).unwrap();
         let path = write_config(&home, &self.brokers(), &self.topics, extra);
@@ -85,7 +85,8 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join("\n");
         std::fs::write(&path, text).unwrap();
-        path
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Arc::new(Config::load(&path, env).unwrap())
     }
 
     fn produce(&self, events: &[Vec<u8>]) {
@@ -434,14 +435,7 @@ fn applies_a_fleet_then_stops(cluster: &Cluster, running: Running, seed: u64) {
 fn a_worker_given_no_partitions_by_a_settled_group_is_ready() {
     // Four workers, three partitions: one worker's consumer is handed an empty assignment.
     let cluster = Cluster::start();
-    let path = cluster.config_file("a", "");
-    let toml = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
-        &path,
-        toml.replacen("[kafka]\n", "[kafka]\nworkers = 4\n", 1),
-    )
-    .unwrap();
-    let config = Arc::new(Config::load(&path, std::iter::empty()).unwrap());
+    let config = cluster.config_with_env("a", "", &[("LOOPWARDEN_KAFKA__WORKERS", "4")]);
     assert_eq!(config.kafka.workers, 4);
     let telemetry = Arc::new(Telemetry::new());
     let running = Running::observed(config, cluster.brokers(), telemetry.clone());

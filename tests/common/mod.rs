@@ -401,6 +401,19 @@ pub fn log_count(log: &Path, text: &str) -> usize {
         .count()
 }
 
+/// Waits until `text` appears `at_least` times in the log at `log`, for at most
+/// `within`; whether it did.
+pub fn log_reaches(log: &Path, text: &str, at_least: usize, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while log_count(log, text) < at_least {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
 pub fn session_of(payload: &[u8]) -> Vec<u8> {
     serde_json::from_slice::<serde_json::Value>(payload)
         .ok()

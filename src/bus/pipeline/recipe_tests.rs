@@ -26,7 +26,7 @@ use crate::engine::store::{open_db_with_cache, SledStore};
 use crate::engine::{Engine, EventMeta};
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
-use crate::tools::simulate::{Fleet, FleetSpec};
+use crate::tools::simulate::{Fleet, FleetSpec, SimEvent};
 
 const INPUT: &str = "tool.called";
 const PARTITIONS: [i32; 2] = [0, 1];
@@ -41,6 +41,15 @@ fn config(batch_events: usize, changelog: bool) -> Arc<Config> {
 /// A bus holding a small fleet's events, keyed by session, over two partitions.
 fn bus_with_a_fleet(sessions: u64) -> Bus {
     let bus = Bus::default();
+    for_each_fleet_event(sessions, |e, partition| {
+        bus.produce(INPUT, partition, e.session_id.as_bytes(), &e.json)
+    });
+    bus
+}
+
+/// Calls `each` with every event of a small fleet, in order, and the partition (of two)
+/// its session is keyed to.
+fn for_each_fleet_event(sessions: u64, mut each: impl FnMut(&SimEvent, i32)) {
     let mut fleet = Fleet::new(FleetSpec {
         sessions,
         concurrency: 12,
@@ -50,10 +59,9 @@ fn bus_with_a_fleet(sessions: u64) -> Bus {
     let mut t = 1_763_000_000_000;
     while let Some(e) = fleet.next_event(t) {
         let partition = (crate::engine::hash::line_hash(e.session_id.as_bytes()) % 2) as i32;
-        bus.produce(INPUT, partition, e.session_id.as_bytes(), &e.json);
+        each(&e, partition);
         t += 200;
     }
-    bus
 }
 
 /// One group member on the bus: a worker over sled in `dir`, assigned both partitions.
@@ -809,17 +817,9 @@ fn each_output_carries_the_traceparent_of_the_message_that_triggered_it() {
     const LLM: &str = "cost.attributed";
     for inputs in [vec![INPUT], vec![INPUT, LLM]] {
         let bus = Bus::default();
-        let mut fleet = Fleet::new(FleetSpec {
-            sessions: 12,
-            concurrency: 12,
-            loop_share: 0.5,
-            seed: 30,
-        });
-        let mut t = 1_763_000_000_000;
         let mut next_offset: BTreeMap<(&str, i32), i64> = BTreeMap::new();
-        while let Some(e) = fleet.next_event(t) {
+        for_each_fleet_event(12, |e, partition| {
             let session = e.session_id.as_bytes();
-            let partition = (crate::engine::hash::line_hash(session) % 2) as i32;
             let llm = e.json.windows(17).any(|w| w == br#""cost.attributed""#);
             let topic = if llm && inputs.len() == 2 { LLM } else { INPUT };
             let offset = next_offset.entry((topic, partition)).or_default();
@@ -832,8 +832,7 @@ fn each_output_carries_the_traceparent_of_the_message_that_triggered_it() {
                 &e.json,
                 &[("traceparent", tp.as_bytes())],
             );
-            t += 200;
-        }
+        });
         let topics = inputs
             .iter()
             .map(|t| format!("\"{t}\""))
