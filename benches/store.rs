@@ -9,9 +9,8 @@
 //! CPU (sled's flusher threads included), the database's size on disk and the bytes each
 //! stored state takes, so the store's cost can be read against the state's size; at the
 //! end, the resident memory each open session took (for the first size: run one size per
-//! process for it; transparent huge pages as the host has them, where `loopwarden run`
-//! turns them off for itself), and how long loading every session afresh takes, as a
-//! restart does.
+//! process for it; transparent huge pages off, as `loopwarden run` has them), and how long
+//! loading every session afresh takes, as a restart does.
 //!
 //! Knobs (environment): LOOPWARDEN_BENCH_STORE_SESSIONS (comma-separated, default
 //! `10000,200000`), LOOPWARDEN_BENCH_STORE_ROUNDS (events per session, default 4),
@@ -184,6 +183,10 @@ fn run(
 }
 
 fn main() {
+    // The heap as the service's workers hold it (without huge pages: with them, the
+    // first round, which opens every session, spent most of its time in the kernel
+    // zeroing 2 MiB pages).
+    loopwarden::heap::without_transparent_huge_pages();
     let sizes: String = env_or(
         "LOOPWARDEN_BENCH_STORE_SESSIONS",
         "10000,200000".to_string(),

@@ -23,8 +23,8 @@
 //! - [`tools`]: the engine over files and fleets — `replay`, `backtest`, `eval`,
 //!   `simulate`, `demo`, the feeder, the file driver, and the fuzzers' entry points;
 //! - [`config`] (the configuration file and `LOOPWARDEN_` variables, parsed raw then
-//!   validated), [`shutdown`] and [`prefetch`] (memory hints for the hot paths) serve
-//!   every layer.
+//!   validated), [`shutdown`], [`prefetch`] (memory hints for the hot paths) and
+//!   [`heap`] (the service's huge pages) serve every layer.
 
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
@@ -32,6 +32,7 @@ pub mod bus;
 pub mod config;
 pub mod contract;
 pub mod engine;
+pub mod heap;
 pub mod prefetch;
 pub mod shutdown;
 pub mod telemetry;

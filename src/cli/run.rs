@@ -24,7 +24,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    without_transparent_huge_pages();
+    loopwarden::heap::without_transparent_huge_pages();
     loopwarden::bus::kafka::c_heap::tune_for_librdkafka();
     #[cfg(feature = "heap-stats")]
     super::heap::log_every_30_secs();
@@ -97,26 +97,4 @@ fn start_embedded_broker(config: &Config) -> anyhow::Result<(EmbeddedBroker, Str
         tracing::warn!(%error, "cannot print the embedded broker's address");
     }
     Ok((embedded, b))
-}
-
-/// `loopwarden run` is a long-lived service whose resident memory must stay flat.
-/// mimalloc asks the kernel for transparent huge pages by default, and a heap spread over
-/// 2 MiB pages stays resident page by page: in the soak (issue 28) the first member's
-/// RSS rose from 71 MB after 5 minutes to over 100 MB within 40 minutes with huge pages,
-/// its heap being about 20 MB, and stayed between 27 and 38 MB without them (20- and
-/// 45-minute runs). So the service opts out (`PR_SET_THP_DISABLE`, what
-/// `MIMALLOC_ALLOW_THP=0` does); the batch commands keep huge pages for speed. Setting `MIMALLOC_ALLOW_THP` (to 1) leaves the choice to mimalloc.
-fn without_transparent_huge_pages() {
-    #[cfg(target_os = "linux")]
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes nothing but
-        // this process's use of huge pages.
-        let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-        if rc != 0 {
-            tracing::warn!(
-                error = %std::io::Error::last_os_error(),
-                "cannot turn transparent huge pages off: resident memory may grow with the heap's spread"
-            );
-        }
-    }
 }

@@ -587,8 +587,11 @@ fn poll_batch(
     // Whether the batch before still awaits the broker, as of the last sweep (asking
     // polls the producer: once a sweep, not once a message).
     let mut awaiting = w.awaits_batch_in_flight();
+    // When the last message's work ended, if it read the clock then: the time now, but
+    // for the few microseconds since.
+    let mut handled_at: Option<Instant> = None;
     loop {
-        let now = Instant::now();
+        let now = handled_at.take().unwrap_or_else(Instant::now);
         if polled.started.is_some() && now.duration_since(swept) >= sweep_every {
             w.observe_unpolled(consumer);
             w.release_due();
@@ -624,9 +627,11 @@ fn poll_batch(
         rebalance::serve(consumer, w)?;
         match message {
             Some(Ok(m)) => {
-                w.handle(&m, consumer)?;
+                handled_at = w.handle(&m, consumer)?;
                 polled.messages += 1;
-                polled.started.get_or_insert_with(Instant::now);
+                polled
+                    .started
+                    .get_or_insert_with(|| handled_at.unwrap_or_else(Instant::now));
                 if polled.messages >= settings.max_batch_events {
                     return Ok(polled);
                 }

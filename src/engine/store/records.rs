@@ -202,6 +202,10 @@ pub(super) struct Holder {
 pub(super) struct Chain {
     pub state: Holder,
     pub deltas: Vec<Holder>,
+    /// The deltas' bytes, kept beside them: a batch asks it of every session it writes,
+    /// and reading the deltas' own allocation for it is a cache miss a session once its
+    /// chain has left the cache (a million open sessions).
+    delta_bytes: u64,
 }
 
 impl Chain {
@@ -216,7 +220,16 @@ impl Chain {
     }
 
     fn delta_bytes(&self) -> u64 {
-        self.deltas.iter().map(|h| u64::from(h.len)).sum()
+        debug_assert_eq!(
+            self.delta_bytes,
+            self.deltas.iter().map(|h| u64::from(h.len)).sum::<u64>()
+        );
+        self.delta_bytes
+    }
+
+    fn push_delta(&mut self, delta: Holder) {
+        self.delta_bytes += u64::from(delta.len);
+        self.deltas.push(delta);
     }
 
     /// The record of its newest entry.
@@ -360,6 +373,7 @@ impl Log {
                 let chain = Chain {
                     state: holder,
                     deltas: Vec::new(),
+                    delta_bytes: 0,
                 };
                 let before = match self.chains.get_mut(name) {
                     Some(c) => Some(std::mem::replace(c, chain)),
@@ -379,7 +393,7 @@ impl Log {
                 let damaged = self.damaged;
                 if let Some(chain) = self.chains.get_mut(name) {
                     if damaged.is_none_or(|d| chain.last_record() > d) {
-                        chain.deltas.push(holder);
+                        chain.push_delta(holder);
                         live(self);
                     }
                 }
