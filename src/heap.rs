@@ -14,9 +14,9 @@
 /// its heap being about 20 MB, and stayed between 27 and 38 MB without them (20- and
 /// 45-minute runs). So the service opts out (`PR_SET_THP_DISABLE`, what
 /// `MIMALLOC_ALLOW_THP=0` does). The batch commands (`replay`, `backtest`) keep mimalloc's
-/// default: on a 2-core VM huge pages made them no faster, but what they do for many
-/// threads faulting pages in at once was not measured (docs/DEVELOPMENT.md, issue 32's
-/// twenty-eighth look).
+/// default: on a 2-core VM huge pages made a replay's user CPU no smaller, but what they
+/// do for many threads faulting pages in at once was not measured (docs/DEVELOPMENT.md,
+/// issue 32's twenty-eighth look).
 pub fn without_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
