@@ -183,9 +183,7 @@ fn run(
 }
 
 fn main() {
-    // The heap as the service's workers hold it (without huge pages: with them, the
-    // first round, which opens every session, spent most of its time in the kernel
-    // zeroing 2 MiB pages).
+    // The heap as the service's workers hold it (without huge pages).
     loopwarden::heap::without_transparent_huge_pages();
     let sizes: String = env_or(
         "LOOPWARDEN_BENCH_STORE_SESSIONS",

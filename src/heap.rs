@@ -1,10 +1,12 @@
 //! The Rust heap as the service holds it: mimalloc without transparent huge pages, so
 //! that resident memory follows the live heap. `loopwarden run` sets it first thing, and
-//! so does the pipeline bench, which measures the pipeline as the service runs it.
+//! so do the pipeline and store benches, which measure the pipeline's code as the service
+//! runs it.
 //!
-//! Guarantees: only this process's use of huge pages changes; `MIMALLOC_ALLOW_THP` in the
-//! environment wins (mimalloc's own setting); a refusal is logged, never fatal; elsewhere
-//! than Linux it does nothing.
+//! Guarantees: only the use of huge pages changes, for this process and the children it
+//! starts after (the kernel's flag is inherited); `MIMALLOC_ALLOW_THP` in the environment
+//! wins (mimalloc's own setting); a refusal is logged, never fatal; elsewhere than Linux
+//! it does nothing.
 
 /// Turns transparent huge pages off for this process, unless `MIMALLOC_ALLOW_THP` is set.
 ///
@@ -36,9 +38,16 @@ pub fn without_transparent_huge_pages() {
 mod tests {
     #[test]
     fn the_process_is_left_without_huge_pages_unless_mimalloc_is_told_otherwise() {
-        super::without_transparent_huge_pages();
         // SAFETY: PR_GET_THP_DISABLE takes no pointer and changes nothing.
-        let disabled = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        let thp_disabled = || unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        assert_eq!(
+            thp_disabled(),
+            0,
+            "huge pages were off before the call (inherited from the parent process): the \
+             test cannot tell what the call does"
+        );
+        super::without_transparent_huge_pages();
+        let disabled = thp_disabled();
         let expected = i32::from(std::env::var_os("MIMALLOC_ALLOW_THP").is_none());
         assert_eq!(disabled, expected, "PR_GET_THP_DISABLE after the call");
     }

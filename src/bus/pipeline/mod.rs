@@ -587,8 +587,9 @@ fn poll_batch(
     // Whether the batch before still awaits the broker, as of the last sweep (asking
     // polls the producer: once a sweep, not once a message).
     let mut awaiting = w.awaits_batch_in_flight();
-    // When the last message's work ended, if it read the clock then: the time now, but
-    // for the few microseconds since.
+    // When the last message's work ended, if `handle` read the clock then and did nothing
+    // after that could wait (see `Worker::handle`): the time now, but for the few
+    // microseconds since.
     let mut handled_at: Option<Instant> = None;
     loop {
         let now = handled_at.take().unwrap_or_else(Instant::now);

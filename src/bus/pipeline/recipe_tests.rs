@@ -897,3 +897,31 @@ fn each_output_carries_the_traceparent_of_the_message_that_triggered_it() {
         assert_eq!(summaries.len(), 12, "{inputs:?}: every session's summary");
     }
 }
+
+#[test]
+fn a_message_that_leaves_nothing_to_send_hands_the_poll_loop_its_clock_and_one_that_does_not() {
+    let bus = Bus::default();
+    let mut first_event = None;
+    for_each_fleet_event(1, |e, _| {
+        first_event.get_or_insert_with(|| e.json.clone());
+    });
+    let event = first_event.expect("a fleet event");
+    bus.produce(INPUT, 0, b"s", &event);
+    bus.produce(INPUT, 0, b"s", b"not an event");
+    let config = config(100, true);
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_db_with_cache(dir.path(), 8 << 20).unwrap();
+    let holds = Arc::new(PartitionHolds::default());
+    let mut member = Member::on(&bus, dir.path(), &config, db, holds, 0, &[0]);
+    let before = std::time::Instant::now();
+    let quiet = member.input.poll().unwrap();
+    let handled = member.worker.handle(&quiet, &member.input).unwrap();
+    assert!(
+        handled.is_some_and(|t| t >= before),
+        "an event with no output did not hand back when its work ended: {handled:?}"
+    );
+    // A dead letter is handed to the producer after the work's end: the loop reads the
+    // clock again.
+    let bad = member.input.poll().unwrap();
+    assert_eq!(member.worker.handle(&bad, &member.input).unwrap(), None);
+}

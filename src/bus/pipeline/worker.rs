@@ -441,8 +441,9 @@ impl Worker {
     /// is not assigned (a surprise: the assignment callbacks come first) is left unapplied
     /// and uncommitted, for the partition's owner, rather than loaded: a load would hold
     /// the partition against the worker of this process that owns it until this one's
-    /// next revoke. Returns when its event's work ended, where it read the clock for it
-    /// (an event applied or held), for the poll loop to go on from.
+    /// next revoke. Returns the time its work ended, when it read the clock then and
+    /// handed nothing to the producer after (a message applied or held that left no
+    /// output to send), for the poll loop to go on from; `None` otherwise.
     pub(super) fn handle<M: Message>(
         &mut self,
         m: &M,
@@ -517,12 +518,13 @@ impl Worker {
         self.apply_ready_in(partition, polled);
         self.read_sources_from(m, partition, topic_index);
         self.queue_outputs();
-        // The end of its work is the poll loop's next reading of the clock as well (one
-        // read fewer a message: a tenth of a microsecond on a virtual machine's clock).
         let applied = Instant::now();
         self.applying += applied - polled;
-        self.send_findings();
-        Ok(Some(applied))
+        // The end of its work is the poll loop's next reading of the clock as well (one
+        // read fewer a message), unless findings were handed to the producer after it:
+        // a full queue holds that for as long as the broker takes to drain it.
+        let sent = self.send_findings();
+        Ok((!sent).then_some(applied))
     }
 
     /// Reads the headers of `m`, the message just handled, into the sources that wait for
@@ -552,10 +554,13 @@ impl Worker {
 
     /// at_least_once: hands the outputs found so far to the producer without waiting for
     /// the batch's end (exactly_once: they wait for its transaction).
-    fn send_findings(&mut self) {
-        if self.commit.at_least_once() && self.outbox.has_unsent() {
+    /// Whether it handed any.
+    fn send_findings(&mut self) -> bool {
+        let sending = self.commit.at_least_once() && self.outbox.has_unsent();
+        if sending {
             self.outbox.send_all();
         }
+        sending
     }
 
     /// Applies what every partition's aligner releases by now (events whose wait for
