@@ -32,9 +32,10 @@ pub const BEHIND_WAITS: u32 = 4;
 // Nearly every item is an event: boxing it to shrink the rare dead letter's slot would
 // cost an allocation per event.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Pending {
-    /// Its meta without its topic, which the aligner's topic index names.
-    Event(Event<'static>, EventMeta<'static>, Source),
+pub(super) enum Pending<'m> {
+    /// Its meta without its topic, which the aligner's topic index names. The event
+    /// borrows its message's bytes until it is held past the message ([`Pending::into_owned`]).
+    Event(Event<'m>, EventMeta<'static>, Source),
     DeadLetter(Record, &'static str),
 }
 
@@ -46,7 +47,7 @@ pub(super) struct Partition {
     /// Last applied offset per input topic.
     pub applied: BTreeMap<Arc<str>, i64>,
     /// Polled messages not applied yet, released across topics in event-time order.
-    pub held: Aligner<Pending>,
+    pub held: Aligner<Pending<'static>>,
     /// Whether state or offsets changed since the last store.
     pub dirty: bool,
     /// Wall time and engine clock at the last event, for the idle clock.
@@ -61,12 +62,17 @@ pub(super) struct Partition {
     pub high_at_assignment: Vec<Option<i64>>,
 }
 
-impl Pending {
+impl Pending<'_> {
     /// A polled message of input `topic`, parsed: an event with its event time (the
     /// message's timestamp when the event has none), or a dead letter saying why not. An
     /// event's [`Source`] is [`Source::deferred`]: the caller reads the message's headers
-    /// into it while the message is at hand, if the event has outputs or is held.
-    pub fn of<M: Message>(m: &M, topic: &str, limits: &ParseLimits) -> (Option<i64>, Pending)
+    /// into it while the message is at hand, if the event has outputs or is held. The
+    /// event borrows the message's payload.
+    pub fn of<'m, M: Message>(
+        m: &'m M,
+        topic: &str,
+        limits: &ParseLimits,
+    ) -> (Option<i64>, Pending<'m>)
     where
         M::Headers: RawHeaders,
     {
@@ -86,10 +92,7 @@ impl Pending {
                     .or(meta.message_timestamp_ms)
                     .unwrap_or(0);
                 let source = Source::deferred(m, meta.message_timestamp_ms);
-                (
-                    Some(event_ms),
-                    Pending::Event(event.into_owned(), meta, source),
-                )
+                (Some(event_ms), Pending::Event(event, meta, source))
             }
             Err(bad) => {
                 let detail = bad.detail();
@@ -99,6 +102,14 @@ impl Pending {
                     Pending::DeadLetter(dead_letter(m, topic, bad.reason(), &detail), bad.reason()),
                 )
             }
+        }
+    }
+
+    /// The same item owning its event's strings, to be held past its message.
+    pub fn into_owned(self) -> Pending<'static> {
+        match self {
+            Pending::Event(event, meta, source) => Pending::Event(event.into_owned(), meta, source),
+            Pending::DeadLetter(record, reason) => Pending::DeadLetter(record, reason),
         }
     }
 }

@@ -502,20 +502,41 @@ impl Worker {
             self.miskeyed.check(m, &event.session_id);
         }
         let polled = Instant::now();
-        p.held.push(
-            topic_index,
-            Held {
+        let held = Held {
+            time,
+            offset,
+            polled,
+            item: pending,
+        };
+        // With one input topic and nothing held, the aligner would hand it back at once:
+        // it is applied from the message's own bytes, without an owned copy of its event
+        // (2–3 % of a worker's time at a million sessions). Held, it owns its strings.
+        let direct = if self.inputs.len() == 1 && p.held.is_empty() {
+            Some((topic_index, held))
+        } else {
+            let Held {
                 time,
                 offset,
                 polled,
-                item: pending,
-            },
-        );
+                item,
+            } = held;
+            let item = item.into_owned();
+            p.held.push(
+                topic_index,
+                Held {
+                    time,
+                    offset,
+                    polled,
+                    item,
+                },
+            );
+            None
+        };
         // Applied as it comes (not at the batch's end), and at least once its findings
         // go out at once: they need not wait for the batch before to be acknowledged
         // (only the changelog's records do), and are acknowledged before this batch's
         // offsets are committed all the same.
-        self.apply_ready_in(partition, polled);
+        self.apply_ready_in(partition, polled, direct);
         self.read_sources_from(m, partition, topic_index);
         self.queue_outputs();
         let applied = Instant::now();
@@ -579,22 +600,29 @@ impl Worker {
         let started = Instant::now();
         let ready: Vec<i32> = self.partitions.keys().copied().collect();
         for partition in ready {
-            self.apply_ready_in(partition, started);
+            self.apply_ready_in(partition, started, None);
         }
         self.queue_outputs();
         self.applying += started.elapsed();
     }
 
-    /// What partition `partition`'s aligner releases, applied (outputs stay in
-    /// `scratch` until [`Worker::queue_outputs`]).
-    fn apply_ready_in(&mut self, partition: i32, now: Instant) {
+    /// `direct` (a message applied without being held), then what partition
+    /// `partition`'s aligner releases, applied (outputs stay in `scratch` until
+    /// [`Worker::queue_outputs`]).
+    fn apply_ready_in(
+        &mut self,
+        partition: i32,
+        now: Instant,
+        mut direct: Option<(usize, Held<Pending<'_>>)>,
+    ) {
         let Some(p) = self.partitions.get_mut(&partition) else {
             return;
         };
         let metrics = &self.telemetry.metrics;
         let late = p.engine.counters().late_events;
         let mut applied_any = false;
-        while let Some((topic, held)) = p.held.pop_ready(now) {
+        // `direct` first: it comes after everything held, which is nothing then.
+        while let Some((topic, held)) = direct.take().or_else(|| p.held.pop_ready(now)) {
             applied_any = true;
             // Updated in place: a new key (an `Arc` clone) only for a topic's first event.
             match p.applied.get_mut(&*self.inputs[topic]) {
