@@ -34,7 +34,8 @@ pub const BEHIND_WAITS: u32 = 4;
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Pending<'m> {
     /// Its meta without its topic, which the aligner's topic index names. The event
-    /// borrows its message's bytes until it is held past the message ([`Pending::into_owned`]).
+    /// borrows from its message's bytes until it is held past the message
+    /// ([`Pending::into_owned`]).
     Event(Event<'m>, EventMeta<'static>, Source),
     DeadLetter(Record, &'static str),
 }
@@ -67,7 +68,7 @@ impl Pending<'_> {
     /// message's timestamp when the event has none), or a dead letter saying why not. An
     /// event's [`Source`] is [`Source::deferred`]: the caller reads the message's headers
     /// into it while the message is at hand, if the event has outputs or is held. The
-    /// event borrows the message's payload.
+    /// event borrows its strings from the message's payload where they need no unescaping.
     pub fn of<'m, M: Message>(
         m: &'m M,
         topic: &str,

@@ -437,7 +437,8 @@ impl Worker {
 
     /// Takes one message `input` polled: parsed (an event, or a dead letter for a bad one),
     /// it goes through its partition's aligner and is applied as soon as the aligner
-    /// releases it (at once with one input topic). A message of a partition this worker
+    /// releases it; with one input topic (which the aligner would release at once) it is
+    /// applied straight from the message instead. A message of a partition this worker
     /// is not assigned (a surprise: the assignment callbacks come first) is left unapplied
     /// and uncommitted, for the partition's owner, rather than loaded: a load would hold
     /// the partition against the worker of this process that owns it until this one's
