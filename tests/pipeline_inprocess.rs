@@ -403,14 +403,9 @@ fn two_group_members_share_the_partitions_and_find_what_replay_finds() {
 
 /// Waits (up to 30 s) until `ready` reads `want`; false if it never did.
 fn readiness_becomes(telemetry: &Telemetry, want: bool) -> bool {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while std::time::Instant::now() < deadline {
-        if telemetry.readiness.is_ready() == want {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+    eventually(Duration::from_secs(30), || {
+        telemetry.readiness.is_ready() == want
+    })
 }
 
 /// Waits (up to 30 s) until ready, saying why not if it never is.

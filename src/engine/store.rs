@@ -629,7 +629,7 @@ impl StateStore for SledStore {
         let Some(chain) = self.log()?.chain(session.as_bytes()).cloned() else {
             return Ok(None);
         };
-        let mut parts = Vec::with_capacity(1 + chain.delta_count());
+        let mut parts = Vec::with_capacity(1 + chain.deltas.len());
         for h in chain.entries() {
             let Some(record) = self.tree.get(records::record_key(h.record))? else {
                 return Ok(None);

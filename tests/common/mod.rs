@@ -401,17 +401,22 @@ pub fn log_count(log: &Path, text: &str) -> usize {
         .count()
 }
 
-/// Waits until `text` appears `at_least` times in the log at `log`, for at most
-/// `within`; whether it did.
-pub fn log_reaches(log: &Path, text: &str, at_least: usize, within: Duration) -> bool {
+/// Asks `holds` every 20 ms until it answers true, for at most `within`; whether it did.
+pub fn eventually(within: Duration, mut holds: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
-    while log_count(log, text) < at_least {
+    while !holds() {
         if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
     true
+}
+
+/// Waits until `text` appears `at_least` times in the log at `log`, for at most
+/// `within`; whether it did.
+pub fn log_reaches(log: &Path, text: &str, at_least: usize, within: Duration) -> bool {
+    eventually(within, || log_count(log, text) >= at_least)
 }
 
 pub fn session_of(payload: &[u8]) -> Vec<u8> {

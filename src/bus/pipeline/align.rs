@@ -55,6 +55,18 @@ pub struct Held<T> {
     pub item: T,
 }
 
+impl<T> Held<T> {
+    /// The same message with its item made into another.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Held<U> {
+        Held {
+            time: self.time,
+            offset: self.offset,
+            polled: self.polled,
+            item: f(self.item),
+        }
+    }
+}
+
 /// One input topic's held messages and what is known of its unpolled ones.
 #[derive(Debug)]
 struct Queue<T> {
@@ -217,11 +229,6 @@ impl<T> Aligner<T> {
     /// When the head that waits for another topic may go (`None`: nothing waits).
     pub fn next_due(&self) -> Option<Instant> {
         self.candidate()?.1
-    }
-
-    /// The last message held for `topic`, to complete while its message is at hand.
-    pub fn last_mut(&mut self, topic: usize) -> Option<&mut Held<T>> {
-        self.queues[topic].held.back_mut()
     }
 
     /// The offset of the last message held for `topic`.

@@ -515,22 +515,12 @@ impl Worker {
         let direct = if self.inputs.len() == 1 && p.held.is_empty() {
             Some((topic_index, held))
         } else {
-            let Held {
-                time,
-                offset,
-                polled,
-                item,
-            } = held;
-            let item = item.into_owned();
-            p.held.push(
-                topic_index,
-                Held {
-                    time,
-                    offset,
-                    polled,
-                    item,
-                },
-            );
+            // Applied after its message is gone: its headers are read now.
+            let mut held = held.map(Pending::into_owned);
+            if let Pending::Event(_, _, source) = &mut held.item {
+                source.read_from(m);
+            }
+            p.held.push(topic_index, held);
             None
         };
         // Applied as it comes (not at the batch's end), and at least once its findings
@@ -538,7 +528,7 @@ impl Worker {
         // (only the changelog's records do), and are acknowledged before this batch's
         // offsets are committed all the same.
         self.apply_ready_in(partition, polled, direct);
-        self.read_sources_from(m, partition, topic_index);
+        self.read_sources_from(m);
         self.queue_outputs();
         let applied = Instant::now();
         self.applying += applied - polled;
@@ -549,27 +539,17 @@ impl Worker {
         Ok((!sent).then_some(applied))
     }
 
-    /// Reads the headers of `m`, the message just handled, into the sources that wait for
-    /// them: its event's outputs (applied at once), or its event, still held. No other
-    /// source is unread (every event is applied or held by the end of its message's
-    /// [`Worker::handle`]), and one that were would be left so, not given `m`'s.
-    fn read_sources_from<M: Message>(&mut self, m: &M, partition: i32, topic_index: usize)
+    /// Reads the headers of `m`, the message just handled, into the sources of the
+    /// outputs its event produced, applied at once (a held event's own source was read
+    /// as it was held). No other output's source is unread (every event is applied or
+    /// held by the end of its message's [`Worker::handle`]), and one that were would be
+    /// left so, not given `m`'s.
+    fn read_sources_from<M: Message>(&mut self, m: &M)
     where
         M::Headers: RawHeaders,
     {
         // (librdkafka parses a message's headers once: a second output's read is cheap.)
         for source in &mut self.scratch_sources {
-            source.read_from(m);
-        }
-        let held = self
-            .partitions
-            .get_mut(&partition)
-            .and_then(|p| p.held.last_mut(topic_index));
-        if let Some(Held {
-            item: Pending::Event(_, _, source),
-            ..
-        }) = held
-        {
             source.read_from(m);
         }
     }

@@ -201,13 +201,7 @@ pub(super) struct Holder {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Chain {
     pub state: Holder,
-    /// Changed only through [`Chain::push_delta`], which keeps `delta_bytes` with them.
-    deltas: Vec<Holder>,
-    /// The deltas' bytes, kept beside them: a batch asks it of every session it writes,
-    /// which read the deltas' own allocation (a load that misses the cache once a million
-    /// sessions' chains are open). Where the delta fits it is pushed there after all, a
-    /// store rather than a load; no effect on throughput was measured.
-    delta_bytes: u64,
+    pub deltas: Vec<Holder>,
 }
 
 impl Chain {
@@ -221,22 +215,8 @@ impl Chain {
             .any(|h| h.record == record && h.entry == entry)
     }
 
-    /// How many deltas follow its state entry.
-    pub(super) fn delta_count(&self) -> usize {
-        self.deltas.len()
-    }
-
     fn delta_bytes(&self) -> u64 {
-        debug_assert_eq!(
-            self.delta_bytes,
-            self.deltas.iter().map(|h| u64::from(h.len)).sum::<u64>()
-        );
-        self.delta_bytes
-    }
-
-    fn push_delta(&mut self, delta: Holder) {
-        self.delta_bytes += u64::from(delta.len);
-        self.deltas.push(delta);
+        self.deltas.iter().map(|h| u64::from(h.len)).sum()
     }
 
     /// The record of its newest entry.
@@ -333,7 +313,7 @@ impl Log {
 
     /// The deltas the sessions' chains hold (walks every chain).
     pub(super) fn deltas(&self) -> usize {
-        self.chains.values().map(Chain::delta_count).sum()
+        self.chains.values().map(|c| c.deltas.len()).sum()
     }
 
     /// An entry of `seq` no longer part of a chain.
@@ -380,7 +360,6 @@ impl Log {
                 let chain = Chain {
                     state: holder,
                     deltas: Vec::new(),
-                    delta_bytes: 0,
                 };
                 let before = match self.chains.get_mut(name) {
                     Some(c) => Some(std::mem::replace(c, chain)),
@@ -400,7 +379,7 @@ impl Log {
                 let damaged = self.damaged;
                 if let Some(chain) = self.chains.get_mut(name) {
                     if damaged.is_none_or(|d| chain.last_record() > d) {
-                        chain.push_delta(holder);
+                        chain.deltas.push(holder);
                         live(self);
                     }
                 }
@@ -560,7 +539,7 @@ impl<'l> Writer<'l> {
         let Some(chain) = self.log.chains.get(name).cloned() else {
             return Ok(0);
         };
-        let mut parts: Vec<(u8, Vec<u8>)> = Vec::with_capacity(1 + chain.delta_count());
+        let mut parts: Vec<(u8, Vec<u8>)> = Vec::with_capacity(1 + chain.deltas.len());
         for h in chain.entries() {
             let part = match self.written_record(h.record) {
                 Some(bytes) => entry_at(bytes, h.entry),
