@@ -931,11 +931,10 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .try_init();
-    // The heaps as `loopwarden run` holds them: mimalloc without huge pages, and glibc's
-    // malloc tuned for librdkafka (the embedded broker's threads get it too, as in `run`
+    // The heap as `loopwarden run` holds it: mimalloc without huge pages, for the Rust
+    // heap and the C heap alike (the embedded broker's threads get it too, as in `run`
     // with `brokers = "embedded"`).
     loopwarden::heap::without_transparent_huge_pages();
-    loopwarden::bus::kafka::c_heap::tune_for_librdkafka();
     let cluster = match std::env::var("LOOPWARDEN_BENCH_BROKERS") {
         Ok(b) if b == "embedded" => Cluster::Embedded(EmbeddedBroker::start(&[], 1).unwrap()),
         Ok(b) => Cluster::Address(b),

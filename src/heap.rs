@@ -1,5 +1,6 @@
-//! The Rust heap as the service holds it: mimalloc without transparent huge pages, so
-//! that resident memory follows the live heap. `loopwarden run` sets it first thing, and
+//! The heap as the service holds it: mimalloc (the Rust heap and, through its override,
+//! the C heap: `bus::kafka::c_heap`) without transparent huge pages, so that resident
+//! memory follows the live heap. `loopwarden run` sets it first thing, and
 //! so do the pipeline and store benches, which measure the pipeline's code as the service
 //! runs it.
 //!

@@ -28,6 +28,11 @@
 
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
+// Linked into every binary of the crate, its tests too, whether or not the binary names
+// it: its `override` feature makes it the process's `malloc` (the C heap,
+// `bus::kafka::c_heap`).
+extern crate mimalloc;
+
 pub mod bus;
 pub mod config;
 pub mod contract;

@@ -1,61 +1,71 @@
-//! glibc's malloc as `loopwarden run` tunes it for librdkafka
-//! (`loopwarden::bus::kafka::c_heap`): after the tuning a large block is mapped on its own,
-//! and so unmapped when freed, even after a larger one was freed, which otherwise raises
-//! glibc's threshold past it and leaves such blocks in an arena that keeps their pages.
-//!
-//! The tuning is for the whole process and cannot be undone, so this binary holds one
-//! test, which probes the heap before and after it: the "before" reading shows that the
-//! probe can tell the difference.
+//! The C heap is mimalloc (`loopwarden::bus::kafka::c_heap`): librdkafka's allocations,
+//! glibc's own and a plain `malloc` are all served by it, blocks allocated by one thread
+//! and freed by another (a fetched record: librdkafka's broker thread, then the worker)
+//! included, and the heap still serves after a collection.
 
-// 64-bit only: on 32 bits glibc's threshold rises to at most 512 KiB, so the probe below
-// cannot see the difference.
-#![cfg(all(target_os = "linux", target_env = "gnu", target_pointer_width = "64"))]
+use loopwarden::bus::kafka::c_heap;
 
-/// Whether a block of `bytes` (under 8 MiB) is mapped on its own right after an 8 MiB
-/// block was freed. glibc serves a block from free memory at its arena's top before it
-/// considers mapping one, and a thread's arena keeps its top: so each call asks for more
-/// than the calls before it left there.
-fn block_mapped_after_a_larger_one_was_freed(bytes: usize) -> bool {
-    // SAFETY: plain malloc and free of blocks this function owns; mallinfo only reads.
-    // (`mallinfo`, not `mallinfo2`: glibc has the latter from 2.33 only, and a count of
-    // mapped blocks fits its `int`s.)
+#[test]
+fn librdkafka_glibc_and_malloc_allocate_from_mimalloc() {
+    // SAFETY: blocks allocated and freed here, each with its own allocator's free; the
+    // strings are NUL-terminated.
     unsafe {
-        let big = libc::malloc(8 << 20);
-        assert!(!big.is_null(), "malloc failed");
-        libc::free(big);
-        let mapped_before = libc::mallinfo().hblks;
-        let block = libc::malloc(bytes);
-        assert!(!block.is_null(), "malloc failed");
-        let mapped = libc::mallinfo().hblks > mapped_before;
-        libc::free(block);
-        mapped
+        let plain = libc::malloc(100);
+        assert!(!plain.is_null(), "malloc failed");
+        assert!(c_heap::serves(plain as usize), "malloc is not mimalloc's");
+        libc::free(plain);
+
+        // librdkafka allocates with its rd_malloc, which is malloc.
+        let kafka = rdkafka::bindings::rd_kafka_mem_malloc(std::ptr::null_mut(), 1000);
+        assert!(!kafka.is_null(), "rd_kafka_mem_malloc failed");
+        assert!(
+            c_heap::serves(kafka as usize),
+            "librdkafka's heap is not mimalloc's"
+        );
+        rdkafka::bindings::rd_kafka_mem_free(std::ptr::null_mut(), kafka);
+
+        // glibc's own allocations (librdkafka duplicates its strings with strdup).
+        let copy = libc::strdup(c"a string glibc copies".as_ptr());
+        assert!(!copy.is_null(), "strdup failed");
+        assert!(
+            c_heap::serves(copy as usize),
+            "glibc's own allocations are not mimalloc's"
+        );
+        libc::free(copy.cast());
     }
 }
 
 #[test]
-fn the_tuned_heap_maps_large_blocks_whatever_was_freed_before() {
-    for name in [
-        "MALLOC_MMAP_THRESHOLD_",
-        "MALLOC_ARENA_MAX",
-        "MALLOC_TRIM_THRESHOLD_",
-        "MALLOC_TOP_PAD_",
-        "MALLOC_MMAP_MAX_",
-        "GLIBC_TUNABLES",
-    ] {
+fn blocks_of_another_thread_are_mimalloc_s_and_the_heap_serves_after_a_collection() {
+    // Blocks as a broker thread allocates them, freed by this thread as a worker frees
+    // the records it applied.
+    let blocks: Vec<usize> = std::thread::spawn(|| {
+        (0..10_000)
+            // SAFETY: plain allocations, freed below.
+            .map(|i| unsafe { libc::malloc(64 + i % 2000) } as usize)
+            .collect()
+    })
+    .join()
+    .unwrap();
+    for &b in &blocks {
+        assert!(b != 0, "malloc failed");
         assert!(
-            std::env::var_os(name).is_none(),
-            "{name} is set: glibc's own settings change what this test probes, so it needs it unset"
+            c_heap::serves(b),
+            "a block of another thread is not mimalloc's"
         );
+        // SAFETY: each block allocated above, freed once.
+        unsafe { libc::free(b as *mut _) };
     }
-    assert!(
-        !block_mapped_after_a_larger_one_was_freed(512 << 10),
-        "before the tuning, freeing an 8 MiB block raises glibc's mmap threshold past 512 KiB"
-    );
-
-    loopwarden::bus::kafka::c_heap::tune_for_librdkafka();
-
-    assert!(
-        block_mapped_after_a_larger_one_was_freed(4 << 20),
-        "after the tuning, freeing a large block no longer raises glibc's mmap threshold"
-    );
+    c_heap::release_freed_memory(false);
+    c_heap::release_freed_memory(true);
+    // The heap still serves after a collection.
+    // SAFETY: allocated and freed here.
+    unsafe {
+        let after = libc::malloc(4096);
+        assert!(
+            !after.is_null() && c_heap::serves(after as usize),
+            "no block after a collection"
+        );
+        libc::free(after);
+    }
 }

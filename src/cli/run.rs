@@ -25,7 +25,6 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     loopwarden::heap::without_transparent_huge_pages();
-    loopwarden::bus::kafka::c_heap::tune_for_librdkafka();
     #[cfg(feature = "heap-stats")]
     super::heap::log_every_30_secs();
     let config = load_config(args.config.as_deref())?;

@@ -1,6 +1,6 @@
 //! Kafka plumbing shared by `run`, `simulate`, `demo` and the tests: client settings
 //! built from the `[kafka]` section, topic checks (existence, co-partitioning), the
-//! embedded broker and the tuning of the C heap librdkafka allocates from ([`c_heap`]).
+//! embedded broker and the C heap librdkafka allocates from ([`c_heap`]).
 //!
 //! Guarantees: every client loopwarden creates carries the user's pass-through
 //! properties, and the consumer and producer always carry the properties the delivery

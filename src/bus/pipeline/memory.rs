@@ -14,6 +14,7 @@
 //! operations, varies from run to run: the windows are the same, their order is not.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
@@ -433,6 +434,8 @@ pub struct MemoryChangelog {
     bus: Bus,
     topic: String,
     inputs: Vec<String>,
+    /// Times it was told to let go of its reader ([`ChangelogSource::release`]).
+    releases: Arc<AtomicUsize>,
 }
 
 impl MemoryChangelog {
@@ -441,7 +444,14 @@ impl MemoryChangelog {
             bus: bus.clone(),
             topic: topic.to_string(),
             inputs: inputs.iter().map(|t| t.to_string()).collect(),
+            releases: Arc::default(),
         }
+    }
+
+    /// How many times it was told to let go of its reader, as it goes on counting once
+    /// the restorer holds it.
+    pub fn releases(&self) -> Arc<AtomicUsize> {
+        self.releases.clone()
     }
 
     fn high(&self, topic: &str, partition: i32) -> i64 {
@@ -509,5 +519,9 @@ impl ChangelogSource for MemoryChangelog {
             .iter()
             .map(|t| Some(self.high(t, partition)))
             .collect()
+    }
+
+    fn release(&mut self) {
+        self.releases.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -210,7 +210,7 @@ fn revoke(
     result
 }
 
-fn assign(worker: &mut Worker, assigned: &[i32]) -> Result<(), PipelineError> {
+pub(super) fn assign(worker: &mut Worker, assigned: &[i32]) -> Result<(), PipelineError> {
     let mut fatal = None;
     for &p in assigned {
         match worker.acquire(p) {
@@ -227,6 +227,7 @@ fn assign(worker: &mut Worker, assigned: &[i32]) -> Result<(), PipelineError> {
             }
         }
     }
+    worker.loaded_assignment();
     if fatal.is_none() {
         worker.member.assignment_loaded();
     }

@@ -70,6 +70,8 @@ struct Member {
     input: MemoryConsumer,
     /// The process's partition holds, shared with a second member over the same sled.
     holds: Arc<PartitionHolds>,
+    /// Times the restorer let its changelog reader go.
+    reader_releases: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Member {
@@ -99,6 +101,7 @@ impl Member {
         let commit = Commit::of(settings, dir, index);
         let inputs: Vec<&str> = settings.input_topics.iter().map(String::as_str).collect();
         let changelog = MemoryChangelog::new(bus, &settings.changelog_topic, &inputs);
+        let reader_releases = changelog.releases();
         let restorer = Restorer::with_source(settings, Box::new(changelog));
         let mut worker = Worker::new(
             index,
@@ -113,14 +116,14 @@ impl Member {
             holds.clone(),
         )
         .unwrap();
-        for &p in partitions {
-            worker.acquire(p).unwrap();
-        }
+        // As a rebalance's assignment loads them.
+        super::rebalance::assign(&mut worker, partitions).unwrap();
         let input = MemoryConsumer::new(bus, &inputs, partitions);
         Member {
             worker,
             input,
             holds,
+            reader_releases,
         }
     }
 
@@ -563,6 +566,31 @@ fn a_crash_at_any_window_then_a_restart_on_an_empty_disk_restores_everything_fro
         windows.restored > 0,
         "the restarts restored from the changelog"
     );
+}
+
+#[test]
+fn an_assignment_whose_restore_read_records_lets_the_changelog_reader_go_and_one_that_did_not_keeps_it(
+) {
+    use std::sync::atomic::Ordering;
+    let bus = bus_with_a_fleet(6);
+    let config = config(10, true);
+    let first_disk = tempfile::tempdir().unwrap();
+    let mut first = Member::start(&bus, first_disk.path(), &config);
+    // Nothing on the changelog yet: nothing read, the reader kept.
+    assert_eq!(first.reader_releases.load(Ordering::Relaxed), 0);
+    first.consume_all().unwrap();
+    drop(first);
+    // An empty disk restores both partitions from the changelog: the reader goes once,
+    // after the assignment is loaded.
+    let second_disk = tempfile::tempdir().unwrap();
+    let second = Member::start(&bus, second_disk.path(), &config);
+    assert!(second.worker.stats.restored_records > 0, "nothing restored");
+    assert_eq!(second.reader_releases.load(Ordering::Relaxed), 1);
+    drop(second);
+    // The same disk again, up to date with the changelog: nothing read, the reader kept.
+    let third = Member::start(&bus, second_disk.path(), &config);
+    assert_eq!(third.worker.stats.restored_records, 0);
+    assert_eq!(third.reader_releases.load(Ordering::Relaxed), 0);
 }
 
 impl std::fmt::Display for Windows {

@@ -50,6 +50,9 @@ pub struct Worker {
     pub(super) outbox: Outbox,
     pub(super) commit: Commit,
     pub(super) restorer: Restorer,
+    /// A restore of the assignment being loaded read changelog records
+    /// ([`Worker::loaded_assignment`]).
+    restore_read: bool,
     pub(super) partitions: BTreeMap<i32, Partition>,
     /// The input topics, in configuration order (the aligners' topic indexes).
     pub(super) inputs: Vec<Arc<str>>,
@@ -151,6 +154,7 @@ impl Worker {
         let store_watch = telemetry.liveness.store_watch();
         Ok(Worker {
             restorer,
+            restore_read: false,
             inputs: settings
                 .input_topics
                 .iter()
@@ -364,6 +368,18 @@ impl Worker {
         self.holds.holds.give_back_all(self.holds.worker);
     }
 
+    /// Once an assignment's partitions are loaded: when a restore read records, the
+    /// changelog reader goes (its threads fetched them, and keep what they allocated
+    /// until they end, [`Restorer::release`]), and this thread's heap is collected and
+    /// the pages freed by then are handed back to the kernel
+    /// (`c_heap::release_freed_memory`).
+    pub(super) fn loaded_assignment(&mut self) {
+        if std::mem::take(&mut self.restore_read) {
+            self.restorer.release();
+            crate::bus::kafka::c_heap::release_freed_memory(true);
+        }
+    }
+
     /// Lets `partitions` go among the process's workers.
     fn give_back(&self, partitions: impl IntoIterator<Item = i32>) {
         self.holds.holds.give_back(partitions, self.holds.worker);
@@ -402,9 +418,7 @@ impl Worker {
                     .restore(partition, &mut store, &self.db, &self.store_watch)?;
             self.stats.restored_records += restored.session_records;
             self.stats.restore_ms += restored.took.as_millis() as u64;
-            if restored.session_records > 0 {
-                release_freed_memory();
-            }
+            self.restore_read |= restored.records_read > 0;
             let metrics = &telemetry.metrics;
             metrics.restored_records.inc_by(restored.session_records);
             metrics
@@ -471,7 +485,7 @@ impl Worker {
             // Assigned but not loaded (assignment callbacks come first; this only guards
             // against surprises).
             match self.acquire(partition) {
-                Ok(()) => {}
+                Ok(()) => self.loaded_assignment(),
                 // Shutting down: the message stays unapplied (and uncommitted), for
                 // whoever owns the partition next.
                 Err(PipelineError::RestoreInterrupted { .. }) => return Ok(None),
@@ -842,24 +856,9 @@ impl Worker {
             if let Ok(bytes) = self.db.size_on_disk() {
                 metrics.state_store_bytes.set(bytes as i64);
             }
-            release_freed_memory();
+            crate::bus::kafka::c_heap::release_freed_memory(false);
             self.store_size_at = Some(Instant::now());
         }
-    }
-}
-
-/// Hands the C heap's free pages back to the kernel. librdkafka allocates fetched
-/// records (a restore's, and the input's after a backlog) with the system allocator, in
-/// its threads' arenas, which keep what was freed: in the hour-long soak each restore
-/// left 1–3 MB more resident, and a glibc arena held 2.4 MB at the end of a 10-minute
-/// run that it did not hold at 5 minutes (issue 28). A trim walks the arenas' free
-/// chunks: well under a millisecond for these heaps, every 10 s and after a restore.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the
-    // kernel; it takes and returns plain integers.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

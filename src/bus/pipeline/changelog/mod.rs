@@ -263,6 +263,9 @@ pub trait ChangelogSource: Send {
     /// The high watermark of partition `partition` of each of `topics`, as the broker
     /// answers now (`None` where it does not).
     fn high_watermarks(&mut self, topics: &[Arc<str>], partition: i32) -> Vec<Option<i64>>;
+    /// Lets go of what reading held between restores (the Kafka reader's client: see
+    /// [`Restorer::release`]). The next call makes it again.
+    fn release(&mut self) {}
 }
 
 /// A changelog record as it comes off the broker: its headers' values, key and payload.

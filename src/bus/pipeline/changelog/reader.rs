@@ -87,6 +87,10 @@ fn reader_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
 }
 
 impl ChangelogSource for KafkaChangelog {
+    fn release(&mut self) {
+        self.reader = None;
+    }
+
     /// One try, 5 s at most, no retry.
     fn high_watermarks(&mut self, topics: &[Arc<str>], partition: i32) -> Vec<Option<i64>> {
         let Ok(reader) = self.reader() else {
@@ -231,6 +235,54 @@ fn parts_of<'a>(m: &'a BorrowedMessage<'_>) -> RecordParts<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bus::kafka::embedded::EmbeddedBroker;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    /// Every record of partition 0, as (offset, key) pairs.
+    fn read_all(source: &mut KafkaChangelog) -> Vec<(i64, Vec<u8>)> {
+        let (low, high) = source.extent(0).unwrap().expect("not shut down");
+        let mut read = Vec::new();
+        source
+            .read(0, low, high, &mut |offset, parts| {
+                read.push((offset, parts.key.unwrap_or_default().to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        read
+    }
+
+    #[test]
+    fn a_released_reader_lets_its_client_go_and_the_next_read_makes_another() {
+        let broker = EmbeddedBroker::start(&["changes"], 1).expect("mock cluster");
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap_servers())
+            .create()
+            .unwrap();
+        for i in 0..5 {
+            let key = format!("session-{i}");
+            producer
+                .send(
+                    BaseRecord::to("changes")
+                        .partition(0)
+                        .key(key.as_bytes())
+                        .payload(b"state".as_slice()),
+                )
+                .unwrap();
+        }
+        producer.flush(Duration::from_secs(10)).unwrap();
+        let settings = KafkaSettings {
+            changelog_topic: "changes".into(),
+            ..KafkaSettings::default()
+        };
+        let mut source =
+            KafkaChangelog::new(&settings, broker.bootstrap_servers(), &Shutdown::new());
+        let first = read_all(&mut source);
+        assert_eq!(first.len(), 5, "{first:?}");
+        assert!(source.reader.is_some(), "read without a client");
+        source.release();
+        assert!(source.reader.is_none(), "the client kept after a release");
+        assert_eq!(read_all(&mut source), first, "the read after a release");
+    }
 
     #[test]
     fn the_reader_waits_as_briefly_as_it_can_unless_the_consumer_was_told_to_wait_longer() {

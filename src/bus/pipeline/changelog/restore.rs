@@ -17,9 +17,11 @@ use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError, STATE_
 use crate::shutdown::Shutdown;
 use crate::telemetry::WriteWatch;
 
-/// What a restore applied.
+/// What a restore read and applied.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Restored {
+    /// Changelog records read, applied or not (a batch left out is read too).
+    pub records_read: u64,
     pub session_records: u64,
     pub took: Duration,
 }
@@ -44,6 +46,17 @@ impl Restorer {
             settings: settings.clone(),
             source,
         }
+    }
+
+    /// Lets go of the reader's client once an assignment's restores are done; the next
+    /// restore makes a new one. Its threads fetched every record a restore read, and the
+    /// allocator keeps a thread's freed memory with that thread until the thread
+    /// allocates again or ends (mimalloc serves the C heap, `bus::kafka::c_heap`): a
+    /// reader left idle between rebalances would hold on to the pages of the last
+    /// restore's fetched records. What that saves was not shown by the soaks
+    /// (docs/DEVELOPMENT.md, issue 32's twenty-ninth look).
+    pub fn release(&mut self) {
+        self.source.release();
     }
 
     /// The high watermark of partition `partition` of each of `topics`, as the broker
@@ -108,8 +121,10 @@ impl Restorer {
             applied_offsets,
             ..Assembler::default()
         };
+        let mut records_read = 0;
         self.source
             .read(partition, from, high, &mut |offset, parts| {
+                records_read += 1;
                 watch.during(|| batches.add(Entry::from_parts(offset, parts), store))
             })?;
         watch.during(|| db.flush()).map_err(StoreError::Io)?;
@@ -133,6 +148,7 @@ impl Restorer {
             );
         }
         Ok(Restored {
+            records_read,
             session_records: batches.session_records,
             took: started.elapsed(),
         })
