@@ -50,9 +50,6 @@ pub struct Worker {
     pub(super) outbox: Outbox,
     pub(super) commit: Commit,
     pub(super) restorer: Restorer,
-    /// A restore of the assignment being loaded read changelog records
-    /// ([`Worker::loaded_assignment`]).
-    restore_read: bool,
     pub(super) partitions: BTreeMap<i32, Partition>,
     /// The input topics, in configuration order (the aligners' topic indexes).
     pub(super) inputs: Vec<Arc<str>>,
@@ -154,7 +151,6 @@ impl Worker {
         let store_watch = telemetry.liveness.store_watch();
         Ok(Worker {
             restorer,
-            restore_read: false,
             inputs: settings
                 .input_topics
                 .iter()
@@ -374,8 +370,7 @@ impl Worker {
     /// the pages freed by then are handed back to the kernel
     /// (`c_heap::release_freed_memory`).
     pub(super) fn loaded_assignment(&mut self) {
-        if std::mem::take(&mut self.restore_read) {
-            self.restorer.release();
+        if self.restorer.release() {
             crate::bus::kafka::c_heap::release_freed_memory(true);
         }
     }
@@ -418,7 +413,6 @@ impl Worker {
                     .restore(partition, &mut store, &self.db, &self.store_watch)?;
             self.stats.restored_records += restored.session_records;
             self.stats.restore_ms += restored.took.as_millis() as u64;
-            self.restore_read |= restored.records_read > 0;
             let metrics = &telemetry.metrics;
             metrics.restored_records.inc_by(restored.session_records);
             metrics

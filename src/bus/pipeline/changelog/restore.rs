@@ -17,11 +17,9 @@ use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError, STATE_
 use crate::shutdown::Shutdown;
 use crate::telemetry::WriteWatch;
 
-/// What a restore read and applied.
+/// What a restore applied.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Restored {
-    /// Changelog records read, applied or not (a batch left out is read too).
-    pub records_read: u64,
     pub session_records: u64,
     pub took: Duration,
 }
@@ -30,6 +28,8 @@ pub struct Restored {
 pub struct Restorer {
     settings: KafkaSettings,
     source: Box<dyn ChangelogSource>,
+    /// A restore read changelog records (applied or not) since the last release.
+    read_since_release: bool,
 }
 
 impl Restorer {
@@ -45,18 +45,24 @@ impl Restorer {
         Restorer {
             settings: settings.clone(),
             source,
+            read_since_release: false,
         }
     }
 
-    /// Lets go of the reader's client once an assignment's restores are done; the next
-    /// restore makes a new one. Its threads fetched every record a restore read, and the
+    /// Lets go of the reader's client once an assignment's restores are done, if one of
+    /// them read records since the last release; whether it did. The next restore makes
+    /// a new one. Its threads fetched every record a restore read, and the
     /// allocator keeps a thread's freed memory with that thread until the thread
     /// allocates again or ends (mimalloc serves the C heap, `bus::kafka::c_heap`): a
     /// reader left idle between rebalances would hold on to the pages of the last
     /// restore's fetched records. What that saves was not shown by the soaks
     /// (docs/DEVELOPMENT.md, issue 32's twenty-ninth look).
-    pub fn release(&mut self) {
-        self.source.release();
+    pub fn release(&mut self) -> bool {
+        let read = std::mem::take(&mut self.read_since_release);
+        if read {
+            self.source.release();
+        }
+        read
     }
 
     /// The high watermark of partition `partition` of each of `topics`, as the broker
@@ -121,12 +127,13 @@ impl Restorer {
             applied_offsets,
             ..Assembler::default()
         };
-        let mut records_read = 0;
+        let mut read_any = false;
         self.source
             .read(partition, from, high, &mut |offset, parts| {
-                records_read += 1;
+                read_any = true;
                 watch.during(|| batches.add(Entry::from_parts(offset, parts), store))
             })?;
+        self.read_since_release |= read_any;
         watch.during(|| db.flush()).map_err(StoreError::Io)?;
         info!(
             partition,
@@ -148,7 +155,6 @@ impl Restorer {
             );
         }
         Ok(Restored {
-            records_read,
             session_records: batches.session_records,
             took: started.elapsed(),
         })
