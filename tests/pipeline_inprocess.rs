@@ -266,6 +266,50 @@ fn findings_go_out_as_their_event_is_applied_and_the_batch_is_still_committed_wh
     );
 }
 
+/// `loopwarden_events_consumed_total`, every type together.
+fn consumed_total(telemetry: &Telemetry) -> u64 {
+    use prometheus::core::Collector;
+    telemetry
+        .metrics
+        .events_consumed
+        .collect()
+        .iter()
+        .flat_map(|family| family.get_metric())
+        .map(|m| m.get_counter().get_value() as u64)
+        .sum()
+}
+
+#[test]
+fn events_are_counted_consumed_while_their_batch_is_still_open() {
+    let cluster = Cluster::start();
+    // One batch for the whole run: it closes only at the stop.
+    let (config, events, _) = one_batch_of_loops(&cluster, Duration::from_secs(120));
+    cluster.produce(&events);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(config, cluster.brokers(), telemetry.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while consumed_total(&telemetry) < events.len() as u64 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        consumed_total(&telemetry),
+        events.len() as u64,
+        "every event counted before its batch closes"
+    );
+    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
+    assert!(
+        committed.iter().all(Option::is_none),
+        "the batch is still open: {committed:?}"
+    );
+    let stats = running.stop();
+    assert_eq!(stats.events, events.len() as u64);
+    assert_eq!(
+        consumed_total(&telemetry),
+        events.len() as u64,
+        "none counted twice"
+    );
+}
+
 /// Commit records on the changelog (what makes a batch count on restore), read for 2 s
 /// (errors of the partition left without a leader meanwhile are passed over).
 fn changelog_commits(cluster: &Cluster) -> usize {

@@ -28,6 +28,59 @@ use crate::bus::kafka::settings::KafkaSettings;
 use crate::engine::store::StoreBatch;
 use crate::shutdown::Shutdown;
 
+/// Events polled within this of a run's first are counted with it in [`PolledTimes`]:
+/// their processing latency reads up to this much long.
+pub(super) const POLLED_RESOLUTION: Duration = Duration::from_millis(1);
+
+/// When a batch's events were polled, for the processing-latency histogram, as runs: an
+/// event polled within [`POLLED_RESOLUTION`] of the last run's first is counted in that
+/// run. A batch holds at most one run a millisecond of its length (and one an event when
+/// events come slower), where one instant an event held 16 bytes for each: 78 MB for a
+/// 10-second batch at 490,000 events/s, twice over while the batch before awaits its store.
+#[derive(Debug, Default)]
+pub(super) struct PolledTimes {
+    runs: Vec<(Instant, u32)>,
+}
+
+impl PolledTimes {
+    /// Counts an event polled at `at`. An instant before the last run's first (an event
+    /// held for another topic, released after later ones) starts a run of its own.
+    pub(super) fn push(&mut self, at: Instant) {
+        match self.runs.last_mut() {
+            Some((first, n))
+                if at >= *first && at - *first < POLLED_RESOLUTION && *n < u32::MAX =>
+            {
+                *n += 1
+            }
+            _ => self.runs.push((at, 1)),
+        }
+    }
+
+    /// Observes each event's latency until `done` (from its run's first instant).
+    pub(super) fn observe_until(&self, done: Instant, latency: &prometheus::Histogram) {
+        // Observed locally and added at once: a histogram's observe is a few atomic adds,
+        // and this is one per event.
+        let local = latency.local();
+        for &(first, n) in &self.runs {
+            let seconds = done.saturating_duration_since(first).as_secs_f64();
+            for _ in 0..n {
+                local.observe(seconds);
+            }
+        }
+        local.flush();
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.runs.clear();
+    }
+
+    /// The runs it holds (its memory).
+    #[cfg(test)]
+    fn runs(&self) -> usize {
+        self.runs.len()
+    }
+}
+
 /// How far [`Worker::finish_batch`] takes a batch before it returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
@@ -149,7 +202,7 @@ impl Worker {
     fn commit_offsets(
         &mut self,
         offsets: TopicPartitionList,
-        polled: Vec<Instant>,
+        polled: PolledTimes,
         wrote: bool,
         store_took: Duration,
         input: &dyn Input,
@@ -172,13 +225,7 @@ impl Worker {
             metrics.commit_duration.observe(took.as_secs_f64());
         }
         let done = Instant::now();
-        // Observed locally and added at once: a histogram's observe is a few atomic adds,
-        // and this is one per event.
-        let latency = metrics.processing_latency.local();
-        for polled in polled {
-            latency.observe((done - polled).as_secs_f64());
-        }
-        latency.flush();
+        polled.observe_until(done, &metrics.processing_latency);
         self.stats.batches += 1;
         metrics.batches.inc();
         debug!(
@@ -360,4 +407,60 @@ fn transact(
     // batch ends, so one restore path serves both modes.
     changelog::queue(outbox, &batch.changes, batch.batch, &settings.group_id);
     transaction.commit(outbox, input, &batch.offsets, &mut backoff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn histogram() -> prometheus::Histogram {
+        prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("h", "h")).unwrap()
+    }
+
+    #[test]
+    fn events_polled_within_the_resolution_share_a_run_and_each_is_observed_once() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_micros(n * 1_000);
+        let mut polled = PolledTimes::default();
+        // 1,000 events in the first 0.9 ms, one at 1 ms, one held back (polled at 0.5 ms,
+        // released after the one at 1 ms), one at 5 ms.
+        for i in 0..1_000u64 {
+            polled.push(t0 + Duration::from_nanos(i * 900));
+        }
+        polled.push(ms(1));
+        polled.push(t0 + Duration::from_micros(500));
+        polled.push(ms(5));
+        assert_eq!(polled.runs(), 4, "{polled:?}");
+        let h = histogram();
+        let done = ms(10);
+        polled.observe_until(done, &h);
+        assert_eq!(h.get_sample_count(), 1_003, "every event observed once");
+        // Exact: the sum of (done - polled) over the events; each observed from its run's
+        // first, so at most the resolution long, never short.
+        let exact: f64 = (0..1_000u64)
+            .map(|i| (done - (t0 + Duration::from_nanos(i * 900))).as_secs_f64())
+            .sum::<f64>()
+            + 0.009
+            + 0.0095
+            + 0.005;
+        let sum = h.get_sample_sum();
+        assert!(sum >= exact - 1e-9, "{sum} against {exact}");
+        assert!(
+            sum <= exact + 1_003.0 * POLLED_RESOLUTION.as_secs_f64(),
+            "{sum} against {exact}"
+        );
+    }
+
+    #[test]
+    fn a_long_batch_holds_a_run_a_millisecond_not_an_instant_an_event() {
+        let t0 = Instant::now();
+        let mut polled = PolledTimes::default();
+        // Two seconds at 500,000 events/s, as the clock reads them (2 µs apart).
+        for i in 0..1_000_000u64 {
+            polled.push(t0 + Duration::from_micros(2 * i));
+        }
+        assert_eq!(polled.runs(), 2_000);
+        polled.clear();
+        assert_eq!(polled.runs(), 0);
+    }
 }

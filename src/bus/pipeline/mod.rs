@@ -596,6 +596,9 @@ fn poll_batch(
         if polled.started.is_some() && now.duration_since(swept) >= sweep_every {
             w.observe_unpolled(consumer);
             w.release_due();
+            // The events applied so far, counted where a scrape (and the pipeline
+            // bench's feed) sees them, not only at the batch's end.
+            w.flush_counts();
             // Sends its commit records once its records are acknowledged.
             awaiting = w.awaits_batch_in_flight();
             w.commit_stored(consumer, CommitMode::Async, false)?;

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 
 use super::align::{Held, UNPOLLED_WAIT_MAX};
 use super::backoff::{Backoff, DeadlinePassed};
+use super::batch::PolledTimes;
 use super::bus::Input;
 use super::changelog::{self, BatchIds, Restorer};
 use super::commit::Commit;
@@ -61,8 +62,8 @@ pub struct Worker {
     pub(super) scratch: Vec<Output>,
     /// For each output in `scratch`, where the event that produced it came from.
     pub(super) scratch_sources: Vec<Source>,
-    /// When each event of the current batch was polled (processing latency).
-    pub(super) polled: Vec<Instant>,
+    /// When the current batch's events were polled (processing latency).
+    pub(super) polled: PolledTimes,
     /// What this worker last added to the process-wide gauges.
     pub(super) reported_sessions: i64,
     pub(super) reported_partitions: i64,
@@ -115,8 +116,8 @@ pub(super) struct Storing {
     pub(super) offsets: TopicPartitionList,
     /// The partitions it writes.
     pub(super) partitions: Vec<i32>,
-    /// When each of its events was polled (processing latency).
-    pub(super) polled: Vec<Instant>,
+    /// When its events were polled (processing latency).
+    pub(super) polled: PolledTimes,
     /// The writer's report, once it came.
     pub(super) stored: Option<Stored>,
 }
@@ -167,7 +168,7 @@ impl Worker {
             telemetry: telemetry.clone(),
             scratch: Vec::new(),
             scratch_sources: Vec::new(),
-            polled: Vec::new(),
+            polled: PolledTimes::default(),
             reported_sessions: 0,
             reported_partitions: 0,
             store_size_at: None,
@@ -666,10 +667,11 @@ impl Worker {
         p.clock_at_last_event = p.engine.watermark();
     }
 
-    /// Adds the events counted since the last call to the process-wide counters, with
-    /// the gauges ([`Worker::report_gauges`]: a batch's end, a release, a rebalance). An
-    /// applied event marks its partition changed, so a batch always ends after it.
-    fn flush_counts(&self) {
+    /// Adds the events counted since the last call to the process-wide counters: with
+    /// the gauges ([`Worker::report_gauges`]: a batch's end, a release, a rebalance), and
+    /// while a batch is open at each of the poll loop's sweeps (every few milliseconds),
+    /// so that `loopwarden_events_consumed_total` keeps up within a batch of seconds.
+    pub(super) fn flush_counts(&self) {
         for consumed in self.consumed.values() {
             consumed.flush();
         }
@@ -905,8 +907,8 @@ pub(super) struct Unacked {
     pub(super) offsets: TopicPartitionList,
     /// Its changelog batch id.
     pub(super) batch: u64,
-    /// When each of its events was polled (processing latency).
-    pub(super) polled: Vec<Instant>,
+    /// When its events were polled (processing latency).
+    pub(super) polled: PolledTimes,
     pub(super) sent: Instant,
     /// The outbox's mark after its records (its findings, dead letters and changelog
     /// session records; the next batch's come after).
