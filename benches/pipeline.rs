@@ -33,7 +33,12 @@
 //!   whether throughput holds as state grows (issue 32), and at its end the states
 //!   written per event. The producers stay at most LOOPWARDEN_BENCH_GROWTH_AHEAD events
 //!   (default 200000) ahead of the pipeline, within what the embedded broker keeps: a
-//!   backlog held near it says the pipeline set the pace, one well under it the producers;
+//!   backlog held near it says the pipeline set the pace, one well under it the producers.
+//!   Held back, they go on once the backlog is LOOPWARDEN_BENCH_GROWTH_REFILL events
+//!   (default 20000, about what a worker's batch applies) under that: the events
+//!   consumed they read are counted every few milliseconds, and a producer that followed
+//!   them event by event sent the embedded broker produce requests a fraction of the
+//!   size, which cost its thread (on the same cores as the pipeline) half as much again;
 //! - LOOPWARDEN_BENCH_GROWTH_PRODUCERS (default 1): the growth phase's producer threads,
 //!   each with its own client and its share of the sessions (one client fed at most
 //!   ~300,000 events/s on a 16-core server);
@@ -625,6 +630,9 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         ahead > 0,
         "LOOPWARDEN_BENCH_GROWTH_AHEAD must be at least 1"
     );
+    let refill: u64 = env_or("LOOPWARDEN_BENCH_GROWTH_REFILL", 20_000);
+    // A producer held back goes on once the backlog is down to this.
+    let resume_at = ahead.saturating_sub(refill.max(1));
     let shutdown = Shutdown::new();
     let mut telemetry = Telemetry::new();
     telemetry.spans = None;
@@ -738,12 +746,14 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
                     let _failing = StopOnPanic(stop.clone());
                     let p = producer(&brokers);
                     let mine = (0..events).filter(|k| (k % sessions) % producers == first);
-                    'feed: for (sent, k) in mine.enumerate() {
-                        while produced
+                    let backlog = || {
+                        produced
                             .load(Ordering::Relaxed)
                             .saturating_sub(consumed.get())
-                            >= ahead
-                        {
+                    };
+                    'feed: for (sent, k) in mine.enumerate() {
+                        let held = backlog() >= ahead;
+                        while held && backlog() > resume_at {
                             if stop.load(Ordering::Relaxed) {
                                 break 'feed;
                             }

@@ -671,7 +671,7 @@ impl Engine {
             if let Some(delta) = written.delta {
                 batch.deltas.push((batch.puts.len() as u32, delta));
             }
-            batch.puts.push((id, written.whole));
+            batch.puts.push((id, written.whole.into()));
         }
         // A session that closed and reopened since the last flush is a put, not a delete.
         let sessions = &self.sessions;

@@ -44,11 +44,17 @@ pub enum StoreError {
     BadDelta { session: String, source: DeltaError },
 }
 
+/// A state's bytes as a batch hands them on, shared by whoever sends or stores them.
+pub type StateBytes = std::sync::Arc<Vec<u8>>;
+
 /// One atomic unit of state changes.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct StoreBatch {
-    /// Sessions' new states, whole (what the changelog and the in-memory store take).
-    pub puts: Vec<(String, Vec<u8>)>,
+    /// Sessions' new states, whole (what the changelog and the in-memory store take),
+    /// shared: a changelog record's payload is the same bytes, not a copy (a batch of
+    /// seconds at a million sessions writes a million states at its end, and each copy
+    /// was fresh memory the kernel zeroed).
+    pub puts: Vec<(String, StateBytes)>,
     /// Some puts' states as deltas from the state the session's put before wrote
     /// (`engine::state::delta`), by their index in `puts`, ascending: the sled store
     /// writes the delta in place of the whole state while the session's chain of deltas is
@@ -141,7 +147,7 @@ impl StateStore for MemoryStore {
 
     fn commit(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
         for (k, v) in &batch.puts {
-            self.sessions.insert(k.clone(), v.clone());
+            self.sessions.insert(k.clone(), v.to_vec());
         }
         for k in &batch.deletes {
             self.sessions.remove(k);
@@ -659,7 +665,10 @@ mod tests {
         let st = SessionState::new(42, 42);
         store
             .commit(&StoreBatch {
-                puts: vec![("a".into(), st.to_bytes()), ("b".into(), st.to_bytes())],
+                puts: vec![
+                    ("a".into(), st.to_bytes().into()),
+                    ("b".into(), st.to_bytes().into()),
+                ],
                 deltas: Vec::new(),
                 deletes: vec![],
                 offsets: vec![("t/0".into(), 7)],
@@ -689,8 +698,8 @@ mod tests {
             store
                 .commit(&StoreBatch {
                     puts: vec![
-                        ("garbled".into(), vec![0xff; 7]),
-                        ("fine".into(), st.to_bytes()),
+                        ("garbled".into(), vec![0xff; 7].into()),
+                        ("fine".into(), st.to_bytes().into()),
                     ],
                     deltas: Vec::new(),
                     deletes: vec![],
@@ -835,7 +844,7 @@ mod tests {
                 let batch = StoreBatch {
                     puts: names
                         .iter()
-                        .map(|n| (format!("s{n}"), st(*n, round)))
+                        .map(|n| (format!("s{n}"), st(*n, round).into()))
                         .collect(),
                     deltas: Vec::new(),
                     deletes: if round == 30 {
@@ -927,7 +936,9 @@ mod tests {
                     "agent-{round}-{i}-{}",
                     "x".repeat((i * 11 % 90) as usize)
                 ));
-                batch.puts.push((format!("session-{n}"), st.to_bytes()));
+                batch
+                    .puts
+                    .push((format!("session-{n}"), st.to_bytes().into()));
             }
             batch
                 .deletes
@@ -1009,7 +1020,10 @@ mod tests {
         let mut st = SessionState::new(1, 1);
         st.agent_id = Some("x".repeat(200));
         let batch = |deltas| StoreBatch {
-            puts: vec![("a".into(), st.to_bytes()), ("b".into(), st.to_bytes())],
+            puts: vec![
+                ("a".into(), st.to_bytes().into()),
+                ("b".into(), st.to_bytes().into()),
+            ],
             deltas,
             ..StoreBatch::default()
         };

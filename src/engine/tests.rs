@@ -396,7 +396,11 @@ fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
         let puts: std::collections::BTreeMap<_, _> = changes.puts.into_iter().collect();
         for id in ["once", "twice", "reopened"] {
             let now = engine.session(id).expect("open").to_bytes();
-            assert_eq!(puts.get(id), Some(&now), "{id} after batch {batch}");
+            assert_eq!(
+                puts.get(id).map(|v| v.as_slice()),
+                Some(&now[..]),
+                "{id} after batch {batch}"
+            );
         }
         assert_eq!(puts.len(), 3, "{:?}", puts.keys());
         assert_eq!(changes.deletes, vec!["closed".to_string()]);
@@ -444,8 +448,8 @@ fn a_session_closed_after_its_change_in_a_batch_is_not_put() {
     let changes = engine.take_changes(&[]).expect("tracked");
     let puts: std::collections::BTreeMap<_, _> = changes.puts.into_iter().collect();
     assert_eq!(
-        puts.get("idle"),
-        Some(&engine.session("idle").expect("open").to_bytes())
+        puts.get("idle").map(|v| v.to_vec()),
+        Some(engine.session("idle").expect("open").to_bytes())
     );
     assert!(changes.deletes.is_empty(), "{:?}", changes.deletes);
 }
@@ -488,7 +492,7 @@ fn a_restored_state_that_counts_findings_of_a_detector_this_build_lacks_closes_w
     let mut store = store::MemoryStore::new();
     store
         .commit(&store::StoreBatch {
-            puts: vec![("s".to_string(), state.to_bytes())],
+            puts: vec![("s".to_string(), state.to_bytes().into())],
             ..store::StoreBatch::default()
         })
         .unwrap();

@@ -257,7 +257,7 @@ mod tests {
     fn job(store: &SharedStore, session: Option<(&str, &[u8])>, offset: i64) -> Job {
         let batch = StoreBatch {
             puts: session
-                .map(|(id, state)| (id.to_string(), state.to_vec()))
+                .map(|(id, state)| (id.to_string(), state.to_vec().into()))
                 .into_iter()
                 .collect(),
             deltas: Vec::new(),

@@ -53,6 +53,7 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
+use super::bus::Payload;
 use super::outbox::{Outbox, Record, Sink};
 use super::PipelineError;
 use crate::engine::store::{StoreBatch, STATE_FORMAT};
@@ -135,7 +136,7 @@ enum Kind {
 /// A changelog record of batch `batch` (its id, in decimal). One allocation for its
 /// headers' list and one for the batch id, the kind and the format borrowed: every state
 /// written is such a record.
-fn record(partition: i32, batch: &[u8], key: &[u8], payload: Vec<u8>, kind: Kind) -> Record {
+fn record(partition: i32, batch: &[u8], key: &[u8], payload: Payload, kind: Kind) -> Record {
     let name = match kind {
         Kind::State | Kind::Tombstone => "session",
         Kind::Commit => "commit",
@@ -154,7 +155,7 @@ fn record(partition: i32, batch: &[u8], key: &[u8], payload: Vec<u8>, kind: Kind
         sink: Sink::Changelog,
         partition: Some(partition),
         key: key.to_vec(),
-        payload: payload.into(),
+        payload,
         headers,
         source_headers: Vec::new(),
         source_ms: None,
@@ -179,6 +180,7 @@ pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch:
                 *partition,
                 &batch,
                 id.as_bytes(),
+                // The batch's own bytes, shared (the store writes the same batch later).
                 state.clone(),
                 Kind::State,
             ));
@@ -188,7 +190,7 @@ pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch:
                 *partition,
                 &batch,
                 id.as_bytes(),
-                Vec::new(),
+                Payload::default(),
                 Kind::Tombstone,
             ));
         }
@@ -215,7 +217,7 @@ pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: 
             *partition,
             batch.to_string().as_bytes(),
             CHANGELOG_COMMIT_KEY,
-            payload,
+            payload.into(),
             Kind::Commit,
         ));
     }
@@ -308,7 +310,7 @@ mod tests {
         let settings = KafkaSettings::default();
         let mut outbox = Outbox::on_memory_bus(&bus, &settings);
         let changes = StoreBatch {
-            puts: vec![("s1".to_string(), b"state".to_vec())],
+            puts: vec![("s1".to_string(), b"state".to_vec().into())],
             deltas: Vec::new(),
             deletes: vec!["s2".to_string()],
             offsets: vec![("in/3".to_string(), 41)],

@@ -383,7 +383,7 @@ impl Assembler {
         let mut changes = StoreBatch::default();
         for (key, change) in order {
             match change {
-                Change::Put(state) => changes.puts.push((key, state)),
+                Change::Put(state) => changes.puts.push((key, state.into())),
                 // A state this build cannot read: the session starts anew (as the
                 // README's upgrades say), not from an older state of it, which would
                 // come back without the events the offsets pass over.
