@@ -110,6 +110,15 @@ impl Cluster {
         }
     }
 
+    /// Asserts that the group has committed no input offset yet.
+    fn assert_nothing_committed(&self, when: &str) {
+        let committed = committed_offsets(&self.brokers(), &self.group, &self.topics.input);
+        assert!(
+            committed.iter().all(Option::is_none),
+            "nothing committed {when}: {committed:?}"
+        );
+    }
+
     fn read(&self, topic: &str, min: usize) -> Vec<OwnedMessage> {
         read_topic(
             &self.brokers(),
@@ -251,11 +260,7 @@ fn findings_go_out_as_their_event_is_applied_and_the_batch_is_still_committed_wh
     let terminated = cluster.read(&cluster.topics.terminated, want.len());
     let got: BTreeSet<String> = event_ids(&terminated).into_iter().collect();
     assert_eq!(got, want, "terminations out while the batch is open");
-    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
-    assert!(
-        committed.iter().all(Option::is_none),
-        "nothing committed before the batch closes: {committed:?}"
-    );
+    cluster.assert_nothing_committed("before the batch closes");
     let stats = running.stop();
     assert_eq!(stats.events, events.len() as u64);
     let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
@@ -296,11 +301,7 @@ fn events_are_counted_consumed_while_their_batch_is_still_open() {
         events.len() as u64,
         "every event counted before its batch closes"
     );
-    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
-    assert!(
-        committed.iter().all(Option::is_none),
-        "the batch is still open: {committed:?}"
-    );
+    cluster.assert_nothing_committed("while the batch is open");
     let stats = running.stop();
     assert_eq!(stats.events, events.len() as u64);
     assert_eq!(
