@@ -35,7 +35,8 @@
 //!   (default 200000) ahead of the pipeline, within what the embedded broker keeps: a
 //!   backlog held near it says the pipeline set the pace, one well under it the producers.
 //!   Held back, they go on once the backlog is LOOPWARDEN_BENCH_GROWTH_REFILL events
-//!   (default 20000, about what a worker's batch applies) under that: the events
+//!   (default 20000, about what a worker's batch applies) under that, so the backlog a
+//!   pipeline-paced run reports swings between the two: the events
 //!   consumed they read are counted every few milliseconds, and a producer that followed
 //!   them event by event sent the embedded broker produce requests a fraction of the
 //!   size, which cost its thread (on the same cores as the pipeline) half as much again;
@@ -631,8 +632,12 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         "LOOPWARDEN_BENCH_GROWTH_AHEAD must be at least 1"
     );
     let refill: u64 = env_or("LOOPWARDEN_BENCH_GROWTH_REFILL", 20_000);
+    assert!(
+        refill < ahead,
+        "LOOPWARDEN_BENCH_GROWTH_REFILL must be under LOOPWARDEN_BENCH_GROWTH_AHEAD (0: refill event by event)"
+    );
     // A producer held back goes on once the backlog is down to this.
-    let resume_at = ahead.saturating_sub(refill.max(1));
+    let resume_at = ahead - refill.max(1);
     let shutdown = Shutdown::new();
     let mut telemetry = Telemetry::new();
     telemetry.spans = None;

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rdkafka::bindings as rdsys;
@@ -123,8 +123,9 @@ impl Outgoing<'_> {
 
 /// A record's value, shared instead of copied: the outbox keeps one reference (to send
 /// the record again after a failure) and a record in flight another, which librdkafka
-/// hands back with the record's delivery report (see [`KafkaTransport::send`]).
-pub type Payload = Arc<Vec<u8>>;
+/// hands back with the record's delivery report (see [`KafkaTransport::send`]). A
+/// changelog record's is its store batch's state, the same bytes the store writes.
+pub type Payload = crate::engine::store::StateBytes;
 
 /// What the tracker gets back with a record's delivery report: the outbox's epoch, the
 /// record's index in it, and the Kafka timestamp of the event behind it (findings).
@@ -556,6 +557,7 @@ mod tests {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     use rdkafka::types::RDKafkaErrorCode;
     use rdkafka::Message;
+    use std::sync::Arc;
 
     /// (partition, offset) of the next `n` messages `consumer` reads.
     fn read(consumer: &BaseConsumer, n: usize) -> Vec<(i32, i64)> {
