@@ -40,10 +40,10 @@ unsafe extern "C" {
 /// soak each restore left 1–3 MB more resident while glibc kept the freed memory (issue
 /// 28). mimalloc collects the calling thread's heap only (a block another thread
 /// allocated goes back when that thread allocates again or ends), then gives back the
-/// pages that are free by then, whichever thread freed them. `thorough` (after a restore) also collects what mimalloc would otherwise keep for
-/// reuse a while: with a heap of 333 MB of small blocks, half of them freed, that took 53
-/// ms, and 3 ms without it, so the periodic call is not thorough (it runs on the
-/// worker's thread, every 10 s).
+/// pages that are free by then, whichever thread freed them. `thorough` (after a
+/// restore) also collects what mimalloc would otherwise keep for reuse a while: with a
+/// heap of 333 MB of small blocks, half of them freed, that took 53 ms, and 3 ms without
+/// it, so the periodic call is not thorough (it runs on the worker's thread, every 10 s).
 pub fn release_freed_memory(thorough: bool) {
     // SAFETY: mi_collect takes a flag and only returns free memory to the kernel.
     unsafe { mi_collect(thorough) }

@@ -33,6 +33,10 @@ pub enum ApiKey {
     SyncGroup = 14,
 }
 
+/// A record for [`EmbeddedBroker::produce`]: its partition, key and payload.
+#[cfg(test)]
+pub(crate) type TestRecord<'a> = (i32, Option<&'a [u8]>, &'a [u8]);
+
 /// A running in-process Kafka-protocol broker.
 pub struct EmbeddedBroker {
     cluster: *mut rd::rd_kafka_mock_cluster_t,
@@ -148,6 +152,29 @@ impl EmbeddedBroker {
     /// `host:port` to give any Kafka client.
     pub fn bootstrap_servers(&self) -> &str {
         &self.bootstrap
+    }
+
+    /// Produces `records` to `topic` and waits until all are on the broker (tests that
+    /// read what is there).
+    #[cfg(test)]
+    pub(crate) fn produce(&self, topic: &str, records: &[TestRecord<'_>]) {
+        use rdkafka::producer::BaseRecord;
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap_servers())
+            .create()
+            .expect("producer");
+        for &(partition, key, payload) in records {
+            let mut record = BaseRecord::<[u8], [u8]>::to(topic)
+                .partition(partition)
+                .payload(payload);
+            if let Some(key) = key {
+                record = record.key(key);
+            }
+            producer.send(record).expect("queued");
+        }
+        producer
+            .flush(std::time::Duration::from_secs(30))
+            .expect("produced");
     }
 }
 

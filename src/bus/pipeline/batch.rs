@@ -49,15 +49,18 @@ pub(super) struct PolledTimes {
 }
 
 impl PolledTimes {
-    /// Counts an event polled at `at`.
+    /// Counts an event polled at `at` (once an event: whole milliseconds in 64 bits, not
+    /// a division of `Duration::as_nanos`'s 128).
     pub(super) fn push(&mut self, at: Instant) {
+        const _: () = assert!(POLLED_RESOLUTION.as_nanos() == 1_000_000, "counted in ms");
+        let millis = |d: Duration| d.as_secs() * 1_000 + u64::from(d.subsec_millis());
         let anchor = *self.anchor.get_or_insert(at);
-        let step = POLLED_RESOLUTION.as_nanos();
         let (counts, index) = match at.checked_duration_since(anchor) {
-            Some(later) => (&mut self.after, later.as_nanos() / step),
+            Some(later) => (&mut self.after, millis(later)),
+            // `[anchor - (i + 1) ms, anchor - i ms)`: `at` is strictly before `anchor`.
             None => (
                 &mut self.before,
-                (anchor - at).as_nanos().div_ceil(step) - 1,
+                millis(anchor - at - Duration::from_nanos(1)),
             ),
         };
         let index = index as usize;

@@ -554,7 +554,7 @@ mod tests {
     use crate::bus::kafka::embedded::EmbeddedBroker;
     use crate::shutdown::Shutdown;
     use rdkafka::config::ClientConfig;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::producer::BaseRecord;
     use rdkafka::types::RDKafkaErrorCode;
     use rdkafka::Message;
     use std::sync::Arc;
@@ -909,23 +909,14 @@ mod tests {
     #[test]
     fn seek_to_committed_reads_the_dropped_batch_again() {
         let broker = EmbeddedBroker::start(&["input"], 2).expect("mock cluster");
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", broker.bootstrap_servers())
-            .create()
-            .expect("producer");
-        for partition in 0..2 {
-            for i in 0..5 {
-                let payload = format!("{partition}-{i}");
-                producer
-                    .send(
-                        BaseRecord::<(), _>::to("input")
-                            .payload(&payload)
-                            .partition(partition),
-                    )
-                    .expect("queued");
-            }
-        }
-        producer.flush(Duration::from_secs(30)).expect("produced");
+        let payloads: Vec<(i32, String)> = (0..2)
+            .flat_map(|partition| (0..5).map(move |i| (partition, format!("{partition}-{i}"))))
+            .collect();
+        let records: Vec<_> = payloads
+            .iter()
+            .map(|(partition, payload)| (*partition, None, payload.as_bytes()))
+            .collect();
+        broker.produce("input", &records);
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", broker.bootstrap_servers())
             .set("group.id", "rewind")

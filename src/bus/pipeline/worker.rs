@@ -35,6 +35,7 @@ use super::outputs::{self, Source};
 use super::partition::{Partition, Pending};
 use super::writer::{Stored, Writer};
 use super::{PipelineError, RunStats};
+use crate::bus::kafka::c_heap;
 use crate::bus::kafka::headers::RawHeaders;
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::config::Config;
@@ -372,7 +373,7 @@ impl Worker {
     /// (`c_heap::release_freed_memory`).
     pub(super) fn loaded_assignment(&mut self) {
         if self.restorer.release() {
-            crate::bus::kafka::c_heap::release_freed_memory(true);
+            c_heap::release_freed_memory(true);
         }
     }
 
@@ -852,7 +853,7 @@ impl Worker {
             if let Ok(bytes) = self.db.size_on_disk() {
                 metrics.state_store_bytes.set(bytes as i64);
             }
-            crate::bus::kafka::c_heap::release_freed_memory(false);
+            c_heap::release_freed_memory(false);
             self.store_size_at = Some(Instant::now());
         }
     }

@@ -236,7 +236,6 @@ fn parts_of<'a>(m: &'a BorrowedMessage<'_>) -> RecordParts<'a> {
 mod tests {
     use super::*;
     use crate::bus::kafka::embedded::EmbeddedBroker;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
     /// Every record of partition 0, as (offset, key) pairs.
     fn read_all(source: &mut KafkaChangelog) -> Vec<(i64, Vec<u8>)> {
@@ -254,22 +253,12 @@ mod tests {
     #[test]
     fn a_released_reader_lets_its_client_go_and_the_next_read_makes_another() {
         let broker = EmbeddedBroker::start(&["changes"], 1).expect("mock cluster");
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", broker.bootstrap_servers())
-            .create()
-            .unwrap();
-        for i in 0..5 {
-            let key = format!("session-{i}");
-            producer
-                .send(
-                    BaseRecord::to("changes")
-                        .partition(0)
-                        .key(key.as_bytes())
-                        .payload(b"state".as_slice()),
-                )
-                .unwrap();
-        }
-        producer.flush(Duration::from_secs(10)).unwrap();
+        let keys: Vec<String> = (0..5).map(|i| format!("session-{i}")).collect();
+        let records: Vec<_> = keys
+            .iter()
+            .map(|k| (0, Some(k.as_bytes()), b"state".as_slice()))
+            .collect();
+        broker.produce("changes", &records);
         let settings = KafkaSettings {
             changelog_topic: "changes".into(),
             ..KafkaSettings::default()

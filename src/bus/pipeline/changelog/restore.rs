@@ -127,13 +127,12 @@ impl Restorer {
             applied_offsets,
             ..Assembler::default()
         };
-        let mut read_any = false;
+        let read_since_release = &mut self.read_since_release;
         self.source
             .read(partition, from, high, &mut |offset, parts| {
-                read_any = true;
+                *read_since_release = true;
                 watch.during(|| batches.add(Entry::from_parts(offset, parts), store))
             })?;
-        self.read_since_release |= read_any;
         watch.during(|| db.flush()).map_err(StoreError::Io)?;
         info!(
             partition,
