@@ -42,6 +42,8 @@ use sha2::{Digest as _, Sha256};
 
 #[path = "shared/growth.rs"]
 mod growth;
+#[path = "shared/proc.rs"]
+mod proc;
 
 // The allocator `loopwarden` itself runs on (src/main.rs), so that the engine is measured
 // as it runs.
@@ -439,7 +441,11 @@ fn growth_batches(sessions: u64) -> (GrowthFeed, GrowthEngine) {
     let config = Arc::new(
         Config::from_toml_str(growth::GROWTH_CONFIG, "growth", std::iter::empty()).unwrap(),
     );
-    let mut feed = GrowthFeed { sessions, next: 0 };
+    let mut feed = GrowthFeed {
+        sessions,
+        next: 0,
+        events: GROWTH_BATCH_EVENTS,
+    };
     let mut engine = GrowthEngine {
         engine: Engine::restore(config, &MemoryStore::new()).unwrap(),
         out: Vec::new(),
@@ -455,11 +461,13 @@ fn growth_batches(sessions: u64) -> (GrowthFeed, GrowthEngine) {
 struct GrowthFeed {
     sessions: u64,
     next: u64,
+    /// Events a batch ([`GROWTH_BATCH_EVENTS`] but in `LOOPWARDEN_BENCH_BATCH_CHANGES`).
+    events: usize,
 }
 
 impl GrowthFeed {
     fn batch(&mut self) -> Vec<String> {
-        (0..GROWTH_BATCH_EVENTS)
+        (0..self.events)
             .map(|_| {
                 self.next += 1;
                 growth::growth_event(self.next - 1, self.sessions).1
@@ -483,11 +491,12 @@ impl GrowthEngine {
         }
     }
 
-    fn take_changes(&mut self) -> StoreBatch {
+    /// The changes of a batch of `events` events over `sessions` sessions, round robin.
+    fn take_changes(&mut self, events: usize, sessions: u64) -> StoreBatch {
         let changes = self.engine.take_changes(&[]).unwrap();
         assert_eq!(
-            changes.puts.len(),
-            GROWTH_BATCH_EVENTS,
+            changes.puts.len() as u64,
+            (events as u64).min(sessions),
             "every event's session put"
         );
         changes
@@ -508,7 +517,8 @@ fn bench_batch_changes(
                 || feed.batch(),
                 |batch| {
                     engine.process(&batch);
-                    (batch, engine.take_changes())
+                    let changes = engine.take_changes(GROWTH_BATCH_EVENTS, GROWTH_SESSIONS);
+                    (batch, changes)
                 },
                 BatchSize::PerIteration,
             )
@@ -516,33 +526,60 @@ fn bench_batch_changes(
     );
 }
 
-/// `LOOPWARDEN_BENCH_BATCH_CHANGES=<sessions>`: 40 batches of [`growth_batches`] over that
+/// `LOOPWARDEN_BENCH_BATCH_CHANGES=<sessions>`: batches of [`growth_batches`] over that
 /// many open sessions (at least a batch's 15,000), parsing and `process` timed apart from
-/// `take_changes` (criterion's case times them together).
+/// `take_changes` (criterion's case times them together). With
+/// `LOOPWARDEN_BENCH_BATCH_EVENTS=<events>` a batch holds that many events instead (more
+/// than the sessions: each changed more than once, as a batch of seconds changes them,
+/// and taken at the batch's end from memory), as many batches as make 600,000 events.
 fn manual_batch_changes(sessions: u64) {
     assert!(
         sessions >= GROWTH_BATCH_EVENTS as u64,
         "LOOPWARDEN_BENCH_BATCH_CHANGES: at least {GROWTH_BATCH_EVENTS} sessions, one event each a batch"
     );
+    // The heap as the pipeline's worker has it (`loopwarden run`): without transparent
+    // huge pages, whose clearing on first touch took half of a batch of seconds' time here.
+    loopwarden::heap::without_transparent_huge_pages();
     let (mut feed, mut engine) = growth_batches(sessions);
+    feed.events = std::env::var("LOOPWARDEN_BENCH_BATCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(GROWTH_BATCH_EVENTS);
     let (mut processing, mut taking) = (Duration::ZERO, Duration::ZERO);
-    const BATCHES: usize = 40;
-    for _ in 0..BATCHES {
+    let batches = (600_000 / feed.events).max(2);
+    let (mut states, mut took_once) = (0, 0);
+    let (mut processing_cpu, mut taking_cpu) = (proc::CpuMs::default(), proc::CpuMs::default());
+    let cpu = || proc::this_thread_cpu().unwrap_or_default();
+    let add = |sum: &mut proc::CpuMs, d: proc::CpuMs| {
+        sum.user += d.user;
+        sum.system += d.system;
+    };
+    for _ in 0..batches {
         let batch = feed.batch();
         let started = Instant::now();
+        let cpu_started = cpu();
         engine.process(&batch);
         let processed = Instant::now();
-        let changes = engine.take_changes();
+        let cpu_processed = cpu();
+        let changes = engine.take_changes(feed.events, sessions);
         taking += processed.elapsed();
         processing += processed - started;
+        add(&mut processing_cpu, cpu_processed.since(cpu_started));
+        add(&mut taking_cpu, cpu().since(cpu_processed));
+        states += changes.puts.len();
+        took_once += changes.deltas.len();
         drop(changes);
     }
-    let events = (BATCHES * GROWTH_BATCH_EVENTS) as f64;
+    let events = (batches * feed.events) as f64;
+    let kernel = |c: proc::CpuMs| 100.0 * c.system as f64 / c.total().max(1) as f64;
     eprintln!(
-        "batch changes: {sessions} open sessions, {BATCHES} batches of {}: parse + process {:.3} µs an event, take_changes {:.3} µs an event",
-        GROWTH_BATCH_EVENTS,
+        "batch changes: {sessions} open sessions, {batches} batches of {}: parse + process {:.3} µs an event ({:.0} % of its CPU in the kernel), take_changes {:.3} µs an event ({:.3} µs a state of {states}, {took_once} as deltas; {:.0} % in the kernel)",
+        feed.events,
         processing.as_secs_f64() / events * 1e6,
+        kernel(processing_cpu),
         taking.as_secs_f64() / events * 1e6,
+        taking.as_secs_f64() / states as f64 * 1e6,
+        kernel(taking_cpu),
     );
 }
 

@@ -858,7 +858,12 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     );
     // Every thread's CPU so far, read once for both lines below: this process's, and the
     // producers' that have ended.
-    let threads_cpu = proc::threads_cpu_ms().map(|mut threads| {
+    let threads_split = proc::threads_cpu_split_ms();
+    let threads_cpu = threads_split.as_ref().map(|split| {
+        let mut threads: Vec<(String, u64)> = split
+            .iter()
+            .map(|(name, cpu)| (name.clone(), cpu.total()))
+            .collect();
         threads.extend(feeders_cpu.iter().cloned());
         threads
     });
@@ -880,6 +885,23 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         eprintln!(
             "growth: CPU per event by thread, µs (this phase's pipeline threads with their share of a core over the phase, each worker `lw-worker-N`, or `pipeline` when there is one, and its store writer `lw-store-N`; the bench's producer threads `feed-N` with theirs; `rdk:*` counts the whole run): {}",
             per_event.join(", ")
+        );
+    }
+    if let Some(split) = &threads_split {
+        // Time in the kernel is mostly fresh memory faulted in and cleared (a heap that
+        // grows, or freed pages handed back and taken again), which no profile of the
+        // program's own code shows.
+        let shares: Vec<String> = split
+            .iter()
+            .filter(|(name, _)| name == "pipeline" || name.starts_with("lw-"))
+            .map(|(name, cpu)| {
+                let share = cpu.system as f64 / cpu.total().max(1) as f64;
+                format!("{name} {:.0} %", share * 100.0)
+            })
+            .collect();
+        eprintln!(
+            "growth: the kernel's share of each pipeline thread's CPU (system time: fresh memory faulted in and cleared, system calls): {}",
+            shares.join(", ")
         );
     }
     if let Some(mut threads) = threads_cpu {

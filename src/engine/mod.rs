@@ -35,6 +35,7 @@ use work::{hash_id, policy_key, Work};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::{Hash, Hasher};
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use hashbrown::hash_map::EntryRef;
@@ -57,6 +58,7 @@ use crate::engine::state::{LlmObservation, Marks, SessionState};
 use crate::engine::store::{StateStore, StoreBatch, StoreError};
 use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
 use crate::engine::trajectory::ToolObservation;
+use crate::prefetch;
 use fingerprint::Fingerprinter;
 
 /// Where an event came from, for `trigger` and for the event-time fallback.
@@ -123,6 +125,22 @@ enum Change {
     Once,
     /// Changed more than once, to be written at the batch's end.
     Again,
+}
+
+/// How many states ahead of the one taken [`Engine::take_changes`] asks memory for: the
+/// parts of this far, the state itself of twice as far (its parts' addresses are in it).
+const TAKE_AHEAD: usize = 8;
+
+/// Changes [`Engine::take_changes`] looks up at a time: a chunk's pointers and ids stay
+/// in the cache between its two passes.
+const TAKE_CHUNK: usize = 1024;
+
+/// Puts a session's state as taken into `batch`: whole, and its delta when it has one.
+fn put(batch: &mut StoreBatch, id: String, written: Written) {
+    if let Some(delta) = written.delta {
+        batch.deltas.push((batch.puts.len() as u32, delta));
+    }
+    batch.puts.push((id, written.whole.into()));
 }
 
 /// A state written early in a batch ([`Change::Written`]).
@@ -652,26 +670,59 @@ impl Engine {
     pub fn take_changes(&mut self, offsets: &[(String, i64)]) -> Option<StoreBatch> {
         let dirty = self.dirty.as_mut()?;
         let mut batch = StoreBatch::default();
-        for (id, change) in dirty.drain() {
-            let written = match change {
-                // Written after its one change, so its `changed_again` is false already
-                // (it is written early only then) and its session open (a close drops
-                // the change): its slot is not looked up again, which at a million open
-                // sessions was a cache miss or two for each state written.
-                Change::Written(written) => written,
-                Change::Once | Change::Again => {
-                    let Some(slot) = self.sessions.get_mut(&id) else {
-                        debug_assert!(false, "a change of a closed session: {id}");
-                        continue;
-                    };
-                    slot.changed_again = matches!(change, Change::Again);
-                    take_state(&mut slot.state, &mut self.state_bytes)
+        // A chunk of changes at a time, in two passes. The first takes the states written
+        // early, and finds the state of each other session to take (changed after its
+        // early write, or never written early): one independent probe after another,
+        // which the core overlaps. The second takes those in turn, asking memory for the
+        // states a few ahead. A batch of seconds at a million open sessions takes
+        // hundreds of thousands, each a dozen allocations out of every cache: one at a
+        // time, each missed on the table, then on its state, then on each of its parts.
+        let mut found: Vec<(String, NonNull<SessionState>)> =
+            Vec::with_capacity(dirty.len().min(TAKE_CHUNK));
+        let mut changes = dirty.drain();
+        loop {
+            found.clear();
+            let mut drained = 0;
+            for (id, change) in changes.by_ref() {
+                match change {
+                    // Written after its one change, so its `changed_again` is false
+                    // already (it is written early only then) and its session open (a
+                    // close drops the change): its slot is not looked up again, which at
+                    // a million open sessions was a cache miss or two a state written.
+                    Change::Written(written) => put(&mut batch, id, written),
+                    Change::Once | Change::Again => {
+                        let Some(slot) = self.sessions.get_mut(&id) else {
+                            debug_assert!(false, "a change of a closed session: {id}");
+                            continue;
+                        };
+                        slot.changed_again = matches!(change, Change::Again);
+                        found.push((id, NonNull::from(&mut *slot.state)));
+                    }
                 }
-            };
-            if let Some(delta) = written.delta {
-                batch.deltas.push((batch.puts.len() as u32, delta));
+                drained += 1;
+                if drained == TAKE_CHUNK {
+                    break;
+                }
             }
-            batch.puts.push((id, written.whole.into()));
+            if drained == 0 {
+                break;
+            }
+            for i in 0..found.len() {
+                // SAFETY (the three `unsafe` below): each pointer is to a distinct open
+                // session's boxed state (the ids came from a map, so no two are one), and
+                // no session is opened or closed, nor any state otherwise borrowed, until
+                // this loop ends: every state is where the first pass found it, and the
+                // one taken is borrowed by nothing else.
+                if let Some((_, state)) = found.get(i + 2 * TAKE_AHEAD) {
+                    prefetch::value(unsafe { state.as_ref() });
+                }
+                if let Some((_, state)) = found.get(i + TAKE_AHEAD) {
+                    unsafe { state.as_ref() }.prefetch();
+                }
+                let (id, mut state) = (std::mem::take(&mut found[i].0), found[i].1);
+                let written = take_state(unsafe { state.as_mut() }, &mut self.state_bytes);
+                put(&mut batch, id, written);
+            }
         }
         // A session that closed and reopened since the last flush is a put, not a delete.
         let sessions = &self.sessions;

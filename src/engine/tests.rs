@@ -407,6 +407,96 @@ fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
     }
 }
 
+/// A batch that changes more sessions than `take_changes` looks up at a time (several of
+/// its chunks, each session's state taken a few after it was found): every changed
+/// session once, as it stands at the batch's end, whether written early (changed once),
+/// left to the end (changed again, or once after a batch that changed it twice), or
+/// closed; its deltas in put order, and sled, fed the batches, rebuilding the engine's
+/// states from them.
+#[test]
+fn a_batch_of_many_chunks_takes_each_changed_session_once_as_it_stands() {
+    let sessions = 2 * super::TAKE_CHUNK + 300;
+    let mut engine = Engine::restore(Arc::new(Config::default()), &store::MemoryStore::new())
+        .expect("an empty store");
+    let dir = tempfile::tempdir().unwrap();
+    let mut sled = store::SledStore::open(dir.path()).unwrap();
+    let (mut clock, mut step, mut deltas) = (1_800_000_000_000i64, 0, 0);
+    let completed = json!({"type": "session.completed"});
+    for batch in 0..4 {
+        let mut changed = std::collections::BTreeSet::new();
+        let mut closed = Vec::new();
+        for i in 0..sessions {
+            let id = format!("s{i:05}");
+            // A third of them changed once a batch, a third twice in the first two
+            // batches (then once: left to the end, then written early), and every
+            // hundredth of the rest closed in the third batch.
+            let closes = i % 3 == 2 && batch == 2 && i % 100 == 2;
+            let times = match i % 3 {
+                0 => 1,
+                1 if batch < 2 => 2,
+                1 => 1,
+                _ if closes => 0,
+                _ => usize::from(batch % 2 == 0),
+            };
+            for _ in 0..times {
+                step += 1;
+                clock += 1;
+                process_as(&mut engine, same_call(), &id, step, clock);
+                changed.insert(id.clone());
+            }
+            if closes {
+                step += 1;
+                process_as(&mut engine, completed.clone(), &id, step, clock);
+                closed.push(id);
+            }
+        }
+        let changes = engine.take_changes(&[]).expect("tracked");
+        let indexes: Vec<u32> = changes.deltas.iter().map(|(i, _)| *i).collect();
+        deltas += indexes.len();
+        assert!(
+            indexes.windows(2).all(|w| w[0] < w[1])
+                && indexes
+                    .last()
+                    .is_none_or(|&i| (i as usize) < changes.puts.len()),
+            "deltas by their puts' index, ascending"
+        );
+        let puts: std::collections::BTreeMap<_, _> = changes
+            .puts
+            .iter()
+            .map(|(id, state)| (id.clone(), state.clone()))
+            .collect();
+        assert_eq!(puts.len(), changes.puts.len(), "each session once");
+        let ids: std::collections::BTreeSet<_> = puts.keys().cloned().collect();
+        let closed_set: std::collections::BTreeSet<_> = closed.iter().cloned().collect();
+        let want: std::collections::BTreeSet<_> =
+            changed.difference(&closed_set).cloned().collect();
+        assert_eq!(ids, want, "batch {batch}");
+        for (id, state) in &puts {
+            let now = engine.session(id).expect("open").to_bytes();
+            assert!(
+                state.as_slice() == now.as_slice(),
+                "{id} after batch {batch}"
+            );
+        }
+        let mut deletes = changes.deletes.clone();
+        deletes.sort();
+        assert_eq!(deletes, closed, "batch {batch}");
+        sled.commit(&changes).unwrap();
+    }
+    assert!(
+        deltas > sessions,
+        "states written before are taken as deltas too"
+    );
+    let stored = sled.load_sessions().unwrap();
+    assert_eq!(stored.len(), engine.open_sessions());
+    for (id, state) in &stored {
+        assert!(
+            engine.session(id) == Some(state),
+            "{id} as sled rebuilds it"
+        );
+    }
+}
+
 /// A session written right after its one change and closed later in the same batch (by
 /// its idle deadline, not by its own event) is a delete, not a put; one that reopens
 /// after is a put of its new state.
