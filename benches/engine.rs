@@ -461,7 +461,8 @@ fn growth_batches(sessions: u64) -> (GrowthFeed, GrowthEngine) {
 struct GrowthFeed {
     sessions: u64,
     next: u64,
-    /// Events a batch ([`GROWTH_BATCH_EVENTS`] but in `LOOPWARDEN_BENCH_BATCH_CHANGES`).
+    /// Events a batch: [`GROWTH_BATCH_EVENTS`], unless `LOOPWARDEN_BENCH_BATCH_EVENTS` sets
+    /// it (the batch-changes mode only).
     events: usize,
 }
 
@@ -531,7 +532,8 @@ fn bench_batch_changes(
 /// `take_changes` (criterion's case times them together). With
 /// `LOOPWARDEN_BENCH_BATCH_EVENTS=<events>` a batch holds that many events instead (more
 /// than the sessions: each changed more than once, as a batch of seconds changes them,
-/// and taken at the batch's end from memory), as many batches as make 600,000 events.
+/// and taken at the batch's end from memory), as many batches as make 600,000 events, at
+/// least two.
 fn manual_batch_changes(sessions: u64) {
     assert!(
         sessions >= GROWTH_BATCH_EVENTS as u64,
@@ -541,19 +543,18 @@ fn manual_batch_changes(sessions: u64) {
     // huge pages, whose clearing on first touch took half of a batch of seconds' time here.
     loopwarden::heap::without_transparent_huge_pages();
     let (mut feed, mut engine) = growth_batches(sessions);
-    feed.events = std::env::var("LOOPWARDEN_BENCH_BATCH_EVENTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(GROWTH_BATCH_EVENTS);
+    feed.events = match std::env::var("LOOPWARDEN_BENCH_BATCH_EVENTS") {
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => panic!("LOOPWARDEN_BENCH_BATCH_EVENTS: a number of events above 0, not {v:?}"),
+        },
+        Err(_) => GROWTH_BATCH_EVENTS,
+    };
     let (mut processing, mut taking) = (Duration::ZERO, Duration::ZERO);
     let batches = (600_000 / feed.events).max(2);
-    let (mut states, mut took_once) = (0, 0);
-    let (mut processing_cpu, mut taking_cpu) = (proc::CpuMs::default(), proc::CpuMs::default());
+    let (mut states, mut deltas) = (0, 0);
+    let (mut processing_cpu, mut taking_cpu) = (proc::CpuTime::default(), proc::CpuTime::default());
     let cpu = || proc::this_thread_cpu().unwrap_or_default();
-    let add = |sum: &mut proc::CpuMs, d: proc::CpuMs| {
-        sum.user += d.user;
-        sum.system += d.system;
-    };
     for _ in 0..batches {
         let batch = feed.batch();
         let started = Instant::now();
@@ -564,16 +565,16 @@ fn manual_batch_changes(sessions: u64) {
         let changes = engine.take_changes(feed.events, sessions);
         taking += processed.elapsed();
         processing += processed - started;
-        add(&mut processing_cpu, cpu_processed.since(cpu_started));
-        add(&mut taking_cpu, cpu().since(cpu_processed));
+        processing_cpu.add(cpu_processed.since(cpu_started));
+        taking_cpu.add(cpu().since(cpu_processed));
         states += changes.puts.len();
-        took_once += changes.deltas.len();
+        deltas += changes.deltas.len();
         drop(changes);
     }
     let events = (batches * feed.events) as f64;
-    let kernel = |c: proc::CpuMs| 100.0 * c.system as f64 / c.total().max(1) as f64;
+    let kernel = |c: proc::CpuTime| 100.0 * c.system_share();
     eprintln!(
-        "batch changes: {sessions} open sessions, {batches} batches of {}: parse + process {:.3} µs an event ({:.0} % of its CPU in the kernel), take_changes {:.3} µs an event ({:.3} µs a state of {states}, {took_once} as deltas; {:.0} % in the kernel)",
+        "batch changes: {sessions} open sessions, {batches} batches of {}: parse + process {:.3} µs an event ({:.0} % of its CPU in the kernel), take_changes {:.3} µs an event ({:.3} µs a state of {states}, {deltas} as deltas; {:.0} % in the kernel)",
         feed.events,
         processing.as_secs_f64() / events * 1e6,
         kernel(processing_cpu),

@@ -858,11 +858,11 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
     );
     // Every thread's CPU so far, read once for both lines below: this process's, and the
     // producers' that have ended.
-    let threads_split = proc::threads_cpu_split_ms();
+    let threads_split = proc::threads_cpu_split();
     let threads_cpu = threads_split.as_ref().map(|split| {
         let mut threads: Vec<(String, u64)> = split
             .iter()
-            .map(|(name, cpu)| (name.clone(), cpu.total()))
+            .map(|(name, cpu)| (name.clone(), cpu.total_ms()))
             .collect();
         threads.extend(feeders_cpu.iter().cloned());
         threads
@@ -894,10 +894,7 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         let shares: Vec<String> = split
             .iter()
             .filter(|(name, _)| name == "pipeline" || name.starts_with("lw-"))
-            .map(|(name, cpu)| {
-                let share = cpu.system as f64 / cpu.total().max(1) as f64;
-                format!("{name} {:.0} %", share * 100.0)
-            })
+            .map(|(name, cpu)| format!("{name} {:.0} %", cpu.system_share() * 100.0))
             .collect();
         eprintln!(
             "growth: the kernel's share of each pipeline thread's CPU (system time: fresh memory faulted in and cleared, system calls): {}",

@@ -131,12 +131,14 @@ enum Change {
 /// parts of this far, the state itself of twice as far (its parts' addresses are in it).
 const TAKE_AHEAD: usize = 8;
 
-/// Changes [`Engine::take_changes`] looks up at a time: a chunk's pointers and ids stay
-/// in the cache between its two passes.
+/// Changes [`Engine::take_changes`] drains at a time: a chunk's ids and pointers stay in
+/// the cache between its two passes.
 const TAKE_CHUNK: usize = 1024;
 
 /// Puts a session's state as taken into `batch`: whole, and its delta when it has one.
-fn put(batch: &mut StoreBatch, id: String, written: Written) {
+/// (Its marks are not needed once it is taken: only an early write that the session's
+/// next change drops undoes them.)
+fn put_taken(batch: &mut StoreBatch, id: String, written: Written) {
     if let Some(delta) = written.delta {
         batch.deltas.push((batch.puts.len() as u32, delta));
     }
@@ -675,8 +677,8 @@ impl Engine {
         // early write, or never written early): one independent probe after another,
         // which the core overlaps. The second takes those in turn, asking memory for the
         // states a few ahead. A batch of seconds at a million open sessions takes
-        // hundreds of thousands, each a dozen allocations out of every cache: one at a
-        // time, each missed on the table, then on its state, then on each of its parts.
+        // hundreds of thousands, each a dozen allocations out of every cache: taken one at
+        // a time, each missed on the table, then on its state, then on each of its parts.
         let mut found: Vec<(String, NonNull<SessionState>)> =
             Vec::with_capacity(dirty.len().min(TAKE_CHUNK));
         let mut changes = dirty.drain();
@@ -689,7 +691,7 @@ impl Engine {
                     // already (it is written early only then) and its session open (a
                     // close drops the change): its slot is not looked up again, which at
                     // a million open sessions was a cache miss or two a state written.
-                    Change::Written(written) => put(&mut batch, id, written),
+                    Change::Written(written) => put_taken(&mut batch, id, written),
                     Change::Once | Change::Again => {
                         let Some(slot) = self.sessions.get_mut(&id) else {
                             debug_assert!(false, "a change of a closed session: {id}");
@@ -708,20 +710,24 @@ impl Engine {
                 break;
             }
             for i in 0..found.len() {
-                // SAFETY (the three `unsafe` below): each pointer is to a distinct open
-                // session's boxed state (the ids came from a map, so no two are one), and
-                // no session is opened or closed, nor any state otherwise borrowed, until
-                // this loop ends: every state is where the first pass found it, and the
-                // one taken is borrowed by nothing else.
+                // The state itself by its address alone (nothing is read).
                 if let Some((_, state)) = found.get(i + 2 * TAKE_AHEAD) {
-                    prefetch::value(unsafe { state.as_ref() });
+                    let size = std::mem::size_of::<SessionState>();
+                    prefetch::span(state.as_ptr().cast(), size, usize::MAX);
                 }
+                // SAFETY (both `unsafe` below): each pointer is to a distinct open
+                // session's boxed state (the ids came from a map, so no two are one). From
+                // the first pass's lookup to the end of this one no session is opened or
+                // closed (the table's later probes reach other slots, and nothing moves a
+                // box), and no state is otherwise borrowed: every state is where the first
+                // pass found it, a shared borrow here ends before the state's own take,
+                // and the one taken is borrowed by nothing else.
                 if let Some((_, state)) = found.get(i + TAKE_AHEAD) {
                     unsafe { state.as_ref() }.prefetch();
                 }
                 let (id, mut state) = (std::mem::take(&mut found[i].0), found[i].1);
                 let written = take_state(unsafe { state.as_mut() }, &mut self.state_bytes);
-                put(&mut batch, id, written);
+                put_taken(&mut batch, id, written);
             }
         }
         // A session that closed and reopened since the last flush is a put, not a delete.

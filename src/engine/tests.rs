@@ -407,35 +407,46 @@ fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
     }
 }
 
-/// A batch that changes more sessions than `take_changes` looks up at a time (several of
+/// A batch that changes more sessions than `take_changes` drains at a time (several of
 /// its chunks, each session's state taken a few after it was found): every changed
 /// session once, as it stands at the batch's end, whether written early (changed once),
 /// left to the end (changed again, or once after a batch that changed it twice), or
-/// closed; its deltas in put order, and sled, fed the batches, rebuilding the engine's
-/// states from them.
+/// changed and then closed (a delete, not a put); whether the next batch writes it early
+/// or leaves it to its end; its deltas, one for each state written before, in put order;
+/// and sled, fed the batches, rebuilding the engine's states from them. Last, a batch of
+/// exactly two chunks.
 #[test]
 fn a_batch_of_many_chunks_takes_each_changed_session_once_as_it_stands() {
+    use std::collections::{BTreeMap, BTreeSet};
     let sessions = 2 * super::TAKE_CHUNK + 300;
     let mut engine = Engine::restore(Arc::new(Config::default()), &store::MemoryStore::new())
         .expect("an empty store");
     let dir = tempfile::tempdir().unwrap();
     let mut sled = store::SledStore::open(dir.path()).unwrap();
-    let (mut clock, mut step, mut deltas) = (1_800_000_000_000i64, 0, 0);
+    let (mut clock, mut step) = (1_800_000_000_000i64, 0);
     let completed = json!({"type": "session.completed"});
-    for batch in 0..4 {
-        let mut changed = std::collections::BTreeSet::new();
+    let id_of = |i: usize| format!("s{i:05}");
+    for batch in 0..5 {
+        let mut changed: BTreeSet<String> = BTreeSet::new();
         let mut closed = Vec::new();
-        for i in 0..sessions {
-            let id = format!("s{i:05}");
-            // A third of them changed once a batch, a third twice in the first two
-            // batches (then once: left to the end, then written early), and every
-            // hundredth of the rest closed in the third batch.
+        let touched = if batch < 4 {
+            sessions
+        } else {
+            2 * super::TAKE_CHUNK
+        };
+        for i in 0..touched {
+            let id = id_of(i);
+            // A third of them changed once a batch; a third twice in the first two
+            // batches, then once (left to the batch's end, then written early); the
+            // rest once in the even batches, every hundredth of them closed in the third
+            // after its change; in the last batch, every one of the first two chunks'
+            // worth once (those closed open again).
             let closes = i % 3 == 2 && batch == 2 && i % 100 == 2;
             let times = match i % 3 {
+                _ if batch == 4 => 1,
                 0 => 1,
                 1 if batch < 2 => 2,
                 1 => 1,
-                _ if closes => 0,
                 _ => usize::from(batch % 2 == 0),
             };
             for _ in 0..times {
@@ -450,9 +461,16 @@ fn a_batch_of_many_chunks_takes_each_changed_session_once_as_it_stands() {
                 closed.push(id);
             }
         }
+        // Those changed twice (and once in the third batch, after two batches that changed
+        // them twice) are taken at the batch's end: each one written before must be taken
+        // as a delta too. (A state written early took its delta, or not, as it was written.)
+        let taken_at_the_end_with_a_base: BTreeSet<String> = (0..touched)
+            .filter(|i| i % 3 == 1 && batch < 3)
+            .map(id_of)
+            .filter(|id| engine.session(id).is_some_and(|s| s.written_before()))
+            .collect();
         let changes = engine.take_changes(&[]).expect("tracked");
         let indexes: Vec<u32> = changes.deltas.iter().map(|(i, _)| *i).collect();
-        deltas += indexes.len();
         assert!(
             indexes.windows(2).all(|w| w[0] < w[1])
                 && indexes
@@ -460,17 +478,40 @@ fn a_batch_of_many_chunks_takes_each_changed_session_once_as_it_stands() {
                     .is_none_or(|&i| (i as usize) < changes.puts.len()),
             "deltas by their puts' index, ascending"
         );
-        let puts: std::collections::BTreeMap<_, _> = changes
+        let with_deltas: BTreeSet<&str> = indexes
+            .iter()
+            .map(|&i| changes.puts[i as usize].0.as_str())
+            .collect();
+        if batch == 0 {
+            assert!(with_deltas.is_empty(), "no state was written before");
+        } else if batch < 3 {
+            assert!(
+                !taken_at_the_end_with_a_base.is_empty(),
+                "batch {batch} takes states written before at its end"
+            );
+        }
+        for id in &taken_at_the_end_with_a_base {
+            assert!(
+                with_deltas.contains(id.as_str()),
+                "{id}'s delta, batch {batch}"
+            );
+        }
+        let puts: BTreeMap<_, _> = changes
             .puts
             .iter()
             .map(|(id, state)| (id.clone(), state.clone()))
             .collect();
         assert_eq!(puts.len(), changes.puts.len(), "each session once");
-        let ids: std::collections::BTreeSet<_> = puts.keys().cloned().collect();
-        let closed_set: std::collections::BTreeSet<_> = closed.iter().cloned().collect();
-        let want: std::collections::BTreeSet<_> =
-            changed.difference(&closed_set).cloned().collect();
-        assert_eq!(ids, want, "batch {batch}");
+        let closed_set: BTreeSet<_> = closed.iter().cloned().collect();
+        let want: BTreeSet<_> = changed.difference(&closed_set).cloned().collect();
+        assert_eq!(
+            puts.keys().cloned().collect::<BTreeSet<_>>(),
+            want,
+            "batch {batch}"
+        );
+        if batch == 4 {
+            assert_eq!(puts.len(), 2 * super::TAKE_CHUNK);
+        }
         for (id, state) in &puts {
             let now = engine.session(id).expect("open").to_bytes();
             assert!(
@@ -481,12 +522,15 @@ fn a_batch_of_many_chunks_takes_each_changed_session_once_as_it_stands() {
         let mut deletes = changes.deletes.clone();
         deletes.sort();
         assert_eq!(deletes, closed, "batch {batch}");
+        // Changed twice: the next batch leaves it to its end; else it writes it early.
+        for i in 0..touched {
+            if let Some(slot) = engine.sessions.get(&id_of(i)) {
+                let twice = i % 3 == 1 && batch < 2;
+                assert_eq!(slot.changed_again, twice, "s{i:05} after batch {batch}");
+            }
+        }
         sled.commit(&changes).unwrap();
     }
-    assert!(
-        deltas > sessions,
-        "states written before are taken as deltas too"
-    );
     let stored = sled.load_sessions().unwrap();
     assert_eq!(stored.len(), engine.open_sessions());
     for (id, state) in &stored {
