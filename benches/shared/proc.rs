@@ -8,20 +8,9 @@ pub fn cpu_ms(pid: u32) -> u64 {
     stat_cpu(&stat).map_or(0, CpuTime::total_ms)
 }
 
-/// This process's threads as `/proc/self/task` lists them: each one's name and CPU
-/// time so far (user + system, ms). `None` when it cannot be read.
-#[allow(dead_code)] // Not every bench that reads /proc asks for this.
-pub fn threads_cpu_ms() -> Option<Vec<(String, u64)>> {
-    Some(
-        threads_cpu_split()?
-            .into_iter()
-            .map(|(name, cpu)| (name, cpu.total_ms()))
-            .collect(),
-    )
-}
-
-/// This process's threads' CPU time so far, each split into user and system time (in
-/// clock ticks: 10 ms steps). `None` when it cannot be read.
+/// This process's threads as `/proc/self/task` lists them: each one's name and CPU time
+/// so far, split into user and system time (in clock ticks: 10 ms steps). `None` when it
+/// cannot be read.
 #[allow(dead_code)] // Not every bench that reads /proc asks for this.
 pub fn threads_cpu_split() -> Option<Vec<(String, CpuTime)>> {
     let mut threads = Vec::new();
@@ -35,10 +24,10 @@ pub fn threads_cpu_split() -> Option<Vec<(String, CpuTime)>> {
 }
 
 /// The calling thread's CPU time so far (user + system, ms): for a thread that ends
-/// before `threads_cpu_ms` is read. `None` when it cannot be read.
+/// before `threads_cpu_split` is read. `None` when it cannot be read.
 #[allow(dead_code)] // Not every bench that reads /proc asks for this.
 pub fn this_thread_cpu_ms() -> Option<u64> {
-    Some(stat_cpu(&std::fs::read_to_string("/proc/thread-self/stat").ok()?)?.total_ms())
+    Some(this_thread_cpu()?.total_ms())
 }
 
 /// The calling thread's CPU time so far, user and system apart, to the microsecond
