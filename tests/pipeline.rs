@@ -363,6 +363,21 @@ impl Drop for CpuLoad {
 /// the fleet and the wait; `scripts/busy-crash-runs` runs it for many seeds.
 #[test]
 fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
+    sigkill_on_a_busy_machine("")
+}
+
+/// The same with a commit interval (`kafka.commit_interval_ms`) of six batches: each kill
+/// lands while some partitions' changes wait in their engines for their turn and others'
+/// are being written, and a restart re-applies each partition from its own last commit.
+#[test]
+fn sigkill_on_a_busy_machine_with_a_commit_interval_loses_nothing() {
+    sigkill_on_a_busy_machine("commit_interval_ms = 600")
+}
+
+/// Two topics fed in step while a CPU hog runs and the process is killed at random and
+/// restarted: every termination and summary replay finds is on the bus once by
+/// `event_id`. `kafka` is more of the `[kafka]` section.
+fn sigkill_on_a_busy_machine(kafka: &str) {
     let align_wait = std::env::var("CRASH_TEST_ALIGN_WAIT_MS").unwrap_or_else(|_| "100".into());
     let (
         Fixture {
@@ -375,7 +390,7 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
     ) = two_topic_fixture(
         4,
         &format!(
-            "max_batch_events = 2000\ninstance_id = \"crash-test\"\nalign_wait_ms = {align_wait}"
+            "max_batch_events = 2000\ninstance_id = \"crash-test\"\nalign_wait_ms = {align_wait}\n{kafka}"
         ),
     );
     let seed = std::env::var("LOOPWARDEN_CRASH_SEED")
@@ -385,7 +400,7 @@ fn sigkill_on_a_busy_machine_with_two_topics_loses_nothing() {
     let (events, _) = fleet(600, 0.4, seed);
     let want = expected(config_of(&cfg), &events);
     eprintln!(
-        "busy crash test: {} events, {} terminations, seed {seed} (LOOPWARDEN_CRASH_SEED)",
+        "busy crash test ({kafka:?}): {} events, {} terminations, seed {seed} (LOOPWARDEN_CRASH_SEED)",
         events.len(),
         want.terminations.len()
     );

@@ -271,6 +271,110 @@ fn findings_go_out_as_their_event_is_applied_and_the_batch_is_still_committed_wh
     );
 }
 
+/// Instance "a" of `cluster` with batches of 50 ms and `kafka.commit_interval_ms` at
+/// `interval`, and a small looping fleet with the terminations replay finds in it.
+fn commit_interval_of(
+    cluster: &Cluster,
+    interval: Duration,
+) -> (Arc<Config>, Vec<Vec<u8>>, BTreeSet<String>) {
+    let interval = interval.as_millis().to_string();
+    let config = cluster.config_with_env(
+        "a",
+        "",
+        &[
+            ("LOOPWARDEN_KAFKA__MAX_BATCH_WAIT_MS", "50"),
+            ("LOOPWARDEN_KAFKA__COMMIT_INTERVAL_MS", &interval),
+        ],
+    );
+    let (events, _) = fleet(60, 0.5, 11);
+    let (_, want) = replayed(&config, &events);
+    assert!(want.len() > 10, "the fleet loops");
+    (config, events, want)
+}
+
+#[test]
+fn a_commit_interval_holds_each_partitions_commit_to_its_turn_and_a_stop_commits_all() {
+    let cluster = Cluster::start();
+    // The longest interval: partition 0 comes due at the first batch's end, 1 and 2 at
+    // 0.618 and 0.236 of it (minutes away), so only a stop writes theirs.
+    let (config, events, want) = commit_interval_of(&cluster, Duration::from_secs(600));
+    cluster.produce(&events);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(config.clone(), cluster.brokers(), telemetry.clone());
+    let terminated = cluster.read(&cluster.topics.terminated, want.len());
+    let got: BTreeSet<String> = event_ids(&terminated).into_iter().collect();
+    assert_eq!(got, want, "terminations go out as their events are applied");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while consumed_total(&telemetry) < events.len() as u64 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Dozens of batch ends pass.
+    std::thread::sleep(Duration::from_secs(2));
+    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
+    assert_eq!(
+        committed[1..],
+        [None, None],
+        "partitions 1 and 2 wait for their turn (or a stop): {committed:?}"
+    );
+    let batches_before_stop = telemetry.metrics.batches.get();
+    let stats = running.stop();
+    assert_eq!(stats.events, events.len() as u64);
+    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
+    assert!(committed.iter().all(Option::is_some), "{committed:?}");
+    assert_eq!(
+        committed.iter().flatten().sum::<i64>(),
+        events.len() as i64,
+        "the stop stores and commits every partition"
+    );
+    // Each event's processing latency observed once, when its partition was committed.
+    assert_eq!(
+        telemetry.metrics.processing_latency.get_sample_count(),
+        events.len() as u64
+    );
+    assert!(
+        telemetry.metrics.batches.get() > batches_before_stop,
+        "the stop finished a batch"
+    );
+    // Stored as committed: a restart reads nothing and re-emits nothing.
+    let stored = stored_offsets(&config.state_path, &cluster.topics.input);
+    let ends: Vec<Option<i64>> = stored.iter().map(|o| o.map(|o| o + 1)).collect();
+    assert_eq!(committed, ends, "group offsets = stored offsets + 1");
+    let again = Running::start(config, cluster.brokers());
+    std::thread::sleep(Duration::from_secs(2));
+    let stats = again.stop();
+    assert_eq!((stats.events, stats.skipped, stats.terminations), (0, 0, 0));
+    assert_eq!(
+        cluster.read(&cluster.topics.terminated, 0).len(),
+        want.len(),
+        "nothing re-emitted"
+    );
+}
+
+#[test]
+fn with_a_short_commit_interval_every_partition_is_committed_without_a_stop() {
+    let cluster = Cluster::start();
+    let (config, events, want) = commit_interval_of(&cluster, Duration::from_millis(700));
+    cluster.produce(&events);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(config, cluster.brokers(), telemetry.clone());
+    let terminated = cluster.read(&cluster.topics.terminated, want.len());
+    assert_eq!(event_ids(&terminated).len(), want.len());
+    cluster.wait_committed(events.len());
+    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
+    assert_eq!(
+        committed.iter().flatten().sum::<i64>(),
+        events.len() as i64,
+        "every partition came due and was committed: {committed:?}"
+    );
+    assert_eq!(
+        telemetry.metrics.processing_latency.get_sample_count(),
+        events.len() as u64,
+        "each event's latency observed once, at its commit"
+    );
+    let stats = running.stop();
+    assert_eq!(stats.events, events.len() as u64);
+}
+
 /// `loopwarden_events_consumed_total`, every type together.
 fn consumed_total(telemetry: &Telemetry) -> u64 {
     use prometheus::core::Collector;

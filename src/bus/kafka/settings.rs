@@ -25,6 +25,16 @@ pub const DEFAULT_MAX_BATCH_EVENTS: usize = 20_000;
 /// long; exactly once its findings wait for its transaction, so it is short.
 pub const DEFAULT_MAX_BATCH_WAIT_MS: u64 = 100;
 pub const DEFAULT_MAX_BATCH_WAIT_EXACTLY_ONCE_MS: u64 = 10;
+/// At least once, how often each partition's changed states are written (to sled and the
+/// changelog) and its input offsets committed: at the first batch end this long after
+/// the last (0: every batch's end). A session touched again within it is written once,
+/// and a worker's partitions come due at different batch ends, so each end writes a
+/// slice of them (`pipeline::partition`). Exactly once, every batch is one transaction
+/// with its offsets: there it is 0.
+pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 0;
+/// The longest commit interval: a crash re-applies up to this much of each partition's
+/// events.
+pub const MAX_COMMIT_INTERVAL_MS: u64 = 600_000;
 pub const DEFAULT_SHUTDOWN_DEADLINE_SECS: u64 = 30;
 /// A partition with no events for this long has its clock advanced by wall-clock time.
 pub const DEFAULT_IDLE_AFTER_SECS: u64 = 5;
@@ -119,6 +129,7 @@ pub(crate) struct RawKafka {
     delivery: Option<String>,
     max_batch_events: Option<usize>,
     max_batch_wait_ms: Option<u64>,
+    commit_interval_ms: Option<u64>,
     shutdown_deadline_secs: Option<u64>,
     idle_after_secs: Option<u64>,
     align_wait_ms: Option<u64>,
@@ -150,6 +161,9 @@ pub struct KafkaSettings {
     pub delivery: Delivery,
     pub max_batch_events: usize,
     pub max_batch_wait: Duration,
+    /// How often a partition's changed states are written and its offsets committed
+    /// ([`DEFAULT_COMMIT_INTERVAL_MS`]); zero: at every batch's end.
+    pub commit_interval: Duration,
     pub shutdown_deadline: Duration,
     pub idle_after: Duration,
     /// The longest an event is held back waiting for another input topic of its
@@ -401,6 +415,35 @@ fn delivery(raw: Option<&str>, changelog: bool, errors: &mut Vec<(String, String
     delivery
 }
 
+/// `kafka.commit_interval_ms`: at least once up to [`MAX_COMMIT_INTERVAL_MS`]; exactly
+/// once none (its transaction commits a batch's offsets with its findings, so every batch
+/// writes its states).
+fn commit_interval_ms(
+    raw: Option<u64>,
+    delivery: Delivery,
+    errors: &mut Vec<(String, String)>,
+) -> u64 {
+    match (raw, delivery) {
+        (None, Delivery::AtLeastOnce) => DEFAULT_COMMIT_INTERVAL_MS,
+        (None | Some(0), Delivery::ExactlyOnce) => 0,
+        (Some(_), Delivery::ExactlyOnce) => {
+            errors.push((
+                "kafka.commit_interval_ms".into(),
+                "exactly_once commits every batch in its transaction: leave it unset (or 0), or use at_least_once".into(),
+            ));
+            0
+        }
+        (Some(ms), Delivery::AtLeastOnce) if ms > MAX_COMMIT_INTERVAL_MS => {
+            errors.push((
+                "kafka.commit_interval_ms".into(),
+                format!("must be at most {MAX_COMMIT_INTERVAL_MS} (10 min): a crash re-applies up to this much of each partition's events"),
+            ));
+            MAX_COMMIT_INTERVAL_MS
+        }
+        (Some(ms), Delivery::AtLeastOnce) => ms,
+    }
+}
+
 /// The timings of a `[kafka]` section, each checked.
 struct Timings {
     shutdown_deadline: Duration,
@@ -489,6 +532,7 @@ impl KafkaSettings {
             Delivery::AtLeastOnce => DEFAULT_MAX_BATCH_WAIT_MS,
             Delivery::ExactlyOnce => DEFAULT_MAX_BATCH_WAIT_EXACTLY_ONCE_MS,
         });
+        let commit_interval_ms = commit_interval_ms(raw.commit_interval_ms, delivery, errors);
         KafkaSettings {
             brokers: raw.brokers.filter(|b| !b.trim().is_empty()),
             group_id,
@@ -502,6 +546,7 @@ impl KafkaSettings {
             delivery,
             max_batch_events,
             max_batch_wait: Duration::from_millis(max_batch_wait_ms),
+            commit_interval: Duration::from_millis(commit_interval_ms),
             shutdown_deadline: timings.shutdown_deadline,
             idle_after: timings.idle_after,
             align_wait: timings.align_wait,
@@ -566,6 +611,7 @@ impl KafkaSettings {
             ("delivery", text(self.delivery.name())),
             ("max_batch_events", int(self.max_batch_events as u128)),
             ("max_batch_wait_ms", int(self.max_batch_wait.as_millis())),
+            ("commit_interval_ms", int(self.commit_interval.as_millis())),
             (
                 "shutdown_deadline_secs",
                 int(self.shutdown_deadline.as_secs().into()),
@@ -639,6 +685,38 @@ mod tests {
         assert_eq!(s.max_batch_wait, Duration::from_millis(10));
         let (s, _) = validate("delivery = \"exactly_once\"\nmax_batch_wait_ms = 40\n");
         assert_eq!(s.max_batch_wait, Duration::from_millis(40));
+    }
+
+    #[test]
+    fn a_commit_interval_is_at_least_once_and_bounded() {
+        let (s, errors) = validate("");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            s.commit_interval,
+            Duration::from_millis(DEFAULT_COMMIT_INTERVAL_MS)
+        );
+        let (s, errors) = validate("commit_interval_ms = 5000\n");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.commit_interval, Duration::from_secs(5));
+        assert_eq!(
+            s.to_toml()["commit_interval_ms"],
+            toml::Value::Integer(5000)
+        );
+        // Exactly once: every batch, and an interval asked for is refused, not ignored.
+        let (s, errors) = validate("delivery = \"exactly_once\"\n");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.commit_interval, Duration::ZERO);
+        let (_, errors) = validate("delivery = \"exactly_once\"\ncommit_interval_ms = 0\n");
+        assert!(errors.is_empty(), "{errors:?}");
+        let (_, errors) = validate("delivery = \"exactly_once\"\ncommit_interval_ms = 5000\n");
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].0, "kafka.commit_interval_ms");
+        assert!(errors[0].1.contains("exactly_once"), "{errors:?}");
+        let (_, errors) = validate("commit_interval_ms = 600001\n");
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].1.contains("at most 600000"), "{errors:?}");
+        let (_, errors) = validate("commit_interval_ms = 600000\n");
+        assert!(errors.is_empty(), "{errors:?}");
     }
 
     #[test]

@@ -116,21 +116,36 @@ pub enum Finish {
     Settle,
 }
 
+/// The changes a batch's end takes ([`Worker::take_changes`]).
+#[derive(Default)]
+struct Taken {
+    changes: Vec<(i32, StoreBatch)>,
+    offsets: TopicPartitionList,
+    polled: Vec<PolledTimes>,
+}
+
 /// An acknowledged batch and the changelog offsets its records reached.
 type Acked = (Unacked, FxHashMap<i32, i64>);
 
 impl Worker {
-    /// Takes every changed partition's changes (sessions + offsets, one batch each) and
-    /// the offsets to commit once they are stored.
-    fn take_changes(&mut self) -> (Vec<(i32, StoreBatch)>, TopicPartitionList) {
-        let mut batches = Vec::new();
-        let mut commit = TopicPartitionList::new();
+    /// Takes the changes of every changed partition that comes due (with `all`, of every
+    /// changed partition: a stop, a revoke, a transaction): sessions + offsets, one batch
+    /// each, the offsets to commit once they are stored, and when their events were
+    /// polled.
+    fn take_changes(&mut self, all: bool) -> Taken {
+        let mut taken = Taken::default();
+        let now = Instant::now();
+        let interval = self.config.kafka.commit_interval;
         for (&partition, p) in &mut self.partitions {
-            if let Some(batch) = p.take_changes(partition, &mut commit) {
-                batches.push((partition, batch));
+            if !all && !p.comes_due(now, interval) {
+                continue;
+            }
+            if let Some((batch, polled)) = p.take_changes(partition, &mut taken.offsets) {
+                taken.changes.push((partition, batch));
+                taken.polled.push(polled);
             }
         }
-        (batches, commit)
+        taken
     }
 
     /// Hands an acknowledged batch to the store writer (one atomic sled batch per
@@ -225,7 +240,7 @@ impl Worker {
     fn commit_offsets(
         &mut self,
         offsets: TopicPartitionList,
-        polled: PolledTimes,
+        polled: Vec<PolledTimes>,
         wrote: bool,
         store_took: Duration,
         input: &dyn Input,
@@ -248,7 +263,9 @@ impl Worker {
             metrics.commit_duration.observe(took.as_secs_f64());
         }
         let done = Instant::now();
-        polled.observe_until(done, &metrics.processing_latency);
+        for polled in &polled {
+            polled.observe_until(done, &metrics.processing_latency);
+        }
         self.stats.batches += 1;
         metrics.batches.inc();
         debug!(
@@ -285,8 +302,14 @@ impl Worker {
         let previous = self.acknowledge()?;
         self.apply_ready();
         let closing = Instant::now();
-        let (changes, offsets) = self.take_changes();
-        let polled = std::mem::take(&mut self.polled);
+        // Exactly once, a transaction commits the batch's offsets with its findings: every
+        // partition's changes go with it.
+        let all = finish == Finish::Settle || self.commit.transaction().is_some();
+        let Taken {
+            changes,
+            offsets,
+            polled,
+        } = self.take_changes(all);
         let telemetry = self.telemetry.clone();
         let metrics = &telemetry.metrics;
         metrics.observe_stage("apply", std::mem::take(&mut self.applying));

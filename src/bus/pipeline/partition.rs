@@ -3,7 +3,12 @@
 //! messages waiting in its aligner, and what it turns a polled message into.
 //!
 //! Guarantees: a partition's changes are taken together with the offsets they reflect
-//! (one store batch), and the offsets to commit are exactly the applied ones.
+//! (one store batch), and the offsets to commit are exactly the applied ones. With a
+//! commit interval (`kafka.commit_interval_ms`, at least once) a partition's changes are
+//! taken at the first batch end once it is due, and wait in its engine until then (a
+//! stop or a revoke takes them all): the offsets it commits then are still those its
+//! stored states reflect, and its partitions' first due times are spread over the interval
+//! so that each batch end takes a slice of a worker's partitions.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -13,6 +18,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::warn;
 
 use super::align::Aligner;
+use super::batch::PolledTimes;
 use super::outbox::{dead_letter, Record};
 use super::outputs::Source;
 use super::writer::SharedStore;
@@ -61,6 +67,11 @@ pub(super) struct Partition {
     /// not asked, with one input topic, or no answer). The client's cached watermarks
     /// outlive a revoke, so after a partition comes back they may be older than this.
     pub high_at_assignment: Vec<Option<i64>>,
+    /// When its changes are next taken ([`Partition::comes_due`]).
+    pub due: Instant,
+    /// When the events applied since its changes were last taken were polled (processing
+    /// latency, observed once they are committed).
+    pub polled: PolledTimes,
 }
 
 impl Pending<'_> {
@@ -117,13 +128,14 @@ impl Pending<'_> {
 
 impl Partition {
     /// A partition loaded from its store, its aligner waiting `align_wait` across the
-    /// `topics` input topics.
+    /// `topics` input topics, its changes first taken at `due` ([`first_due`]).
     pub fn new(
         engine: Engine,
         store: SledStore,
         applied: BTreeMap<Arc<str>, i64>,
         topics: usize,
         align_wait: Duration,
+        due: Instant,
     ) -> Partition {
         let clock_at_last_event = engine.watermark();
         Partition {
@@ -136,7 +148,27 @@ impl Partition {
             clock_at_last_event,
             behind: false,
             high_at_assignment: Vec::new(),
+            due,
+            polled: PolledTimes::default(),
         }
+    }
+
+    /// Whether a batch's end at `now` takes its changes, with `interval` between takes:
+    /// every end's when the interval is zero, else once `due` has come, the next then an
+    /// interval on, in the same phase (or an interval from `now` when ends stalled for
+    /// longer than an interval).
+    pub fn comes_due(&mut self, now: Instant, interval: Duration) -> bool {
+        if interval.is_zero() {
+            return true;
+        }
+        if now < self.due {
+            return false;
+        }
+        self.due += interval;
+        if self.due <= now {
+            self.due = now + interval;
+        }
+        true
     }
 
     /// Advances the engine's clock by the wall time since the last event, once nothing
@@ -170,12 +202,13 @@ impl Partition {
     }
 
     /// Takes the changes since the last store (sessions and applied offsets, one store
-    /// batch) and adds the offsets to commit once stored; nothing when unchanged.
+    /// batch) and adds the offsets to commit once stored, with when its events were
+    /// polled; nothing when unchanged.
     pub fn take_changes(
         &mut self,
         partition: i32,
         commit: &mut TopicPartitionList,
-    ) -> Option<StoreBatch> {
+    ) -> Option<(StoreBatch, PolledTimes)> {
         if !std::mem::take(&mut self.dirty) {
             return None;
         }
@@ -187,8 +220,24 @@ impl Partition {
         for (t, o) in &self.applied {
             let _ = commit.add_partition_offset(t, partition, Offset::Offset(o + 1));
         }
-        self.engine.take_changes(&offsets)
+        let polled = std::mem::take(&mut self.polled);
+        self.engine
+            .take_changes(&offsets)
+            .map(|batch| (batch, polled))
     }
+}
+
+/// The golden ratio's fractional part: its multiples modulo 1 spread any run of
+/// partition numbers evenly over the interval.
+const PHASE_STEP: f64 = 0.618_033_988_749_895;
+
+/// When a partition assigned at `now` first comes due, with `interval` between takes:
+/// a fraction of the interval that differs from one partition number to the next, so that
+/// a worker's partitions come due at different batch ends (at a million open sessions a
+/// worker's whole state taken at once stopped it for seconds).
+pub fn first_due(partition: i32, now: Instant, interval: Duration) -> Instant {
+    let phase = (f64::from(partition) * PHASE_STEP).rem_euclid(1.0);
+    now + interval.mul_f64(phase)
 }
 
 #[cfg(test)]
@@ -214,10 +263,72 @@ mod tests {
             &EventMeta::default(),
             &mut out,
         );
-        let mut p = Partition::new(engine, store, BTreeMap::new(), 1, Duration::ZERO);
+        let mut p = Partition::new(
+            engine,
+            store,
+            BTreeMap::new(),
+            1,
+            Duration::ZERO,
+            Instant::now(),
+        );
         p.last_event_wall = Instant::now().checked_sub(idle).unwrap();
         p.clock_at_last_event = p.engine.watermark();
         p
+    }
+
+    #[test]
+    fn a_partition_comes_due_once_an_interval_in_its_own_phase() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = partition_with_a_session(dir.path(), Duration::ZERO);
+        let t0 = Instant::now();
+        let second = Duration::from_secs(1);
+        // No interval: every batch's end.
+        p.due = t0 + second * 100;
+        assert!(p.comes_due(t0, Duration::ZERO));
+        assert_eq!(p.due, t0 + second * 100, "left as it was");
+        // Not yet due; due; then an interval on from when it was due, not from when the
+        // batch ended (40 ms late), so that its phase holds.
+        let interval = second * 10;
+        p.due = t0 + second * 3;
+        assert!(!p.comes_due(t0, interval));
+        assert!(!p.comes_due(t0 + second * 3 - Duration::from_millis(1), interval));
+        assert!(p.comes_due(t0 + second * 3 + Duration::from_millis(40), interval));
+        assert_eq!(p.due, t0 + second * 13);
+        assert!(!p.comes_due(t0 + second * 12, interval));
+        // Ends that stalled past a whole interval: the next is an interval from now.
+        assert!(p.comes_due(t0 + second * 40, interval));
+        assert_eq!(p.due, t0 + second * 50);
+    }
+
+    #[test]
+    fn a_workers_partitions_first_come_due_spread_over_the_interval() {
+        let now = Instant::now();
+        let interval = Duration::from_secs(10);
+        for partitions in [
+            vec![0, 1, 2, 3],
+            (0..32).collect(),
+            (0..64).step_by(2).collect::<Vec<_>>(),
+        ] {
+            let mut phases: Vec<Duration> = partitions
+                .iter()
+                .map(|&p| first_due(p, now, interval) - now)
+                .collect();
+            assert!(phases.iter().all(|d| *d < interval), "{phases:?}");
+            phases.sort();
+            // No two partitions come due together, and no gap is more than three times an
+            // even spread's: each batch end takes a slice of them.
+            let even = interval / partitions.len() as u32;
+            let gaps: Vec<Duration> = phases.windows(2).map(|w| w[1] - w[0]).collect();
+            assert!(
+                gaps.iter().all(|g| *g > even / 4 && *g < even * 3),
+                "{partitions:?}: {phases:?}"
+            );
+        }
+        assert_eq!(
+            first_due(5, now, Duration::ZERO),
+            now,
+            "no interval: due at once"
+        );
     }
 
     #[test]

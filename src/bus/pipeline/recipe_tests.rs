@@ -32,8 +32,20 @@ const INPUT: &str = "tool.called";
 const PARTITIONS: [i32; 2] = [0, 1];
 
 fn config(batch_events: usize, changelog: bool) -> Arc<Config> {
+    config_with(batch_events, changelog, "")
+}
+
+/// [`config`] with a commit interval (`kafka.commit_interval_ms`): [`Member::consume_all`]
+/// then makes partition 0 due at every second batch's end and partition 1 at every third
+/// (each partition's due time set by hand, the interval itself never passing), so that
+/// batch ends take one partition, both or neither.
+fn config_taking_in_turns(batch_events: usize, changelog: bool) -> Arc<Config> {
+    config_with(batch_events, changelog, "commit_interval_ms = 600000\n")
+}
+
+fn config_with(batch_events: usize, changelog: bool, kafka: &str) -> Arc<Config> {
     let toml = format!(
-        "[kafka]\ninput_topics = [\"{INPUT}\"]\nchangelog = {changelog}\nmax_batch_events = {batch_events}\n"
+        "[kafka]\ninput_topics = [\"{INPUT}\"]\nchangelog = {changelog}\nmax_batch_events = {batch_events}\n{kafka}"
     );
     Arc::new(Config::from_toml_str(&toml, "recipe", std::iter::empty()).unwrap())
 }
@@ -156,11 +168,29 @@ impl Member {
                 _ => {}
             }
             if polled % batch == 0 {
+                self.set_turns(polled / batch);
                 self.worker.finish_batch(&self.input, Finish::Overlap)?;
             }
         }
         self.worker.finish_batch(&self.input, Finish::Settle)?;
         self.worker.flush_store()
+    }
+
+    /// With a commit interval ([`config_taking_in_turns`]), which partitions come due at
+    /// the end of batch `n` (from 1): partition 0 at every second, 1 at every third.
+    fn set_turns(&mut self, n: usize) {
+        if self.worker.settings().commit_interval.is_zero() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        for (&partition, p) in &mut self.worker.partitions {
+            let due = n % (2 + partition as usize) == 0;
+            p.due = if due {
+                now
+            } else {
+                now + std::time::Duration::from_secs(3600)
+            };
+        }
     }
 }
 
@@ -556,6 +586,25 @@ fn a_crash_at_any_window_loses_and_double_counts_nothing_with_sled_alone() {
 fn a_crash_at_any_window_loses_and_double_counts_nothing_with_the_changelog() {
     let windows = crash_at_every_window(&config(25, true), Restart::SameDisk);
     eprintln!("with the changelog: {windows}");
+}
+
+#[test]
+fn a_crash_at_any_window_loses_and_double_counts_nothing_with_partitions_taken_in_turns() {
+    for (changelog, restart) in [
+        (false, Restart::SameDisk),
+        (true, Restart::SameDisk),
+        (true, Restart::EmptyDisk),
+    ] {
+        let windows = crash_at_every_window(&config_taking_in_turns(25, changelog), restart);
+        eprintln!(
+            "in turns, changelog {changelog}, {}: {windows}",
+            if restart == Restart::SameDisk {
+                "same disk"
+            } else {
+                "empty disk"
+            }
+        );
+    }
 }
 
 #[test]

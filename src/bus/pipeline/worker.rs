@@ -32,7 +32,7 @@ use super::commit::Commit;
 use super::holds::{PartitionHolds, StoppedWaiting};
 use super::outbox::Outbox;
 use super::outputs::{self, Source};
-use super::partition::{Partition, Pending};
+use super::partition::{first_due, Partition, Pending};
 use super::writer::{Stored, Writer};
 use super::{PipelineError, RunStats};
 use crate::bus::kafka::c_heap;
@@ -63,8 +63,6 @@ pub struct Worker {
     pub(super) scratch: Vec<Output>,
     /// For each output in `scratch`, where the event that produced it came from.
     pub(super) scratch_sources: Vec<Source>,
-    /// When the current batch's events were polled (processing latency).
-    pub(super) polled: PolledTimes,
     /// What this worker last added to the process-wide gauges.
     pub(super) reported_sessions: i64,
     pub(super) reported_partitions: i64,
@@ -117,8 +115,8 @@ pub(super) struct Storing {
     pub(super) offsets: TopicPartitionList,
     /// The partitions it writes.
     pub(super) partitions: Vec<i32>,
-    /// When its events were polled (processing latency).
-    pub(super) polled: PolledTimes,
+    /// When its events were polled (processing latency), a count per partition taken.
+    pub(super) polled: Vec<PolledTimes>,
     /// The writer's report, once it came.
     pub(super) stored: Option<Stored>,
 }
@@ -169,7 +167,6 @@ impl Worker {
             telemetry: telemetry.clone(),
             scratch: Vec::new(),
             scratch_sources: Vec::new(),
-            polled: PolledTimes::default(),
             reported_sessions: 0,
             reported_partitions: 0,
             store_size_at: None,
@@ -281,7 +278,9 @@ impl Worker {
         self.unacked = None;
         self.outbox.clear();
         self.outbox.forget_changelog_positions();
-        self.polled.clear();
+        for p in self.partitions.values_mut() {
+            p.polled.clear();
+        }
     }
 
     /// at_least_once with a changelog: sends the batch in flight's changelog commit
@@ -437,7 +436,8 @@ impl Worker {
             "partition assigned"
         );
         let align_wait = self.settings().align_wait;
-        let mut p = Partition::new(engine, store, applied, self.inputs.len(), align_wait);
+        let due = first_due(partition, Instant::now(), self.settings().commit_interval);
+        let mut p = Partition::new(engine, store, applied, self.inputs.len(), align_wait, due);
         if self.inputs.len() > 1 && !align_wait.is_zero() {
             p.high_at_assignment = self.restorer.high_watermarks(&self.inputs, partition);
         }
@@ -622,7 +622,7 @@ impl Worker {
                     p.applied.insert(self.inputs[topic].clone(), held.offset);
                 }
             }
-            self.polled.push(held.polled);
+            p.polled.push(held.polled);
             match held.item {
                 Pending::Event(event, meta, source) => {
                     self.stats.events += 1;
@@ -908,8 +908,8 @@ pub(super) struct Unacked {
     pub(super) offsets: TopicPartitionList,
     /// Its changelog batch id.
     pub(super) batch: u64,
-    /// When its events were polled (processing latency).
-    pub(super) polled: PolledTimes,
+    /// When its events were polled (processing latency), a count per partition taken.
+    pub(super) polled: Vec<PolledTimes>,
     pub(super) sent: Instant,
     /// The outbox's mark after its records (its findings, dead letters and changelog
     /// session records; the next batch's come after).
