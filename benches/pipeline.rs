@@ -170,6 +170,11 @@ fn assignments(telemetry: &Telemetry) -> (u64, i64) {
 /// The batch stages' times from the pipeline's own histogram: mean and the bucket bound
 /// under which 50 % and 99 % of batches fell.
 fn print_stage_budget(telemetry: &Telemetry) {
+    eprintln!("latency budget per batch: {}", stage_budget(telemetry));
+}
+
+/// [`print_stage_budget`]'s text.
+fn stage_budget(telemetry: &Telemetry) -> String {
     let mut parts = Vec::new();
     for stage in ["wait", "apply", "close", "deliver", "store", "commit"] {
         let m = stage_metric(telemetry, stage);
@@ -194,7 +199,7 @@ fn print_stage_budget(telemetry: &Telemetry) {
             bound(0.99)
         ));
     }
-    eprintln!("latency budget per batch: {}", parts.join("; "));
+    parts.join("; ")
 }
 
 /// The bench's producers' `linger.ms` (LOOPWARDEN_BENCH_FEED_LINGER_MS, default 2).
@@ -856,6 +861,15 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         done as f64 / telemetry.metrics.batches.get().max(1) as f64,
         telemetry.metrics.store_written_bytes.get() as f64 / states.max(1) as f64
     );
+    // `close` is how long each batch end stopped the worker's applying (its states taken
+    // and handed on): what a commit interval spreads over the partitions' turns.
+    eprintln!(
+        "growth: batch stages over the phase: {}",
+        stage_budget(&telemetry)
+    );
+    if let Some((now, peak)) = proc::resident_mib() {
+        eprintln!("growth: the process's resident memory {now} MiB at the phase's end, {peak} MiB at its peak");
+    }
     // Every thread's CPU so far, read once for both lines below: this process's, and the
     // producers' that have ended.
     let threads_split = proc::threads_cpu_split();

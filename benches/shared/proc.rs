@@ -8,6 +8,22 @@ pub fn cpu_ms(pid: u32) -> u64 {
     stat_cpu(&stat).map_or(0, CpuTime::total_ms)
 }
 
+/// This process's resident memory now and at its peak (`VmRSS`, `VmHWM`), in MiB.
+#[allow(dead_code)] // The pipeline bench's alone.
+pub fn resident_mib() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = |field: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(field))?;
+        line[field.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((kib("VmRSS:")? / 1024, kib("VmHWM:")? / 1024))
+}
+
 /// This process's threads as `/proc/self/task` lists them: each one's name and CPU time
 /// so far, split into user and system time (in clock ticks: 10 ms steps). `None` when it
 /// cannot be read.

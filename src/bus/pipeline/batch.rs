@@ -1,10 +1,15 @@
 //! A batch's end, as a recipe ([`Worker::finish_batch`]): at least once, acknowledge
 //! the batch before → apply what is left → take the changes → send them with the
 //! changelog → hand the batch before to the store writer, and commit the input offsets of
-//! the batches it has stored; exactly once, one transaction, then the store.
+//! the batches it has stored; exactly once, one transaction, then the store. At least
+//! once with a commit interval, a batch's end takes the changes of the partitions that
+//! come due ([`super::partition::Partition::comes_due`]); the others' wait in their
+//! engines, uncommitted, for a later end (a stop or a revoke takes every partition's).
 //!
 //! Guarantees: a batch's input offsets are committed only after every record it sent is
-//! acknowledged and its state stored (the writer's report); nothing of a batch's
+//! acknowledged and its state stored (the writer's report); a partition's offsets go
+//! only with its changes, so those committed are always those its stored state reflects,
+//! and every record sent before them was acknowledged first; nothing of a batch's
 //! changelog records is sent before the batch before it is acknowledged (so the changelog
 //! holds whole batches in order); exactly once, a batch's findings, changelog records and
 //! offsets are one transaction.
