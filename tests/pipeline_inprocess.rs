@@ -295,11 +295,12 @@ fn commit_interval_of(
 #[test]
 fn a_commit_interval_holds_each_partitions_commit_to_its_turn_and_a_stop_commits_all() {
     let cluster = Cluster::start();
-    // The longest interval: partition 0 comes due at the first batch's end, 1 and 2 at
-    // 0.618 and 0.236 of it (minutes away), so only a stop writes theirs.
-    let (config, events, want) = commit_interval_of(&cluster, Duration::from_secs(600));
+    // The longest interval, a minute: partition 0's first turn is the first batch's end,
+    // partition 1's 37 s later (0.618 of it), partition 2's 14 s later (0.236).
+    let (config, events, want) = commit_interval_of(&cluster, Duration::from_secs(60));
     cluster.produce(&events);
     let telemetry = Arc::new(Telemetry::new());
+    let started = std::time::Instant::now();
     let running = Running::observed(config.clone(), cluster.brokers(), telemetry.clone());
     let terminated = cluster.read(&cluster.topics.terminated, want.len());
     let got: BTreeSet<String> = event_ids(&terminated).into_iter().collect();
@@ -308,14 +309,33 @@ fn a_commit_interval_holds_each_partitions_commit_to_its_turn_and_a_stop_commits
     while consumed_total(&telemetry) < events.len() as u64 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Dozens of batch ends pass.
+    // The batch in flight settles; then, idle, changes whose turn has not come end no
+    // batch (before, one ended at every idle poll while any partition had changes).
+    std::thread::sleep(Duration::from_secs(1));
+    let batch_ends = || {
+        telemetry
+            .metrics
+            .batch_stages
+            .with_label_values(&["close"])
+            .get_sample_count()
+    };
+    let ends = batch_ends();
     std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(batch_ends(), ends, "no batch ends while the input is idle");
     let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
-    assert_eq!(
-        committed[1..],
-        [None, None],
-        "partitions 1 and 2 wait for their turn (or a stop): {committed:?}"
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(35),
+        "the run took {waited:?}: partition 1's turn is near"
     );
+    assert_eq!(
+        committed[1], None,
+        "partition 1 waits for its turn (or a stop): {committed:?}"
+    );
+    // Partition 2's turn comes 14 s in: held until then.
+    if waited < Duration::from_secs(13) {
+        assert_eq!(committed[2], None, "partition 2 too: {committed:?}");
+    }
     let batches_before_stop = telemetry.metrics.batches.get();
     let stats = running.stop();
     assert_eq!(stats.events, events.len() as u64);

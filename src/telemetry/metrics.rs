@@ -225,7 +225,7 @@ const CONSUMER_LAG: Family = Family {
 
 const PROCESSING_LATENCY: Family = Family {
     name: "loopwarden_processing_latency_seconds",
-    help: "From an event's poll to its batch being delivered, stored and committed.",
+    help: "From an event's poll to its batch being delivered, stored and committed (with a commit interval, its partition's).",
     labels: &[],
 };
 

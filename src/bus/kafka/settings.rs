@@ -26,15 +26,16 @@ pub const DEFAULT_MAX_BATCH_EVENTS: usize = 20_000;
 pub const DEFAULT_MAX_BATCH_WAIT_MS: u64 = 100;
 pub const DEFAULT_MAX_BATCH_WAIT_EXACTLY_ONCE_MS: u64 = 10;
 /// At least once, how often each partition's changed states are written (to sled and the
-/// changelog) and its input offsets committed: at the first batch end this long after
-/// the last (0: every batch's end). A session touched again within it is written once,
+/// changelog) and its input offsets committed: once an interval, at the first batch end
+/// of each of its turns, every partition in a phase of its own (0: every batch's end). A session touched again within it is written once,
 /// and a worker's partitions come due at different batch ends, so each end writes a
 /// slice of them (`pipeline::partition`). Exactly once, every batch is one transaction
 /// with its offsets: there it is 0.
 pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 0;
 /// The longest commit interval: a crash re-applies up to this much of each partition's
-/// events.
-pub const MAX_COMMIT_INTERVAL_MS: u64 = 600_000;
+/// events, the processing-latency histogram's buckets end at a minute, and a partition
+/// counts its events' poll times a millisecond at a time until its turn (60,000 counts).
+pub const MAX_COMMIT_INTERVAL_MS: u64 = 60_000;
 pub const DEFAULT_SHUTDOWN_DEADLINE_SECS: u64 = 30;
 /// A partition with no events for this long has its clock advanced by wall-clock time.
 pub const DEFAULT_IDLE_AFTER_SECS: u64 = 5;
@@ -436,7 +437,7 @@ fn commit_interval_ms(
         (Some(ms), Delivery::AtLeastOnce) if ms > MAX_COMMIT_INTERVAL_MS => {
             errors.push((
                 "kafka.commit_interval_ms".into(),
-                format!("must be at most {MAX_COMMIT_INTERVAL_MS} (10 min): a crash re-applies up to this much of each partition's events"),
+                format!("must be at most {MAX_COMMIT_INTERVAL_MS} (1 min): a crash re-applies up to this much of each partition's events"),
             ));
             MAX_COMMIT_INTERVAL_MS
         }
@@ -712,10 +713,10 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(errors[0].0, "kafka.commit_interval_ms");
         assert!(errors[0].1.contains("exactly_once"), "{errors:?}");
-        let (_, errors) = validate("commit_interval_ms = 600001\n");
+        let (_, errors) = validate("commit_interval_ms = 60001\n");
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert!(errors[0].1.contains("at most 600000"), "{errors:?}");
-        let (_, errors) = validate("commit_interval_ms = 600000\n");
+        assert!(errors[0].1.contains("at most 60000"), "{errors:?}");
+        let (_, errors) = validate("commit_interval_ms = 60000\n");
         assert!(errors.is_empty(), "{errors:?}");
     }
 

@@ -3,8 +3,9 @@
 //! changelog → hand the batch before to the store writer, and commit the input offsets of
 //! the batches it has stored; exactly once, one transaction, then the store. At least
 //! once with a commit interval, a batch's end takes the changes of the partitions that
-//! come due ([`super::partition::Partition::comes_due`]); the others' wait in their
-//! engines, uncommitted, for a later end (a stop or a revoke takes every partition's).
+//! come due ([`super::partition::Partition::take_turn`]); the others' wait in their
+//! engines, uncommitted, for a later end (a stop takes every partition's, a revoke the
+//! revoked partitions').
 //!
 //! Guarantees: a batch's input offsets are committed only after every record it sent is
 //! acknowledged and its state stored (the writer's report); a partition's offsets go
@@ -37,12 +38,14 @@ use crate::shutdown::Shutdown;
 /// to this much long.
 pub(super) const POLLED_RESOLUTION: Duration = Duration::from_millis(1);
 
-/// When a batch's events were polled, for the processing-latency histogram: how many in
-/// each millisecond after the first event counted (and, for events polled before it, held
-/// for another topic and applied after it, in each millisecond before). It holds one
-/// count a millisecond of the span its events were polled over, whatever their number or
-/// order: one instant an event held 16 bytes for each, 78 MB for a 10-second batch at
-/// 490,000 events/s, twice over while the batch before awaits its store.
+/// When a partition's events were polled since its changes were last taken, for the
+/// processing-latency histogram: how many in each millisecond after the first event
+/// counted (and, for events polled before it, held for another topic and applied after
+/// it, in each millisecond before). It holds one count a millisecond of the span its
+/// events were polled over, whatever their number or order (a batch's length, or with a
+/// commit interval up to the interval: 60,000 counts at most): one instant an event held
+/// 16 bytes for each, 78 MB for a 10-second batch at 490,000 events/s, twice over while
+/// the batch before awaits its store.
 #[derive(Debug, Default)]
 pub(super) struct PolledTimes {
     /// The first event counted: the milliseconds are counted from it.
@@ -124,8 +127,11 @@ pub enum Finish {
 /// The changes a batch's end takes ([`Worker::take_changes`]).
 #[derive(Default)]
 struct Taken {
+    /// Each partition taken's store batch (its sessions and applied offsets).
     changes: Vec<(i32, StoreBatch)>,
+    /// Their input offsets, to commit once the batches are stored.
     offsets: TopicPartitionList,
+    /// When their events were polled, a count per partition taken.
     polled: Vec<PolledTimes>,
 }
 
@@ -133,16 +139,17 @@ struct Taken {
 type Acked = (Unacked, FxHashMap<i32, i64>);
 
 impl Worker {
-    /// Takes the changes of every changed partition that comes due (with `all`, of every
-    /// changed partition: a stop, a revoke, a transaction): sessions + offsets, one batch
-    /// each, the offsets to commit once they are stored, and when their events were
-    /// polled.
+    /// Takes the changes of every changed partition whose turn it is, or that a revoke
+    /// takes away (with `all`, of every changed partition: a stop, a transaction):
+    /// sessions + offsets, one batch each, the offsets to commit once they are stored,
+    /// and when their events were polled.
     fn take_changes(&mut self, all: bool) -> Taken {
         let mut taken = Taken::default();
         let now = Instant::now();
         let interval = self.config.kafka.commit_interval;
         for (&partition, p) in &mut self.partitions {
-            if !all && !p.comes_due(now, interval) {
+            let forced = all || self.revoking.contains(&partition);
+            if !forced && !p.take_turn(now, interval) {
                 continue;
             }
             if let Some((batch, polled)) = p.take_changes(partition, &mut taken.offsets) {
@@ -307,9 +314,11 @@ impl Worker {
         let previous = self.acknowledge()?;
         self.apply_ready();
         let closing = Instant::now();
-        // Exactly once, a transaction commits the batch's offsets with its findings: every
+        // A stop takes every partition's changes (a revoke, those it takes away). Exactly
+        // once, a transaction commits the batch's offsets with its findings: every
         // partition's changes go with it.
-        let all = finish == Finish::Settle || self.commit.transaction().is_some();
+        let stop = finish == Finish::Settle && self.revoking.is_empty();
+        let all = stop || self.commit.transaction().is_some();
         let Taken {
             changes,
             offsets,

@@ -13,7 +13,9 @@
 //!    are acknowledged while the next batch is polled, and before any of the next
 //!    batch's changelog records is sent (so the changelog keeps whole batches in order);
 //! 3. store: each changed partition writes its session states and its applied offsets in
-//!    one atomic sled batch; without the changelog the database is flushed to disk here,
+//!    one atomic sled batch (with a commit interval, at least once, only the partitions
+//!    whose turn it is: the others' changes and offsets wait in their engines, and step 4
+//!    commits nothing of them); without the changelog the database is flushed to disk here,
 //!    with it sled flushes in the background (the changelog already holds the batch, and
 //!    a restart restores from it what sled had not written). The worker's store writer
 //!    does this on a thread of its own while the worker polls the next batch;
@@ -658,7 +660,7 @@ fn poll_batch(
                 w.observe_unpolled(consumer);
                 w.commit_stored(consumer, CommitMode::Async, false)?;
                 w.tick_idle();
-                if w.has_work() {
+                if w.has_work(Instant::now()) {
                     return Ok(polled);
                 }
             }

@@ -67,7 +67,7 @@ pub(super) struct Partition {
     /// not asked, with one input topic, or no answer). The client's cached watermarks
     /// outlive a revoke, so after a partition comes back they may be older than this.
     pub high_at_assignment: Vec<Option<i64>>,
-    /// When its changes are next taken ([`Partition::comes_due`]).
+    /// When its changes are next taken ([`Partition::take_turn`]).
     pub due: Instant,
     /// When the events applied since its changes were last taken were polled (processing
     /// latency, observed once they are committed).
@@ -153,20 +153,25 @@ impl Partition {
         }
     }
 
-    /// Whether a batch's end at `now` takes its changes, with `interval` between takes:
-    /// every end's when the interval is zero, else once `due` has come, the next then an
-    /// interval on, in the same phase (or an interval from `now` when ends stalled for
-    /// longer than an interval).
-    pub fn comes_due(&mut self, now: Instant, interval: Duration) -> bool {
-        if interval.is_zero() {
-            return true;
-        }
-        if now < self.due {
+    /// Whether its changes are due at `now`, with `interval` between takes: always when
+    /// the interval is zero.
+    pub fn is_due(&self, now: Instant, interval: Duration) -> bool {
+        interval.is_zero() || now >= self.due
+    }
+
+    /// Whether a batch's end at `now` takes its changes ([`Partition::is_due`]); when it
+    /// does, its next turn is the first of its phase after `now` (`due` plus whole
+    /// intervals). Skipped turns (a quiet input ends no batch, a restore or an outage
+    /// stalls them) keep the phase: counted from `now`, every partition of a worker would
+    /// share one turn from then on, and each end would take them all.
+    pub fn take_turn(&mut self, now: Instant, interval: Duration) -> bool {
+        if !self.is_due(now, interval) {
             return false;
         }
-        self.due += interval;
-        if self.due <= now {
-            self.due = now + interval;
+        if !interval.is_zero() {
+            // Below an interval (at most a minute: in u64 nanoseconds).
+            let into = (now - self.due).as_nanos() % interval.as_nanos();
+            self.due = now + (interval - Duration::from_nanos(into as u64));
         }
         true
     }
@@ -277,27 +282,43 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_comes_due_once_an_interval_in_its_own_phase() {
+    fn a_partition_takes_its_turn_once_an_interval_in_its_own_phase() {
         let dir = tempfile::tempdir().unwrap();
         let mut p = partition_with_a_session(dir.path(), Duration::ZERO);
         let t0 = Instant::now();
         let second = Duration::from_secs(1);
         // No interval: every batch's end.
         p.due = t0 + second * 100;
-        assert!(p.comes_due(t0, Duration::ZERO));
+        assert!(p.is_due(t0, Duration::ZERO));
+        assert!(p.take_turn(t0, Duration::ZERO));
         assert_eq!(p.due, t0 + second * 100, "left as it was");
         // Not yet due; due; then an interval on from when it was due, not from when the
         // batch ended (40 ms late), so that its phase holds.
         let interval = second * 10;
         p.due = t0 + second * 3;
-        assert!(!p.comes_due(t0, interval));
-        assert!(!p.comes_due(t0 + second * 3 - Duration::from_millis(1), interval));
-        assert!(p.comes_due(t0 + second * 3 + Duration::from_millis(40), interval));
+        assert!(!p.take_turn(t0, interval));
+        assert!(!p.is_due(t0 + second * 3 - Duration::from_millis(1), interval));
+        assert!(!p.take_turn(t0 + second * 3 - Duration::from_millis(1), interval));
+        assert!(p.is_due(t0 + second * 3, interval));
+        assert!(p.take_turn(t0 + second * 3 + Duration::from_millis(40), interval));
         assert_eq!(p.due, t0 + second * 13);
-        assert!(!p.comes_due(t0 + second * 12, interval));
-        // Ends that stalled past a whole interval: the next is an interval from now.
-        assert!(p.comes_due(t0 + second * 40, interval));
-        assert_eq!(p.due, t0 + second * 50);
+        assert!(!p.take_turn(t0 + second * 12, interval));
+        // Turns skipped (no batch ended from 13 s to 47 s): the next is the phase's first
+        // after now, 53 s, not an interval from now.
+        assert!(p.take_turn(t0 + second * 47, interval));
+        assert_eq!(p.due, t0 + second * 53);
+        // Exactly on a turn of the phase: the next one.
+        assert!(p.take_turn(t0 + second * 63, interval));
+        assert_eq!(p.due, t0 + second * 73);
+        // Two partitions whose turns were skipped for the same stall keep their phases
+        // apart.
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = partition_with_a_session(dir.path(), Duration::ZERO);
+        q.due = t0 + second * 6;
+        p.due = t0 + second * 3;
+        assert!(q.take_turn(t0 + second * 100, interval));
+        assert!(p.take_turn(t0 + second * 100, interval));
+        assert_eq!((p.due, q.due), (t0 + second * 103, t0 + second * 106));
     }
 
     #[test]

@@ -40,7 +40,7 @@ fn config(batch_events: usize, changelog: bool) -> Arc<Config> {
 /// (each partition's due time set by hand, the interval itself never passing), so that
 /// batch ends take one partition, both or neither.
 fn config_taking_in_turns(batch_events: usize, changelog: bool) -> Arc<Config> {
-    config_with(batch_events, changelog, "commit_interval_ms = 600000\n")
+    config_with(batch_events, changelog, "commit_interval_ms = 60000\n")
 }
 
 fn config_with(batch_events: usize, changelog: bool, kafka: &str) -> Arc<Config> {
@@ -605,6 +605,56 @@ fn a_crash_at_any_window_loses_and_double_counts_nothing_with_partitions_taken_i
             }
         );
     }
+}
+
+#[test]
+fn a_revoke_takes_the_revoked_partitions_changes_and_leaves_the_others_to_their_turn() {
+    let bus = bus_with_a_fleet(6);
+    let config = config_taking_in_turns(10, true);
+    let want = {
+        let bus = bus_with_a_fleet(6);
+        let dir = tempfile::tempdir().unwrap();
+        Member::start(&bus, dir.path(), &config)
+            .consume_all()
+            .unwrap();
+        outputs(&bus, &config)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Member::start(&bus, dir.path(), &config);
+    // The input is read a partition at a time: all of partition 0's, then 10 of 1's.
+    while !m.worker.partitions[&1].applied.contains_key(INPUT) {
+        m.handle_next(1);
+    }
+    m.handle_next(9);
+    for p in m.worker.partitions.values_mut() {
+        p.due = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    }
+    let applied = |m: &Member, partition: i32| m.worker.partitions[&partition].applied[INPUT];
+    let (applied_0, applied_1) = (applied(&m, 0), applied(&m, 1));
+    // Neither's turn: a batch's end takes nothing, and nothing is committed.
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    assert!(m.worker.partitions.values().all(|p| p.dirty));
+    assert_eq!(committed_once_stored(&mut m, &bus), None);
+    // Partition 1 revoked (a cooperative rebalance's partial revoke): its changes are
+    // stored and committed before the revoke returns, partition 0's wait for its turn.
+    m.worker.revoking = vec![1];
+    m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
+    m.worker.revoking.clear();
+    assert_eq!(bus.committed(INPUT, 1), Some(applied_1 + 1));
+    assert_eq!(
+        bus.committed(INPUT, 0),
+        None,
+        "partition 0 is not taken away"
+    );
+    assert!(
+        m.worker.partitions[&0].dirty,
+        "its changes wait in its engine"
+    );
+    // The rest of the stream, then a stop: every output as without the revoke, partition
+    // 0's changes written at last.
+    m.consume_all().unwrap();
+    assert_same(&want, &outputs(&bus, &config), "after a partial revoke");
+    assert_eq!(bus.committed(INPUT, 0), Some(applied_0 + 1));
 }
 
 #[test]

@@ -195,11 +195,13 @@ impl Worker {
         self.partitions.values().map(|p| p.held.len()).sum()
     }
 
-    /// Whether the batch in hand has anything to finish.
-    pub(super) fn has_work(&self) -> bool {
+    /// Whether the batch in hand has anything to finish at `now`.
+    pub(super) fn has_work(&self, now: Instant) -> bool {
+        let interval = self.config.kafka.commit_interval;
         !self.outbox.is_empty()
             || self.unacked.is_some()
-            || self.partitions.values().any(|p| p.dirty)
+            // Changes whose turn has not come wait without a batch's end.
+            || self.partitions.values().any(|p| p.dirty && p.is_due(now, interval))
     }
 
     /// Forgets the batch in hand without storing or committing anything (an assignment

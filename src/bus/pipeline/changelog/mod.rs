@@ -231,7 +231,8 @@ pub fn queue_commits(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: 
 /// loopwarden keeps up with its input, a session open without a write for longer than
 /// its gap, plus the idle clock's longest wait (`idle_after` × [`super::BEHIND_WAITS`] for a
 /// partition whose events wait on the broker), is closed, and the close is a newer
-/// record; twice that, and at least an hour, keeps open sessions' batches whole. (An
+/// record; twice that, and at least an hour, keeps open sessions' batches whole (a commit
+/// interval writes a close up to a minute later, well within the doubling). (An
 /// instance that takes a partition back after longer than the lag, or a consumer behind
 /// its input for that long, is not covered: see the README.)
 pub fn changelog_compaction_lag(session_gap: Duration, idle_after: Duration) -> Duration {
