@@ -194,13 +194,44 @@ fn stored_offsets(state: &Path, topic: &str) -> Vec<Option<i64>> {
         .collect()
 }
 
+/// A fleet of `sessions` (half of them looping, from `seed`), and the terminations replay
+/// finds in it under `config`: at least `loops` of them.
+fn looping_fleet(
+    config: &Arc<Config>,
+    sessions: u64,
+    seed: u64,
+    loops: usize,
+) -> (Vec<Vec<u8>>, BTreeSet<String>) {
+    let (events, _) = fleet(sessions, 0.5, seed);
+    let (_, want) = replayed(config, &events);
+    assert!(want.len() >= loops, "the fleet loops");
+    (events, want)
+}
+
+/// Once a run over `cluster` stopped: every partition's committed offset is the one after
+/// its stored offset, and a restart reads from them, applies nothing and re-emits none of
+/// the `terminations` already on the bus.
+fn assert_a_restart_re_reads_nothing(cluster: &Cluster, config: Arc<Config>, terminations: usize) {
+    let stored = stored_offsets(&config.state_path, &cluster.topics.input);
+    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
+    let ends: Vec<Option<i64>> = stored.iter().map(|o| o.map(|o| o + 1)).collect();
+    assert_eq!(committed, ends, "group offsets = stored offsets + 1");
+    let again = Running::start(config, cluster.brokers());
+    std::thread::sleep(Duration::from_secs(2));
+    let stats = again.stop();
+    assert_eq!((stats.events, stats.skipped, stats.terminations), (0, 0, 0));
+    assert_eq!(
+        cluster.read(&cluster.topics.terminated, 0).len(),
+        terminations,
+        "nothing re-emitted"
+    );
+}
+
 #[test]
 fn a_batch_is_delivered_stored_and_committed_and_a_restart_re_reads_nothing() {
     let cluster = Cluster::start();
     let config = cluster.config("a", "");
-    let (events, _) = fleet(60, 0.5, 3);
-    let (_, want) = replayed(&config, &events);
-    assert!(want.len() > 10, "the fleet loops");
+    let (events, want) = looping_fleet(&config, 60, 3, 11);
     cluster.produce(&events);
 
     let running = Running::start(config.clone(), cluster.brokers());
@@ -213,25 +244,12 @@ fn a_batch_is_delivered_stored_and_committed_and_a_restart_re_reads_nothing() {
 
     // Stored: every partition's last offset; committed: the next one, for the group.
     let stored = stored_offsets(&config.state_path, &cluster.topics.input);
-    let committed = committed_offsets(&cluster.brokers(), &cluster.group, &cluster.topics.input);
-    let ends: Vec<Option<i64>> = stored.iter().map(|o| o.map(|o| o + 1)).collect();
-    assert_eq!(committed, ends, "group offsets = stored offsets + 1");
     assert_eq!(
         stored.iter().flatten().map(|o| o + 1).sum::<i64>(),
         events.len() as i64,
         "every event stored as applied"
     );
-
-    // A restart reads from the committed offsets: nothing to apply, nothing re-emitted.
-    let again = Running::start(config, cluster.brokers());
-    std::thread::sleep(Duration::from_secs(2));
-    let stats = again.stop();
-    assert_eq!((stats.events, stats.skipped, stats.terminations), (0, 0, 0));
-    assert_eq!(
-        cluster.read(&cluster.topics.terminated, 0).len(),
-        want.len(),
-        "nothing re-emitted"
-    );
+    assert_a_restart_re_reads_nothing(&cluster, config, want.len());
 }
 
 /// Instance "a" of `cluster` with the whole backlog in one batch that closes after
@@ -244,9 +262,7 @@ fn one_batch_of_loops(
     config.kafka.max_batch_wait = batch_wait;
     config.kafka.max_batch_events = 1_000_000;
     let config = Arc::new(config);
-    let (events, _) = fleet(30, 0.5, 5);
-    let (_, want) = replayed(&config, &events);
-    assert!(!want.is_empty(), "the fleet loops");
+    let (events, want) = looping_fleet(&config, 30, 5, 1);
     (config, events, want)
 }
 
@@ -286,9 +302,7 @@ fn commit_interval_of(
             ("LOOPWARDEN_KAFKA__COMMIT_INTERVAL_MS", &interval),
         ],
     );
-    let (events, _) = fleet(60, 0.5, 11);
-    let (_, want) = replayed(&config, &events);
-    assert!(want.len() > 10, "the fleet loops");
+    let (events, want) = looping_fleet(&config, 60, 11, 11);
     (config, events, want)
 }
 
@@ -355,19 +369,7 @@ fn a_commit_interval_holds_each_partitions_commit_to_its_turn_and_a_stop_commits
         telemetry.metrics.batches.get() > batches_before_stop,
         "the stop finished a batch"
     );
-    // Stored as committed: a restart reads nothing and re-emits nothing.
-    let stored = stored_offsets(&config.state_path, &cluster.topics.input);
-    let ends: Vec<Option<i64>> = stored.iter().map(|o| o.map(|o| o + 1)).collect();
-    assert_eq!(committed, ends, "group offsets = stored offsets + 1");
-    let again = Running::start(config, cluster.brokers());
-    std::thread::sleep(Duration::from_secs(2));
-    let stats = again.stop();
-    assert_eq!((stats.events, stats.skipped, stats.terminations), (0, 0, 0));
-    assert_eq!(
-        cluster.read(&cluster.topics.terminated, 0).len(),
-        want.len(),
-        "nothing re-emitted"
-    );
+    assert_a_restart_re_reads_nothing(&cluster, config, want.len());
 }
 
 #[test]
