@@ -27,10 +27,11 @@ pub const DEFAULT_MAX_BATCH_WAIT_MS: u64 = 100;
 pub const DEFAULT_MAX_BATCH_WAIT_EXACTLY_ONCE_MS: u64 = 10;
 /// At least once, how often each partition's changed states are written (to sled and the
 /// changelog) and its input offsets committed: once an interval, at the first batch end
-/// of each of its turns, every partition in a phase of its own (0: every batch's end). A session touched again within it is written once,
-/// and a worker's partitions come due at different batch ends, so each end writes a
-/// slice of them (`pipeline::partition`). Exactly once, every batch is one transaction
-/// with its offsets: there it is 0.
+/// of each of its turns (0: every batch's end). A session touched again within it is
+/// written once, and a worker's partitions take their turns in phases of their own, so
+/// each batch end writes a slice of them (`pipeline::partition`). Off by default: shorter
+/// than the time between a session's events it costs more than it saves. Exactly once,
+/// every batch is one transaction with its offsets: there it is 0.
 pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 0;
 /// The longest commit interval: a crash re-applies up to this much of each partition's
 /// events, the processing-latency histogram's buckets end at a minute, and a partition

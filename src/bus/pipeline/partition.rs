@@ -5,10 +5,11 @@
 //! Guarantees: a partition's changes are taken together with the offsets they reflect
 //! (one store batch), and the offsets to commit are exactly the applied ones. With a
 //! commit interval (`kafka.commit_interval_ms`, at least once) a partition's changes are
-//! taken at the first batch end once it is due, and wait in its engine until then (a
-//! stop or a revoke takes them all): the offsets it commits then are still those its
-//! stored states reflect, and its partitions' first due times are spread over the interval
-//! so that each batch end takes a slice of a worker's partitions.
+//! taken at the first batch end of each of its turns, and wait in its engine until then
+//! (a stop takes them all, a revoke those of the partitions it takes away): the offsets it
+//! commits then are still those its stored states reflect. A worker's partitions take
+//! their turns in phases spread over the interval ([`first_due`]), so that each batch end
+//! takes a slice of them.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
