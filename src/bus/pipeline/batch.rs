@@ -139,13 +139,12 @@ struct Taken {
 type Acked = (Unacked, FxHashMap<i32, i64>);
 
 impl Worker {
-    /// Takes the changes of every changed partition whose turn it is, or that a revoke
-    /// takes away (with `all`, of every changed partition: a stop, a transaction):
+    /// Takes the changes of every changed partition whose turn it is at `now`, or that a
+    /// revoke takes away (with `all`, of every changed partition: a stop, a transaction):
     /// sessions + offsets, one batch each, the offsets to commit once they are stored,
     /// and when their events were polled.
-    fn take_changes(&mut self, all: bool) -> Taken {
+    fn take_changes(&mut self, all: bool, now: Instant) -> Taken {
         let mut taken = Taken::default();
-        let now = Instant::now();
         let interval = self.config.kafka.commit_interval;
         for (&partition, p) in &mut self.partitions {
             let forced = all || self.revoking.contains(&partition);
@@ -323,7 +322,7 @@ impl Worker {
             changes,
             offsets,
             polled,
-        } = self.take_changes(all);
+        } = self.take_changes(all, closing);
         let telemetry = self.telemetry.clone();
         let metrics = &telemetry.metrics;
         metrics.observe_stage("apply", std::mem::take(&mut self.applying));

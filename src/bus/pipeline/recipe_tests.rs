@@ -179,13 +179,16 @@ impl Member {
     /// With a commit interval ([`config_taking_in_turns`]), which partitions come due at
     /// the end of batch `n` (from 1): partition 0 at every second, 1 at every third.
     fn set_turns(&mut self, n: usize) {
-        if self.worker.settings().commit_interval.is_zero() {
-            return;
+        if !self.worker.settings().commit_interval.is_zero() {
+            self.due_now(|partition| n % (2 + partition as usize) == 0);
         }
+    }
+
+    /// Makes the partitions `due` says due now, and the others an hour away.
+    fn due_now(&mut self, due: impl Fn(i32) -> bool) {
         let now = std::time::Instant::now();
         for (&partition, p) in &mut self.worker.partitions {
-            let due = n % (2 + partition as usize) == 0;
-            p.due = if due {
+            p.due = if due(partition) {
                 now
             } else {
                 now + std::time::Duration::from_secs(3600)
@@ -626,9 +629,7 @@ fn a_revoke_takes_the_revoked_partitions_changes_and_leaves_the_others_to_their_
         m.handle_next(1);
     }
     m.handle_next(9);
-    for p in m.worker.partitions.values_mut() {
-        p.due = std::time::Instant::now() + std::time::Duration::from_secs(3600);
-    }
+    m.due_now(|_| false);
     let applied = |m: &Member, partition: i32| m.worker.partitions[&partition].applied[INPUT];
     let (applied_0, applied_1) = (applied(&m, 0), applied(&m, 1));
     // Neither's turn: a batch's end takes nothing, and nothing is committed.
