@@ -469,6 +469,7 @@ impl SledStore {
             return Err(sled::Error::Io(std::io::Error::other("failed for the test")).into());
         }
         let mut log = self.log()?;
+        log.warm(batch.puts.iter().map(|(k, _)| k.as_bytes()));
         let mut writer = Writer::new(&mut log);
         let mut deltas = batch.deltas.iter().filter(|_| deltas).peekable();
         for (i, (k, v)) in batch.puts.iter().enumerate() {

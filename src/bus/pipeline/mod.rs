@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
 use tracing::{error, info, warn};
 
 use crate::bus::kafka::settings::KafkaSettings;
@@ -503,6 +504,11 @@ fn run_worker(
 /// while the batch before is still in flight.
 const LONGEST_WAIT_FACTOR: u32 = 8;
 
+/// Messages polled ahead of the one handled, when librdkafka already holds them: their
+/// sessions' lookups overlap instead of each stalling its event (a million open
+/// sessions leave every session table's entries out of the cache).
+pub(super) const LOOKAHEAD: usize = 8;
+
 /// Whether a batch open for `open`, whose time is up, stays open: while the batch before
 /// still `awaiting` the broker (at least once), its end would wait for that with no event
 /// applied (every event polled meanwhile waits, and so do its findings), so the batch
@@ -631,18 +637,25 @@ fn poll_batch(
         // A rebalance librdkafka handed over inside the poll (which then returns
         // nothing): the worker's, before anything else.
         rebalance::serve(consumer, w)?;
-        match message {
+        let error = match message {
             Some(Ok(m)) => {
-                handled_at = w.handle(&m, consumer)?;
-                polled.messages += 1;
-                polled
-                    .started
-                    .get_or_insert_with(|| handled_at.unwrap_or_else(Instant::now));
+                let room = settings.max_batch_events - polled.messages;
+                let ended_by = handle_run(consumer, w, m, room, &mut polled, &mut handled_at)?;
                 if polled.messages >= settings.max_batch_events {
                     return Ok(polled);
                 }
+                match ended_by {
+                    Some(e) => Some(e),
+                    // Nothing more was waiting, or a rebalance (served): the batch's time
+                    // is checked at the top.
+                    None => continue,
+                }
             }
-            Some(Err(e)) => {
+            Some(Err(e)) => Some(e),
+            None => None,
+        };
+        match error {
+            Some(e) => {
                 warn!(error = %e, "consumer error");
                 if polled.messages > 0 {
                     return Ok(polled);
@@ -666,6 +679,50 @@ fn poll_batch(
             }
         }
     }
+}
+
+/// Handles message `first` and the messages librdkafka already holds after it, up to
+/// [`LOOKAHEAD`] and `room` in all, polled ahead without waiting so that their sessions
+/// are looked up together (`Worker::warm`), then handled in order. What
+/// ended the run comes after them, as it came from the consumer: nothing more waiting, an
+/// error (returned), or a rebalance, which a poll hands over alone; a rebalance parked by
+/// the run's last poll is served once its messages are handled, so each message is
+/// handled under the assignment it was polled in, as when each is handled before the
+/// next poll.
+fn handle_run<'c>(
+    consumer: &'c BaseConsumer<RebalanceHandler>,
+    w: &mut Worker,
+    first: BorrowedMessage<'c>,
+    room: usize,
+    polled: &mut Polled,
+    handled_at: &mut Option<Instant>,
+) -> Result<Option<KafkaError>, PipelineError> {
+    let mut ahead: [Option<BorrowedMessage<'c>>; LOOKAHEAD] = std::array::from_fn(|_| None);
+    ahead[0] = Some(first);
+    let mut ended_by = None;
+    for slot in ahead.iter_mut().take(LOOKAHEAD.min(room)).skip(1) {
+        match consumer.poll(Duration::ZERO) {
+            Some(Ok(next)) => *slot = Some(next),
+            Some(Err(e)) => {
+                ended_by = Some(e);
+                break;
+            }
+            None => break,
+        }
+    }
+    if ahead[1].is_some() {
+        w.warm(&ahead);
+    }
+    for m in ahead.iter().flatten() {
+        *handled_at = w.handle(m, consumer)?;
+        polled.messages += 1;
+        polled
+            .started
+            .get_or_insert_with(|| handled_at.unwrap_or_else(Instant::now));
+    }
+    drop(ahead);
+    rebalance::serve(consumer, w)?;
+    Ok(ended_by)
 }
 
 #[cfg(test)]
