@@ -504,9 +504,10 @@ fn run_worker(
 /// while the batch before is still in flight.
 const LONGEST_WAIT_FACTOR: u32 = 8;
 
-/// Messages polled ahead of the one handled, when librdkafka already holds them: their
-/// sessions' lookups overlap instead of each stalling its event (a million open
-/// sessions leave every session table's entries out of the cache).
+/// The most messages a run takes (`handle_run`): the one polled and those librdkafka
+/// already holds after it, polled ahead so that their sessions' lookups overlap instead
+/// of each stalling its event (a million open sessions leave every session table's
+/// entries out of the cache).
 pub(super) const LOOKAHEAD: usize = 8;
 
 /// Whether a batch open for `open`, whose time is up, stays open: while the batch before
@@ -641,15 +642,11 @@ fn poll_batch(
             Some(Ok(m)) => {
                 let room = settings.max_batch_events - polled.messages;
                 let ended_by = handle_run(consumer, w, m, room, &mut polled, &mut handled_at)?;
-                if polled.messages >= settings.max_batch_events {
+                // An error that ended the run is logged below, and ends the batch there.
+                if ended_by.is_none() && polled.messages >= settings.max_batch_events {
                     return Ok(polled);
                 }
-                match ended_by {
-                    Some(e) => Some(e),
-                    // Nothing more was waiting, or a rebalance (served): the batch's time
-                    // is checked at the top.
-                    None => continue,
-                }
+                ended_by
             }
             Some(Err(e)) => Some(e),
             None => None,
@@ -683,12 +680,13 @@ fn poll_batch(
 
 /// Handles message `first` and the messages librdkafka already holds after it, up to
 /// [`LOOKAHEAD`] and `room` in all, polled ahead without waiting so that their sessions
-/// are looked up together (`Worker::warm`), then handled in order. What
-/// ended the run comes after them, as it came from the consumer: nothing more waiting, an
-/// error (returned), or a rebalance, which a poll hands over alone; a rebalance parked by
-/// the run's last poll is served once its messages are handled, so each message is
-/// handled under the assignment it was polled in, as when each is handled before the
-/// next poll.
+/// are looked up together (`Worker::warm`), then handled in order. A run ends at that
+/// count, or at the first poll that returns no message: nothing more waiting, an event
+/// the poll took instead (a rebalance, which a poll hands over alone, or an offset
+/// commit's result), or an error (returned). What ended it comes after its messages, as
+/// it came from the consumer: a rebalance parked by the run's last poll is served once
+/// they are handled, so each message is handled under the assignment it was polled in,
+/// as when each is handled before the next poll.
 fn handle_run<'c>(
     consumer: &'c BaseConsumer<RebalanceHandler>,
     w: &mut Worker,
@@ -720,8 +718,13 @@ fn handle_run<'c>(
             .started
             .get_or_insert_with(|| handled_at.unwrap_or_else(Instant::now));
     }
+    // The messages go back to librdkafka before a revoke settles their partitions.
     drop(ahead);
-    rebalance::serve(consumer, w)?;
+    if rebalance::serve(consumer, w)? {
+        // Serving took its time (a revoke's batch settled, an assignment restored): the
+        // last message's clock is stale for the loop.
+        *handled_at = None;
+    }
     Ok(ended_by)
 }
 

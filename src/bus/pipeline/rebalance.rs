@@ -147,17 +147,20 @@ fn acknowledge(consumer: &BaseConsumer<RebalanceHandler>, parked: &Parked) {
 }
 
 /// Hands every parked rebalance to `worker`, in order, acknowledging each once the
-/// worker is done with it. The first fatal error is returned (after the rest are served
-/// and acknowledged: librdkafka waits for every acknowledgement, even while stopping).
+/// worker is done with it; whether there was any. The first fatal error is returned
+/// (after the rest are served and acknowledged: librdkafka waits for every
+/// acknowledgement, even while stopping).
 pub(super) fn serve(
     consumer: &BaseConsumer<RebalanceHandler>,
     worker: &mut Worker,
-) -> Result<(), PipelineError> {
+) -> Result<bool, PipelineError> {
     let mut fatal = None;
+    let mut served = false;
     loop {
         let Some(parked) = lock(&consumer.context().parked).pop_front() else {
             break;
         };
+        served = true;
         let result = match &parked {
             Parked::Revoke(tpl) => revoke(consumer, worker, &partitions_of(tpl)),
             Parked::Assign(tpl) => assign(worker, &partitions_of(tpl)),
@@ -175,7 +178,7 @@ pub(super) fn serve(
             fatal.get_or_insert(e);
         }
     }
-    fatal.map_or(Ok(()), Err)
+    fatal.map_or(Ok(served), Err)
 }
 
 fn revoke(

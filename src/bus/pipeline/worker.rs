@@ -45,7 +45,8 @@ use crate::engine::{Engine, EventMeta};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{GroupMember, Telemetry, WriteWatch};
 
-/// A worker's open sessions (as of its last batch's end) from which [`Worker::warm`]
+/// A worker's open sessions (as of its gauges' last report: each batch's end and each
+/// rebalance) from which [`Worker::warm`]
 /// looks sessions up ahead. With fewer, the cache holds their tables and the lookups
 /// ahead cost more than they hide: on a 2-core VM (the pipeline bench's growth phase, two
 /// workers) the workers' CPU an event rose 5 % at 5,000 sessions a worker, and fell 4 % at
@@ -457,8 +458,9 @@ impl Worker {
     /// Starts loading the sessions of `messages`, polled and about to be handled in turn:
     /// looked up all at once, each lookup's misses (a session table's control bytes,
     /// bucket and id; at a million open sessions none is in the cache) overlap the
-    /// others', where a lookup inside [`Worker::handle`] waits them out alone. A second
-    /// pass, over entries now in the cache, asks for the states' parts. A message's key
+    /// others', where a lookup inside [`Worker::handle`] waits them out alone. The first
+    /// pass asks for each state's first lines, a second for the parts they point to. A
+    /// message's key
     /// is taken for its session's id (the producer's partitioning key; one that is not
     /// warms nothing). A hint: nothing depends on it.
     pub(super) fn warm<M: Message>(&self, messages: &[Option<M>]) {
@@ -466,15 +468,15 @@ impl Worker {
             return;
         }
         // Each pass short, so that the core holds several lookups at once.
-        const MAX: usize = super::LOOKAHEAD;
-        let mut ids: [Option<(&Engine, &str)>; MAX] = [None; MAX];
+        let mut ids: [Option<(&Engine, &str)>; super::LOOKAHEAD] = [None; super::LOOKAHEAD];
         for (slot, m) in ids.iter_mut().zip(messages.iter().flatten()) {
             *slot = self.partitions.get(&m.partition()).and_then(|p| {
                 let id = std::str::from_utf8(m.key()?).ok()?;
                 Some((&p.engine, id))
             });
         }
-        let mut states: [Option<&crate::engine::state::SessionState>; MAX] = [None; MAX];
+        let mut states: [Option<&crate::engine::state::SessionState>; super::LOOKAHEAD] =
+            [None; super::LOOKAHEAD];
         for (state, id) in states.iter_mut().zip(&ids) {
             *state = id.and_then(|(engine, id)| engine.session(id));
             if let Some(state) = state {
@@ -870,7 +872,7 @@ impl Worker {
     }
 
     /// The open sessions of this worker's partitions.
-    pub(super) fn open_sessions(&self) -> usize {
+    fn open_sessions(&self) -> usize {
         self.partitions
             .values()
             .map(|p| p.engine.open_sessions())

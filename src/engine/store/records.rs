@@ -287,12 +287,13 @@ impl Log {
         self.chains.get(name)
     }
 
-    /// Looks up every chain of `names` (a batch's sessions) in one run, before the batch's
-    /// writes look them up one at a time between copies of their states. With hundreds of
-    /// thousands of sessions each lookup misses the cache three times (the index's control
-    /// bytes, its bucket, the name's bytes), one after the other; lookups in a row that do
-    /// not depend on each other overlap those misses, where one between two writes waits
-    /// them out. A hint: nothing depends on it.
+    /// Looks up every chain of `names` (some of a batch's sessions) in one run, before the
+    /// batch's writes look them up one at a time between copies of their states, and asks
+    /// for each chain's deltas. With hundreds of thousands of sessions each lookup misses
+    /// the cache three times (the index's control bytes, its bucket, the name's bytes),
+    /// one after the other; lookups in a row that do not depend on each other overlap
+    /// those misses, where one between two writes waits them out. A hint: nothing depends
+    /// on it.
     pub(super) fn warm<'n>(&self, names: impl Iterator<Item = &'n [u8]>) {
         for name in names {
             if let Some(chain) = self.chains.get(name) {
@@ -505,6 +506,11 @@ impl<'l> Writer<'l> {
             self.log.seal(seq, buf.len());
             self.sealed.push((seq, buf));
         }
+    }
+
+    /// [`Log::warm`] for the sessions of puts about to be written.
+    pub(super) fn warm<'n>(&self, names: impl Iterator<Item = &'n [u8]>) {
+        self.log.warm(names);
     }
 
     /// Bytes of the entries written so far.
