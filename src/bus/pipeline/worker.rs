@@ -46,11 +46,11 @@ use crate::shutdown::Shutdown;
 use crate::telemetry::{GroupMember, Telemetry, WriteWatch};
 
 /// A worker's open sessions (as of its gauges' last report: each batch's end and each
-/// rebalance) from which [`Worker::warm`]
-/// looks sessions up ahead. With fewer, the cache holds their tables and the lookups
-/// ahead cost more than they hide: on a 2-core VM (the pipeline bench's growth phase, two
-/// workers) the workers' CPU an event rose 5 % at 5,000 sessions a worker, and fell 4 % at
-/// 50,000 and 9 % at 500,000; the crossover lies between, unmeasured.
+/// rebalance) from which [`Worker::warm`] looks sessions up ahead. With fewer, the cache
+/// holds their tables and the lookups ahead cost more than they hide: on a 2-core VM (the
+/// pipeline bench's growth phase, two workers) the workers' CPU an event rose 5 % at
+/// 5,000 sessions a worker, and fell 4 % at 50,000 and 9 % at 500,000; the crossover
+/// lies between, unmeasured.
 const LOOKAHEAD_FROM_SESSIONS: i64 = 20_000;
 
 /// Everything a batch touches.
@@ -460,9 +460,8 @@ impl Worker {
     /// bucket and id; at a million open sessions none is in the cache) overlap the
     /// others', where a lookup inside [`Worker::handle`] waits them out alone. The first
     /// pass asks for each state's first lines, a second for the parts they point to. A
-    /// message's key
-    /// is taken for its session's id (the producer's partitioning key; one that is not
-    /// warms nothing). A hint: nothing depends on it.
+    /// message's key is taken for its session's id (the producer's partitioning key; one
+    /// that is not warms nothing). A hint: nothing depends on it.
     pub(super) fn warm<M: Message>(&self, messages: &[Option<M>]) {
         if self.reported_sessions < LOOKAHEAD_FROM_SESSIONS {
             return;
