@@ -870,21 +870,17 @@ impl Worker {
         Ok(())
     }
 
-    /// The open sessions of this worker's partitions.
-    fn open_sessions(&self) -> usize {
-        self.partitions
-            .values()
-            .map(|p| p.engine.open_sessions())
-            .sum()
-    }
-
     /// Brings the process-wide gauges up to date with this worker's share: open
     /// sessions, assigned partitions, per-partition lag, and (every 10 s) the state
     /// directory's size; every 10 s too, the C heap's free pages go back to the kernel.
     pub(super) fn report_gauges(&mut self) {
         self.flush_counts();
         let metrics = &self.telemetry.metrics;
-        let sessions = self.open_sessions() as i64;
+        let sessions: i64 = self
+            .partitions
+            .values()
+            .map(|p| p.engine.open_sessions() as i64)
+            .sum();
         metrics.sessions_open.add(sessions - self.reported_sessions);
         self.reported_sessions = sessions;
         let partitions = self.partitions.len() as i64;
