@@ -186,8 +186,6 @@ pub struct SledStore {
     /// Whether `commit` flushes the database itself (else the owner flushes it once
     /// for the batches of several trees).
     flush_on_commit: bool,
-    /// Where its records are cut ([`records::record_bytes`] of the directory's segment).
-    record_bytes: usize,
     /// Where each session's newest state is, read from the records on first use and kept
     /// as batches are written; `None` until then, and again when a batch could not be
     /// planned (sled's tree is what is true).
@@ -252,20 +250,6 @@ const UPGRADING_TO_RECORDS: u32 = 0x0005_0006;
 /// store format).
 const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 
-/// sled's log segment in a state directory this build creates. Its records are cut at
-/// [`records::record_bytes`] of it: the longer the segment, the longer the records sled
-/// keeps in its log, and the less CPU it spends a byte of them (half, 2 MiB against the
-/// default 512 KiB: DEVELOPMENT.md, thirty-fourth look). sled opens a directory only
-/// with the segment it was made with, and refuses it to another (a build from before
-/// this segment refuses a directory made with it, naming the segment it needs).
-pub(crate) const SEGMENT_BYTES: usize = 2 << 20;
-/// sled's default segment, which every state directory made before [`SEGMENT_BYTES`] has;
-/// such a directory keeps it, and its records stay as short as they were.
-pub(crate) const LEGACY_SEGMENT_BYTES: usize = 512 << 10;
-/// Marks a directory made with [`SEGMENT_BYTES`], holding it (big-endian); a directory
-/// without it has [`LEGACY_SEGMENT_BYTES`].
-const SEGMENT_KEY: &[u8] = b"loopwarden/segment-bytes";
-
 /// Opens (or creates) the sled database at `path`, checking (or recording) its store
 /// format, with the default page cache ([`crate::config::DEFAULT_STATE_CACHE_MIB`]).
 pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
@@ -276,19 +260,10 @@ pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
 /// pages it reads and writes up to this size; its own default of 1 GiB lets a process
 /// that runs for days grow toward it as sessions come and go.
 pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
+    let db = open_locked(path, cache_bytes)?;
     let opened = |source| StoreError::Open {
         path: path.display().to_string(),
         source,
-    };
-    // A directory of the default segment is opened with it (sled refuses it the new one,
-    // and only for that reason would it then open with the default).
-    let (db, segment) = match open_locked(path, cache_bytes, SEGMENT_BYTES) {
-        Err(sled::Error::Unsupported(why)) if why.contains("io buffer size") => (
-            open_locked(path, cache_bytes, LEGACY_SEGMENT_BYTES).map_err(opened)?,
-            LEGACY_SEGMENT_BYTES,
-        ),
-        Err(source) => return Err(opened(source)),
-        Ok(db) => (db, SEGMENT_BYTES),
     };
     let expected = STORE_FORMAT.to_be_bytes();
     let found = db.get(FORMAT_KEY).map_err(opened)?;
@@ -348,13 +323,6 @@ pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, Sto
             })
         }
     }
-    // Marked after the format, which takes a default tree without keys for a new
-    // directory. Any directory sled opened with the new segment was made with it.
-    if segment == SEGMENT_BYTES && db.get(SEGMENT_KEY).map_err(opened)?.is_none() {
-        db.insert(SEGMENT_KEY, &(segment as u64).to_be_bytes())
-            .map_err(opened)?;
-        db.flush().map_err(opened)?;
-    }
     Ok(db)
 }
 
@@ -363,7 +331,6 @@ pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, Sto
 /// none, so an upgrade cut short resumes. Records a tree already holds stay, and the
 /// rewritten states come after them.
 fn upgrade_per_session(db: &sled::Db) -> Result<(), sled::Error> {
-    let record_bytes = record_bytes_of(db)?;
     for name in db.tree_names() {
         if name.as_ref() == b"__sled__default" {
             continue;
@@ -373,7 +340,7 @@ fn upgrade_per_session(db: &sled::Db) -> Result<(), sled::Error> {
             continue;
         }
         let mut log = read_log(&tree)?;
-        let mut writer = Writer::new(&mut log, record_bytes);
+        let mut writer = Writer::new(&mut log);
         let mut batch = sled::Batch::default();
         for item in tree.scan_prefix(SESSION_PREFIX) {
             let (k, v) = item?;
@@ -392,36 +359,22 @@ fn upgrade_per_session(db: &sled::Db) -> Result<(), sled::Error> {
     Ok(())
 }
 
-/// The record size of `db`'s directory (see [`SEGMENT_KEY`]).
-fn record_bytes_of(db: &sled::Db) -> Result<usize, sled::Error> {
-    let segment = match db.get(SEGMENT_KEY)? {
-        None => LEGACY_SEGMENT_BYTES,
-        Some(v) => match <[u8; 8]>::try_from(v.as_ref()) {
-            Ok(b) => u64::from_be_bytes(b) as usize,
-            Err(_) => {
-                return Err(sled::Error::Unsupported(format!(
-                    "the state store's segment marker holds {v:?}, not a segment size"
-                )))
-            }
-        },
-    };
-    Ok(records::record_bytes(segment))
-}
-
-fn open_locked(path: &Path, cache_bytes: u64, segment_bytes: usize) -> sled::Result<sled::Db> {
+fn open_locked(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
     let started = std::time::Instant::now();
     loop {
         match sled::Config::new()
             .path(path)
             .cache_capacity(cache_bytes)
-            .segment_size(segment_bytes)
             .open()
         {
             Ok(db) => return Ok(db),
             Err(source) => {
                 let locked = source.to_string().contains("could not acquire lock");
                 if !locked || started.elapsed() >= LOCK_WAIT {
-                    return Err(source);
+                    return Err(StoreError::Open {
+                        path: path.display().to_string(),
+                        source,
+                    });
                 }
                 tracing::debug!(path = %path.display(), "state directory locked; waiting");
                 std::thread::sleep(std::time::Duration::from_millis(50));
@@ -433,13 +386,13 @@ fn open_locked(path: &Path, cache_bytes: u64, segment_bytes: usize) -> sled::Res
 impl SledStore {
     pub fn open(path: &Path) -> Result<SledStore, StoreError> {
         let db = open_db(path)?;
-        let opened = |source| StoreError::Open {
-            path: path.display().to_string(),
-            source,
-        };
-        let tree = db.open_tree("loopwarden").map_err(opened)?;
-        let record_bytes = record_bytes_of(&db).map_err(opened)?;
-        Ok(SledStore::new(db, tree, true, record_bytes))
+        let tree = db
+            .open_tree("loopwarden")
+            .map_err(|source| StoreError::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Ok(SledStore::new(db, tree, true))
     }
 
     /// The store of one input partition inside a shared database: its own tree, so its
@@ -448,21 +401,14 @@ impl SledStore {
     /// of the state (no changelog), before the batch's offsets are committed to Kafka.
     pub fn partition(db: &sled::Db, partition: i32) -> Result<SledStore, StoreError> {
         let tree = db.open_tree(format!("partition/{partition}"))?;
-        let record_bytes = record_bytes_of(db)?;
-        Ok(SledStore::new(db.clone(), tree, false, record_bytes))
+        Ok(SledStore::new(db.clone(), tree, false))
     }
 
-    fn new(
-        db: sled::Db,
-        tree: sled::Tree,
-        flush_on_commit: bool,
-        record_bytes: usize,
-    ) -> SledStore {
+    fn new(db: sled::Db, tree: sled::Tree, flush_on_commit: bool) -> SledStore {
         SledStore {
             db,
             tree,
             flush_on_commit,
-            record_bytes,
             log: RefCell::new(None),
             unapplied: None,
             failed: false,
@@ -527,7 +473,7 @@ impl SledStore {
             return Err(sled::Error::Io(std::io::Error::other("failed for the test")).into());
         }
         let mut log = self.log()?;
-        let mut writer = Writer::new(&mut log, self.record_bytes);
+        let mut writer = Writer::new(&mut log);
         let mut deltas = batch.deltas.iter().filter(|_| deltas).peekable();
         // A window of puts looked up together at a time, so that what the lookups
         // bring into the cache is still there when the window's writes come.
@@ -816,55 +762,6 @@ mod tests {
         assert!(e.contains(&found) && e.contains(&reads), "{e}");
     }
 
-    /// A directory made before the larger segment (with sled's default, as those builds
-    /// made it) keeps its segment and its records' length across opens; a new one gets
-    /// the larger segment and longer records, and sled refuses it to a build of the
-    /// default segment, naming the one it needs.
-    #[test]
-    fn a_directory_keeps_the_segment_it_was_made_with() {
-        let dir = tempfile::tempdir().unwrap();
-        let legacy = dir.path().join("legacy");
-        drop(sled::open(&legacy).unwrap());
-        let new = dir.path().join("new");
-        let states: Vec<(String, StateBytes)> = (0..1000)
-            .map(|i| {
-                let state = SessionState::new(i, i + 1).to_bytes();
-                (format!("session-{i:04}"), state.into())
-            })
-            .collect();
-        for (path, segment) in [(&legacy, LEGACY_SEGMENT_BYTES), (&new, SEGMENT_BYTES)] {
-            for open in 0..2 {
-                let db = open_db(path).unwrap();
-                let mut store = SledStore::partition(&db, 0).unwrap();
-                let record_bytes = records::record_bytes(segment);
-                assert_eq!(store.record_bytes, record_bytes, "{path:?}");
-                if open == 0 {
-                    store
-                        .commit(&StoreBatch {
-                            puts: states.clone(),
-                            offsets: vec![("t/0".into(), 3)],
-                            ..StoreBatch::default()
-                        })
-                        .unwrap();
-                }
-                let longest = store
-                    .tree
-                    .scan_prefix(records::RECORD_PREFIX)
-                    .map(|r| r.unwrap().1.len())
-                    .max()
-                    .unwrap();
-                assert!(
-                    longest <= record_bytes && longest > record_bytes * 3 / 4,
-                    "{path:?}: {longest} bytes"
-                );
-                assert_eq!(store.load_sessions().unwrap().len(), states.len());
-                db.flush().unwrap();
-            }
-        }
-        let refused = sled::open(&new).unwrap_err().to_string();
-        assert!(refused.contains(&SEGMENT_BYTES.to_string()), "{refused}");
-    }
-
     #[test]
     fn a_database_from_before_the_format_marker_is_format_1() {
         let dir = tempfile::tempdir().unwrap();
@@ -993,7 +890,7 @@ mod tests {
     /// Writes `states` into `tree` as records of whole states, as a store writes them.
     fn write_records(tree: &sled::Tree, states: &[(&[u8], SessionState)]) {
         let mut log = Log::default();
-        let mut w = Writer::new(&mut log, records::record_bytes(SEGMENT_BYTES));
+        let mut w = Writer::new(&mut log);
         for (name, state) in states {
             w.put(name, &state.to_bytes());
         }
