@@ -94,7 +94,7 @@ fn cpu_secs() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-fn resident_mb() -> f64 {
+fn resident_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
     status
         .lines()
@@ -107,6 +107,11 @@ fn run_one(segment_kib: usize, record_kib: usize) {
     let live_mib = knob("LOOPWARDEN_BENCH_SLED_LIVE_MIB", 300);
     let write_mib = knob("LOOPWARDEN_BENCH_SLED_WRITE_MIB", 2000);
     let batch_kib = knob("LOOPWARDEN_BENCH_SLED_BATCH_KIB", 288);
+    if write_mib < 3 * live_mib || live_mib == 0 {
+        refuse(format!(
+            "LOOPWARDEN_BENCH_SLED_WRITE_MIB={write_mib} is under three times LOOPWARDEN_BENCH_SLED_LIVE_MIB={live_mib}: the measurement starts once twice the live bytes are written"
+        ))
+    }
     let record = record_kib * 1024;
     let live = (live_mib << 20) / record / TREES;
     let total = (write_mib << 20) / record / TREES;
@@ -149,7 +154,7 @@ fn run_one(segment_kib: usize, record_kib: usize) {
         (wchar_end - wchar) as f64 / bytes,
         (disk_end - disk) as f64 / bytes,
         (cpu_secs() - cpu) / (bytes / 1e9),
-        resident_mb(),
+        resident_mib(),
         started.elapsed().as_secs_f64(),
     );
 }
