@@ -313,6 +313,8 @@ fn main() {
     }
     if !missed.is_empty() {
         eprintln!("soak: targets missed: {}", missed.join("; "));
+        // `exit` runs no destructors: the broker this bench started is stopped first.
+        drop(broker);
         std::process::exit(1);
     }
     eprintln!("soak: every target held");
