@@ -475,16 +475,16 @@ impl SledStore {
         let mut log = self.log()?;
         let mut writer = Writer::new(&mut log);
         let mut deltas = batch.deltas.iter().filter(|_| deltas).peekable();
-        // A window of puts looked up together at a time, so that what the lookups
-        // bring into the cache is still there when the window's writes come.
-        for (window, puts) in batch.puts.chunks(WARM_WINDOW).enumerate() {
-            writer.warm(puts.iter().map(|(k, _)| k.as_bytes()));
-            for (j, (k, v)) in puts.iter().enumerate() {
-                let i = window * WARM_WINDOW + j;
-                match deltas.next_if(|(at, _)| *at as usize == i) {
-                    Some((_, delta)) => writer.put_delta(k.as_bytes(), delta, v),
-                    None => writer.put(k.as_bytes(), v),
-                }
+        for (i, (k, v)) in batch.puts.iter().enumerate() {
+            // A window of puts looked up together at a time, so that what the lookups
+            // bring into the cache is still there when the window's writes come.
+            if i % WARM_WINDOW == 0 {
+                let window = batch.puts[i..].iter().take(WARM_WINDOW);
+                writer.warm(window.map(|(k, _)| k.as_bytes()));
+            }
+            match deltas.next_if(|(at, _)| *at as usize == i) {
+                Some((_, delta)) => writer.put_delta(k.as_bytes(), delta, v),
+                None => writer.put(k.as_bytes(), v),
             }
         }
         for k in &batch.deletes {
