@@ -1,6 +1,6 @@
-//! The one change loopwarden makes to sled (`vendor/sled/LOOPWARDEN.md`), held by a test
-//! that fails on the published crate: a file truncation runs while every thread of
-//! sled's I/O pool is busy. In sled 0.34.7 it was queued on that pool, behind log writes
+//! loopwarden's change to how sled truncates its file (`vendor/sled/LOOPWARDEN.md`),
+//! held by a test that fails on the published crate: a file truncation runs while every
+//! thread of sled's I/O pool is busy. In sled 0.34.7 it was queued on that pool, behind log writes
 //! waiting for the lock that the truncation's waiter held, and never ran.
 //!
 //! A file of its own: the pool is the process's, and a test beside this one writing a

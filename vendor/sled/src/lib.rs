@@ -394,8 +394,21 @@ fn calculate_message_crc32(header: &[u8], body: &[u8]) -> u32 {
     crc32 ^ 0xFFFF_FFFF
 }
 
-/// loopwarden (see LOOPWARDEN.md), for its test of its one change to sled, not sled's
-/// API: whether a task handed to the runner of sled's file truncations completes within
+/// loopwarden (see LOOPWARDEN.md), for its test of its change to the page cache, not
+/// sled's API: the bytes a cache of `capacity` holds, by its own accounting, after
+/// `pages` distinct pages of `page_bytes` each were read once in turn.
+#[doc(hidden)]
+pub fn loopwarden_page_cache_holds(capacity: u64, page_bytes: u64, pages: u64) -> u64 {
+    let lru = crate::lru::Lru::new(capacity);
+    let guard = pin();
+    for pid in 0..pages {
+        drop(lru.accessed(pid, page_bytes, &guard));
+    }
+    lru.loopwarden_held_bytes()
+}
+
+/// loopwarden (see LOOPWARDEN.md), for its test of its change to file truncation, not
+/// sled's API: whether a task handed to the runner of sled's file truncations completes within
 /// `within` while the seven threads sled's I/O pool starts are all busy, as they were
 /// when the published crate deadlocked. Frees the pool's threads before it returns.
 #[doc(hidden)]

@@ -25,6 +25,13 @@ const N_SHARDS: usize = 2;
 #[cfg(not(any(test, feature = "lock_free_delays")))]
 const N_SHARDS: usize = 256;
 
+/// loopwarden: the least capacity a shard is given (see `Lru::new`).
+#[cfg(any(test, feature = "lock_free_delays"))]
+const MIN_SHARD_BYTES: u64 = 128;
+
+#[cfg(not(any(test, feature = "lock_free_delays")))]
+const MIN_SHARD_BYTES: u64 = 1024 * 1024;
+
 struct AccessBlock {
     len: AtomicUsize,
     block: [AtomicU64; MAX_QUEUE_ITEMS],
@@ -220,14 +227,31 @@ impl Lru {
             "Please configure the cache \
              capacity to be at least 256 bytes"
         );
-        let shard_capacity = cache_capacity / N_SHARDS as u64;
+        // loopwarden: no more shards than the capacity gives each at least
+        // MIN_SHARD_BYTES. A shard keeps the page it was last asked for whatever its
+        // size, so 256 shards of a small cache held up to 256 pages, a leaf of large
+        // values each: many times the capacity (vendor/sled/LOOPWARDEN.md).
+        let n_shards = usize::try_from(cache_capacity / MIN_SHARD_BYTES)
+            .unwrap_or(N_SHARDS)
+            .clamp(1, N_SHARDS);
+        let shard_capacity = cache_capacity / n_shards as u64;
 
-        let mut shards = Vec::with_capacity(N_SHARDS);
-        shards.resize_with(N_SHARDS, || {
+        let mut shards = Vec::with_capacity(n_shards);
+        shards.resize_with(n_shards, || {
             (AccessQueue::default(), FastLock::new(Shard::new(shard_capacity)))
         });
 
         Self { shards }
+    }
+
+    /// loopwarden (see LOOPWARDEN.md): the bytes the shards hold by their accounting, for
+    /// the test of its change to how many shards a capacity gets. Called with no other
+    /// access in flight (a shard locked elsewhere would count as empty).
+    pub(crate) fn loopwarden_held_bytes(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|(_, shard)| shard.try_lock().map_or(0, |shard| shard.size))
+            .sum()
     }
 
     /// Called when an item is accessed. Returns a Vec of items to be
