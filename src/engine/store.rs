@@ -35,6 +35,13 @@ pub enum StoreError {
     },
     #[error("state store I/O failed: {0}")]
     Io(#[from] sled::Error),
+    #[error("cannot read or record the state store's segment in {path}: {source}")]
+    SegmentFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} holds {found:?}, not a segment this build opens ({SEGMENT_BYTES} or {LEGACY_SEGMENT_BYTES} bytes): move the state directory aside (with the changelog on, its partitions are restored from it)")]
+    Segment { path: String, found: String },
     #[error("session {session}: {source}")]
     Corrupt {
         session: String,
@@ -186,6 +193,8 @@ pub struct SledStore {
     /// Whether `commit` flushes the database itself (else the owner flushes it once
     /// for the batches of several trees).
     flush_on_commit: bool,
+    /// Where its records are cut ([`records::record_bytes`] of the directory's segment).
+    record_bytes: usize,
     /// Where each session's newest state is, read from the records on first use and kept
     /// as batches are written; `None` until then, and again when a batch could not be
     /// planned (sled's tree is what is true).
@@ -250,6 +259,73 @@ const UPGRADING_TO_RECORDS: u32 = 0x0005_0006;
 /// store format).
 const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 
+/// sled's log segment in a state directory this build creates. Its records are cut at
+/// [`records::record_bytes`] of it: the longer the segment, the longer the records sled
+/// keeps in its log, and the less CPU it spends a byte of them (less than half, 2 MiB
+/// against the default 512 KiB: DEVELOPMENT.md, thirty-fourth look). sled opens a
+/// directory only with the segment it was made with, and refuses it to another (a build
+/// from before this segment refuses a directory made with it, naming the segment).
+pub(crate) const SEGMENT_BYTES: usize = 2 << 20;
+/// sled's default segment, which every state directory made before [`SEGMENT_BYTES`] has;
+/// such a directory keeps it, and its records stay as short as they were.
+pub(crate) const LEGACY_SEGMENT_BYTES: usize = 512 << 10;
+/// The file in a state directory that names its segment (in decimal), written and synced
+/// before sled makes the directory. sled's own record of it (`conf`) is written without a
+/// sync, and sled rewrites a missing or empty one with whatever segment it is opened
+/// with: a log of another segment would then be misread. A directory without this file
+/// was made before [`SEGMENT_BYTES`] (it holds sled's files) or is new (it holds none).
+const SEGMENT_FILE: &str = "loopwarden-segment";
+/// The segment a database was opened with, in its default tree (big-endian), for each
+/// partition's store to cut its records by ([`records::record_bytes`]); a database
+/// without it (opened other than by [`open_db_with_cache`]) has [`LEGACY_SEGMENT_BYTES`].
+const SEGMENT_KEY: &[u8] = b"loopwarden/segment-bytes";
+
+/// The segment to open the state directory at `path` with: as its [`SEGMENT_FILE`] says;
+/// sled's default for a directory of sled's files without one; [`SEGMENT_BYTES`] for a
+/// new directory, recorded in it first.
+fn directory_segment(path: &Path) -> Result<usize, StoreError> {
+    let file = path.join(SEGMENT_FILE);
+    match std::fs::read_to_string(&file) {
+        Ok(text) => match text.trim().parse::<usize>() {
+            Ok(segment) if segment == SEGMENT_BYTES || segment == LEGACY_SEGMENT_BYTES => {
+                Ok(segment)
+            }
+            _ => Err(StoreError::Segment {
+                path: file.display().to_string(),
+                found: text,
+            }),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if ["conf", "db"].iter().any(|f| path.join(f).exists()) {
+                return Ok(LEGACY_SEGMENT_BYTES);
+            }
+            record_segment(path, SEGMENT_BYTES)?;
+            Ok(SEGMENT_BYTES)
+        }
+        Err(source) => Err(StoreError::SegmentFile {
+            path: path.display().to_string(),
+            source,
+        }),
+    }
+}
+
+/// Writes `segment` as the [`SEGMENT_FILE`] of the directory at `path` (made if it is
+/// not there), synced with its name.
+fn record_segment(path: &Path, segment: usize) -> Result<(), StoreError> {
+    let failed = |source| StoreError::SegmentFile {
+        path: path.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(path).map_err(failed)?;
+    let file = path.join(SEGMENT_FILE);
+    let mut f = std::fs::File::create(&file).map_err(failed)?;
+    std::io::Write::write_all(&mut f, format!("{segment}\n").as_bytes()).map_err(failed)?;
+    f.sync_all().map_err(failed)?;
+    std::fs::File::open(path)
+        .and_then(|dir| dir.sync_all())
+        .map_err(failed)
+}
+
 /// Opens (or creates) the sled database at `path`, checking (or recording) its store
 /// format, with the default page cache ([`crate::config::DEFAULT_STATE_CACHE_MIB`]).
 pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
@@ -260,11 +336,11 @@ pub fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
 /// pages it reads and writes up to this size; its own default of 1 GiB lets a process
 /// that runs for days grow toward it as sessions come and go.
 pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
-    let db = open_locked(path, cache_bytes)?;
     let opened = |source| StoreError::Open {
         path: path.display().to_string(),
         source,
     };
+    let (db, segment) = open_with_its_segment(path, cache_bytes)?;
     let expected = STORE_FORMAT.to_be_bytes();
     let found = db.get(FORMAT_KEY).map_err(opened)?;
     let found = match found.as_deref().map(<[u8; 4]>::try_from) {
@@ -323,7 +399,48 @@ pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, Sto
             })
         }
     }
+    // Recorded after the format, which takes a default tree without keys for a new
+    // directory.
+    let segment = (segment as u64).to_be_bytes();
+    if db.get(SEGMENT_KEY).map_err(opened)?.as_deref() != Some(segment.as_slice()) {
+        db.insert(SEGMENT_KEY, &segment).map_err(opened)?;
+        db.flush().map_err(opened)?;
+    }
     Ok(db)
+}
+
+/// Opens the sled database at `path` with the segment its directory was made with, and
+/// returns that segment, recorded in [`SEGMENT_FILE`] if the file did not name it.
+fn open_with_its_segment(path: &Path, cache_bytes: u64) -> Result<(sled::Db, usize), StoreError> {
+    let opened = |source| StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    };
+    let guess = directory_segment(path)?;
+    // sled's `conf`, where it holds another segment, is what the log was written with
+    // (where it is missing or empty, sled takes the segment it is given).
+    let (db, segment) = match open_locked(path, cache_bytes, guess) {
+        Err(sled::Error::Unsupported(why)) if why.contains("io buffer size") => {
+            let other = if guess == SEGMENT_BYTES {
+                LEGACY_SEGMENT_BYTES
+            } else {
+                SEGMENT_BYTES
+            };
+            (
+                open_locked(path, cache_bytes, other).map_err(opened)?,
+                other,
+            )
+        }
+        opened_with_guess => (opened_with_guess.map_err(opened)?, guess),
+    };
+    if std::fs::read_to_string(path.join(SEGMENT_FILE))
+        .ok()
+        .and_then(|text| text.trim().parse::<usize>().ok())
+        != Some(segment)
+    {
+        record_segment(path, segment)?;
+    }
+    Ok((db, segment))
 }
 
 /// Rewrites each tree's per-session keys (store format 5) as records, one atomic batch
@@ -331,6 +448,7 @@ pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, Sto
 /// none, so an upgrade cut short resumes. Records a tree already holds stay, and the
 /// rewritten states come after them.
 fn upgrade_per_session(db: &sled::Db) -> Result<(), sled::Error> {
+    let record_bytes = record_bytes_of(db)?;
     for name in db.tree_names() {
         if name.as_ref() == b"__sled__default" {
             continue;
@@ -340,7 +458,7 @@ fn upgrade_per_session(db: &sled::Db) -> Result<(), sled::Error> {
             continue;
         }
         let mut log = read_log(&tree)?;
-        let mut writer = Writer::new(&mut log);
+        let mut writer = Writer::new(&mut log, record_bytes);
         let mut batch = sled::Batch::default();
         for item in tree.scan_prefix(SESSION_PREFIX) {
             let (k, v) = item?;
@@ -359,22 +477,36 @@ fn upgrade_per_session(db: &sled::Db) -> Result<(), sled::Error> {
     Ok(())
 }
 
-fn open_locked(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
+/// The record size of `db`'s directory (see [`SEGMENT_KEY`]).
+fn record_bytes_of(db: &sled::Db) -> Result<usize, sled::Error> {
+    let segment = match db.get(SEGMENT_KEY)? {
+        None => LEGACY_SEGMENT_BYTES,
+        Some(v) => match <[u8; 8]>::try_from(v.as_ref()).map(u64::from_be_bytes) {
+            Ok(s) if s == SEGMENT_BYTES as u64 || s == LEGACY_SEGMENT_BYTES as u64 => s as usize,
+            _ => {
+                return Err(sled::Error::Unsupported(format!(
+                    "the state store's segment key holds {v:?}, not a segment this build opens"
+                )))
+            }
+        },
+    };
+    Ok(records::record_bytes(segment))
+}
+
+fn open_locked(path: &Path, cache_bytes: u64, segment_bytes: usize) -> sled::Result<sled::Db> {
     let started = std::time::Instant::now();
     loop {
         match sled::Config::new()
             .path(path)
             .cache_capacity(cache_bytes)
+            .segment_size(segment_bytes)
             .open()
         {
             Ok(db) => return Ok(db),
             Err(source) => {
                 let locked = source.to_string().contains("could not acquire lock");
                 if !locked || started.elapsed() >= LOCK_WAIT {
-                    return Err(StoreError::Open {
-                        path: path.display().to_string(),
-                        source,
-                    });
+                    return Err(source);
                 }
                 tracing::debug!(path = %path.display(), "state directory locked; waiting");
                 std::thread::sleep(std::time::Duration::from_millis(50));
@@ -386,13 +518,13 @@ fn open_locked(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
 impl SledStore {
     pub fn open(path: &Path) -> Result<SledStore, StoreError> {
         let db = open_db(path)?;
-        let tree = db
-            .open_tree("loopwarden")
-            .map_err(|source| StoreError::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
-        Ok(SledStore::new(db, tree, true))
+        let opened = |source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let tree = db.open_tree("loopwarden").map_err(opened)?;
+        let record_bytes = record_bytes_of(&db).map_err(opened)?;
+        Ok(SledStore::new(db, tree, true, record_bytes))
     }
 
     /// The store of one input partition inside a shared database: its own tree, so its
@@ -401,14 +533,21 @@ impl SledStore {
     /// of the state (no changelog), before the batch's offsets are committed to Kafka.
     pub fn partition(db: &sled::Db, partition: i32) -> Result<SledStore, StoreError> {
         let tree = db.open_tree(format!("partition/{partition}"))?;
-        Ok(SledStore::new(db.clone(), tree, false))
+        let record_bytes = record_bytes_of(db)?;
+        Ok(SledStore::new(db.clone(), tree, false, record_bytes))
     }
 
-    fn new(db: sled::Db, tree: sled::Tree, flush_on_commit: bool) -> SledStore {
+    fn new(
+        db: sled::Db,
+        tree: sled::Tree,
+        flush_on_commit: bool,
+        record_bytes: usize,
+    ) -> SledStore {
         SledStore {
             db,
             tree,
             flush_on_commit,
+            record_bytes,
             log: RefCell::new(None),
             unapplied: None,
             failed: false,
@@ -473,7 +612,7 @@ impl SledStore {
             return Err(sled::Error::Io(std::io::Error::other("failed for the test")).into());
         }
         let mut log = self.log()?;
-        let mut writer = Writer::new(&mut log);
+        let mut writer = Writer::new(&mut log, self.record_bytes);
         let mut deltas = batch.deltas.iter().filter(|_| deltas).peekable();
         for (i, (k, v)) in batch.puts.iter().enumerate() {
             // A window of puts looked up together at a time, so that what the lookups
@@ -762,6 +901,131 @@ mod tests {
         assert!(e.contains(&found) && e.contains(&reads), "{e}");
     }
 
+    /// A directory made before the larger segment (with sled's default, as those builds
+    /// made it) keeps its segment and its records' length across opens; a new one gets
+    /// the larger segment and longer records, and sled refuses it to a build of the
+    /// default segment, naming the one it needs.
+    #[test]
+    fn a_directory_keeps_the_segment_it_was_made_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let legacy = dir.path().join("legacy");
+        drop(sled::open(&legacy).unwrap());
+        let new = dir.path().join("new");
+        let states: Vec<(String, StateBytes)> = (0..1000)
+            .map(|i| {
+                let state = SessionState::new(i, i + 1).to_bytes();
+                (format!("session-{i:04}"), state.into())
+            })
+            .collect();
+        for (path, segment) in [(&legacy, LEGACY_SEGMENT_BYTES), (&new, SEGMENT_BYTES)] {
+            for open in 0..2 {
+                let db = open_db(path).unwrap();
+                let mut store = SledStore::partition(&db, 0).unwrap();
+                let record_bytes = records::record_bytes(segment);
+                assert_eq!(store.record_bytes, record_bytes, "{path:?}");
+                if open == 0 {
+                    store
+                        .commit(&StoreBatch {
+                            puts: states.clone(),
+                            offsets: vec![("t/0".into(), 3)],
+                            ..StoreBatch::default()
+                        })
+                        .unwrap();
+                }
+                let longest = store
+                    .tree
+                    .scan_prefix(records::RECORD_PREFIX)
+                    .map(|r| r.unwrap().1.len())
+                    .max()
+                    .unwrap();
+                assert!(
+                    longest <= record_bytes && longest > record_bytes * 3 / 4,
+                    "{path:?}: {longest} bytes"
+                );
+                assert_eq!(store.load_sessions().unwrap().len(), states.len());
+                db.flush().unwrap();
+            }
+        }
+        let refused = sled::open(&new).unwrap_err().to_string();
+        assert!(refused.contains(&SEGMENT_BYTES.to_string()), "{refused}");
+        // sled's `conf` lost (it writes it without a sync, and rewrites a missing one
+        // with the segment it is given): each directory opens with its own segment all
+        // the same, its sessions whole; one made before and never opened since too.
+        let untouched = dir.path().join("untouched");
+        {
+            let db = sled::open(&untouched).unwrap();
+            db.insert(FORMAT_KEY, &STORE_FORMAT.to_be_bytes()).unwrap();
+            let mut store = SledStore::partition(&db, 0).unwrap();
+            store
+                .commit(&StoreBatch {
+                    puts: states.clone(),
+                    ..StoreBatch::default()
+                })
+                .unwrap();
+            db.flush().unwrap();
+        }
+        for (path, segment) in [
+            (&legacy, LEGACY_SEGMENT_BYTES),
+            (&new, SEGMENT_BYTES),
+            (&untouched, LEGACY_SEGMENT_BYTES),
+        ] {
+            std::fs::remove_file(path.join("conf")).unwrap();
+            let db = open_db(path).unwrap();
+            let store = SledStore::partition(&db, 0).unwrap();
+            assert_eq!(
+                store.record_bytes,
+                records::record_bytes(segment),
+                "{path:?}"
+            );
+            assert_eq!(store.load_sessions().unwrap().len(), states.len());
+        }
+    }
+
+    /// A state directory whose segment file holds no segment this build opens is refused,
+    /// naming the file.
+    #[test]
+    fn a_segment_file_that_names_no_segment_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open_db(dir.path()).unwrap());
+        let file = dir.path().join(SEGMENT_FILE);
+        std::fs::write(&file, "lots\n").unwrap();
+        let e = open_db(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(&file.display().to_string()) && e.contains("lots"),
+            "{e}"
+        );
+    }
+
+    /// Records appended, rewritten and removed as batches come, in a directory this build
+    /// makes, leave every leaf of them in sled's log: none goes to a blob file, which
+    /// sled's flush does not sync.
+    #[test]
+    fn no_leaf_of_records_is_written_as_a_blob() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db(dir.path()).unwrap();
+        let mut store = SledStore::partition(&db, 0).unwrap();
+        for batch in 0..16u8 {
+            let puts = (0..1000u32)
+                .filter(|i| (i + u32::from(batch)) % 2 == 0)
+                .map(|i| (format!("session-{i:04}"), vec![batch; 2000].into()))
+                .collect();
+            store
+                .commit(&StoreBatch {
+                    puts,
+                    offsets: vec![("t/0".into(), i64::from(batch))],
+                    ..StoreBatch::default()
+                })
+                .unwrap();
+        }
+        db.flush().unwrap();
+        let records = store.tree.scan_prefix(records::RECORD_PREFIX).count();
+        assert!(records > 2 * records::LEAF_KEYS_MAX, "{records} records");
+        let blobs: Vec<_> = std::fs::read_dir(dir.path().join("blobs"))
+            .unwrap()
+            .collect();
+        assert!(blobs.is_empty(), "{blobs:?}");
+    }
+
     #[test]
     fn a_database_from_before_the_format_marker_is_format_1() {
         let dir = tempfile::tempdir().unwrap();
@@ -890,7 +1154,7 @@ mod tests {
     /// Writes `states` into `tree` as records of whole states, as a store writes them.
     fn write_records(tree: &sled::Tree, states: &[(&[u8], SessionState)]) {
         let mut log = Log::default();
-        let mut w = Writer::new(&mut log);
+        let mut w = Writer::new(&mut log, records::record_bytes(SEGMENT_BYTES));
         for (name, state) in states {
             w.put(name, &state.to_bytes());
         }

@@ -43,7 +43,8 @@ unsafe extern "C" {
 /// pages that are free by then, whichever thread freed them. `thorough` (after a
 /// restore) also collects what mimalloc would otherwise keep for reuse a while: with a
 /// heap of 333 MB of small blocks, half of them freed, that took 53 ms, and 3 ms without
-/// it, so the periodic call is not thorough (it runs on the worker's thread, every 10 s).
+/// it, so the periodic calls are not thorough (on each worker's thread and each store
+/// writer's, every 10 s).
 pub fn release_freed_memory(thorough: bool) {
     // SAFETY: mi_collect takes a flag and only returns free memory to the kernel.
     unsafe { mi_collect(thorough) }

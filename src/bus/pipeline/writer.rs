@@ -17,7 +17,10 @@
 //! a kill would: the write in progress finishes (or fails, without retrying), the
 //! batches still queued are not written, and the thread is joined, so the database is
 //! not left open behind a worker that is gone. (Leaving a batch unwritten is always safe:
-//! its offsets are not committed, and nothing after it is written.)
+//! its offsets are not committed, and nothing after it is written.) Every
+//! [`RELEASE_EVERY`] the thread hands the pages its heap freed back to the kernel, as the
+//! worker does for its own: sled copies a leaf with each change to it, on this thread,
+//! and mimalloc collects only the calling thread's heap.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
@@ -29,6 +32,7 @@ use tracing::error;
 
 use super::backoff::Backoff;
 use super::{lock, PipelineError};
+use crate::bus::kafka::c_heap;
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
 use crate::shutdown::Shutdown;
@@ -40,6 +44,10 @@ pub(super) type SharedStore = Arc<Mutex<SledStore>>;
 
 /// Batches handed over and not yet taken by the thread, at most.
 pub(super) const QUEUED_MAX: usize = 2;
+
+/// How often the thread hands the pages its heap freed back to the kernel
+/// (`c_heap::release_freed_memory`, not thorough: a few milliseconds).
+const RELEASE_EVERY: Duration = Duration::from_secs(10);
 
 /// One batch to store: each changed partition's changes, in one sled batch each.
 pub(super) struct Job {
@@ -97,6 +105,7 @@ impl Writer {
             .name(super::store_thread(index))
             .spawn(move || {
                 let mut failed = false;
+                let mut released_at = Instant::now();
                 for job in taken {
                     if closed.load(Ordering::Acquire) {
                         return;
@@ -117,6 +126,10 @@ impl Writer {
                     failed |= stored.result.is_err();
                     if report.send(stored).is_err() {
                         return;
+                    }
+                    if released_at.elapsed() >= RELEASE_EVERY {
+                        c_heap::release_freed_memory(false);
+                        released_at = Instant::now();
                     }
                 }
             })

@@ -14,7 +14,10 @@
 //! before it, `engine::state::delta`). A session's state is its chain: its newest state
 //! entry and the deltas after it, applied in order, unless a later deletion ends it. A
 //! delta with no state before it (its chain's state was folded, below) is dead. Records
-//! are cut at [`RECORD_BYTES`] so that sled's leaves, which it rewrites whole, stay small.
+//! are cut at [`record_bytes`] of the database's log segment: as long as sled can keep a
+//! leaf of them in its log (a leaf it writes to a file of its own is not synced by its
+//! flush), and no shorter, since sled's cost of a record written, rewritten in its leaf
+//! and removed is much the same whatever its size.
 //!
 //! Why deltas: an aged state is 0.7–1.3 kB and an event changes a quarter to a third of
 //! it (`benches/state_delta.rs`); every byte of a state written costs its copy into a
@@ -52,11 +55,29 @@ use std::collections::BTreeMap;
 /// Key prefix of the records.
 pub(super) const RECORD_PREFIX: &[u8] = b"r/";
 
-/// A record is cut once it holds this many bytes (a longer state gets one of its own).
-/// sled splits a leaf past 16 keys and rewrites a leaf whole every few writes to it;
-/// values this size keep a leaf under sled's blob threshold (a quarter of its 512 KiB
-/// segments), where it would be written to a file of its own.
-pub(super) const RECORD_BYTES: usize = 6 * 1024;
+/// The bytes at which a record is cut (a longer entry gets one of its own) in a
+/// database of `segment_bytes` log segments: 20 records and their keys under a quarter
+/// segment less 8 KiB, rounded down to a KiB (6 KiB in sled's default 512 KiB segments,
+/// 25 KiB in the 2 MiB ones of a directory this build creates). sled writes a log
+/// message over a quarter of a segment (less its headers) to a file of its own, a blob,
+/// which its flush does not sync. It splits a leaf past 16 keys, and a merge hands a leaf
+/// up to 3 more, so a leaf it rewrites whole holds at most 20 keys (records and the
+/// partition's offsets): under the threshold while no entry is longer than a record.
+///
+/// Why as long as that: sled's CPU a byte of records falls with their length, since each
+/// record costs an insert, its share of its leaf's rewrites, a removal and the log's
+/// cleaning whatever its bytes (`benches/sled_records.rs`: 8.5–9.9 s of CPU a GB of
+/// records at 6 KiB in 512 KiB segments, 3.4–3.5 at 25 KiB in 2 MiB ones;
+/// DEVELOPMENT.md, thirty-fourth look).
+pub(super) const fn record_bytes(segment_bytes: usize) -> usize {
+    ((segment_bytes / 4 - LEAF_HEADROOM_BYTES) / LEAF_KEYS_MAX) & !1023
+}
+
+/// The most keys a sled leaf holds when it is written whole (see [`record_bytes`]).
+pub(super) const LEAF_KEYS_MAX: usize = 20;
+/// What a leaf of records leaves under sled's blob threshold: its keys, their lengths,
+/// its bounds and the message's headers.
+pub(super) const LEAF_HEADROOM_BYTES: usize = 8 * 1024;
 
 /// The live bytes folded per batch when the batch itself wrote fewer (smaller in the
 /// unit tests, so that their small stores fold).
@@ -440,9 +461,10 @@ impl Log {
 }
 
 /// A batch's records being written: entries go into the open record, which is cut into
-/// a new one at [`RECORD_BYTES`].
+/// a new one at `record_bytes` ([`record_bytes`]).
 pub(super) struct Writer<'l> {
     log: &'l mut Log,
+    record_bytes: usize,
     /// Records written whole (sequence, bytes).
     sealed: Vec<(u64, Vec<u8>)>,
     open: Option<(u64, Vec<u8>)>,
@@ -455,10 +477,11 @@ pub(super) struct Writer<'l> {
 }
 
 impl<'l> Writer<'l> {
-    pub(super) fn new(log: &'l mut Log) -> Writer<'l> {
+    pub(super) fn new(log: &'l mut Log, record_bytes: usize) -> Writer<'l> {
         let first = log.next;
         Writer {
             log,
+            record_bytes,
             sealed: Vec::new(),
             open: None,
             first,
@@ -472,14 +495,14 @@ impl<'l> Writer<'l> {
         if self
             .open
             .as_ref()
-            .is_some_and(|(_, b)| !b.is_empty() && b.len() + len > RECORD_BYTES)
+            .is_some_and(|(_, b)| !b.is_empty() && b.len() + len > self.record_bytes)
         {
             self.seal();
         }
         let (seq, buf) = self.open.get_or_insert_with(|| {
             let seq = self.log.next;
             self.log.next += 1;
-            (seq, Vec::with_capacity(RECORD_BYTES.max(len)))
+            (seq, Vec::with_capacity(self.record_bytes.max(len)))
         });
         buf.push(kind);
         buf.extend_from_slice(&(name.len() as u32).to_le_bytes());

@@ -7,6 +7,9 @@ type Tree = BTreeMap<u64, Vec<u8>>;
 /// What the store must hold: each session's newest state.
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 
+/// Records as a directory this build creates cuts them.
+const RECORD_BYTES: usize = record_bytes(crate::engine::store::SEGMENT_BYTES);
+
 /// A batch's change of a session. A delta here is bytes appended to the state: the
 /// records do not read what they hold, so any rule that rebuilds a state from its chain
 /// in order checks them (appending fails on a lost, doubled or reordered delta).
@@ -32,7 +35,7 @@ fn after_delta(model: &Model, n: u8, delta: &[u8]) -> Vec<u8> {
 /// records in and the folded ones out. `model` holds the states before the batch (a
 /// batch changes a session once, as the engine's do).
 fn write(log: &mut Log, tree: &mut Tree, model: &Model, changes: &[Change]) -> u64 {
-    let mut w = Writer::new(log);
+    let mut w = Writer::new(log, RECORD_BYTES);
     for c in changes {
         match c {
             Change::Put(n, state) => w.put(&name(*n), state),
@@ -191,11 +194,33 @@ proptest! {
     }
 }
 
+/// A leaf of records stays in sled's log: 17 records (sled splits a leaf past 16 keys)
+/// and their keys under a quarter segment, sled's blob threshold, with room for the
+/// partition's offsets; sled's default segment keeps the 6 KiB of the directories made
+/// before the larger segment.
+#[test]
+fn a_leaf_of_records_stays_under_sleds_blob_threshold() {
+    use crate::engine::store::{LEGACY_SEGMENT_BYTES, SEGMENT_BYTES};
+    assert_eq!(record_bytes(LEGACY_SEGMENT_BYTES), 6 * 1024);
+    assert_eq!(record_bytes(SEGMENT_BYTES), 25 * 1024);
+    for segment in [LEGACY_SEGMENT_BYTES, SEGMENT_BYTES] {
+        let leaf = 17 * (record_bytes(segment) + record_key(0).len() + 16);
+        assert!(leaf + 4096 < segment / 4, "{leaf} bytes in {segment}");
+    }
+}
+
 #[test]
 fn records_are_cut_at_their_size_and_a_large_state_has_one_of_its_own() {
     let (mut log, mut tree, mut model) = (Log::default(), Tree::new(), Model::new());
     let batch: Vec<Change> = (0..20)
-        .map(|n| Change::Put(n, vec![n; if n == 7 { 3 * RECORD_BYTES } else { 1000 }]))
+        .map(|n| {
+            let len = if n == 7 {
+                3 * RECORD_BYTES
+            } else {
+                RECORD_BYTES / 6
+            };
+            Change::Put(n, vec![n; len])
+        })
         .collect();
     write(&mut log, &mut tree, &model, &batch);
     apply(&mut model, &batch);
@@ -396,7 +421,7 @@ fn a_delta_after_a_record_cut_short_does_not_extend_an_older_chain() {
     );
     assert_eq!(read.get(&name(1)), Some(&vec![2; 100]));
     // Its next delta is written whole.
-    let mut w = Writer::new(&mut fresh);
+    let mut w = Writer::new(&mut fresh, RECORD_BYTES);
     w.put_delta(&name(0), &[5; 10], &[6; 120]);
     drop(w.finish());
     let chain = fresh.chain(&name(0)).unwrap();
