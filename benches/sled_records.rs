@@ -1,7 +1,8 @@
 //! What sled costs a byte of the state store's records, by the records' length and the
 //! log's segment (issue 32, thirty-fourth look in docs/DEVELOPMENT.md): what longer
-//! records in longer segments would save against the store's 6 KiB records
-//! (`records::RECORD_BYTES`) in sled's default 512 KiB segments.
+//! records in longer segments would save against 6 KiB records in sled's default 512 KiB
+//! segments (`records::record_bytes`: what a directory made before the 2 MiB segment
+//! keeps).
 //!
 //! sled alone, written as the store writes its records (`src/engine/store/records.rs`):
 //! 16 trees (a worker's partitions), each taking a batch at a time of records under

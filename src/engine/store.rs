@@ -35,12 +35,12 @@ pub enum StoreError {
     },
     #[error("state store I/O failed: {0}")]
     Io(#[from] sled::Error),
-    #[error("cannot read or record the state store's segment in {path}: {source}")]
+    #[error("cannot read or record the state store's segment, {path}: {source}")]
     SegmentFile {
         path: String,
         source: std::io::Error,
     },
-    #[error("{path} holds {found:?}, not a segment this build opens ({SEGMENT_BYTES} or {LEGACY_SEGMENT_BYTES} bytes): move the state directory aside (with the changelog on, its partitions are restored from it)")]
+    #[error("{path} holds {found:?}, not a segment this build opens ({SEGMENT_BYTES} or {LEGACY_SEGMENT_BYTES} bytes): delete that file (the segment is then read from sled's own files) or move the state directory aside (with the changelog on, its partitions are restored from it)")]
     Segment { path: String, found: String },
     #[error("session {session}: {source}")]
     Corrupt {
@@ -261,8 +261,8 @@ const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 
 /// sled's log segment in a state directory this build creates. Its records are cut at
 /// [`records::record_bytes`] of it: the longer the segment, the longer the records sled
-/// keeps in its log, and the less CPU it spends a byte of them (less than half, 2 MiB
-/// against the default 512 KiB: DEVELOPMENT.md, thirty-fourth look). sled opens a
+/// keeps in its log, and the less CPU it spends a byte of them (about half, 2 MiB
+/// against the default 512 KiB: DEVELOPMENT.md, thirty-fourth and thirty-fifth looks). sled opens a
 /// directory only with the segment it was made with, and refuses it to another (a build
 /// from before this segment refuses a directory made with it, naming the segment).
 pub(crate) const SEGMENT_BYTES: usize = 2 << 20;
@@ -281,46 +281,52 @@ const SEGMENT_FILE: &str = "loopwarden-segment";
 const SEGMENT_KEY: &[u8] = b"loopwarden/segment-bytes";
 
 /// The segment to open the state directory at `path` with: as its [`SEGMENT_FILE`] says;
-/// sled's default for a directory of sled's files without one; [`SEGMENT_BYTES`] for a
-/// new directory, recorded in it first.
+/// sled's default for a directory of sled's files without one (or with an empty one);
+/// [`SEGMENT_BYTES`] for a new directory, recorded in it first.
 fn directory_segment(path: &Path) -> Result<usize, StoreError> {
     let file = path.join(SEGMENT_FILE);
-    match std::fs::read_to_string(&file) {
-        Ok(text) => match text.trim().parse::<usize>() {
-            Ok(segment) if segment == SEGMENT_BYTES || segment == LEGACY_SEGMENT_BYTES => {
-                Ok(segment)
-            }
-            _ => Err(StoreError::Segment {
+    let text = match std::fs::read(&file) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(source) => {
+            return Err(StoreError::SegmentFile {
                 path: file.display().to_string(),
-                found: text,
-            }),
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if ["conf", "db"].iter().any(|f| path.join(f).exists()) {
-                return Ok(LEGACY_SEGMENT_BYTES);
-            }
-            record_segment(path, SEGMENT_BYTES)?;
-            Ok(SEGMENT_BYTES)
+                source,
+            })
         }
-        Err(source) => Err(StoreError::SegmentFile {
-            path: path.display().to_string(),
-            source,
+    };
+    let text = String::from_utf8_lossy(&text);
+    if text.trim().is_empty() {
+        if ["conf", "db"].iter().any(|f| path.join(f).exists()) {
+            return Ok(LEGACY_SEGMENT_BYTES);
+        }
+        record_segment(path, SEGMENT_BYTES)?;
+        return Ok(SEGMENT_BYTES);
+    }
+    match text.trim().parse::<usize>() {
+        Ok(segment) if segment == SEGMENT_BYTES || segment == LEGACY_SEGMENT_BYTES => Ok(segment),
+        _ => Err(StoreError::Segment {
+            path: file.display().to_string(),
+            found: text.into_owned(),
         }),
     }
 }
 
 /// Writes `segment` as the [`SEGMENT_FILE`] of the directory at `path` (made if it is
-/// not there), synced with its name.
+/// not there): written and synced under another name, then renamed over it and the
+/// directory synced, so that a crash leaves the file as it was or whole.
 fn record_segment(path: &Path, segment: usize) -> Result<(), StoreError> {
+    let file = path.join(SEGMENT_FILE);
     let failed = |source| StoreError::SegmentFile {
-        path: path.display().to_string(),
+        path: file.display().to_string(),
         source,
     };
     std::fs::create_dir_all(path).map_err(failed)?;
-    let file = path.join(SEGMENT_FILE);
-    let mut f = std::fs::File::create(&file).map_err(failed)?;
+    let written = path.join(format!("{SEGMENT_FILE}.new"));
+    let mut f = std::fs::File::create(&written).map_err(failed)?;
     std::io::Write::write_all(&mut f, format!("{segment}\n").as_bytes()).map_err(failed)?;
     f.sync_all().map_err(failed)?;
+    std::fs::rename(&written, &file).map_err(failed)?;
     std::fs::File::open(path)
         .and_then(|dir| dir.sync_all())
         .map_err(failed)
@@ -374,7 +380,7 @@ pub fn open_db_with_cache(path: &Path, cache_bytes: u64) -> Result<sled::Db, Sto
             db.insert(FORMAT_KEY, &UPGRADING_TO_RECORDS.to_be_bytes())
                 .map_err(opened)?;
             db.flush().map_err(opened)?;
-            upgrade_per_session(&db).map_err(opened)?;
+            upgrade_per_session(&db, records::record_bytes(segment)).map_err(opened)?;
             db.insert(FORMAT_KEY, &expected).map_err(opened)?;
             db.flush().map_err(opened)?;
             tracing::info!(
@@ -443,12 +449,12 @@ fn open_with_its_segment(path: &Path, cache_bytes: u64) -> Result<(sled::Db, usi
     Ok((db, segment))
 }
 
-/// Rewrites each tree's per-session keys (store format 5) as records, one atomic batch
-/// per tree (held in memory: a tree's states at once): a tree already rewritten holds
-/// none, so an upgrade cut short resumes. Records a tree already holds stay, and the
+/// Rewrites each tree's per-session keys (store format 5) as records of `record_bytes`
+/// (its segment's: the segment key is recorded after the upgrade), one atomic batch per
+/// tree (held in memory: a tree's states at once): a tree already rewritten holds none,
+/// so an upgrade cut short resumes. Records a tree already holds stay, and the
 /// rewritten states come after them.
-fn upgrade_per_session(db: &sled::Db) -> Result<(), sled::Error> {
-    let record_bytes = record_bytes_of(db)?;
+fn upgrade_per_session(db: &sled::Db, record_bytes: usize) -> Result<(), sled::Error> {
     for name in db.tree_names() {
         if name.as_ref() == b"__sled__default" {
             continue;
@@ -982,7 +988,7 @@ mod tests {
     }
 
     /// A state directory whose segment file holds no segment this build opens is refused,
-    /// naming the file.
+    /// naming the file and saying what to do.
     #[test]
     fn a_segment_file_that_names_no_segment_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -991,8 +997,39 @@ mod tests {
         std::fs::write(&file, "lots\n").unwrap();
         let e = open_db(dir.path()).unwrap_err().to_string();
         assert!(
-            e.contains(&file.display().to_string()) && e.contains("lots"),
+            e.contains(&file.display().to_string()) && e.contains("lots") && e.contains("delete"),
             "{e}"
+        );
+    }
+
+    /// A segment file left empty (as one cut short by a crash of a build that wrote it in
+    /// place would be) is read as none: a directory of the larger segment still opens with
+    /// it, from sled's own files, and the file is written whole again; one half-written
+    /// under its other name changes nothing.
+    #[test]
+    fn an_empty_segment_file_is_read_from_sleds_files() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = open_db(dir.path()).unwrap();
+            let mut store = SledStore::partition(&db, 0).unwrap();
+            store
+                .commit(&StoreBatch {
+                    puts: vec![("s".into(), SessionState::new(1, 2).to_bytes().into())],
+                    ..StoreBatch::default()
+                })
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let file = dir.path().join(SEGMENT_FILE);
+        std::fs::write(&file, "").unwrap();
+        std::fs::write(dir.path().join(format!("{SEGMENT_FILE}.new")), "52").unwrap();
+        let db = open_db(dir.path()).unwrap();
+        let store = SledStore::partition(&db, 0).unwrap();
+        assert_eq!(store.record_bytes, records::record_bytes(SEGMENT_BYTES));
+        assert_eq!(store.load_sessions().unwrap().len(), 1);
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap().trim(),
+            SEGMENT_BYTES.to_string()
         );
     }
 

@@ -66,9 +66,9 @@ pub(super) const RECORD_PREFIX: &[u8] = b"r/";
 ///
 /// Why as long as that: sled's CPU a byte of records falls with their length, since each
 /// record costs an insert, its share of its leaf's rewrites, a removal and the log's
-/// cleaning whatever its bytes (`benches/sled_records.rs`: 8.5–9.9 s of CPU a GB of
-/// records at 6 KiB in 512 KiB segments, 3.4–3.5 at 25 KiB in 2 MiB ones;
-/// DEVELOPMENT.md, thirty-fourth look).
+/// cleaning whatever its bytes (`benches/sled_records.rs`: 10.3 s of CPU a GB of
+/// records at 6 KiB in 512 KiB segments, 5.2 at 25 KiB in 2 MiB ones, with the page
+/// cache held to its 8 MiB; DEVELOPMENT.md, thirty-fifth look).
 pub(super) const fn record_bytes(segment_bytes: usize) -> usize {
     ((segment_bytes / 4 - LEAF_HEADROOM_BYTES) / LEAF_KEYS_MAX) & !1023
 }

@@ -194,8 +194,8 @@ proptest! {
     }
 }
 
-/// A leaf of records stays in sled's log: 17 records (sled splits a leaf past 16 keys)
-/// and their keys under a quarter segment, sled's blob threshold, with room for the
+/// A leaf of records stays in sled's log: [`LEAF_KEYS_MAX`] records (sled splits a leaf
+/// past 16 keys, and a merge hands it up to 3 more) and their keys under a quarter segment, sled's blob threshold, with room for the
 /// partition's offsets; sled's default segment keeps the 6 KiB of the directories made
 /// before the larger segment.
 #[test]
@@ -204,7 +204,7 @@ fn a_leaf_of_records_stays_under_sleds_blob_threshold() {
     assert_eq!(record_bytes(LEGACY_SEGMENT_BYTES), 6 * 1024);
     assert_eq!(record_bytes(SEGMENT_BYTES), 25 * 1024);
     for segment in [LEGACY_SEGMENT_BYTES, SEGMENT_BYTES] {
-        let leaf = 17 * (record_bytes(segment) + record_key(0).len() + 16);
+        let leaf = LEAF_KEYS_MAX * (record_bytes(segment) + record_key(0).len() + 16);
         assert!(leaf + 4096 < segment / 4, "{leaf} bytes in {segment}");
     }
 }
