@@ -280,14 +280,13 @@ const SEGMENT_FILE: &str = "loopwarden-segment";
 /// without it (opened other than by [`open_db_with_cache`]) has [`LEGACY_SEGMENT_BYTES`].
 const SEGMENT_KEY: &[u8] = b"loopwarden/segment-bytes";
 
-/// The segment to open the state directory at `path` with: as its [`SEGMENT_FILE`] says;
-/// sled's default for a directory of sled's files without one (or with an empty one);
-/// [`SEGMENT_BYTES`] for a new directory, recorded in it first.
-fn directory_segment(path: &Path) -> Result<usize, StoreError> {
+/// The segment the [`SEGMENT_FILE`] of the directory at `path` names; `None` where there
+/// is none or it is empty (a directory made before [`SEGMENT_BYTES`], or a new one).
+fn named_segment(path: &Path) -> Result<Option<usize>, StoreError> {
     let file = path.join(SEGMENT_FILE);
     let text = match std::fs::read(&file) {
         Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
             return Err(StoreError::SegmentFile {
                 path: file.display().to_string(),
@@ -296,18 +295,17 @@ fn directory_segment(path: &Path) -> Result<usize, StoreError> {
         }
     };
     let text = String::from_utf8_lossy(&text);
-    if text.trim().is_empty() {
-        if ["conf", "db"].iter().any(|f| path.join(f).exists()) {
-            return Ok(LEGACY_SEGMENT_BYTES);
-        }
-        record_segment(path, SEGMENT_BYTES)?;
-        return Ok(SEGMENT_BYTES);
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
     }
-    match text.trim().parse::<usize>() {
-        Ok(segment) if segment == SEGMENT_BYTES || segment == LEGACY_SEGMENT_BYTES => Ok(segment),
+    match text.parse::<usize>() {
+        Ok(segment) if segment == SEGMENT_BYTES || segment == LEGACY_SEGMENT_BYTES => {
+            Ok(Some(segment))
+        }
         _ => Err(StoreError::Segment {
             path: file.display().to_string(),
-            found: text.into_owned(),
+            found: text.to_string(),
         }),
     }
 }
@@ -422,7 +420,18 @@ fn open_with_its_segment(path: &Path, cache_bytes: u64) -> Result<(sled::Db, usi
         path: path.display().to_string(),
         source,
     };
-    let guess = directory_segment(path)?;
+    // As the segment file says; sled's default for a directory of sled's files without
+    // one; the larger segment for a new directory, recorded in it before sled makes it.
+    let mut recorded = named_segment(path)?;
+    let guess = match recorded {
+        Some(segment) => segment,
+        None if ["conf", "db"].iter().any(|f| path.join(f).exists()) => LEGACY_SEGMENT_BYTES,
+        None => {
+            record_segment(path, SEGMENT_BYTES)?;
+            recorded = Some(SEGMENT_BYTES);
+            SEGMENT_BYTES
+        }
+    };
     // sled's `conf`, where it holds another segment, is what the log was written with
     // (where it is missing or empty, sled takes the segment it is given).
     let (db, segment) = match open_locked(path, cache_bytes, guess) {
@@ -439,11 +448,7 @@ fn open_with_its_segment(path: &Path, cache_bytes: u64) -> Result<(sled::Db, usi
         }
         opened_with_guess => (opened_with_guess.map_err(opened)?, guess),
     };
-    if std::fs::read_to_string(path.join(SEGMENT_FILE))
-        .ok()
-        .and_then(|text| text.trim().parse::<usize>().ok())
-        != Some(segment)
-    {
+    if recorded != Some(segment) {
         record_segment(path, segment)?;
     }
     Ok((db, segment))
