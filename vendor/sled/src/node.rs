@@ -174,21 +174,7 @@ impl Node {
         where
             T: Clone + Ord,
         {
-            // loopwarden: the rightmost leaf (a leaf, which suffix truncation marks,
-            // with no upper bound), where a tree whose keys are appended in order takes
-            // them, is split near its end, not in the middle: the right node keeps
-            // two keys over the merge threshold. A split writes both nodes whole:
-            // split in the middle, the leaf taking appends splits every 9 of them and
-            // writes 17 values (1.9 a value appended); split 6 from its end, every 11
-            // (1.5). See LOOPWARDEN.md.
-            let middle = keys.len() / 2 + 1;
-            let split_point = if suffix_truncation && old_hi.is_empty() {
-                keys.len()
-                    .saturating_sub(leaf_merge_threshold() + RIGHTMOST_SPLIT_SPARE_KEYS)
-                    .max(middle)
-            } else {
-                middle
-            };
+            let split_point = keys.len() / 2 + 1;
             let right_keys = keys.split_off(split_point);
             let right_values = values.split_off(split_point);
             let right_min = &right_keys[0];
@@ -626,14 +612,12 @@ impl Node {
     }
 
     pub(crate) fn should_merge(&self) -> bool {
-        let threshold = if self.data.is_index() {
-            if cfg!(any(test, feature = "lock_free_delays")) {
-                1
-            } else {
-                64
-            }
+        let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
+            1
+        } else if self.data.is_index() {
+            64
         } else {
-            leaf_merge_threshold()
+            4
         };
 
         let size_checks = self.data.len() < threshold;
@@ -774,18 +758,4 @@ fn merge_uneven_nodes() {
     };
 
     left.receive_merge(&right);
-}
-
-/// loopwarden: the keys over the merge threshold that the right node of a split of the
-/// rightmost leaf keeps, so that a removal there (the store removes a recent record
-/// once nothing in it is live any more) does not merge it straight back.
-const RIGHTMOST_SPLIT_SPARE_KEYS: usize = 2;
-
-/// A leaf with fewer keys than this is merged into its left sibling.
-const fn leaf_merge_threshold() -> usize {
-    if cfg!(any(test, feature = "lock_free_delays")) {
-        1
-    } else {
-        4
-    }
 }

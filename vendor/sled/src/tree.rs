@@ -1569,29 +1569,6 @@ impl Tree {
         }
     }
 
-    /// loopwarden (see LOOPWARDEN.md), for its test of its change to where the
-    /// rightmost leaf splits, not sled's API: the number of keys of each leaf, from the
-    /// first to the last.
-    #[doc(hidden)]
-    pub fn loopwarden_leaf_keys(&self) -> Result<Vec<usize>> {
-        let _cc = concurrency_control::read();
-        let guard = pin();
-        let mut keys = Vec::new();
-        let mut view = self.view_for_key(b"", &guard)?;
-        loop {
-            keys.push(view.data.len());
-            let Some(next) = view.next else {
-                return Ok(keys);
-            };
-            view = self.view_for_pid(next.get(), &guard)?.ok_or_else(|| {
-                Error::ReportableBug(format!(
-                    "leaf {} names {} as its right sibling, which is gone",
-                    view.pid, next
-                ))
-            })?;
-        }
-    }
-
     pub(crate) fn view_for_pid<'g>(
         &self,
         pid: PageId,

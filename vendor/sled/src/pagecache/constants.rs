@@ -24,10 +24,7 @@ pub(crate) const META_PID: PageId = 0;
 pub(crate) const COUNTER_PID: PageId = 1;
 pub(crate) const BATCH_MANIFEST_PID: PageId = PageId::max_value() - 666;
 
-// loopwarden: 16 entries (a base and 15 updates), not the published 10, so that a leaf
-// taking appended keys (11 between two splits, `Node::split`) is not written whole
-// between its splits too. See LOOPWARDEN.md.
-pub(crate) const PAGE_CONSOLIDATION_THRESHOLD: usize = 16;
+pub(crate) const PAGE_CONSOLIDATION_THRESHOLD: usize = 10;
 pub(crate) const SEGMENT_CLEANUP_THRESHOLD: usize = 50;
 
 // Allows for around 1 trillion items to be stored
