@@ -262,9 +262,10 @@ const FORMAT_KEY: &[u8] = b"loopwarden/state-format";
 /// sled's log segment in a state directory this build creates. Its records are cut at
 /// [`records::record_bytes`] of it: the longer the segment, the longer the records sled
 /// keeps in its log, and the less CPU it spends a byte of them (about half, 2 MiB
-/// against the default 512 KiB: DEVELOPMENT.md, thirty-fourth and thirty-fifth looks). sled opens a
-/// directory only with the segment it was made with, and refuses it to another (a build
-/// from before this segment refuses a directory made with it, naming the segment).
+/// against the default 512 KiB: DEVELOPMENT.md, thirty-fourth and thirty-fifth looks).
+/// sled opens a directory only with the segment it was made with, and refuses it to
+/// another (a build from before this segment refuses a directory made with it, naming
+/// the segment).
 pub(crate) const SEGMENT_BYTES: usize = 2 << 20;
 /// sled's default segment, which every state directory made before [`SEGMENT_BYTES`] has;
 /// such a directory keeps it, and its records stay as short as they were.

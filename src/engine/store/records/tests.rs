@@ -195,9 +195,9 @@ proptest! {
 }
 
 /// A leaf of records stays in sled's log: [`LEAF_KEYS_MAX`] records (sled splits a leaf
-/// past 16 keys, and a merge hands it up to 3 more) and their keys under a quarter segment, sled's blob threshold, with room for the
-/// partition's offsets; sled's default segment keeps the 6 KiB of the directories made
-/// before the larger segment.
+/// past 16 keys, and a merge hands it up to 3 more) and their keys under a quarter
+/// segment, sled's blob threshold, with room for the partition's offsets; sled's default
+/// segment keeps the 6 KiB of the directories made before the larger segment.
 #[test]
 fn a_leaf_of_records_stays_under_sleds_blob_threshold() {
     use crate::engine::store::{LEGACY_SEGMENT_BYTES, SEGMENT_BYTES};
