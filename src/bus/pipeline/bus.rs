@@ -15,7 +15,6 @@
 //! record's delivery report is served, whatever the outbox does with the record meanwhile.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +34,7 @@ use tracing::{info, warn};
 
 use super::backoff::Backoff;
 use super::lock;
+use super::unacknowledged::Unacknowledged;
 use super::PipelineError;
 use crate::bus::kafka::cached_watermarks;
 use crate::bus::kafka::settings::KafkaSettings;
@@ -442,7 +442,7 @@ pub struct DeliveryTracker {
     pub(super) failed: Mutex<Vec<(usize, KafkaError)>>,
     /// The numbers of the records handed to the producer and not acknowledged (a failed
     /// one stays until it is sent again and acknowledged).
-    pub(super) unacknowledged: Mutex<BTreeSet<usize>>,
+    pub(super) unacknowledged: Mutex<Unacknowledged>,
     pub(super) changelog_topic: String,
     pub(super) changelog_offsets: Mutex<FxHashMap<i32, i64>>,
     pub(super) epoch: AtomicU64,
@@ -472,7 +472,7 @@ impl DeliveryTracker {
         match result {
             Err(e) => lock(&self.failed).push((index, e)),
             Ok((topic, partition, offset)) => {
-                lock(&self.unacknowledged).remove(&index);
+                lock(&self.unacknowledged).remove(index);
                 if topic == self.changelog_topic {
                     let mut offsets = lock(&self.changelog_offsets);
                     let o = offsets.entry(partition).or_insert(offset);

@@ -91,6 +91,7 @@ mod partition;
 mod rebalance;
 #[cfg(test)]
 mod recipe_tests;
+mod unacknowledged;
 mod worker;
 mod writer;
 

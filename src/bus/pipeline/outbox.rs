@@ -475,10 +475,7 @@ impl Outbox {
     /// acknowledgement (a failed one waits until sent again).
     fn delivered_below(&self, mark: usize) -> bool {
         mark <= self.base + self.sent
-            && lock(&self.transport.tracker().unacknowledged)
-                .range(..mark)
-                .next()
-                .is_none()
+            && !lock(&self.transport.tracker().unacknowledged).any_below(mark)
     }
 
     /// Drops the records before `mark` (sent and acknowledged).
