@@ -23,7 +23,6 @@ pub struct Unacknowledged {
     /// The number of the front word's lowest bit: a multiple of [`WORD_BITS`].
     base: usize,
     words: VecDeque<u64>,
-    len: usize,
 }
 
 impl Unacknowledged {
@@ -43,11 +42,7 @@ impl Unacknowledged {
         if word >= self.words.len() {
             self.words.resize(word + 1, 0);
         }
-        let w = &mut self.words[word];
-        if *w & bit == 0 {
-            *w |= bit;
-            self.len += 1;
-        }
+        self.words[word] |= bit;
     }
 
     /// Clears `number` (not marked: nothing changes).
@@ -59,11 +54,7 @@ impl Unacknowledged {
         let Some(w) = self.words.get_mut(word) else {
             return;
         };
-        if *w & bit == 0 {
-            return;
-        }
         *w &= !bit;
-        self.len -= 1;
         while self.words.front() == Some(&0) {
             self.words.pop_front();
             // An empty window's base is set again by the next insert (and past the last
@@ -87,20 +78,20 @@ impl Unacknowledged {
         Some(self.base + front.trailing_zeros() as usize)
     }
 
+    /// No number marked: the window holds no words once its last number is cleared.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.words.is_empty()
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.len
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
     /// Forgets every number (the window's memory is kept).
     pub fn clear(&mut self) {
         self.words.clear();
-        self.len = 0;
     }
 
     /// `number`'s word in the window and its bit there (`number` at or above the base).
