@@ -58,7 +58,7 @@ pub type StateBytes = std::sync::Arc<Vec<u8>>;
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct StoreBatch {
     /// Sessions' new states, whole (what the changelog and the in-memory store take),
-    /// shared: a changelog record's payload is the same bytes, not a copy (a batch of
+    /// one a session (the engine takes them out of its map of changed sessions), shared: a changelog record's payload is the same bytes, not a copy (a batch of
     /// seconds at a million sessions writes a million states at its end, and each copy
     /// was fresh memory the kernel zeroed).
     pub puts: Vec<(String, StateBytes)>,
