@@ -3,10 +3,12 @@
 //! instance, or this one on a fresh disk, can rebuild the state before consuming.
 //!
 //! Format: one `session` record per changed session (key: the session id; value: its
-//! state, with the state format in a header; no value when it closed), then one `commit`
-//! record (key `loopwarden/commit`; value: JSON with the consumer group that wrote it,
-//! the batch's input offsets and how many session records it has). Every record of a
-//! batch carries the batch's id in a header.
+//! state in a frame that holds the batch's id and the state format, no headers,
+//! [`SessionFrame`]; when it closed, no value, and its kind and batch in headers), then
+//! one `commit` record (key `loopwarden/commit`; value: JSON with the consumer group
+//! that wrote it, the batch's input offsets and how many session records it has; its
+//! kind and batch in headers). Session records written before the frame carried the kind,
+//! batch and state format in headers and the state alone: they are read as before.
 //!
 //! A changelog belongs to one deployment (its consumer group): a restore that meets a
 //! commit record of another group stops with an error naming both groups, instead of
@@ -48,7 +50,7 @@ mod restore;
 pub use restore::{assemble, Restorer};
 
 use std::borrow::Cow;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -58,13 +60,16 @@ use super::outbox::{Outbox, Record, Sink};
 use super::PipelineError;
 use crate::engine::store::{StoreBatch, STATE_FORMAT};
 
-/// Header of changelog records: `session` or `commit` (see the module docs).
+/// Header of changelog records: `session` or `commit` (see the module docs; a framed
+/// session record has none).
 pub const CHANGELOG_KIND: &str = "loopwarden.changelog";
 const CHANGELOG_COMMIT_KEY: &[u8] = b"loopwarden/commit";
-/// Header of changelog session records: the state format of their payload. Records of
-/// another format (or none: format 1) are skipped on restore; those sessions start anew.
+/// Header of changelog session records written before their frame: the state format of
+/// their payload (framed records say it in their frame). Records of another format (or
+/// none: format 1) are skipped on restore; those sessions start anew.
 pub const CHANGELOG_STATE_FORMAT: &str = "loopwarden.state_format";
-/// Header of every record of a batch: the batch's id (decimal), unique per writer.
+/// Header of every record of a batch but a framed one (whose frame holds it): the
+/// batch's id (decimal), unique per writer.
 pub const CHANGELOG_BATCH: &str = "loopwarden.changelog.batch";
 /// Store key of the last changelog offset the local state reflects.
 pub const CHANGELOG_POSITION: &str = "changelog/position";
@@ -118,45 +123,93 @@ impl BatchIds {
     }
 }
 
-/// The state format header's value: the same for every session record.
-static STATE_FORMAT_VALUE: LazyLock<Vec<u8>> =
-    LazyLock::new(|| STATE_FORMAT.to_string().into_bytes());
-
-/// What a changelog record holds.
+/// What a changelog record holds besides a session's state (those are framed:
+/// [`state_record`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// A session's state: kind `session`, and the state's format.
-    State,
     /// A closed session: kind `session`, no value.
     Tombstone,
     /// A batch's commit record: kind `commit`.
     Commit,
 }
 
-/// A changelog record of batch `batch` (its id, in decimal). One allocation for its
-/// headers' list and one for the batch id, the kind and the format borrowed: every state
-/// written is such a record.
+/// A changelog record of batch `batch` (its id, in decimal) with the kind and batch
+/// headers: a tombstone or a commit record.
 fn record(partition: i32, batch: &[u8], key: &[u8], payload: Payload, kind: Kind) -> Record {
     let name = match kind {
-        Kind::State | Kind::Tombstone => "session",
+        Kind::Tombstone => "session",
         Kind::Commit => "commit",
     };
-    let with_format = kind == Kind::State;
-    let mut headers = Vec::with_capacity(2 + usize::from(with_format));
-    headers.push((CHANGELOG_KIND, Cow::Borrowed(name.as_bytes())));
-    headers.push((CHANGELOG_BATCH, Cow::Owned(batch.to_vec())));
-    if with_format {
-        headers.push((
-            CHANGELOG_STATE_FORMAT,
-            Cow::Borrowed(STATE_FORMAT_VALUE.as_slice()),
-        ));
-    }
     Record {
         sink: Sink::Changelog,
         partition: Some(partition),
         key: key.to_vec(),
         payload,
-        headers,
+        headers: vec![
+            (CHANGELOG_KIND, Cow::Borrowed(name.as_bytes())),
+            (CHANGELOG_BATCH, Cow::Owned(batch.to_vec())),
+        ],
+        source_headers: Vec::new(),
+        source_ms: None,
+    }
+}
+
+/// The first bytes of a framed session record's value (see [`SessionFrame`]).
+const SESSION_FRAME_MAGIC: [u8; 4] = *b"lwS\x01";
+/// The frame's bytes before the state: the magic, the batch id and the state format.
+const SESSION_FRAME_BYTES: usize = 16;
+
+/// A session record as written since the thirty-eighth look of issue 32: no headers, and
+/// a value that starts with [`SESSION_FRAME_MAGIC`], the batch's id (8 bytes, big-endian)
+/// and the state's format (4 bytes, big-endian), then the state's bytes. Headers cost
+/// librdkafka a list and an allocation each on every record, written into each produce
+/// request and read back on restore, and every state written is a record: in the
+/// bench's growth phase at a million open sessions they took 6 % of the instance's CPU
+/// (`docs/DEVELOPMENT.md`). A record of the earlier form (kind, batch and format in
+/// headers, the state alone in the value) is read as before; one with no kind header
+/// whose value is not a frame is of no kind the restorer knows, as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SessionFrame<'a> {
+    pub(super) batch: u64,
+    pub(super) format: u32,
+    pub(super) state: &'a [u8],
+}
+
+impl<'a> SessionFrame<'a> {
+    /// The frame of `value`, when it is one.
+    pub(super) fn read(value: &'a [u8]) -> Option<SessionFrame<'a>> {
+        let (head, state) = value.split_at_checked(SESSION_FRAME_BYTES)?;
+        let (magic, rest) = head.split_at(SESSION_FRAME_MAGIC.len());
+        if magic != SESSION_FRAME_MAGIC {
+            return None;
+        }
+        let (batch, format) = rest.split_at(8);
+        Some(SessionFrame {
+            batch: u64::from_be_bytes(batch.try_into().expect("eight bytes")),
+            format: u32::from_be_bytes(format.try_into().expect("four bytes")),
+            state,
+        })
+    }
+
+    /// `state`'s value in a frame of batch `batch`, in this build's state format.
+    fn write(batch: u64, state: &[u8]) -> Vec<u8> {
+        let mut value = Vec::with_capacity(SESSION_FRAME_BYTES + state.len());
+        value.extend_from_slice(&SESSION_FRAME_MAGIC);
+        value.extend_from_slice(&batch.to_be_bytes());
+        value.extend_from_slice(&STATE_FORMAT.to_be_bytes());
+        value.extend_from_slice(state);
+        value
+    }
+}
+
+/// A session's state as its changelog record: framed, without headers.
+fn state_record(partition: i32, batch: u64, key: &[u8], state: &[u8]) -> Record {
+    Record {
+        sink: Sink::Changelog,
+        partition: Some(partition),
+        key: key.to_vec(),
+        payload: Payload::new(SessionFrame::write(batch, state)),
+        headers: Vec::new(),
         source_headers: Vec::new(),
         source_ms: None,
     }
@@ -172,23 +225,16 @@ pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64, gro
 /// Queues a batch's session records only (at_least_once: its commit records follow once
 /// these and the batch's outputs are acknowledged, [`queue_commits`]).
 pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
-    // Written once a batch, not formatted again for each of its (many) records.
-    let batch = batch.to_string().into_bytes();
+    // Written once a batch, not formatted again for each of its tombstones.
+    let batch_header = batch.to_string().into_bytes();
     for (partition, changes) in batches {
         for (id, state) in &changes.puts {
-            outbox.push(record(
-                *partition,
-                &batch,
-                id.as_bytes(),
-                // The batch's own bytes, shared (the store writes the same batch later).
-                state.clone(),
-                Kind::State,
-            ));
+            outbox.push(state_record(*partition, batch, id.as_bytes(), state));
         }
         for id in &changes.deletes {
             outbox.push(record(
                 *partition,
-                &batch,
+                &batch_header,
                 id.as_bytes(),
                 Payload::default(),
                 Kind::Tombstone,
@@ -314,9 +360,10 @@ mod tests {
         assert!(lag(u64::MAX, 5) > 0, "saturates, never wraps");
     }
 
-    /// What a batch puts on the changelog, as it lands: a state's record says its kind,
-    /// batch and state format, a tombstone its kind and batch, the commit record its kind
-    /// and batch (the format restores and rolled-back versions read).
+    /// What a batch puts on the changelog, as it lands: a state's record is framed (no
+    /// headers; its batch and state format, big-endian, before the state), a tombstone
+    /// says its kind and batch in headers, the commit record its kind and batch (the
+    /// format restores read).
     #[test]
     fn a_batchs_records_carry_their_kind_batch_and_state_format() {
         use super::super::memory::Bus;
@@ -347,14 +394,19 @@ mod tests {
         let header = |k: &str, v: &[u8]| (k.to_string(), v.to_vec());
         assert_eq!(landed.len(), 3);
         assert_eq!(landed[0].key, b"s1");
-        assert_eq!(landed[0].payload.as_deref(), Some(b"state".as_slice()));
+        let mut framed = b"lwS\x01".to_vec();
+        framed.extend(77u64.to_be_bytes());
+        framed.extend(STATE_FORMAT.to_be_bytes());
+        framed.extend(b"state");
+        assert_eq!(landed[0].payload.as_deref(), Some(framed.as_slice()));
+        assert!(headers(0).is_empty(), "{:?}", headers(0));
         assert_eq!(
-            headers(0),
-            [
-                header(CHANGELOG_KIND, b"session"),
-                header(CHANGELOG_BATCH, b"77"),
-                header(CHANGELOG_STATE_FORMAT, STATE_FORMAT.to_string().as_bytes()),
-            ]
+            SessionFrame::read(&framed),
+            Some(SessionFrame {
+                batch: 77,
+                format: STATE_FORMAT,
+                state: b"state"
+            })
         );
         assert_eq!(landed[1].key, b"s2");
         assert_eq!(landed[1].payload, None, "a tombstone has no value");

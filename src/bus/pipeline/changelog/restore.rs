@@ -10,7 +10,9 @@ use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use super::reader::KafkaChangelog;
-use super::{BatchIds, ChangelogSource, CommitValue, RecordParts, CHANGELOG_POSITION};
+use super::{
+    BatchIds, ChangelogSource, CommitValue, RecordParts, SessionFrame, CHANGELOG_POSITION,
+};
 use crate::bus::kafka::settings::{Delivery, KafkaSettings};
 use crate::bus::pipeline::PipelineError;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError, STATE_FORMAT};
@@ -201,23 +203,40 @@ struct Entry<'a> {
     offset: i64,
     kind: &'a [u8],
     batch: Option<u64>,
-    /// The state format header (`None`: format 1).
-    format: Option<&'a [u8]>,
+    /// A session record's state format (a header that says none: format 1; one that is
+    /// not a number: 0, no format's).
+    format: u32,
     key: &'a [u8],
+    /// A session record's state, out of its frame when it is framed.
     payload: Option<&'a [u8]>,
 }
 
 impl<'a> Entry<'a> {
     fn from_parts(offset: i64, parts: RecordParts<'a>) -> Entry<'a> {
+        let key = parts.key.unwrap_or_default();
+        // A session record as written since its frame: no headers (a record with a kind
+        // header is read by its headers, whatever its value holds).
+        if parts.kind.is_none() {
+            if let Some(frame) = parts.payload.and_then(SessionFrame::read) {
+                return Entry {
+                    offset,
+                    kind: b"session",
+                    batch: Some(frame.batch),
+                    format: frame.format,
+                    key,
+                    payload: Some(frame.state),
+                };
+            }
+        }
+        fn decimal<T: std::str::FromStr>(b: &[u8]) -> Option<T> {
+            std::str::from_utf8(b).ok()?.parse().ok()
+        }
         Entry {
             offset,
             kind: parts.kind.unwrap_or_default(),
-            batch: parts
-                .batch
-                .and_then(|b| std::str::from_utf8(b).ok())
-                .and_then(|b| b.parse::<u64>().ok()),
-            format: parts.format,
-            key: parts.key.unwrap_or_default(),
+            batch: parts.batch.and_then(decimal),
+            format: parts.format.map_or(1, |f| decimal(f).unwrap_or(0)),
+            key,
             payload: parts.payload,
         }
     }
@@ -284,7 +303,7 @@ impl Assembler {
             }
             b"session" => {
                 let change = match m.payload {
-                    Some(_) if m.format.unwrap_or(b"1") != STATE_FORMAT.to_string().as_bytes() => {
+                    Some(_) if m.format != STATE_FORMAT => {
                         self.other_format += 1;
                         Change::Skip
                     }

@@ -35,7 +35,7 @@ fn session<'a>(offset: i64, batch: u64, key: &'a str, state: &'a [u8]) -> Entry<
         offset,
         kind: b"session",
         batch: Some(batch),
-        format: Some(current()),
+        format: STATE_FORMAT,
         key: key.as_bytes(),
         payload: Some(state),
     }
@@ -68,7 +68,7 @@ fn commit_at(
         offset,
         kind: b"commit",
         batch: Some(batch),
-        format: None,
+        format: 1,
         key: CHANGELOG_COMMIT_KEY,
         payload: Some(value),
     }
@@ -140,7 +140,7 @@ fn an_unreadable_commit_record_stops_the_restore_and_a_later_field_does_not() {
         offset: 1,
         kind: b"commit",
         batch: Some(7),
-        format: None,
+        format: 1,
         key: CHANGELOG_COMMIT_KEY,
         payload: Some(b"{not json"),
     };
@@ -293,20 +293,20 @@ fn the_earlier_format_is_still_read_and_other_state_formats_are_skipped() {
         },
         Entry {
             batch: None,
-            format: None,
+            format: 1,
             ..session(1, 0, "old", b"format 1")
         },
         Entry {
             batch: None,
             payload: None,
-            format: None,
+            format: 1,
             ..session(2, 0, "closed", b"")
         },
         Entry {
             offset: 3,
             kind: b"commit",
             batch: None,
-            format: None,
+            format: 1,
             key: CHANGELOG_COMMIT_KEY,
             payload: Some(&legacy_commit),
         },
@@ -328,7 +328,7 @@ fn a_state_of_another_format_still_makes_its_batch_whole() {
     let entries = vec![
         session(0, 7, "a", b"A"),
         Entry {
-            format: Some(b"0"),
+            format: 0,
             ..session(1, 7, "old", b"other format")
         },
         commit(2, 7, 2, &mut v),
@@ -351,7 +351,7 @@ fn a_session_whose_later_state_is_of_another_format_starts_anew_not_from_its_old
         session(0, 7, "a", b"A"),
         commit(1, 7, 1, &mut v7),
         Entry {
-            format: Some(b"999"),
+            format: 999,
             ..session(2, 8, "a", b"newer")
         },
         commit(3, 8, 1, &mut v8),
@@ -363,4 +363,129 @@ fn a_session_whose_later_state_is_of_another_format_starts_anew_not_from_its_old
     assert!(batch_8.puts.is_empty(), "{batch_8:?}");
     assert_eq!(batch_8.deletes, vec!["a".to_string()]);
     assert!(batch_8.offsets.contains(&("in/0".to_string(), 30)));
+}
+
+/// A session record as written since its frame (no headers, the batch and format at the
+/// start of its value), and as written before (all three in headers), are read alike; a
+/// kind header wins over a value that looks like a frame; a record with neither is of no
+/// kind the restorer knows.
+#[test]
+fn framed_and_headed_session_records_are_read_alike_and_neither_is_of_no_kind() {
+    let framed = super::super::SessionFrame::write(7, b"A");
+    let read = Entry::from_parts(
+        3,
+        RecordParts {
+            key: Some(b"a"),
+            payload: Some(&framed),
+            ..RecordParts::default()
+        },
+    );
+    assert_eq!(
+        (
+            read.offset,
+            read.kind,
+            read.batch,
+            read.format,
+            read.key,
+            read.payload
+        ),
+        (
+            3,
+            &b"session"[..],
+            Some(7),
+            STATE_FORMAT,
+            &b"a"[..],
+            Some(&b"A"[..])
+        )
+    );
+    let headed = Entry::from_parts(
+        4,
+        RecordParts {
+            kind: Some(b"session"),
+            batch: Some(b"7"),
+            format: Some(current()),
+            key: Some(b"a"),
+            payload: Some(b"A"),
+        },
+    );
+    assert_eq!(
+        (headed.kind, headed.batch, headed.format, headed.payload),
+        (&b"session"[..], Some(7), STATE_FORMAT, Some(&b"A"[..]))
+    );
+    // A kind header: read by its headers, the value left whole.
+    let both = Entry::from_parts(
+        5,
+        RecordParts {
+            kind: Some(b"session"),
+            batch: Some(b"8"),
+            payload: Some(&framed),
+            ..RecordParts::default()
+        },
+    );
+    assert_eq!(
+        (both.batch, both.format),
+        (Some(8), 1),
+        "no format header: format 1"
+    );
+    assert_eq!(both.payload, Some(&framed[..]));
+    // No kind header and no frame (a short one, another magic): no kind.
+    for value in [&framed[..15], b"lwS\x02 and then sixteen bytes".as_slice()] {
+        let neither = Entry::from_parts(
+            6,
+            RecordParts {
+                key: Some(b"a"),
+                payload: Some(value),
+                ..RecordParts::default()
+            },
+        );
+        assert_eq!(neither.kind, b"", "{value:?}");
+    }
+    let garbled = Entry::from_parts(
+        7,
+        RecordParts {
+            kind: Some(b"session"),
+            format: Some(b"five"),
+            ..RecordParts::default()
+        },
+    );
+    assert_eq!(
+        garbled.format, 0,
+        "a format header that is no number is no format's"
+    );
+}
+
+/// A batch whose session records are framed and whose tombstone is headed (as `queue`
+/// writes them) is whole at its commit record, its states stored as they were framed.
+#[test]
+fn a_batch_of_framed_states_and_a_tombstone_is_applied_whole() {
+    let framed: Vec<Vec<u8>> = [b"A".as_slice(), b"B"]
+        .iter()
+        .map(|s| super::super::SessionFrame::write(9, s))
+        .collect();
+    let parts = |key: &'static [u8], value: &'static [u8]| RecordParts {
+        key: Some(key),
+        payload: Some(value),
+        ..RecordParts::default()
+    };
+    // Leaked for the entries' lifetime: a test's few bytes.
+    let framed: Vec<&'static [u8]> = framed.into_iter().map(|v| &*v.leak()).collect();
+    let mut v = Vec::new();
+    let entries = vec![
+        Entry::from_parts(0, parts(b"a", framed[0])),
+        Entry::from_parts(1, parts(b"b", framed[1])),
+        Entry::from_parts(
+            2,
+            RecordParts {
+                kind: Some(b"session"),
+                batch: Some(b"9"),
+                key: Some(b"gone"),
+                ..RecordParts::default()
+            },
+        ),
+        commit(3, 9, 3, &mut v),
+    ];
+    let (a, stored) = feed(entries);
+    assert_eq!((a.applied, a.incomplete, a.other_format), (1, 0, 0));
+    assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..]), ("b", &b"B"[..])]);
+    assert_eq!(stored.0[0].deletes, vec!["gone".to_string()]);
 }
