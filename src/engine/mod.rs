@@ -55,7 +55,7 @@ use crate::engine::detectors::{Context, DetectorKind, Input, LlmContext, On, Sig
 use crate::engine::levels::{Level, Mode};
 use crate::engine::policy::Policy;
 use crate::engine::state::{LlmObservation, Marks, SessionState};
-use crate::engine::store::{StateStore, StoreBatch, StoreError};
+use crate::engine::store::{StateBytes, StateStore, StoreBatch, StoreError};
 use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
 use crate::engine::trajectory::ToolObservation;
 use crate::prefetch;
@@ -142,11 +142,12 @@ fn put_taken(batch: &mut StoreBatch, id: String, written: Written) {
     if let Some(delta) = written.delta {
         batch.deltas.push((batch.puts.len() as u32, delta));
     }
-    batch.puts.push((id, written.whole.into()));
+    batch.puts.push((id, StateBytes::with_room(written.whole)));
 }
 
 /// A state written early in a batch ([`Change::Written`]).
 struct Written {
+    /// After [`store::STATE_FRAME_ROOM`] bytes of room.
     whole: Vec<u8>,
     delta: Option<Vec<u8>>,
     /// What marking it written dropped, to undo it if the session changes again.
@@ -156,7 +157,7 @@ struct Written {
 /// A session's state as a batch takes it: whole, as a delta from its last write when it
 /// was written before, and marked written.
 fn take_state(state: &mut SessionState, scratch: &mut Vec<u8>) -> Written {
-    let whole = state.to_bytes_with(scratch);
+    let whole = state.to_bytes_after_room_with(scratch, store::STATE_FRAME_ROOM);
     let delta = state.written_before().then(|| {
         let mut delta = Vec::with_capacity(whole.len() / 2);
         state.delta_bytes(&mut delta);

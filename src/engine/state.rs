@@ -245,6 +245,17 @@ impl SessionState {
         scratch.as_slice().to_vec()
     }
 
+    /// [`SessionState::to_bytes_with`] after `room` zero bytes (the changelog's frame
+    /// goes there: `store::StateBytes`), in the one copy out of `scratch`.
+    pub fn to_bytes_after_room_with(&self, scratch: &mut Vec<u8>, room: usize) -> Vec<u8> {
+        scratch.clear();
+        self.encode(scratch);
+        let mut out = Vec::with_capacity(room + scratch.len());
+        out.resize(room, 0);
+        out.extend_from_slice(scratch);
+        out
+    }
+
     pub fn from_bytes(bytes: &[u8]) -> Result<SessionState, CorruptState> {
         Ok(postcard::from_bytes(bytes)?)
     }

@@ -51,8 +51,86 @@ pub enum StoreError {
     BadDelta { session: String, source: DeltaError },
 }
 
-/// A state's bytes as a batch hands them on, shared by whoever sends or stores them.
-pub type StateBytes = std::sync::Arc<Vec<u8>>;
+/// Bytes kept free before each state a batch hands on, for the changelog's frame
+/// (`bus::pipeline::changelog::SessionFrame`): its record's value is then the same
+/// allocation as the state, the frame written into this room, not a copy.
+pub const STATE_FRAME_ROOM: usize = 16;
+
+/// A state's bytes as a batch hands them on, shared by whoever sends or stores them,
+/// after [`STATE_FRAME_ROOM`] bytes of room. It reads (derefs, compares, prints) as the
+/// state's bytes alone; [`StateBytes::framed`] hands out the whole allocation.
+#[derive(Clone)]
+pub struct StateBytes(std::sync::Arc<Vec<u8>>);
+
+impl StateBytes {
+    /// Bytes that start with the room (as [`SessionState::to_bytes_after_room_with`]
+    /// writes them), taken as they are.
+    ///
+    /// # Panics
+    /// When `with_room` is shorter than the room (a bug of the caller's).
+    pub fn with_room(with_room: Vec<u8>) -> StateBytes {
+        assert!(with_room.len() >= STATE_FRAME_ROOM, "no room for the frame");
+        StateBytes(std::sync::Arc::new(with_room))
+    }
+
+    /// The whole allocation, its room written by `frame` first: in place while nothing
+    /// else holds these bytes (as when a batch's states are queued for the changelog,
+    /// before the store writer has them), otherwise into a copy that this value holds
+    /// from then on (bytes shared are never changed: librdkafka may be reading them).
+    pub fn framed(
+        &mut self,
+        frame: impl FnOnce(&mut [u8; STATE_FRAME_ROOM]),
+    ) -> std::sync::Arc<Vec<u8>> {
+        let all = std::sync::Arc::make_mut(&mut self.0);
+        frame(
+            (&mut all[..STATE_FRAME_ROOM])
+                .try_into()
+                .expect("the room is there"),
+        );
+        self.0.clone()
+    }
+}
+
+impl std::ops::Deref for StateBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0[STATE_FRAME_ROOM..]
+    }
+}
+
+impl Default for StateBytes {
+    fn default() -> StateBytes {
+        StateBytes::from(&[][..])
+    }
+}
+
+/// A copy after a room of its own (restores, tests: not the engine's path).
+impl From<&[u8]> for StateBytes {
+    fn from(state: &[u8]) -> StateBytes {
+        let mut with_room = Vec::with_capacity(STATE_FRAME_ROOM + state.len());
+        with_room.resize(STATE_FRAME_ROOM, 0);
+        with_room.extend_from_slice(state);
+        StateBytes::with_room(with_room)
+    }
+}
+
+impl From<Vec<u8>> for StateBytes {
+    fn from(state: Vec<u8>) -> StateBytes {
+        StateBytes::from(state.as_slice())
+    }
+}
+
+impl PartialEq for StateBytes {
+    fn eq(&self, other: &StateBytes) -> bool {
+        **self == **other
+    }
+}
+
+impl std::fmt::Debug for StateBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
 
 /// One atomic unit of state changes.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -821,6 +899,38 @@ impl StateStore for SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A state's frame is written into its own allocation while nothing else holds it
+    /// (the changelog's value is the state's bytes, not a copy), and into a copy once
+    /// something does: bytes shared are never changed. Either way the state reads the
+    /// same.
+    #[test]
+    fn a_frame_is_written_in_place_when_unshared_and_into_a_copy_when_shared() {
+        let state = SessionState::new(42, 42).to_bytes();
+        let mut with_room =
+            SessionState::new(42, 42).to_bytes_after_room_with(&mut Vec::new(), STATE_FRAME_ROOM);
+        let at = with_room.as_ptr();
+        assert!(with_room[..STATE_FRAME_ROOM].iter().all(|&b| b == 0));
+        with_room[0] = 9; // the room is the frame's, whatever it held
+        let mut bytes = StateBytes::with_room(with_room);
+        assert_eq!(&bytes[..], &state[..]);
+        let framed = bytes.framed(|room| room.fill(1));
+        assert_eq!(framed.as_ptr(), at, "in place");
+        assert_eq!(&framed[..STATE_FRAME_ROOM], &[1; STATE_FRAME_ROOM]);
+        assert_eq!(&framed[STATE_FRAME_ROOM..], &state[..]);
+        // `framed` still holds it: a second frame goes into a copy, the first untouched.
+        let second = bytes.framed(|room| room.fill(2));
+        assert_ne!(second.as_ptr(), at, "a copy");
+        assert_eq!(&framed[..STATE_FRAME_ROOM], &[1; STATE_FRAME_ROOM]);
+        assert_eq!(&second[..STATE_FRAME_ROOM], &[2; STATE_FRAME_ROOM]);
+        assert_eq!(&bytes[..], &state[..]);
+        assert_eq!(
+            bytes,
+            StateBytes::from(state.clone()),
+            "compared as the state"
+        );
+        assert_eq!(&StateBytes::default()[..], b"");
+    }
 
     fn exercise(store: &mut dyn StateStore) {
         let st = SessionState::new(42, 42);

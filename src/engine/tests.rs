@@ -397,7 +397,7 @@ fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
         for id in ["once", "twice", "reopened"] {
             let now = engine.session(id).expect("open").to_bytes();
             assert_eq!(
-                puts.get(id).map(|v| v.as_slice()),
+                puts.get(id).map(|v| &v[..]),
                 Some(&now[..]),
                 "{id} after batch {batch}"
             );
@@ -514,10 +514,7 @@ fn a_batch_of_many_chunks_takes_each_changed_session_once_as_it_stands() {
         }
         for (id, state) in &puts {
             let now = engine.session(id).expect("open").to_bytes();
-            assert!(
-                state.as_slice() == now.as_slice(),
-                "{id} after batch {batch}"
-            );
+            assert!(state[..] == now[..], "{id} after batch {batch}");
         }
         let mut deletes = changes.deletes.clone();
         deletes.sort();

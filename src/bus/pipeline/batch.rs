@@ -326,7 +326,7 @@ impl Worker {
         let telemetry = self.telemetry.clone();
         let metrics = &telemetry.metrics;
         metrics.observe_stage("apply", std::mem::take(&mut self.applying));
-        let this = Unacked {
+        let mut this = Unacked {
             changes,
             offsets,
             batch: self.batch_ids.next(),
@@ -341,7 +341,7 @@ impl Worker {
                 transaction,
                 &mut self.outbox,
                 input,
-                &this,
+                &mut this,
                 &self.config.kafka,
                 &self.shutdown,
             )?),
@@ -430,7 +430,7 @@ impl Worker {
     /// producer and keeps the batch until [`Worker::acknowledge`].
     fn send(&mut self, mut batch: Unacked) {
         if self.commit.changelog_after_acks() {
-            changelog::queue_sessions(&mut self.outbox, &batch.changes, batch.batch);
+            changelog::queue_sessions(&mut self.outbox, &mut batch.changes, batch.batch);
         }
         batch.records_end = self.outbox.end();
         self.outbox.send_all();
@@ -457,14 +457,14 @@ fn transact(
     transaction: &Transactional,
     outbox: &mut Outbox,
     input: &dyn Input,
-    batch: &Unacked,
+    batch: &mut Unacked,
     settings: &KafkaSettings,
     shutdown: &Shutdown,
 ) -> Result<bool, PipelineError> {
     let mut backoff = Backoff::new(settings, shutdown);
     // The transaction makes the batch atomic; the commit records still mark where each
     // batch ends, so one restore path serves both modes.
-    changelog::queue(outbox, &batch.changes, batch.batch, &settings.group_id);
+    changelog::queue(outbox, &mut batch.changes, batch.batch, &settings.group_id);
     transaction.commit(outbox, input, &batch.offsets, &mut backoff)
 }
 

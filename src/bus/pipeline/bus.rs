@@ -124,8 +124,9 @@ impl Outgoing<'_> {
 /// A record's value, shared instead of copied: the outbox keeps one reference (to send
 /// the record again after a failure) and a record in flight another, which librdkafka
 /// hands back with the record's delivery report (see [`KafkaTransport::send`]). A
-/// changelog record's is its store batch's state, the same bytes the store writes.
-pub type Payload = crate::engine::store::StateBytes;
+/// changelog record's is its store batch's state, the same allocation the store reads
+/// (the frame written into the room before the state: `engine::store::StateBytes`).
+pub type Payload = std::sync::Arc<Vec<u8>>;
 
 /// What the tracker gets back with a record's delivery report: the outbox's epoch, the
 /// record's index in it, and the Kafka timestamp of the event behind it (findings).

@@ -58,7 +58,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::bus::Payload;
 use super::outbox::{Outbox, Record, Sink};
 use super::PipelineError;
-use crate::engine::store::{StoreBatch, STATE_FORMAT};
+use crate::engine::store::{StateBytes, StoreBatch, STATE_FORMAT, STATE_FRAME_ROOM};
 
 /// Header of changelog records: `session` or `commit` (see the module docs; a framed
 /// session record has none).
@@ -191,24 +191,37 @@ impl<'a> SessionFrame<'a> {
         })
     }
 
-    /// `state`'s value in a frame of batch `batch`, in this build's state format.
-    fn write(batch: u64, state: &[u8]) -> Vec<u8> {
-        let mut value = Vec::with_capacity(SESSION_FRAME_BYTES + state.len());
-        value.extend_from_slice(&SESSION_FRAME_MAGIC);
-        value.extend_from_slice(&batch.to_be_bytes());
-        value.extend_from_slice(&STATE_FORMAT.to_be_bytes());
-        value.extend_from_slice(state);
-        value
+    /// The frame of batch `batch`, in this build's state format, into the room before a
+    /// state.
+    fn write_into(room: &mut [u8; SESSION_FRAME_BYTES], batch: u64) {
+        let (magic, rest) = room.split_at_mut(SESSION_FRAME_MAGIC.len());
+        let (batch_bytes, format) = rest.split_at_mut(8);
+        magic.copy_from_slice(&SESSION_FRAME_MAGIC);
+        batch_bytes.copy_from_slice(&batch.to_be_bytes());
+        format.copy_from_slice(&STATE_FORMAT.to_be_bytes());
+    }
+
+    /// `state`'s value in a frame of batch `batch` (a copy: for tests).
+    #[cfg(test)]
+    pub(super) fn write(batch: u64, state: &[u8]) -> Vec<u8> {
+        let mut bytes = StateBytes::from(state);
+        bytes
+            .framed(|room| SessionFrame::write_into(room, batch))
+            .to_vec()
     }
 }
 
-/// A session's state as its changelog record: framed, without headers.
-fn state_record(partition: i32, batch: u64, key: &[u8], state: &[u8]) -> Record {
+// The frame fills the room the engine leaves before each state.
+const _: () = assert!(SESSION_FRAME_BYTES == STATE_FRAME_ROOM);
+
+/// A session's state as its changelog record: framed, without headers, its value the
+/// state's own allocation (the frame written into its room).
+fn state_record(partition: i32, batch: u64, key: &[u8], state: &mut StateBytes) -> Record {
     Record {
         sink: Sink::Changelog,
         partition: Some(partition),
         key: key.to_vec(),
-        payload: Payload::new(SessionFrame::write(batch, state)),
+        payload: state.framed(|room| SessionFrame::write_into(room, batch)),
         headers: Vec::new(),
         source_headers: Vec::new(),
         source_ms: None,
@@ -217,18 +230,18 @@ fn state_record(partition: i32, batch: u64, key: &[u8], state: &[u8]) -> Record 
 
 /// Queues a batch's changelog records in the outbox, one set per changed partition: its
 /// session records, then its commit record (exactly_once: one transaction holds them).
-pub fn queue(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64, group: &str) {
+pub fn queue(outbox: &mut Outbox, batches: &mut [(i32, StoreBatch)], batch: u64, group: &str) {
     queue_sessions(outbox, batches, batch);
     queue_commits(outbox, batches, batch, group);
 }
 
 /// Queues a batch's session records only (at_least_once: its commit records follow once
 /// these and the batch's outputs are acknowledged, [`queue_commits`]).
-pub fn queue_sessions(outbox: &mut Outbox, batches: &[(i32, StoreBatch)], batch: u64) {
+pub fn queue_sessions(outbox: &mut Outbox, batches: &mut [(i32, StoreBatch)], batch: u64) {
     // Written once a batch, not formatted again for each of its tombstones.
     let batch_header = batch.to_string().into_bytes();
     for (partition, changes) in batches {
-        for (id, state) in &changes.puts {
+        for (id, state) in &mut changes.puts {
             outbox.push(state_record(*partition, batch, id.as_bytes(), state));
         }
         for id in &changes.deletes {
@@ -379,7 +392,7 @@ mod tests {
             deletes: vec!["s2".to_string()],
             offsets: vec![("in/3".to_string(), 41)],
         };
-        queue(&mut outbox, &[(3, changes)], 77, "g");
+        queue(&mut outbox, &mut [(3, changes)], 77, "g");
         outbox.send_all();
         let mut backoff = super::super::backoff::Backoff::new(&settings, &Shutdown::new());
         outbox.settle_below(outbox.end(), &mut backoff).unwrap();
@@ -443,7 +456,7 @@ mod tests {
             deletes in proptest::collection::vec(0u8..24, 0..12),
         ) {
             let changes = StoreBatch {
-                puts: puts.iter().map(|k| (format!("s{k}"), Payload::default())).collect(),
+                puts: puts.iter().map(|k| (format!("s{k}"), StateBytes::default())).collect(),
                 deltas: Vec::new(),
                 deletes: deletes.iter().map(|k| format!("s{k}")).collect(),
                 offsets: Vec::new(),

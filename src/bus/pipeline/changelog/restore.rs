@@ -15,7 +15,9 @@ use super::{
 };
 use crate::bus::kafka::settings::{Delivery, KafkaSettings};
 use crate::bus::pipeline::PipelineError;
-use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError, STATE_FORMAT};
+use crate::engine::store::{
+    SledStore, StateBytes, StateStore, StoreBatch, StoreError, STATE_FORMAT,
+};
 use crate::shutdown::Shutdown;
 use crate::telemetry::WriteWatch;
 
@@ -164,7 +166,7 @@ impl Restorer {
 
 /// What a session record says.
 enum Change {
-    Put(Vec<u8>),
+    Put(StateBytes),
     Delete,
     /// A state of another format (an upgrade, a rollback): it counts towards its batch
     /// being whole, but is not restored: the session starts anew (its stored state, if
@@ -307,7 +309,7 @@ impl Assembler {
                         self.other_format += 1;
                         Change::Skip
                     }
-                    Some(state) => Change::Put(state.to_vec()),
+                    Some(state) => Change::Put(StateBytes::from(state)),
                     None => Change::Delete,
                 };
                 let key = String::from_utf8_lossy(m.key).into_owned();
@@ -401,7 +403,7 @@ impl Assembler {
         let mut changes = StoreBatch::default();
         for (key, change) in order {
             match change {
-                Change::Put(state) => changes.puts.push((key, state.into())),
+                Change::Put(state) => changes.puts.push((key, state)),
                 // A state this build cannot read: the session starts anew (as the
                 // README's upgrades say), not from an older state of it, which would
                 // come back without the events the offsets pass over.

@@ -88,10 +88,7 @@ fn feed(entries: Vec<Entry<'_>>) -> (Assembler, Stored) {
 }
 
 fn keys(b: &StoreBatch) -> Vec<(&str, &[u8])> {
-    b.puts
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_slice()))
-        .collect()
+    b.puts.iter().map(|(k, v)| (k.as_str(), &v[..])).collect()
 }
 
 #[test]
