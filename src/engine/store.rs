@@ -136,9 +136,10 @@ impl std::fmt::Debug for StateBytes {
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct StoreBatch {
     /// Sessions' new states, whole (what the changelog and the in-memory store take),
-    /// one a session (the engine takes them out of its map of changed sessions), shared: a changelog record's payload is the same bytes, not a copy (a batch of
-    /// seconds at a million sessions writes a million states at its end, and each copy
-    /// was fresh memory the kernel zeroed).
+    /// one a session (the engine takes them out of its map of changed sessions), shared:
+    /// a changelog record's payload is the same allocation, framed in the room before
+    /// the state, not a copy (a batch of seconds at a million sessions writes a million
+    /// states at its end, and each copy was fresh memory the kernel zeroed).
     pub puts: Vec<(String, StateBytes)>,
     /// Some puts' states as deltas from the state the session's put before wrote
     /// (`engine::state::delta`), by their index in `puts`, ascending: the sled store
