@@ -91,6 +91,14 @@ impl StateBytes {
     }
 }
 
+#[cfg(test)]
+impl StateBytes {
+    /// The room before the state (tests: whether a frame went into this allocation).
+    pub(crate) fn room(&self) -> &[u8] {
+        &self.0[..STATE_FRAME_ROOM]
+    }
+}
+
 impl std::ops::Deref for StateBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

@@ -128,6 +128,7 @@ pub(crate) struct RawKafka {
     dlq_topic: Option<String>,
     changelog: Option<bool>,
     changelog_topic: Option<String>,
+    changelog_headers: Option<bool>,
     delivery: Option<String>,
     max_batch_events: Option<usize>,
     max_batch_wait_ms: Option<u64>,
@@ -160,6 +161,11 @@ pub struct KafkaSettings {
     /// partition's state can move to another instance (or a fresh disk).
     pub changelog: bool,
     pub changelog_topic: String,
+    /// Whether session records go on the changelog in the form builds before the framed
+    /// records wrote (and could read): kind, batch and state format in headers, the state
+    /// alone in the value. For a rolling upgrade from such a build, or a rollback to one
+    /// (`changelog::SessionFrame`).
+    pub changelog_headers: bool,
     pub delivery: Delivery,
     pub max_batch_events: usize,
     pub max_batch_wait: Duration,
@@ -545,6 +551,7 @@ impl KafkaSettings {
             dlq_topic: topics.dlq,
             changelog,
             changelog_topic: topics.changelog,
+            changelog_headers: raw.changelog_headers.unwrap_or(false),
             delivery,
             max_batch_events,
             max_batch_wait: Duration::from_millis(max_batch_wait_ms),
@@ -610,6 +617,7 @@ impl KafkaSettings {
             ("dlq_topic", text(&self.dlq_topic)),
             ("changelog", V::Boolean(self.changelog)),
             ("changelog_topic", text(&self.changelog_topic)),
+            ("changelog_headers", V::Boolean(self.changelog_headers)),
             ("delivery", text(self.delivery.name())),
             ("max_batch_events", int(self.max_batch_events as u128)),
             ("max_batch_wait_ms", int(self.max_batch_wait.as_millis())),

@@ -24,7 +24,7 @@ use tracing::{debug, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
 use super::bus::Input;
-use super::changelog::{self, CHANGELOG_POSITION};
+use super::changelog::{self, SessionRecords, CHANGELOG_POSITION};
 use super::commit::Transactional;
 use super::outbox::Outbox;
 use super::worker::{Storing, Unacked, Worker};
@@ -430,7 +430,12 @@ impl Worker {
     /// producer and keeps the batch until [`Worker::acknowledge`].
     fn send(&mut self, mut batch: Unacked) {
         if self.commit.changelog_after_acks() {
-            changelog::queue_sessions(&mut self.outbox, &mut batch.changes, batch.batch);
+            changelog::queue_sessions(
+                &mut self.outbox,
+                &mut batch.changes,
+                batch.batch,
+                SessionRecords::of(&self.config.kafka),
+            );
         }
         batch.records_end = self.outbox.end();
         self.outbox.send_all();
@@ -464,7 +469,13 @@ fn transact(
     let mut backoff = Backoff::new(settings, shutdown);
     // The transaction makes the batch atomic; the commit records still mark where each
     // batch ends, so one restore path serves both modes.
-    changelog::queue(outbox, &mut batch.changes, batch.batch, &settings.group_id);
+    changelog::queue(
+        outbox,
+        &mut batch.changes,
+        batch.batch,
+        &settings.group_id,
+        SessionRecords::of(settings),
+    );
     transaction.commit(outbox, input, &batch.offsets, &mut backoff)
 }
 

@@ -50,7 +50,7 @@ mod restore;
 pub use restore::{assemble, Restorer};
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -58,6 +58,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::bus::Payload;
 use super::outbox::{Outbox, Record, Sink};
 use super::PipelineError;
+use crate::bus::kafka::settings::KafkaSettings;
 use crate::engine::store::{StateBytes, StoreBatch, STATE_FORMAT, STATE_FRAME_ROOM};
 
 /// Header of changelog records: `session` or `commit` (see the module docs; a framed
@@ -123,21 +124,21 @@ impl BatchIds {
     }
 }
 
-/// What a changelog record holds besides a session's state (those are framed:
-/// [`state_record`]).
+/// The kind header of a changelog record that has headers (a framed session record has
+/// none: [`state_record`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// A closed session: kind `session`, no value.
-    Tombstone,
+    /// A session: a closed one (no value), or a headed state.
+    Session,
     /// A batch's commit record: kind `commit`.
     Commit,
 }
 
 /// A changelog record of batch `batch` (its id, in decimal) with the kind and batch
-/// headers: a tombstone or a commit record.
+/// headers: a tombstone, a commit record, or the base of a headed state record.
 fn record(partition: i32, batch: &[u8], key: &[u8], payload: Payload, kind: Kind) -> Record {
     let name = match kind {
-        Kind::Tombstone => "session",
+        Kind::Session => "session",
         Kind::Commit => "commit",
     };
     Record {
@@ -215,6 +216,48 @@ impl<'a> SessionFrame<'a> {
 // The frame fills the room the engine leaves before each state.
 const _: () = assert!(SESSION_FRAME_BYTES == STATE_FRAME_ROOM);
 
+/// How session records go on the changelog (`kafka.changelog_headers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionRecords {
+    /// Framed ([`SessionFrame`]): no headers, the value the state's own allocation.
+    Framed,
+    /// As builds before the frame wrote them, and as they read them: kind, batch and
+    /// state format in headers, the state alone in the value (a copy of it). For a rolling
+    /// upgrade from such a build (its members may restore what the new ones wrote), or a
+    /// rollback to one.
+    Headed,
+}
+
+impl SessionRecords {
+    pub fn of(settings: &KafkaSettings) -> SessionRecords {
+        if settings.changelog_headers {
+            SessionRecords::Headed
+        } else {
+            SessionRecords::Framed
+        }
+    }
+}
+
+/// The state format header's value: the same for every headed session record.
+static STATE_FORMAT_VALUE: LazyLock<Vec<u8>> =
+    LazyLock::new(|| STATE_FORMAT.to_string().into_bytes());
+
+/// A session's state as its headed changelog record ([`SessionRecords::Headed`]).
+fn headed_state_record(partition: i32, batch: &[u8], key: &[u8], state: &StateBytes) -> Record {
+    let mut r = record(
+        partition,
+        batch,
+        key,
+        Payload::new(state.to_vec()),
+        Kind::Session,
+    );
+    r.headers.push((
+        CHANGELOG_STATE_FORMAT,
+        Cow::Borrowed(STATE_FORMAT_VALUE.as_slice()),
+    ));
+    r
+}
+
 /// A session's state as its changelog record: framed, without headers, its value the
 /// state's own allocation (the frame written into its room).
 fn state_record(partition: i32, batch: u64, key: &[u8], state: &mut StateBytes) -> Record {
@@ -231,19 +274,34 @@ fn state_record(partition: i32, batch: u64, key: &[u8], state: &mut StateBytes) 
 
 /// Queues a batch's changelog records in the outbox, one set per changed partition: its
 /// session records, then its commit record (exactly_once: one transaction holds them).
-pub fn queue(outbox: &mut Outbox, batches: &mut [(i32, StoreBatch)], batch: u64, group: &str) {
-    queue_sessions(outbox, batches, batch);
+pub fn queue(
+    outbox: &mut Outbox,
+    batches: &mut [(i32, StoreBatch)],
+    batch: u64,
+    group: &str,
+    form: SessionRecords,
+) {
+    queue_sessions(outbox, batches, batch, form);
     queue_commits(outbox, batches, batch, group);
 }
 
 /// Queues a batch's session records only (at_least_once: its commit records follow once
 /// these and the batch's outputs are acknowledged, [`queue_commits`]).
-pub fn queue_sessions(outbox: &mut Outbox, batches: &mut [(i32, StoreBatch)], batch: u64) {
+pub fn queue_sessions(
+    outbox: &mut Outbox,
+    batches: &mut [(i32, StoreBatch)],
+    batch: u64,
+    form: SessionRecords,
+) {
     // Written once a batch, not formatted again for each of its tombstones.
     let batch_header = batch.to_string().into_bytes();
     for (partition, changes) in batches {
         for (id, state) in &mut changes.puts {
-            outbox.push(state_record(*partition, batch, id.as_bytes(), state));
+            let id = id.as_bytes();
+            outbox.push(match form {
+                SessionRecords::Framed => state_record(*partition, batch, id, state),
+                SessionRecords::Headed => headed_state_record(*partition, &batch_header, id, state),
+            });
         }
         for id in &changes.deletes {
             outbox.push(record(
@@ -251,7 +309,7 @@ pub fn queue_sessions(outbox: &mut Outbox, batches: &mut [(i32, StoreBatch)], ba
                 &batch_header,
                 id.as_bytes(),
                 Payload::default(),
-                Kind::Tombstone,
+                Kind::Session,
             ));
         }
     }
@@ -393,7 +451,10 @@ mod tests {
             deletes: vec!["s2".to_string()],
             offsets: vec![("in/3".to_string(), 41)],
         };
-        queue(&mut outbox, &mut [(3, changes)], 77, "g");
+        let mut batches = [(3, changes)];
+        queue(&mut outbox, &mut batches, 77, "g", SessionRecords::Framed);
+        // The frame went into the state's own room: its record's value is not a copy.
+        assert_eq!(batches[0].1.puts[0].1.room(), SessionFrame::write(77, b""));
         outbox.send_all();
         let mut backoff = super::super::backoff::Backoff::new(&settings, &Shutdown::new());
         outbox.settle_below(outbox.end(), &mut backoff).unwrap();
@@ -444,6 +505,54 @@ mod tests {
         assert_eq!(
             (commit.group.as_deref(), commit.batch, commit.records),
             (Some("g"), 77, 2)
+        );
+    }
+
+    /// `kafka.changelog_headers`: a state's record lands as builds before the frame
+    /// wrote it (kind, batch and format in headers, the state alone), which those builds
+    /// and this one read.
+    #[test]
+    fn headed_session_records_are_written_as_before_the_frame() {
+        use super::super::memory::Bus;
+
+        let bus = Bus::default();
+        let settings = KafkaSettings {
+            changelog_headers: true,
+            ..KafkaSettings::default()
+        };
+        assert_eq!(SessionRecords::of(&settings), SessionRecords::Headed);
+        assert_eq!(
+            SessionRecords::of(&KafkaSettings::default()),
+            SessionRecords::Framed
+        );
+        let mut outbox = Outbox::on_memory_bus(&bus, &settings);
+        let changes = StoreBatch {
+            puts: vec![("s1".to_string(), b"state".to_vec().into())],
+            ..StoreBatch::default()
+        };
+        queue_sessions(&mut outbox, &mut [(0, changes)], 78, SessionRecords::Headed);
+        outbox.send_all();
+        let shutdown = crate::shutdown::Shutdown::new();
+        let mut backoff = super::super::backoff::Backoff::new(&settings, &shutdown);
+        outbox.settle_below(outbox.end(), &mut backoff).unwrap();
+        let landed = bus.records(&settings.changelog_topic);
+        assert_eq!(landed.len(), 1);
+        assert_eq!(landed[0].payload.as_deref(), Some(b"state".as_slice()));
+        let headers: Vec<(String, Vec<u8>)> = landed[0]
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().unwrap()))
+            .collect();
+        assert_eq!(
+            headers,
+            [
+                (CHANGELOG_KIND.to_string(), b"session".to_vec()),
+                (CHANGELOG_BATCH.to_string(), b"78".to_vec()),
+                (
+                    CHANGELOG_STATE_FORMAT.to_string(),
+                    STATE_FORMAT.to_string().into_bytes()
+                ),
+            ]
         );
     }
 

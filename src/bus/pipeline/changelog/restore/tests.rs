@@ -486,3 +486,30 @@ fn a_batch_of_framed_states_and_a_tombstone_is_applied_whole() {
     assert_eq!(keys(&stored.0[0]), vec![("a", &b"A"[..]), ("b", &b"B"[..])]);
     assert_eq!(stored.0[0].deletes, vec!["gone".to_string()]);
 }
+
+/// A framed state of another state format (a newer build's, read after a rollback) is
+/// read with its own format: it makes its batch whole and its session starts anew, as a
+/// headed one of another format does.
+#[test]
+fn a_framed_state_of_another_format_is_skipped_and_its_session_starts_anew() {
+    let mut other = super::super::SessionFrame::write(9, b"newer");
+    other[12..16].copy_from_slice(&(STATE_FORMAT + 1).to_be_bytes());
+    let other: &'static [u8] = other.leak();
+    let read = Entry::from_parts(
+        0,
+        RecordParts {
+            key: Some(b"a"),
+            payload: Some(other),
+            ..RecordParts::default()
+        },
+    );
+    assert_eq!(
+        (read.kind, read.format),
+        (&b"session"[..], STATE_FORMAT + 1)
+    );
+    let mut v = Vec::new();
+    let (a, stored) = feed(vec![read, commit(1, 9, 1, &mut v)]);
+    assert_eq!((a.applied, a.other_format, a.incomplete), (1, 1, 0));
+    assert!(stored.0[0].puts.is_empty(), "{:?}", stored.0[0]);
+    assert_eq!(stored.0[0].deletes, vec!["a".to_string()]);
+}
