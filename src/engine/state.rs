@@ -240,9 +240,7 @@ impl SessionState {
     /// reallocated half a dozen times for every state stored. The bytes are postcard's
     /// for the derived `Serialize`, written by [`Encode`] (the `encode` module).
     pub fn to_bytes_with(&self, scratch: &mut Vec<u8>) -> Vec<u8> {
-        scratch.clear();
-        self.encode(scratch);
-        scratch.as_slice().to_vec()
+        self.to_bytes_after_room_with(scratch, 0)
     }
 
     /// [`SessionState::to_bytes_with`] after `room` zero bytes (the changelog's frame
