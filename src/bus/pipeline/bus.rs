@@ -137,7 +137,20 @@ pub type Report = (u64, usize, Option<i64>);
 /// report is served).
 pub struct InFlight {
     report: Report,
+    /// A changelog record (told at the send, where the topic is at hand, so that a
+    /// report need not read its topic's name back from librdkafka: one report a state
+    /// written, at a million open sessions one an event).
+    changelog: bool,
     _value: Option<Payload>,
+}
+
+/// Where an acknowledged record landed, and whether it is a changelog record (whose
+/// acknowledged offsets the tracker keeps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acknowledged {
+    pub changelog: bool,
+    pub partition: i32,
+    pub offset: i64,
 }
 
 /// What the outbox asks of its producer. Delivery reports are handed to
@@ -235,7 +248,11 @@ impl ProducerContext for Reports {
     type DeliveryOpaque = Box<InFlight>;
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: Box<InFlight>) {
         let result = match result {
-            Ok(m) => Ok((m.topic(), m.partition(), m.offset())),
+            Ok(m) => Ok(Acknowledged {
+                changelog: opaque.changelog,
+                partition: m.partition(),
+                offset: m.offset(),
+            }),
             Err((e, _)) => Err(e.clone()),
         };
         self.0.report(result, opaque.report);
@@ -322,6 +339,7 @@ impl Transport for KafkaTransport {
         });
         let opaque = Box::new(InFlight {
             report,
+            changelog: self.tracker().is_changelog(r.topic),
             _value: r.payload.cloned(),
         })
         .into_ptr();
@@ -461,8 +479,13 @@ impl DeliveryTracker {
         }
     }
 
+    /// Whether records to `topic` are changelog records.
+    pub fn is_changelog(&self, topic: &str) -> bool {
+        topic == self.changelog_topic
+    }
+
     /// One record's delivery report: where it landed, or why it failed.
-    pub fn report(&self, result: Result<(&str, i32, i64), KafkaError>, report: Report) {
+    pub fn report(&self, result: Result<Acknowledged, KafkaError>, report: Report) {
         let (epoch, index, source_ms) = report;
         if epoch != self.epoch.load(Ordering::Acquire) {
             return;
@@ -472,9 +495,13 @@ impl DeliveryTracker {
         }
         match result {
             Err(e) => lock(&self.failed).push((index, e)),
-            Ok((topic, partition, offset)) => {
+            Ok(Acknowledged {
+                changelog,
+                partition,
+                offset,
+            }) => {
                 lock(&self.unacknowledged).remove(index);
-                if topic == self.changelog_topic {
+                if changelog {
                     let mut offsets = lock(&self.changelog_offsets);
                     let o = offsets.entry(partition).or_insert(offset);
                     *o = (*o).max(offset);
@@ -572,6 +599,54 @@ mod tests {
         }
         got.sort();
         got
+    }
+
+    /// A changelog record's acknowledgement moves its partition's changelog position to
+    /// the highest offset acknowledged; a finding's moves none, whatever its partition
+    /// (the record's kind is told at its send, not read back from its report).
+    #[test]
+    fn only_changelog_acknowledgements_move_the_changelog_positions() {
+        let broker = EmbeddedBroker::start(&["changes", "out"], 3).expect("mock cluster");
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", broker.bootstrap_servers());
+        let tracker = DeliveryTracker {
+            changelog_topic: "changes".into(),
+            ..DeliveryTracker::default()
+        };
+        let transport = KafkaTransport::new(&config, tracker).expect("producer");
+        let value = Payload::new(b"state".to_vec());
+        let sends = [
+            ("changes", 0),
+            ("changes", 0),
+            ("changes", 0),
+            ("changes", 1),
+        ]
+        .into_iter()
+        .chain([("out", 2), ("out", 2), ("out", 0), ("out", 0), ("out", 0)]);
+        for (index, (topic, partition)) in sends.enumerate() {
+            lock(&transport.tracker().unacknowledged).insert(index);
+            let record = Outgoing {
+                topic,
+                partition: Some(partition),
+                key: b"k",
+                payload: Some(&value),
+                source_headers: &[],
+                headers: &[],
+            };
+            transport.send(record, (0, index, None)).expect("queued");
+        }
+        let until = Instant::now() + Duration::from_secs(30);
+        while !lock(&transport.tracker().unacknowledged).is_empty() && Instant::now() < until {
+            transport.poll(Duration::from_millis(10));
+        }
+        assert!(lock(&transport.tracker().failed).is_empty());
+        assert!(lock(&transport.tracker().unacknowledged).is_empty());
+        let positions: std::collections::BTreeMap<i32, i64> =
+            lock(&transport.tracker().changelog_offsets)
+                .iter()
+                .map(|(p, o)| (*p, *o))
+                .collect();
+        assert_eq!(positions, [(0, 2), (1, 0)].into_iter().collect());
     }
 
     /// A record's value is read in place, not copied: it lands whole, with its headers in
@@ -808,6 +883,7 @@ mod tests {
                         }
                         let opaque = Box::new(InFlight {
                             report,
+                            changelog: false,
                             _value: None,
                         });
                         let mut record = BaseRecord::with_opaque_to("out", opaque)

@@ -28,7 +28,7 @@ use rdkafka::{Offset, Timestamp, TopicPartitionList};
 
 use super::backoff::Backoff;
 use super::bus::DeliveryTracker;
-use super::bus::{Input, Outgoing, Report, Transport};
+use super::bus::{Acknowledged, Input, Outgoing, Report, Transport};
 use super::changelog::{ChangelogSource, RecordParts};
 use super::changelog::{CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use super::lock;
@@ -262,8 +262,12 @@ impl Transport for MemoryTransport {
             // unacknowledged.
             self.bus.tick("delivery report");
             let ((topic, partition), offset, report) = landed;
-            self.tracker
-                .report(Ok((topic.as_str(), partition, offset)), report);
+            let acknowledged = Acknowledged {
+                changelog: self.tracker.is_changelog(&topic),
+                partition,
+                offset,
+            };
+            self.tracker.report(Ok(acknowledged), report);
         }
     }
 
