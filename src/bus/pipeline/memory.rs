@@ -46,6 +46,25 @@ pub struct Landed {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
+impl Landed {
+    /// The record as a changelog reader hands it to the restore.
+    pub fn parts(&self) -> RecordParts<'_> {
+        let header = |name: &str| {
+            self.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| v.as_deref())
+        };
+        RecordParts {
+            kind: header(CHANGELOG_KIND),
+            batch: header(CHANGELOG_BATCH),
+            format: header(CHANGELOG_STATE_FORMAT),
+            key: Some(&self.key),
+            payload: self.payload.as_deref(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     logs: BTreeMap<(String, i32), Vec<Landed>>,
@@ -500,20 +519,7 @@ impl ChangelogSource for MemoryChangelog {
             .map(|log| log.iter().skip(from.max(0) as usize).cloned().collect())
             .unwrap_or_default();
         for (i, r) in log.iter().enumerate() {
-            let header = |name: &str| {
-                r.headers
-                    .iter()
-                    .find(|(k, _)| k == name)
-                    .and_then(|(_, v)| v.as_deref())
-            };
-            let parts = RecordParts {
-                kind: header(CHANGELOG_KIND),
-                batch: header(CHANGELOG_BATCH),
-                format: header(CHANGELOG_STATE_FORMAT),
-                key: Some(&r.key),
-                payload: r.payload.as_deref(),
-            };
-            each(from.max(0) + i as i64, parts)?;
+            each(from.max(0) + i as i64, r.parts())?;
         }
         Ok(())
     }
