@@ -513,3 +513,54 @@ fn a_framed_state_of_another_format_is_skipped_and_its_session_starts_anew() {
     assert!(stored.0[0].puts.is_empty(), "{:?}", stored.0[0]);
     assert_eq!(stored.0[0].deletes, vec!["a".to_string()]);
 }
+
+/// A framed record whose state is empty (its frame alone: never written, a corrupt
+/// record) is a session record of its batch like any: the batch is whole at its commit
+/// record, and the empty state is what any state that cannot be read is at a load,
+/// passed over, its session starting anew, while the batch's other states and offsets
+/// stand.
+#[test]
+fn a_frame_with_an_empty_state_makes_its_batch_whole_and_loads_as_no_session() {
+    use crate::engine::store::MemoryStore;
+
+    let empty = super::super::SessionFrame::write(9, b"");
+    let state = SessionState::new(1_000, 1_000).to_bytes();
+    let kept = super::super::SessionFrame::write(9, &state);
+    let value = serde_json::to_vec(&CommitValue {
+        group: Some("ours".into()),
+        batch: 9,
+        records: 2,
+        offsets: vec![("in/0".into(), 5)],
+    })
+    .unwrap();
+    let framed = |key: &'static [u8], value: &'static [u8]| RecordParts {
+        key: Some(key),
+        payload: Some(value),
+        ..RecordParts::default()
+    };
+    // Leaked for the records' lifetime: a test's few bytes.
+    let (empty, kept): (&'static [u8], &'static [u8]) = (empty.leak(), kept.leak());
+    let records = [
+        framed(b"empty", empty),
+        framed(b"kept", kept),
+        RecordParts {
+            kind: Some(b"commit"),
+            batch: Some(b"9"),
+            key: Some(CHANGELOG_COMMIT_KEY),
+            payload: Some(&value),
+            ..RecordParts::default()
+        },
+    ];
+    assert_eq!(Entry::from_parts(0, records[0]).payload, Some(&b""[..]));
+    let mut store = MemoryStore::new();
+    assemble(&records, &mut store).unwrap();
+    assert_eq!(store.offset("in/0").unwrap(), Some(5), "the batch is whole");
+    assert_eq!(store.session_bytes("empty").unwrap(), Some(Vec::new()));
+    let loaded: Vec<String> = store
+        .load_sessions()
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(loaded, vec!["kept".to_string()]);
+}
