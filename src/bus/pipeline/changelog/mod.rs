@@ -561,7 +561,8 @@ mod tests {
         /// taken whole: the count its commit record carries ([`distinct_keys`]) is the
         /// restorer's own, for any batch of distinct puts and deletions that repeat or
         /// name a put too (the last record of a key wins: a key put and deleted is gone).
-        /// A count the restorer does not find leaves the batch out, offsets and all.
+        /// A count the restorer did not find would leave the batch out, offsets and all:
+        /// the offsets' check is what catches a wrong count.
         #[test]
         fn a_batch_written_is_restored_whole_with_its_offsets(
             puts in proptest::collection::btree_set(0u8..24, 0..12),
