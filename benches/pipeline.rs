@@ -31,7 +31,8 @@
 //!   then every session is touched once a round; it prints, every 2 s, events/s, open
 //!   sessions, the store's size, each stage's mean and the producer's backlog, to show
 //!   whether throughput holds as state grows (issue 32), and at its end the states
-//!   written per event. The producers stay at most LOOPWARDEN_BENCH_GROWTH_AHEAD events
+//!   written per event and the CPU per event (by thread, and in all but the bench's
+//!   producer threads: the figure to compare runs by). The producers stay at most LOOPWARDEN_BENCH_GROWTH_AHEAD events
 //!   (default 200000) ahead of the pipeline, within what the embedded broker keeps: a
 //!   backlog held near it says the pipeline set the pace, one well under it the producers.
 //!   Held back, they go on once the backlog is LOOPWARDEN_BENCH_GROWTH_REFILL events
@@ -921,6 +922,24 @@ fn growth(cluster: &Cluster, partitions: i32, sessions: u64, events: u64) {
         eprintln!(
             "growth: CPU per event by thread, µs (this phase's pipeline threads with their share of a core over the phase, each worker `lw-worker-N`, or `pipeline` when there is one, and its store writer `lw-store-N`; the bench's producer threads `feed-N` with theirs; `rdk:*` counts the whole run): {}",
             per_event.join(", ")
+        );
+        // One figure to compare runs by: every thread's but the producers' own, `sled-io`
+        // and the ones too small for the line above included.
+        let (feed_ms, rest_ms) = threads_cpu.as_deref().unwrap_or_default().iter().fold(
+            (0u64, 0u64),
+            |(feed, rest), (name, ms)| {
+                if name.starts_with("feed-") {
+                    (feed + ms, rest)
+                } else {
+                    (feed, rest + ms)
+                }
+            },
+        );
+        let us_per_event = |ms: u64| ms as f64 * 1e3 / done.max(1) as f64;
+        eprintln!(
+            "growth: CPU per event, µs: {:.2} in all but the bench's producer threads (`rdk:*` over the whole run, the producers' clients among them), {:.2} in the producer threads",
+            us_per_event(rest_ms),
+            us_per_event(feed_ms)
         );
     }
     if let Some(split) = &threads_split {
