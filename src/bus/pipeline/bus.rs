@@ -37,7 +37,6 @@ use super::lock;
 use super::unacknowledged::Unacknowledged;
 use super::PipelineError;
 use crate::bus::kafka::cached_watermarks;
-use crate::bus::kafka::settings::KafkaSettings;
 use crate::telemetry::Telemetry;
 
 /// What a worker asks of its consumer group's consumer, besides polling.
@@ -128,27 +127,46 @@ impl Outgoing<'_> {
 /// (the frame written into the room before the state: `engine::store::StateBytes`).
 pub type Payload = std::sync::Arc<Vec<u8>>;
 
-/// What the tracker gets back with a record's delivery report: the outbox's epoch, the
-/// record's index in it, and the Kafka timestamp of the event behind it (findings).
-pub type Report = (u64, usize, Option<i64>);
+/// What the tracker gets back with a record's delivery report, as the outbox handed it
+/// over with the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    /// The outbox's epoch when it was sent.
+    pub epoch: u64,
+    /// The record's number in the outbox.
+    pub index: usize,
+    /// The Kafka timestamp of the event behind it (findings).
+    pub source_ms: Option<i64>,
+    /// A changelog record, whose acknowledged offsets the tracker keeps: told by the
+    /// record's sink, not read back from the report's topic name (one report a state
+    /// written, at a million open sessions one an event).
+    pub changelog: bool,
+}
+
+#[cfg(test)]
+impl Report {
+    /// The report of record `index` of epoch 0, no finding's nor the changelog's.
+    pub(crate) fn numbered(index: usize) -> Report {
+        Report {
+            epoch: 0,
+            index,
+            source_ms: None,
+            changelog: false,
+        }
+    }
+}
 
 /// A record's delivery opaque: its report, and the reference to its value that keeps the
 /// value alive while librdkafka reads it in place (dropped with the opaque, once the
 /// report is served).
 pub struct InFlight {
     report: Report,
-    /// A changelog record (told at the send, where the topic is at hand, so that a
-    /// report need not read its topic's name back from librdkafka: one report a state
-    /// written, at a million open sessions one an event).
-    changelog: bool,
     _value: Option<Payload>,
 }
 
-/// Where an acknowledged record landed, and whether it is a changelog record (whose
-/// acknowledged offsets the tracker keeps).
+/// Where an acknowledged record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Acknowledged {
-    pub changelog: bool,
     pub partition: i32,
     pub offset: i64,
 }
@@ -249,7 +267,6 @@ impl ProducerContext for Reports {
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: Box<InFlight>) {
         let result = match result {
             Ok(m) => Ok(Acknowledged {
-                changelog: opaque.changelog,
                 partition: m.partition(),
                 offset: m.offset(),
             }),
@@ -339,7 +356,6 @@ impl Transport for KafkaTransport {
         });
         let opaque = Box::new(InFlight {
             report,
-            changelog: self.tracker().is_changelog(r.topic),
             _value: r.payload.cloned(),
         })
         .into_ptr();
@@ -462,7 +478,6 @@ pub struct DeliveryTracker {
     /// The numbers of the records handed to the producer and not acknowledged (a failed
     /// one stays until it is sent again and acknowledged).
     pub(super) unacknowledged: Mutex<Unacknowledged>,
-    pub(super) changelog_topic: String,
     pub(super) changelog_offsets: Mutex<FxHashMap<i32, i64>>,
     pub(super) epoch: AtomicU64,
     /// Observes each finding's produce → acknowledged latency as its report arrives.
@@ -470,38 +485,27 @@ pub struct DeliveryTracker {
 }
 
 impl DeliveryTracker {
-    /// The tracker of an outbox that writes to `settings`' topics.
-    pub fn of(settings: &KafkaSettings, telemetry: &Telemetry) -> DeliveryTracker {
+    /// The tracker of an outbox whose findings' latency `telemetry` observes.
+    pub fn of(telemetry: &Telemetry) -> DeliveryTracker {
         DeliveryTracker {
-            changelog_topic: settings.changelog_topic.clone(),
             finding_latency: Some(telemetry.metrics.produce_to_finding_latency.clone()),
             ..DeliveryTracker::default()
         }
     }
 
-    /// Whether records to `topic` are changelog records.
-    pub fn is_changelog(&self, topic: &str) -> bool {
-        topic == self.changelog_topic
-    }
-
     /// One record's delivery report: where it landed, or why it failed.
     pub fn report(&self, result: Result<Acknowledged, KafkaError>, report: Report) {
-        let (epoch, index, source_ms) = report;
-        if epoch != self.epoch.load(Ordering::Acquire) {
+        if report.epoch != self.epoch.load(Ordering::Acquire) {
             return;
         }
-        if let (Ok(_), Some(source), Some(h)) = (&result, source_ms, &self.finding_latency) {
+        if let (Ok(_), Some(source), Some(h)) = (&result, report.source_ms, &self.finding_latency) {
             h.observe((crate::contract::event::wall_ms() - source).max(0) as f64 / 1e3);
         }
         match result {
-            Err(e) => lock(&self.failed).push((index, e)),
-            Ok(Acknowledged {
-                changelog,
-                partition,
-                offset,
-            }) => {
-                lock(&self.unacknowledged).remove(index);
-                if changelog {
+            Err(e) => lock(&self.failed).push((report.index, e)),
+            Ok(Acknowledged { partition, offset }) => {
+                lock(&self.unacknowledged).remove(report.index);
+                if report.changelog {
                     let mut offsets = lock(&self.changelog_offsets);
                     let o = offsets.entry(partition).or_insert(offset);
                     *o = (*o).max(offset);
@@ -580,6 +584,7 @@ fn seek_back<C: ConsumerContext>(
 mod tests {
     use super::*;
     use crate::bus::kafka::embedded::EmbeddedBroker;
+    use crate::bus::kafka::settings::KafkaSettings;
     use crate::shutdown::Shutdown;
     use rdkafka::config::ClientConfig;
     use rdkafka::producer::BaseRecord;
@@ -603,19 +608,16 @@ mod tests {
 
     /// A changelog record's acknowledgement moves its partition's changelog position to
     /// the highest offset acknowledged; a finding's moves none, whatever its partition
-    /// (the record's kind is told at its send, not read back from its report). Findings
-    /// land on partition 2, which has no changelog record, and on partition 0 past the
-    /// changelog's last offset there: read as changelog records, either would show.
+    /// (the record's kind goes out in its report and comes back with it, not read back
+    /// from the report's topic). Findings land on partition 2, which has no changelog
+    /// record, and on partition 0 past the changelog's last offset there: read as
+    /// changelog records, either would show.
     #[test]
     fn only_changelog_acknowledgements_move_the_changelog_positions() {
         let broker = EmbeddedBroker::start(&["changes", "out"], 3).expect("mock cluster");
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", broker.bootstrap_servers());
-        let tracker = DeliveryTracker {
-            changelog_topic: "changes".into(),
-            ..DeliveryTracker::default()
-        };
-        let transport = KafkaTransport::new(&config, tracker).expect("producer");
+        let transport = KafkaTransport::new(&config, DeliveryTracker::default()).expect("producer");
         let value = Payload::new(b"state".to_vec());
         let sends = [
             ("changes", 0),
@@ -642,7 +644,11 @@ mod tests {
                 source_headers: &[],
                 headers: &[],
             };
-            transport.send(record, (0, index, None)).expect("queued");
+            let report = Report {
+                changelog: topic == "changes",
+                ..Report::numbered(index)
+            };
+            transport.send(record, report).expect("queued");
         }
         let until = Instant::now() + Duration::from_secs(30);
         while !lock(&transport.tracker().unacknowledged).is_empty() && Instant::now() < until {
@@ -695,7 +701,10 @@ mod tests {
         }
         lock(&transport.tracker().unacknowledged).insert(0);
         transport
-            .send(record(0, &value, &source_headers, &headers), (0, 0, None))
+            .send(
+                record(0, &value, &source_headers, &headers),
+                Report::numbered(0),
+            )
             .expect("queued");
         // The record in flight is all that keeps the value now.
         let sent = Arc::downgrade(&value);
@@ -715,7 +724,7 @@ mod tests {
         // The topic's partitions are known now: one past them is refused at once.
         let another = Payload::new(b"v".to_vec());
         let unknown = record(5, &another, &source_headers, &headers);
-        let refused = transport.send(unknown, (0, 1, None));
+        let refused = transport.send(unknown, Report::numbered(1));
         assert!(
             matches!(
                 refused,
@@ -783,9 +792,9 @@ mod tests {
             headers: &headers,
         };
         transport
-            .send(record(&first), (0, 0, None))
+            .send(record(&first), Report::numbered(0))
             .expect("queued");
-        let refused = transport.send(record(&second), (0, 1, None));
+        let refused = transport.send(record(&second), Report::numbered(1));
         assert!(
             matches!(
                 refused,
@@ -806,7 +815,7 @@ mod tests {
                 topic: &long,
                 ..record(&second)
             },
-            (0, 2, None),
+            Report::numbered(2),
         );
         assert!(
             matches!(
@@ -881,7 +890,7 @@ mod tests {
                 let process = cpu_ms(libc::CLOCK_PROCESS_CPUTIME_ID);
                 let transport = if copy { &copying } else { &in_place };
                 for i in 0..records {
-                    let report = (0, i, None);
+                    let report = Report::numbered(i);
                     if copy {
                         let mut h = OwnedHeaders::new_with_capacity(headers.len());
                         for (key, value) in &headers {
@@ -892,7 +901,6 @@ mod tests {
                         }
                         let opaque = Box::new(InFlight {
                             report,
-                            changelog: false,
                             _value: None,
                         });
                         let mut record = BaseRecord::with_opaque_to("out", opaque)
@@ -968,7 +976,9 @@ mod tests {
                 source_headers: &[],
                 headers: &[],
             };
-            transport.send(record, (0, number, None)).expect("queued");
+            transport
+                .send(record, Report::numbered(number))
+                .expect("queued");
         }
         // Polls at a batch's pace until every record is reported: once the broker has
         // acknowledged them all, one poll serves them all.

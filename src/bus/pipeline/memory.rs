@@ -280,13 +280,9 @@ impl Transport for MemoryTransport {
             // On the broker, its report not yet back: a crash here leaves it landed and
             // unacknowledged.
             self.bus.tick("delivery report");
-            let ((topic, partition), offset, report) = landed;
-            let acknowledged = Acknowledged {
-                changelog: self.tracker.is_changelog(&topic),
-                partition,
-                offset,
-            };
-            self.tracker.report(Ok(acknowledged), report);
+            let ((_, partition), offset, report) = landed;
+            self.tracker
+                .report(Ok(Acknowledged { partition, offset }), report);
         }
     }
 

@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 use tracing::warn;
 
 use super::backoff::{Backoff, DeadlinePassed};
-use super::bus::{DeliveryTracker, KafkaTransport, Outgoing, Payload, Transport};
+use super::bus::{DeliveryTracker, KafkaTransport, Outgoing, Payload, Report, Transport};
 use super::lock;
 use crate::bus::kafka::headers::{self, RawHeaders};
 use crate::bus::kafka::settings::KafkaSettings;
@@ -228,7 +228,7 @@ impl Outbox {
         telemetry: Arc<Telemetry>,
         shutdown: &Shutdown,
     ) -> Result<Outbox, KafkaError> {
-        let tracker = DeliveryTracker::of(settings, &telemetry);
+        let tracker = DeliveryTracker::of(&telemetry);
         let transport = KafkaTransport::new(producer_config, tracker)?;
         Ok(Outbox::with_transport(
             Box::new(transport),
@@ -261,7 +261,7 @@ impl Outbox {
     #[cfg(test)]
     pub fn on_memory_bus(bus: &super::memory::Bus, settings: &KafkaSettings) -> Outbox {
         let telemetry = Arc::new(Telemetry::new());
-        let tracker = DeliveryTracker::of(settings, &telemetry);
+        let tracker = DeliveryTracker::of(&telemetry);
         let transport = super::memory::MemoryTransport::new(bus, tracker);
         Outbox::with_transport(Box::new(transport), settings, telemetry, &Shutdown::new())
     }
@@ -358,7 +358,12 @@ impl Outbox {
                     source_headers: &r.source_headers,
                     headers: &r.headers,
                 };
-                let report = (epoch, number, r.source_ms);
+                let report = Report {
+                    epoch,
+                    index: number,
+                    source_ms: r.source_ms,
+                    changelog: r.sink == Sink::Changelog,
+                };
                 // Before the send: a transport may report inside it. A record that
                 // fails stays in it until sent again and acknowledged.
                 lock(&self.transport.tracker().unacknowledged).insert(number);
@@ -543,6 +548,38 @@ mod tests {
             source_headers: Vec::new(),
             source_ms: None,
         }
+    }
+
+    /// A record's report says whether it is a changelog record, by its sink: only the
+    /// changelog's acknowledged offsets become the positions a batch stores with its
+    /// states, a finding's never (on any partition).
+    #[test]
+    fn only_changelog_records_move_the_changelog_positions() {
+        let bus = Bus::default();
+        let settings = KafkaSettings::default();
+        let mut outbox = Outbox::on_memory_bus(&bus, &settings);
+        let state = |partition| Record {
+            sink: Sink::Changelog,
+            partition: Some(partition),
+            ..warning("state")
+        };
+        outbox.push(warning("a"));
+        outbox.push(state(1));
+        outbox.push(state(1));
+        outbox.push(Record {
+            partition: Some(2),
+            ..warning("b")
+        });
+        let mut backoff = Backoff::new(&settings, &Shutdown::new());
+        outbox.settle_below(outbox.end(), &mut backoff).unwrap();
+        assert_eq!(
+            outbox
+                .take_changelog_positions()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [(1, 1)]
+        );
+        assert!(outbox.take_changelog_positions().is_empty(), "taken");
     }
 
     #[test]

@@ -106,7 +106,7 @@ impl Member {
         let telemetry = Arc::new(Telemetry::new());
         let shutdown = Shutdown::new();
         let settings = &config.kafka;
-        let tracker = DeliveryTracker::of(settings, &telemetry);
+        let tracker = DeliveryTracker::of(&telemetry);
         let transport = MemoryTransport::new(bus, tracker);
         let outbox =
             Outbox::with_transport(Box::new(transport), settings, telemetry.clone(), &shutdown);
