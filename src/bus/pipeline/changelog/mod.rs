@@ -418,7 +418,21 @@ pub struct RecordParts<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::memory::{Bus, Landed};
     use super::*;
+
+    /// What `queue_with` queues in an outbox on an in-memory bus, as it lands on the
+    /// changelog topic.
+    fn landed(settings: &KafkaSettings, queue_with: impl FnOnce(&mut Outbox)) -> Vec<Landed> {
+        let bus = Bus::default();
+        let mut outbox = Outbox::on_memory_bus(&bus, settings);
+        queue_with(&mut outbox);
+        outbox.send_all();
+        let shutdown = crate::shutdown::Shutdown::new();
+        let mut backoff = super::super::backoff::Backoff::new(settings, &shutdown);
+        outbox.settle_below(outbox.end(), &mut backoff).unwrap();
+        bus.records(&settings.changelog_topic)
+    }
 
     #[test]
     fn the_changelog_outlives_an_open_sessions_longest_silence_twice_and_an_hour_at_least() {
@@ -438,13 +452,6 @@ mod tests {
     /// format restores read).
     #[test]
     fn a_batchs_records_carry_their_kind_batch_and_state_format() {
-        use super::super::memory::Bus;
-        use crate::bus::kafka::settings::KafkaSettings;
-        use crate::shutdown::Shutdown;
-
-        let bus = Bus::default();
-        let settings = KafkaSettings::default();
-        let mut outbox = Outbox::on_memory_bus(&bus, &settings);
         let changes = StoreBatch {
             puts: vec![("s1".to_string(), b"state".to_vec().into())],
             deltas: Vec::new(),
@@ -452,13 +459,11 @@ mod tests {
             offsets: vec![("in/3".to_string(), 41)],
         };
         let mut batches = [(3, changes)];
-        queue(&mut outbox, &mut batches, 77, "g", SessionRecords::Framed);
+        let landed = landed(&KafkaSettings::default(), |outbox| {
+            queue(outbox, &mut batches, 77, "g", SessionRecords::Framed)
+        });
         // The frame went into the state's own room: its record's value is not a copy.
         assert_eq!(batches[0].1.puts[0].1.room(), SessionFrame::write(77, b""));
-        outbox.send_all();
-        let mut backoff = super::super::backoff::Backoff::new(&settings, &Shutdown::new());
-        outbox.settle_below(outbox.end(), &mut backoff).unwrap();
-        let landed = bus.records(&settings.changelog_topic);
         let headers = |i: usize| -> Vec<(String, Vec<u8>)> {
             landed[i]
                 .headers
@@ -513,9 +518,6 @@ mod tests {
     /// and this one read.
     #[test]
     fn headed_session_records_are_written_as_before_the_frame() {
-        use super::super::memory::Bus;
-
-        let bus = Bus::default();
         let settings = KafkaSettings {
             changelog_headers: true,
             ..KafkaSettings::default()
@@ -525,17 +527,13 @@ mod tests {
             SessionRecords::of(&KafkaSettings::default()),
             SessionRecords::Framed
         );
-        let mut outbox = Outbox::on_memory_bus(&bus, &settings);
         let changes = StoreBatch {
             puts: vec![("s1".to_string(), b"state".to_vec().into())],
             ..StoreBatch::default()
         };
-        queue_sessions(&mut outbox, &mut [(0, changes)], 78, SessionRecords::Headed);
-        outbox.send_all();
-        let shutdown = crate::shutdown::Shutdown::new();
-        let mut backoff = super::super::backoff::Backoff::new(&settings, &shutdown);
-        outbox.settle_below(outbox.end(), &mut backoff).unwrap();
-        let landed = bus.records(&settings.changelog_topic);
+        let landed = landed(&settings, |outbox| {
+            queue_sessions(outbox, &mut [(0, changes)], 78, SessionRecords::Headed)
+        });
         assert_eq!(landed.len(), 1);
         assert_eq!(landed[0].payload.as_deref(), Some(b"state".as_slice()));
         let headers: Vec<(String, Vec<u8>)> = landed[0]
@@ -572,7 +570,6 @@ mod tests {
                 proptest::strategy::Just(SessionRecords::Headed),
             ],
         ) {
-            use super::super::memory::Bus;
             use crate::engine::store::{MemoryStore, StateStore};
 
             let state_of = |k: u8| format!("state of s{k}").into_bytes();
@@ -582,15 +579,9 @@ mod tests {
                 deletes: deletes.iter().map(|k| format!("s{k}")).collect(),
                 offsets: vec![("in/0".to_string(), 41)],
             };
-            let bus = Bus::default();
-            let settings = KafkaSettings::default();
-            let mut outbox = Outbox::on_memory_bus(&bus, &settings);
-            queue(&mut outbox, &mut [(0, changes)], 7, "ours", form);
-            outbox.send_all();
-            let shutdown = crate::shutdown::Shutdown::new();
-            let mut backoff = super::super::backoff::Backoff::new(&settings, &shutdown);
-            outbox.settle_below(outbox.end(), &mut backoff).unwrap();
-            let landed = bus.records(&settings.changelog_topic);
+            let landed = landed(&KafkaSettings::default(), |outbox| {
+                queue(outbox, &mut [(0, changes)], 7, "ours", form)
+            });
             let parts: Vec<RecordParts<'_>> = landed.iter().map(|r| r.parts()).collect();
             let mut store = MemoryStore::new();
             restore::assemble(&parts, &mut store).unwrap();
