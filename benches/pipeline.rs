@@ -32,9 +32,10 @@
 //!   sessions, the store's size, each stage's mean and the producer's backlog, to show
 //!   whether throughput holds as state grows (issue 32), and at its end the states
 //!   written per event and the CPU per event (by thread, and in all but the bench's
-//!   producer threads: the figure to compare runs by). The producers stay at most LOOPWARDEN_BENCH_GROWTH_AHEAD events
-//!   (default 200000) ahead of the pipeline, within what the embedded broker keeps: a
-//!   backlog held near it says the pipeline set the pace, one well under it the producers.
+//!   producer threads: the figure to compare runs by). The producers stay at most
+//!   LOOPWARDEN_BENCH_GROWTH_AHEAD events (default 200000) ahead of the pipeline, within
+//!   what the embedded broker keeps: a backlog held near it says the pipeline set the
+//!   pace, one well under it the producers.
 //!   Held back, they go on once the backlog is LOOPWARDEN_BENCH_GROWTH_REFILL events
 //!   (default 20000, about what a worker's batch applies) under that, so the backlog a
 //!   pipeline-paced run reports swings between the two: the events
