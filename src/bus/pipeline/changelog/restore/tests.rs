@@ -87,6 +87,12 @@ fn feed(entries: Vec<Entry<'_>>) -> (Assembler, Stored) {
     (a, stored)
 }
 
+/// `state` framed for batch `batch`, leaked for the records' lifetime (a test's few
+/// bytes).
+fn framed(batch: u64, state: &[u8]) -> &'static [u8] {
+    super::super::SessionFrame::write(batch, state).leak()
+}
+
 fn keys(b: &StoreBatch) -> Vec<(&str, &[u8])> {
     b.puts.iter().map(|(k, v)| (k.as_str(), &v[..])).collect()
 }
@@ -455,21 +461,15 @@ fn framed_and_headed_session_records_are_read_alike_and_neither_is_of_no_kind() 
 /// writes them) is whole at its commit record, its states stored as they were framed.
 #[test]
 fn a_batch_of_framed_states_and_a_tombstone_is_applied_whole() {
-    let framed: Vec<Vec<u8>> = [b"A".as_slice(), b"B"]
-        .iter()
-        .map(|s| super::super::SessionFrame::write(9, s))
-        .collect();
     let parts = |key: &'static [u8], value: &'static [u8]| RecordParts {
         key: Some(key),
         payload: Some(value),
         ..RecordParts::default()
     };
-    // Leaked for the entries' lifetime: a test's few bytes.
-    let framed: Vec<&'static [u8]> = framed.into_iter().map(|v| &*v.leak()).collect();
     let mut v = Vec::new();
     let entries = vec![
-        Entry::from_parts(0, parts(b"a", framed[0])),
-        Entry::from_parts(1, parts(b"b", framed[1])),
+        Entry::from_parts(0, parts(b"a", framed(9, b"A"))),
+        Entry::from_parts(1, parts(b"b", framed(9, b"B"))),
         Entry::from_parts(
             2,
             RecordParts {
@@ -523,38 +523,28 @@ fn a_framed_state_of_another_format_is_skipped_and_its_session_starts_anew() {
 fn a_frame_with_an_empty_state_makes_its_batch_whole_and_loads_as_no_session() {
     use crate::engine::store::MemoryStore;
 
-    let empty = super::super::SessionFrame::write(9, b"");
     let state = SessionState::new(1_000, 1_000).to_bytes();
-    let kept = super::super::SessionFrame::write(9, &state);
-    let value = serde_json::to_vec(&CommitValue {
-        group: Some("ours".into()),
-        batch: 9,
-        records: 2,
-        offsets: vec![("in/0".into(), 5)],
-    })
-    .unwrap();
-    let framed = |key: &'static [u8], value: &'static [u8]| RecordParts {
-        key: Some(key),
-        payload: Some(value),
-        ..RecordParts::default()
+    let record = |offset, key: &'static [u8], state: &[u8]| {
+        Entry::from_parts(
+            offset,
+            RecordParts {
+                key: Some(key),
+                payload: Some(framed(9, state)),
+                ..RecordParts::default()
+            },
+        )
     };
-    // Leaked for the records' lifetime: a test's few bytes.
-    let (empty, kept): (&'static [u8], &'static [u8]) = (empty.leak(), kept.leak());
-    let records = [
-        framed(b"empty", empty),
-        framed(b"kept", kept),
-        RecordParts {
-            kind: Some(b"commit"),
-            batch: Some(b"9"),
-            key: Some(CHANGELOG_COMMIT_KEY),
-            payload: Some(&value),
-            ..RecordParts::default()
-        },
-    ];
-    assert_eq!(Entry::from_parts(0, records[0]).payload, Some(&b""[..]));
+    let empty = record(0, b"empty", b"");
+    assert_eq!(empty.payload, Some(&b""[..]));
+    let mut v = Vec::new();
+    let (a, stored) = feed(vec![
+        empty,
+        record(1, b"kept", &state),
+        commit(2, 9, 2, &mut v),
+    ]);
+    assert_eq!((a.applied, a.incomplete), (1, 0), "the batch is whole");
     let mut store = MemoryStore::new();
-    assemble(&records, &mut store).unwrap();
-    assert_eq!(store.offset("in/0").unwrap(), Some(5), "the batch is whole");
+    store.commit(&stored.0[0]).unwrap();
     assert_eq!(store.session_bytes("empty").unwrap(), Some(Vec::new()));
     let loaded: Vec<String> = store
         .load_sessions()
