@@ -7,7 +7,9 @@
 //! dead-lettered with their reason; the OTLP ingest re-publishes spans keyed by session and
 //! dead-letters what the engine would refuse; readiness holds while every worker holds
 //! the group's assignment (an empty one too) and not while a group that refuses its joins
-//! leaves a worker without one. Transactions, pause/resume, SIGKILL and several
+//! leaves a worker without one; a member that joins a settled group on the embedded
+//! broker's own defaults gets its partitions in seconds; an offset commit the
+//! coordinator refused is sent again once it takes them. Transactions, pause/resume, SIGKILL and several
 //! processes stay in `tests/pipeline.rs` against Tansu (the mock cluster does not show
 //! them faithfully).
 
@@ -68,6 +70,28 @@ impl Cluster {
 
     /// [`Cluster::config`] with `env`'s settings over the file's (`LOOPWARDEN_*`).
     fn config_with_env(&self, name: &str, extra: &str, env: &[(&str, &str)]) -> Arc<Config> {
+        self.config_keeping(name, extra, env, |_| true)
+    }
+
+    /// The config of instance `name` as `run` has it on the embedded broker it starts: no
+    /// `kafka.brokers` (the address is handed to `run` apart), and the group's timing left
+    /// to loopwarden (the tests' own short session dropped).
+    fn embedded_config(&self, name: &str) -> Arc<Config> {
+        self.config_keeping(name, "", &[], |l| {
+            !l.starts_with("brokers = ")
+                && !l.starts_with("\"session.timeout.ms\"")
+                && !l.starts_with("\"heartbeat.interval.ms\"")
+        })
+    }
+
+    /// [`Cluster::config_with_env`] with only the file's lines that `keep`.
+    fn config_keeping(
+        &self,
+        name: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+        keep: impl Fn(&str) -> bool,
+    ) -> Arc<Config> {
         let home = self.dir.path().join(name);
         std::fs::create_dir_all(&home).unwrap();
         let path = write_config(&home, &self.brokers(), &self.topics, extra);
@@ -75,6 +99,7 @@ impl Cluster {
         let text = std::fs::read_to_string(&path).unwrap();
         let text = text
             .lines()
+            .filter(|l| keep(l))
             .map(|l| {
                 if l.starts_with("group_id = ") {
                     format!("group_id = \"{}\"", self.group)
@@ -94,8 +119,8 @@ impl Cluster {
     }
 
     /// Waits (up to 60 s) until the group has committed `events` input offsets in all:
-    /// everything produced so far is applied, stored and committed.
-    fn wait_committed(&self, events: usize) {
+    /// everything produced so far is applied, stored and committed. Whether it did.
+    fn wait_committed(&self, events: usize) -> bool {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let committed: i64 =
@@ -103,11 +128,23 @@ impl Cluster {
                     .into_iter()
                     .flatten()
                     .sum();
-            if committed >= events as i64 || std::time::Instant::now() > deadline {
-                return;
+            if committed >= events as i64 {
+                return true;
+            }
+            if std::time::Instant::now() > deadline {
+                return false;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// [`Cluster::wait_committed`], failing with the offsets committed when it times out.
+    fn assert_committed(&self, events: usize, context: &str) {
+        assert!(
+            self.wait_committed(events),
+            "{context}: {events} events produced, offsets committed: {:?}",
+            committed_offsets(&self.brokers(), &self.group, &self.topics.input)
+        );
     }
 
     /// Asserts that the group has committed no input offset yet.
@@ -643,6 +680,72 @@ fn a_member_whose_group_cannot_settle_is_not_ready_until_it_holds_an_assignment_
     cluster.broker.clear_request_failures(ApiKey::JoinGroup);
     assert_becomes_ready(&telemetry, "once the group settles again");
     applies_a_fleet_then_stops(&cluster, running, 7);
+}
+
+#[test]
+fn on_the_embedded_broker_a_member_that_joins_a_settled_group_gets_its_partitions_in_seconds() {
+    // The mock cluster hands out partitions only once the session timeout less a second
+    // has passed since a member joined a group with members: with librdkafka's 45 s, the
+    // second member (a process's second worker) waited 44 s, past the 30 s of
+    // `assert_becomes_ready`; loopwarden's timing for the embedded broker makes it 2 s.
+    let cluster = Cluster::start();
+    let (config_a, config_b) = (cluster.embedded_config("a"), cluster.embedded_config("b"));
+    assert_eq!(config_a.kafka.brokers, None);
+    assert!(!config_a.kafka.consumer.contains_key("session.timeout.ms"));
+
+    let first_telemetry = Arc::new(Telemetry::new());
+    let first = Running::observed(config_a, cluster.brokers(), first_telemetry.clone());
+    assert_becomes_ready(&first_telemetry, "the first member");
+    let second_telemetry = Arc::new(Telemetry::new());
+    let second = Running::observed(config_b, cluster.brokers(), second_telemetry.clone());
+    assert_becomes_ready(&second_telemetry, "the member that joined");
+    assert_becomes_ready(&first_telemetry, "the first member after the rebalance");
+    let (events, _) = fleet(12, 0.0, 9);
+    cluster.produce(&events);
+    cluster.assert_committed(events.len(), "after the rebalance");
+    let (a, b) = (first.stop(), second.stop());
+    assert_eq!(a.events + b.events, events.len() as u64, "every event once");
+    assert!(
+        a.events > 0 && b.events > 0,
+        "both members consumed: {} and {}",
+        a.events,
+        b.events
+    );
+}
+
+#[test]
+fn an_offset_commit_the_coordinator_refused_is_sent_again_once_it_takes_them() {
+    // While a group rebalances, its coordinator refuses offset commits; a partition quiet
+    // after that kept the group's offset (what lag dashboards and a restart read) where it
+    // was, until its next event.
+    let cluster = Cluster::start();
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(
+        cluster.config("a", ""),
+        cluster.brokers(),
+        telemetry.clone(),
+    );
+    assert_becomes_ready(&telemetry, "before the commits are refused");
+    let refused = RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS;
+    cluster
+        .broker
+        .fail_requests(ApiKey::OffsetCommit, refused, 100_000);
+    let (events, _) = fleet(12, 0.0, 11);
+    cluster.produce(&events);
+    assert!(
+        eventually(Duration::from_secs(30), || consumed_total(&telemetry)
+            == events.len() as u64),
+        "applied {} of {} events",
+        consumed_total(&telemetry),
+        events.len()
+    );
+    // The batches' ends (and their refused commits) come within a batch's wait.
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.assert_nothing_committed("while the coordinator refuses commits");
+    cluster.broker.clear_request_failures(ApiKey::OffsetCommit);
+    // No event comes after: only sending the refused offsets again commits them.
+    cluster.assert_committed(events.len(), "once the coordinator takes commits again");
+    assert_eq!(running.stop().events, events.len() as u64);
 }
 
 #[test]

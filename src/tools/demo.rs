@@ -126,6 +126,9 @@ pub fn demo(
     let state = TempDir::create(format!("loopwarden-demo-{}", std::process::id()))?;
     let mut pipeline_config = (*config).clone();
     pipeline_config.state_path = state.0.clone();
+    // Its broker is the embedded one, whatever the configuration names: its clients get
+    // the embedded broker's settings (`bus::kafka::consumer_config`).
+    pipeline_config.kafka.brokers = None;
     let pipeline_shutdown = Shutdown::new();
     let pipeline = {
         let (config, brokers, shutdown) = (

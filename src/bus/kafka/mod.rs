@@ -51,12 +51,27 @@ fn client_config_over(
     c
 }
 
+/// The group timing of consumers on the embedded broker (no `kafka.brokers`: DESIGN §6),
+/// under the user's own. librdkafka's mock cluster, unlike a Kafka broker, does not end a
+/// rebalance once every member has joined again: when a member joins a group that has
+/// members, it waits for the session timeout less a second before it hands out
+/// partitions (`rd_kafka_mock_cgrp_classic_rebalance`). With librdkafka's 45 s, the
+/// second worker of `kafka.workers = 2` held every partition of two input topics (the
+/// range assignor revokes them all) for 44 s after it joined, and a lone input topic's
+/// moved partitions as long. Every member of a group on the embedded broker is a worker
+/// of this process, so a short session loses nothing: a rebalance takes 2 s, and a
+/// member is dropped only when its client's own threads go 3 s without a heartbeat.
+const EMBEDDED_GROUP_TIMING: [(&str, &str); 2] = [
+    ("session.timeout.ms", "3000"),
+    ("heartbeat.interval.ms", "500"),
+];
+
 /// The config of worker `worker`'s consumer: manual offsets (stored state first);
 /// cooperative-sticky assignment for one input topic (a joining member does not stop the
 /// others), range for several (it keeps partition p of each on one member); static
 /// membership when `instance_id` is set.
 pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -> ClientConfig {
-    let tuning = [
+    let mut tuning = vec![
         // Findings are latency-sensitive: do not let a fetch sit for librdkafka's 500 ms
         // default on brokers that wait out fetch.wait.max.ms.
         ("fetch.wait.max.ms", "20"),
@@ -69,6 +84,9 @@ pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -
         // longer than a fetch may wait at the broker.
         ("fetch.queue.backoff.ms", "20"),
     ];
+    if settings.brokers.is_none() {
+        tuning.extend(EMBEDDED_GROUP_TIMING);
+    }
     let mut c = client_config_over(settings, brokers, &tuning);
     let strategy = if settings.input_topics.len() == 1 {
         "cooperative-sticky"
@@ -398,6 +416,30 @@ mod tests {
         assert_eq!(c.get("group.instance.id"), Some("lw-a-1"));
         let p = producer_config(&s, "k:9092", 1 << 20);
         assert_eq!(p.get("enable.idempotence"), Some("true"));
+    }
+
+    #[test]
+    fn consumers_on_the_embedded_broker_rebalance_in_seconds_unless_told_otherwise() {
+        let mut s = KafkaSettings::default();
+        assert_eq!(s.brokers, None, "no brokers: the embedded one");
+        let c = consumer_config(&s, "127.0.0.1:9092", 0);
+        assert_eq!(c.get("session.timeout.ms"), Some("3000"));
+        assert_eq!(c.get("heartbeat.interval.ms"), Some("500"));
+        // A user's value wins, for every client or for the consumer.
+        s.client.insert("session.timeout.ms".into(), "10000".into());
+        s.consumer
+            .insert("heartbeat.interval.ms".into(), "1000".into());
+        let c = consumer_config(&s, "127.0.0.1:9092", 0);
+        assert_eq!(c.get("session.timeout.ms"), Some("10000"));
+        assert_eq!(c.get("heartbeat.interval.ms"), Some("1000"));
+        // A Kafka cluster keeps librdkafka's group timing.
+        let s = KafkaSettings {
+            brokers: Some("k:9092".into()),
+            ..KafkaSettings::default()
+        };
+        let c = consumer_config(&s, "k:9092", 0);
+        assert_eq!(c.get("session.timeout.ms"), None);
+        assert_eq!(c.get("heartbeat.interval.ms"), None);
     }
 
     #[test]

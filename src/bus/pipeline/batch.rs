@@ -13,7 +13,9 @@
 //! and every record sent before them was acknowledged first; nothing of a batch's
 //! changelog records is sent before the batch before it is acknowledged (so the changelog
 //! holds whole batches in order); exactly once, a batch's findings, changelog records and
-//! offsets are one transaction.
+//! offsets are one transaction. At least once, an offset commit that failed is sent again
+//! (at most once a second) while its partition is held and no later commit of it was
+//! sent, and never after the partition is given up (its next owner's offsets govern).
 
 use std::time::{Duration, Instant};
 
@@ -23,7 +25,7 @@ use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
-use super::bus::Input;
+use super::bus::{refused_while_the_group_changes, Input};
 use super::changelog::{self, SessionRecords, CHANGELOG_POSITION};
 use super::commit::Transactional;
 use super::outbox::Outbox;
@@ -33,6 +35,29 @@ use super::PipelineError;
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::engine::store::StoreBatch;
 use crate::shutdown::Shutdown;
+
+/// How often offsets whose commit failed are sent again, at most (while a rebalance
+/// refuses them, once a second).
+const OWED_COMMIT_RETRY: Duration = Duration::from_secs(1);
+
+/// Logs a commit that failed at once: at info while the group changes (a revoke's commit
+/// in a rebalance, which the group's next owner of the partition does not need), else as
+/// a warning.
+fn log_commit_failure(error: &rdkafka::error::KafkaError, message: &'static str) {
+    if refused_while_the_group_changes(error.rdkafka_error_code()) {
+        tracing::info!(%error, "{message}");
+    } else {
+        warn!(%error, "{message}");
+    }
+}
+
+/// An input offset a worker sent to be committed ([`Worker::commits_sent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SentCommit {
+    pub(super) offset: i64,
+    /// Its commit failed, and no later offset of its partition was sent since.
+    pub(super) owed: bool,
+}
 
 /// A batch's poll instants are counted to this: an event's processing latency reads up
 /// to this much long.
@@ -244,7 +269,93 @@ impl Worker {
             // The states written, freed on the thread that allocated them.
             drop(stored.spent);
         }
+        if self.commit.at_least_once() {
+            self.send_owed_commits(input, mode, settle);
+        }
         Ok(())
+    }
+
+    /// Sends again the offsets whose commit failed (the coordinator refuses those sent
+    /// while the group rebalances) and that no later commit of their partition replaced:
+    /// a partition quiet after a rebalance would otherwise leave the group's offset, which
+    /// lag dashboards and a restart read, where it was until its next event. At most once
+    /// every [`OWED_COMMIT_RETRY`], or at once when settling (a revoke, a stop).
+    fn send_owed_commits(&mut self, input: &dyn Input, mode: CommitMode, settle: bool) {
+        for failed in input.take_failed_commits() {
+            if !failed.while_the_group_changes() {
+                // Kept for the next sending, at most once a second: one a batch otherwise.
+                let error = failed
+                    .error
+                    .map_or("unknown".to_string(), |e| e.to_string());
+                self.owed_commit_error.get_or_insert(error);
+            }
+            let Some(topic) = self.inputs.iter().position(|t| **t == *failed.topic) else {
+                continue;
+            };
+            if let Some(sent) = self.commits_sent.get_mut(&(topic, failed.partition)) {
+                // Else an older offset's: a later one has been sent since.
+                sent.owed |= sent.offset == failed.offset;
+            }
+        }
+        let recently = self
+            .owed_commits_sent_at
+            .is_some_and(|at| at.elapsed() < OWED_COMMIT_RETRY);
+        if recently && !settle {
+            return;
+        }
+        let mut owed = TopicPartitionList::new();
+        for (&(topic, partition), sent) in &mut self.commits_sent {
+            if sent.owed && self.partitions.contains_key(&partition) {
+                let _ = owed.add_partition_offset(
+                    &self.inputs[topic],
+                    partition,
+                    rdkafka::Offset::Offset(sent.offset),
+                );
+                sent.owed = false;
+            }
+        }
+        if owed.count() == 0 {
+            return;
+        }
+        self.owed_commits_sent_at = Some(Instant::now());
+        match self.owed_commit_error.take() {
+            // Refused while the group changed (a rebalance): expected, and sent again.
+            None => debug!(
+                partitions = owed.count(),
+                "sending offsets whose commit failed again"
+            ),
+            Some(error) => warn!(
+                partitions = owed.count(),
+                %error,
+                "offset commit refused; sending the offsets again (the stored offsets still hold)"
+            ),
+        }
+        let result = input.commit(&owed, mode);
+        self.note_commits_sent(&owed, result.is_err());
+        if let Err(e) = result {
+            log_commit_failure(
+                &e,
+                "offset commit failed again; the stored offsets still hold",
+            );
+        }
+    }
+
+    /// Keeps the offsets in `offsets` as the last sent of their partitions, owed when
+    /// their commit `failed` at once (a failure reported later comes through the input).
+    fn note_commits_sent(&mut self, offsets: &TopicPartitionList, failed: bool) {
+        for e in offsets.elements() {
+            let (rdkafka::Offset::Offset(offset), Some(topic)) = (
+                e.offset(),
+                self.inputs.iter().position(|t| **t == *e.topic()),
+            ) else {
+                continue;
+            };
+            let sent = SentCommit {
+                offset,
+                owed: failed,
+            };
+            self.commits_sent.insert((topic, e.partition()), sent);
+        }
     }
 
     /// Commits a stored batch's input offsets, and counts the batch done.
@@ -265,9 +376,12 @@ impl Worker {
         }
         let started = Instant::now();
         if self.commit.at_least_once() && offsets.count() > 0 {
-            if let Err(e) = input.commit(&offsets, mode) {
-                // sled holds the truth: a lost commit only means re-reading and skipping.
-                warn!(error = %e, "offset commit failed; the stored offsets still hold");
+            let result = input.commit(&offsets, mode);
+            self.note_commits_sent(&offsets, result.is_err());
+            if let Err(e) = result {
+                // sled holds the truth: a lost commit only means re-reading and skipping
+                // (and it is sent again, `send_owed_commits`).
+                log_commit_failure(&e, "offset commit failed; the stored offsets still hold");
             }
             let took = started.elapsed();
             metrics.observe_stage("commit", took);

@@ -8,7 +8,9 @@
 //! to, and [`seek_to_committed`], a Kafka consumer moved back to its group's offsets.
 //!
 //! Guarantees: the Kafka implementations are the calls the pipeline made before the
-//! seams existed, one for one (no new request, no new wait); delivery reports reach the
+//! seams existed, one for one (no new request, no new wait), but for an asynchronous
+//! offset commit, whose answer now comes back through the consumer's poll (its failures
+//! kept for the worker to send again, [`CommitFailures`]); delivery reports reach the
 //! [`DeliveryTracker`] the same way from either implementation. A record's value is not
 //! copied into the producer: librdkafka reads it in place, and a reference to it
 //! ([`Payload`]) travels with the record as its delivery opaque, so it lives until the
@@ -27,6 +29,7 @@ use rdkafka::consumer::{
 };
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::IntoOpaque;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 use rustc_hash::FxHashMap;
@@ -61,11 +64,124 @@ pub trait Input {
     /// Whether `partition` of `topic` is assigned to this member (`true` when the client
     /// cannot say).
     fn is_assigned(&self, topic: &str, partition: i32) -> bool;
+    /// The offsets whose commit failed after it was sent, since the last call (an
+    /// asynchronous commit's answer comes back inside a later poll).
+    fn take_failed_commits(&self) -> Vec<FailedCommit>;
 }
 
-impl<C: ConsumerContext> Input for BaseConsumer<C> {
+/// An offset commit the group's coordinator refused (a rebalance in progress, a generation
+/// gone by) or that did not reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedCommit {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// Why, as librdkafka says (`None`: it did not say).
+    pub error: Option<RDKafkaErrorCode>,
+}
+
+impl FailedCommit {
+    /// Whether the group refused it while it changes ([`refused_while_the_group_changes`]).
+    pub fn while_the_group_changes(&self) -> bool {
+        refused_while_the_group_changes(self.error)
+    }
+}
+
+/// Whether a commit failed with `error` because the group was changing (a rebalance, a
+/// generation gone by, a coordinator moving), which the next commit after it settles goes
+/// through; not a refusal that would meet every commit (authorization, a fenced member).
+pub fn refused_while_the_group_changes(error: Option<RDKafkaErrorCode>) -> bool {
+    use RDKafkaErrorCode as E;
+    matches!(
+        error,
+        Some(
+            E::RebalanceInProgress
+                | E::IllegalGeneration
+                | E::UnknownMemberId
+                | E::NotCoordinator
+                | E::CoordinatorNotAvailable
+                | E::CoordinatorLoadInProgress
+                | E::RequestTimedOut
+        )
+    )
+}
+
+/// A consumer's context that keeps the offset commits that failed, as librdkafka reports
+/// them (`ConsumerContext::commit_callback`, inside a poll), for [`Input`].
+pub trait CommitFailures {
+    fn take_failed_commits(&self) -> Vec<FailedCommit>;
+}
+
+/// The failed commits among those librdkafka reports in `offsets` with `result`: every
+/// offset when the commit failed, otherwise those with an error of their own.
+pub fn failed_commits(result: &KafkaResult<()>, offsets: &TopicPartitionList) -> Vec<FailedCommit> {
+    offsets
+        .elements()
+        .iter()
+        .filter(|e| result.is_err() || e.error().is_err())
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(offset) => Some(FailedCommit {
+                topic: e.topic().to_string(),
+                partition: e.partition(),
+                offset,
+                error: e
+                    .error()
+                    .err()
+                    .or_else(|| result.clone().err())
+                    .and_then(|e| e.rdkafka_error_code()),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Sends `offsets` to be committed without waiting, the answer to come back on the
+/// consumer's own queue, where a poll hands it to the context's `commit_callback`. An
+/// asynchronous `rd_kafka_commit` (rdkafka's `CommitMode::Async`) sends its answer only
+/// to a configured `offset_commit_cb`, which rdkafka does not set: a failure was only
+/// logged (`COMMITFAIL`), and nothing could send the offsets again.
+fn commit_answered_in_poll<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    offsets: &TopicPartitionList,
+) -> KafkaResult<()> {
+    let rk = consumer.client().native_ptr();
+    // SAFETY: a live client and offsets list, which librdkafka copies. The reference to
+    // the consumer's queue taken here is given back at once: the commit's reply holds its
+    // own until it is enqueued.
+    let err = unsafe {
+        let queue = rdsys::rd_kafka_queue_get_consumer(rk);
+        if queue.is_null() {
+            return Consumer::commit(consumer, offsets, CommitMode::Async);
+        }
+        let err = rdsys::rd_kafka_commit_queue(rk, offsets.ptr(), queue, None, ptr::null_mut());
+        rdsys::rd_kafka_queue_destroy(queue);
+        err
+    };
+    if err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        Ok(())
+    } else {
+        Err(KafkaError::ConsumerCommit(err.into()))
+    }
+}
+
+/// librdkafka's default context keeps nothing (the OTLP ingest's consumer, whose
+/// transactions commit its offsets).
+impl CommitFailures for rdkafka::consumer::DefaultConsumerContext {
+    fn take_failed_commits(&self) -> Vec<FailedCommit> {
+        Vec::new()
+    }
+}
+
+impl<C: ConsumerContext + CommitFailures> Input for BaseConsumer<C> {
+    fn take_failed_commits(&self) -> Vec<FailedCommit> {
+        self.context().take_failed_commits()
+    }
+
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()> {
-        Consumer::commit(self, offsets, mode)
+        match mode {
+            CommitMode::Sync => Consumer::commit(self, offsets, mode),
+            CommitMode::Async => commit_answered_in_poll(self, offsets),
+        }
     }
 
     fn positions(&self) -> Option<TopicPartitionList> {
@@ -591,6 +707,38 @@ mod tests {
     use rdkafka::types::RDKafkaErrorCode;
     use rdkafka::Message;
     use std::sync::Arc;
+
+    #[test]
+    fn a_failed_commit_names_each_offset_sent_and_why() {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("in", 1, Offset::Offset(136))
+            .unwrap();
+        tpl.add_partition_offset("in", 2, Offset::Offset(69))
+            .unwrap();
+        // A logical offset was never sent to the broker.
+        tpl.add_partition_offset("in", 3, Offset::Stored).unwrap();
+        assert_eq!(failed_commits(&Ok(()), &tpl), vec![]);
+        let refused = Err(KafkaError::ConsumerCommit(
+            RDKafkaErrorCode::RebalanceInProgress,
+        ));
+        let failed = failed_commits(&refused, &tpl);
+        let sent: Vec<(&str, i32, i64)> = failed
+            .iter()
+            .map(|f| (f.topic.as_str(), f.partition, f.offset))
+            .collect();
+        assert_eq!(sent, vec![("in", 1, 136), ("in", 2, 69)]);
+        assert!(failed.iter().all(FailedCommit::while_the_group_changes));
+        let denied = Err(KafkaError::ConsumerCommit(
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+        ));
+        let failed = failed_commits(&denied, &tpl);
+        assert_eq!(
+            failed[0].error,
+            Some(RDKafkaErrorCode::GroupAuthorizationFailed)
+        );
+        assert!(!failed[0].while_the_group_changes());
+        assert!(!refused_while_the_group_changes(None));
+    }
 
     /// (partition, offset) of the next `n` messages `consumer` reads.
     fn read(consumer: &BaseConsumer, n: usize) -> Vec<(i32, i64)> {

@@ -28,7 +28,7 @@ use rdkafka::{Offset, Timestamp, TopicPartitionList};
 
 use super::backoff::Backoff;
 use super::bus::DeliveryTracker;
-use super::bus::{Acknowledged, Input, Outgoing, Report, Transport};
+use super::bus::{Acknowledged, FailedCommit, Input, Outgoing, Report, Transport};
 use super::changelog::{ChangelogSource, RecordParts};
 use super::changelog::{CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use super::lock;
@@ -390,6 +390,10 @@ impl MemoryConsumer {
 }
 
 impl Input for MemoryConsumer {
+    fn take_failed_commits(&self) -> Vec<FailedCommit> {
+        Vec::new()
+    }
+
     fn commit(&self, offsets: &TopicPartitionList, _mode: CommitMode) -> KafkaResult<()> {
         self.bus.tick("offset commit");
         let mut state = lock(&self.bus.0);

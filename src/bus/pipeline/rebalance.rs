@@ -32,6 +32,7 @@ use rdkafka::{ClientContext, TopicPartitionList};
 use tracing::{error, info, warn};
 
 use super::batch::Finish;
+use super::bus::{failed_commits, CommitFailures, FailedCommit};
 use super::lock;
 use super::worker::Worker;
 use super::PipelineError;
@@ -43,10 +44,12 @@ enum Parked {
     Error(KafkaError, TopicPartitionList),
 }
 
-/// The consumer's context: parks each rebalance for the poll loop's worker.
+/// The consumer's context: parks each rebalance for the poll loop's worker, and keeps the
+/// offset commits that failed for it to send again.
 #[derive(Default)]
 pub struct RebalanceHandler {
     parked: Mutex<VecDeque<Parked>>,
+    failed_commits: Mutex<Vec<FailedCommit>>,
     /// The worker has stopped and the consumer is closing: rebalances are acknowledged
     /// in the callback (nothing is left to finish).
     closing: AtomicBool,
@@ -115,6 +118,19 @@ impl ConsumerContext for RebalanceHandler {
             return;
         }
         lock(&self.parked).push_back(parked);
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        let failed = failed_commits(&result, offsets);
+        if !failed.is_empty() {
+            lock(&self.failed_commits).extend(failed);
+        }
+    }
+}
+
+impl CommitFailures for RebalanceHandler {
+    fn take_failed_commits(&self) -> Vec<FailedCommit> {
+        std::mem::take(&mut *lock(&self.failed_commits))
     }
 }
 

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use super::align::{Held, UNPOLLED_WAIT_MAX};
 use super::backoff::{Backoff, DeadlinePassed};
-use super::batch::PolledTimes;
+use super::batch::{PolledTimes, SentCommit};
 use super::bus::Input;
 use super::changelog::{self, BatchIds, Restorer};
 use super::commit::Commit;
@@ -99,6 +99,13 @@ pub struct Worker {
     /// This worker's consumer as `/readyz` counts it: holding an assignment or awaiting
     /// one.
     pub(super) member: GroupMember,
+    /// at_least_once: the input offsets this worker last sent to be committed, of the
+    /// partitions it holds, by input topic (its index in `inputs`) and partition.
+    pub(super) commits_sent: FxHashMap<(usize, i32), SentCommit>,
+    /// When offsets whose commit had failed were last sent again.
+    pub(super) owed_commits_sent_at: Option<Instant>,
+    /// Why a commit failed since then, when not because the group was changing.
+    pub(super) owed_commit_error: Option<String>,
     /// The partitions this worker holds among the process's workers. Last: dropped after
     /// the writer, whose drop waits for its thread, so a partition is given back only
     /// once nothing of this worker writes it.
@@ -187,6 +194,9 @@ impl Worker {
             store_watch,
             storing: VecDeque::new(),
             member,
+            commits_sent: FxHashMap::default(),
+            owed_commits_sent_at: None,
+            owed_commit_error: None,
             holds: Holding {
                 holds,
                 worker: index,
@@ -343,6 +353,9 @@ impl Worker {
     pub(super) fn release(&mut self, revoked: &[i32]) {
         self.await_stores_of(revoked);
         self.give_back(revoked.iter().copied());
+        // A partition's next owner commits its offsets from now on: one of ours sent
+        // again later could take the group's offset back.
+        self.commits_sent.retain(|(_, p), _| !revoked.contains(p));
         for p in revoked {
             self.partitions.remove(p);
             for topic in &self.config.kafka.input_topics {
@@ -372,6 +385,7 @@ impl Worker {
     fn clear_partitions(&mut self) {
         // The worker holds exactly the partitions it has loaded (`acquire`).
         self.partitions.clear();
+        self.commits_sent.clear();
         self.holds.holds.give_back_all(self.holds.worker);
     }
 
