@@ -371,6 +371,10 @@ fn run_workers(
                 .spawn(move || {
                     // A panic stops the process as an error does.
                     let _stop = StopOnPanic(shutdown.clone());
+                    // With several workers, each line a worker logs says which (its
+                    // partitions assigned and revoked, its commits).
+                    let _worker =
+                        (workers > 1).then(|| tracing::info_span!("worker", worker = i).entered());
                     let result = run_worker(
                         config,
                         &brokers,
