@@ -730,6 +730,7 @@ fn an_offset_commit_the_coordinator_refused_is_sent_again_once_it_takes_them() {
     cluster
         .broker
         .fail_requests(ApiKey::OffsetCommit, refused, 100_000);
+    let commits_before = telemetry.metrics.commit_duration.get_sample_count();
     let (events, _) = fleet(12, 0.0, 11);
     cluster.produce(&events);
     assert!(
@@ -739,8 +740,19 @@ fn an_offset_commit_the_coordinator_refused_is_sent_again_once_it_takes_them() {
         consumed_total(&telemetry),
         events.len()
     );
-    // The batches' ends (and their refused commits) come within a batch's wait.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Every batch has sent its commit once none has been sent for a second (each is sent
+    // within a batch's wait of its events); the refusals are the mock's answers to them.
+    let commits = || telemetry.metrics.commit_duration.get_sample_count();
+    let (mut seen, mut since) = (commits(), std::time::Instant::now());
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            if commits() != seen {
+                (seen, since) = (commits(), std::time::Instant::now());
+            }
+            seen > commits_before && since.elapsed() >= Duration::from_secs(1)
+        }),
+        "the batches' commits were not all sent: {seen} since the start, {commits_before} before"
+    );
     cluster.assert_nothing_committed("while the coordinator refuses commits");
     cluster.broker.clear_request_failures(ApiKey::OffsetCommit);
     // No event comes after: only sending the refused offsets again commits them.

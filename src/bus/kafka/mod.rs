@@ -51,16 +51,18 @@ fn client_config_over(
     c
 }
 
-/// The group timing of consumers on the embedded broker (no `kafka.brokers`: DESIGN §6),
+/// The group timing of consumers on the embedded broker (no `kafka.brokers`: DESIGN §6;
+/// a Kafka cluster would refuse a session under its `group.min.session.timeout.ms`, 6 s),
 /// under the user's own. librdkafka's mock cluster, unlike a Kafka broker, does not end a
 /// rebalance once every member has joined again: when a member joins a group that has
 /// members, it waits for the session timeout less a second before it hands out
-/// partitions (`rd_kafka_mock_cgrp_classic_rebalance`). With librdkafka's 45 s, the
-/// second worker of `kafka.workers = 2` held every partition of two input topics (the
-/// range assignor revokes them all) for 44 s after it joined, and a lone input topic's
-/// moved partitions as long. Every member of a group on the embedded broker is a worker
-/// of this process, so a short session loses nothing: a rebalance takes 2 s, and a
-/// member is dropped only when its client's own threads go 3 s without a heartbeat.
+/// partitions (`rd_kafka_mock_cgrp_classic_rebalance`). With librdkafka's 45 s, after the
+/// second worker of `kafka.workers = 2` joined, no worker held any partition of two input
+/// topics (the range assignor's rebalance revokes them all) for 44 s, and a lone input
+/// topic's moved partitions waited as long. Every member of a group on the embedded
+/// broker is a worker of this process, so a short session loses nothing: a rebalance
+/// takes 2 s, and a member is dropped only when its client's own threads go 3 s without
+/// a heartbeat.
 const EMBEDDED_GROUP_TIMING: [(&str, &str); 2] = [
     ("session.timeout.ms", "3000"),
     ("heartbeat.interval.ms", "500"),

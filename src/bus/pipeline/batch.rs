@@ -37,12 +37,12 @@ use crate::engine::store::StoreBatch;
 use crate::shutdown::Shutdown;
 
 /// How often offsets whose commit failed are sent again, at most (while a rebalance
-/// refuses them, once a second).
+/// refuses them, once a second), but for a revoke's or a stop's last try.
 const OWED_COMMIT_RETRY: Duration = Duration::from_secs(1);
 
-/// Logs a commit that failed at once: at info while the group changes (a revoke's commit
-/// in a rebalance, which the group's next owner of the partition does not need), else as
-/// a warning.
+/// Logs a commit that failed at once: at info while the group changes (a revoke's own
+/// commit in a rebalance, which the next owner's restore does not need: it skips what the
+/// stored offsets say was applied), else as a warning.
 fn log_commit_failure(error: &rdkafka::error::KafkaError, message: &'static str) {
     if refused_while_the_group_changes(error.rdkafka_error_code()) {
         tracing::info!(%error, "{message}");
@@ -269,7 +269,11 @@ impl Worker {
             // The states written, freed on the thread that allocated them.
             drop(stored.spent);
         }
-        if self.commit.at_least_once() {
+        // A stop or a revoke whose own (synchronous) commit was just refused does not wait
+        // for another (a coordinator that is gone holds each up to the session timeout):
+        // what it owes is sent at the poll loop's next call, or the next stop's.
+        let refused = std::mem::take(&mut self.commit_refused);
+        if self.commit.at_least_once() && !(settle && refused) {
             self.send_owed_commits(input, mode, settle);
         }
         Ok(())
@@ -279,7 +283,9 @@ impl Worker {
     /// while the group rebalances) and that no later commit of their partition replaced:
     /// a partition quiet after a rebalance would otherwise leave the group's offset, which
     /// lag dashboards and a restart read, where it was until its next event. At most once
-    /// every [`OWED_COMMIT_RETRY`], or at once when settling (a revoke, a stop).
+    /// every [`OWED_COMMIT_RETRY`], but at once when settling (a revoke, a stop: the last
+    /// chance, synchronous). Only partitions the worker holds: one it gave up is its next
+    /// owner's to commit.
     fn send_owed_commits(&mut self, input: &dyn Input, mode: CommitMode, settle: bool) {
         for failed in input.take_failed_commits() {
             if !failed.while_the_group_changes() {
@@ -378,6 +384,7 @@ impl Worker {
         if self.commit.at_least_once() && offsets.count() > 0 {
             let result = input.commit(&offsets, mode);
             self.note_commits_sent(&offsets, result.is_err());
+            self.commit_refused |= result.is_err();
             if let Err(e) = result {
                 // sled holds the truth: a lost commit only means re-reading and skipping
                 // (and it is sent again, `send_owed_commits`).

@@ -44,7 +44,8 @@ use crate::telemetry::Telemetry;
 
 /// What a worker asks of its consumer group's consumer, besides polling.
 pub trait Input {
-    /// Commits the group's offsets (`CommitMode::Sync`: waits for the broker's answer).
+    /// Commits the group's offsets (`CommitMode::Sync`: waits for the broker's answer;
+    /// `Async`: a failure answered later is kept for [`Input::take_failed_commits`]).
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()>;
     /// Where the next poll reads, per assigned partition (`None`: not known).
     fn positions(&self) -> Option<TopicPartitionList>;
@@ -164,8 +165,8 @@ fn commit_answered_in_poll<C: ConsumerContext>(
     }
 }
 
-/// librdkafka's default context keeps nothing (the OTLP ingest's consumer, whose
-/// transactions commit its offsets).
+/// librdkafka's default context keeps nothing (the OTLP ingest's consumer, which commits
+/// its own offsets, not through [`Input`]: a lost commit there maps a batch again).
 impl CommitFailures for rdkafka::consumer::DefaultConsumerContext {
     fn take_failed_commits(&self) -> Vec<FailedCommit> {
         Vec::new()

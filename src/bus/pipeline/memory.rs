@@ -2,7 +2,8 @@
 //! committed offsets, a producer whose delivery reports land records when polled. It
 //! implements the pipeline's two seams ([`Input`], [`Transport`]), so the batch recipe
 //! and its crash windows run without a broker; the tests against a real broker prove the
-//! same recipe on Kafka.
+//! same recipe on Kafka. Its consumer can be told to refuse offset commits as a group's
+//! coordinator does while the group rebalances (`MemoryConsumer::refuse_commits`).
 //!
 //! A crash is the process dying between two of the bus's operations (a send, a record
 //! landing on the broker before its report comes back, an offset commit):
@@ -326,6 +327,11 @@ pub struct MemoryConsumer {
     topics: Vec<String>,
     /// The next offset to read, per assigned (topic, partition).
     positions: Mutex<BTreeMap<(String, i32), i64>>,
+    /// The group's coordinator refuses commits (as while the group rebalances): a
+    /// synchronous one fails, an asynchronous one is answered later with the refusal.
+    refusing: std::sync::atomic::AtomicBool,
+    /// The asynchronous commits refused, not yet taken.
+    refused: Mutex<Vec<FailedCommit>>,
 }
 
 impl MemoryConsumer {
@@ -335,6 +341,8 @@ impl MemoryConsumer {
             bus: bus.clone(),
             topics: topics.iter().map(|t| t.to_string()).collect(),
             positions: Mutex::new(BTreeMap::new()),
+            refusing: std::sync::atomic::AtomicBool::new(false),
+            refused: Mutex::new(Vec::new()),
         };
         {
             let state = lock(&bus.0);
@@ -389,13 +397,40 @@ impl MemoryConsumer {
     }
 }
 
+impl MemoryConsumer {
+    /// The group's coordinator refuses commits from now on (`true`), or takes them.
+    pub fn refuse_commits(&self, refuse: bool) {
+        self.refusing.store(refuse, Ordering::Relaxed);
+    }
+}
+
 impl Input for MemoryConsumer {
     fn take_failed_commits(&self) -> Vec<FailedCommit> {
-        Vec::new()
+        std::mem::take(&mut *lock(&self.refused))
     }
 
-    fn commit(&self, offsets: &TopicPartitionList, _mode: CommitMode) -> KafkaResult<()> {
+    fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()> {
         self.bus.tick("offset commit");
+        if self.refusing.load(Ordering::Relaxed) {
+            let refusal = RDKafkaErrorCode::RebalanceInProgress;
+            if matches!(mode, CommitMode::Sync) {
+                return Err(KafkaError::ConsumerCommit(refusal));
+            }
+            let refused = offsets
+                .elements()
+                .into_iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(offset) => Some(FailedCommit {
+                        topic: e.topic().to_string(),
+                        partition: e.partition(),
+                        offset,
+                        error: Some(refusal),
+                    }),
+                    _ => None,
+                });
+            lock(&self.refused).extend(refused);
+            return Ok(());
+        }
         let mut state = lock(&self.bus.0);
         for e in offsets.elements() {
             if let Offset::Offset(o) = e.offset() {

@@ -372,9 +372,10 @@ fn run_workers(
                     // A panic stops the process as an error does.
                     let _stop = StopOnPanic(shutdown.clone());
                     // With several workers, each line a worker logs says which (its
-                    // partitions assigned and revoked, its commits).
+                    // partitions assigned and revoked, its commits). At the error level,
+                    // so that it is kept whatever level `RUST_LOG` lets through.
                     let _worker =
-                        (workers > 1).then(|| tracing::info_span!("worker", worker = i).entered());
+                        (workers > 1).then(|| tracing::error_span!("worker", worker = i).entered());
                     let result = run_worker(
                         config,
                         &brokers,

@@ -611,6 +611,45 @@ fn a_crash_at_any_window_loses_and_double_counts_nothing_with_partitions_taken_i
 }
 
 #[test]
+fn a_refused_commit_is_sent_again_for_a_partition_still_held_and_never_for_one_given_up() {
+    let bus = bus_with_a_fleet(6);
+    let config = config(10, true);
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Member::start(&bus, dir.path(), &config);
+    m.input.refuse_commits(true);
+    // The input is read a partition at a time: all of partition 0's, then 10 of 1's.
+    while !m.worker.partitions[&1].applied.contains_key(INPUT) {
+        m.handle_next(1);
+    }
+    m.handle_next(9);
+    let applied = |m: &Member, partition: i32| m.worker.partitions[&partition].applied[INPUT];
+    let (applied_0, applied_1) = (applied(&m, 0), applied(&m, 1));
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    // Stored and sent, refused (and sent again at once while settling, refused again).
+    assert_eq!(committed_once_stored(&mut m, &bus), None);
+    // Partition 1 given up (a revoke: its own last commit refused too), then given back.
+    m.worker.revoking = vec![1];
+    m.worker.finish_batch(&m.input, Finish::Settle).unwrap();
+    m.worker.revoking.clear();
+    m.worker.release(&[1]);
+    super::rebalance::assign(&mut m.worker, &[1]).unwrap();
+    assert_eq!(
+        m.worker.partitions[&1].applied[INPUT], applied_1,
+        "loaded as stored"
+    );
+    // The coordinator takes commits again: partition 0's refused offset goes through with
+    // no event after it; partition 1's, sent while it was given up, is its next owner's
+    // business and never sent again (here the same member, but the group may have moved on
+    // in between).
+    m.input.refuse_commits(false);
+    m.worker
+        .commit_stored(&m.input, CommitMode::Async, true)
+        .unwrap();
+    assert_eq!(bus.committed(INPUT, 0), Some(applied_0 + 1));
+    assert_eq!(bus.committed(INPUT, 1), None);
+}
+
+#[test]
 fn a_revoke_takes_the_revoked_partitions_changes_and_leaves_the_others_to_their_turn() {
     let bus = bus_with_a_fleet(6);
     let config = config_taking_in_turns(10, true);

@@ -106,6 +106,8 @@ pub struct Worker {
     pub(super) owed_commits_sent_at: Option<Instant>,
     /// Why a commit failed since then, when not because the group was changing.
     pub(super) owed_commit_error: Option<String>,
+    /// A commit sent since the last `commit_stored` call failed at once.
+    pub(super) commit_refused: bool,
     /// The partitions this worker holds among the process's workers. Last: dropped after
     /// the writer, whose drop waits for its thread, so a partition is given back only
     /// once nothing of this worker writes it.
@@ -197,6 +199,7 @@ impl Worker {
             commits_sent: FxHashMap::default(),
             owed_commits_sent_at: None,
             owed_commit_error: None,
+            commit_refused: false,
             holds: Holding {
                 holds,
                 worker: index,
