@@ -646,8 +646,8 @@ fn a_worker_given_no_partitions_by_a_settled_group_is_ready() {
     applies_a_fleet_then_stops(&cluster, running, 5);
 }
 
-#[test]
-fn a_member_whose_group_cannot_settle_is_not_ready_until_it_holds_an_assignment_again() {
+/// One member on a fresh cluster, once it is ready, with the telemetry it reports to.
+fn a_ready_member(context: &str) -> (Cluster, Arc<Telemetry>, Running) {
     let cluster = Cluster::start();
     let telemetry = Arc::new(Telemetry::new());
     let running = Running::observed(
@@ -655,7 +655,13 @@ fn a_member_whose_group_cannot_settle_is_not_ready_until_it_holds_an_assignment_
         cluster.brokers(),
         telemetry.clone(),
     );
-    assert_becomes_ready(&telemetry, "once assigned");
+    assert_becomes_ready(&telemetry, context);
+    (cluster, telemetry, running)
+}
+
+#[test]
+fn a_member_whose_group_cannot_settle_is_not_ready_until_it_holds_an_assignment_again() {
+    let (cluster, telemetry, running) = a_ready_member("once assigned");
     // The coordinator forgets the member (its assignment is lost at the next heartbeat)
     // and refuses every join after: the group cannot hand it partitions again.
     let refused = RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID;
@@ -718,14 +724,7 @@ fn an_offset_commit_the_coordinator_refused_is_sent_again_once_it_takes_them() {
     // While a group rebalances, its coordinator refuses offset commits; a partition quiet
     // after that kept the group's offset (what lag dashboards and a restart read) where it
     // was, until its next event.
-    let cluster = Cluster::start();
-    let telemetry = Arc::new(Telemetry::new());
-    let running = Running::observed(
-        cluster.config("a", ""),
-        cluster.brokers(),
-        telemetry.clone(),
-    );
-    assert_becomes_ready(&telemetry, "before the commits are refused");
+    let (cluster, telemetry, running) = a_ready_member("before the commits are refused");
     let refused = RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS;
     cluster
         .broker
