@@ -690,6 +690,36 @@ fn without_brokers_run_starts_an_embedded_broker_and_prints_its_address() {
     assert!(child.wait().unwrap().success());
     assert_eq!(terminated.len(), 1);
     assert_eq!(json(&terminated[0])["session_id"], "emb-1");
+
+    // A second run in the same state directory would start a new, empty broker whose
+    // events the stored offsets skip as already applied: refused, the state untouched.
+    let again_log = dir.path().join("again.log");
+    let mut again = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&again_log).unwrap())
+        .spawn()
+        .unwrap();
+    let exited = eventually(Duration::from_secs(20), || {
+        again.try_wait().unwrap().is_some()
+    });
+    if !exited {
+        again.kill().unwrap();
+    }
+    let status = again.wait().unwrap();
+    let stderr = std::fs::read_to_string(&again_log).unwrap();
+    assert!(
+        exited && !status.success(),
+        "a second run started: {stderr}"
+    );
+    let state = dir.path().join("state");
+    assert!(
+        stderr.contains("written by an earlier run")
+            && stderr.contains(&state.display().to_string()),
+        "{stderr}"
+    );
+    assert!(std::fs::read_dir(&state).unwrap().next().is_some());
 }
 
 #[test]
