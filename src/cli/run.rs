@@ -1,6 +1,7 @@
 //! `loopwarden run`: the service. Loads the configuration, starts an embedded broker when
-//! no brokers are configured, the telemetry (metrics, spans, the HTTP endpoint) and the
-//! pipeline, and stops gracefully on SIGTERM / SIGINT.
+//! no brokers are configured (refusing a state directory an earlier run wrote: the broker
+//! starts empty), the telemetry (metrics, spans, the HTTP endpoint) and the pipeline, and
+//! stops gracefully on SIGTERM / SIGINT.
 
 use std::io::Write;
 use std::path::PathBuf;

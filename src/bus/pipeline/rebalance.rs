@@ -4,7 +4,8 @@
 //! go of partitions, and only then acknowledges the rebalance to librdkafka (the assign
 //! or unassign call it waits for). So the worker is owned by the poll loop alone, and the
 //! callback touches nothing of it (quickwit's Kafka source hands rebalances over the same
-//! way).
+//! way). The same context keeps the offset commits librdkafka reports refused (their
+//! answers come inside a poll too), for the worker to send again (`batch`).
 //!
 //! Guarantees: a revoked partition's batch is finished (delivered, stored, committed)
 //! before the revoke is acknowledged, so its next owner starts where this one stopped;
