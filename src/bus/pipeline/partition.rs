@@ -68,6 +68,10 @@ pub(super) struct Partition {
     /// not asked, with one input topic, or no answer). The client's cached watermarks
     /// outlive a revoke, so after a partition comes back they may be older than this.
     pub high_at_assignment: Vec<Option<i64>>,
+    /// Its log, as the first skipped event found it, ended before the offset its state
+    /// says was applied (`None`: no event skipped yet since it was loaded): the state is
+    /// of another log (a topic made again, a cluster replaced), which a warning says.
+    pub log_ends_before_state: Option<bool>,
     /// When its changes are next taken ([`Partition::take_turn`]).
     pub due: Instant,
     /// When the events applied since its changes were last taken were polled (processing
@@ -149,6 +153,7 @@ impl Partition {
             clock_at_last_event,
             behind: false,
             high_at_assignment: Vec::new(),
+            log_ends_before_state: None,
             due,
             polled: PolledTimes::default(),
         }

@@ -649,6 +649,49 @@ fn a_refused_commit_is_sent_again_for_a_partition_still_held_and_never_for_one_g
     assert_eq!(bus.committed(INPUT, 1), None);
 }
 
+/// The partitions whose log a skipped event has checked, and what it found: whether the
+/// log ended before the offsets the state applied.
+fn logs_checked(m: &Member) -> Vec<(i32, bool)> {
+    m.worker
+        .partitions
+        .iter()
+        .filter_map(|(&p, part)| part.log_ends_before_state.map(|behind| (p, behind)))
+        .collect()
+}
+
+#[test]
+fn a_log_that_ends_before_the_offsets_a_state_applied_is_told_from_a_log_read_again() {
+    let config = config(10, true);
+    let dir = tempfile::tempdir().unwrap();
+    let bus = bus_with_a_fleet(6);
+    {
+        let mut m = Member::start(&bus, dir.path(), &config);
+        // Nothing committed: the next member reads the whole log again.
+        m.input.refuse_commits(true);
+        m.consume_all().unwrap();
+    }
+    // The same log: its first event is skipped as applied, and the log goes on past it.
+    let mut again = Member::start(&bus, dir.path(), &config);
+    assert_eq!(logs_checked(&again), vec![]);
+    again.handle_next(1);
+    let checked = logs_checked(&again);
+    assert!(
+        checked.len() == 1 && !checked[0].1,
+        "a log read again: {checked:?}"
+    );
+    drop(again);
+    // Another log under the same state (a topic made again): fewer events than the state
+    // applied, so its first is skipped too, and the log ends before the state's offset.
+    let other = bus_with_a_fleet(2);
+    let mut m = Member::start(&other, dir.path(), &config);
+    m.handle_next(1);
+    let checked = logs_checked(&m);
+    assert!(
+        checked.len() == 1 && checked[0].1,
+        "another log: {checked:?}"
+    );
+}
+
 #[test]
 fn a_revoke_takes_the_revoked_partitions_changes_and_leaves_the_others_to_their_turn() {
     let bus = bus_with_a_fleet(6);

@@ -11,7 +11,9 @@
 //! are stored together in one atomic sled batch, only after the batch's outputs are on
 //! the broker; the group's offsets are committed only after the store (which the store
 //! writer does off the worker's thread, `writer.rs`). A crash between any two steps
-//! re-applies the events after the stored offsets, never fewer.
+//! re-applies the events after the stored offsets, never fewer. A partition whose log ends
+//! before the offsets its state applied (a topic made again under a kept state) is told at
+//! its first skipped event, as a warning; its state is not reset on that reading.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -565,6 +567,9 @@ impl Worker {
         if seen {
             self.stats.skipped += 1;
             self.telemetry.metrics.events_skipped.inc();
+            if p.log_ends_before_state.is_none() {
+                check_log_end(p, topic, partition, input);
+            }
             return Ok(None);
         }
         let (time, pending) = Pending::of(m, topic, &limits);
@@ -989,5 +994,27 @@ impl Unacked {
     pub(super) fn queue_commits(&self, outbox: &mut Outbox, group: &str) -> usize {
         changelog::queue_commits(outbox, &self.changes, self.batch, group);
         outbox.end()
+    }
+}
+
+/// At a partition's first skipped event since it was loaded: skipping is what a restart
+/// does with what it applied before, but a log that ends at or before the offset the state
+/// applied (the client's high watermark, as the fetch that brought the event left it) is
+/// not the log the state was applied from. Says so once, as a warning.
+fn check_log_end(p: &mut Partition, topic: &str, partition: i32, input: &dyn Input) {
+    let last = p.applied.get(topic).copied();
+    let end = input
+        .cached_watermarks(topic, partition)
+        .map(|(_, high)| high);
+    let behind = matches!((last, end), (Some(last), Some(end)) if end <= last);
+    p.log_ends_before_state = Some(behind);
+    if behind {
+        warn!(
+            topic,
+            partition,
+            log_end = end,
+            applied = last,
+            "the partition's log ends before the offset this state applied (a topic made again, or a cluster replaced, under this state directory?): its events up to that offset are skipped as already applied; start over with an empty state.path"
+        );
     }
 }
