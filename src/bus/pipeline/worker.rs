@@ -560,14 +560,15 @@ impl Worker {
         let offset = m.offset();
         let limits = self.config.limits;
         let p = self.partitions.get_mut(&partition).expect("acquired above");
-        let seen = p.applied.get(topic).is_some_and(|&last| offset <= last)
+        let applied = p.applied.get(topic).is_some_and(|&last| offset <= last);
+        let seen = applied
             || p.held
                 .last_offset(topic_index)
                 .is_some_and(|last| offset <= last);
         if seen {
             self.stats.skipped += 1;
             self.telemetry.metrics.events_skipped.inc();
-            if p.log_ends_before_state.is_none() {
+            if applied && p.log_ends_before_state.is_none() {
                 check_log_end(p, topic, partition, input);
             }
             return Ok(None);
