@@ -250,6 +250,7 @@ impl Worker {
         settle: bool,
     ) -> Result<(), PipelineError> {
         self.collect_stored(settle);
+        let mut refused = false;
         while self.storing.front().is_some_and(|s| s.stored.is_some()) {
             let Some(Storing {
                 offsets,
@@ -265,14 +266,13 @@ impl Worker {
                 .metrics
                 .store_written_bytes
                 .inc_by(stored.bytes);
-            self.commit_offsets(offsets, polled, stored.wrote, stored.took, input, mode);
+            refused |= self.commit_offsets(offsets, polled, stored.wrote, stored.took, input, mode);
             // The states written, freed on the thread that allocated them.
             drop(stored.spent);
         }
         // A stop or a revoke whose own (synchronous) commit was just refused does not wait
         // for another (a coordinator that is gone holds each up to the session timeout):
         // what it owes is sent at the poll loop's next call, or the next stop's.
-        let refused = std::mem::take(&mut self.commit_refused);
         if self.commit.at_least_once() && !(settle && refused) {
             self.send_owed_commits(input, mode, settle);
         }
@@ -288,14 +288,14 @@ impl Worker {
     /// owner's to commit.
     fn send_owed_commits(&mut self, input: &dyn Input, mode: CommitMode, settle: bool) {
         for failed in input.take_failed_commits() {
-            if !failed.while_the_group_changes() {
+            if !refused_while_the_group_changes(failed.error) {
                 // Kept for the next sending, at most once a second: one a batch otherwise.
                 let error = failed
                     .error
                     .map_or("unknown".to_string(), |e| e.to_string());
                 self.owed_commit_error.get_or_insert(error);
             }
-            let Some(topic) = self.inputs.iter().position(|t| **t == *failed.topic) else {
+            let Some(topic) = self.input_index(&failed.topic) else {
                 continue;
             };
             if let Some(sent) = self.commits_sent.get_mut(&(topic, failed.partition)) {
@@ -306,7 +306,7 @@ impl Worker {
         let recently = self
             .owed_commits_sent_at
             .is_some_and(|at| at.elapsed() < OWED_COMMIT_RETRY);
-        if recently && !settle {
+        if recently && !settle || !self.commits_sent.values().any(|sent| sent.owed) {
             return;
         }
         let mut owed = TopicPartitionList::new();
@@ -350,10 +350,9 @@ impl Worker {
     /// their commit `failed` at once (a failure reported later comes through the input).
     fn note_commits_sent(&mut self, offsets: &TopicPartitionList, failed: bool) {
         for e in offsets.elements() {
-            let (rdkafka::Offset::Offset(offset), Some(topic)) = (
-                e.offset(),
-                self.inputs.iter().position(|t| **t == *e.topic()),
-            ) else {
+            let (rdkafka::Offset::Offset(offset), Some(topic)) =
+                (e.offset(), self.input_index(e.topic()))
+            else {
                 continue;
             };
             let sent = SentCommit {
@@ -364,7 +363,8 @@ impl Worker {
         }
     }
 
-    /// Commits a stored batch's input offsets, and counts the batch done.
+    /// Commits a stored batch's input offsets, and counts the batch done; whether the
+    /// commit failed at once.
     fn commit_offsets(
         &mut self,
         offsets: TopicPartitionList,
@@ -373,7 +373,7 @@ impl Worker {
         store_took: Duration,
         input: &dyn Input,
         mode: CommitMode,
-    ) {
+    ) -> bool {
         let telemetry = self.telemetry.clone();
         let metrics = &telemetry.metrics;
         if wrote {
@@ -381,10 +381,11 @@ impl Worker {
             metrics.flush_duration.observe(store_took.as_secs_f64());
         }
         let started = Instant::now();
+        let mut refused = false;
         if self.commit.at_least_once() && offsets.count() > 0 {
             let result = input.commit(&offsets, mode);
-            self.note_commits_sent(&offsets, result.is_err());
-            self.commit_refused |= result.is_err();
+            refused = result.is_err();
+            self.note_commits_sent(&offsets, refused);
             if let Err(e) = result {
                 // sled holds the truth: a lost commit only means re-reading and skipping
                 // (and it is sent again, `send_owed_commits`).
@@ -405,6 +406,7 @@ impl Worker {
             commit_ms = (done - started).as_secs_f64() * 1e3,
             "batch finished"
         );
+        refused
     }
 
     /// Ends a batch, as a recipe. at_least_once: the batch before is acknowledged, then

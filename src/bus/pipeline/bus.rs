@@ -81,13 +81,6 @@ pub struct FailedCommit {
     pub error: Option<RDKafkaErrorCode>,
 }
 
-impl FailedCommit {
-    /// Whether the group refused it while it changes ([`refused_while_the_group_changes`]).
-    pub fn while_the_group_changes(&self) -> bool {
-        refused_while_the_group_changes(self.error)
-    }
-}
-
 /// Whether a commit failed with `error` because the group was changing (a rebalance, a
 /// generation gone by, a coordinator moving), which the next commit after it settles goes
 /// through; not a refusal that would meet every commit (authorization, a fenced member).
@@ -728,7 +721,9 @@ mod tests {
             .map(|f| (f.topic.as_str(), f.partition, f.offset))
             .collect();
         assert_eq!(sent, vec![("in", 1, 136), ("in", 2, 69)]);
-        assert!(failed.iter().all(FailedCommit::while_the_group_changes));
+        assert!(failed
+            .iter()
+            .all(|f| refused_while_the_group_changes(f.error)));
         let denied = Err(KafkaError::ConsumerCommit(
             RDKafkaErrorCode::GroupAuthorizationFailed,
         ));
@@ -737,7 +732,7 @@ mod tests {
             failed[0].error,
             Some(RDKafkaErrorCode::GroupAuthorizationFailed)
         );
-        assert!(!failed[0].while_the_group_changes());
+        assert!(!refused_while_the_group_changes(failed[0].error));
         assert!(!refused_while_the_group_changes(None));
     }
 

@@ -29,7 +29,7 @@ use rdkafka::{Offset, Timestamp, TopicPartitionList};
 
 use super::backoff::Backoff;
 use super::bus::DeliveryTracker;
-use super::bus::{Acknowledged, FailedCommit, Input, Outgoing, Report, Transport};
+use super::bus::{failed_commits, Acknowledged, FailedCommit, Input, Outgoing, Report, Transport};
 use super::changelog::{ChangelogSource, RecordParts};
 use super::changelog::{CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use super::lock;
@@ -412,23 +412,13 @@ impl Input for MemoryConsumer {
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()> {
         self.bus.tick("offset commit");
         if self.refusing.load(Ordering::Relaxed) {
-            let refusal = RDKafkaErrorCode::RebalanceInProgress;
+            let refusal = Err(KafkaError::ConsumerCommit(
+                RDKafkaErrorCode::RebalanceInProgress,
+            ));
             if matches!(mode, CommitMode::Sync) {
-                return Err(KafkaError::ConsumerCommit(refusal));
+                return refusal;
             }
-            let refused = offsets
-                .elements()
-                .into_iter()
-                .filter_map(|e| match e.offset() {
-                    Offset::Offset(offset) => Some(FailedCommit {
-                        topic: e.topic().to_string(),
-                        partition: e.partition(),
-                        offset,
-                        error: Some(refusal),
-                    }),
-                    _ => None,
-                });
-            lock(&self.refused).extend(refused);
+            lock(&self.refused).extend(failed_commits(&refusal, offsets));
             return Ok(());
         }
         let mut state = lock(&self.bus.0);

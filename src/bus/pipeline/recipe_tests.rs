@@ -610,6 +610,17 @@ fn a_crash_at_any_window_loses_and_double_counts_nothing_with_partitions_taken_i
     }
 }
 
+/// Applies the fleet's input as it is read, a partition at a time: all of partition 0's,
+/// then 10 of 1's; the offsets applied in each.
+fn all_of_0_and_10_of_1(m: &mut Member) -> (i64, i64) {
+    while !m.worker.partitions[&1].applied.contains_key(INPUT) {
+        m.handle_next(1);
+    }
+    m.handle_next(9);
+    let applied = |partition: i32| m.worker.partitions[&partition].applied[INPUT];
+    (applied(0), applied(1))
+}
+
 #[test]
 fn a_refused_commit_is_sent_again_for_a_partition_still_held_and_never_for_one_given_up() {
     let bus = bus_with_a_fleet(6);
@@ -617,13 +628,7 @@ fn a_refused_commit_is_sent_again_for_a_partition_still_held_and_never_for_one_g
     let dir = tempfile::tempdir().unwrap();
     let mut m = Member::start(&bus, dir.path(), &config);
     m.input.refuse_commits(true);
-    // The input is read a partition at a time: all of partition 0's, then 10 of 1's.
-    while !m.worker.partitions[&1].applied.contains_key(INPUT) {
-        m.handle_next(1);
-    }
-    m.handle_next(9);
-    let applied = |m: &Member, partition: i32| m.worker.partitions[&partition].applied[INPUT];
-    let (applied_0, applied_1) = (applied(&m, 0), applied(&m, 1));
+    let (applied_0, applied_1) = all_of_0_and_10_of_1(&mut m);
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     // Stored and sent, refused (and sent again at once while settling, refused again).
     assert_eq!(committed_once_stored(&mut m, &bus), None);
@@ -706,14 +711,8 @@ fn a_revoke_takes_the_revoked_partitions_changes_and_leaves_the_others_to_their_
     };
     let dir = tempfile::tempdir().unwrap();
     let mut m = Member::start(&bus, dir.path(), &config);
-    // The input is read a partition at a time: all of partition 0's, then 10 of 1's.
-    while !m.worker.partitions[&1].applied.contains_key(INPUT) {
-        m.handle_next(1);
-    }
-    m.handle_next(9);
+    let (applied_0, applied_1) = all_of_0_and_10_of_1(&mut m);
     m.due_now(|_| false);
-    let applied = |m: &Member, partition: i32| m.worker.partitions[&partition].applied[INPUT];
-    let (applied_0, applied_1) = (applied(&m, 0), applied(&m, 1));
     // Neither's turn: a batch's end takes nothing, and nothing is committed.
     m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
     assert!(m.worker.partitions.values().all(|p| p.dirty));

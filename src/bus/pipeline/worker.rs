@@ -108,8 +108,6 @@ pub struct Worker {
     pub(super) owed_commits_sent_at: Option<Instant>,
     /// Why a commit failed since then, when not because the group was changing.
     pub(super) owed_commit_error: Option<String>,
-    /// A commit sent since the last `commit_stored` call failed at once.
-    pub(super) commit_refused: bool,
     /// The partitions this worker holds among the process's workers. Last: dropped after
     /// the writer, whose drop waits for its thread, so a partition is given back only
     /// once nothing of this worker writes it.
@@ -201,12 +199,16 @@ impl Worker {
             commits_sent: FxHashMap::default(),
             owed_commits_sent_at: None,
             owed_commit_error: None,
-            commit_refused: false,
             holds: Holding {
                 holds,
                 worker: index,
             },
         })
+    }
+
+    /// `topic`'s index among the input topics (`None`: not an input).
+    pub(super) fn input_index(&self, topic: &str) -> Option<usize> {
+        self.inputs.iter().position(|t| **t == *topic)
     }
 
     pub(super) fn settings(&self) -> &KafkaSettings {
@@ -549,7 +551,7 @@ impl Worker {
                 Err(e) => return Err(e),
             }
         }
-        let Some(topic_index) = self.inputs.iter().position(|t| **t == *m.topic()) else {
+        let Some(topic_index) = self.input_index(m.topic()) else {
             warn!(
                 topic = m.topic(),
                 partition, "skipping a message of a topic that is not an input"
