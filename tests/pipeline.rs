@@ -53,7 +53,13 @@ fn findings_on_the_bus_match_replay() {
         &[("LOOPWARDEN_KAFKA__WORKERS", "2")],
     );
     let limit = Duration::from_secs(90);
+    let reading = Instant::now();
+    let reading_since_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, limit);
+    let read_for = reading.elapsed();
     let warnings = read_topic(&brokers, &topics.warning, 1, limit, Duration::from_secs(1));
     run.stop_gracefully();
 
@@ -88,12 +94,52 @@ fn findings_on_the_bus_match_replay() {
         assert!(v["trigger"]["offset"].is_i64());
     }
     let got_summaries = by_event_id(&values(&summaries));
+    let missing: Vec<&String> = want
+        .summaries
+        .keys()
+        .filter(|id| !got_summaries.contains_key(*id))
+        .collect();
+    if !missing.is_empty() {
+        // Tells a summary published late or never from one this reader did not get.
+        let again = read_topic_until(
+            &brokers,
+            &topics.summary,
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+            |out| has_every(out, &want.summaries),
+        );
+        // When each was produced, as the producer stamped it, from the read's start.
+        let produced_at: BTreeMap<String, i64> = again
+            .iter()
+            .filter_map(|m| {
+                let at = m.timestamp().to_millis()? - reading_since_ms;
+                Some((json(m)["event_id"].as_str()?.to_string(), at))
+            })
+            .collect();
+        let described: Vec<String> = missing
+            .iter()
+            .map(|id| {
+                let session = &want.summaries[*id]["session_id"];
+                match produced_at.get(*id) {
+                    Some(ms) => format!("{id} (session {session}; produced {ms} ms into the read)"),
+                    None => format!("{id} (session {session}; not there on a second read either)"),
+                }
+            })
+            .collect();
+        let troubles: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        panic!(
+            "{} of {} summaries missing after reading for {read_for:?}: {described:?}\n\
+             the run's warnings and errors:\n{}\nlog:\n{log}",
+            missing.len(),
+            want.summaries.len(),
+            troubles.join("\n")
+        );
+    }
     for (id, s) in &want.summaries {
-        let copies = got_summaries.get(id).unwrap_or_else(|| {
-            let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap_or_default();
-            panic!("summary {id} missing; log:\n{log}")
-        });
-        assert_eq!(&copies[0], s, "summary {id} differs from replay");
+        assert_eq!(&got_summaries[id][0], s, "summary {id} differs from replay");
     }
 }
 
@@ -312,7 +358,13 @@ fn two_topics_out_of_step_and_killed_mid_batch_give_replays_findings() {
     }
     let run = spawn_run(&cfg, &log);
     let limit = Duration::from_secs(90);
+    let reading = Instant::now();
+    let reading_since_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     let (terminated, summaries) = read_expected(&brokers, &topics, &want, limit);
+    let read_for = reading.elapsed();
     let warnings = read_topic(&brokers, &topics.warning, 1, limit, Duration::from_secs(1));
     run.stop_gracefully();
     assert_each_once_as_replay(&want, &terminated, &summaries);

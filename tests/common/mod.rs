@@ -515,6 +515,10 @@ pub fn reader_isolated(brokers: &str, topics: &[&str], isolation: &str) -> BaseC
             READER_FETCH_WAIT_MS.load(Ordering::Relaxed).to_string(),
         )
         .set("isolation.level", isolation)
+        // A request the broker never answers is sent again after this (librdkafka's
+        // default is 60 s, most of a test's patience): a reader is a test's eyes, and a
+        // reader that stalls fails a test of the pipeline.
+        .set("socket.timeout.ms", "10000")
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
