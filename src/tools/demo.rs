@@ -16,7 +16,7 @@ use rdkafka::Message;
 use serde_json::Value;
 
 use crate::bus::kafka::embedded::{EmbeddedBroker, EmbeddedError};
-use crate::bus::kafka::{client_config, producer_config};
+use crate::bus::kafka::{client_config, producer_config, ClientErrorsLogged};
 use crate::bus::pipeline::{run, PipelineError, RunStats};
 use crate::config::Config;
 use crate::shutdown::Shutdown;
@@ -204,11 +204,11 @@ fn spawn_reader(
     settings: &crate::bus::kafka::settings::KafkaSettings,
     brokers: &str,
 ) -> Result<(mpsc::Receiver<Seen>, Shutdown, std::thread::JoinHandle<()>), DemoError> {
-    let reader: BaseConsumer = client_config(settings, brokers)
+    let reader: BaseConsumer<ClientErrorsLogged> = client_config(settings, brokers)
         .set("group.id", "loopwarden-demo-reader")
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "6000")
-        .create()?;
+        .create_with_context(ClientErrorsLogged("demo reader"))?;
     reader.subscribe(&[
         settings.terminated_topic.as_str(),
         settings.warning_topic.as_str(),

@@ -25,6 +25,33 @@ use rdkafka::ClientConfig;
 
 use settings::KafkaSettings;
 
+/// The context of loopwarden's clients that want nothing else of librdkafka (the
+/// changelog's reader, the OTLP ingest's consumer, the demo's reader): their client
+/// errors logged as the input consumer's and the producer's are ([`log_client_error`]).
+/// rdkafka hands every consumer error to [`ClientContext::error`] before a poll returns
+/// it, and its default context logs each at `error`, so a restore's reader logged
+/// "Global error: PartitionEOF" at ERROR once a partition read to its end, as it asked to
+/// be told.
+pub struct ClientErrorsLogged(pub &'static str);
+
+impl ClientContext for ClientErrorsLogged {
+    fn error(&self, error: KafkaError, reason: &str) {
+        log_client_error(self.0, &error, reason);
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ClientErrorsLogged {}
+
+/// A client error of `client` (a broker gone, a request timed out: librdkafka retries
+/// them itself) as a warning, but the end of a partition, which only a reader that set
+/// `enable.partition.eof` is told and its poll returns as well, not at all.
+pub fn log_client_error(client: &str, error: &KafkaError, reason: &str) {
+    if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
+        return;
+    }
+    tracing::warn!(client, %error, reason, "kafka client error");
+}
+
 /// A client config with the bootstrap address and the shared pass-through properties.
 pub fn client_config(settings: &KafkaSettings, brokers: &str) -> ClientConfig {
     client_config_over(settings, brokers, &[])

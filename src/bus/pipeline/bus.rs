@@ -158,9 +158,9 @@ fn commit_answered_in_poll<C: ConsumerContext>(
     }
 }
 
-/// librdkafka's default context keeps nothing (the OTLP ingest's consumer, which commits
-/// its own offsets, not through [`Input`]: a lost commit there maps a batch again).
-impl CommitFailures for rdkafka::consumer::DefaultConsumerContext {
+/// Keeps nothing (the OTLP ingest's consumer, which commits its own offsets, not
+/// through [`Input`]: a lost commit there maps a batch again).
+impl CommitFailures for crate::bus::kafka::ClientErrorsLogged {
     fn take_failed_commits(&self) -> Vec<FailedCommit> {
         Vec::new()
     }
@@ -368,7 +368,7 @@ pub struct Reports(DeliveryTracker);
 
 impl ClientContext for Reports {
     fn error(&self, error: KafkaError, reason: &str) {
-        warn!(client = "producer", %error, reason, "kafka client error");
+        crate::bus::kafka::log_client_error("producer", &error, reason);
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, DefaultConsumerContext};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::{error, info, warn};
@@ -30,7 +30,7 @@ use super::outbox::{dead_letter, Outbox, Record, Sink};
 use super::PipelineError;
 use crate::bus::ingest::OtlpIngest;
 use crate::bus::kafka::settings::KafkaSettings;
-use crate::bus::kafka::{consumer_config, producer_config};
+use crate::bus::kafka::{consumer_config, producer_config, ClientErrorsLogged};
 use crate::config::Config;
 use crate::contract::event::{parse_event, ParseLimits, MAX_SESSION_ID_BYTES};
 use crate::contract::otlp::{decode, MapReport, MappedEvent, Mapper, Missing, Skipped};
@@ -92,8 +92,8 @@ fn ingest_until_stopped(
     let mut outbox = Outbox::new(&producer, &settings, telemetry.clone(), shutdown)
         .map_err(PipelineError::Client)?
         .publishing_to(&ingest.to_topic);
-    let consumer: BaseConsumer = consumer_config(&settings, brokers, 0)
-        .create_with_context(DefaultConsumerContext)
+    let consumer: BaseConsumer<ClientErrorsLogged> = consumer_config(&settings, brokers, 0)
+        .create_with_context(ClientErrorsLogged("otlp ingest consumer"))
         .map_err(PipelineError::Client)?;
     if let Some(transaction) = commit.transaction() {
         if !transaction.init(&outbox, &mut Backoff::new(&settings, shutdown))? {
@@ -153,7 +153,7 @@ impl IngestBatch<'_> {
     /// Batches of up to `max_batch_events` messages, closed after `max_batch_wait`.
     fn consume(
         &mut self,
-        consumer: &BaseConsumer,
+        consumer: &BaseConsumer<ClientErrorsLogged>,
         outbox: &mut Outbox,
         commit: &Commit,
         shutdown: &Shutdown,
@@ -280,7 +280,7 @@ impl IngestBatch<'_> {
     /// transaction).
     fn finish(
         &mut self,
-        consumer: &BaseConsumer,
+        consumer: &BaseConsumer<ClientErrorsLogged>,
         outbox: &mut Outbox,
         commit: &Commit,
         shutdown: &Shutdown,

@@ -95,7 +95,7 @@ pub(super) fn release_all(consumer: &BaseConsumer<RebalanceHandler>, worker: &mu
 
 impl ClientContext for RebalanceHandler {
     fn error(&self, error: KafkaError, reason: &str) {
-        warn!(client = "consumer", %error, reason, "kafka client error");
+        crate::bus::kafka::log_client_error("consumer", &error, reason);
     }
 }
 

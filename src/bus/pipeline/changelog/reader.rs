@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::bus::kafka::ClientErrorsLogged;
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -26,7 +28,7 @@ pub struct KafkaChangelog {
     brokers: String,
     shutdown: Shutdown,
     /// Made on first use.
-    reader: Option<BaseConsumer>,
+    reader: Option<BaseConsumer<ClientErrorsLogged>>,
 }
 
 impl KafkaChangelog {
@@ -39,10 +41,10 @@ impl KafkaChangelog {
         }
     }
 
-    fn reader(&mut self) -> Result<&BaseConsumer, PipelineError> {
+    fn reader(&mut self) -> Result<&BaseConsumer<ClientErrorsLogged>, PipelineError> {
         if self.reader.is_none() {
             let reader = reader_config(&self.settings, &self.brokers)
-                .create()
+                .create_with_context(ClientErrorsLogged("changelog reader"))
                 .map_err(PipelineError::Client)?;
             self.reader = Some(reader);
         }
