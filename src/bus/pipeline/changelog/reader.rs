@@ -5,8 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-
-use crate::bus::kafka::ClientErrorsLogged;
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -16,8 +14,8 @@ use tracing::warn;
 use super::{
     ChangelogSource, RecordParts, CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT,
 };
-use crate::bus::kafka::headers;
 use crate::bus::kafka::settings::KafkaSettings;
+use crate::bus::kafka::{headers, ClientErrorsLogged};
 use crate::bus::pipeline::backoff::Backoff;
 use crate::bus::pipeline::PipelineError;
 use crate::shutdown::Shutdown;
