@@ -873,6 +873,78 @@ fn tool_span(id: u8, session: &str, result: &str) -> opentelemetry_proto::tonic:
     }
 }
 
+/// The sum of the OTLP ingest group's committed offsets on `traces` once it reaches
+/// `messages` (every message committed) or 20 s pass.
+fn ingest_committed(cluster: &Cluster, group: &str, traces: &str, messages: usize) -> i64 {
+    let committed = || -> i64 {
+        committed_offsets(&cluster.brokers(), group, traces)
+            .into_iter()
+            .flatten()
+            .sum()
+    };
+    eventually(Duration::from_secs(20), || committed() >= messages as i64);
+    committed()
+}
+
+#[test]
+fn an_otlp_ingest_commit_the_coordinator_refused_is_sent_again_once_it_takes_them() {
+    // A trace partition quiet after a refused commit kept the ingest group's offset
+    // behind: a restart would map its spans again, after their sessions closed.
+    let cluster = Cluster::start();
+    let traces = unique("traces");
+    cluster.broker.create_topic(&traces, 2).unwrap();
+    let config = cluster.config("a", &format!("[ingest.otlp]\ntopics = [\"{traces}\"]\n"));
+    let group = config.ingest.as_ref().expect("ingest on").group_id.clone();
+    let shutdown = Shutdown::new();
+    let ingest = {
+        let (config, brokers, shutdown) = (config.clone(), cluster.brokers(), shutdown.clone());
+        let ingest = config.ingest.clone().expect("ingest on");
+        let telemetry = Arc::new(loopwarden::telemetry::Telemetry::new());
+        std::thread::spawn(move || {
+            loopwarden::bus::pipeline::run_ingest(config, ingest, &brokers, shutdown, telemetry)
+        })
+    };
+    let exports = |from: u8, to: u8| -> Vec<Vec<u8>> {
+        (from..to)
+            .map(|i| export(vec![tool_span(i, &format!("sess-{i}"), "fine")]))
+            .collect()
+    };
+    produce(&cluster.brokers(), &traces, &exports(1, 3), &[]);
+    cluster.read(&cluster.topics.input, 2);
+    assert_eq!(
+        ingest_committed(&cluster, &group, &traces, 2),
+        2,
+        "committed before the coordinator refuses"
+    );
+    let refused = RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS;
+    cluster
+        .broker
+        .fail_requests(ApiKey::OffsetCommit, refused, 100_000);
+    produce(&cluster.brokers(), &traces, &exports(3, 9), &[]);
+    cluster.read(&cluster.topics.input, 8);
+    // The batch's commit follows its delivery at once, and one sending again a second
+    // later: both refused.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        committed_offsets(&cluster.brokers(), &group, &traces)
+            .into_iter()
+            .flatten()
+            .sum::<i64>(),
+        2,
+        "nothing more committed while the coordinator refuses"
+    );
+    cluster.broker.clear_request_failures(ApiKey::OffsetCommit);
+    // No message comes after: only sending the refused offsets again commits them.
+    assert_eq!(
+        ingest_committed(&cluster, &group, &traces, 8),
+        8,
+        "every message committed once the coordinator takes commits again"
+    );
+    shutdown.trigger();
+    let stats = ingest.join().unwrap().unwrap();
+    assert_eq!((stats.messages, stats.events), (8, 8));
+}
+
 #[test]
 fn the_otlp_ingest_republishes_by_session_and_dead_letters_what_the_engine_would_refuse() {
     let cluster = Cluster::start();

@@ -158,14 +158,6 @@ fn commit_answered_in_poll<C: ConsumerContext>(
     }
 }
 
-/// Keeps nothing (the OTLP ingest's consumer, which commits its own offsets, not
-/// through [`Input`]: a lost commit there maps a batch again).
-impl CommitFailures for crate::bus::kafka::ClientErrorsLogged {
-    fn take_failed_commits(&self) -> Vec<FailedCommit> {
-        Vec::new()
-    }
-}
-
 impl<C: ConsumerContext + CommitFailures> Input for BaseConsumer<C> {
     fn take_failed_commits(&self) -> Vec<FailedCommit> {
         self.context().take_failed_commits()

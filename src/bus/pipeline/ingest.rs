@@ -13,24 +13,35 @@
 //! consumer sees each event once; a transaction fenced by a rebalance is dropped and its
 //! messages read again from the committed offsets. Each event carries its span's `traceparent` header, so
 //! loopwarden's spans for it land in the agent's trace.
+//!
+//! An offset commit the group's coordinator refuses (as it does while the group
+//! rebalances) is sent again, at most once a second, while the partition stays assigned
+//! and no later offset of it has been sent: a trace partition quiet after the refusal
+//! would otherwise keep the group's offset behind, and a restart would map spans again
+//! long after their sessions closed, which their events would open again.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
-use super::bus::seek_to_committed;
+use super::bus::{
+    failed_commits, refused_while_the_group_changes, seek_to_committed, CommitFailures,
+    FailedCommit, Input,
+};
 use super::commit::Commit;
 use super::outbox::{dead_letter, Outbox, Record, Sink};
-use super::PipelineError;
+use super::{lock, PipelineError};
 use crate::bus::ingest::OtlpIngest;
 use crate::bus::kafka::settings::KafkaSettings;
-use crate::bus::kafka::{consumer_config, producer_config, ClientErrorsLogged};
+use crate::bus::kafka::{consumer_config, log_client_error, producer_config};
 use crate::config::Config;
 use crate::contract::event::{parse_event, ParseLimits, MAX_SESSION_ID_BYTES};
 use crate::contract::otlp::{decode, MapReport, MappedEvent, Mapper, Missing, Skipped};
@@ -92,8 +103,8 @@ fn ingest_until_stopped(
     let mut outbox = Outbox::new(&producer, &settings, telemetry.clone(), shutdown)
         .map_err(PipelineError::Client)?
         .publishing_to(&ingest.to_topic);
-    let consumer: BaseConsumer<ClientErrorsLogged> = consumer_config(&settings, brokers, 0)
-        .create_with_context(ClientErrorsLogged("otlp ingest consumer"))
+    let consumer: BaseConsumer<IngestContext> = consumer_config(&settings, brokers, 0)
+        .create_with_context(IngestContext::default())
         .map_err(PipelineError::Client)?;
     if let Some(transaction) = commit.transaction() {
         if !transaction.init(&outbox, &mut Backoff::new(&settings, shutdown))? {
@@ -118,6 +129,8 @@ fn ingest_until_stopped(
         mapped: Vec::new(),
         batch_events: 0,
         offsets: TopicPartitionList::new(),
+        commits_sent: HashMap::new(),
+        owed_commits_sent_at: None,
         told_uncaptured: HashSet::new(),
     };
     let result = batch.consume(&consumer, &mut outbox, &commit, shutdown);
@@ -142,6 +155,11 @@ struct IngestBatch<'a> {
     batch_events: u64,
     /// The next offset to read per trace partition, once the batch is delivered.
     offsets: TopicPartitionList,
+    /// The last offset sent to be committed per trace partition assigned, and whether
+    /// its commit was refused and is owed.
+    commits_sent: HashMap<(String, i32), SentCommit>,
+    /// When owed offsets were last sent again.
+    owed_commits_sent_at: Option<Instant>,
     /// (service, scope, what) whose missing capture was logged: once each.
     told_uncaptured: HashSet<(String, String, Missing)>,
 }
@@ -149,11 +167,57 @@ struct IngestBatch<'a> {
 /// At most this many (service, scope, what) are logged as missing capture.
 const UNCAPTURED_LOGGED_MAX: usize = 1000;
 
+/// How often refused offset commits are sent again at most.
+const OWED_COMMIT_RETRY: Duration = Duration::from_secs(1);
+
+/// The last offset of a partition sent to be committed.
+struct SentCommit {
+    offset: i64,
+    /// Its commit was refused, and nothing later has been sent.
+    owed: bool,
+}
+
+/// The ingest consumer's context: client errors logged as the other clients' are, the
+/// offset commits that failed kept to be sent again (an asynchronous commit's answer comes
+/// back inside a poll), and the partitions a rebalance took, whose offsets are no longer
+/// this member's to commit.
+#[derive(Default)]
+struct IngestContext {
+    failed: Mutex<Vec<FailedCommit>>,
+    revoked: Mutex<Vec<(String, i32)>>,
+}
+
+impl ClientContext for IngestContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        log_client_error("otlp ingest consumer", &error, reason);
+    }
+}
+
+impl ConsumerContext for IngestContext {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let taken = tpl.elements();
+            let taken = taken.iter().map(|e| (e.topic().to_string(), e.partition()));
+            lock(&self.revoked).extend(taken);
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        lock(&self.failed).extend(failed_commits(&result, offsets));
+    }
+}
+
+impl CommitFailures for IngestContext {
+    fn take_failed_commits(&self) -> Vec<FailedCommit> {
+        std::mem::take(&mut *lock(&self.failed))
+    }
+}
+
 impl IngestBatch<'_> {
     /// Batches of up to `max_batch_events` messages, closed after `max_batch_wait`.
     fn consume(
         &mut self,
-        consumer: &BaseConsumer<ClientErrorsLogged>,
+        consumer: &BaseConsumer<IngestContext>,
         outbox: &mut Outbox,
         commit: &Commit,
         shutdown: &Shutdown,
@@ -171,7 +235,9 @@ impl IngestBatch<'_> {
                         _ => break,
                     },
                 };
-                match consumer.poll(timeout) {
+                let polled = consumer.poll(timeout);
+                self.send_owed_commits(consumer);
+                match polled {
                     Some(Ok(m)) => {
                         self.take(&m, outbox);
                         in_batch += 1;
@@ -280,7 +346,7 @@ impl IngestBatch<'_> {
     /// transaction).
     fn finish(
         &mut self,
-        consumer: &BaseConsumer<ClientErrorsLogged>,
+        consumer: &BaseConsumer<IngestContext>,
         outbox: &mut Outbox,
         commit: &Commit,
         shutdown: &Shutdown,
@@ -302,8 +368,10 @@ impl IngestBatch<'_> {
                 } else {
                     CommitMode::Async
                 };
-                if let Err(e) = consumer.commit(&self.offsets, mode) {
-                    warn!(error = %e, "otlp ingest offset commit failed; the batch will be ingested again");
+                let result = Input::commit(consumer, &self.offsets, mode);
+                self.note_commits_sent(&self.offsets.clone(), result.is_err());
+                if let Err(e) = result {
+                    warn!(error = %e, "otlp ingest offset commit failed; the batch will be ingested again unless a later commit of its partitions goes through");
                 }
             }
             Some(transaction) => {
@@ -324,6 +392,71 @@ impl IngestBatch<'_> {
         self.batch_events = 0;
         self.offsets = TopicPartitionList::new();
         Ok(())
+    }
+}
+
+impl IngestBatch<'_> {
+    /// Keeps `offsets` as the last sent of their partitions, owed when `failed` (a
+    /// synchronous commit refused at once).
+    fn note_commits_sent(&mut self, offsets: &TopicPartitionList, failed: bool) {
+        for e in offsets.elements() {
+            if let Offset::Offset(offset) = e.offset() {
+                let key = (e.topic().to_string(), e.partition());
+                let owed = failed;
+                self.commits_sent.insert(key, SentCommit { offset, owed });
+            }
+        }
+    }
+
+    /// Sends again the offsets whose commit was refused, at most once every
+    /// [`OWED_COMMIT_RETRY`], for the partitions still assigned; forgets those a rebalance
+    /// took (another member commits them now; an old offset sent for one given back
+    /// later would move the group's offset back).
+    fn send_owed_commits(&mut self, consumer: &BaseConsumer<IngestContext>) {
+        for taken in std::mem::take(&mut *lock(&consumer.context().revoked)) {
+            self.commits_sent.remove(&taken);
+        }
+        let mut error = None;
+        for failed in consumer.take_failed_commits() {
+            let key = (failed.topic, failed.partition);
+            if let Some(sent) = self.commits_sent.get_mut(&key) {
+                // Else an older offset's: a later one has been sent since.
+                if sent.offset == failed.offset {
+                    sent.owed = true;
+                    if !refused_while_the_group_changes(failed.error) {
+                        error = failed.error;
+                    }
+                }
+            }
+        }
+        let recently = self
+            .owed_commits_sent_at
+            .is_some_and(|at| at.elapsed() < OWED_COMMIT_RETRY);
+        if recently || !self.commits_sent.values().any(|sent| sent.owed) {
+            return;
+        }
+        let mut owed = TopicPartitionList::new();
+        for ((topic, partition), sent) in &mut self.commits_sent {
+            if sent.owed && consumer.is_assigned(topic, *partition) {
+                let _ = owed.add_partition_offset(topic, *partition, Offset::Offset(sent.offset));
+                sent.owed = false;
+            }
+        }
+        if owed.count() == 0 {
+            return;
+        }
+        self.owed_commits_sent_at = Some(Instant::now());
+        match error {
+            None => debug!(
+                partitions = owed.count(),
+                "sending otlp ingest offsets whose commit failed again"
+            ),
+            Some(error) => {
+                warn!(partitions = owed.count(), %error, "otlp ingest offset commit refused; sending the offsets again")
+            }
+        }
+        let result = Input::commit(consumer, &owed, CommitMode::Async);
+        self.note_commits_sent(&owed, result.is_err());
     }
 }
 
