@@ -434,6 +434,23 @@ fn sigkill_on_a_busy_machine_with_a_commit_interval_loses_nothing() {
     sigkill_on_a_busy_machine("commit_interval_ms = 600")
 }
 
+/// A fleet of 600 sessions from `LOOPWARDEN_CRASH_SEED` (else this process's id), and
+/// what replay makes of it under `cfg`; `test` names the run in the line that says so.
+fn seeded_fleet(test: &str, cfg: &std::path::Path) -> (u64, Vec<Vec<u8>>, Expected) {
+    let seed = std::env::var("LOOPWARDEN_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(std::process::id() as u64);
+    let (events, _) = fleet(600, 0.4, seed);
+    let want = expected(config_of(cfg), &events);
+    eprintln!(
+        "{test}: {} events, {} terminations, seed {seed} (LOOPWARDEN_CRASH_SEED)",
+        events.len(),
+        want.terminations.len()
+    );
+    (seed, events, want)
+}
+
 /// Two topics fed in step while a CPU hog runs and the process is killed at random and
 /// restarted: every termination and summary replay finds is on the bus once by
 /// `event_id`. `kafka` is more of the `[kafka]` section.
@@ -453,17 +470,7 @@ fn sigkill_on_a_busy_machine(kafka: &str) {
             "max_batch_events = 2000\ninstance_id = \"crash-test\"\nalign_wait_ms = {align_wait}\n{kafka}"
         ),
     );
-    let seed = std::env::var("LOOPWARDEN_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(std::process::id() as u64);
-    let (events, _) = fleet(600, 0.4, seed);
-    let want = expected(config_of(&cfg), &events);
-    eprintln!(
-        "busy crash test ({kafka:?}): {} events, {} terminations, seed {seed} (LOOPWARDEN_CRASH_SEED)",
-        events.len(),
-        want.terminations.len()
-    );
+    let (seed, events, want) = seeded_fleet(&format!("busy crash test ({kafka:?})"), &cfg);
     let pace = Pace {
         delay: Duration::ZERO,
         chunks: 40,
@@ -1268,17 +1275,7 @@ fn an_instance_frozen_past_its_session_loses_nothing_and_its_late_writes_turn_no
         cfg,
     };
     let (brokers, topics, cfg) = (fx.brokers.clone(), fx.topics.clone(), fx.cfg.clone());
-    let seed = std::env::var("LOOPWARDEN_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(std::process::id() as u64);
-    let (events, _) = fleet(600, 0.4, seed);
-    let want = expected(config_of(&cfg), &events);
-    eprintln!(
-        "frozen instance: {} events, {} terminations, seed {seed} (LOOPWARDEN_CRASH_SEED)",
-        events.len(),
-        want.terminations.len()
-    );
+    let (seed, events, want) = seeded_fleet("frozen instance", &cfg);
     let (cfg_b, log_b) = fx.instance("b");
     let (cfg_c, log_c) = fx.instance("c");
     let log_a = fx.dir.path().join("a.log");

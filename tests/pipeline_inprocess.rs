@@ -873,6 +873,24 @@ fn tool_span(id: u8, session: &str, result: &str) -> opentelemetry_proto::tonic:
     }
 }
 
+/// The OTLP ingest of `config` on a thread of its own, stopped by the shutdown returned.
+fn spawn_ingest(
+    config: &Arc<Config>,
+    cluster: &Cluster,
+) -> (
+    Shutdown,
+    JoinHandle<Result<loopwarden::bus::pipeline::IngestStats, PipelineError>>,
+) {
+    let shutdown = Shutdown::new();
+    let (config, brokers, stop) = (config.clone(), cluster.brokers(), shutdown.clone());
+    let ingest = config.ingest.clone().expect("ingest on");
+    let telemetry = Arc::new(loopwarden::telemetry::Telemetry::new());
+    let thread = std::thread::spawn(move || {
+        loopwarden::bus::pipeline::run_ingest(config, ingest, &brokers, stop, telemetry)
+    });
+    (shutdown, thread)
+}
+
 /// The sum of the OTLP ingest group's committed offsets on `traces` once it reaches
 /// `messages` (every message committed) or 20 s pass.
 fn ingest_committed(cluster: &Cluster, group: &str, traces: &str, messages: usize) -> i64 {
@@ -895,15 +913,7 @@ fn an_otlp_ingest_commit_the_coordinator_refused_is_sent_again_once_it_takes_the
     cluster.broker.create_topic(&traces, 2).unwrap();
     let config = cluster.config("a", &format!("[ingest.otlp]\ntopics = [\"{traces}\"]\n"));
     let group = config.ingest.as_ref().expect("ingest on").group_id.clone();
-    let shutdown = Shutdown::new();
-    let ingest = {
-        let (config, brokers, shutdown) = (config.clone(), cluster.brokers(), shutdown.clone());
-        let ingest = config.ingest.clone().expect("ingest on");
-        let telemetry = Arc::new(loopwarden::telemetry::Telemetry::new());
-        std::thread::spawn(move || {
-            loopwarden::bus::pipeline::run_ingest(config, ingest, &brokers, shutdown, telemetry)
-        })
-    };
+    let (shutdown, ingest) = spawn_ingest(&config, &cluster);
     let exports = |from: u8, to: u8| -> Vec<Vec<u8>> {
         (from..to)
             .map(|i| export(vec![tool_span(i, &format!("sess-{i}"), "fine")]))
@@ -965,15 +975,7 @@ fn the_otlp_ingest_republishes_by_session_and_dead_letters_what_the_engine_would
         Vec::new(),
     ];
     produce(&cluster.brokers(), &traces, &messages, &[]);
-    let shutdown = Shutdown::new();
-    let ingest = {
-        let (config, brokers, shutdown) = (config.clone(), cluster.brokers(), shutdown.clone());
-        let ingest = config.ingest.clone().expect("ingest on");
-        let telemetry = Arc::new(loopwarden::telemetry::Telemetry::new());
-        std::thread::spawn(move || {
-            loopwarden::bus::pipeline::run_ingest(config, ingest, &brokers, shutdown, telemetry)
-        })
-    };
+    let (shutdown, ingest) = spawn_ingest(&config, &cluster);
     let dead = cluster.read(&cluster.topics.dlq, 4);
     let events = cluster.read(&cluster.topics.input, 1);
     shutdown.trigger();
