@@ -1301,17 +1301,23 @@ fn an_instance_frozen_past_its_session_loses_nothing_and_its_late_writes_turn_no
         let status = Command::new("kill").args([sig, &pid]).status().unwrap();
         assert!(status.success(), "kill {sig} {pid}");
     };
+    // a's assignments logged before its last freeze: any later one came after the loss.
     let mut assigned_before = 0;
     for freeze in 1..=2 {
-        // a holds partitions (again, after the last freeze cost it them).
-        log_reaches(&log_a, "partition assigned", assigned_before + 1, within);
+        assert!(
+            log_reaches(&log_a, "partition assigned", assigned_before + 1, within),
+            "a holds partitions before freeze {freeze}"
+        );
         std::thread::sleep(Duration::from_millis(rng.next(200, 1500)));
+        assigned_before = log_count(&log_a, "partition assigned");
         signal("-STOP");
         // The session is 2 s (`write_config`): the coordinator drops a after it.
         std::thread::sleep(Duration::from_millis(rng.next(3000, 5000)));
         signal("-CONT");
-        log_reaches(&log_a, "assignment lost", freeze, within);
-        assigned_before = log_count(&log_a, "partition assigned");
+        assert!(
+            log_reaches(&log_a, "assignment lost", freeze, within),
+            "freeze {freeze} cost a its partitions"
+        );
     }
     feeder.join().unwrap();
     // What each applied is stored, on the changelog and committed.
@@ -1326,9 +1332,9 @@ fn an_instance_frozen_past_its_session_loses_nothing_and_its_late_writes_turn_no
     let [log_a, log_b, log_c] =
         [&log_a, &log_b, &log_c].map(|l| std::fs::read_to_string(l).unwrap_or_default());
     let logs = || format!("a:\n{log_a}\nb:\n{log_b}\nc:\n{log_c}");
-    assert_eq!(
-        log_a.matches("assignment lost").count(),
-        2,
+    // At least one loss a freeze; a busy machine may cost a its session on its own.
+    assert!(
+        log_a.matches("assignment lost").count() >= 2,
         "each freeze cost a its partitions; logs:\n{}",
         logs()
     );

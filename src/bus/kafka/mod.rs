@@ -42,14 +42,25 @@ impl ClientContext for ClientErrorsLogged {
 
 impl rdkafka::consumer::ConsumerContext for ClientErrorsLogged {}
 
-/// A client error of `client` (a broker gone, a request timed out: librdkafka retries
-/// them itself) as a warning, but the end of a partition, which only a reader that set
+/// A client error of `client`: one librdkafka retries itself (a broker gone, a request
+/// timed out) as a warning; one that no retry mends (a fatal error, credentials or
+/// rights refused) as an error; the end of a partition, which only a reader that set
 /// `enable.partition.eof` is told and its poll returns as well, not at all.
 pub fn log_client_error(client: &str, error: &KafkaError, reason: &str) {
-    if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
-        return;
+    use RDKafkaErrorCode as E;
+    match error.rdkafka_error_code() {
+        Some(E::PartitionEOF) => {}
+        Some(
+            E::Fatal
+            | E::Authentication
+            | E::SaslAuthenticationFailed
+            | E::TopicAuthorizationFailed
+            | E::GroupAuthorizationFailed
+            | E::ClusterAuthorizationFailed
+            | E::TransactionalIdAuthorizationFailed,
+        ) => tracing::error!(client, %error, reason, "kafka client error"),
+        _ => tracing::warn!(client, %error, reason, "kafka client error"),
     }
-    tracing::warn!(client, %error, reason, "kafka client error");
 }
 
 /// A client config with the bootstrap address and the shared pass-through properties.

@@ -16,9 +16,13 @@
 //!
 //! An offset commit the group's coordinator refuses (as it does while the group
 //! rebalances) is sent again, at most once a second, while the partition stays assigned
-//! and no later offset of it has been sent: a trace partition quiet after the refusal
-//! would otherwise keep the group's offset behind, and a restart would map spans again
-//! long after their sessions closed, which their events would open again.
+//! and no later offset of it has been sent, and every partition's last offset is committed
+//! synchronously at a stop: a trace partition quiet after the refusal would otherwise keep
+//! the group's offset behind, and a restart would map spans again long after their
+//! sessions closed, which their events would open again. A partition a rebalance moves
+//! is forgotten (its next owner commits it; an old offset sent once it came back would
+//! move the group's offset back), and one revoked while a batch was open is left out of
+//! that batch's commit.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -131,6 +135,7 @@ fn ingest_until_stopped(
         offsets: TopicPartitionList::new(),
         commits_sent: HashMap::new(),
         owed_commits_sent_at: None,
+        revoked_in_batch: HashSet::new(),
         told_uncaptured: HashSet::new(),
     };
     let result = batch.consume(&consumer, &mut outbox, &commit, shutdown);
@@ -158,8 +163,10 @@ struct IngestBatch<'a> {
     /// The last offset sent to be committed per trace partition assigned, and whether
     /// its commit was refused and is owed.
     commits_sent: HashMap<(String, i32), SentCommit>,
-    /// When owed offsets were last sent again.
+    /// When owed offsets were last looked at to be sent again.
     owed_commits_sent_at: Option<Instant>,
+    /// Partitions revoked since the batch in hand began: left out of its commit.
+    revoked_in_batch: HashSet<(String, i32)>,
     /// (service, scope, what) whose missing capture was logged: once each.
     told_uncaptured: HashSet<(String, String, Missing)>,
 }
@@ -179,12 +186,19 @@ struct SentCommit {
 
 /// The ingest consumer's context: client errors logged as the other clients' are, the
 /// offset commits that failed kept to be sent again (an asynchronous commit's answer comes
-/// back inside a poll), and the partitions a rebalance took, whose offsets are no longer
-/// this member's to commit.
+/// back inside a poll), and the partitions rebalances moved (both run inside a poll, on
+/// the ingest's thread).
 #[derive(Default)]
 struct IngestContext {
     failed: Mutex<Vec<FailedCommit>>,
-    revoked: Mutex<Vec<(String, i32)>>,
+    moved: Mutex<Moved>,
+}
+
+/// Partitions rebalances took from this member or gave it since they were last read.
+#[derive(Default)]
+struct Moved {
+    revoked: Vec<(String, i32)>,
+    assigned: Vec<(String, i32)>,
 }
 
 impl ClientContext for IngestContext {
@@ -195,10 +209,18 @@ impl ClientContext for IngestContext {
 
 impl ConsumerContext for IngestContext {
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(tpl) = rebalance {
-            let taken = tpl.elements();
-            let taken = taken.iter().map(|e| (e.topic().to_string(), e.partition()));
-            lock(&self.revoked).extend(taken);
+        let named = |tpl: &TopicPartitionList| -> Vec<(String, i32)> {
+            let elements = tpl.elements();
+            elements
+                .iter()
+                .map(|e| (e.topic().to_string(), e.partition()))
+                .collect()
+        };
+        let mut moved = lock(&self.moved);
+        match rebalance {
+            Rebalance::Revoke(tpl) => moved.revoked.extend(named(tpl)),
+            Rebalance::Assign(tpl) => moved.assigned.extend(named(tpl)),
+            Rebalance::Error(_) => {}
         }
     }
 
@@ -236,6 +258,7 @@ impl IngestBatch<'_> {
                     },
                 };
                 let polled = consumer.poll(timeout);
+                self.follow_rebalances(consumer);
                 self.send_owed_commits(consumer);
                 match polled {
                     Some(Ok(m)) => {
@@ -259,6 +282,7 @@ impl IngestBatch<'_> {
             }
             self.finish(consumer, outbox, commit, shutdown)?;
         }
+        self.commit_last_offsets(consumer);
         Ok(())
     }
 
@@ -266,9 +290,17 @@ impl IngestBatch<'_> {
     fn take(&mut self, m: &BorrowedMessage<'_>, outbox: &mut Outbox) {
         self.stats.messages += 1;
         let next = Offset::Offset(m.offset() + 1);
-        let _ = self
-            .offsets
-            .add_partition_offset(m.topic(), m.partition(), next);
+        // One element a partition: rdkafka's `add_partition_offset` appends another each
+        // call (an element with no offset, the first one's set), which grew the list by
+        // one a message, and copying it element by element took the last, empty one.
+        if (self.offsets)
+            .set_partition_offset(m.topic(), m.partition(), next)
+            .is_err()
+        {
+            let _ = self
+                .offsets
+                .add_partition_offset(m.topic(), m.partition(), next);
+        }
         let request = match decode(m.payload().unwrap_or_default(), self.ingest.encoding) {
             Ok(r) => r,
             Err(e) => {
@@ -351,6 +383,8 @@ impl IngestBatch<'_> {
         commit: &Commit,
         shutdown: &Shutdown,
     ) -> Result<(), PipelineError> {
+        self.follow_rebalances(consumer);
+        let revoked = std::mem::take(&mut self.revoked_in_batch);
         if self.offsets.count() == 0 {
             return Ok(());
         }
@@ -368,8 +402,14 @@ impl IngestBatch<'_> {
                 } else {
                     CommitMode::Async
                 };
-                let result = Input::commit(consumer, &self.offsets, mode);
-                self.note_commits_sent(&self.offsets.clone(), result.is_err());
+                let mut ours = TopicPartitionList::new();
+                for e in self.offsets.elements() {
+                    if !revoked.contains(&(e.topic().to_string(), e.partition())) {
+                        let _ = ours.add_partition_offset(e.topic(), e.partition(), e.offset());
+                    }
+                }
+                let result = Input::commit(consumer, &ours, mode);
+                self.note_commits_sent(&ours, result.is_err());
                 if let Err(e) = result {
                     warn!(error = %e, "otlp ingest offset commit failed; the batch will be ingested again unless a later commit of its partitions goes through");
                 }
@@ -408,14 +448,23 @@ impl IngestBatch<'_> {
         }
     }
 
-    /// Sends again the offsets whose commit was refused, at most once every
-    /// [`OWED_COMMIT_RETRY`], for the partitions still assigned; forgets those a rebalance
-    /// took (another member commits them now; an old offset sent for one given back
-    /// later would move the group's offset back).
-    fn send_owed_commits(&mut self, consumer: &BaseConsumer<IngestContext>) {
-        for taken in std::mem::take(&mut *lock(&consumer.context().revoked)) {
-            self.commits_sent.remove(&taken);
+    /// Forgets the partitions rebalances moved since the last call (their offsets are
+    /// their next owner's to commit, or, given back, start again from the group's), and
+    /// notes those revoked for the batch in hand.
+    fn follow_rebalances(&mut self, consumer: &BaseConsumer<IngestContext>) {
+        let moved = std::mem::take(&mut *lock(&consumer.context().moved));
+        for key in moved.assigned {
+            self.commits_sent.remove(&key);
         }
+        for key in moved.revoked {
+            self.commits_sent.remove(&key);
+            self.revoked_in_batch.insert(key);
+        }
+    }
+
+    /// Sends again the offsets whose commit was refused, at most once every
+    /// [`OWED_COMMIT_RETRY`], for the partitions still assigned.
+    fn send_owed_commits(&mut self, consumer: &BaseConsumer<IngestContext>) {
         let mut error = None;
         for failed in consumer.take_failed_commits() {
             let key = (failed.topic, failed.partition);
@@ -435,17 +484,11 @@ impl IngestBatch<'_> {
         if recently || !self.commits_sent.values().any(|sent| sent.owed) {
             return;
         }
-        let mut owed = TopicPartitionList::new();
-        for ((topic, partition), sent) in &mut self.commits_sent {
-            if sent.owed && consumer.is_assigned(topic, *partition) {
-                let _ = owed.add_partition_offset(topic, *partition, Offset::Offset(sent.offset));
-                sent.owed = false;
-            }
-        }
+        self.owed_commits_sent_at = Some(Instant::now());
+        let owed = self.held(consumer, |sent| sent.owed);
         if owed.count() == 0 {
             return;
         }
-        self.owed_commits_sent_at = Some(Instant::now());
         match error {
             None => debug!(
                 partitions = owed.count(),
@@ -457,6 +500,41 @@ impl IngestBatch<'_> {
         }
         let result = Input::commit(consumer, &owed, CommitMode::Async);
         self.note_commits_sent(&owed, result.is_err());
+    }
+
+    /// At a stop: the last offset sent of every partition still assigned, committed and
+    /// waited for, whether its commit was refused or its answer had not come yet (the
+    /// consumer's close does not wait for it).
+    fn commit_last_offsets(&mut self, consumer: &BaseConsumer<IngestContext>) {
+        self.follow_rebalances(consumer);
+        let last = self.held(consumer, |_| true);
+        if last.count() == 0 {
+            return;
+        }
+        if let Err(e) = Input::commit(consumer, &last, CommitMode::Sync) {
+            warn!(error = %e, partitions = last.count(), "otlp ingest offsets not committed at the stop; their messages will be ingested again");
+        }
+    }
+
+    /// The sent offsets `which` picks, of the partitions assigned (one look at the
+    /// assignment), each marked no longer owed.
+    fn held(
+        &mut self,
+        consumer: &BaseConsumer<IngestContext>,
+        which: impl Fn(&SentCommit) -> bool,
+    ) -> TopicPartitionList {
+        let assignment = consumer.assignment().ok();
+        let mut picked = TopicPartitionList::new();
+        for ((topic, partition), sent) in &mut self.commits_sent {
+            let assigned = assignment
+                .as_ref()
+                .is_none_or(|a| a.find_partition(topic, *partition).is_some());
+            if which(sent) && assigned {
+                let _ = picked.add_partition_offset(topic, *partition, Offset::Offset(sent.offset));
+                sent.owed = false;
+            }
+        }
+        picked
     }
 }
 
