@@ -21,8 +21,8 @@
 //! the group's offset behind, and a restart would map spans again long after their
 //! sessions closed, which their events would open again. A partition a rebalance moves
 //! is forgotten (its next owner commits it; an old offset sent once it came back would
-//! move the group's offset back), and one revoked while a batch was open is left out of
-//! that batch's commit.
+//! move the group's offset back), and a revoked one's offset in the batch in hand is
+//! dropped from its commit (what it read after being given it back is kept).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -135,7 +135,6 @@ fn ingest_until_stopped(
         offsets: TopicPartitionList::new(),
         commits_sent: HashMap::new(),
         owed_commits_sent_at: None,
-        revoked_in_batch: HashSet::new(),
         told_uncaptured: HashSet::new(),
     };
     let result = batch.consume(&consumer, &mut outbox, &commit, shutdown);
@@ -165,8 +164,6 @@ struct IngestBatch<'a> {
     commits_sent: HashMap<(String, i32), SentCommit>,
     /// When owed offsets were last looked at to be sent again.
     owed_commits_sent_at: Option<Instant>,
-    /// Partitions revoked since the batch in hand began: left out of its commit.
-    revoked_in_batch: HashSet<(String, i32)>,
     /// (service, scope, what) whose missing capture was logged: once each.
     told_uncaptured: HashSet<(String, String, Missing)>,
 }
@@ -280,7 +277,11 @@ impl IngestBatch<'_> {
                     None => {}
                 }
             }
-            self.finish(consumer, outbox, commit, shutdown)?;
+            if let Err(e) = self.finish(consumer, outbox, commit, shutdown) {
+                // What earlier batches delivered is committed all the same.
+                self.commit_last_offsets(consumer);
+                return Err(e);
+            }
         }
         self.commit_last_offsets(consumer);
         Ok(())
@@ -384,7 +385,6 @@ impl IngestBatch<'_> {
         shutdown: &Shutdown,
     ) -> Result<(), PipelineError> {
         self.follow_rebalances(consumer);
-        let revoked = std::mem::take(&mut self.revoked_in_batch);
         if self.offsets.count() == 0 {
             return Ok(());
         }
@@ -402,14 +402,8 @@ impl IngestBatch<'_> {
                 } else {
                     CommitMode::Async
                 };
-                let mut ours = TopicPartitionList::new();
-                for e in self.offsets.elements() {
-                    if !revoked.contains(&(e.topic().to_string(), e.partition())) {
-                        let _ = ours.add_partition_offset(e.topic(), e.partition(), e.offset());
-                    }
-                }
-                let result = Input::commit(consumer, &ours, mode);
-                self.note_commits_sent(&ours, result.is_err());
+                let result = Input::commit(consumer, &self.offsets, mode);
+                self.note_commits_sent(&self.offsets.clone(), result.is_err());
                 if let Err(e) = result {
                     warn!(error = %e, "otlp ingest offset commit failed; the batch will be ingested again unless a later commit of its partitions goes through");
                 }
@@ -450,16 +444,28 @@ impl IngestBatch<'_> {
 
     /// Forgets the partitions rebalances moved since the last call (their offsets are
     /// their next owner's to commit, or, given back, start again from the group's), and
-    /// notes those revoked for the batch in hand.
+    /// drops a revoked one's offset from the batch in hand. Rebalances run inside a poll
+    /// before the message it returns, so what the batch takes after this is of the
+    /// assignment as it is now.
     fn follow_rebalances(&mut self, consumer: &BaseConsumer<IngestContext>) {
         let moved = std::mem::take(&mut *lock(&consumer.context().moved));
-        for key in moved.assigned {
-            self.commits_sent.remove(&key);
+        for key in &moved.assigned {
+            self.commits_sent.remove(key);
         }
-        for key in moved.revoked {
-            self.commits_sent.remove(&key);
-            self.revoked_in_batch.insert(key);
+        if moved.revoked.is_empty() {
+            return;
         }
+        let revoked: HashSet<(String, i32)> = moved.revoked.into_iter().collect();
+        for key in &revoked {
+            self.commits_sent.remove(key);
+        }
+        let mut kept = TopicPartitionList::new();
+        for e in self.offsets.elements() {
+            if !revoked.contains(&(e.topic().to_string(), e.partition())) {
+                let _ = kept.add_partition_offset(e.topic(), e.partition(), e.offset());
+            }
+        }
+        self.offsets = kept;
     }
 
     /// Sends again the offsets whose commit was refused, at most once every
