@@ -294,10 +294,10 @@ impl IngestBatch<'_> {
         // One element a partition: rdkafka's `add_partition_offset` appends another each
         // call (an element with no offset, the first one's set), which grew the list by
         // one a message, and copying it element by element took the last, empty one.
-        if (self.offsets)
-            .set_partition_offset(m.topic(), m.partition(), next)
-            .is_err()
-        {
+        let set = self
+            .offsets
+            .set_partition_offset(m.topic(), m.partition(), next);
+        if set.is_err() {
             let _ = self
                 .offsets
                 .add_partition_offset(m.topic(), m.partition(), next);
