@@ -36,10 +36,6 @@ use crate::bus::kafka::settings::KafkaSettings;
 use crate::engine::store::StoreBatch;
 use crate::shutdown::Shutdown;
 
-/// How often offsets whose commit failed are sent again, at most (while a rebalance
-/// refuses them, once a second), but for a revoke's or a stop's last try.
-const OWED_COMMIT_RETRY: Duration = Duration::from_secs(1);
-
 /// Logs a commit that failed at once: at info while the group changes (a revoke's own
 /// commit in a rebalance, which the next owner's restore does not need: it skips what the
 /// stored offsets say was applied), else as a warning.
@@ -49,14 +45,6 @@ fn log_commit_failure(error: &rdkafka::error::KafkaError, message: &'static str)
     } else {
         warn!(%error, "{message}");
     }
-}
-
-/// An input offset a worker sent to be committed ([`Worker::commits_sent`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct SentCommit {
-    pub(super) offset: i64,
-    /// Its commit failed, and no later offset of its partition was sent since.
-    pub(super) owed: bool,
 }
 
 /// A batch's poll instants are counted to this: an event's processing latency reads up
@@ -283,48 +271,34 @@ impl Worker {
     /// while the group rebalances) and that no later commit of their partition replaced:
     /// a partition quiet after a rebalance would otherwise leave the group's offset, which
     /// lag dashboards and a restart read, where it was until its next event. At most once
-    /// every [`OWED_COMMIT_RETRY`], but at once when settling (a revoke, a stop: the last
-    /// chance, synchronous). Only partitions the worker holds: one it gave up is its next
-    /// owner's to commit.
+    /// every [`OWED_COMMIT_RETRY`](super::bus::OWED_COMMIT_RETRY), but at once when
+    /// settling (a revoke, a stop: the last chance, synchronous). Only partitions the
+    /// worker holds: one it gave up is its next owner's to commit.
     fn send_owed_commits(&mut self, input: &dyn Input, mode: CommitMode, settle: bool) {
         for failed in input.take_failed_commits() {
-            if !refused_while_the_group_changes(failed.error) {
-                // Kept for the next sending, at most once a second: one a batch otherwise.
-                let error = failed
-                    .error
-                    .map_or("unknown".to_string(), |e| e.to_string());
-                self.owed_commit_error.get_or_insert(error);
-            }
-            let Some(topic) = self.input_index(&failed.topic) else {
-                continue;
-            };
-            if let Some(sent) = self.commits_sent.get_mut(&(topic, failed.partition)) {
-                // Else an older offset's: a later one has been sent since.
-                sent.owed |= sent.offset == failed.offset;
-            }
+            let key = self
+                .input_index(&failed.topic)
+                .map(|t| (t, failed.partition));
+            self.commits_sent.note_failed(key, &failed);
         }
-        let recently = self
-            .owed_commits_sent_at
-            .is_some_and(|at| at.elapsed() < OWED_COMMIT_RETRY);
-        if recently && !settle || !self.commits_sent.values().any(|sent| sent.owed) {
+        if !self.commits_sent.due(settle) {
+            return;
+        }
+        let (again, error) = self
+            .commits_sent
+            .take_owed(|(_, partition)| self.partitions.contains_key(partition));
+        if again.is_empty() {
             return;
         }
         let mut owed = TopicPartitionList::new();
-        for (&(topic, partition), sent) in &mut self.commits_sent {
-            if sent.owed && self.partitions.contains_key(&partition) {
-                let _ = owed.add_partition_offset(
-                    &self.inputs[topic],
-                    partition,
-                    rdkafka::Offset::Offset(sent.offset),
-                );
-                sent.owed = false;
-            }
+        for ((topic, partition), offset) in again {
+            let _ = owed.add_partition_offset(
+                &self.inputs[topic],
+                partition,
+                rdkafka::Offset::Offset(offset),
+            );
         }
-        if owed.count() == 0 {
-            return;
-        }
-        self.owed_commits_sent_at = Some(Instant::now());
-        match self.owed_commit_error.take() {
+        match error {
             // Refused while the group changed (a rebalance): expected, and sent again.
             None => debug!(
                 partitions = owed.count(),
@@ -355,11 +329,8 @@ impl Worker {
             else {
                 continue;
             };
-            let sent = SentCommit {
-                offset,
-                owed: failed,
-            };
-            self.commits_sent.insert((topic, e.partition()), sent);
+            self.commits_sent
+                .note_sent((topic, e.partition()), offset, failed);
         }
     }
 

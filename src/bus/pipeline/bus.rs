@@ -100,6 +100,116 @@ pub fn refused_while_the_group_changes(error: Option<RDKafkaErrorCode>) -> bool 
     )
 }
 
+/// How often offsets whose commit failed are sent again, at most (while a rebalance
+/// refuses them, once a second), but for a revoke's or a stop's last try.
+pub const OWED_COMMIT_RETRY: Duration = Duration::from_secs(1);
+
+/// An offset sent to be committed ([`OwedCommits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentCommit {
+    pub offset: i64,
+    /// Its commit failed, and no later offset of its partition was sent since.
+    pub owed: bool,
+}
+
+/// The last offset sent to be committed per partition (keyed by `K`), which of them a
+/// refusal left owed, and when owed ones were last sent again: what the pipeline's workers
+/// and the OTLP ingest send again, so that a partition quiet after a refused commit does
+/// not keep the group's offset behind.
+#[derive(Debug)]
+pub struct OwedCommits<K> {
+    sent: FxHashMap<K, SentCommit>,
+    sent_again_at: Option<Instant>,
+    /// Why a commit failed since owed offsets were last sent, when not because the group
+    /// was changing.
+    error: Option<String>,
+}
+
+impl<K> Default for OwedCommits<K> {
+    fn default() -> Self {
+        OwedCommits {
+            sent: FxHashMap::default(),
+            sent_again_at: None,
+            error: None,
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> OwedCommits<K> {
+    /// `offset` sent for `key`'s partition, owed when its commit `failed` at once.
+    pub fn note_sent(&mut self, key: K, offset: i64, failed: bool) {
+        self.sent.insert(
+            key,
+            SentCommit {
+                offset,
+                owed: failed,
+            },
+        );
+    }
+
+    /// A commit librdkafka reports `failed`, of `key`'s partition (`None`: not one of
+    /// ours): owed unless a later offset of it has been sent since.
+    pub fn note_failed(&mut self, key: Option<K>, failed: &FailedCommit) {
+        if !refused_while_the_group_changes(failed.error) {
+            let error = failed
+                .error
+                .map_or("unknown".to_string(), |e| e.to_string());
+            self.error.get_or_insert(error);
+        }
+        if let Some(sent) = key.and_then(|k| self.sent.get_mut(&k)) {
+            sent.owed |= sent.offset == failed.offset;
+        }
+    }
+
+    /// Whether owed offsets are to be sent again now: some are owed, and none were sent
+    /// again within [`OWED_COMMIT_RETRY`] (unless `settle`: a revoke's or a stop's last
+    /// try).
+    pub fn due(&self, settle: bool) -> bool {
+        let recently = self
+            .sent_again_at
+            .is_some_and(|at| at.elapsed() < OWED_COMMIT_RETRY);
+        (settle || !recently) && self.sent.values().any(|sent| sent.owed)
+    }
+
+    /// The owed offsets of the partitions `held` says are still ours, each no longer owed
+    /// (sent again now), and why a commit failed if not the group changing.
+    pub fn take_owed(&mut self, held: impl Fn(&K) -> bool) -> (Vec<(K, i64)>, Option<String>) {
+        self.sent_again_at = Some(Instant::now());
+        (self.take(|sent| sent.owed, held), self.error.take())
+    }
+
+    /// The last offset sent of every partition `held` says is still ours, each no longer
+    /// owed.
+    pub fn take_last(&mut self, held: impl Fn(&K) -> bool) -> Vec<(K, i64)> {
+        self.take(|_| true, held)
+    }
+
+    fn take(
+        &mut self,
+        which: impl Fn(&SentCommit) -> bool,
+        held: impl Fn(&K) -> bool,
+    ) -> Vec<(K, i64)> {
+        let mut picked = Vec::new();
+        for (key, sent) in &mut self.sent {
+            if which(sent) && held(key) {
+                picked.push((key.clone(), sent.offset));
+                sent.owed = false;
+            }
+        }
+        picked
+    }
+
+    /// Forgets the partitions `keep` says are no longer ours (their next owner commits
+    /// them: an offset of ours sent later could take the group's offset back).
+    pub fn retain(&mut self, keep: impl Fn(&K) -> bool) {
+        self.sent.retain(|k, _| keep(k));
+    }
+
+    pub fn clear(&mut self) {
+        self.sent.clear();
+    }
+}
+
 /// A consumer's context that keeps the offset commits that failed, as librdkafka reports
 /// them (`ConsumerContext::commit_callback`, inside a poll), for [`Input`].
 pub trait CommitFailures {

@@ -24,7 +24,7 @@
 //! move the group's offset back), and a revoked one's offset in the batch in hand is
 //! dropped from its commit (what it read after being given it back is kept).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,8 +37,7 @@ use tracing::{debug, error, info, warn};
 
 use super::backoff::{Backoff, DeadlinePassed};
 use super::bus::{
-    failed_commits, refused_while_the_group_changes, seek_to_committed, CommitFailures,
-    FailedCommit, Input,
+    failed_commits, seek_to_committed, CommitFailures, FailedCommit, Input, OwedCommits,
 };
 use super::commit::Commit;
 use super::outbox::{dead_letter, Outbox, Record, Sink};
@@ -133,8 +132,7 @@ fn ingest_until_stopped(
         mapped: Vec::new(),
         batch_events: 0,
         offsets: TopicPartitionList::new(),
-        commits_sent: HashMap::new(),
-        owed_commits_sent_at: None,
+        commits_sent: OwedCommits::default(),
         told_uncaptured: HashSet::new(),
     };
     let result = batch.consume(&consumer, &mut outbox, &commit, shutdown);
@@ -159,27 +157,15 @@ struct IngestBatch<'a> {
     batch_events: u64,
     /// The next offset to read per trace partition, once the batch is delivered.
     offsets: TopicPartitionList,
-    /// The last offset sent to be committed per trace partition assigned, and whether
-    /// its commit was refused and is owed.
-    commits_sent: HashMap<(String, i32), SentCommit>,
-    /// When owed offsets were last looked at to be sent again.
-    owed_commits_sent_at: Option<Instant>,
+    /// The last offset sent to be committed per trace partition assigned, and which a
+    /// refusal left owed.
+    commits_sent: OwedCommits<(String, i32)>,
     /// (service, scope, what) whose missing capture was logged: once each.
     told_uncaptured: HashSet<(String, String, Missing)>,
 }
 
 /// At most this many (service, scope, what) are logged as missing capture.
 const UNCAPTURED_LOGGED_MAX: usize = 1000;
-
-/// How often refused offset commits are sent again at most.
-const OWED_COMMIT_RETRY: Duration = Duration::from_secs(1);
-
-/// The last offset of a partition sent to be committed.
-struct SentCommit {
-    offset: i64,
-    /// Its commit was refused, and nothing later has been sent.
-    owed: bool,
-}
 
 /// The ingest consumer's context: client errors logged as the other clients' are, the
 /// offset commits that failed kept to be sent again (an asynchronous commit's answer comes
@@ -436,8 +422,7 @@ impl IngestBatch<'_> {
         for e in offsets.elements() {
             if let Offset::Offset(offset) = e.offset() {
                 let key = (e.topic().to_string(), e.partition());
-                let owed = failed;
-                self.commits_sent.insert(key, SentCommit { offset, owed });
+                self.commits_sent.note_sent(key, offset, failed);
             }
         }
     }
@@ -449,15 +434,15 @@ impl IngestBatch<'_> {
     /// assignment as it is now.
     fn follow_rebalances(&mut self, consumer: &BaseConsumer<IngestContext>) {
         let moved = std::mem::take(&mut *lock(&consumer.context().moved));
-        for key in &moved.assigned {
-            self.commits_sent.remove(key);
-        }
-        if moved.revoked.is_empty() {
+        if moved.assigned.is_empty() && moved.revoked.is_empty() {
             return;
         }
+        let assigned: HashSet<(String, i32)> = moved.assigned.into_iter().collect();
         let revoked: HashSet<(String, i32)> = moved.revoked.into_iter().collect();
-        for key in &revoked {
-            self.commits_sent.remove(key);
+        self.commits_sent
+            .retain(|key| !assigned.contains(key) && !revoked.contains(key));
+        if revoked.is_empty() {
+            return;
         }
         let mut kept = TopicPartitionList::new();
         for e in self.offsets.elements() {
@@ -469,32 +454,24 @@ impl IngestBatch<'_> {
     }
 
     /// Sends again the offsets whose commit was refused, at most once every
-    /// [`OWED_COMMIT_RETRY`], for the partitions still assigned.
+    /// [`OWED_COMMIT_RETRY`](super::bus::OWED_COMMIT_RETRY), for the partitions still
+    /// assigned.
     fn send_owed_commits(&mut self, consumer: &BaseConsumer<IngestContext>) {
-        let mut error = None;
         for failed in consumer.take_failed_commits() {
-            let key = (failed.topic, failed.partition);
-            if let Some(sent) = self.commits_sent.get_mut(&key) {
-                // Else an older offset's: a later one has been sent since.
-                if sent.offset == failed.offset {
-                    sent.owed = true;
-                    if !refused_while_the_group_changes(failed.error) {
-                        error = failed.error;
-                    }
-                }
-            }
+            let key = (failed.topic.clone(), failed.partition);
+            self.commits_sent.note_failed(Some(key), &failed);
         }
-        let recently = self
-            .owed_commits_sent_at
-            .is_some_and(|at| at.elapsed() < OWED_COMMIT_RETRY);
-        if recently || !self.commits_sent.values().any(|sent| sent.owed) {
+        if !self.commits_sent.due(false) {
             return;
         }
-        self.owed_commits_sent_at = Some(Instant::now());
-        let owed = self.held(consumer, |sent| sent.owed);
-        if owed.count() == 0 {
+        let assignment = consumer.assignment().ok();
+        let (again, error) = self
+            .commits_sent
+            .take_owed(|key| assigned(&assignment, key));
+        if again.is_empty() {
             return;
         }
+        let owed = offsets_list(&again);
         match error {
             None => debug!(
                 partitions = owed.count(),
@@ -513,7 +490,12 @@ impl IngestBatch<'_> {
     /// consumer's close does not wait for it).
     fn commit_last_offsets(&mut self, consumer: &BaseConsumer<IngestContext>) {
         self.follow_rebalances(consumer);
-        let last = self.held(consumer, |_| true);
+        let assignment = consumer.assignment().ok();
+        let last = offsets_list(
+            &self
+                .commits_sent
+                .take_last(|key| assigned(&assignment, key)),
+        );
         if last.count() == 0 {
             return;
         }
@@ -521,27 +503,23 @@ impl IngestBatch<'_> {
             warn!(error = %e, partitions = last.count(), "otlp ingest offsets not committed at the stop; their messages will be ingested again");
         }
     }
+}
 
-    /// The sent offsets `which` picks, of the partitions assigned (one look at the
-    /// assignment), each marked no longer owed.
-    fn held(
-        &mut self,
-        consumer: &BaseConsumer<IngestContext>,
-        which: impl Fn(&SentCommit) -> bool,
-    ) -> TopicPartitionList {
-        let assignment = consumer.assignment().ok();
-        let mut picked = TopicPartitionList::new();
-        for ((topic, partition), sent) in &mut self.commits_sent {
-            let assigned = assignment
-                .as_ref()
-                .is_none_or(|a| a.find_partition(topic, *partition).is_some());
-            if which(sent) && assigned {
-                let _ = picked.add_partition_offset(topic, *partition, Offset::Offset(sent.offset));
-                sent.owed = false;
-            }
-        }
-        picked
+/// Whether `key`'s partition is in `assignment` (`None`: the client could not say, taken
+/// as assigned).
+fn assigned(assignment: &Option<TopicPartitionList>, (topic, partition): &(String, i32)) -> bool {
+    assignment
+        .as_ref()
+        .is_none_or(|a| a.find_partition(topic, *partition).is_some())
+}
+
+/// `offsets` as a list to commit.
+fn offsets_list(offsets: &[((String, i32), i64)]) -> TopicPartitionList {
+    let mut list = TopicPartitionList::new();
+    for ((topic, partition), offset) in offsets {
+        let _ = list.add_partition_offset(topic, *partition, Offset::Offset(*offset));
     }
+    list
 }
 
 fn count_spans(telemetry: &Telemetry, report: &MapReport) {

@@ -27,8 +27,8 @@ use tracing::{info, warn};
 
 use super::align::{Held, UNPOLLED_WAIT_MAX};
 use super::backoff::{Backoff, DeadlinePassed};
-use super::batch::{PolledTimes, SentCommit};
-use super::bus::Input;
+use super::batch::PolledTimes;
+use super::bus::{Input, OwedCommits};
 use super::changelog::{self, BatchIds, Restorer};
 use super::commit::Commit;
 use super::holds::{PartitionHolds, StoppedWaiting};
@@ -103,11 +103,7 @@ pub struct Worker {
     pub(super) member: GroupMember,
     /// at_least_once: the input offsets this worker last sent to be committed, of the
     /// partitions it holds, by input topic (its index in `inputs`) and partition.
-    pub(super) commits_sent: FxHashMap<(usize, i32), SentCommit>,
-    /// When offsets whose commit had failed were last sent again.
-    pub(super) owed_commits_sent_at: Option<Instant>,
-    /// Why a commit failed since then, when not because the group was changing.
-    pub(super) owed_commit_error: Option<String>,
+    pub(super) commits_sent: OwedCommits<(usize, i32)>,
     /// The partitions this worker holds among the process's workers. Last: dropped after
     /// the writer, whose drop waits for its thread, so a partition is given back only
     /// once nothing of this worker writes it.
@@ -196,9 +192,7 @@ impl Worker {
             store_watch,
             storing: VecDeque::new(),
             member,
-            commits_sent: FxHashMap::default(),
-            owed_commits_sent_at: None,
-            owed_commit_error: None,
+            commits_sent: OwedCommits::default(),
             holds: Holding {
                 holds,
                 worker: index,
@@ -362,7 +356,7 @@ impl Worker {
         self.give_back(revoked.iter().copied());
         // A partition's next owner commits its offsets from now on: one of ours sent
         // again later could take the group's offset back.
-        self.commits_sent.retain(|(_, p), _| !revoked.contains(p));
+        self.commits_sent.retain(|(_, p)| !revoked.contains(p));
         for p in revoked {
             self.partitions.remove(p);
             for topic in &self.config.kafka.input_topics {
