@@ -1281,15 +1281,12 @@ fn an_instance_frozen_past_its_session_loses_nothing_and_its_late_writes_turn_no
     let log_a = fx.dir.path().join("a.log");
     let (first, last) = events.split_at(events.len() * 2 / 3);
     let load = CpuLoad::start();
-    let feeder = {
-        let (brokers, topic, first) = (brokers.clone(), topics.input.clone(), first.to_vec());
-        std::thread::spawn(move || {
-            for chunk in first.chunks(first.len() / 30 + 1) {
-                produce(&brokers, &topic, chunk, &[]);
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        })
+    let pace = Pace {
+        delay: Duration::ZERO,
+        chunks: 30,
+        pause: Duration::from_millis(250),
     };
+    let feeder = feed_paced(&brokers, topics.input.clone(), first.to_vec(), pace);
     let within = Duration::from_secs(30);
     let a = spawn_run(&cfg, &log_a);
     log_reaches(&log_a, "partition assigned", 1, within);

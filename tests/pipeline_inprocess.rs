@@ -121,21 +121,9 @@ impl Cluster {
     /// Waits (up to 60 s) until the group has committed `events` input offsets in all:
     /// everything produced so far is applied, stored and committed. Whether it did.
     fn wait_committed(&self, events: usize) -> bool {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let committed: i64 =
-                committed_offsets(&self.brokers(), &self.group, &self.topics.input)
-                    .into_iter()
-                    .flatten()
-                    .sum();
-            if committed >= events as i64 {
-                return true;
-            }
-            if std::time::Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let (brokers, within) = (self.brokers(), Duration::from_secs(60));
+        committed_reaching(&brokers, &self.group, &self.topics.input, events, within)
+            >= events as i64
     }
 
     /// [`Cluster::wait_committed`], failing with the offsets committed when it times out.
@@ -891,17 +879,31 @@ fn spawn_ingest(
     (shutdown, thread)
 }
 
-/// The sum of the OTLP ingest group's committed offsets on `traces` once it reaches
-/// `messages` (every message committed) or 20 s pass.
-fn ingest_committed(cluster: &Cluster, group: &str, traces: &str, messages: usize) -> i64 {
-    let committed = || -> i64 {
-        committed_offsets(&cluster.brokers(), group, traces)
-            .into_iter()
-            .flatten()
-            .sum()
-    };
-    eventually(Duration::from_secs(20), || committed() >= messages as i64);
-    committed()
+/// The sum of `group`'s committed offsets on `topic` (offsets from 0: one a message
+/// committed).
+fn committed_sum(brokers: &str, group: &str, topic: &str) -> i64 {
+    committed_offsets(brokers, group, topic)
+        .into_iter()
+        .flatten()
+        .sum()
+}
+
+/// [`committed_sum`] once it reaches `messages` or `within` passes (read every 100 ms).
+fn committed_reaching(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+    messages: usize,
+    within: Duration,
+) -> i64 {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let committed = committed_sum(brokers, group, topic);
+        if committed >= messages as i64 || std::time::Instant::now() > deadline {
+            return committed;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
@@ -921,8 +923,9 @@ fn an_otlp_ingest_commit_the_coordinator_refused_is_sent_again_once_it_takes_the
     };
     produce(&cluster.brokers(), &traces, &exports(1, 3), &[]);
     cluster.read(&cluster.topics.input, 2);
+    let (brokers, within) = (cluster.brokers(), Duration::from_secs(20));
     assert_eq!(
-        ingest_committed(&cluster, &group, &traces, 2),
+        committed_reaching(&brokers, &group, &traces, 2, within),
         2,
         "committed before the coordinator refuses"
     );
@@ -936,17 +939,14 @@ fn an_otlp_ingest_commit_the_coordinator_refused_is_sent_again_once_it_takes_the
     // later: both refused.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
-        committed_offsets(&cluster.brokers(), &group, &traces)
-            .into_iter()
-            .flatten()
-            .sum::<i64>(),
+        committed_sum(&brokers, &group, &traces),
         2,
         "nothing more committed while the coordinator refuses"
     );
     cluster.broker.clear_request_failures(ApiKey::OffsetCommit);
     // No message comes after: only sending the refused offsets again commits them.
     assert_eq!(
-        ingest_committed(&cluster, &group, &traces, 8),
+        committed_reaching(&brokers, &group, &traces, 8, within),
         8,
         "every message committed once the coordinator takes commits again"
     );
