@@ -9,7 +9,9 @@
 //! the group's assignment (an empty one too) and not while a group that refuses its joins
 //! leaves a worker without one; a member that joins a settled group on the embedded
 //! broker's own defaults gets its partitions in seconds; an offset commit the
-//! coordinator refused is sent again once it takes them. Transactions, pause/resume, SIGKILL and several
+//! coordinator refused is sent again once it takes them; a static member fenced by
+//! another with its id (the pipeline's and the OTLP ingest's) stops the process with an
+//! error naming it. Transactions, pause/resume, SIGKILL and several
 //! processes stay in `tests/pipeline.rs` against Tansu (the mock cluster does not show
 //! them faithfully).
 
@@ -747,6 +749,101 @@ fn an_offset_commit_the_coordinator_refused_is_sent_again_once_it_takes_them() {
     assert_eq!(running.stop().events, events.len() as u64);
 }
 
+/// `thread`'s result once it ends, within 30 s (a run that goes on is a failure).
+fn ends_within_30s<T>(
+    thread: JoinHandle<Result<T, PipelineError>>,
+    what: &str,
+) -> Result<T, PipelineError> {
+    assert!(
+        eventually(Duration::from_secs(30), || thread.is_finished()),
+        "{what} runs on"
+    );
+    thread.join().unwrap()
+}
+
+/// That `error` says the member `member` of `group` was fenced, and what to do about it.
+fn assert_fenced(error: PipelineError, group: &str, member: impl Fn(&str) -> bool) {
+    let said = error.to_string();
+    match error {
+        PipelineError::Fenced {
+            group: g,
+            member: m,
+        } => {
+            assert_eq!(g, group);
+            assert!(member(&m), "the member named: {m}");
+        }
+        other => panic!("not a fence: {other}"),
+    }
+    assert!(said.contains("kafka.instance_id"), "no remedy: {said}");
+}
+
+#[test]
+fn a_static_member_fenced_by_another_with_its_id_stops_the_process_and_its_restart_loses_nothing() {
+    // Two instances given one `kafka.instance_id`, or an old pod still running when its
+    // replacement joined: the broker fences the member whose id the other took, and its
+    // partitions are the other's from then on. It polled on, ready, and would apply
+    // (and emit findings of) what the other member applies.
+    let cluster = Cluster::start();
+    let env = [
+        ("LOOPWARDEN_KAFKA__INSTANCE_ID", "pod-a"),
+        ("LOOPWARDEN_KAFKA__WORKERS", "2"),
+    ];
+    let config = cluster.config_with_env("a", "", &env);
+    let (events, want) = looping_fleet(&config, 60, 13, 5);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(config.clone(), cluster.brokers(), telemetry.clone());
+    assert_becomes_ready(&telemetry, "before the fence");
+    let feeder = {
+        let (brokers, topic, events) = (
+            cluster.brokers(),
+            cluster.topics.input.clone(),
+            events.clone(),
+        );
+        std::thread::spawn(move || {
+            let producer = producer(&brokers);
+            for chunk in events.chunks(events.len() / 30 + 1) {
+                produce_with(&producer, &topic, chunk, &[]);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    // Fenced while the feed flows, once the group has committed some of it: the
+    // coordinator answers one worker's heartbeat as a broker answers a static member
+    // whose id another member joined with.
+    let (brokers, group, input) = (
+        cluster.brokers(),
+        cluster.group.clone(),
+        cluster.topics.input.clone(),
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || committed_sum(
+            &brokers, &group, &input
+        ) > 0),
+        "nothing committed before the fence"
+    );
+    let fenced = RDKafkaRespErr::RD_KAFKA_RESP_ERR_FENCED_INSTANCE_ID;
+    cluster.broker.fail_requests(ApiKey::Heartbeat, fenced, 1);
+    let error =
+        ends_within_30s(running.thread, "a fenced member").expect_err("a fence is an error");
+    // One worker fenced stops the process: its other worker with it.
+    assert_fenced(error, &cluster.group, |m| m == "pod-a-0" || m == "pod-a-1");
+    let fenced_at = committed_sum(&brokers, &group, &input);
+    assert!(
+        (fenced_at as usize) < events.len(),
+        "the feed ended before the fence"
+    );
+
+    // Restarted on its disk, it applies the rest: every termination replay finds (a copy,
+    // of a batch the fence left open and read again, shares its `event_id`).
+    let again = Running::start(config, cluster.brokers());
+    feeder.join().unwrap();
+    cluster.assert_committed(events.len(), "after the restart");
+    let terminated = cluster.read(&cluster.topics.terminated, want.len());
+    again.stop();
+    let got: BTreeSet<String> = event_ids(&terminated).into_iter().collect();
+    assert_eq!(got, want, "terminations differ from replay");
+}
+
 #[test]
 fn bad_messages_are_dead_lettered_with_their_reason() {
     let cluster = Cluster::start();
@@ -953,6 +1050,26 @@ fn an_otlp_ingest_commit_the_coordinator_refused_is_sent_again_once_it_takes_the
     shutdown.trigger();
     let stats = ingest.join().unwrap().unwrap();
     assert_eq!((stats.messages, stats.events), (8, 8));
+}
+
+#[test]
+fn an_otlp_ingest_fenced_by_a_member_with_its_id_stops_the_process() {
+    let cluster = Cluster::start();
+    let traces = unique("traces");
+    cluster.broker.create_topic(&traces, 2).unwrap();
+    let ingest = format!("[ingest.otlp]\ntopics = [\"{traces}\"]\n");
+    let env = [("LOOPWARDEN_KAFKA__INSTANCE_ID", "pod-a")];
+    let config = cluster.config_with_env("a", &ingest, &env);
+    let group = config.ingest.as_ref().expect("ingest on").group_id.clone();
+    let (shutdown, ingest) = spawn_ingest(&config, &cluster);
+    let export = export(vec![tool_span(1, "sess-1", "fine")]);
+    produce(&cluster.brokers(), &traces, &[export], &[]);
+    cluster.read(&cluster.topics.input, 1);
+    let fenced = RDKafkaRespErr::RD_KAFKA_RESP_ERR_FENCED_INSTANCE_ID;
+    cluster.broker.fail_requests(ApiKey::Heartbeat, fenced, 1);
+    let error = ends_within_30s(ingest, "a fenced ingest").expect_err("a fence is an error");
+    assert_fenced(error, &group, |m| m == "pod-a");
+    assert!(shutdown.is_triggered(), "the workers beside it run on");
 }
 
 #[test]

@@ -52,6 +52,8 @@ pub fn log_client_error(client: &str, error: &KafkaError, reason: &str) {
         Some(E::PartitionEOF) => {}
         Some(
             E::Fatal
+            // Only ever fatal: a static member fenced by another with its id.
+            | E::FencedInstanceId
             | E::Authentication
             | E::SaslAuthenticationFailed
             | E::TopicAuthorizationFailed
@@ -143,18 +145,25 @@ pub fn consumer_config(settings: &KafkaSettings, brokers: &str, worker: usize) -
         // Input written by transactional producers counts once it is committed; in
         // exactly_once mode this is what makes the changelog and findings atomic.
         .set("isolation.level", "read_committed");
-    if let Some(id) = &settings.instance_id {
-        let member = if settings.workers > 1 {
-            format!("{id}-{worker}")
-        } else {
-            id.clone()
-        };
+    if let Some(member) = group_instance_id(settings, worker) {
         c.set("group.instance.id", member);
     }
     for (k, v) in &settings.consumer {
         c.set(k, v);
     }
     c
+}
+
+/// The static group membership id (`group.instance.id`) of worker `worker`'s consumer:
+/// `kafka.instance_id`, and with several workers `<instance_id>-<worker>`, so that the
+/// workers of one instance do not fence each other. `None` without an instance id.
+pub fn group_instance_id(settings: &KafkaSettings, worker: usize) -> Option<String> {
+    let id = settings.instance_id.as_ref()?;
+    Some(if settings.workers > 1 {
+        format!("{id}-{worker}")
+    } else {
+        id.clone()
+    })
 }
 
 /// The producer's config: idempotent, acks from all replicas, short linger (each batch

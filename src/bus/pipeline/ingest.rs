@@ -253,6 +253,18 @@ impl IngestBatch<'_> {
                         }
                     }
                     Some(Err(e)) => {
+                        let failed = PipelineError::consumer_failed(
+                            consumer.client(),
+                            Some(&e),
+                            self.settings,
+                            0,
+                        );
+                        if let Some(failed) = failed {
+                            // The batch in hand is not delivered: its partitions are read
+                            // again from the committed offsets by their next owner.
+                            self.commit_last_offsets(consumer);
+                            return Err(failed);
+                        }
                         warn!(error = %e, "otlp ingest consumer error");
                         if in_batch > 0 {
                             break;

@@ -53,14 +53,16 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use rdkafka::client::{Client, ClientContext};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 use tracing::{error, info, warn};
 
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::bus::kafka::{
-    check_topics, consumer_config, ensure_changelog, partition_counts, producer_config, TopicError,
+    check_topics, consumer_config, ensure_changelog, group_instance_id, partition_counts,
+    producer_config, TopicError,
 };
 use crate::config::Config;
 use crate::engine::store::{open_db_with_cache, StoreError};
@@ -153,6 +155,10 @@ pub enum PipelineError {
     },
     #[error("cannot move the consumer back to the committed offsets after a fenced transaction ({0}); stopping so that a restart reads the dropped batch again")]
     Rewind(#[source] KafkaError),
+    #[error("kafka consumer fenced: another member joined consumer group `{group}` with this one's group.instance.id `{member}`, and its partitions are that member's now; each instance needs a kafka.instance_id of its own (is another instance, or an earlier copy of this one, still running with it?)")]
+    Fenced { group: String, member: String },
+    #[error("kafka consumer of group `{group}` failed fatally and cannot go on: {reason}")]
+    ConsumerFatal { group: String, reason: String },
     #[error("shutdown deadline ({secs} s) passed with {undelivered} output record(s) undelivered; nothing was stored or committed for them, so a restart processes their events again")]
     DeadlineExceeded { secs: u64, undelivered: usize },
 }
@@ -188,6 +194,31 @@ impl std::ops::AddAssign for RunStats {
 }
 
 impl PipelineError {
+    /// The error that ends worker `worker` (or the OTLP ingest, worker 0 of its settings)
+    /// once its consumer `client` failed fatally, `None` while it has not. A poll returns
+    /// a fatal error once (`polled`); the client keeps it. A fenced static member stops:
+    /// the member that fenced it holds its partitions now, and a batch of them applied
+    /// here would be applied twice.
+    pub(super) fn consumer_failed<C: ClientContext>(
+        client: &Client<C>,
+        polled: Option<&KafkaError>,
+        settings: &KafkaSettings,
+        worker: usize,
+    ) -> Option<PipelineError> {
+        let (code, reason) = match (client.fatal_error(), polled) {
+            (Some(fatal), _) => fatal,
+            (None, Some(KafkaError::MessageConsumptionFatal(code))) => (*code, code.to_string()),
+            _ => return None,
+        };
+        let group = settings.group_id.clone();
+        Some(match group_instance_id(settings, worker) {
+            Some(member) if code == RDKafkaErrorCode::FencedInstanceId => {
+                PipelineError::Fenced { group, member }
+            }
+            _ => PipelineError::ConsumerFatal { group, reason },
+        })
+    }
+
     /// The shutdown deadline passed with `undelivered` records in hand.
     fn deadline(backoff: &Backoff, undelivered: usize) -> PipelineError {
         PipelineError::DeadlineExceeded {
@@ -659,7 +690,7 @@ fn poll_batch(
         };
         match error {
             Some(e) => {
-                warn!(error = %e, "consumer error");
+                consumer_error(consumer, w, settings, Some(&e))?;
                 if polled.messages > 0 {
                     return Ok(polled);
                 }
@@ -670,6 +701,9 @@ fn poll_batch(
                 if shutdown.is_triggered() {
                     return Ok(polled);
                 }
+                // A fatal error is returned by a poll once; should another poll have
+                // taken it, the client still holds it.
+                consumer_error(consumer, w, settings, None)?;
                 // Keeps the lag gauge current while the input is idle, and tells an idle
                 // partition from one whose events wait on the broker.
                 w.lag(consumer);
@@ -682,6 +716,24 @@ fn poll_batch(
             }
         }
     }
+}
+
+/// A consumer error a poll returned (`polled`), or none: logged, if librdkafka goes on
+/// after it; the worker's end, if the consumer failed fatally.
+fn consumer_error(
+    consumer: &BaseConsumer<RebalanceHandler>,
+    w: &Worker,
+    settings: &KafkaSettings,
+    polled: Option<&KafkaError>,
+) -> Result<(), PipelineError> {
+    let client = consumer.client();
+    if let Some(failed) = PipelineError::consumer_failed(client, polled, settings, w.index()) {
+        return Err(failed);
+    }
+    if let Some(e) = polled {
+        warn!(error = %e, "consumer error");
+    }
+    Ok(())
 }
 
 /// Handles message `first` and the messages librdkafka already holds after it, up to
@@ -737,6 +789,53 @@ fn handle_run<'c>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_consumer_failed_fatally_ends_its_worker_and_a_fence_names_the_member() {
+        // The client's own fatal error (`rd_kafka_fatal_error`, read first) is set by a
+        // real fence in `tests/pipeline_inprocess.rs`: a client failed fatally by
+        // `rd_kafka_test_fatal_error` alone never finished its destroy here.
+        let mut settings = KafkaSettings {
+            group_id: "lw".into(),
+            instance_id: Some("pod-3".into()),
+            workers: 2,
+            ..KafkaSettings::default()
+        };
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .create()
+            .unwrap();
+        let client = consumer.client();
+        let transient = KafkaError::MessageConsumption(RDKafkaErrorCode::BrokerTransportFailure);
+        assert!(PipelineError::consumer_failed(client, None, &settings, 1).is_none());
+        assert!(PipelineError::consumer_failed(client, Some(&transient), &settings, 1).is_none());
+
+        let fenced = KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::FencedInstanceId);
+        match PipelineError::consumer_failed(client, Some(&fenced), &settings, 1) {
+            Some(PipelineError::Fenced { group, member }) => {
+                assert_eq!((group.as_str(), member.as_str()), ("lw", "pod-3-1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let other =
+            KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::InconsistentGroupProtocol);
+        match PipelineError::consumer_failed(client, Some(&other), &settings, 0) {
+            Some(PipelineError::ConsumerFatal { group, reason }) => {
+                assert_eq!(group, "lw");
+                assert_eq!(
+                    reason,
+                    RDKafkaErrorCode::InconsistentGroupProtocol.to_string()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without an instance id there is no static member to name.
+        settings.instance_id = None;
+        assert!(matches!(
+            PipelineError::consumer_failed(client, Some(&fenced), &settings, 0),
+            Some(PipelineError::ConsumerFatal { .. })
+        ));
+    }
 
     #[test]
     fn each_workers_threads_stay_apart_within_what_linux_keeps_of_a_name() {

@@ -143,6 +143,11 @@ impl Drop for Worker {
 }
 
 impl Worker {
+    /// Which worker of the process this is (`kafka.workers`).
+    pub(super) fn index(&self) -> usize {
+        self.holds.worker
+    }
+
     /// A worker of the process; `index` names its store writer's thread.
     // Each part is built by the caller (the tests give in-memory ones), so none is left out.
     #[allow(clippy::too_many_arguments)]
