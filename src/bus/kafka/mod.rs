@@ -52,7 +52,8 @@ pub fn log_client_error(client: &str, error: &KafkaError, reason: &str) {
         Some(E::PartitionEOF) => {}
         Some(
             E::Fatal
-            // Only ever fatal: a static member fenced by another with its id.
+            // A static member fenced by another with its id: the consumer's fatal error
+            // comes with its poll, but a client may report it here too.
             | E::FencedInstanceId
             | E::Authentication
             | E::SaslAuthenticationFailed

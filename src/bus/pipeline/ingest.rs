@@ -260,9 +260,10 @@ impl IngestBatch<'_> {
                             0,
                         );
                         if let Some(failed) = failed {
-                            // The batch in hand is not delivered: its partitions are read
-                            // again from the committed offsets by their next owner.
-                            self.commit_last_offsets(consumer);
+                            // The batch in hand is not delivered (the outbox holds it
+                            // until `finish`), nor committed: librdkafka refuses every
+                            // commit once its client failed fatally. Its partitions are
+                            // read again from the committed offsets by their next owner.
                             return Err(failed);
                         }
                         warn!(error = %e, "otlp ingest consumer error");

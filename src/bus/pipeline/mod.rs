@@ -385,17 +385,21 @@ fn run_workers(
     // Every worker counts for readiness before any thread starts, so that the first to
     // hold an assignment cannot read ready while the others are still starting.
     let members: Vec<GroupMember> = (0..workers).map(|_| telemetry.readiness.member()).collect();
+    // The order in which workers failed: the first failure stops the others, and may make
+    // one of them fail too (its deadline passing at the stop); the first is the cause.
+    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let threads: Vec<_> = members
         .into_iter()
         .enumerate()
         .map(|(i, member)| {
-            let (config, brokers, db, holds, shutdown, telemetry) = (
+            let (config, brokers, db, holds, shutdown, telemetry, failures) = (
                 config.clone(),
                 brokers.to_string(),
                 db.clone(),
                 holds.clone(),
                 shutdown.clone(),
                 telemetry.clone(),
+                failures.clone(),
             );
             std::thread::Builder::new()
                 .name(worker_thread(i))
@@ -417,30 +421,37 @@ fn run_workers(
                         member,
                         telemetry,
                     );
-                    if result.is_err() {
+                    result.map_err(|e| {
+                        let order = failures.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         // One worker failing stops the process: the others finish cleanly.
                         shutdown.trigger();
-                    }
-                    result
+                        (order, e)
+                    })
                 })
         })
         .collect::<Result<_, _>>()
         .map_err(PipelineError::Thread)?;
     let mut total = RunStats::default();
-    let mut first_error = None;
+    let mut first_error: Option<(usize, PipelineError)> = None;
     for t in threads {
-        match t.join() {
-            Ok(Ok(stats)) => total += stats,
-            Ok(Err(e)) => {
-                first_error.get_or_insert(e);
+        let failed = match t.join() {
+            Ok(Ok(stats)) => {
+                total += stats;
+                continue;
             }
-            Err(_) => {
-                first_error.get_or_insert(PipelineError::WorkerPanicked);
-            }
+            Ok(Err(failed)) => failed,
+            // A panic's place in time is not known: after every error counted.
+            Err(_) => (usize::MAX, PipelineError::WorkerPanicked),
+        };
+        if first_error
+            .as_ref()
+            .is_none_or(|(first, _)| failed.0 < *first)
+        {
+            first_error = Some(failed);
         }
     }
     match first_error {
-        Some(e) => Err(e),
+        Some((_, e)) => Err(e),
         None => Ok(total),
     }
 }
