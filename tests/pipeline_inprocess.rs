@@ -11,7 +11,8 @@
 //! broker's own defaults gets its partitions in seconds; an offset commit the
 //! coordinator refused is sent again once it takes them; a static member fenced by
 //! another with its id (the pipeline's and the OTLP ingest's) stops the process with an
-//! error naming it. Transactions, pause/resume, SIGKILL and several
+//! error naming it, and so does a producer that failed fatally (a restart loses nothing
+//! after either). Transactions, pause/resume, SIGKILL and several
 //! processes stay in `tests/pipeline.rs` against Tansu (the mock cluster does not show
 //! them faithfully).
 
@@ -840,6 +841,48 @@ fn a_static_member_fenced_by_another_with_its_id_stops_the_process_and_its_resta
     // of a batch the fence left open and read again, shares its `event_id`).
     let again = Running::start(config, cluster.brokers());
     feeder.join().unwrap();
+    cluster.assert_committed(events.len(), "after the restart");
+    let terminated = cluster.read(&cluster.topics.terminated, want.len());
+    again.stop();
+    let got: BTreeSet<String> = event_ids(&terminated).into_iter().collect();
+    assert_eq!(got, want, "terminations differ from replay");
+}
+
+#[test]
+fn a_producer_failed_fatally_stops_the_process_and_its_restart_loses_nothing() {
+    // An idempotent producer whose first request in flight the broker answers "out of
+    // order sequence" has lost its sequence with the broker: librdkafka fails it fatally,
+    // and every record fails from then on. The outbox sent them again each second for
+    // ever, ready, committing nothing.
+    let cluster = Cluster::start();
+    let config = cluster.config("a", "");
+    let (events, want) = looping_fleet(&config, 30, 17, 3);
+    cluster.produce(&events);
+    // Armed after the test's own produce: the run's first produce request takes it.
+    let out_of_order = RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER;
+    cluster
+        .broker
+        .fail_requests(ApiKey::Produce, out_of_order, 1);
+    let running = Running::start(config.clone(), cluster.brokers());
+    assert!(
+        eventually(Duration::from_secs(30), || running.thread.is_finished()),
+        "a run whose producer failed fatally runs on"
+    );
+    match running.thread.join().unwrap() {
+        Err(PipelineError::ProducerFatal {
+            reason,
+            undelivered,
+        }) => {
+            assert!(reason.contains("sequence"), "{reason}");
+            assert!(undelivered > 0);
+        }
+        other => panic!("not a producer's fatal error: {other:?}"),
+    }
+    cluster.assert_nothing_committed("once the producer failed");
+
+    // Restarted on its disk (a new producer), it applies every event: every termination
+    // replay finds.
+    let again = Running::start(config, cluster.brokers());
     cluster.assert_committed(events.len(), "after the restart");
     let terminated = cluster.read(&cluster.topics.terminated, want.len());
     again.stop();

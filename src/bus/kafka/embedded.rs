@@ -28,6 +28,7 @@ pub enum EmbeddedError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i16)]
 pub enum ApiKey {
+    Produce = 0,
     OffsetCommit = 8,
     JoinGroup = 11,
     Heartbeat = 12,

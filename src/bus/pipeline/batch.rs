@@ -24,7 +24,7 @@ use rdkafka::TopicPartitionList;
 use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
-use super::backoff::{Backoff, DeadlinePassed};
+use super::backoff::Backoff;
 use super::bus::{refused_while_the_group_changes, Input};
 use super::changelog::{self, SessionRecords, CHANGELOG_POSITION};
 use super::commit::Transactional;
@@ -486,13 +486,14 @@ impl Worker {
         };
         let waited = Instant::now();
         let mut backoff = Backoff::new(self.settings(), &self.shutdown);
-        let deadline = |outbox: &Outbox, b: &Backoff| PipelineError::deadline(b, outbox.len());
+        let undelivered =
+            |why, outbox: &Outbox, b: &Backoff| PipelineError::undelivered(why, b, outbox.len());
         // Its records, and its commit records if they went out while this batch was
         // polled; not this batch's findings sent since.
         let mark = unacked.commits_end.unwrap_or(unacked.records_end);
         self.outbox
             .settle_below(mark, &mut backoff)
-            .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
+            .map_err(|why| undelivered(why, &self.outbox, &backoff))?;
         if self.commit.changelog_after_acks() && unacked.commits_due() {
             // Everything the batch produced is on the broker, and its session records:
             // now its commit records (see the changelog's module docs). Whatever of the
@@ -501,7 +502,7 @@ impl Worker {
             let end = unacked.queue_commits(&mut self.outbox, &self.config.kafka.group_id);
             self.outbox
                 .settle_below(end, &mut backoff)
-                .map_err(|DeadlinePassed| deadline(&self.outbox, &backoff))?;
+                .map_err(|why| undelivered(why, &self.outbox, &backoff))?;
         }
         self.telemetry
             .metrics

@@ -405,6 +405,10 @@ pub trait Transport: Send {
     ) -> KafkaResult<()>;
     fn commit_transaction(&self, timeout: Duration) -> KafkaResult<()>;
     fn abort_transaction(&self, timeout: Duration) -> KafkaResult<()>;
+    /// Why the producer failed fatally, once it has (librdkafka's fatal error: an
+    /// idempotent producer whose sequence the broker no longer follows): from then on it
+    /// delivers nothing, and every record handed over fails.
+    fn fatal_error(&self) -> Option<String>;
 }
 
 /// A Kafka producer as the outbox's transport.
@@ -643,6 +647,13 @@ impl Transport for KafkaTransport {
 
     fn in_flight(&self) -> usize {
         self.producer.in_flight_count().max(0) as usize
+    }
+
+    fn fatal_error(&self) -> Option<String> {
+        self.producer
+            .client()
+            .fatal_error()
+            .map(|(_, reason)| reason)
     }
 
     fn tracker(&self) -> &DeliveryTracker {

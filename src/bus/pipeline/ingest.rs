@@ -35,7 +35,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
-use super::backoff::{Backoff, DeadlinePassed};
+use super::backoff::Backoff;
 use super::bus::{
     failed_commits, seek_to_committed, CommitFailures, FailedCommit, Input, OwedCommits,
 };
@@ -393,7 +393,7 @@ impl IngestBatch<'_> {
             None => {
                 outbox
                     .deliver(&mut backoff)
-                    .map_err(|DeadlinePassed| PipelineError::deadline(&backoff, outbox.len()))?;
+                    .map_err(|why| PipelineError::undelivered(why, &backoff, outbox.len()))?;
                 // Synchronous at a stop (nothing may be left uncommitted), else in the
                 // background: a lost commit only means the batch is mapped again.
                 let mode = if shutdown.is_triggered() {

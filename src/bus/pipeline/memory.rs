@@ -79,6 +79,8 @@ struct State {
     held_polls: usize,
     /// Deliveries still to fail (not landed, reported failed) before records land again.
     failing: usize,
+    /// Why the producer failed fatally ([`Bus::fail_producer`]): it delivers nothing more.
+    producer_failed: Option<String>,
     /// Operations so far, and the one that crashes.
     ops: u64,
     crash_at: Option<u64>,
@@ -185,6 +187,13 @@ impl Bus {
         lock(&self.0).failing = deliveries;
     }
 
+    /// The producer fails fatally for `reason`, as librdkafka's idempotent producer does
+    /// when the broker no longer follows its sequence: what is in flight and every
+    /// record sent after fails.
+    pub fn fail_producer(&self, reason: &str) {
+        lock(&self.0).producer_failed = Some(reason.to_string());
+    }
+
     /// Disarms a crash not reached.
     pub fn disarm(&self) {
         lock(&self.0).crash_at = None;
@@ -234,6 +243,9 @@ fn no_transactions() -> KafkaResult<()> {
 impl Transport for MemoryTransport {
     fn send(&self, r: Outgoing<'_>, report: Report) -> KafkaResult<()> {
         self.bus.tick("send");
+        if lock(&self.bus.0).producer_failed.is_some() {
+            return Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fatal));
+        }
         let landed = Landed {
             key: r.key.to_vec(),
             payload: r.payload.map(|p| p.to_vec()),
@@ -267,10 +279,17 @@ impl Transport for MemoryTransport {
                 let Some((at, record, report)) = state.in_flight.pop_front() else {
                     return;
                 };
-                if state.failing > 0 {
+                let failed = if state.producer_failed.is_some() {
+                    Some(RDKafkaErrorCode::Fatal)
+                } else if state.failing > 0 {
                     state.failing -= 1;
+                    Some(RDKafkaErrorCode::RequestTimedOut)
+                } else {
+                    None
+                };
+                if let Some(code) = failed {
                     drop(state);
-                    let failed = KafkaError::MessageProduction(RDKafkaErrorCode::RequestTimedOut);
+                    let failed = KafkaError::MessageProduction(code);
                     self.tracker.report(Err(failed), report);
                     continue;
                 }
@@ -318,6 +337,10 @@ impl Transport for MemoryTransport {
 
     fn abort_transaction(&self, _timeout: Duration) -> KafkaResult<()> {
         no_transactions()
+    }
+
+    fn fatal_error(&self) -> Option<String> {
+        lock(&self.bus.0).producer_failed.clone()
     }
 }
 

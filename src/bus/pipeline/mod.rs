@@ -104,7 +104,7 @@ pub use changelog::{assemble as assemble_changelog, RecordParts as ChangelogReco
 pub use changelog::{changelog_compaction_lag, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use commit::Commit;
 pub use ingest::{run_ingest, IngestStats};
-use outbox::Outbox;
+use outbox::{Outbox, Undelivered};
 pub use outbox::{
     DLQ_MESSAGE, DLQ_REASON, DLQ_SOURCE_OFFSET, DLQ_SOURCE_PARTITION, DLQ_SOURCE_TOPIC,
     DLQ_TRUNCATED_FROM,
@@ -159,6 +159,8 @@ pub enum PipelineError {
     Fenced { group: String, member: String },
     #[error("kafka consumer of group `{group}` failed fatally and cannot go on: {reason}")]
     ConsumerFatal { group: String, reason: String },
+    #[error("kafka producer failed fatally and delivers nothing more ({reason}); stopping with {undelivered} output record(s) undelivered: nothing was stored or committed for them, so a restart (a new producer) processes their events again")]
+    ProducerFatal { reason: String, undelivered: usize },
     #[error("shutdown deadline ({secs} s) passed with {undelivered} output record(s) undelivered; nothing was stored or committed for them, so a restart processes their events again")]
     DeadlineExceeded { secs: u64, undelivered: usize },
 }
@@ -217,6 +219,17 @@ impl PipelineError {
             }
             _ => PipelineError::ConsumerFatal { group, reason },
         })
+    }
+
+    /// Why `undelivered` records in hand were not delivered, as the run's error.
+    fn undelivered(why: Undelivered, backoff: &Backoff, undelivered: usize) -> PipelineError {
+        match why {
+            Undelivered::DeadlinePassed => PipelineError::deadline(backoff, undelivered),
+            Undelivered::ProducerFailed(reason) => PipelineError::ProducerFatal {
+                reason,
+                undelivered,
+            },
+        }
     }
 
     /// The shutdown deadline passed with `undelivered` records in hand.

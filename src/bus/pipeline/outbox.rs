@@ -3,8 +3,8 @@
 //! acknowledged each one.
 //!
 //! Guarantees: [`Outbox::deliver`] returns only when every record is acknowledged
-//! (failures are sent again with backoff, never dropped) or the shutdown deadline has
-//! passed; a dead letter the broker refuses as too large is cut to its first 64 KiB with a
+//! (failures are sent again with backoff, never dropped), the shutdown deadline has
+//! passed, or the producer failed fatally (it delivers nothing more: [`Undelivered`]); a dead letter the broker refuses as too large is cut to its first 64 KiB with a
 //! header saying how long it was, so it is never lost. Records name their topic by kind
 //! ([`Sink`]), resolved by name from the settings. A record's value is shared with the
 //! producer while it is in flight, not copied ([`Payload`]): the outbox may drop or cut
@@ -200,6 +200,23 @@ where
         ],
         source_headers,
         source_ms: None,
+    }
+}
+
+/// Why records were left undelivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undelivered {
+    /// The shutdown deadline passed while failures were being sent again.
+    DeadlinePassed,
+    /// The producer failed fatally, for the reason given: no record it is handed can be
+    /// delivered any more, so sending them again would wait for ever. Only a new producer
+    /// (a restart) delivers them.
+    ProducerFailed(String),
+}
+
+impl From<DeadlinePassed> for Undelivered {
+    fn from(_: DeadlinePassed) -> Undelivered {
+        Undelivered::DeadlinePassed
     }
 }
 
@@ -441,16 +458,25 @@ impl Outbox {
 
     /// Waits until the broker has acknowledged every record sent, sending failures again
     /// with backoff, then drops them (records pushed since stay, unsent).
-    pub fn settle(&mut self, backoff: &mut Backoff) -> Result<(), DeadlinePassed> {
+    pub fn settle(&mut self, backoff: &mut Backoff) -> Result<(), Undelivered> {
         self.settle_below(self.base + self.sent, backoff)
     }
 
-    /// Sends failed deliveries again after the backoff's pause.
+    /// Sends failed deliveries again after the backoff's pause, unless the producer
+    /// failed fatally.
     fn send_again(
         &mut self,
         failed: Vec<(usize, KafkaError)>,
         backoff: &mut Backoff,
-    ) -> Result<(), DeadlinePassed> {
+    ) -> Result<(), Undelivered> {
+        if let Some(reason) = self.transport.fatal_error() {
+            // Kept as failed (by number, as the tracker holds them): a settling after this
+            // one (a stop's) fails at once too, instead of waiting out its deadline.
+            let base = self.base;
+            lock(&self.transport.tracker().failed)
+                .extend(failed.into_iter().map(|(i, e)| (i + base, e)));
+            return Err(Undelivered::ProducerFailed(reason));
+        }
         self.retried(failed.len());
         let (_, first) = &failed[0];
         warn!(failed = failed.len(), error = %first, backoff_ms = backoff.delay_ms(), "output delivery failed; retrying");
@@ -466,7 +492,7 @@ impl Outbox {
         &mut self,
         mark: usize,
         backoff: &mut Backoff,
-    ) -> Result<bool, DeadlinePassed> {
+    ) -> Result<bool, Undelivered> {
         self.transport.poll(Duration::ZERO);
         let failed = self.take_failed();
         if !failed.is_empty() {
@@ -495,17 +521,13 @@ impl Outbox {
     /// [`Outbox::end`]), sending failures again with backoff, then drops them; records
     /// after the mark stay with the producer, unsettled. When records before it are not
     /// sent yet, every unsent record is sent first.
-    pub fn settle_below(
-        &mut self,
-        mark: usize,
-        backoff: &mut Backoff,
-    ) -> Result<(), DeadlinePassed> {
+    pub fn settle_below(&mut self, mark: usize, backoff: &mut Backoff) -> Result<(), Undelivered> {
         if mark > self.base + self.sent {
             self.send_all();
         }
         while !self.acknowledged_below(mark, backoff)? {
             if backoff.past_deadline() {
-                return Err(DeadlinePassed);
+                return Err(Undelivered::DeadlinePassed);
             }
             self.transport.poll(Duration::from_millis(1));
         }
@@ -527,7 +549,7 @@ impl Outbox {
 
     /// Produces every record and waits until the broker has acknowledged each one
     /// ([`Outbox::send_all`], then [`Outbox::settle`]).
-    pub fn deliver(&mut self, backoff: &mut Backoff) -> Result<(), DeadlinePassed> {
+    pub fn deliver(&mut self, backoff: &mut Backoff) -> Result<(), Undelivered> {
         self.send_all();
         self.settle(backoff)
     }
@@ -580,6 +602,44 @@ mod tests {
             [(1, 1)]
         );
         assert!(outbox.take_changelog_positions().is_empty(), "taken");
+    }
+
+    #[test]
+    fn a_producer_failed_fatally_is_not_waited_on_but_said() {
+        // librdkafka's idempotent producer fails fatally when the broker no longer
+        // follows its sequence: every record fails from then on, so sending them again
+        // with backoff waited for ever (or, at a stop, for the whole deadline).
+        let bus = Bus::default();
+        let settings = KafkaSettings::default();
+        let mut outbox = Outbox::on_memory_bus(&bus, &settings);
+        outbox.push(warning("a"));
+        outbox
+            .deliver(&mut Backoff::new(&settings, &Shutdown::new()))
+            .unwrap();
+        outbox.push(warning("b"));
+        outbox.push(warning("c"));
+        outbox.send_all();
+        bus.fail_producer("sequence desynchronization");
+        outbox.push(warning("d"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut backoff = Backoff::new(&settings, &Shutdown::new());
+            let first = outbox.deliver(&mut backoff);
+            // A settling after it (a stop's) says so at once too.
+            let again = outbox.settle(&mut backoff);
+            tx.send((first, again, outbox.len())).unwrap();
+        });
+        let (first, again, held) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the outbox waits on a producer that failed fatally");
+        let failed = Undelivered::ProducerFailed("sequence desynchronization".into());
+        assert_eq!(first, Err(failed.clone()));
+        assert_eq!(again, Err(failed));
+        assert_eq!(held, 3, "b, c and d stay, undelivered");
+        assert_eq!(
+            bus.records(&KafkaSettings::default().warning_topic).len(),
+            1
+        );
     }
 
     #[test]

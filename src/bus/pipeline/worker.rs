@@ -26,13 +26,13 @@ use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use super::align::{Held, UNPOLLED_WAIT_MAX};
-use super::backoff::{Backoff, DeadlinePassed};
+use super::backoff::Backoff;
 use super::batch::PolledTimes;
 use super::bus::{Input, OwedCommits};
 use super::changelog::{self, BatchIds, Restorer};
 use super::commit::Commit;
 use super::holds::{PartitionHolds, StoppedWaiting};
-use super::outbox::Outbox;
+use super::outbox::{Outbox, Undelivered};
 use super::outputs::{self, Source};
 use super::partition::{first_due, Partition, Pending};
 use super::writer::{Stored, Writer};
@@ -240,11 +240,18 @@ impl Worker {
         let stored = self.await_stores_uncommitted();
         if self.outbox.has_sent() {
             let mut backoff = Backoff::new(self.settings(), &self.shutdown);
-            if let Err(DeadlinePassed) = self.outbox.settle(&mut backoff) {
-                warn!(
+            match self.outbox.settle(&mut backoff) {
+                Ok(()) => {}
+                Err(Undelivered::DeadlinePassed) => warn!(
                     records = self.outbox.len(),
                     "shutdown deadline passed while delivering the records of a lost assignment"
-                );
+                ),
+                // The next batch's delivery meets it too, and stops the worker.
+                Err(Undelivered::ProducerFailed(reason)) => warn!(
+                    records = self.outbox.len(),
+                    reason,
+                    "the producer failed fatally while delivering the records of a lost assignment"
+                ),
             }
         }
         self.forget_batch();
