@@ -750,19 +750,25 @@ fn an_offset_commit_the_coordinator_refused_is_sent_again_once_it_takes_them() {
     assert_eq!(running.stop().events, events.len() as u64);
 }
 
-/// The coordinator of `cluster` answers heartbeats as a broker answers a static member
-/// whose id another member joined with, until `thread` (the member) ends, within 30 s:
-/// its error. (Several answers, not one: librdkafka drops a heartbeat's answer that comes
-/// while its member rejoins.)
+/// The coordinator of `cluster` answers every group request (heartbeats, joins, syncs)
+/// as a broker answers a static member whose id another member joined with, until
+/// `thread` (the member) ends, within 30 s: its error. (Every request, not one
+/// heartbeat: librdkafka drops a heartbeat's answer that comes while its member
+/// rejoins, and on a busy machine a group of short sessions rejoins often.)
 fn fence<T: std::fmt::Debug>(
     cluster: &Cluster,
     thread: JoinHandle<Result<T, PipelineError>>,
     what: &str,
 ) -> PipelineError {
     let fenced = RDKafkaRespErr::RD_KAFKA_RESP_ERR_FENCED_INSTANCE_ID;
-    cluster.broker.fail_requests(ApiKey::Heartbeat, fenced, 3);
+    let group_requests = [ApiKey::Heartbeat, ApiKey::JoinGroup, ApiKey::SyncGroup];
+    for api in group_requests {
+        cluster.broker.fail_requests(api, fenced, 100_000);
+    }
     let ended = eventually(Duration::from_secs(30), || thread.is_finished());
-    cluster.broker.clear_request_failures(ApiKey::Heartbeat);
+    for api in group_requests {
+        cluster.broker.clear_request_failures(api);
+    }
     assert!(ended, "{what} runs on");
     thread.join().unwrap().expect_err("a fence is an error")
 }

@@ -187,9 +187,10 @@ impl Bus {
         lock(&self.0).failing = deliveries;
     }
 
-    /// The producer fails fatally for `reason`, as librdkafka's idempotent producer does
-    /// when the broker no longer follows its sequence: what is in flight and every
-    /// record sent after fails.
+    /// Every producer of the bus fails fatally for `reason`, as librdkafka's idempotent
+    /// producer does when the broker no longer follows its sequence: every record sent
+    /// after fails, and so does what is in flight (librdkafka lets a request already
+    /// sent land; failing it too is the harder case for the outbox).
     pub fn fail_producer(&self, reason: &str) {
         lock(&self.0).producer_failed = Some(reason.to_string());
     }

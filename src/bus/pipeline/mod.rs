@@ -159,7 +159,7 @@ pub enum PipelineError {
     Fenced { group: String, member: String },
     #[error("kafka consumer of group `{group}` failed fatally and cannot go on: {reason}")]
     ConsumerFatal { group: String, reason: String },
-    #[error("kafka producer failed fatally and delivers nothing more ({reason}); stopping with {undelivered} output record(s) undelivered: nothing was stored or committed for them, so a restart (a new producer) processes their events again")]
+    #[error("kafka producer failed fatally and delivers nothing more ({reason}); stopping with {undelivered} record(s) in hand: nothing undelivered was stored or committed, so a restart (a new producer) processes those events again")]
     ProducerFatal { reason: String, undelivered: usize },
     #[error("shutdown deadline ({secs} s) passed with {undelivered} output record(s) undelivered; nothing was stored or committed for them, so a restart processes their events again")]
     DeadlineExceeded { secs: u64, undelivered: usize },
@@ -222,7 +222,11 @@ impl PipelineError {
     }
 
     /// Why `undelivered` records in hand were not delivered, as the run's error.
-    fn undelivered(why: Undelivered, backoff: &Backoff, undelivered: usize) -> PipelineError {
+    pub(super) fn undelivered(
+        why: Undelivered,
+        backoff: &Backoff,
+        undelivered: usize,
+    ) -> PipelineError {
         match why {
             Undelivered::DeadlinePassed => PipelineError::deadline(backoff, undelivered),
             Undelivered::ProducerFailed(reason) => PipelineError::ProducerFatal {

@@ -4,7 +4,8 @@
 //!
 //! Guarantees: [`Outbox::deliver`] returns only when every record is acknowledged
 //! (failures are sent again with backoff, never dropped), the shutdown deadline has
-//! passed, or the producer failed fatally (it delivers nothing more: [`Undelivered`]); a dead letter the broker refuses as too large is cut to its first 64 KiB with a
+//! passed, or the producer failed fatally (it delivers nothing more: [`Undelivered`]);
+//! a dead letter the broker refuses as too large is cut to its first 64 KiB with a
 //! header saying how long it was, so it is never lost. Records name their topic by kind
 //! ([`Sink`]), resolved by name from the settings. A record's value is shared with the
 //! producer while it is in flight, not copied ([`Payload`]): the outbox may drop or cut
@@ -471,10 +472,13 @@ impl Outbox {
     ) -> Result<(), Undelivered> {
         if let Some(reason) = self.transport.fatal_error() {
             // Kept as failed (by number, as the tracker holds them): a settling after this
-            // one (a stop's) fails at once too, instead of waiting out its deadline.
+            // one (a stop's) fails at once too, instead of waiting out its deadline. As
+            // failed fatally: taken again, a dead letter refused as too large is not cut
+            // again (it is not sent again either).
             let base = self.base;
+            let fatal = || KafkaError::MessageProduction(RDKafkaErrorCode::Fatal);
             lock(&self.transport.tracker().failed)
-                .extend(failed.into_iter().map(|(i, e)| (i + base, e)));
+                .extend(failed.into_iter().map(|(i, _)| (i + base, fatal())));
             return Err(Undelivered::ProducerFailed(reason));
         }
         self.retried(failed.len());

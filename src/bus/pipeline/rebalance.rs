@@ -213,7 +213,7 @@ fn revoke(
         warn!(partitions = ?revoked, "assignment lost; dropping the unstored batch");
         let dropped = worker.drop_unstored();
         if let Err(e) = &dropped {
-            error!(error = %e, "a batch of the lost assignment could not be stored");
+            error!(error = %e, "the lost assignment's batches could not be settled");
         }
         dropped
     } else {

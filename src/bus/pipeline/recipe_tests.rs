@@ -334,6 +334,55 @@ fn each_batch_commits_its_offsets_only_after_its_records_are_acknowledged_and_st
     );
 }
 
+#[test]
+fn a_producer_failed_fatally_ends_the_worker_and_nothing_it_did_not_deliver_is_committed() {
+    let InFlight {
+        mut m, bus, _dir, ..
+    } = a_batch_in_flight(true);
+    m.handle_next(10);
+    m.worker.finish_batch(&m.input, Finish::Overlap).unwrap();
+    assert_eq!(
+        committed_once_stored(&mut m, &bus),
+        Some(10),
+        "the first batch"
+    );
+    // The second batch's records are in flight when the producer fails.
+    bus.fail_producer("sequence desynchronization");
+    m.handle_next(5);
+    match m.worker.finish_batch(&m.input, Finish::Settle) {
+        Err(PipelineError::ProducerFatal {
+            reason,
+            undelivered,
+        }) => {
+            assert_eq!(reason, "sequence desynchronization");
+            assert!(undelivered > 0);
+        }
+        other => panic!("not the producer's fatal error: {other:?}"),
+    }
+    assert_eq!(
+        committed(&bus),
+        Some(10),
+        "nothing undelivered is committed"
+    );
+}
+
+#[test]
+fn a_lost_assignments_batch_whose_producer_failed_fatally_ends_the_worker() {
+    // Found at the revoke, not at a next batch's end that a worker with nothing to
+    // publish reaches committing with a dead producer. (Its changelog records are what
+    // is in flight.)
+    let InFlight {
+        mut m, bus, _dir, ..
+    } = a_batch_in_flight(true);
+    assert!(m.worker.outbox.has_sent(), "records in flight");
+    bus.fail_producer("sequence desynchronization");
+    assert!(matches!(
+        m.worker.drop_unstored(),
+        Err(PipelineError::ProducerFatal { .. })
+    ));
+    assert_eq!(committed(&bus), None);
+}
+
 /// The states each batch leaves to write, from engines of their own fed the same
 /// messages in the same order (one per partition, as a worker has), `batch` at a time:
 /// the sessions a batch changed and left open.

@@ -230,14 +230,15 @@ impl Worker {
 
     /// Forgets the batch in hand without storing or committing anything (an assignment
     /// lost): its events are read again from the committed offsets by their next owner.
-    /// Records already with the producer are seen delivered first (a failure sent again):
-    /// findings published twice at worst, with one `event_id`. (The batch's changelog
+    /// Records already with the producer are seen delivered first (a failure sent again,
+    /// unless the producer failed fatally: then the batch is forgotten and that error
+    /// returned): findings published twice at worst, with one `event_id`. (The batch's changelog
     /// session records may land too; without its commit records no restore applies them.
     /// Its commit records may have been sent, only once its records and outputs were
     /// acknowledged: then a restore applies the batch, as after a crash right after them,
     /// and its findings are on the bus.) What was not sent yet is dropped.
     pub(super) fn drop_unstored(&mut self) -> Result<(), PipelineError> {
-        let stored = self.await_stores_uncommitted();
+        let mut stored = self.await_stores_uncommitted();
         if self.outbox.has_sent() {
             let mut backoff = Backoff::new(self.settings(), &self.shutdown);
             match self.outbox.settle(&mut backoff) {
@@ -246,12 +247,13 @@ impl Worker {
                     records = self.outbox.len(),
                     "shutdown deadline passed while delivering the records of a lost assignment"
                 ),
-                // The next batch's delivery meets it too, and stops the worker.
-                Err(Undelivered::ProducerFailed(reason)) => warn!(
-                    records = self.outbox.len(),
-                    reason,
-                    "the producer failed fatally while delivering the records of a lost assignment"
-                ),
+                // Found here, not at the next batch's end: a worker with nothing to
+                // publish would go on storing and committing with a dead producer.
+                Err(why @ Undelivered::ProducerFailed(_)) => {
+                    let undelivered = self.outbox.len();
+                    stored =
+                        stored.and(Err(PipelineError::undelivered(why, &backoff, undelivered)));
+                }
             }
         }
         self.forget_batch();
