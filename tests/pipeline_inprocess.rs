@@ -843,15 +843,27 @@ fn a_static_member_fenced_by_another_with_its_id_stops_the_process_and_its_resta
         "the feed ended before the fence"
     );
 
-    // Restarted on its disk, it applies the rest: every termination replay finds (a copy,
-    // of a batch the fence left open and read again, shares its `event_id`).
-    let again = Running::start(config, cluster.brokers());
+    // Restarted on its disk, it applies the rest (a copy of a termination, of a batch the
+    // fence left open and read again, shares its `event_id`).
     feeder.join().unwrap();
-    cluster.assert_committed(events.len(), "after the restart");
+    a_restart_applies_every_event(&cluster, config, events.len(), &want);
+}
+
+/// Instance `config` of `cluster`, restarted on its disk, applies every one of the
+/// `events` produced (the group commits them all), and every termination replay finds
+/// (`want`) is on the bus.
+fn a_restart_applies_every_event(
+    cluster: &Cluster,
+    config: Arc<Config>,
+    events: usize,
+    want: &BTreeSet<String>,
+) {
+    let again = Running::start(config, cluster.brokers());
+    cluster.assert_committed(events, "after the restart");
     let terminated = cluster.read(&cluster.topics.terminated, want.len());
     again.stop();
     let got: BTreeSet<String> = event_ids(&terminated).into_iter().collect();
-    assert_eq!(got, want, "terminations differ from replay");
+    assert_eq!(&got, want, "terminations differ from replay");
 }
 
 #[test]
@@ -886,14 +898,8 @@ fn a_producer_failed_fatally_stops_the_process_and_its_restart_loses_nothing() {
     }
     cluster.assert_nothing_committed("once the producer failed");
 
-    // Restarted on its disk (a new producer), it applies every event: every termination
-    // replay finds.
-    let again = Running::start(config, cluster.brokers());
-    cluster.assert_committed(events.len(), "after the restart");
-    let terminated = cluster.read(&cluster.topics.terminated, want.len());
-    again.stop();
-    let got: BTreeSet<String> = event_ids(&terminated).into_iter().collect();
-    assert_eq!(got, want, "terminations differ from replay");
+    // Restarted on its disk (a new producer), it applies every event.
+    a_restart_applies_every_event(&cluster, config, events.len(), &want);
 }
 
 #[test]
