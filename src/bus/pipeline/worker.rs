@@ -232,11 +232,11 @@ impl Worker {
     /// lost): its events are read again from the committed offsets by their next owner.
     /// Records already with the producer are seen delivered first (a failure sent again,
     /// unless the producer failed fatally: then the batch is forgotten and that error
-    /// returned): findings published twice at worst, with one `event_id`. (The batch's changelog
-    /// session records may land too; without its commit records no restore applies them.
-    /// Its commit records may have been sent, only once its records and outputs were
-    /// acknowledged: then a restore applies the batch, as after a crash right after them,
-    /// and its findings are on the bus.) What was not sent yet is dropped.
+    /// returned): findings published twice at worst, with one `event_id`. (The batch's
+    /// changelog session records may land too; without its commit records no restore
+    /// applies them. Its commit records may have been sent, only once its records and
+    /// outputs were acknowledged: then a restore applies the batch, as after a crash right
+    /// after them, and its findings are on the bus.) What was not sent yet is dropped.
     pub(super) fn drop_unstored(&mut self) -> Result<(), PipelineError> {
         let mut stored = self.await_stores_uncommitted();
         if self.outbox.has_sent() {
