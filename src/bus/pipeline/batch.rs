@@ -25,7 +25,7 @@ use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
 use super::backoff::Backoff;
-use super::bus::{refused_while_the_group_changes, Input};
+use super::bus::{offsets_list, refused_while_the_group_changes, Input};
 use super::changelog::{self, SessionRecords, CHANGELOG_POSITION};
 use super::commit::Transactional;
 use super::outbox::Outbox;
@@ -290,14 +290,11 @@ impl Worker {
         if again.is_empty() {
             return;
         }
-        let mut owed = TopicPartitionList::new();
-        for ((topic, partition), offset) in again {
-            let _ = owed.add_partition_offset(
-                &self.inputs[topic],
-                partition,
-                rdkafka::Offset::Offset(offset),
-            );
-        }
+        let owed = offsets_list(
+            again
+                .iter()
+                .map(|&((topic, partition), offset)| (&*self.inputs[topic], partition, offset)),
+        );
         match error {
             // Refused while the group changed (a rebalance): expected, and sent again.
             None => debug!(

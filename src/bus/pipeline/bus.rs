@@ -100,6 +100,17 @@ pub fn refused_while_the_group_changes(error: Option<RDKafkaErrorCode>) -> bool 
     )
 }
 
+/// `offsets` (topic, partition, offset) as a list to commit.
+pub fn offsets_list<'t>(
+    offsets: impl IntoIterator<Item = (&'t str, i32, i64)>,
+) -> TopicPartitionList {
+    let mut list = TopicPartitionList::new();
+    for (topic, partition, offset) in offsets {
+        let _ = list.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset));
+    }
+    list
+}
+
 /// How often offsets whose commit failed are sent again, at most (while a rebalance
 /// refuses them, once a second), but for a revoke's or a stop's last try.
 pub const OWED_COMMIT_RETRY: Duration = Duration::from_secs(1);

@@ -37,7 +37,8 @@ use tracing::{debug, error, info, warn};
 
 use super::backoff::Backoff;
 use super::bus::{
-    failed_commits, seek_to_committed, CommitFailures, FailedCommit, Input, OwedCommits,
+    failed_commits, offsets_list, seek_to_committed, CommitFailures, FailedCommit, Input,
+    OwedCommits,
 };
 use super::commit::Commit;
 use super::outbox::{dead_letter, Outbox, Record, Sink};
@@ -253,12 +254,8 @@ impl IngestBatch<'_> {
                         }
                     }
                     Some(Err(e)) => {
-                        let failed = PipelineError::consumer_failed(
-                            consumer.client(),
-                            Some(&e),
-                            self.settings,
-                            0,
-                        );
+                        let failed =
+                            PipelineError::consumer_failed(consumer.client(), &e, self.settings, 0);
                         if let Some(failed) = failed {
                             // The batch in hand is not delivered (the outbox holds it
                             // until `finish`), nor committed: librdkafka refuses every
@@ -402,7 +399,7 @@ impl IngestBatch<'_> {
                     CommitMode::Async
                 };
                 let result = Input::commit(consumer, &self.offsets, mode);
-                self.note_commits_sent(&self.offsets.clone(), result.is_err());
+                note_commits_sent(&mut self.commits_sent, &self.offsets, result.is_err());
                 if let Err(e) = result {
                     warn!(error = %e, "otlp ingest offset commit failed; the batch will be ingested again unless a later commit of its partitions goes through");
                 }
@@ -428,18 +425,21 @@ impl IngestBatch<'_> {
     }
 }
 
-impl IngestBatch<'_> {
-    /// Keeps `offsets` as the last sent of their partitions, owed when `failed` (a
-    /// synchronous commit refused at once).
-    fn note_commits_sent(&mut self, offsets: &TopicPartitionList, failed: bool) {
-        for e in offsets.elements() {
-            if let Offset::Offset(offset) = e.offset() {
-                let key = (e.topic().to_string(), e.partition());
-                self.commits_sent.note_sent(key, offset, failed);
-            }
+/// Keeps `offsets` in `sent` as the last sent of their partitions, owed when `failed` (a
+/// synchronous commit refused at once).
+fn note_commits_sent(
+    sent: &mut OwedCommits<(String, i32)>,
+    offsets: &TopicPartitionList,
+    failed: bool,
+) {
+    for e in offsets.elements() {
+        if let Offset::Offset(offset) = e.offset() {
+            sent.note_sent((e.topic().to_string(), e.partition()), offset, failed);
         }
     }
+}
 
+impl IngestBatch<'_> {
     /// Forgets the partitions rebalances moved since the last call (their offsets are
     /// their next owner's to commit, or, given back, start again from the group's), and
     /// drops a revoked one's offset from the batch in hand. Rebalances run inside a poll
@@ -484,7 +484,7 @@ impl IngestBatch<'_> {
         if again.is_empty() {
             return;
         }
-        let owed = offsets_list(&again);
+        let owed = offsets_of(&again);
         match error {
             None => debug!(
                 partitions = owed.count(),
@@ -495,7 +495,7 @@ impl IngestBatch<'_> {
             }
         }
         let result = Input::commit(consumer, &owed, CommitMode::Async);
-        self.note_commits_sent(&owed, result.is_err());
+        note_commits_sent(&mut self.commits_sent, &owed, result.is_err());
     }
 
     /// At a stop: the last offset sent of every partition still assigned, committed and
@@ -504,7 +504,7 @@ impl IngestBatch<'_> {
     fn commit_last_offsets(&mut self, consumer: &BaseConsumer<IngestContext>) {
         self.follow_rebalances(consumer);
         let assignment = consumer.assignment().ok();
-        let last = offsets_list(
+        let last = offsets_of(
             &self
                 .commits_sent
                 .take_last(|key| assigned(&assignment, key)),
@@ -526,13 +526,9 @@ fn assigned(assignment: &Option<TopicPartitionList>, (topic, partition): &(Strin
         .is_none_or(|a| a.find_partition(topic, *partition).is_some())
 }
 
-/// `offsets` as a list to commit.
-fn offsets_list(offsets: &[((String, i32), i64)]) -> TopicPartitionList {
-    let mut list = TopicPartitionList::new();
-    for ((topic, partition), offset) in offsets {
-        let _ = list.add_partition_offset(topic, *partition, Offset::Offset(*offset));
-    }
-    list
+/// `offsets`, keyed by (topic, partition), as a list to commit.
+fn offsets_of(offsets: &[((String, i32), i64)]) -> TopicPartitionList {
+    offsets_list(offsets.iter().map(|((t, p), o)| (t.as_str(), *p, *o)))
 }
 
 fn count_spans(telemetry: &Telemetry, report: &MapReport) {

@@ -197,19 +197,19 @@ impl std::ops::AddAssign for RunStats {
 
 impl PipelineError {
     /// The error that ends worker `worker` (or the OTLP ingest, worker 0 of its settings)
-    /// once its consumer `client` failed fatally, `None` while it has not. A poll returns
-    /// a fatal error once (`polled`); the client keeps it. A fenced static member stops:
+    /// once its consumer `client` failed fatally, `None` while it has not: a poll returned
+    /// `polled` (a fatal error comes once, so; the client keeps it, with its reason). A fenced static member stops:
     /// the member that fenced it holds its partitions now, and a batch of them applied
     /// here would be applied twice.
     pub(super) fn consumer_failed<C: ClientContext>(
         client: &Client<C>,
-        polled: Option<&KafkaError>,
+        polled: &KafkaError,
         settings: &KafkaSettings,
         worker: usize,
     ) -> Option<PipelineError> {
         let (code, reason) = match (client.fatal_error(), polled) {
             (Some(fatal), _) => fatal,
-            (None, Some(KafkaError::MessageConsumptionFatal(code))) => (*code, code.to_string()),
+            (None, KafkaError::MessageConsumptionFatal(code)) => (*code, code.to_string()),
             _ => return None,
         };
         let group = settings.group_id.clone();
@@ -718,7 +718,7 @@ fn poll_batch(
         };
         match error {
             Some(e) => {
-                consumer_error(consumer, w, settings, Some(&e))?;
+                consumer_error(consumer, w, settings, &e)?;
                 if polled.messages > 0 {
                     return Ok(polled);
                 }
@@ -729,9 +729,6 @@ fn poll_batch(
                 if shutdown.is_triggered() {
                     return Ok(polled);
                 }
-                // A fatal error is returned by a poll once; should another poll have
-                // taken it, the client still holds it.
-                consumer_error(consumer, w, settings, None)?;
                 // Keeps the lag gauge current while the input is idle, and tells an idle
                 // partition from one whose events wait on the broker.
                 w.lag(consumer);
@@ -746,21 +743,20 @@ fn poll_batch(
     }
 }
 
-/// A consumer error a poll returned (`polled`), or none: logged, if librdkafka goes on
-/// after it; the worker's end, if the consumer failed fatally.
+/// A consumer error a poll returned (both polls of the worker's consumer, in
+/// [`poll_batch`] and [`handle_run`], end here): logged, if librdkafka goes on after it;
+/// the worker's end, if the consumer failed fatally.
 fn consumer_error(
     consumer: &BaseConsumer<RebalanceHandler>,
     w: &Worker,
     settings: &KafkaSettings,
-    polled: Option<&KafkaError>,
+    polled: &KafkaError,
 ) -> Result<(), PipelineError> {
     let client = consumer.client();
     if let Some(failed) = PipelineError::consumer_failed(client, polled, settings, w.index()) {
         return Err(failed);
     }
-    if let Some(e) = polled {
-        warn!(error = %e, "consumer error");
-    }
+    warn!(error = %polled, "consumer error");
     Ok(())
 }
 
@@ -835,11 +831,10 @@ mod tests {
             .unwrap();
         let client = consumer.client();
         let transient = KafkaError::MessageConsumption(RDKafkaErrorCode::BrokerTransportFailure);
-        assert!(PipelineError::consumer_failed(client, None, &settings, 1).is_none());
-        assert!(PipelineError::consumer_failed(client, Some(&transient), &settings, 1).is_none());
+        assert!(PipelineError::consumer_failed(client, &transient, &settings, 1).is_none());
 
         let fenced = KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::FencedInstanceId);
-        match PipelineError::consumer_failed(client, Some(&fenced), &settings, 1) {
+        match PipelineError::consumer_failed(client, &fenced, &settings, 1) {
             Some(PipelineError::Fenced { group, member }) => {
                 assert_eq!((group.as_str(), member.as_str()), ("lw", "pod-3-1"));
             }
@@ -847,7 +842,7 @@ mod tests {
         }
         let other =
             KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::InconsistentGroupProtocol);
-        match PipelineError::consumer_failed(client, Some(&other), &settings, 0) {
+        match PipelineError::consumer_failed(client, &other, &settings, 0) {
             Some(PipelineError::ConsumerFatal { group, reason }) => {
                 assert_eq!(group, "lw");
                 assert_eq!(
@@ -860,7 +855,7 @@ mod tests {
         // Without an instance id there is no static member to name.
         settings.instance_id = None;
         assert!(matches!(
-            PipelineError::consumer_failed(client, Some(&fenced), &settings, 0),
+            PipelineError::consumer_failed(client, &fenced, &settings, 0),
             Some(PipelineError::ConsumerFatal { .. })
         ));
     }
