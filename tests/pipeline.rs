@@ -525,33 +525,6 @@ fn sigkill_on_a_busy_machine(kafka: &str) {
     eprintln!("busy crash test: nothing lost; {duplicates} re-emitted copies");
 }
 
-/// How a feeder thread spreads its events over time: it waits `delay`, then produces
-/// them in about `chunks` chunks with `pause` after each.
-#[derive(Clone, Copy)]
-struct Pace {
-    delay: Duration,
-    chunks: usize,
-    pause: Duration,
-}
-
-/// Produces `events` to `topic` on a thread of its own, at `pace`.
-fn feed_paced(
-    brokers: &str,
-    topic: String,
-    events: Vec<Vec<u8>>,
-    pace: Pace,
-) -> std::thread::JoinHandle<()> {
-    let brokers = brokers.to_string();
-    std::thread::spawn(move || {
-        let producer = producer(&brokers);
-        std::thread::sleep(pace.delay);
-        for chunk in events.chunks(events.len() / pace.chunks + 1) {
-            produce_with(&producer, &topic, chunk, &[]);
-            std::thread::sleep(pace.pause);
-        }
-    })
-}
-
 /// Produces `events` as the runtime writes them, at `pace`: the tool calls to
 /// `topics[1]`, the rest to `topics[0]`, each chunk in event-time order and flushed
 /// before the pause, so that neither topic gets ahead of the other in event time by

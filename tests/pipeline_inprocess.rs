@@ -806,20 +806,17 @@ fn a_static_member_fenced_by_another_with_its_id_stops_the_process_and_its_resta
     let telemetry = Arc::new(Telemetry::new());
     let running = Running::observed(config.clone(), cluster.brokers(), telemetry.clone());
     assert_becomes_ready(&telemetry, "before the fence");
-    let feeder = {
-        let (brokers, topic, events) = (
-            cluster.brokers(),
-            cluster.topics.input.clone(),
-            events.clone(),
-        );
-        std::thread::spawn(move || {
-            let producer = producer(&brokers);
-            for chunk in events.chunks(events.len() / 30 + 1) {
-                produce_with(&producer, &topic, chunk, &[]);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
+    let pace = Pace {
+        delay: Duration::ZERO,
+        chunks: 30,
+        pause: Duration::from_millis(100),
     };
+    let feeder = feed_paced(
+        &cluster.brokers(),
+        cluster.topics.input.clone(),
+        events.clone(),
+        pace,
+    );
     // Fenced while the feed flows, once the group has committed some of it: the
     // coordinator answers one worker's heartbeat as a broker answers a static member
     // whose id another member joined with.

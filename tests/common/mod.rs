@@ -482,6 +482,33 @@ pub fn send_with(
     }
 }
 
+/// How a feeder thread spreads its events over time: it waits `delay`, then produces
+/// them in about `chunks` chunks with `pause` after each.
+#[derive(Clone, Copy)]
+pub struct Pace {
+    pub delay: Duration,
+    pub chunks: usize,
+    pub pause: Duration,
+}
+
+/// Produces `events` to `topic` on a thread of its own, at `pace`.
+pub fn feed_paced(
+    brokers: &str,
+    topic: String,
+    events: Vec<Vec<u8>>,
+    pace: Pace,
+) -> std::thread::JoinHandle<()> {
+    let brokers = brokers.to_string();
+    std::thread::spawn(move || {
+        let producer = producer(&brokers);
+        std::thread::sleep(pace.delay);
+        for chunk in events.chunks(events.len() / pace.chunks + 1) {
+            produce_with(&producer, &topic, chunk, &[]);
+            std::thread::sleep(pace.pause);
+        }
+    })
+}
+
 /// Waits until `producer` has delivered everything handed to it.
 pub fn flush(producer: &BaseProducer) {
     producer
