@@ -463,7 +463,7 @@ impl Engine {
             }
             return;
         }
-        slot.state.touch(event_ms, now);
+        slot.state.touch(event_ms, now, gap);
         let completion = match &event.body {
             EventBody::SessionCompleted(c) => Some(c),
             _ => None,

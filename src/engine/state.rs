@@ -166,7 +166,9 @@ pub struct SessionState {
     pub run_id: Option<String>,
     pub agent_id: Option<String>,
     pub tenant: Option<String>,
-    /// The session's own clock: its first and latest event times.
+    /// The session's own clock: its first and latest event times, with each break in it
+    /// (an event more than the session gap after the latest, [`SessionState::touch`])
+    /// taken out of the span between them: the first is moved forward by the break.
     pub first_event_ms: i64,
     pub last_event_ms: i64,
     /// The stream's clock (the partition's latest event time) when the session's latest
@@ -335,8 +337,20 @@ impl SessionState {
 
     /// Counts an event of the session at `event_ms` (its own time) that arrived when the
     /// stream's clock read `arrival_ms`.
-    pub fn touch(&mut self, event_ms: i64, arrival_ms: i64) {
+    ///
+    /// An event more than `gap` (the session gap) after the session's latest is a break
+    /// in its clock, not time it ran: a live session silent that long would have closed.
+    /// Its events then come from clocks that disagree (a runtime that stamps local time as
+    /// UTC, a host whose clock is hours off, a first event without a time of its own), and
+    /// the span up to it would be a skew read as a duration, enough for `wall_clock_cap` to
+    /// stop a session seconds old. So the span leaves the break out: the first event time
+    /// moves forward by it. An event behind the latest moves neither.
+    pub fn touch(&mut self, event_ms: i64, arrival_ms: i64, gap: i64) {
         self.stats.events += 1;
+        let ahead = event_ms.saturating_sub(self.last_event_ms);
+        if ahead > gap {
+            self.first_event_ms = self.first_event_ms.saturating_add(ahead);
+        }
         self.last_event_ms = self.last_event_ms.max(event_ms);
         self.last_arrival_ms = self.last_arrival_ms.max(arrival_ms);
     }

@@ -309,18 +309,18 @@ fn streaks_follow_the_sequence() {
 #[test]
 fn a_first_run_id_after_events_without_one_is_a_new_run() {
     let mut s = SessionState::new(0, 0);
-    s.touch(0, 0);
+    s.touch(0, 0, 1);
     assert!(!s.note_run(Some("a")), "the session's first event");
     let mut s = SessionState::new(0, 0);
     for _ in 0..2 {
-        s.touch(0, 0);
+        s.touch(0, 0, 1);
         s.note_run(None);
         observe_call(&mut s, "read", tool(1, 1));
     }
-    s.touch(0, 0);
+    s.touch(0, 0, 1);
     assert!(s.note_run(Some("a")));
     assert_eq!(s.run.window.len(), 0);
-    s.touch(0, 0);
+    s.touch(0, 0, 1);
     assert!(!s.note_run(None), "no run_id: same run");
 }
 
