@@ -900,6 +900,53 @@ fn a_producer_failed_fatally_stops_the_process_and_its_restart_loses_nothing() {
 }
 
 #[test]
+fn an_event_stamped_a_day_ahead_closes_no_other_session_of_its_partition() {
+    // One event of a producer whose clock runs a day ahead: taken as stamped, it moved
+    // its partition's clock a day, and every other session there closed as idle.
+    let cluster = Cluster::start();
+    let config = cluster.config(
+        "a",
+        "[engine]\nsession_gap_secs = 60\nfuture_grace_secs = 5\n",
+    );
+    let now = loopwarden::contract::event::wall_ms();
+    let event = |session: &str, i: i64, at: i64| -> Vec<u8> {
+        serde_json::json!({
+            "type": "tool.called", "session_id": session, "event_id": format!("{session}-{i}"),
+            "timestamp": loopwarden::contract::event::format_rfc3339_ms(at),
+            "tool": "read", "args": {"path": format!("f{i}")}, "result": format!("line {i}"),
+        })
+        .to_string()
+        .into_bytes()
+    };
+    // Twelve sessions over the 3 partitions: the one ahead shares its partition with some.
+    let steady: Vec<String> = (0..12).map(|s| format!("steady-{s}")).collect();
+    let round = |i: i64| steady.iter().map(move |s| event(s, i, now + i * 100));
+    let mut events: Vec<Vec<u8>> = (0..3).flat_map(round).collect();
+    events.push(event("ahead", 0, now + 24 * 3600 * 1000));
+    events.extend((3..6).flat_map(round));
+    cluster.produce(&events);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(config, cluster.brokers(), telemetry.clone());
+    cluster.assert_committed(events.len(), "every event applied");
+    let stats = running.stop();
+    assert_eq!(stats.events, events.len() as u64);
+    let summaries = read_topic(
+        &cluster.brokers(),
+        &cluster.topics.summary,
+        0,
+        Duration::from_secs(5),
+        Duration::from_secs(1),
+    );
+    let closed: Vec<String> = summaries
+        .iter()
+        .map(|m| format!("{} {}", json(m)["session_id"], json(m)["stop_reason"]))
+        .collect();
+    assert_eq!(closed, Vec::<String>::new(), "no session closed");
+    assert_eq!(telemetry.metrics.future_events.get(), 1);
+    assert_eq!(telemetry.metrics.late_events.get(), 0);
+}
+
+#[test]
 fn bad_messages_are_dead_lettered_with_their_reason() {
     let cluster = Cluster::start();
     let config = cluster.config("a", "");

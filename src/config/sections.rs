@@ -12,9 +12,10 @@ use toml::Value as V;
 
 use super::raw::section;
 use super::{
-    Errors, DEFAULT_HTTP_LISTEN, DEFAULT_POLL_GLOBS, DEFAULT_SESSION_GAP_SECS, DEFAULT_SPANS_TOPIC,
-    DEFAULT_STATE_CACHE_MIB, DEFAULT_STATE_PATH, DEFAULT_WRITE_GLOBS, DEFAULT_WRITE_STALL_SECS,
-    MAX_SESSION_GAP_SECS, MAX_STATE_CACHE_MIB, MAX_WRITE_STALL_SECS,
+    Errors, DEFAULT_FUTURE_GRACE_SECS, DEFAULT_HTTP_LISTEN, DEFAULT_POLL_GLOBS,
+    DEFAULT_SESSION_GAP_SECS, DEFAULT_SPANS_TOPIC, DEFAULT_STATE_CACHE_MIB, DEFAULT_STATE_PATH,
+    DEFAULT_WRITE_GLOBS, DEFAULT_WRITE_STALL_SECS, MAX_FUTURE_GRACE_SECS, MAX_SESSION_GAP_SECS,
+    MAX_STATE_CACHE_MIB, MAX_WRITE_STALL_SECS,
 };
 use crate::contract::event::{
     ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING, MAX_EVENT_BYTES_LIMIT,
@@ -28,6 +29,7 @@ use crate::telemetry::spans;
 #[serde(deny_unknown_fields)]
 struct RawEngine {
     session_gap_secs: Option<u64>,
+    future_grace_secs: Option<u64>,
     max_event_bytes: Option<usize>,
     max_nesting: Option<usize>,
     grace_steps: Option<u32>,
@@ -38,6 +40,9 @@ struct RawEngine {
 pub struct EngineSettings {
     /// Event-time gap after which a silent session closes, in milliseconds.
     pub session_gap_ms: i64,
+    /// How far after the processing time (`run`'s host clock) an event's time is taken as
+    /// it is, in milliseconds; a later time is taken as this limit.
+    pub future_grace_ms: i64,
     /// The loop detectors' default `grace_steps` (nudge before kill).
     pub grace_steps: u32,
 }
@@ -52,6 +57,15 @@ pub(super) fn engine(table: &toml::Table, errors: &mut Errors) -> (EngineSetting
         errors.push(
             "engine.session_gap_secs",
             format!("must be > 0 and at most {MAX_SESSION_GAP_SECS} (a century)"),
+        );
+    }
+    let future_grace = engine
+        .future_grace_secs
+        .unwrap_or(DEFAULT_FUTURE_GRACE_SECS);
+    if future_grace > MAX_FUTURE_GRACE_SECS {
+        errors.push(
+            "engine.future_grace_secs",
+            format!("{future_grace} is not a grace: 0 to {MAX_FUTURE_GRACE_SECS} (seconds, a day)"),
         );
     }
     let limits = ParseLimits {
@@ -72,6 +86,7 @@ pub(super) fn engine(table: &toml::Table, errors: &mut Errors) -> (EngineSetting
     }
     let settings = EngineSettings {
         session_gap_ms: (gap as i64).saturating_mul(1000),
+        future_grace_ms: (future_grace.min(MAX_FUTURE_GRACE_SECS) as i64) * 1000,
         grace_steps: engine.grace_steps.unwrap_or(DEFAULT_GRACE_STEPS),
     };
     (settings, limits)
@@ -82,6 +97,10 @@ pub(super) fn engine_toml(settings: &EngineSettings, limits: &ParseLimits) -> to
     engine.insert(
         "session_gap_secs".into(),
         V::Integer(settings.session_gap_ms / 1000),
+    );
+    engine.insert(
+        "future_grace_secs".into(),
+        V::Integer(settings.future_grace_ms / 1000),
     );
     engine.insert(
         "max_event_bytes".into(),

@@ -15,6 +15,25 @@ fn empty_file_gives_the_design_defaults() {
     let c = cfg("").unwrap();
     assert_eq!(c.policy, Policy::default());
     assert_eq!(c.engine.session_gap_ms, 1_800_000);
+    assert_eq!(c.engine.future_grace_ms, 60_000);
+}
+
+#[test]
+fn a_future_grace_is_zero_to_a_day() {
+    assert_eq!(
+        cfg("[engine]\nfuture_grace_secs = 0\n")
+            .unwrap()
+            .engine
+            .future_grace_ms,
+        0
+    );
+    let day = cfg("[engine]\nfuture_grace_secs = 86400\n").unwrap();
+    assert_eq!(day.engine.future_grace_ms, 86_400_000);
+    for bad in ["86401", "-1", "\"1m\""] {
+        let err = cfg(&format!("[engine]\nfuture_grace_secs = {bad}\n")).unwrap_err();
+        let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["engine.future_grace_secs"], "{bad}: {err}");
+    }
 }
 
 #[test]

@@ -70,7 +70,9 @@ pub struct EventMeta<'a> {
     pub offset: Option<i64>,
     /// The Kafka message timestamp, used when the event has no `timestamp`.
     pub message_timestamp_ms: Option<i64>,
-    /// Processing time for `detected_at`; `None` uses the event time (replay).
+    /// Processing time (`run`'s host clock) for `detected_at`, and the latest an event's
+    /// time is taken as it is (with `engine.future_grace_secs`); `None` uses the event time
+    /// and takes every time as it is (replay).
     pub processing_time_ms: Option<i64>,
 }
 
@@ -84,6 +86,9 @@ pub struct EngineCounters {
     pub sessions_closed: u64,
     /// Events whose own time was behind the stream's clock by more than `session_gap`.
     pub late_events: u64,
+    /// Events stamped later than their processing time and `future_grace`, taken as
+    /// stamped at that limit.
+    pub future_events: u64,
 }
 
 struct Slot {
@@ -414,11 +419,20 @@ impl Engine {
     /// Applies one event and appends what it caused (findings, summaries) to `out`.
     pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta<'_>, out: &mut Vec<Output>) {
         self.counters.events += 1;
-        let (event_ms, now) = event_time(
-            self.watermark,
-            event.timestamp_ms,
-            meta.message_timestamp_ms,
-        );
+        let mut stamped = stamped_ms(event, meta);
+        // A time past the host's clock and its grace is a producer's clock running ahead:
+        // taken as it is, it would move the partition's clock and close every session on
+        // it as idle, and leave none to close until real time caught up (a year, for an
+        // event stamped a year ahead). Only `run` passes a processing time; a replay takes
+        // times as they are.
+        if let (Some(at), Some(processed)) = (stamped, meta.processing_time_ms) {
+            let limit = processed.saturating_add(self.config.engine.future_grace_ms);
+            if at > limit {
+                self.counters.future_events += 1;
+                stamped = Some(limit);
+            }
+        }
+        let (event_ms, now) = event_time(self.watermark, stamped, None);
         self.watermark = Some(now);
         let gap = self.config.engine.session_gap_ms;
         if event_ms.saturating_add(gap) < now {
@@ -493,6 +507,12 @@ impl Engine {
             );
         }
     }
+}
+
+/// The time an event is stamped with: its own, else its message's (the broker's
+/// timestamp); `None` when it has neither.
+pub fn stamped_ms(event: &Event<'_>, meta: &EventMeta<'_>) -> Option<i64> {
+    event.timestamp_ms.or(meta.message_timestamp_ms)
 }
 
 /// An event's time and the stream's clock once it is applied: its own time, else its

@@ -344,6 +344,67 @@ fn duplicates_are_dropped_and_sessions_close_on_the_gap() {
     assert_eq!(engine.open_sessions(), 0);
 }
 
+/// The sessions `out` closed, with their stop reasons.
+fn closed_in(out: &[Output]) -> Vec<(String, String)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Summary(s) => Some((s.session_id.clone(), s.stop_reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_event_stamped_past_the_hosts_clock_and_the_grace_moves_no_clock_past_them() {
+    // Sessions a and b go on a second apart as processed; one event of c comes from a
+    // host whose clock runs a day ahead.
+    let feed = |engine: &mut Engine, processing: bool| {
+        let mut out = Vec::new();
+        let start = 1_800_000_000_000;
+        for i in 0..600i64 {
+            let at = start + i * 1000;
+            let (session, stamped) = match i {
+                300 => ("c", at + 24 * 3600 * 1000),
+                _ if i % 2 == 0 => ("a", at),
+                _ => ("b", at),
+            };
+            let e = json!({"type": "tool.called", "tool": "read", "args": {"i": i},
+                "result": i, "session_id": session, "event_id": format!("{session}-{i}"),
+                "timestamp": format_rfc3339_ms(stamped)});
+            let line = e.to_string();
+            let e = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+            let meta = EventMeta {
+                processing_time_ms: processing.then_some(at + 50),
+                ..EventMeta::default()
+            };
+            engine.process(&e, &meta, &mut out);
+        }
+        out
+    };
+    let config = "[engine]\nsession_gap_secs = 60\nfuture_grace_secs = 30\n";
+    let mut engine = engine_with(config);
+    let out = feed(&mut engine, true);
+    let idle = |s: &str| (s.to_string(), "idle_timeout".to_string());
+    assert_eq!(closed_in(&out), vec![idle("c")], "a and b stay open");
+    assert_eq!(engine.counters().future_events, 1);
+    assert_eq!(engine.counters().late_events, 0);
+    // c's time was its limit, 30 s past its processing; real time passed it since.
+    let ended = out.iter().find_map(|o| match o {
+        Output::Summary(s) => Some(s.ended_at.clone()),
+        _ => None,
+    });
+    let limit = 1_800_000_000_000 + 300_000 + 50 + 30_000;
+    assert_eq!(ended, Some(format_rfc3339_ms(limit)));
+    assert_eq!(engine.watermark(), Some(1_800_000_000_000 + 599_000));
+    // A replay takes the time as it is: the clock jumps a day, a and b close idle, and
+    // what follows of them is a day late.
+    let mut engine = engine_with(config);
+    let out = feed(&mut engine, false);
+    assert_eq!(closed_in(&out), vec![idle("a"), idle("b")]);
+    assert_eq!(engine.counters().future_events, 0);
+    assert_eq!(engine.counters().late_events, 299);
+}
+
 /// Processes `body` as the `step`th event, of `session`, at `at`; returns what it caused.
 fn process_as(
     engine: &mut Engine,

@@ -51,6 +51,9 @@ pub struct Metrics {
     /// Events whose own time was behind their partition's clock by more than
     /// `session_gap_secs` (a lagging producer clock or a backlog); judged as usual.
     pub late_events: IntCounter,
+    /// Events stamped more than `engine.future_grace_secs` after this host's clock (a
+    /// producer's clock running ahead), taken as stamped at that limit; judged as usual.
+    pub future_events: IntCounter,
     /// Times a partition's heads went on without an input topic that still claimed
     /// unpolled events after the aligner's bound (the order may then differ from replay's).
     pub align_overruns: IntCounter,
@@ -154,6 +157,12 @@ const EVENTS_SKIPPED: Family = Family {
 const LATE_EVENTS: Family = Family {
     name: "loopwarden_late_events_total",
     help: "Events whose own time was behind their partition's clock by more than session_gap_secs (a lagging producer clock or a backlog); judged as usual.",
+    labels: &[],
+};
+
+const FUTURE_EVENTS: Family = Family {
+    name: "loopwarden_future_events_total",
+    help: "Events stamped more than future_grace_secs after this host's clock (a producer clock running ahead), taken as stamped at that limit; judged as usual.",
     labels: &[],
 };
 
@@ -396,6 +405,7 @@ impl Metrics {
             events_consumed: r.counter_vec(EVENTS_CONSUMED),
             events_skipped: r.counter(EVENTS_SKIPPED),
             late_events: r.counter(LATE_EVENTS),
+            future_events: r.counter(FUTURE_EVENTS),
             bad_events: r.counter_vec(BAD_EVENTS),
             events_miskeyed: r.counter_vec(EVENTS_MISKEYED),
             findings: r.counter_vec(FINDINGS),

@@ -41,9 +41,10 @@ use crate::bus::kafka::c_heap;
 use crate::bus::kafka::headers::RawHeaders;
 use crate::bus::kafka::settings::KafkaSettings;
 use crate::config::Config;
+use crate::contract::event::Event;
 use crate::contract::output::Output;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
-use crate::engine::{Engine, EventMeta};
+use crate::engine::{stamped_ms, Engine, EventMeta};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{GroupMember, Telemetry, WriteWatch};
 
@@ -712,7 +713,11 @@ impl Worker {
                         topic: Some(&self.inputs[topic]),
                         ..meta
                     };
+                    let future = p.engine.counters().future_events;
                     p.engine.process(&event, &meta, &mut self.scratch);
+                    if p.engine.counters().future_events != future {
+                        note_future_event(metrics, &event, &meta);
+                    }
                     self.scratch_sources.resize(self.scratch.len(), source);
                 }
                 Pending::DeadLetter(record, reason) => {
@@ -931,6 +936,29 @@ impl Worker {
             c_heap::release_freed_memory(false);
             self.store_size_at = Some(Instant::now());
         }
+    }
+}
+
+/// Counts (and logs, at the 1st, 2nd, 4th, 8th…) an event the engine took as stamped at
+/// its processing time and `engine.future_grace_secs`: its producer's clock runs ahead of
+/// this host's (or this host's behind).
+fn note_future_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>) {
+    let counter = &metrics.future_events;
+    counter.inc();
+    let n = counter.get();
+    if n.is_power_of_two() {
+        let ahead = stamped_ms(event, meta)
+            .zip(meta.processing_time_ms)
+            .map(|(stamped, processed)| stamped.saturating_sub(processed) / 1000);
+        warn!(
+            topic = meta.topic,
+            partition = meta.partition,
+            offset = meta.offset,
+            session_id = %crate::contract::event::printable(&event.session_id),
+            ahead_secs = ahead,
+            count = n,
+            "input event stamped after this host's clock and the grace; taken as stamped at that limit: check the producer's clock and this host's"
+        );
     }
 }
 
