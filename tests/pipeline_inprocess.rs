@@ -925,6 +925,21 @@ fn an_event_stamped_a_day_ahead_closes_no_other_session_of_its_partition() {
     events.push(event("ahead", 0, now + 24 * 3600 * 1000));
     events.extend((3..6).flat_map(round));
     cluster.produce(&events);
+    // Without steady sessions beside the one ahead there would be nothing to close.
+    use rdkafka::Message as _;
+    let input = cluster.read(&cluster.topics.input, events.len());
+    let partition_of = |session: &str| {
+        let on = input.iter().find(|m| json(m)["session_id"] == session);
+        on.map(|m| m.partition())
+    };
+    let beside = steady
+        .iter()
+        .filter(|s| partition_of(s) == partition_of("ahead"))
+        .count();
+    assert!(
+        beside > 0,
+        "no steady session on the partition of the one ahead"
+    );
     let telemetry = Arc::new(Telemetry::new());
     let running = Running::observed(config, cluster.brokers(), telemetry.clone());
     cluster.assert_committed(events.len(), "every event applied");

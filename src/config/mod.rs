@@ -32,8 +32,9 @@ pub use sections::{EngineSettings, TelemetrySettings, ToolClasses, ToolClassifie
 
 /// Default event-time gap after which a silent session closes.
 pub const DEFAULT_SESSION_GAP_SECS: u64 = 30 * 60;
-/// How far after the host's clock `run` takes an event's time as it is
-/// (`engine.future_grace_secs`): past clock skew between hosts, well within a session gap.
+/// How far after the host's clock `run` lets an event's time move its partition's clock
+/// (`engine.future_grace_secs`): past clock skew between hosts, well within a session gap
+/// (half the gap when that is less).
 pub const DEFAULT_FUTURE_GRACE_SECS: u64 = 60;
 /// The longest `engine.future_grace_secs` accepted (a day).
 pub const MAX_FUTURE_GRACE_SECS: u64 = 24 * 3600;

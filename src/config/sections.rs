@@ -40,8 +40,8 @@ struct RawEngine {
 pub struct EngineSettings {
     /// Event-time gap after which a silent session closes, in milliseconds.
     pub session_gap_ms: i64,
-    /// How far after the processing time (`run`'s host clock) an event's time is taken as
-    /// it is, in milliseconds; a later time is taken as this limit.
+    /// How far after its processing time (`run`'s host clock) an event's time may move its
+    /// partition's clock, in milliseconds; a later time moves it to this limit only.
     pub future_grace_ms: i64,
     /// The loop detectors' default `grace_steps` (nudge before kill).
     pub grace_steps: u32,
@@ -59,15 +59,26 @@ pub(super) fn engine(table: &toml::Table, errors: &mut Errors) -> (EngineSetting
             format!("must be > 0 and at most {MAX_SESSION_GAP_SECS} (a century)"),
         );
     }
-    let future_grace = engine
-        .future_grace_secs
-        .unwrap_or(DEFAULT_FUTURE_GRACE_SECS);
-    if future_grace > MAX_FUTURE_GRACE_SECS {
-        errors.push(
-            "engine.future_grace_secs",
-            format!("{future_grace} is not a grace: 0 to {MAX_FUTURE_GRACE_SECS} (seconds, a day)"),
-        );
-    }
+    // Below the gap: an event up to the grace ahead still moves its partition's clock, and
+    // one a gap ahead closes every session there as idle.
+    let future_grace = match engine.future_grace_secs {
+        None => DEFAULT_FUTURE_GRACE_SECS.min(gap / 2),
+        Some(grace) if grace > MAX_FUTURE_GRACE_SECS => {
+            errors.push(
+                "engine.future_grace_secs",
+                format!("{grace} is not a grace: 0 to {MAX_FUTURE_GRACE_SECS} (seconds, a day)"),
+            );
+            grace
+        }
+        Some(grace) if grace >= gap => {
+            errors.push(
+                "engine.future_grace_secs",
+                format!("{grace} must be below engine.session_gap_secs ({gap}): an event this far ahead of the host's clock still moves its partition's clock, and would close every session there as idle"),
+            );
+            grace
+        }
+        Some(grace) => grace,
+    };
     let limits = ParseLimits {
         max_event_bytes: engine.max_event_bytes.unwrap_or(DEFAULT_MAX_EVENT_BYTES),
         max_nesting: engine.max_nesting.unwrap_or(DEFAULT_MAX_NESTING),

@@ -19,7 +19,7 @@ fn empty_file_gives_the_design_defaults() {
 }
 
 #[test]
-fn a_future_grace_is_zero_to_a_day() {
+fn a_future_grace_is_zero_to_a_day_and_below_the_session_gap() {
     assert_eq!(
         cfg("[engine]\nfuture_grace_secs = 0\n")
             .unwrap()
@@ -27,13 +27,22 @@ fn a_future_grace_is_zero_to_a_day() {
             .future_grace_ms,
         0
     );
-    let day = cfg("[engine]\nfuture_grace_secs = 86400\n").unwrap();
+    let day = cfg("[engine]\nsession_gap_secs = 86401\nfuture_grace_secs = 86400\n").unwrap();
     assert_eq!(day.engine.future_grace_ms, 86_400_000);
-    for bad in ["86401", "-1", "\"1m\""] {
+    let gap = |secs: u64| cfg(&format!("[engine]\nsession_gap_secs = {secs}\n")).unwrap();
+    assert_eq!(gap(90).engine.future_grace_ms, 45_000, "half a short gap");
+    assert_eq!(gap(1).engine.future_grace_ms, 0);
+    for bad in ["86401", "-1", "\"1m\"", "1800"] {
         let err = cfg(&format!("[engine]\nfuture_grace_secs = {bad}\n")).unwrap_err();
         let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
         assert_eq!(keys, ["engine.future_grace_secs"], "{bad}: {err}");
     }
+    let err = cfg("[engine]\nsession_gap_secs = 60\nfuture_grace_secs = 60\n").unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("below engine.session_gap_secs (60)"),
+        "{err}"
+    );
 }
 
 #[test]

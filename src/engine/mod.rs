@@ -86,8 +86,8 @@ pub struct EngineCounters {
     pub sessions_closed: u64,
     /// Events whose own time was behind the stream's clock by more than `session_gap`.
     pub late_events: u64,
-    /// Events stamped later than their processing time and `future_grace`, taken as
-    /// stamped at that limit.
+    /// Events stamped later than their processing time and `future_grace`: the clock
+    /// took that limit for them.
     pub future_events: u64,
 }
 
@@ -419,20 +419,21 @@ impl Engine {
     /// Applies one event and appends what it caused (findings, summaries) to `out`.
     pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta<'_>, out: &mut Vec<Output>) {
         self.counters.events += 1;
-        let mut stamped = stamped_ms(event, meta);
+        let (event_ms, mut now) = event_time(self.watermark, stamped_ms(event, meta), None);
         // A time past the host's clock and its grace is a producer's clock running ahead:
         // taken as it is, it would move the partition's clock and close every session on
         // it as idle, and leave none to close until real time caught up (a year, for an
-        // event stamped a year ahead). Only `run` passes a processing time; a replay takes
-        // times as they are.
-        if let (Some(at), Some(processed)) = (stamped, meta.processing_time_ms) {
+        // event stamped a year ahead). The clock (and the event's arrival on it) takes the
+        // limit instead; the event keeps its own time for its session, whose times (and
+        // the ids hashed from them) must not depend on when it was read. Only `run` passes
+        // a processing time; a replay takes times as they are.
+        if let Some(processed) = meta.processing_time_ms {
             let limit = processed.saturating_add(self.config.engine.future_grace_ms);
-            if at > limit {
+            if event_ms > limit {
                 self.counters.future_events += 1;
-                stamped = Some(limit);
+                now = self.watermark.map_or(limit, |clock| clock.max(limit));
             }
         }
-        let (event_ms, now) = event_time(self.watermark, stamped, None);
         self.watermark = Some(now);
         let gap = self.config.engine.session_gap_ms;
         if event_ms.saturating_add(gap) < now {

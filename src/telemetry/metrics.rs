@@ -52,7 +52,8 @@ pub struct Metrics {
     /// `session_gap_secs` (a lagging producer clock or a backlog); judged as usual.
     pub late_events: IntCounter,
     /// Events stamped more than `engine.future_grace_secs` after this host's clock (a
-    /// producer's clock running ahead), taken as stamped at that limit; judged as usual.
+    /// producer's clock running ahead): their partition's clock moved to that limit only;
+    /// judged as usual.
     pub future_events: IntCounter,
     /// Times a partition's heads went on without an input topic that still claimed
     /// unpolled events after the aligner's bound (the order may then differ from replay's).
@@ -162,7 +163,7 @@ const LATE_EVENTS: Family = Family {
 
 const FUTURE_EVENTS: Family = Family {
     name: "loopwarden_future_events_total",
-    help: "Events stamped more than future_grace_secs after this host's clock (a producer clock running ahead), taken as stamped at that limit; judged as usual.",
+    help: "Events stamped more than future_grace_secs after this host's clock (a producer clock running ahead): their partition's clock moved to that limit only; judged as usual.",
     labels: &[],
 };
 
@@ -524,7 +525,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 23, "{names:?}");
+        assert_eq!(names.len(), 24, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }

@@ -28,7 +28,7 @@ use crate::contract::event::wall_ms;
 use crate::contract::event::{parse_event, Event, ParseLimits};
 use crate::contract::output::Output;
 use crate::engine::store::{SledStore, StoreBatch};
-use crate::engine::{Engine, EventMeta};
+use crate::engine::{stamped_ms, Engine, EventMeta};
 
 /// How many times `idle_after` a partition that is behind waits before its clock
 /// advances anyway.
@@ -81,7 +81,8 @@ pub(super) struct Partition {
 
 impl Pending<'_> {
     /// A polled message of input `topic`, parsed: an event with its event time (the
-    /// message's timestamp when the event has none), or a dead letter saying why not. An
+    /// message's timestamp when the event has none; at most its processing time and
+    /// `future_grace_ms`, as the engine's clock takes it), or a dead letter saying why not. An
     /// event's [`Source`] is [`Source::deferred`]: the caller reads the message's headers
     /// into it while the message is at hand, if the event has outputs or is held. The
     /// event borrows its strings from the message's payload where they need no unescaping.
@@ -89,6 +90,7 @@ impl Pending<'_> {
         m: &'m M,
         topic: &str,
         limits: &ParseLimits,
+        future_grace_ms: i64,
     ) -> (Option<i64>, Pending<'m>)
     where
         M::Headers: RawHeaders,
@@ -104,10 +106,12 @@ impl Pending<'_> {
                     message_timestamp_ms: m.timestamp().to_millis(),
                     processing_time_ms: Some(wall_ms()),
                 };
-                let event_ms = event
-                    .timestamp_ms
-                    .or(meta.message_timestamp_ms)
-                    .unwrap_or(0);
+                // A head stamped a day ahead would hold its topic's later events behind the
+                // other topics' until they drain.
+                let processed = meta.processing_time_ms.unwrap_or(i64::MAX);
+                let event_ms = stamped_ms(&event, &meta)
+                    .unwrap_or(0)
+                    .min(processed.saturating_add(future_grace_ms));
                 let source = Source::deferred(m, meta.message_timestamp_ms);
                 (Some(event_ms), Pending::Event(event, meta, source))
             }

@@ -569,7 +569,7 @@ impl Worker {
         };
         let topic = &*self.inputs[topic_index];
         let offset = m.offset();
-        let limits = self.config.limits;
+        let (limits, grace) = (self.config.limits, self.config.engine.future_grace_ms);
         let p = self.partitions.get_mut(&partition).expect("acquired above");
         let applied = p.applied.get(topic).is_some_and(|&last| offset <= last);
         let seen = applied
@@ -584,7 +584,7 @@ impl Worker {
             }
             return Ok(None);
         }
-        let (time, pending) = Pending::of(m, topic, &limits);
+        let (time, pending) = Pending::of(m, topic, &limits, grace);
         if let Pending::Event(event, ..) = &pending {
             self.miskeyed.check(m, &event.session_id);
         }
@@ -939,9 +939,9 @@ impl Worker {
     }
 }
 
-/// Counts (and logs, at the 1st, 2nd, 4th, 8th…) an event the engine took as stamped at
-/// its processing time and `engine.future_grace_secs`: its producer's clock runs ahead of
-/// this host's (or this host's behind).
+/// Counts (and logs, at the 1st, 2nd, 4th, 8th…) an event stamped past its processing time
+/// and `engine.future_grace_secs`, whose partition's clock the engine moved to that limit
+/// only: its producer's clock runs ahead of this host's (or this host's behind).
 fn note_future_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>) {
     let counter = &metrics.future_events;
     counter.inc();
@@ -957,7 +957,7 @@ fn note_future_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>)
             session_id = %crate::contract::event::printable(&event.session_id),
             ahead_secs = ahead,
             count = n,
-            "input event stamped after this host's clock and the grace; taken as stamped at that limit: check the producer's clock and this host's"
+            "input event stamped after this host's clock and the grace; its partition's clock moved to that limit only: check the producer's clock and this host's"
         );
     }
 }
