@@ -962,6 +962,76 @@ fn an_event_stamped_a_day_ahead_closes_no_other_session_of_its_partition() {
 }
 
 #[test]
+fn a_straggler_after_a_completion_opens_no_session_even_on_the_instance_taking_over() {
+    // The gateway's last cost record reaches the bus after the runtime's completion
+    // (stamped before it), once on the instance that closed the session and once on one
+    // that took its partitions over from the changelog on an empty disk. Opened as a
+    // session, each was summarised again as idle a session gap later.
+    let cluster = Cluster::start();
+    let extra = "";
+    let now = loopwarden::contract::event::wall_ms();
+    let event = |session: &str, id: &str, kind: &str, at: i64| -> Vec<u8> {
+        let mut e = serde_json::json!({
+            "type": kind, "session_id": session, "event_id": id,
+            "timestamp": loopwarden::contract::event::format_rfc3339_ms(at),
+        });
+        match kind {
+            "tool.called" => e["tool"] = "read".into(),
+            "cost.attributed" => {
+                e["input_tokens"] = 10.into();
+                e["output_tokens"] = 5.into();
+            }
+            _ => e["outcome"] = "success".into(),
+        }
+        e.to_string().into_bytes()
+    };
+    let session = |s: &str| {
+        vec![
+            event(s, &format!("{s}-1"), "tool.called", now),
+            event(s, &format!("{s}-2"), "session.completed", now + 2),
+        ]
+    };
+    let straggler = |s: &str| event(s, &format!("{s}-cost"), "cost.attributed", now + 1);
+    let (a, b) = (cluster.config("a", extra), cluster.config("b", extra));
+    let mut first: Vec<Vec<u8>> = session("x");
+    first.extend(session("y"));
+    first.push(straggler("x"));
+    // z stays open: the changelog has a session to restore whatever else it holds.
+    first.push(event("z", "z-1", "tool.called", now));
+    cluster.produce(&first);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(a, cluster.brokers(), telemetry.clone());
+    cluster.assert_committed(first.len(), "a applied its events");
+    let stats = running.stop();
+    assert_eq!(stats.events, first.len() as u64);
+    assert_eq!(telemetry.metrics.events_after_completion.get(), 1);
+    // B, same group, empty disk: y's marker comes back with the changelog.
+    cluster.produce(&[straggler("y")]);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(b, cluster.brokers(), telemetry.clone());
+    cluster.assert_committed(first.len() + 1, "b applied y's straggler");
+    let stats = running.stop();
+    assert!(stats.restored_records > 0, "restored from the changelog");
+    assert_eq!(
+        telemetry.metrics.events_after_completion.get(),
+        1,
+        "y's straggler"
+    );
+    let summaries: Vec<String> = cluster
+        .read(&cluster.topics.summary, 2)
+        .iter()
+        .map(|m| format!("{} {}", json(m)["session_id"], json(m)["closed_by"]))
+        .collect();
+    let mut summaries = summaries;
+    summaries.sort();
+    assert_eq!(
+        summaries,
+        ["\"x\" \"completed\"", "\"y\" \"completed\""],
+        "one summary a session"
+    );
+}
+
+#[test]
 fn bad_messages_are_dead_lettered_with_their_reason() {
     let cluster = Cluster::start();
     let config = cluster.config("a", "");

@@ -39,7 +39,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use hashbrown::hash_map::EntryRef;
-use rustc_hash::{FxBuildHasher, FxHashMap, FxHasher};
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet, FxHasher};
 
 use crate::config::{Config, ToolClasses};
 use crate::contract::event::{
@@ -54,7 +54,7 @@ use crate::engine::content::ContentSample;
 use crate::engine::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
 use crate::engine::levels::{Level, Mode};
 use crate::engine::policy::Policy;
-use crate::engine::state::{LlmObservation, Marks, SessionState};
+use crate::engine::state::{Completed, LlmObservation, Marks, SessionState};
 use crate::engine::store::{StateBytes, StateStore, StoreBatch, StoreError};
 use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
 use crate::engine::trajectory::ToolObservation;
@@ -89,7 +89,17 @@ pub struct EngineCounters {
     /// Events stamped later than their processing time and `future_grace`: the clock
     /// took that limit for them.
     pub future_events: u64,
+    /// Events of a session that had completed, stamped at or before its end and arriving
+    /// within [`COMPLETED_LINGER_MS`] of the clock after it: dropped, not opened as a
+    /// session of their own.
+    pub after_completion: u64,
 }
+
+/// How long (on the stream's clock) a session closed by `session.completed` is
+/// remembered, so that an event of it arriving late is not taken for a new session
+/// (Engine::process). Producers' stragglers come within seconds; bounded so that
+/// memory follows completions per minute, not per session gap.
+pub const COMPLETED_LINGER_MS: i64 = 60_000;
 
 struct Slot {
     /// Boxed: the session table holds its entries inline and is 7/16 to 7/8 full, so a
@@ -199,6 +209,15 @@ pub struct Engine {
     work: Work,
     /// Sessions changed since the last flush, when a durable store is attached, and how.
     dirty: Option<FxHashMap<String, Change>>,
+    /// Sessions closed by `session.completed` within the linger: their end (latest event
+    /// time) and the clock when they closed, in that order in `completed_order`. A durable
+    /// engine stores each as a marker under its session's key
+    /// ([`SessionState::completed_marker`]) until it is forgotten, so that a restart drops
+    /// the same stragglers.
+    completed: FxHashMap<String, Completed>,
+    completed_order: std::collections::VecDeque<(i64, String)>,
+    /// Sessions completed since the last flush, whose markers it puts (durable engines).
+    completed_unwritten: Vec<String>,
     closed: Vec<String>,
     counters: EngineCounters,
     /// Where changed states are serialized (its capacity kept between them).
@@ -214,6 +233,9 @@ impl Engine {
             expiry: BinaryHeap::new(),
             watermark: None,
             dirty: None,
+            completed: FxHashMap::default(),
+            completed_order: std::collections::VecDeque::new(),
+            completed_unwritten: Vec::new(),
             closed: Vec::new(),
             counters: EngineCounters::default(),
             state_bytes: Vec::new(),
@@ -232,6 +254,13 @@ impl Engine {
                     .watermark
                     .map_or(state.last_arrival_ms, |w| w.max(state.last_arrival_ms)),
             );
+            if let Some(completed) = state.as_completed_marker() {
+                engine
+                    .completed_order
+                    .push_back((completed.closed_at, id.clone()));
+                engine.completed.insert(id, completed);
+                continue;
+            }
             let key = policy_key(state.tenant.as_deref(), state.agent_id.as_deref());
             let policy =
                 engine
@@ -252,6 +281,8 @@ impl Engine {
                 },
             );
         }
+        // Forgotten in the order they closed, as by the engine that stored them.
+        engine.completed_order.make_contiguous().sort_unstable();
         Ok(engine)
     }
 
@@ -274,6 +305,18 @@ impl Engine {
 
     pub fn session(&self, id: &str) -> Option<&SessionState> {
         self.sessions.get(id).map(|s| &*s.state)
+    }
+
+    /// What a durable engine has stored for `id` once it flushed: its open session's
+    /// state, or the marker of the completed session it remembers.
+    #[cfg(test)]
+    fn stored_view(&self, id: &str) -> Option<SessionState> {
+        let marker = || {
+            self.completed
+                .get(id)
+                .map(|c| SessionState::completed_marker(*c))
+        };
+        self.session(id).cloned().or_else(marker)
     }
 
     /// Moves the clock forward (e.g. wall-clock time while a partition is idle) and closes
@@ -308,6 +351,7 @@ impl Engine {
 
     fn expire_due(&mut self, out: &mut Vec<Output>, mut deadlines: Option<&mut Vec<CloseAt>>) {
         let Some(now) = self.watermark else { return };
+        self.forget_completed(now);
         let gap = self.config.engine.session_gap_ms;
         let mut due: Vec<(i64, String, i64)> = Vec::new();
         while let Some(Reverse((deadline, _))) = self.expiry.peek() {
@@ -343,6 +387,28 @@ impl Engine {
         }
     }
 
+    /// Forgets the completed sessions whose linger the clock `now` has passed.
+    fn forget_completed(&mut self, now: i64) {
+        while let Some((closed_at, _)) = self.completed_order.front() {
+            if closed_at.saturating_add(COMPLETED_LINGER_MS) >= now {
+                break;
+            }
+            let (closed_at, id) = self.completed_order.pop_front().expect("looked at");
+            // The latest close of that id only: one closed again since is still owed.
+            if self
+                .completed
+                .get(&id)
+                .is_some_and(|c| c.closed_at == closed_at)
+            {
+                self.completed.remove(&id);
+                if self.dirty.is_some() {
+                    // Its marker's delete (none while the session is open again).
+                    self.closed.push(id);
+                }
+            }
+        }
+    }
+
     /// Closes every open session (end of a replay), in session-id order.
     pub fn close_all(&mut self, closed_by: ClosedBy, out: &mut Vec<Output>) {
         let mut ids: Vec<String> = self.sessions.keys().cloned().collect();
@@ -367,6 +433,16 @@ impl Engine {
         };
         let st = slot.state;
         self.counters.sessions_closed += 1;
+        if closed_by == ClosedBy::Completed {
+            let closed_at = self.watermark.unwrap_or(st.last_arrival_ms);
+            let end_ms = st.last_event_ms;
+            self.completed
+                .insert(id.to_string(), Completed { end_ms, closed_at });
+            self.completed_order.push_back((closed_at, id.to_string()));
+            if self.dirty.is_some() {
+                self.completed_unwritten.push(id.to_string());
+            }
+        }
         if let Some(dirty) = self.dirty.as_mut() {
             // Every session with a change to take is open: `take_changes` relies on it.
             dirty.remove(id);
@@ -416,10 +492,10 @@ impl Engine {
         true
     }
 
-    /// Applies one event and appends what it caused (findings, summaries) to `out`.
-    pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta<'_>, out: &mut Vec<Output>) {
-        self.counters.events += 1;
-        let (event_ms, mut now) = event_time(self.watermark, stamped_ms(event, meta), None);
+    /// An event's own time, and the clock once it is applied ([`event_time`], with `run`'s
+    /// bound on a time ahead of the host's clock).
+    fn times_of(&mut self, event: &Event<'_>, meta: &EventMeta<'_>) -> (i64, i64) {
+        let (event_ms, now) = event_time(self.watermark, stamped_ms(event, meta), None);
         // A time past the host's clock and its grace is a producer's clock running ahead:
         // taken as it is, it would move the partition's clock and close every session on
         // it as idle, and leave none to close until real time caught up (a year, for an
@@ -431,9 +507,19 @@ impl Engine {
             let limit = processed.saturating_add(self.config.engine.future_grace_ms);
             if event_ms > limit {
                 self.counters.future_events += 1;
-                now = self.watermark.map_or(limit, |clock| clock.max(limit));
+                return (
+                    event_ms,
+                    self.watermark.map_or(limit, |clock| clock.max(limit)),
+                );
             }
         }
+        (event_ms, now)
+    }
+
+    /// Applies one event and appends what it caused (findings, summaries) to `out`.
+    pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta<'_>, out: &mut Vec<Output>) {
+        self.counters.events += 1;
+        let (event_ms, now) = self.times_of(event, meta);
         self.watermark = Some(now);
         let gap = self.config.engine.session_gap_ms;
         if event_ms.saturating_add(gap) < now {
@@ -451,6 +537,10 @@ impl Engine {
                 slot
             }
             EntryRef::Vacant(unknown) => {
+                if straggles(&mut self.completed, id, event_ms, now) {
+                    self.counters.after_completion += 1;
+                    return;
+                }
                 let (key, policy) = self.work.policy_of(event);
                 self.expiry.push(Reverse((deadline, id.to_string())));
                 self.counters.sessions_opened += 1;
@@ -508,6 +598,28 @@ impl Engine {
             );
         }
     }
+}
+
+/// Whether an event of `id` at `event_ms`, arriving at clock `now` with no session of `id`
+/// open, is a straggler of the session `completed` remembers under `id`: stamped at or
+/// before its end, within the linger (a gateway's last cost record, a completion sent
+/// twice). Opened, it made a session of its own, summarised again as idle a gap later.
+/// One stamped after the end starts the session again (a conversation's next run), and
+/// the completed one is forgotten.
+fn straggles(
+    completed: &mut FxHashMap<String, Completed>,
+    id: &str,
+    event_ms: i64,
+    now: i64,
+) -> bool {
+    let Some(c) = completed.get(id).copied() else {
+        return false;
+    };
+    if event_ms <= c.end_ms && c.closed_at.saturating_add(COMPLETED_LINGER_MS) >= now {
+        return true;
+    }
+    completed.remove(id);
+    false
 }
 
 /// The time an event is stamped with: its own, else its message's (the broker's
@@ -752,12 +864,26 @@ impl Engine {
                 put_taken(&mut batch, id, written);
             }
         }
-        // A session that closed and reopened since the last flush is a put, not a delete.
+        // Completed sessions still remembered and not open again: their markers.
         let sessions = &self.sessions;
+        let mut marked = FxHashSet::default();
+        for id in self.completed_unwritten.drain(..) {
+            let Some(c) = self.completed.get(&id) else {
+                continue; // forgotten since: its delete is in `closed`
+            };
+            if sessions.contains_key(&id) || !marked.insert(id.clone()) {
+                continue;
+            }
+            let mut marker = SessionState::completed_marker(*c);
+            let written = take_state(&mut marker, &mut self.state_bytes);
+            put_taken(&mut batch, id, written);
+        }
+        // A session that closed and reopened since the last flush is a put, not a delete;
+        // one that completed, its marker.
         batch.deletes.extend(
             self.closed
                 .drain(..)
-                .filter(|id| !sessions.contains_key(id)),
+                .filter(|id| !sessions.contains_key(id) && !marked.contains(id)),
         );
         batch.offsets.extend(offsets.iter().cloned());
         if let Some(w) = self.watermark {

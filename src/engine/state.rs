@@ -191,6 +191,16 @@ pub struct SessionState {
     pub termination: Option<Termination>,
 }
 
+/// A session closed by `session.completed`, as the engine remembers it for a while: an
+/// event of it stamped at or before its end is a straggler, not a new session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completed {
+    /// Its latest event time.
+    pub end_ms: i64,
+    /// The stream's clock when it closed.
+    pub closed_at: i64,
+}
+
 /// Why a stored state could not be read back (poison for that key).
 #[derive(Debug, thiserror::Error)]
 #[error("corrupt session state: {0}")]
@@ -231,6 +241,28 @@ impl SessionState {
             last_arrival_ms: arrival_ms,
             ..SessionState::default()
         }
+    }
+
+    /// The state stored under a completed session's key while the engine remembers it:
+    /// one that counts no event, which no session's state does (the event that opens a
+    /// session is counted before anything is stored), its end as its latest event time and
+    /// the clock it closed at as its arrival. A build before this one reads it as a session
+    /// without events, which closes idle.
+    pub fn completed_marker(completed: Completed) -> SessionState {
+        SessionState {
+            first_event_ms: completed.end_ms,
+            last_event_ms: completed.end_ms,
+            last_arrival_ms: completed.closed_at,
+            ..SessionState::default()
+        }
+    }
+
+    /// The completed session a stored state marks ([`SessionState::completed_marker`]).
+    pub fn as_completed_marker(&self) -> Option<Completed> {
+        (self.stats.events == 0).then_some(Completed {
+            end_ms: self.last_event_ms,
+            closed_at: self.last_arrival_ms,
+        })
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {

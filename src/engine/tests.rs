@@ -423,6 +423,130 @@ fn an_event_stamped_past_the_hosts_clock_and_the_grace_moves_its_clock_no_furthe
     assert_eq!(engine.counters().late_events, 294);
 }
 
+#[test]
+fn an_event_of_a_completed_session_stamped_before_its_end_opens_no_session_of_its_own() {
+    let mut engine = engine_with("[engine]\nsession_gap_secs = 600\n");
+    let start = 1_800_000_000_000i64;
+    let mut out = Vec::new();
+    let mut send =
+        |engine: &mut Engine, body: serde_json::Value, session: &str, id: &str, at: i64| {
+            let mut e = body;
+            e["session_id"] = json!(session);
+            e["event_id"] = json!(id);
+            e["timestamp"] = json!(format_rfc3339_ms(start + at));
+            let line = e.to_string();
+            let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+            engine.process(&ev, &EventMeta::default(), &mut out);
+        };
+    let done = json!({"type": "session.completed", "stop_reason": "done", "outcome": "success"});
+    let cost = json!({"type": "cost.attributed", "input_tokens": 10, "output_tokens": 5});
+    for (i, session) in ["a", "b", "c"].iter().enumerate() {
+        let at = i as i64 * 1000;
+        send(
+            &mut engine,
+            same_call(),
+            session,
+            &format!("{session}-0"),
+            at,
+        );
+        send(
+            &mut engine,
+            done.clone(),
+            session,
+            &format!("{session}-done"),
+            at + 5000,
+        );
+    }
+    // a's gateway sends its last cost record after the completion (stamped before it), and
+    // the runtime sends a's completion again; b goes on in a next run; c's straggler
+    // comes after the linger.
+    send(&mut engine, cost.clone(), "a", "a-cost", 4000);
+    send(&mut engine, done.clone(), "a", "a-done", 5000);
+    send(&mut engine, same_call(), "b", "b-next", 7000);
+    send(
+        &mut engine,
+        same_call(),
+        "other",
+        "o-1",
+        7000 + COMPLETED_LINGER_MS + 1,
+    );
+    send(&mut engine, cost, "c", "c-cost", 6000);
+    assert_eq!(
+        engine.counters().after_completion,
+        2,
+        "a's straggler and its completion"
+    );
+    assert!(engine.session("a").is_none());
+    assert_eq!(
+        engine.session("b").map(|s| s.stats.events),
+        Some(1),
+        "b's next run"
+    );
+    assert_eq!(
+        engine.session("c").map(|s| s.stats.events),
+        Some(1),
+        "past the linger"
+    );
+    let closed = closed_in(&out);
+    let done = |s: &str| (s.to_string(), "completed".to_string());
+    assert_eq!(
+        closed,
+        vec![done("a"), done("b"), done("c")],
+        "one summary each"
+    );
+    // Forgotten past the linger: nothing is held for them any more.
+    assert!(engine.completed.is_empty(), "{:?}", engine.completed);
+    assert!(engine.completed_order.is_empty());
+}
+
+#[test]
+fn a_completed_session_is_remembered_across_a_restart_until_its_linger_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "[engine]\nsession_gap_secs = 600\n";
+    let config = Arc::new(Config::from_toml_str(config, "t", std::iter::empty()).unwrap());
+    let mut sled = store::SledStore::open(dir.path()).unwrap();
+    let mut engine = Engine::restore(config.clone(), &sled).unwrap();
+    let start = 1_800_000_000_000i64;
+    let done = json!({"type": "session.completed", "stop_reason": "done"});
+    let cost = json!({"type": "cost.attributed", "input_tokens": 10, "output_tokens": 5});
+    process_as(&mut engine, same_call(), "a", 0, start);
+    process_as(&mut engine, same_call(), "b", 0, start);
+    process_as(&mut engine, done.clone(), "a", 1, start + 5000);
+    engine.flush(&mut sled, &[]).unwrap();
+    let stored = |sled: &store::SledStore| -> Vec<(String, bool)> {
+        let mut ids: Vec<(String, bool)> = (sled.load_sessions().unwrap().into_iter())
+            .map(|(id, state)| (id, state.as_completed_marker().is_some()))
+            .collect();
+        ids.sort();
+        ids
+    };
+    let a_marked = ("a".to_string(), true);
+    assert_eq!(
+        stored(&sled),
+        vec![a_marked.clone(), ("b".to_string(), false)]
+    );
+    // A restart: a's straggler is still known for one.
+    let mut engine = Engine::restore(config.clone(), &sled).unwrap();
+    assert_eq!(engine.open_sessions(), 1, "b; a's marker is no session");
+    assert!(process_as(&mut engine, cost.clone(), "a", 2, start + 4000).is_empty());
+    assert_eq!(engine.counters().after_completion, 1);
+    assert!(engine.session("a").is_none());
+    engine.flush(&mut sled, &[]).unwrap();
+    assert_eq!(stored(&sled)[0], a_marked, "kept while remembered");
+    // Past the linger it is forgotten, and its marker deleted.
+    let later = start + 5000 + COMPLETED_LINGER_MS + 1;
+    process_as(&mut engine, same_call(), "b", 1, later);
+    engine.flush(&mut sled, &[]).unwrap();
+    assert_eq!(stored(&sled), vec![("b".to_string(), false)]);
+    let mut engine = Engine::restore(config, &sled).unwrap();
+    process_as(&mut engine, cost, "a", 3, start + 4000);
+    assert_eq!(
+        engine.session("a").map(|s| s.stats.events),
+        Some(1),
+        "a session again"
+    );
+}
+
 /// Processes `body` as the `step`th event, of `session`, at `at`; returns what it caused.
 fn process_as(
     engine: &mut Engine,
@@ -444,7 +568,8 @@ fn process_as(
 /// A batch's changes carry each changed session's state as it stands at the batch's end,
 /// whether the batch changed it once (its bytes written right after that change, or at
 /// the end when the batch before changed it more than once), more than once, or closed
-/// it and opened it again; a session closed and not reopened is a delete.
+/// it and opened it again; a session completed and not reopened is its marker, and a
+/// delete once the linger forgets it.
 #[test]
 fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
     let mut engine = Engine::restore(Arc::new(Config::default()), &store::MemoryStore::new())
@@ -481,16 +606,33 @@ fn a_batch_writes_each_changed_session_as_it_stands_at_its_end() {
                 "{id} after batch {batch}"
             );
         }
-        assert_eq!(puts.len(), 3, "{:?}", puts.keys());
-        assert_eq!(changes.deletes, vec!["closed".to_string()]);
+        let marker = puts
+            .get("closed")
+            .map(|v| SessionState::from_bytes(v).unwrap());
+        let remembered = engine.completed.get("closed").copied();
+        assert!(remembered.is_some());
+        assert_eq!(marker.and_then(|m| m.as_completed_marker()), remembered);
+        assert_eq!(puts.len(), 4, "{:?}", puts.keys());
+        assert_eq!(changes.deletes, Vec::<String>::new());
     }
+    process_as(
+        &mut engine,
+        same_call(),
+        "once",
+        100,
+        clock + COMPLETED_LINGER_MS + 1,
+    );
+    let changes = engine.take_changes(&[]).expect("tracked");
+    assert_eq!(changes.deletes, vec!["closed".to_string()], "forgotten");
+    let puts: Vec<&str> = changes.puts.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(puts, ["once"]);
 }
 
 /// A batch that changes more sessions than `take_changes` drains at a time (several of
 /// its chunks, each session's state taken a few after it was found): every changed
 /// session once, as it stands at the batch's end, whether written early (changed once),
 /// left to the end (changed again, or once after a batch that changed it twice), or
-/// changed and then closed (a delete, not a put); whether the next batch writes it early
+/// changed and then completed (its marker); whether the next batch writes it early
 /// or leaves it to its end; its deltas, one for each state written before, in put order;
 /// and sled, fed the batches, rebuilding the engine's states from them. Last, a batch of
 /// exactly two chunks.
@@ -581,23 +723,31 @@ fn a_batch_of_many_chunks_takes_each_changed_session_once_as_it_stands() {
             .map(|(id, state)| (id.clone(), state.clone()))
             .collect();
         assert_eq!(puts.len(), changes.puts.len(), "each session once");
-        let closed_set: BTreeSet<_> = closed.iter().cloned().collect();
-        let want: BTreeSet<_> = changed.difference(&closed_set).cloned().collect();
+        // Those completed too: their markers.
         assert_eq!(
             puts.keys().cloned().collect::<BTreeSet<_>>(),
-            want,
+            changed,
             "batch {batch}"
         );
         if batch == 4 {
             assert_eq!(puts.len(), 2 * super::TAKE_CHUNK);
         }
         for (id, state) in &puts {
-            let now = engine.session(id).expect("open").to_bytes();
+            let now = engine
+                .stored_view(id)
+                .expect("open or remembered")
+                .to_bytes();
             assert!(state[..] == now[..], "{id} after batch {batch}");
+            let marked = SessionState::from_bytes(state)
+                .unwrap()
+                .as_completed_marker();
+            assert_eq!(
+                marked.is_some(),
+                closed.contains(id),
+                "{id} after batch {batch}"
+            );
         }
-        let mut deletes = changes.deletes.clone();
-        deletes.sort();
-        assert_eq!(deletes, closed, "batch {batch}");
+        assert_eq!(changes.deletes, Vec::<String>::new(), "batch {batch}");
         // Changed twice: the next batch leaves it to its end; else it writes it early.
         for i in 0..touched {
             if let Some(slot) = engine.sessions.get(&id_of(i)) {
@@ -608,10 +758,13 @@ fn a_batch_of_many_chunks_takes_each_changed_session_once_as_it_stands() {
         sled.commit(&changes).unwrap();
     }
     let stored = sled.load_sessions().unwrap();
-    assert_eq!(stored.len(), engine.open_sessions());
+    assert_eq!(
+        stored.len(),
+        engine.open_sessions() + engine.completed.len()
+    );
     for (id, state) in &stored {
         assert!(
-            engine.session(id) == Some(state),
+            engine.stored_view(id).as_ref() == Some(state),
             "{id} as sled rebuilds it"
         );
     }
@@ -780,7 +933,7 @@ fn fleet_through_the_sled_store(seed: u64, batch_events: usize, reopen_every: us
         }
         for (id, state) in &stored {
             assert_eq!(
-                engine.session(id),
+                engine.stored_view(id).as_ref(),
                 Some(state),
                 "{id} after batch {batches}"
             );

@@ -55,6 +55,9 @@ pub struct Metrics {
     /// producer's clock running ahead): their partition's clock moved to that limit only;
     /// judged as usual.
     pub future_events: IntCounter,
+    /// Events of a session that had completed, stamped at or before its end and arriving
+    /// within a minute of the stream's clock after it: dropped, not opened as a session.
+    pub events_after_completion: IntCounter,
     /// Times a partition's heads went on without an input topic that still claimed
     /// unpolled events after the aligner's bound (the order may then differ from replay's).
     pub align_overruns: IntCounter,
@@ -164,6 +167,12 @@ const LATE_EVENTS: Family = Family {
 const FUTURE_EVENTS: Family = Family {
     name: "loopwarden_future_events_total",
     help: "Events stamped more than future_grace_secs after this host's clock (a producer clock running ahead): their partition's clock moved to that limit only; judged as usual.",
+    labels: &[],
+};
+
+const EVENTS_AFTER_COMPLETION: Family = Family {
+    name: "loopwarden_events_after_completion_total",
+    help: "Events of a session that had completed, stamped at or before its end and arriving within a minute of the stream's clock after it (a producer's straggler, a completion sent twice): dropped, not opened as a session of their own.",
     labels: &[],
 };
 
@@ -407,6 +416,7 @@ impl Metrics {
             events_skipped: r.counter(EVENTS_SKIPPED),
             late_events: r.counter(LATE_EVENTS),
             future_events: r.counter(FUTURE_EVENTS),
+            events_after_completion: r.counter(EVENTS_AFTER_COMPLETION),
             bad_events: r.counter_vec(BAD_EVENTS),
             events_miskeyed: r.counter_vec(EVENTS_MISKEYED),
             findings: r.counter_vec(FINDINGS),
@@ -525,7 +535,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 24, "{names:?}");
+        assert_eq!(names.len(), 25, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }

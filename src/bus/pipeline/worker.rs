@@ -686,7 +686,10 @@ impl Worker {
             return;
         };
         let metrics = &self.telemetry.metrics;
-        let late = p.engine.counters().late_events;
+        let (late, after_completion) = {
+            let c = p.engine.counters();
+            (c.late_events, c.after_completion)
+        };
         let mut applied_any = false;
         // `direct` first: it comes after everything held, which is nothing then.
         while let Some((topic, held)) = direct.take().or_else(|| p.held.pop_ready(now)) {
@@ -740,9 +743,14 @@ impl Worker {
             return;
         }
         p.dirty = true;
-        let late = p.engine.counters().late_events - late;
+        let counters = p.engine.counters();
+        let late = counters.late_events - late;
         if late > 0 {
             metrics.late_events.inc_by(late);
+        }
+        let after_completion = counters.after_completion - after_completion;
+        if after_completion > 0 {
+            metrics.events_after_completion.inc_by(after_completion);
         }
         p.last_event_wall = now;
         p.clock_at_last_event = p.engine.watermark();
