@@ -433,16 +433,6 @@ impl Engine {
         };
         let st = slot.state;
         self.counters.sessions_closed += 1;
-        if closed_by == ClosedBy::Completed {
-            let closed_at = self.watermark.unwrap_or(st.last_arrival_ms);
-            let end_ms = st.last_event_ms;
-            self.completed
-                .insert(id.to_string(), Completed { end_ms, closed_at });
-            self.completed_order.push_back((closed_at, id.to_string()));
-            if self.dirty.is_some() {
-                self.completed_unwritten.push(id.to_string());
-            }
-        }
         if let Some(dirty) = self.dirty.as_mut() {
             // Every session with a change to take is open: `take_changes` relies on it.
             dirty.remove(id);
@@ -520,6 +510,8 @@ impl Engine {
     pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta<'_>, out: &mut Vec<Output>) {
         self.counters.events += 1;
         let (event_ms, now) = self.times_of(event, meta);
+        // An event without a time of its own took the clock's: none to compare.
+        let stamped = stamped_ms(event, meta).is_some();
         self.watermark = Some(now);
         let gap = self.config.engine.session_gap_ms;
         if event_ms.saturating_add(gap) < now {
@@ -537,7 +529,7 @@ impl Engine {
                 slot
             }
             EntryRef::Vacant(unknown) => {
-                if straggles(&mut self.completed, id, event_ms, now) {
+                if stamped && straggles(&mut self.completed, id, event_ms, now) {
                     self.counters.after_completion += 1;
                     return;
                 }
@@ -589,6 +581,7 @@ impl Engine {
             d.insert(id.to_string(), change);
         }
         if let Some(c) = completion {
+            let end_ms = slot.state.last_event_ms;
             self.close(
                 id,
                 ClosedBy::Completed,
@@ -596,7 +589,33 @@ impl Engine {
                 event.trace_id.as_deref(),
                 out,
             );
+            // Times to tell its stragglers by: a completion without one of its own (a
+            // file without timestamps, whose clock then never moves) leaves none.
+            if stamped {
+                self.remember_completed(id, end_ms, now);
+            }
         }
+    }
+
+    /// Remembers a session `session.completed` closed at clock `now`, whose latest event
+    /// time was `end_ms`, for its stragglers (a durable engine stores its marker).
+    fn remember_completed(&mut self, id: &str, end_ms: i64, now: i64) {
+        let completed = Completed {
+            end_ms,
+            closed_at: now,
+        };
+        self.completed.insert(id.to_string(), completed);
+        self.completed_order.push_back((now, id.to_string()));
+        if self.dirty.is_some() {
+            self.completed_unwritten.push(id.to_string());
+        }
+    }
+
+    /// Whether changes wait for the next flush (sessions changed or closed, completed
+    /// sessions' markers to put or delete).
+    pub fn has_changes(&self) -> bool {
+        let dirty = self.dirty.as_ref().is_some_and(|d| !d.is_empty());
+        dirty || !self.closed.is_empty() || !self.completed_unwritten.is_empty()
     }
 }
 

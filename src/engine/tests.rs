@@ -500,6 +500,26 @@ fn an_event_of_a_completed_session_stamped_before_its_end_opens_no_session_of_it
 }
 
 #[test]
+fn without_times_of_their_own_a_completed_sessions_next_events_open_it_again() {
+    // Every event takes the clock's time, which never moves: none is a straggler, and
+    // nothing is remembered to tell one by.
+    let mut engine = engine_with("");
+    let mut out = Vec::new();
+    for (i, kind) in ["session.started", "session.completed", "session.started"]
+        .iter()
+        .enumerate()
+    {
+        let e = json!({"type": kind, "session_id": "a", "event_id": format!("a{i}")});
+        let line = e.to_string();
+        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+        engine.process(&ev, &EventMeta::default(), &mut out);
+    }
+    assert_eq!(engine.counters().after_completion, 0);
+    assert_eq!(engine.session("a").map(|s| s.stats.events), Some(1));
+    assert!(engine.completed.is_empty());
+}
+
+#[test]
 fn a_completed_session_is_remembered_across_a_restart_until_its_linger_ends() {
     let dir = tempfile::tempdir().unwrap();
     let config = "[engine]\nsession_gap_secs = 600\n";

@@ -211,7 +211,9 @@ impl Partition {
         let before = outputs.len();
         self.engine
             .advance_clock(clock.saturating_add(idle.as_millis() as i64), outputs);
-        if outputs.len() > before {
+        // Closes, and completed sessions forgotten (their markers' deletes): stored now,
+        // not at the partition's next event.
+        if outputs.len() > before || self.engine.has_changes() {
             self.dirty = true;
         }
     }
