@@ -581,25 +581,28 @@ impl Engine {
             d.insert(id.to_string(), change);
         }
         if let Some(c) = completion {
-            let end_ms = slot.state.last_event_ms;
-            self.close(
-                id,
-                ClosedBy::Completed,
-                Some(c),
-                event.trace_id.as_deref(),
-                out,
-            );
             // Times to tell its stragglers by: a completion without one of its own (a
             // file without timestamps, whose clock then never moves) leaves none.
-            if stamped {
-                self.remember_completed(id, end_ms, now);
-            }
+            let end_ms = stamped.then_some(slot.state.last_event_ms);
+            self.complete(id, c, event.trace_id.as_deref(), end_ms, out);
         }
     }
 
-    /// Remembers a session `session.completed` closed at clock `now`, whose latest event
-    /// time was `end_ms`, for its stragglers (a durable engine stores its marker).
-    fn remember_completed(&mut self, id: &str, end_ms: i64, now: i64) {
+    /// Closes a session `session.completed` ended and remembers it for its stragglers, by
+    /// `end_ms`, its latest event time, when it has one (a durable engine stores its
+    /// marker).
+    fn complete(
+        &mut self,
+        id: &str,
+        completion: &Completion,
+        trace_id: Option<&str>,
+        end_ms: Option<i64>,
+        out: &mut Vec<Output>,
+    ) {
+        self.close(id, ClosedBy::Completed, Some(completion), trace_id, out);
+        let (Some(end_ms), Some(now)) = (end_ms, self.watermark) else {
+            return;
+        };
         let completed = Completed {
             end_ms,
             closed_at: now,
