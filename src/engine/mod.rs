@@ -529,7 +529,7 @@ impl Engine {
                 slot
             }
             EntryRef::Vacant(unknown) => {
-                if stamped && straggles(&mut self.completed, id, event_ms, now) {
+                if straggles(&mut self.completed, id, stamped.then_some(event_ms), now) {
                     self.counters.after_completion += 1;
                     return;
                 }
@@ -622,22 +622,23 @@ impl Engine {
     }
 }
 
-/// Whether an event of `id` at `event_ms`, arriving at clock `now` with no session of `id`
-/// open, is a straggler of the session `completed` remembers under `id`: stamped at or
-/// before its end, within the linger (a gateway's last cost record, a completion sent
-/// twice). Opened, it made a session of its own, summarised again as idle a gap later.
-/// One stamped after the end starts the session again (a conversation's next run), and
-/// the completed one is forgotten.
+/// Whether an event of `id` stamped at `event_ms` (`None`: with no time of its own),
+/// arriving at clock `now` with no session of `id` open, is a straggler of the session
+/// `completed` remembers under `id`: stamped at or before its end, within the linger (a
+/// gateway's last cost record, a completion sent twice). Opened, it made a session of its
+/// own, summarised again as idle a gap later. Any other event of `id` starts the session
+/// again (a conversation's next run), and the completed one is forgotten.
 fn straggles(
     completed: &mut FxHashMap<String, Completed>,
     id: &str,
-    event_ms: i64,
+    event_ms: Option<i64>,
     now: i64,
 ) -> bool {
     let Some(c) = completed.get(id).copied() else {
         return false;
     };
-    if event_ms <= c.end_ms && c.closed_at.saturating_add(COMPLETED_LINGER_MS) >= now {
+    let within = c.closed_at.saturating_add(COMPLETED_LINGER_MS) >= now;
+    if within && event_ms.is_some_and(|at| at <= c.end_ms) {
         return true;
     }
     completed.remove(id);

@@ -517,6 +517,23 @@ fn without_times_of_their_own_a_completed_sessions_next_events_open_it_again() {
     assert_eq!(engine.counters().after_completion, 0);
     assert_eq!(engine.session("a").map(|s| s.stats.events), Some(1));
     assert!(engine.completed.is_empty());
+    // A completion with a time of its own, then an event without one, which takes the
+    // clock's time, the session's end: opened as the next run, and the end forgotten.
+    let events = [
+        json!({"type": "session.started", "timestamp": "2026-01-01T00:00:00Z"}),
+        json!({"type": "session.completed", "timestamp": "2026-01-01T00:00:01Z"}),
+        json!({"type": "session.started"}),
+    ];
+    for (i, mut e) in events.into_iter().enumerate() {
+        e["session_id"] = json!("b");
+        e["event_id"] = json!(format!("b{i}"));
+        let line = e.to_string();
+        let ev = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+        engine.process(&ev, &EventMeta::default(), &mut out);
+    }
+    assert_eq!(engine.counters().after_completion, 0);
+    assert_eq!(engine.session("b").map(|s| s.stats.events), Some(1));
+    assert!(engine.completed.is_empty(), "{:?}", engine.completed);
 }
 
 #[test]

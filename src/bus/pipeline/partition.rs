@@ -389,4 +389,28 @@ mod tests {
             "behind, but for too long ({out:?})"
         );
     }
+
+    #[test]
+    fn the_idle_clock_has_a_forgotten_completions_marker_deleted_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = partition_with_a_session(dir.path(), Duration::from_secs(62));
+        // s completes and its batch is taken (its marker); then the partition is quiet.
+        let done =
+            br#"{"type":"session.completed","session_id":"s","timestamp":"2026-11-25T10:00:01Z"}"#;
+        let mut out = Vec::new();
+        let done = parse_event(done, &ParseLimits::default()).unwrap();
+        p.engine.process(&done, &EventMeta::default(), &mut out);
+        let batch = p.engine.take_changes(&[]).expect("tracked");
+        assert_eq!(batch.puts.len(), 1, "s's marker");
+        p.dirty = false;
+        p.clock_at_last_event = p.engine.watermark();
+        // A minute of quiet later the engine forgets s: nothing closes, but the marker's
+        // delete is for the next batch, not the partition's next event.
+        let mut out = Vec::new();
+        p.advance_idle_clock(Duration::from_secs(1), &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert!(p.dirty, "a batch is due");
+        let batch = p.engine.take_changes(&[]).expect("tracked");
+        assert_eq!(batch.deletes, ["s"]);
+    }
 }
