@@ -566,3 +566,51 @@ fn a_gzip_input_corrupt_past_its_start_is_an_error_that_names_it() {
         );
     }
 }
+
+#[test]
+fn a_step_exported_after_its_run_ended_is_no_session_of_its_own() {
+    // A run's tool span from another service, whose exporter flushed after the root
+    // agent span's (the run's end, which completes the session), stamped before it.
+    let kv = |k: &str, v: &str| serde_json::json!({"key": k, "value": {"stringValue": v}});
+    let t0: u64 = 1_763_632_800_000_000_000;
+    let span = |id: &str, parent: Option<&str>, op: &str, start_s: u64, end_s: u64| {
+        let mut attributes = vec![kv("gen_ai.operation.name", op)];
+        if op == "execute_tool" {
+            attributes.push(kv("gen_ai.tool.name", "read"));
+            attributes.push(kv(
+                "gen_ai.tool.call.arguments",
+                &format!("{{\"span\":\"{id}\"}}"),
+            ));
+            attributes.push(kv("gen_ai.tool.call.result", "fine"));
+        }
+        let mut s = serde_json::json!({
+            "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": id, "name": op,
+            "startTimeUnixNano": (t0 + start_s * 1_000_000_000).to_string(),
+            "endTimeUnixNano": (t0 + end_s * 1_000_000_000).to_string(),
+            "attributes": attributes,
+        });
+        if let Some(p) = parent {
+            s["parentSpanId"] = p.into();
+        }
+        serde_json::json!({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}).to_string()
+    };
+    let root = "b7ad6b7169203331";
+    let lines = [
+        span("00f067aa0ba902b7", Some(root), "execute_tool", 1, 2),
+        span(root, None, "invoke_agent", 0, 10),
+        span("00f067aa0ba902b8", Some(root), "execute_tool", 3, 4),
+    ];
+    let out = run_with_stdin(
+        &["replay", "--input-format", "otlp-json", "-"],
+        &(lines.join("\n") + "\n"),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let summaries: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|o: &serde_json::Value| o["type"] == "session.summary")
+        .collect();
+    assert_eq!(summaries.len(), 1, "{summaries:?}");
+    assert_eq!(summaries[0]["closed_by"], "completed");
+    assert_stderr_says(&out, "replayed 3 events");
+}
