@@ -32,7 +32,8 @@ pub use sections::{EngineSettings, TelemetrySettings, ToolClasses, ToolClassifie
 
 /// Default event-time gap after which a silent session closes.
 pub const DEFAULT_SESSION_GAP_SECS: u64 = 30 * 60;
-/// How far after the host's clock `run` lets an event's time move its partition's clock
+/// How far after its message's timestamp or the host's clock (the earlier) `run` lets an
+/// event's time move its partition's clock
 /// (`engine.future_grace_secs`): past clock skew between hosts, well within a session gap
 /// (half the gap when that is less).
 pub const DEFAULT_FUTURE_GRACE_SECS: u64 = 60;

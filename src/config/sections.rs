@@ -73,7 +73,7 @@ pub(super) fn engine(table: &toml::Table, errors: &mut Errors) -> (EngineSetting
         Some(grace) if grace >= gap => {
             errors.push(
                 "engine.future_grace_secs",
-                format!("{grace} must be below engine.session_gap_secs ({gap}): an event this far ahead of the host's clock still moves its partition's clock, and would close every session there as idle"),
+                format!("{grace} must be below engine.session_gap_secs ({gap}): an event this far ahead of its message's timestamp or the host's clock still moves its partition's clock, and would close every session there as idle"),
             );
             grace
         }

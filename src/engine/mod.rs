@@ -483,18 +483,16 @@ impl Engine {
     }
 
     /// An event's own time, and the clock once it is applied ([`event_time`], with `run`'s
-    /// bound on a time ahead of the host's clock).
+    /// bound on a time ahead of its message's or of the host's clock, [`clock_limit`]).
     fn times_of(&mut self, event: &Event<'_>, meta: &EventMeta<'_>) -> (i64, i64) {
         let (event_ms, now) = event_time(self.watermark, stamped_ms(event, meta), None);
-        // A time past the host's clock and its grace is a producer's clock running ahead:
-        // taken as it is, it would move the partition's clock and close every session on
-        // it as idle, and leave none to close until real time caught up (a year, for an
-        // event stamped a year ahead). The clock (and the event's arrival on it) takes the
-        // limit instead; the event keeps its own time for its session, whose times (and
-        // the ids hashed from them) must not depend on when it was read. Only `run` passes
-        // a processing time; a replay takes times as they are.
-        if let Some(processed) = meta.processing_time_ms {
-            let limit = processed.saturating_add(self.config.engine.future_grace_ms);
+        // A time past its limit is a producer's clock running ahead: taken as it is, it
+        // would move the partition's clock and close every session on it as idle, and
+        // leave none to close until real time caught up (a year, for an event stamped a
+        // year ahead). The clock (and the event's arrival on it) takes the limit instead;
+        // the event keeps its own time for its session, whose times (and the ids hashed
+        // from them) must not depend on when it was read.
+        if let Some(limit) = clock_limit(meta, self.config.engine.future_grace_ms) {
             if event_ms > limit {
                 self.counters.future_events += 1;
                 return (
@@ -643,6 +641,22 @@ fn straggles(
     }
     completed.remove(id);
     false
+}
+
+/// The latest time an event may move its partition's clock to: `future_grace_ms` after
+/// the earlier of its processing time and its message's timestamp. An event stamped after
+/// the message that carries it was produced, or after this host read it, by more than
+/// clock skew claims what no clock can tell. The message's timestamp (the producer's
+/// clock, or the broker's with `LogAppendTime`) also bounds a backlog read hours late
+/// and is the same at every read of the log; the processing time bounds a producer whose
+/// clock runs ahead of this host's. `None` without a processing time: a replay takes
+/// times as they are.
+pub fn clock_limit(meta: &EventMeta<'_>, future_grace_ms: i64) -> Option<i64> {
+    let processed = meta.processing_time_ms?;
+    let reference = meta
+        .message_timestamp_ms
+        .map_or(processed, |m| m.min(processed));
+    Some(reference.saturating_add(future_grace_ms))
 }
 
 /// The time an event is stamped with: its own, else its message's (the broker's

@@ -355,10 +355,11 @@ fn closed_in(out: &[Output]) -> Vec<(String, String)> {
 }
 
 #[test]
-fn an_event_stamped_past_the_hosts_clock_and_the_grace_moves_its_clock_no_further() {
-    // Sessions a and b go on a second apart as processed; c, the same call six times in a
+fn an_event_stamped_ahead_of_its_message_and_this_host_moves_the_clock_no_further() {
+    // Sessions a and b go on a second apart as produced; c, the same call six times in a
     // row, comes from a host whose clock runs a day ahead. `read_after`: how long after
-    // its stamp an event is processed (`None`: a replay).
+    // its message was produced (its timestamp, the stamp of a and b) an event is
+    // processed (`None`: a replay).
     let (start, day) = (1_800_000_000_000i64, 24 * 3600 * 1000);
     let feed = |engine: &mut Engine, read_after: Option<i64>| {
         let mut out = Vec::new();
@@ -376,6 +377,7 @@ fn an_event_stamped_past_the_hosts_clock_and_the_grace_moves_its_clock_no_furthe
             let e = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
             let meta = EventMeta {
                 processing_time_ms: read_after.map(|after| at + after),
+                message_timestamp_ms: read_after.map(|_| at),
                 ..EventMeta::default()
             };
             engine.process(&e, &meta, &mut out);
@@ -399,21 +401,25 @@ fn an_event_stamped_past_the_hosts_clock_and_the_grace_moves_its_clock_no_furthe
     assert_eq!(closed_in(&out), vec![idle("c")], "a and b stay open");
     assert_eq!(engine.counters().future_events, 6);
     assert_eq!(engine.counters().late_events, 0);
-    // c arrived at its limit (30 s past its processing) and closed a gap after it; it
-    // keeps its own times.
+    // c arrived at its limit (30 s past its message's timestamp) and closed a gap after
+    // it; it keeps its own times.
     let ended = out.iter().find_map(|o| match o {
         Output::Summary(s) => Some(s.ended_at.clone()),
         _ => None,
     });
     assert_eq!(ended, Some(format_rfc3339_ms(start + 305_000 + day)));
     assert_eq!(engine.watermark(), Some(start + 599_000));
-    // Read again 20 s later (a batch applied again after a restart): the clock takes
-    // other limits, but c's ids, hashed from its own times, are the same.
+    // Read again 20 s later (a batch applied again after a restart), and as a backlog an
+    // hour late: the same limits (from the messages' timestamps), the same ids of c.
     let ids = ids_of_c(&out);
     assert!(ids.len() > 1, "c's loop is found: {ids:?}");
-    let again = feed(&mut engine_with(config), Some(20_050));
-    assert_eq!(closed_in(&again), vec![idle("c")]);
-    assert_eq!(ids_of_c(&again), ids);
+    for late in [20_050, 3_600_000] {
+        let mut engine = engine_with(config);
+        let again = feed(&mut engine, Some(late));
+        assert_eq!(closed_in(&again), vec![idle("c")], "read {late} ms late");
+        assert_eq!(ids_of_c(&again), ids);
+        assert_eq!(engine.counters().future_events, 6);
+    }
     // A replay takes the time as it is: the clock jumps a day, a and b close idle, and
     // what follows of them is a day late.
     let mut engine = engine_with(config);

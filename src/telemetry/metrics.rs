@@ -51,9 +51,9 @@ pub struct Metrics {
     /// Events whose own time was behind their partition's clock by more than
     /// `session_gap_secs` (a lagging producer clock or a backlog); judged as usual.
     pub late_events: IntCounter,
-    /// Events stamped more than `engine.future_grace_secs` after this host's clock (a
-    /// producer's clock running ahead): their partition's clock moved to that limit only;
-    /// judged as usual.
+    /// Events stamped more than `engine.future_grace_secs` after their message's timestamp
+    /// or this host's clock, whichever is earlier (a clock running ahead): their
+    /// partition's clock moved to that limit only; judged as usual.
     pub future_events: IntCounter,
     /// Events of a session that had completed, stamped at or before its end and arriving
     /// within a minute of the stream's clock after it: dropped, not opened as a session.
@@ -166,7 +166,7 @@ const LATE_EVENTS: Family = Family {
 
 const FUTURE_EVENTS: Family = Family {
     name: "loopwarden_future_events_total",
-    help: "Events stamped more than future_grace_secs after this host's clock (a producer clock running ahead): their partition's clock moved to that limit only; judged as usual.",
+    help: "Events stamped more than future_grace_secs after their message's timestamp or this host's clock, whichever is earlier (a clock running ahead): their partition's clock moved to that limit only; judged as usual.",
     labels: &[],
 };
 

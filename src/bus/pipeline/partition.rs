@@ -28,7 +28,7 @@ use crate::contract::event::wall_ms;
 use crate::contract::event::{parse_event, Event, ParseLimits};
 use crate::contract::output::Output;
 use crate::engine::store::{SledStore, StoreBatch};
-use crate::engine::{stamped_ms, Engine, EventMeta};
+use crate::engine::{clock_limit, stamped_ms, Engine, EventMeta};
 
 /// How many times `idle_after` a partition that is behind waits before its clock
 /// advances anyway.
@@ -81,8 +81,8 @@ pub(super) struct Partition {
 
 impl Pending<'_> {
     /// A polled message of input `topic`, parsed: an event with its event time (the
-    /// message's timestamp when the event has none; at most its processing time and
-    /// `future_grace_ms`, as the engine's clock takes it), or a dead letter saying why not. An
+    /// message's timestamp when the event has none; at most [`clock_limit`], as the
+    /// engine's clock takes it), or a dead letter saying why not. An
     /// event's [`Source`] is [`Source::deferred`]: the caller reads the message's headers
     /// into it while the message is at hand, if the event has outputs or is held. The
     /// event borrows its strings from the message's payload where they need no unescaping.
@@ -108,10 +108,8 @@ impl Pending<'_> {
                 };
                 // A head stamped a day ahead would hold its topic's later events behind the
                 // other topics' until they drain.
-                let processed = meta.processing_time_ms.unwrap_or(i64::MAX);
-                let event_ms = stamped_ms(&event, &meta)
-                    .unwrap_or(0)
-                    .min(processed.saturating_add(future_grace_ms));
+                let limit = clock_limit(&meta, future_grace_ms).unwrap_or(i64::MAX);
+                let event_ms = stamped_ms(&event, &meta).unwrap_or(0).min(limit);
                 let source = Source::deferred(m, meta.message_timestamp_ms);
                 (Some(event_ms), Pending::Event(event, meta, source))
             }

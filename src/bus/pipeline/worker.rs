@@ -44,7 +44,7 @@ use crate::config::Config;
 use crate::contract::event::Event;
 use crate::contract::output::Output;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
-use crate::engine::{stamped_ms, Engine, EventMeta};
+use crate::engine::{clock_limit, stamped_ms, Engine, EventMeta};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{GroupMember, Telemetry, WriteWatch};
 
@@ -947,17 +947,18 @@ impl Worker {
     }
 }
 
-/// Counts (and logs, at the 1st, 2nd, 4th, 8th…) an event stamped past its processing time
-/// and `engine.future_grace_secs`, whose partition's clock the engine moved to that limit
-/// only: its producer's clock runs ahead of this host's (or this host's behind).
+/// Counts (and logs, at the 1st, 2nd, 4th, 8th…) an event stamped past its
+/// [`clock_limit`] (its message's timestamp or its processing time, whichever is earlier,
+/// and `engine.future_grace_secs`), whose partition's clock the engine moved to that limit
+/// only: the clock that stamped it runs ahead of its producer's or of this host's.
 fn note_future_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>) {
     let counter = &metrics.future_events;
     counter.inc();
     let n = counter.get();
     if n.is_power_of_two() {
         let ahead = stamped_ms(event, meta)
-            .zip(meta.processing_time_ms)
-            .map(|(stamped, processed)| stamped.saturating_sub(processed) / 1000);
+            .zip(clock_limit(meta, 0))
+            .map(|(stamped, reference)| stamped.saturating_sub(reference) / 1000);
         warn!(
             topic = meta.topic,
             partition = meta.partition,
@@ -965,7 +966,7 @@ fn note_future_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>)
             session_id = %crate::contract::event::printable(&event.session_id),
             ahead_secs = ahead,
             count = n,
-            "input event stamped after this host's clock and the grace; its partition's clock moved to that limit only: check the producer's clock and this host's"
+            "input event stamped after its message's timestamp or this host's clock, past the grace; its partition's clock moved to that limit only: check the clocks of the producer and of this host"
         );
     }
 }
