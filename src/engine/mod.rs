@@ -68,11 +68,12 @@ pub struct EventMeta<'a> {
     pub topic: Option<&'a str>,
     pub partition: Option<i32>,
     pub offset: Option<i64>,
-    /// The Kafka message timestamp, used when the event has no `timestamp`.
+    /// The Kafka message timestamp: the event's time when it has no `timestamp`, and with
+    /// the processing time the bound on how far its time moves the clock ([`clock_limit`]).
     pub message_timestamp_ms: Option<i64>,
-    /// Processing time (`run`'s host clock) for `detected_at`, and the latest an event's
-    /// time is taken as it is (with `engine.future_grace_secs`); `None` uses the event time
-    /// and takes every time as it is (replay).
+    /// Processing time (`run`'s host clock) for `detected_at`, and the bound on how far an
+    /// event's time moves the clock ([`clock_limit`]); `None` uses the event time and takes
+    /// every time as it is (replay).
     pub processing_time_ms: Option<i64>,
 }
 
@@ -86,8 +87,8 @@ pub struct EngineCounters {
     pub sessions_closed: u64,
     /// Events whose own time was behind the stream's clock by more than `session_gap`.
     pub late_events: u64,
-    /// Events stamped later than their processing time and `future_grace`: the clock
-    /// took that limit for them.
+    /// Events stamped later than their [`clock_limit`]: the clock took that limit for
+    /// them.
     pub future_events: u64,
     /// Events of a session that had completed, stamped at or before its end and arriving
     /// within [`COMPLETED_LINGER_MS`] of the clock after it: dropped, not opened as a
@@ -646,16 +647,17 @@ fn straggles(
 /// The latest time an event may move its partition's clock to: `future_grace_ms` after
 /// the earlier of its processing time and its message's timestamp. An event stamped after
 /// the message that carries it was produced, or after this host read it, by more than
-/// clock skew claims what no clock can tell. The message's timestamp (the producer's
-/// clock, or the broker's with `LogAppendTime`) also bounds a backlog read hours late
-/// and is the same at every read of the log; the processing time bounds a producer whose
-/// clock runs ahead of this host's. `None` without a processing time: a replay takes
-/// times as they are.
+/// clock skew claims what no clock can tell. The processing time bounds a producer whose
+/// clock runs ahead of this host's. The message's timestamp bounds a backlog read hours
+/// late, the same at every read of the log, where it comes from another clock than the
+/// event's (the broker's with `LogAppendTime`, a relay's, the OTLP ingest's); a producer
+/// that stamps both with one fast clock is bounded by the processing time alone. `None`
+/// without a processing time: a replay takes times as they are.
 pub fn clock_limit(meta: &EventMeta<'_>, future_grace_ms: i64) -> Option<i64> {
     let processed = meta.processing_time_ms?;
-    let reference = meta
-        .message_timestamp_ms
-        .map_or(processed, |m| m.min(processed));
+    // A timestamp of 0 or less is none (librdkafka passes such a value on as it is).
+    let produced = meta.message_timestamp_ms.filter(|&m| m > 0);
+    let reference = produced.map_or(processed, |m| m.min(processed));
     Some(reference.saturating_add(future_grace_ms))
 }
 

@@ -355,6 +355,24 @@ fn closed_in(out: &[Output]) -> Vec<(String, String)> {
 }
 
 #[test]
+fn a_clock_limit_is_the_earlier_of_the_message_and_the_processing_time_and_the_grace() {
+    let meta = |message, processing| EventMeta {
+        message_timestamp_ms: message,
+        processing_time_ms: processing,
+        ..EventMeta::default()
+    };
+    assert_eq!(clock_limit(&meta(Some(1000), Some(5000)), 30), Some(1030));
+    assert_eq!(clock_limit(&meta(Some(9000), Some(5000)), 30), Some(5030));
+    assert_eq!(clock_limit(&meta(None, Some(5000)), 30), Some(5030));
+    assert_eq!(
+        clock_limit(&meta(Some(0), Some(5000)), 30),
+        Some(5030),
+        "0 is none"
+    );
+    assert_eq!(clock_limit(&meta(Some(1000), None), 30), None, "a replay");
+}
+
+#[test]
 fn an_event_stamped_ahead_of_its_message_and_this_host_moves_the_clock_no_further() {
     // Sessions a and b go on a second apart as produced; c, the same call six times in a
     // row, comes from a host whose clock runs a day ahead. `read_after`: how long after

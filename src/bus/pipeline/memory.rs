@@ -34,6 +34,7 @@ use super::changelog::{ChangelogSource, RecordParts};
 use super::changelog::{CHANGELOG_BATCH, CHANGELOG_KIND, CHANGELOG_STATE_FORMAT};
 use super::lock;
 use super::PipelineError;
+use crate::contract::event::wall_ms;
 
 /// The panic message of a crash the bus was armed for.
 pub const CRASH: &str = "the in-memory bus crashed the process here";
@@ -45,6 +46,8 @@ pub struct Landed {
     /// `None`: a tombstone.
     pub payload: Option<Vec<u8>>,
     pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Its timestamp: the wall clock when it was produced, as a producer's `CreateTime`.
+    pub timestamp_ms: i64,
 }
 
 impl Landed {
@@ -131,6 +134,7 @@ impl Bus {
                     .iter()
                     .map(|(name, value)| (name.to_string(), Some(value.to_vec())))
                     .collect(),
+                timestamp_ms: wall_ms(),
             });
     }
 
@@ -254,6 +258,7 @@ impl Transport for MemoryTransport {
                 .each_header()
                 .map(|(name, value)| (name.to_string(), value.map(<[u8]>::to_vec)))
                 .collect(),
+            timestamp_ms: wall_ms(),
         };
         let partition = r.partition.unwrap_or(0);
         lock(&self.bus.0)
@@ -411,7 +416,7 @@ impl MemoryConsumer {
                 r.payload.clone(),
                 Some(r.key.clone()),
                 topic.clone(),
-                Timestamp::CreateTime(1_700_000_000_000 + offset),
+                Timestamp::CreateTime(r.timestamp_ms),
                 *partition,
                 offset,
                 headers,
