@@ -483,10 +483,11 @@ impl Engine {
         true
     }
 
-    /// An event's own time, and the clock once it is applied ([`event_time`], with `run`'s
-    /// bound on a time ahead of its message's or of the host's clock, [`clock_limit`]).
-    fn times_of(&mut self, event: &Event<'_>, meta: &EventMeta<'_>) -> (i64, i64) {
-        let (event_ms, now) = event_time(self.watermark, stamped_ms(event, meta), None);
+    /// The time of an event `stamped` so ([`stamped_ms`]), and the clock once it is applied
+    /// ([`event_time`], with `run`'s bound on a time ahead of its message's or of the
+    /// host's clock, [`clock_limit`]).
+    fn times_of(&mut self, stamped: Option<i64>, meta: &EventMeta<'_>) -> (i64, i64) {
+        let (event_ms, now) = event_time(self.watermark, stamped, None);
         // A time past its limit is a producer's clock running ahead: taken as it is, it
         // would move the partition's clock and close every session on it as idle, and
         // leave none to close until real time caught up (a year, for an event stamped a
@@ -508,9 +509,10 @@ impl Engine {
     /// Applies one event and appends what it caused (findings, summaries) to `out`.
     pub fn process(&mut self, event: &Event<'_>, meta: &EventMeta<'_>, out: &mut Vec<Output>) {
         self.counters.events += 1;
-        let (event_ms, now) = self.times_of(event, meta);
+        let stamped = stamped_ms(event, meta);
+        let (event_ms, now) = self.times_of(stamped, meta);
         // An event without a time of its own took the clock's: none to compare.
-        let stamped = stamped_ms(event, meta).is_some();
+        let stamped = stamped.is_some();
         self.watermark = Some(now);
         let gap = self.config.engine.session_gap_ms;
         if event_ms.saturating_add(gap) < now {

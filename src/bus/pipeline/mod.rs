@@ -198,9 +198,9 @@ impl std::ops::AddAssign for RunStats {
 impl PipelineError {
     /// The error that ends worker `worker` (or the OTLP ingest, worker 0 of its settings)
     /// once its consumer `client` failed fatally, `None` while it has not: a poll returned
-    /// `polled` (a fatal error comes once, so; the client keeps it, with its reason). A fenced static member stops:
-    /// the member that fenced it holds its partitions now, and a batch of them applied
-    /// here would be applied twice.
+    /// `polled` (a fatal error comes once, so; the client keeps it, with its reason). A
+    /// fenced static member stops: the member that fenced it holds its partitions now, and
+    /// a batch of them applied here would be applied twice.
     pub(super) fn consumer_failed<C: ClientContext>(
         client: &Client<C>,
         polled: &KafkaError,

@@ -206,12 +206,11 @@ impl Partition {
         if idle < threshold {
             return;
         }
-        let before = outputs.len();
         self.engine
             .advance_clock(clock.saturating_add(idle.as_millis() as i64), outputs);
-        // Closes, and completed sessions forgotten (their markers' deletes): stored now,
-        // not at the partition's next event.
-        if outputs.len() > before || self.engine.has_changes() {
+        // Its closes, and completed sessions it forgot (their markers' deletes): stored
+        // now, not at the partition's next event.
+        if self.engine.has_changes() {
             self.dirty = true;
         }
     }
