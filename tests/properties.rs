@@ -373,3 +373,77 @@ fn restart_from_sled_resumes_where_it_left_off() {
         .iter()
         .any(|o| matches!(o, Output::Finding(f) if f.stop_reason.is_some())));
 }
+
+/// Any text, long (past every cap) and full of characters JSON escapes six bytes wide
+/// likely: what a broken producer names its runs, agents, tools and stop reasons.
+fn arb_text(max: usize) -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z]{0,8}",
+        prop::collection::vec(any::<char>(), 0..max).prop_map(|c| c.into_iter().collect()),
+        (1..max).prop_map(|n| "\u{1}".repeat(n)),
+    ]
+}
+
+/// `fill` cut to `max` bytes after `prefix`, at a char boundary.
+fn id_of(prefix: String, fill: &str, max: usize) -> String {
+    let mut id = prefix;
+    for c in fill.chars() {
+        if id.len() + c.len_utf8() > max {
+            break;
+        }
+        id.push(c);
+    }
+    id
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Every output stays under `MAX_OUTPUT_BYTES`, whatever its events name: ids at the
+    /// longest the contract takes, labels, tool names and a runtime's stop reason of any
+    /// length, eight tools named in the stats, a topic at Kafka's longest name. Unbounded,
+    /// a finding carried a tool name or an id as long as its event (a megabyte).
+    #[test]
+    fn every_output_is_bounded_whatever_its_events_name(
+        fill in arb_text(400),
+        run in arb_text(3000),
+        agent in arb_text(3000),
+        tenant in arb_text(3000),
+        tool in arb_text(3000),
+        stop_reason in arb_text(3000),
+    ) {
+        use loopwarden::contract::event::{MAX_ID_BYTES, MAX_SESSION_ID_BYTES};
+        use loopwarden::contract::output::MAX_OUTPUT_BYTES;
+        let session = id_of(String::new(), &format!("s{fill}"), MAX_SESSION_ID_BYTES);
+        let trace = id_of(String::new(), &format!("t{fill}"), MAX_ID_BYTES);
+        // Eight other tools once each, then the same call of `tool` until it is killed.
+        let tool = format!("x{tool}");
+        let mut bodies: Vec<Value> = (0..8)
+            .map(|i| json!({"type": "tool.called", "tool": format!("{tool}{i}"), "args": {}, "result": i}))
+            .collect();
+        bodies.extend((0..14).map(|_| json!({"type": "tool.called", "tool": tool, "args": {"a": 1}, "result": "same"})));
+        bodies.push(json!({"type": "session.completed", "stop_reason": stop_reason, "outcome": "failure"}));
+        let topic = "t".repeat(249);
+        let mut engine = Engine::new(config());
+        let mut out = Vec::new();
+        for (i, mut body) in bodies.into_iter().enumerate() {
+            body["session_id"] = json!(session);
+            body["event_id"] = json!(id_of(format!("{i}-"), &fill, MAX_ID_BYTES));
+            body["trace_id"] = json!(trace);
+            body["run_id"] = json!(run);
+            body["agent_id"] = json!(agent);
+            body["tenant"] = json!(tenant);
+            body["timestamp"] = json!(loopwarden::contract::event::format_rfc3339_ms(1_700_000_000_000 + i as i64 * 1000));
+            let line = body.to_string();
+            let event = parse_event(line.as_bytes(), &ParseLimits::default()).unwrap();
+            let meta = EventMeta { topic: Some(&topic), partition: Some(0), offset: Some(i as i64), ..EventMeta::default() };
+            engine.process(&event, &meta, &mut out);
+        }
+        prop_assert!(out.iter().any(|o| matches!(o, Output::Finding(f) if f.stop_reason.is_some())), "no termination: the bound was not tried on one");
+        prop_assert!(out.iter().any(|o| matches!(o, Output::Summary(_))));
+        for o in &out {
+            let n = o.to_json().len();
+            prop_assert!(n <= MAX_OUTPUT_BYTES, "{} of {n} bytes", o.type_name());
+        }
+    }
+}

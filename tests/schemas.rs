@@ -68,6 +68,8 @@ fn mutations(v: &Value) -> Vec<Value> {
         Value::Null,
         json!(""),
         json!("2026-13-45"),
+        // Longer than any id the contract takes (`session_id`, `event_id`, `trace_id`).
+        json!("x".repeat(300)),
     ];
     for key in obj.keys() {
         let mut dropped = obj.clone();
@@ -101,7 +103,7 @@ fn schema_valid_inputs_parse_and_invalid_ones_are_rejected() {
     }
     samples.push(json!({"type": "session.started", "session_id": "s", "run_id": "r", "agent_id": "a", "tenant": "t", "depth": 2, "parent_session_id": "p"}));
     samples.push(json!({"type": "session.completed", "session_id": "s", "stop_reason": "done", "outcome": "success", "timestamp": "2026-11-18T11:06:40.5+01:00"}));
-    samples.push(json!({"type": "tool.called", "session_id": "s", "tool": "t", "result_digest": "abcDEF01", "duration_ms": 3.5, "error_kind": "timeout", "call_id": "c"}));
+    samples.push(json!({"type": "tool.called", "session_id": "s", "tool": "t", "result_digest": "abcDEF01", "duration_ms": 3.5, "error_kind": "timeout", "call_id": "c", "event_id": "e", "trace_id": "0af7651916cd43dd8448eb211c80319c"}));
     samples.push(json!({"type": "cost.attributed", "session_id": "s", "input_tokens": 1, "output_tokens": 2, "cache_read_tokens": 3, "cache_write_tokens": 4, "call_kind": "compaction", "progress": 0.5, "finish_reason": "end_turn", "turn": 3}));
     let mut checked = 0;
     for sample in &samples {

@@ -15,6 +15,7 @@ use crate::engine::detectors::settings::Threshold;
 use crate::engine::detectors::{Class, DetectorKind};
 use crate::engine::levels::{Levels, Mode};
 use crate::engine::policy::Policy;
+use crate::engine::state::kept_label;
 
 /// One `[detectors.<name>]` table: the levels every detector takes, and the rest, which
 /// is the detector's own settings (read through its own type).
@@ -63,9 +64,15 @@ impl Override {
         }
     }
 
-    /// Whether it applies to a session of `tenant` run by `agent`.
+    /// Whether it applies to a session of `tenant` run by `agent`, labels as the session
+    /// keeps them ([`kept_label`]): an agent glob meets an id over 128 bytes by its first
+    /// 115 and a digest.
     pub(super) fn matches_session(&self, tenant: Option<&str>, agent: Option<&str>) -> bool {
-        let tenant_ok = self.tenant.as_deref().is_none_or(|t| tenant == Some(t));
+        // `tenant` as the session keeps it: a long one is met by its kept form.
+        let tenant_ok = self
+            .tenant
+            .as_deref()
+            .is_none_or(|t| tenant == Some(&*kept_label(t)));
         let agent_ok = self
             .agent
             .as_ref()

@@ -36,6 +36,11 @@ pub const DEFAULT_MAX_NESTING: usize = 64;
 pub const MAX_NESTING_LIMIT: usize = 127;
 /// Longest accepted `session_id`, in bytes.
 pub const MAX_SESSION_ID_BYTES: usize = 256;
+/// Longest accepted `event_id` and `trace_id`, in bytes. Every output names its trigger's
+/// ids whole (an id cut names nothing), so an output is as long as they are: unbounded,
+/// a finding outgrew the output topic's largest message, which the broker refuses at
+/// every retry, and its partition stalled.
+pub const MAX_ID_BYTES: usize = 256;
 
 /// Why an input message was rejected. Every variant is poison: the same bytes will fail
 /// the same way again, so they go to the dead-letter topic, never back to a retry.
@@ -704,6 +709,14 @@ fn validate<'a>(mut w: Wire<'a>, bytes: &[u8]) -> Result<Event<'a>, BadEvent> {
                 session_id.len()
             ),
         });
+    }
+    for (field, id) in [("event_id", &w.event_id), ("trace_id", &w.trace_id)] {
+        if let Some(id) = id.as_deref().filter(|id| id.len() > MAX_ID_BYTES) {
+            return Err(BadEvent::InvalidValue {
+                field,
+                detail: format!("must be at most {MAX_ID_BYTES} bytes, got {}", id.len()),
+            });
+        }
     }
     let timestamp_ms = match &w.timestamp {
         None => None,

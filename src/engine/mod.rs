@@ -54,7 +54,9 @@ use crate::engine::content::ContentSample;
 use crate::engine::detectors::{Context, DetectorKind, Input, LlmContext, On, Signal, ToolContext};
 use crate::engine::levels::{Level, Mode};
 use crate::engine::policy::Policy;
-use crate::engine::state::{Completed, LlmObservation, Marks, SessionState};
+use crate::engine::state::{
+    cut_at_char, kept_label, Completed, LlmObservation, Marks, SessionState,
+};
 use crate::engine::store::{StateBytes, StateStore, StoreBatch, StoreError};
 use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
 use crate::engine::trajectory::ToolObservation;
@@ -195,6 +197,11 @@ pub struct CloseAt {
     /// Its idle deadline: closes at one clock go in (deadline, session id) order.
     pub deadline: i64,
 }
+
+/// Longest tool name a finding's reason and hint name, in bytes (real names are far
+/// shorter): with the ids ([`crate::contract::event::MAX_ID_BYTES`]) and labels
+/// ([`state::MAX_LABEL`]) bounded, every output is, whatever the event.
+pub const MAX_SHOWN_TOOL_NAME: usize = 256;
 
 /// Store key under which the engine's clock is kept with the offsets.
 pub const WATERMARK_KEY: &str = "engine/watermark";
@@ -471,7 +478,10 @@ impl Engine {
             tenant: st.tenant.clone(),
             stop_reason,
             closed_by,
-            runtime_stop_reason: completion.and_then(|c| c.stop_reason.clone()),
+            // A label for charts, kept as the session's own labels are (bounded).
+            runtime_stop_reason: completion
+                .and_then(|c| c.stop_reason.as_deref())
+                .map(|r| kept_label(r).into_owned()),
             outcome: completion.and_then(|c| c.outcome),
             shadow_stop_reason: st.termination.filter(|t| t.shadow).map(|t| t.detector),
             started_at: format_rfc3339_ms(st.first_event_ms),
@@ -793,7 +803,9 @@ fn observe_tool_call<'e>(
     };
     let facts = slot.state.observe_tool(&call.tool, obs);
     let ctx = Context::Tool(ToolContext {
-        tool: &call.tool,
+        // Named in findings' reasons and hints (which reach the agent's next call): a
+        // name no real tool has is cut there, so an output stays bounded.
+        tool: cut_at_char(&call.tool, MAX_SHOWN_TOOL_NAME),
         obs,
         facts,
     });

@@ -15,7 +15,10 @@
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+use std::borrow::Cow;
 
+use crate::contract::event::hex;
 use crate::engine::detectors::{DetectorKind, DetectorStates, SessionView, DETECTOR_COUNT};
 use crate::engine::levels::Level;
 use crate::engine::trajectory::{
@@ -32,16 +35,20 @@ pub use encode::Encode;
 
 /// Recent event ids remembered to drop exact duplicates.
 pub const RECENT_EVENT_IDS: usize = 16;
-/// Longest `run_id` / `agent_id` / `tenant` kept.
-pub const MAX_LABEL: usize = 64;
+/// Longest `run_id` / `agent_id` / `tenant` kept ([`kept_label`]).
+pub const MAX_LABEL: usize = 128;
+/// The bytes a label longer than [`MAX_LABEL`] keeps of its own, before its digest.
+const LABEL_PREFIX: usize = MAX_LABEL - 1 - LABEL_DIGEST_HEX;
+/// Hex digits of a long label's SHA-256 that its kept form ends with.
+const LABEL_DIGEST_HEX: usize = 12;
 /// The serialized size session states stay under (DESIGN §4 target): every state the
 /// adversarial and property tests drive, and the recorded agent sessions' (median
 /// 1.0–1.5 kB, largest 1.87 kB).
 pub const STATE_BYTES_BOUND: usize = 2048;
 /// The size no state passes: every ring full and every label and tool name at its cap
-/// at once take 3,025 bytes, and each of the counters grown large a few bytes more.
+/// at once take 3,212 bytes, and each of the counters grown large a few bytes more.
 /// Above DESIGN §4's 2 KiB: the rings alone take 1.6 kB, and eight tool names and
-/// three labels at their caps another 0.5 kB.
+/// three labels at their caps another 0.7 kB.
 pub const STATE_BYTES_MAX: usize = 3 * 1024 + 256;
 /// Emission marks of one detector.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -206,12 +213,33 @@ pub struct Completed {
 #[error("corrupt session state: {0}")]
 pub struct CorruptState(#[from] postcard::Error);
 
-fn cap_label(s: &str) -> String {
-    cut_at_char(s, MAX_LABEL).to_string()
+/// A label (`run_id`, `agent_id`, `tenant`, a runtime's stop reason) as loopwarden keeps
+/// it: whole up to [`MAX_LABEL`] bytes (an ARN, a cloud resource name); a longer one as
+/// its first 115 bytes, `~` and 12 hex digits of its SHA-256, [`MAX_LABEL`] bytes in all.
+/// State stays bounded, and labels that differ stay apart: cut alone, run ids alike in
+/// their first bytes (`…/sessions/42/runs/7`) were one run; and a long label is compared
+/// by its kept form, where compared whole with its cut a long run id was a new run at
+/// every event, which reset the loop detectors at each. Borrowed when kept whole: the
+/// common case costs a length check.
+pub fn kept_label(s: &str) -> Cow<'_, str> {
+    if s.len() <= MAX_LABEL {
+        return Cow::Borrowed(s);
+    }
+    let digest = Sha256::digest(s.as_bytes());
+    let mut kept = String::with_capacity(MAX_LABEL);
+    kept.push_str(cut_at_char(s, LABEL_PREFIX));
+    kept.push('~');
+    kept.push_str(&hex(&digest[..LABEL_DIGEST_HEX / 2]));
+    Cow::Owned(kept)
+}
+
+/// Whether `kept` (a label as stored) is the kept form of `label`, as it comes.
+fn keeps(kept: Option<&str>, label: &str) -> bool {
+    kept == Some(&*kept_label(label))
 }
 
 /// `s` cut to at most `max` bytes, at a char boundary.
-fn cut_at_char(s: &str, max: usize) -> &str {
+pub(crate) fn cut_at_char(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;
@@ -297,14 +325,14 @@ impl SessionState {
     pub fn note_labels(&mut self, agent_id: Option<&str>, tenant: Option<&str>) -> bool {
         let mut relabelled = false;
         if let Some(a) = agent_id {
-            if self.agent_id.as_deref() != Some(a) {
-                self.agent_id = Some(cap_label(a));
+            if !keeps(self.agent_id.as_deref(), a) {
+                self.agent_id = Some(kept_label(a).into_owned());
                 relabelled = true;
             }
         }
         if let Some(t) = tenant {
-            if self.tenant.as_deref() != Some(t) {
-                self.tenant = Some(cap_label(t));
+            if !keeps(self.tenant.as_deref(), t) {
+                self.tenant = Some(kept_label(t).into_owned());
                 relabelled = true;
             }
         }
@@ -317,12 +345,12 @@ impl SessionState {
     /// one). An event without `run_id` stays in the current run.
     pub fn note_run(&mut self, run_id: Option<&str>) -> bool {
         let Some(run) = run_id else { return false };
-        if self.run_id.as_deref() == Some(run) {
+        if keeps(self.run_id.as_deref(), run) {
             return false;
         }
         // `touch` has counted this event: more than one means the session had a past.
         let changed = self.run_id.is_some() || self.stats.events > 1;
-        self.run_id = Some(cap_label(run));
+        self.run_id = Some(kept_label(run).into_owned());
         if changed {
             self.run = RunState::default();
             self.counters = DetectorStates::default();

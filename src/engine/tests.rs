@@ -1074,3 +1074,93 @@ fn a_dropped_batch_is_forgotten_and_the_next_writes_rebuild_the_states() {
         vec![("s".to_string(), engine.session("s").unwrap().clone())]
     );
 }
+
+/// (index, detector, level) of the findings of `events`, each given `labels`.
+fn findings_labelled(
+    config: &str,
+    events: &[serde_json::Value],
+    labels: impl Fn(usize) -> serde_json::Value,
+) -> Vec<(usize, String, Level)> {
+    let labelled: Vec<serde_json::Value> = (events.iter().enumerate())
+        .map(|(i, e)| {
+            let mut e = e.clone();
+            for (k, v) in labels(i).as_object().unwrap() {
+                e[k] = v.clone();
+            }
+            e
+        })
+        .collect();
+    let found = findings(config, &labelled).into_iter();
+    found.map(|(i, d, l, _)| (i, d, l)).collect()
+}
+
+#[test]
+fn a_run_id_longer_than_a_label_is_one_run_and_two_alike_in_their_start_are_two() {
+    let calls = vec![same_call(); 10];
+    let short = findings_labelled("", &calls, |_| json!({"run_id": "r"}));
+    assert!(short.iter().any(|f| f.2 == Level::Terminate), "{short:?}");
+    // Compared whole with its cut, a long run id was a new run at each event: no finding.
+    let long = findings_labelled("", &calls, |_| json!({"run_id": "r".repeat(300)}));
+    assert_eq!(long, short);
+    // Two runs of five calls each find nothing; ids alike in their first 200 bytes are
+    // two runs all the same (cut alone, they were one of ten calls).
+    let two = |a: &str, b: &str| {
+        let (a, b) = (a.to_string(), b.to_string());
+        findings_labelled(
+            "",
+            &calls,
+            move |i| json!({"run_id": if i < 5 { a.clone() } else { b.clone() }}),
+        )
+    };
+    let apart = two("r1", "r2");
+    let prefix = "projects/p/locations/l/sessions/".repeat(7);
+    let alike = two(&format!("{prefix}1"), &format!("{prefix}2"));
+    assert!(!apart.iter().any(|f| f.2 == Level::Terminate), "{apart:?}");
+    assert_eq!(alike, apart);
+}
+
+#[test]
+fn a_long_tenants_override_holds_at_every_event_and_across_a_restart() {
+    let tenant = format!("tenants/{}", "acme-".repeat(40));
+    let config = format!(
+        "[[overrides]]\ntenant = \"{tenant}\"\n[overrides.detectors.repeat]\nterminate_at = \"off\"\nwindow_terminate_at = \"off\"\n"
+    );
+    let calls = vec![same_call(); 10];
+    let killed = |found: &[(usize, String, Level)]| {
+        found
+            .iter()
+            .any(|f| f.1 == "repeat" && f.2 == Level::Terminate)
+    };
+    assert!(killed(&findings_labelled(
+        &config,
+        &calls,
+        |_| json!({"tenant": "other"})
+    )));
+    // Resolved from the whole tenant at the first event and from its cut at the second,
+    // the override held for one event.
+    let found = findings_labelled(&config, &calls, |_| json!({"tenant": tenant}));
+    assert!(!killed(&found), "{found:?}");
+    // A restart resolves the policy from the stored labels: the same one.
+    let dir = tempfile::tempdir().unwrap();
+    let config = Arc::new(Config::from_toml_str(&config, "t", std::iter::empty()).unwrap());
+    let mut sled = store::SledStore::open(dir.path()).unwrap();
+    let start = 1_800_000_000_000i64;
+    let mut call = same_call();
+    call["tenant"] = json!(tenant);
+    let mut engine = Engine::restore(config.clone(), &sled).unwrap();
+    let mut found = Vec::new();
+    for step in 0..10 {
+        if step % 3 == 2 {
+            engine.flush(&mut sled, &[]).unwrap();
+            engine = Engine::restore(config.clone(), &sled).unwrap();
+        }
+        let at = start + i64::from(step) * 1000;
+        for o in process_as(&mut engine, call.clone(), "s", step, at) {
+            if let Output::Finding(f) = o {
+                found.push((step as usize, f.detector.name().to_string(), f.level));
+            }
+        }
+    }
+    assert!(found.iter().any(|f| f.1 == "repeat"), "{found:?}");
+    assert!(!killed(&found), "{found:?}");
+}

@@ -62,7 +62,11 @@ impl Work {
 
     /// The policy key and policy of a session opened by `event`.
     pub(super) fn policy_of(&mut self, event: &Event<'_>) -> (u64, Arc<Policy>) {
-        let (tenant, agent) = (event.tenant.as_deref(), event.agent_id.as_deref());
+        // Resolved from the labels as the session keeps them, as every later resolution
+        // (a relabelling, a restore) is: a long label's policy may not change with them.
+        let tenant = event.tenant.as_deref().map(kept_label);
+        let agent = event.agent_id.as_deref().map(kept_label);
+        let (tenant, agent) = (tenant.as_deref(), agent.as_deref());
         let key = policy_key(tenant, agent);
         (key, self.policy(key, tenant, agent))
     }

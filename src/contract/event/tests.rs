@@ -262,3 +262,25 @@ fn the_deepest_nesting_allowed_parses_on_either_path() {
         "too_deep"
     );
 }
+
+#[test]
+fn an_event_or_trace_id_longer_than_an_id_is_a_bad_value_on_both_paths() {
+    for field in ["event_id", "trace_id"] {
+        // Plain, and with an escape (which the slower reader takes).
+        for filler in ["x", "\\u0078"] {
+            let id = |n: usize| {
+                format!(
+                    r#"{{"type":"session.started","session_id":"s","{field}":"{}"}}"#,
+                    filler.repeat(n)
+                )
+            };
+            let at_most = id(MAX_ID_BYTES);
+            assert!(parse(&at_most).is_ok(), "{field} of {MAX_ID_BYTES} bytes");
+            let over = id(MAX_ID_BYTES + 1);
+            let err = parse(&over).unwrap_err();
+            assert_eq!(err.reason(), "invalid_value", "{err}");
+            let said = err.to_string();
+            assert!(said.contains(field) && said.contains("257"), "{said}");
+        }
+    }
+}

@@ -109,7 +109,7 @@ fn stored_state() -> SessionState {
 }
 
 /// Every ring full, every label and tool name at its cap, every poll tracker used,
-/// every detector's episode marked: the largest state a session can have (3,025
+/// every detector's episode marked: the largest state a session can have (3,212
 /// bytes when written, with small counters) stays within [`STATE_BYTES_MAX`].
 #[test]
 fn the_largest_state_stays_within_the_bound() {
@@ -428,4 +428,24 @@ fn episodes_made_out_of_order_are_written_in_detector_order() {
     );
     assert_eq!(out_of_order.episodes.get(late), marks(1));
     assert_eq!(out_of_order.episodes.get(early), marks(2));
+}
+
+#[test]
+fn a_label_is_kept_whole_up_to_its_cap_and_a_longer_one_as_its_start_and_digest() {
+    let short = "r".repeat(MAX_LABEL);
+    assert!(matches!(kept_label(&short), Cow::Borrowed(s) if s == short));
+    let long = "é".repeat(100); // 200 bytes: the cut falls inside a character
+    let kept = kept_label(&long);
+    assert!(kept.len() <= MAX_LABEL, "{kept}");
+    assert!(kept.starts_with(&"é".repeat(57)), "{kept}");
+    // The form is stored: a build that kept it otherwise would take every long run id
+    // for a new run once, at the upgrade.
+    assert_eq!(
+        kept_label(&"r".repeat(300)),
+        format!("{}~{}", "r".repeat(115), "4b7ae0000877")
+    );
+    // Labels alike in their start, and only there, stay apart.
+    let (a, b) = (format!("{short}/run/1"), format!("{short}/run/2"));
+    assert_ne!(kept_label(&a), kept_label(&b));
+    assert_eq!(kept_label(&a), kept_label(&a.clone()));
 }
