@@ -300,7 +300,8 @@ impl Config {
     }
 
     /// The policy of a session: the base with every matching tenant / agent override
-    /// applied in file order.
+    /// applied in file order. `tenant` and `agent` as sessions keep them
+    /// ([`crate::engine::state::kept_label`]).
     pub fn policy_for(&self, tenant: Option<&str>, agent: Option<&str>) -> Policy {
         let mut p = self.policy.clone();
         for o in self.overrides.iter().filter(|o| o.tool.is_none()) {

@@ -65,14 +65,10 @@ impl Override {
     }
 
     /// Whether it applies to a session of `tenant` run by `agent`, labels as the session
-    /// keeps them ([`kept_label`]): an agent glob meets an id over 128 bytes by its first
-    /// 115 and a digest.
+    /// keeps them ([`kept_label`]), as its own tenant and literal agent are: a glob meets
+    /// an id over 128 bytes by its first 115 bytes or fewer, then `~` and a digest.
     pub(super) fn matches_session(&self, tenant: Option<&str>, agent: Option<&str>) -> bool {
-        // `tenant` as the session keeps it: a long one is met by its kept form.
-        let tenant_ok = self
-            .tenant
-            .as_deref()
-            .is_none_or(|t| tenant == Some(&*kept_label(t)));
+        let tenant_ok = self.tenant.as_deref().is_none_or(|t| tenant == Some(t));
         let agent_ok = self
             .agent
             .as_ref()
@@ -152,7 +148,13 @@ fn one_override(raw: RawOverride, key: &str, policy: &Policy, errors: &mut Error
             }
         })
     };
-    let agent = glob(&raw.agent, "agent", errors);
+    // A tenant, and an agent named without a glob's special characters, are met as the
+    // sessions keep their labels: a long one by its kept form.
+    let agent = raw.agent.map(|a| match a.contains(glob_special) {
+        false => kept_label(&a).into_owned(),
+        true => a,
+    });
+    let agent = glob(&agent, "agent", errors);
     let tool = glob(&raw.tool, "tool", errors);
     let o_mode = raw
         .mode
@@ -185,7 +187,7 @@ fn one_override(raw: RawOverride, key: &str, policy: &Policy, errors: &mut Error
         );
     }
     Override {
-        tenant: raw.tenant,
+        tenant: raw.tenant.map(|t| kept_label(&t).into_owned()),
         agent,
         tool,
         mode: o_mode,
@@ -214,12 +216,18 @@ pub(super) fn detectors_toml(policy: &Policy) -> toml::Table {
 /// character), for telling two globs apart without the strings they match.
 fn glob_literals(glob: &GlobMatcher) -> (&str, &str) {
     let pattern = glob.glob().glob();
-    let special = |c: char| matches!(c, '*' | '?' | '[' | ']' | '{' | '}' | '\\');
-    let start = pattern.find(special).map_or(pattern, |i| &pattern[..i]);
+    let start = pattern
+        .find(glob_special)
+        .map_or(pattern, |i| &pattern[..i]);
     let end = pattern
-        .rfind(special)
+        .rfind(glob_special)
         .map_or(pattern, |i| &pattern[i + 1..]);
     (start, end)
+}
+
+/// Whether `c` means more than itself in a glob.
+fn glob_special(c: char) -> bool {
+    matches!(c, '*' | '?' | '[' | ']' | '{' | '}' | '\\')
 }
 
 /// Whether no string matches both globs, as far as their literal starts (and, with

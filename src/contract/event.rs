@@ -710,14 +710,6 @@ fn validate<'a>(mut w: Wire<'a>, bytes: &[u8]) -> Result<Event<'a>, BadEvent> {
             ),
         });
     }
-    for (field, id) in [("event_id", &w.event_id), ("trace_id", &w.trace_id)] {
-        if let Some(id) = id.as_deref().filter(|id| id.len() > MAX_ID_BYTES) {
-            return Err(BadEvent::InvalidValue {
-                field,
-                detail: format!("must be at most {MAX_ID_BYTES} bytes, got {}", id.len()),
-            });
-        }
-    }
     let timestamp_ms = match &w.timestamp {
         None => None,
         Some(ts) => Some(parse_rfc3339_ms(ts).ok_or_else(|| BadEvent::InvalidValue {
@@ -732,6 +724,14 @@ fn validate<'a>(mut w: Wire<'a>, bytes: &[u8]) -> Result<Event<'a>, BadEvent> {
         "session.completed" => completion(&mut w)?,
         _ => return Err(BadEvent::UnknownType(kind.into_owned())),
     };
+    for (field, id) in [("event_id", &w.event_id), ("trace_id", &w.trace_id)] {
+        if let Some(id) = id.as_deref().filter(|id| id.len() > MAX_ID_BYTES) {
+            return Err(BadEvent::InvalidValue {
+                field,
+                detail: format!("must be at most {MAX_ID_BYTES} bytes, got {}", id.len()),
+            });
+        }
+    }
     let event_id = match w.event_id {
         Some(id) if !id.is_empty() => id,
         _ => Cow::Owned(derive_event_id(bytes)),

@@ -18,14 +18,18 @@ use crate::engine::state::SessionState;
 
 /// Version of the output schemas.
 pub const SCHEMA_VERSION: u32 = 1;
-/// The most bytes an output's JSON takes, whatever its event names: ids past
+/// The most bytes an output's JSON takes, whatever its event names: a session id past
+/// [`crate::contract::event::MAX_SESSION_ID_BYTES`] and other ids past
 /// [`crate::contract::event::MAX_ID_BYTES`] are refused, labels kept to
 /// [`crate::engine::state::MAX_LABEL`] bytes, tool names cut to
-/// [`crate::engine::MAX_SHOWN_TOOL_NAME`] in reasons and hints and to 40 in stats, and JSON
-/// writes a byte as at most six. Far under a broker's largest message (1 MB by default):
+/// [`crate::engine::MAX_SHOWN_TOOL_NAME`] in reasons and hints and to 40 in stats, a Kafka
+/// topic's name is at most 249 bytes, evidence holds numbers and digests of at most the
+/// window's calls, and JSON writes a byte as at most six: about 15 kB at worst today
+/// (`outputs_at_their_worst_stay_under_the_bound`), with room for fields to come.
+/// Far under a broker's largest message (1 MB by default):
 /// an output the broker refuses as too large is sent again until it is taken, and its
 /// worker waits on it.
-pub const MAX_OUTPUT_BYTES: usize = 16 * 1024;
+pub const MAX_OUTPUT_BYTES: usize = 32 * 1024;
 
 /// Per-tool counts in `stats`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -198,9 +198,10 @@ pub struct CloseAt {
     pub deadline: i64,
 }
 
-/// Longest tool name a finding's reason and hint name, in bytes (real names are far
-/// shorter): with the ids ([`crate::contract::event::MAX_ID_BYTES`]) and labels
-/// ([`state::MAX_LABEL`]) bounded, every output is, whatever the event.
+/// Longest tool name a finding's reason and hint name, and the engine caches a tool's
+/// classes by, in bytes (real names are far shorter): with the ids
+/// ([`crate::contract::event::MAX_ID_BYTES`]) and labels ([`state::MAX_LABEL`]) bounded,
+/// every output is, whatever the event, and so is the cache.
 pub const MAX_SHOWN_TOOL_NAME: usize = 256;
 
 /// Store key under which the engine's clock is kept with the offsets.
@@ -734,7 +735,7 @@ fn apply(
 }
 
 /// The session's labels, run and depth as the event gives them; the policy follows the
-/// labels as stored (capped), resolved again only when they changed (a session's first
+/// labels as stored (kept, [`kept_label`]), resolved again only when they changed (a session's first
 /// labelled event, or a relabelling).
 fn note_identity(work: &mut Work, slot: &mut Slot, event: &Event<'_>) {
     let st = &mut slot.state;

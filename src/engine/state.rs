@@ -215,8 +215,10 @@ pub struct CorruptState(#[from] postcard::Error);
 
 /// A label (`run_id`, `agent_id`, `tenant`, a runtime's stop reason) as loopwarden keeps
 /// it: whole up to [`MAX_LABEL`] bytes (an ARN, a cloud resource name); a longer one as
-/// its first 115 bytes, `~` and 12 hex digits of its SHA-256, [`MAX_LABEL`] bytes in all.
-/// State stays bounded, and labels that differ stay apart: cut alone, run ids alike in
+/// at most its first 115 bytes (cut at a character boundary), `~` and 12 hex digits of
+/// its SHA-256, at most [`MAX_LABEL`] bytes in all. State stays bounded, and labels that
+/// differ stay apart (but for a 48-bit collision, or a label sent in that very form):
+/// cut alone, run ids alike in
 /// their first bytes (`…/sessions/42/runs/7`) were one run; and a long label is compared
 /// by its kept form, where compared whole with its cut a long run id was a new run at
 /// every event, which reset the loop detectors at each. Borrowed when kept whole: the

@@ -1120,10 +1120,19 @@ fn a_run_id_longer_than_a_label_is_one_run_and_two_alike_in_their_start_are_two(
 }
 
 #[test]
-fn a_long_tenants_override_holds_at_every_event_and_across_a_restart() {
-    let tenant = format!("tenants/{}", "acme-".repeat(40));
+fn a_long_tenants_or_agents_override_holds_at_every_event_and_across_a_restart() {
+    for (key, field) in [("tenant", "tenant"), ("agent", "agent_id")] {
+        a_long_labels_override_holds(key, field);
+    }
+}
+
+/// An override naming a label of 208 bytes under `key` (`tenant`, or `agent` as a
+/// literal) holds for a session labelled so in `field`, at each of its events and
+/// across restarts.
+fn a_long_labels_override_holds(key: &str, field: &str) {
+    let label = format!("tenants/{}", "acme-".repeat(40));
     let config = format!(
-        "[[overrides]]\ntenant = \"{tenant}\"\n[overrides.detectors.repeat]\nterminate_at = \"off\"\nwindow_terminate_at = \"off\"\n"
+        "[[overrides]]\n{key} = \"{label}\"\n[overrides.detectors.repeat]\nterminate_at = \"off\"\nwindow_terminate_at = \"off\"\n"
     );
     let calls = vec![same_call(); 10];
     let killed = |found: &[(usize, String, Level)]| {
@@ -1131,22 +1140,19 @@ fn a_long_tenants_override_holds_at_every_event_and_across_a_restart() {
             .iter()
             .any(|f| f.1 == "repeat" && f.2 == Level::Terminate)
     };
-    assert!(killed(&findings_labelled(
-        &config,
-        &calls,
-        |_| json!({"tenant": "other"})
-    )));
+    let other = findings_labelled(&config, &calls, |_| json!({field: "other"}));
+    assert!(killed(&other), "{field}: {other:?}");
     // Resolved from the whole tenant at the first event and from its cut at the second,
-    // the override held for one event.
-    let found = findings_labelled(&config, &calls, |_| json!({"tenant": tenant}));
-    assert!(!killed(&found), "{found:?}");
+    // the override held for one event; a literal agent that long never met the cut.
+    let found = findings_labelled(&config, &calls, |_| json!({field: label}));
+    assert!(!killed(&found), "{field}: {found:?}");
     // A restart resolves the policy from the stored labels: the same one.
     let dir = tempfile::tempdir().unwrap();
     let config = Arc::new(Config::from_toml_str(&config, "t", std::iter::empty()).unwrap());
     let mut sled = store::SledStore::open(dir.path()).unwrap();
     let start = 1_800_000_000_000i64;
     let mut call = same_call();
-    call["tenant"] = json!(tenant);
+    call[field] = json!(label);
     let mut engine = Engine::restore(config.clone(), &sled).unwrap();
     let mut found = Vec::new();
     for step in 0..10 {
@@ -1161,6 +1167,28 @@ fn a_long_tenants_override_holds_at_every_event_and_across_a_restart() {
             }
         }
     }
-    assert!(found.iter().any(|f| f.1 == "repeat"), "{found:?}");
-    assert!(!killed(&found), "{found:?}");
+    assert!(found.iter().any(|f| f.1 == "repeat"), "{field}: {found:?}");
+    assert!(!killed(&found), "{field}: {found:?}");
+}
+
+#[test]
+fn a_tool_named_longer_than_any_real_one_is_classified_each_time_not_cached() {
+    let mut engine = engine_with("");
+    let long = "t".repeat(MAX_SHOWN_TOOL_NAME + 1);
+    let start = 1_800_000_000_000i64;
+    for (step, tool) in [long.as_str(), "read", long.as_str()]
+        .into_iter()
+        .enumerate()
+    {
+        let call = json!({"type": "tool.called", "tool": tool, "args": {}, "result": "x"});
+        process_as(
+            &mut engine,
+            call,
+            "s",
+            step as u32,
+            start + step as i64 * 1000,
+        );
+    }
+    let cached: Vec<&String> = engine.work.classes.keys().collect();
+    assert_eq!(cached, ["read"]);
 }

@@ -266,13 +266,13 @@ fn the_deepest_nesting_allowed_parses_on_either_path() {
 #[test]
 fn an_event_or_trace_id_longer_than_an_id_is_a_bad_value_on_both_paths() {
     for field in ["event_id", "trace_id"] {
-        // Plain, and with an escape (which the slower reader takes).
-        for filler in ["x", "\\u0078"] {
+        // Plain, and as escaped surrogate pairs (4 bytes each once read), which only the
+        // slower reader takes.
+        for (filler, bytes) in [("x", 1), ("\\ud83d\\ude00", 4)] {
             let id = |n: usize| {
-                format!(
-                    r#"{{"type":"session.started","session_id":"s","{field}":"{}"}}"#,
-                    filler.repeat(n)
-                )
+                let (whole, rest) = (n / bytes, n % bytes);
+                let value = format!("{}{}", "y".repeat(rest), filler.repeat(whole));
+                format!(r#"{{"type":"session.started","session_id":"s","{field}":"{value}"}}"#)
             };
             let at_most = id(MAX_ID_BYTES);
             assert!(parse(&at_most).is_ok(), "{field} of {MAX_ID_BYTES} bytes");
@@ -283,4 +283,10 @@ fn an_event_or_trace_id_longer_than_an_id_is_a_bad_value_on_both_paths() {
             assert!(said.contains(field) && said.contains("257"), "{said}");
         }
     }
+    // An event of no known type says so first, whatever its ids.
+    let unknown = format!(
+        r#"{{"type":"x.y","session_id":"s","event_id":"{}"}}"#,
+        "x".repeat(300)
+    );
+    assert_eq!(parse(&unknown).unwrap_err().reason(), "unknown_type");
 }
