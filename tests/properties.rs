@@ -402,12 +402,15 @@ fn id_of(prefix: String, fill: &str, max: usize) -> String {
 /// `stop_reason` is `stop_reason`; read from a topic of Kafka's longest name.
 fn outputs_naming(fill: &str, [run, agent, tenant, tool, stop_reason]: [&str; 5]) -> Vec<Output> {
     use loopwarden::contract::event::{MAX_ID_BYTES, MAX_SESSION_ID_BYTES};
-    let session = id_of(String::new(), &format!("s{fill}"), MAX_SESSION_ID_BYTES);
-    let trace = id_of(String::new(), &format!("t{fill}"), MAX_ID_BYTES);
-    let tool = format!("x{tool}");
+    // Ids and names told apart (and made non-empty) by a control character first: JSON
+    // writes one six bytes wide, as it does the worst of what follows.
+    let control = |n: u8| char::from(n);
+    let session = id_of(String::new(), &format!("\u{2}{fill}"), MAX_SESSION_ID_BYTES);
+    let trace = id_of(String::new(), &format!("\u{3}{fill}"), MAX_ID_BYTES);
+    let tool = format!("\u{1}{tool}");
     // Named apart in their first bytes, so that the stats keep eight names at their cap.
     let mut bodies: Vec<Value> = (0..8)
-        .map(|i| json!({"type": "tool.called", "tool": format!("{i}{tool}"), "args": {}, "result": i}))
+        .map(|i| json!({"type": "tool.called", "tool": format!("{}{tool}", control(0x18 + i)), "args": {}, "result": i}))
         .collect();
     bodies.extend(
         (0..14).map(
@@ -422,7 +425,7 @@ fn outputs_naming(fill: &str, [run, agent, tenant, tool, stop_reason]: [&str; 5]
     let mut out = Vec::new();
     for (i, mut body) in bodies.into_iter().enumerate() {
         body["session_id"] = json!(session);
-        body["event_id"] = json!(id_of(format!("{i}-"), fill, MAX_ID_BYTES));
+        body["event_id"] = json!(id_of(control(1 + i as u8).to_string(), fill, MAX_ID_BYTES));
         body["trace_id"] = json!(trace);
         body["run_id"] = json!(run);
         body["agent_id"] = json!(agent);

@@ -15,7 +15,7 @@ use crate::engine::detectors::settings::Threshold;
 use crate::engine::detectors::{Class, DetectorKind};
 use crate::engine::levels::{Levels, Mode};
 use crate::engine::policy::Policy;
-use crate::engine::state::kept_label;
+use crate::engine::state::{kept_label, LABEL_PREFIX, MAX_LABEL};
 
 /// One `[detectors.<name>]` table: the levels every detector takes, and the rest, which
 /// is the detector's own settings (read through its own type).
@@ -155,6 +155,16 @@ fn one_override(raw: RawOverride, key: &str, policy: &Policy, errors: &mut Error
         true => a,
     });
     let agent = glob(&agent, "agent", errors);
+    if let Some(start) = agent.as_ref().map(|g| glob_literals(g).0) {
+        // Only ids over MAX_LABEL bytes could match it, and those are kept as at most
+        // their first LABEL_PREFIX bytes and a digest: it would apply to no session.
+        if start.len() > MAX_LABEL {
+            errors.push(
+                format!("{key}.agent"),
+                format!("starts with {} bytes before its first glob character, and agent ids over {MAX_LABEL} bytes are kept as at most their first {LABEL_PREFIX} bytes and a digest: it would match no agent; start the glob within the id's first {LABEL_PREFIX} bytes, or name the whole id without glob characters", start.len()),
+            );
+        }
+    }
     let tool = glob(&raw.tool, "tool", errors);
     let o_mode = raw
         .mode

@@ -515,3 +515,25 @@ fn the_parse_limits_stay_within_what_the_parsers_and_the_producer_take() {
     );
     assert!(cfg("[engine]\nmax_event_bytes = 9223372036854775807\n").is_err());
 }
+
+#[test]
+fn an_override_names_a_long_agent_whole_or_by_its_start() {
+    let with = |agent: &str| {
+        cfg(&format!(
+            "[[overrides]]\nagent = \"{agent}\"\n[overrides.detectors.stall]\nterminate_at = 6\n"
+        ))
+    };
+    let id = format!(
+        "arn:aws:bedrock:us-east-1:123456789012:agent-alias/{}",
+        "A".repeat(100)
+    );
+    // Whole, or by a start an id's kept form holds.
+    with(&id).unwrap();
+    with(&format!("{}*", &id[..100])).unwrap();
+    // A start longer than any label is kept: it could match no session.
+    let err = with(&format!("{}*", &id[..140])).unwrap_err();
+    let errors = err.key_errors();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert_eq!(errors[0].key, "overrides[0].agent");
+    assert!(errors[0].message.contains("starts with 140 bytes"), "{err}");
+}

@@ -35,6 +35,7 @@ use prost::Message as _;
 use serde_json::json;
 
 use crate::contract::event::{format_rfc3339_ms, hex};
+use crate::engine::state::kept_label;
 
 mod fields;
 use fields::*;
@@ -345,7 +346,8 @@ impl Missing {
 }
 
 /// Steps of one service (`service.name`) and instrumentation scope mapped without
-/// something the detectors read.
+/// something the detectors read; both names kept as labels are
+/// ([`crate::engine::state::kept_label`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uncaptured {
     pub service: String,
@@ -386,6 +388,10 @@ impl MapReport {
     }
 
     fn lacks(&mut self, service: &str, scope: &str, missing: Missing, spans: u64) {
+        // Kept as labels are: they become a metric label, a log line and the ingest's set
+        // of what it has said, and a span may name itself at any length.
+        let (service, scope) = (kept_label(service), kept_label(scope));
+        let (service, scope) = (&*service, &*scope);
         match self
             .uncaptured
             .iter_mut()

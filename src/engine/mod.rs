@@ -735,8 +735,8 @@ fn apply(
 }
 
 /// The session's labels, run and depth as the event gives them; the policy follows the
-/// labels as stored (kept, [`kept_label`]), resolved again only when they changed (a session's first
-/// labelled event, or a relabelling).
+/// labels as stored ([`kept_label`]), resolved again only when they changed (a session's
+/// first labelled event, or a relabelling).
 fn note_identity(work: &mut Work, slot: &mut Slot, event: &Event<'_>) {
     let st = &mut slot.state;
     let relabelled = st.note_labels(event.agent_id.as_deref(), event.tenant.as_deref());

@@ -37,8 +37,8 @@ pub use encode::Encode;
 pub const RECENT_EVENT_IDS: usize = 16;
 /// Longest `run_id` / `agent_id` / `tenant` kept ([`kept_label`]).
 pub const MAX_LABEL: usize = 128;
-/// The bytes a label longer than [`MAX_LABEL`] keeps of its own, before its digest.
-const LABEL_PREFIX: usize = MAX_LABEL - 1 - LABEL_DIGEST_HEX;
+/// The most bytes a label longer than [`MAX_LABEL`] keeps of its own, before its digest.
+pub const LABEL_PREFIX: usize = MAX_LABEL - 1 - LABEL_DIGEST_HEX;
 /// Hex digits of a long label's SHA-256 that its kept form ends with.
 const LABEL_DIGEST_HEX: usize = 12;
 /// The serialized size session states stay under (DESIGN §4 target): every state the
@@ -218,11 +218,10 @@ pub struct CorruptState(#[from] postcard::Error);
 /// at most its first 115 bytes (cut at a character boundary), `~` and 12 hex digits of
 /// its SHA-256, at most [`MAX_LABEL`] bytes in all. State stays bounded, and labels that
 /// differ stay apart (but for a 48-bit collision, or a label sent in that very form):
-/// cut alone, run ids alike in
-/// their first bytes (`…/sessions/42/runs/7`) were one run; and a long label is compared
-/// by its kept form, where compared whole with its cut a long run id was a new run at
-/// every event, which reset the loop detectors at each. Borrowed when kept whole: the
-/// common case costs a length check.
+/// cut alone, run ids alike in their first bytes (`…/sessions/42/runs/7`) were one run.
+/// A label that comes is compared by its kept form: compared whole with its cut, a long
+/// run id was a new run at every event, which reset the loop detectors at each.
+/// Borrowed when kept whole: the common case costs a length check.
 pub fn kept_label(s: &str) -> Cow<'_, str> {
     if s.len() <= MAX_LABEL {
         return Cow::Borrowed(s);

@@ -1121,18 +1121,22 @@ fn a_run_id_longer_than_a_label_is_one_run_and_two_alike_in_their_start_are_two(
 
 #[test]
 fn a_long_tenants_or_agents_override_holds_at_every_event_and_across_a_restart() {
-    for (key, field) in [("tenant", "tenant"), ("agent", "agent_id")] {
-        a_long_labels_override_holds(key, field);
+    let label = format!("tenants/{}", "acme-".repeat(40));
+    for (key, pattern, field) in [
+        ("tenant", label.as_str(), "tenant"),
+        ("agent", &label, "agent_id"),
+        ("agent", "tenants/acme-acme-*", "agent_id"),
+    ] {
+        a_long_labels_override_holds(key, pattern, field, &label);
     }
 }
 
-/// An override naming a label of 208 bytes under `key` (`tenant`, or `agent` as a
-/// literal) holds for a session labelled so in `field`, at each of its events and
-/// across restarts.
-fn a_long_labels_override_holds(key: &str, field: &str) {
-    let label = format!("tenants/{}", "acme-".repeat(40));
+/// An override naming `pattern` under `key` (`tenant`, or `agent`: the whole label, or
+/// a glob on its start) holds for a session whose `field` is `label` (208 bytes), at
+/// each of its events and across restarts.
+fn a_long_labels_override_holds(key: &str, pattern: &str, field: &str, label: &str) {
     let config = format!(
-        "[[overrides]]\n{key} = \"{label}\"\n[overrides.detectors.repeat]\nterminate_at = \"off\"\nwindow_terminate_at = \"off\"\n"
+        "[[overrides]]\n{key} = \"{pattern}\"\n[overrides.detectors.repeat]\nterminate_at = \"off\"\nwindow_terminate_at = \"off\"\n"
     );
     let calls = vec![same_call(); 10];
     let killed = |found: &[(usize, String, Level)]| {

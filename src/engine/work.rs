@@ -91,13 +91,13 @@ impl Work {
 
     pub(super) fn classify(&mut self, tool: &str, action_name: Option<&str>) -> ToolClasses {
         let key = action_name.unwrap_or(tool);
-        if let Some(c) = self.classes.get(key) {
-            return *c;
-        }
         if key.len() > MAX_SHOWN_TOOL_NAME {
             // Not kept: a cache of names as long as events (a megabyte each) is not bounded
             // by its count. No real tool is named so; classified each time.
             return self.config.tools.classify(tool, action_name);
+        }
+        if let Some(c) = self.classes.get(key) {
+            return *c;
         }
         if self.classes.len() >= CLASS_CACHE_CAP {
             self.classes.clear();

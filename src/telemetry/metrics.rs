@@ -16,8 +16,6 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::engine::state::kept_label;
-
 /// Buckets (seconds) for latencies from a millisecond to a minute.
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -478,12 +476,14 @@ impl Metrics {
     }
 
     /// Counts `spans` steps of `service` mapped without `missing` (`token_usage`,
-    /// `content`). The first [`UNCAPTURED_SERVICE_LIMIT`] services are counted by name
-    /// (as labels are kept, [`kept_label`]: a label value is bounded too), later ones as
-    /// `(other)`.
+    /// `content`). The first [`UNCAPTURED_SERVICE_LIMIT`] services are counted by name,
+    /// later ones as `(other)`.
     pub fn uncaptured_spans(&self, service: &str, missing: &str, spans: u64) {
-        let kept = kept_label(service);
-        let service = if service.is_empty() { NO_OWNER } else { &kept };
+        let service = if service.is_empty() {
+            NO_OWNER
+        } else {
+            service
+        };
         let counted = {
             let mut seen = self
                 .uncaptured_services

@@ -283,7 +283,7 @@ fn an_event_or_trace_id_longer_than_an_id_is_a_bad_value_on_both_paths() {
             assert!(said.contains(field) && said.contains("257"), "{said}");
         }
     }
-    // An event of no known type says so first, whatever its ids.
+    // An event of no known type says so first, whatever its `event_id` and `trace_id`.
     let unknown = format!(
         r#"{{"type":"x.y","session_id":"s","event_id":"{}"}}"#,
         "x".repeat(300)

@@ -187,6 +187,17 @@ fn what_a_span_does_not_say_is_not_guessed() {
         "{}",
         u.setting()
     );
+    // A service named at any length is kept as a label is (it becomes a metric label, a
+    // log line and an entry of the ingest's set of what it has said).
+    let mut req = req;
+    let long = "billing-".repeat(125);
+    req.resource_spans[0].resource.as_mut().unwrap().attributes =
+        vec![s(attr::SERVICE_NAME, &long)];
+    let (_, report) = events(&Mapper::default(), &req);
+    let services: Vec<&str> = report.uncaptured.iter().map(|u| &*u.service).collect();
+    let kept = crate::engine::state::kept_label(&long);
+    assert_eq!(services, [&*kept, &*kept]);
+    assert!(kept.len() <= crate::engine::state::MAX_LABEL);
 }
 
 fn with_events(mut sp: Span, evs: &[(&str, Vec<KeyValue>)]) -> Span {
