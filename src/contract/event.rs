@@ -34,6 +34,8 @@ pub const DEFAULT_MAX_NESTING: usize = 64;
 /// The deepest `engine.max_nesting` may allow: serde_json, which reads an event the fast
 /// reader leaves to it, stops at its 128th level.
 pub const MAX_NESTING_LIMIT: usize = 127;
+/// The byte order mark as UTF-8.
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 /// Longest accepted `session_id`, in bytes.
 pub const MAX_SESSION_ID_BYTES: usize = 256;
 /// Longest accepted `event_id` and `trace_id`, in bytes. Every output names its trigger's
@@ -463,6 +465,10 @@ pub fn parse_event<'a>(bytes: &'a [u8], limits: &ParseLimits) -> Result<Event<'a
             limit: limits.max_event_bytes,
         });
     }
+    // A byte order mark ahead of the object (a file a Windows tool wrote as "UTF-8")
+    // is no part of it: RFC 8259 lets a parser ignore one, and an event without it is the
+    // same event (its derived id too).
+    let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
     // SIMD validation, with std's error (where the first bad byte is).
     let text = match simdutf8::compat::from_utf8(bytes) {
         Ok(t) => t,

@@ -290,3 +290,19 @@ fn an_event_or_trace_id_longer_than_an_id_is_a_bad_value_on_both_paths() {
     );
     assert_eq!(parse(&unknown).unwrap_err().reason(), "unknown_type");
 }
+
+#[test]
+fn a_byte_order_mark_ahead_of_an_event_is_no_part_of_it() {
+    let plain = r#"{"type":"tool.called","session_id":"s","tool":"read","args":{"p":1}}"#;
+    let marked = [b"\xEF\xBB\xBF".as_slice(), plain.as_bytes()].concat();
+    let limits = ParseLimits::default();
+    let event = parse_event(&marked, &limits).unwrap();
+    assert_eq!(
+        event,
+        parse(plain).unwrap(),
+        "the same event, its derived id too"
+    );
+    // Anywhere else it is what it is: not JSON's whitespace.
+    let inside = plain.replacen('{', "{\u{feff}", 1);
+    assert_eq!(parse(&inside).unwrap_err().reason(), "invalid_json");
+}
