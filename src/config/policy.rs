@@ -150,9 +150,12 @@ fn one_override(raw: RawOverride, key: &str, policy: &Policy, errors: &mut Error
     };
     // A tenant, and an agent named without a glob's special characters, are met as the
     // sessions keep their labels: a long one by its kept form.
-    let agent = raw.agent.map(|a| match a.contains(glob_special) {
-        false => kept_label(&a).into_owned(),
-        true => a,
+    let agent = raw.agent.map(|a| {
+        if a.contains(glob_special) {
+            a
+        } else {
+            kept_label(&a).into_owned()
+        }
     });
     let agent = glob(&agent, "agent", errors);
     if let Some(start) = agent.as_ref().map(|g| glob_literals(g).0) {

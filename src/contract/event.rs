@@ -40,8 +40,9 @@ const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 pub const MAX_SESSION_ID_BYTES: usize = 256;
 /// Longest accepted `event_id` and `trace_id`, in bytes. Every output names its trigger's
 /// ids whole (an id cut names nothing), so an output is as long as they are: unbounded,
-/// a finding outgrew the output topic's largest message, which the broker refuses at
-/// every retry, and its partition stalled.
+/// a finding could outgrow a broker's largest message, and an output the broker refuses
+/// is sent again without end while its worker waits
+/// ([`crate::contract::output::MAX_OUTPUT_BYTES`]).
 pub const MAX_ID_BYTES: usize = 256;
 
 /// Why an input message was rejected. Every variant is poison: the same bytes will fail

@@ -12,11 +12,11 @@
 //! state last written it round-trips through a delta ([`SessionState::delta_bytes`] /
 //! [`SessionState::apply_delta`], the `delta` module) too.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
-use std::borrow::Cow;
 
 use crate::contract::event::hex;
 use crate::engine::detectors::{DetectorKind, DetectorStates, SessionView, DETECTOR_COUNT};
@@ -219,7 +219,7 @@ pub struct CorruptState(#[from] postcard::Error);
 /// its SHA-256, at most [`MAX_LABEL`] bytes in all. State stays bounded, and labels that
 /// differ stay apart (but for a 48-bit collision, or a label sent in that very form):
 /// cut alone, run ids alike in their first bytes (`…/sessions/42/runs/7`) were one run.
-/// A label that comes is compared by its kept form: compared whole with its cut, a long
+/// An arriving label is compared by its kept form: compared whole with its cut, a long
 /// run id was a new run at every event, which reset the loop detectors at each.
 /// Borrowed when kept whole: the common case costs a length check.
 pub fn kept_label(s: &str) -> Cow<'_, str> {
