@@ -1318,3 +1318,40 @@ fn the_otlp_ingest_republishes_by_session_and_dead_letters_what_the_engine_would
         }
     }
 }
+
+#[test]
+fn two_tenants_sessions_under_one_id_are_counted_as_such() {
+    // Ids unique per tenant only: the two sessions are judged as one (each one's verdicts
+    // reach the other's agent), which the bus cannot mend, but the operator is told.
+    let cluster = Cluster::start();
+    let config = cluster.config("a", "");
+    let now = loopwarden::contract::event::wall_ms();
+    let event = |session: &str, tenant: Option<&str>, i: i64| -> Vec<u8> {
+        let mut e = serde_json::json!({
+            "type": "tool.called", "session_id": session, "event_id": format!("{session}-{i}"),
+            "timestamp": loopwarden::contract::event::format_rfc3339_ms(now + i * 100),
+            "tool": "read", "args": {"path": format!("f{i}")}, "result": format!("line {i}"),
+        });
+        if let Some(t) = tenant {
+            e["tenant"] = t.into();
+        }
+        e.to_string().into_bytes()
+    };
+    let tenants = ["acme", "globex"];
+    let mut events: Vec<Vec<u8>> = (0..6)
+        .map(|i| event("1", Some(tenants[i % 2]), i as i64))
+        .collect();
+    // A session whose first events name no tenant, then one: no other tenant.
+    events.extend((0..4).map(|i| event("2", (i > 1).then_some("acme"), i)));
+    cluster.produce(&events);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(config, cluster.brokers(), telemetry.clone());
+    cluster.assert_committed(events.len(), "every event applied");
+    let stats = running.stop();
+    assert_eq!(stats.events, events.len() as u64);
+    assert_eq!(
+        telemetry.metrics.other_tenant_events.get(),
+        5,
+        "each turn after the first"
+    );
+}

@@ -96,6 +96,10 @@ pub struct EngineCounters {
     /// within [`COMPLETED_LINGER_MS`] of the clock after it: dropped, not opened as a
     /// session of their own.
     pub after_completion: u64,
+    /// Events that named another tenant than the session they joined had: two tenants'
+    /// sessions under one `session_id` (ids unique per tenant only), judged as one, and
+    /// each one's verdicts reach the other's agent. Judged as usual; counted to be seen.
+    pub other_tenant_events: u64,
 }
 
 /// How long (on the stream's clock) a session closed by `session.completed` is
@@ -300,7 +304,10 @@ impl Engine {
     }
 
     pub fn counters(&self) -> EngineCounters {
-        self.counters
+        EngineCounters {
+            other_tenant_events: self.work.other_tenant_events,
+            ..self.counters
+        }
     }
 
     pub fn open_sessions(&self) -> usize {
@@ -740,11 +747,12 @@ fn apply(
 fn note_identity(work: &mut Work, slot: &mut Slot, event: &Event<'_>) {
     let st = &mut slot.state;
     let relabelled = st.note_labels(event.agent_id.as_deref(), event.tenant.as_deref());
+    work.other_tenant_events += u64::from(relabelled.other_tenant);
     st.note_run(event.run_id.as_deref());
     if let Some(d) = event.depth {
         st.stats.max_depth = Some(st.stats.max_depth.map_or(d, |m| m.max(d)));
     }
-    if relabelled {
+    if relabelled.labels {
         let key = policy_key(st.tenant.as_deref(), st.agent_id.as_deref());
         if key != slot.policy_key {
             slot.policy = work.policy(key, st.tenant.as_deref(), st.agent_id.as_deref());

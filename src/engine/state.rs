@@ -208,6 +208,17 @@ pub struct Completed {
     pub closed_at: i64,
 }
 
+/// What an event's labels changed in its session ([`SessionState::note_labels`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Relabelled {
+    /// A label was set anew: the session's policy may have changed.
+    pub labels: bool,
+    /// The session had a tenant and the event names another. An agent may hand a
+    /// session to another agent; a session does not move between tenants, so this is
+    /// two tenants' sessions under one id, judged as one.
+    pub other_tenant: bool,
+}
+
 /// Why a stored state could not be read back (poison for that key).
 #[derive(Debug, thiserror::Error)]
 #[error("corrupt session state: {0}")]
@@ -321,20 +332,20 @@ impl SessionState {
         Ok(postcard::from_bytes(bytes)?)
     }
 
-    /// Records the agent and tenant an event names; true when either label was set anew
-    /// (so the session's policy may have changed).
-    pub fn note_labels(&mut self, agent_id: Option<&str>, tenant: Option<&str>) -> bool {
-        let mut relabelled = false;
+    /// Records the agent and tenant an event names, and says what changed.
+    pub fn note_labels(&mut self, agent_id: Option<&str>, tenant: Option<&str>) -> Relabelled {
+        let mut relabelled = Relabelled::default();
         if let Some(a) = agent_id {
             if !keeps(self.agent_id.as_deref(), a) {
                 self.agent_id = Some(kept_label(a).into_owned());
-                relabelled = true;
+                relabelled.labels = true;
             }
         }
         if let Some(t) = tenant {
             if !keeps(self.tenant.as_deref(), t) {
+                relabelled.other_tenant = self.tenant.is_some();
                 self.tenant = Some(kept_label(t).into_owned());
-                relabelled = true;
+                relabelled.labels = true;
             }
         }
         relabelled

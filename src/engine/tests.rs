@@ -1196,3 +1196,40 @@ fn a_tool_named_longer_than_any_real_one_is_classified_each_time_not_cached() {
     let cached: Vec<&String> = engine.work.classes.keys().collect();
     assert_eq!(cached, ["read"]);
 }
+
+#[test]
+fn an_event_naming_another_tenant_than_its_session_had_is_counted() {
+    let mut engine = engine_with("");
+    let start = 1_800_000_000_000i64;
+    let call = |tenant: Option<&str>, agent: &str| {
+        let mut c = same_call();
+        c["agent_id"] = json!(agent);
+        if let Some(t) = tenant {
+            c["tenant"] = json!(t);
+        }
+        c
+    };
+    // No tenant, then one, then the same one from another agent (a handoff): none.
+    let steps = [(None, "a"), (Some("acme"), "a"), (Some("acme"), "b")];
+    for (step, (tenant, agent)) in steps.into_iter().enumerate() {
+        process_as(
+            &mut engine,
+            call(tenant, agent),
+            "s",
+            step as u32,
+            start + step as i64,
+        );
+    }
+    assert_eq!(engine.counters().other_tenant_events, 0);
+    // Another tenant under the same id, and back: two.
+    for (step, tenant) in [(3, "globex"), (4, "acme"), (5, "acme")] {
+        process_as(
+            &mut engine,
+            call(Some(tenant), "a"),
+            "s",
+            step,
+            start + i64::from(step),
+        );
+    }
+    assert_eq!(engine.counters().other_tenant_events, 2);
+}

@@ -58,6 +58,7 @@ pub struct Metrics {
     /// Events of a session that had completed, stamped at or before its end and arriving
     /// within a minute of the stream's clock after it: dropped, not opened as a session.
     pub events_after_completion: IntCounter,
+    pub other_tenant_events: IntCounter,
     /// Times a partition's heads went on without an input topic that still claimed
     /// unpolled events after the aligner's bound (the order may then differ from replay's).
     pub align_overruns: IntCounter,
@@ -167,6 +168,12 @@ const LATE_EVENTS: Family = Family {
 const FUTURE_EVENTS: Family = Family {
     name: "loopwarden_future_events_total",
     help: "Events stamped more than future_grace_secs after their message's timestamp or this host's clock, whichever is earlier (a clock running ahead): their partition's clock moved to that limit only; judged as usual.",
+    labels: &[],
+};
+
+const OTHER_TENANT_EVENTS: Family = Family {
+    name: "loopwarden_other_tenant_events_total",
+    help: "Events that named another tenant than the session they joined had: two tenants' sessions under one session_id, judged as one session (make session ids unique across tenants); judged as usual.",
     labels: &[],
 };
 
@@ -417,6 +424,7 @@ impl Metrics {
             late_events: r.counter(LATE_EVENTS),
             future_events: r.counter(FUTURE_EVENTS),
             events_after_completion: r.counter(EVENTS_AFTER_COMPLETION),
+            other_tenant_events: r.counter(OTHER_TENANT_EVENTS),
             bad_events: r.counter_vec(BAD_EVENTS),
             events_miskeyed: r.counter_vec(EVENTS_MISKEYED),
             findings: r.counter_vec(FINDINGS),

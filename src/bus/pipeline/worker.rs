@@ -716,10 +716,14 @@ impl Worker {
                         topic: Some(&self.inputs[topic]),
                         ..meta
                     };
-                    let future = p.engine.counters().future_events;
+                    let before = p.engine.counters();
                     p.engine.process(&event, &meta, &mut self.scratch);
-                    if p.engine.counters().future_events != future {
+                    let after = p.engine.counters();
+                    if after.future_events != before.future_events {
                         note_future_event(metrics, &event, &meta);
+                    }
+                    if after.other_tenant_events != before.other_tenant_events {
+                        note_other_tenant_event(metrics, &event, &meta);
                     }
                     self.scratch_sources.resize(self.scratch.len(), source);
                 }
@@ -967,6 +971,30 @@ fn note_future_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>)
             ahead_secs = ahead,
             count = n,
             "input event stamped after its message's timestamp or this host's clock, past the grace; its partition's clock moved to that limit only: check the clocks of the producer and of this host"
+        );
+    }
+}
+
+/// Counts (and logs, at the 1st, 2nd, 4th, 8th…) an event that named another tenant
+/// than the session it joined had: session ids unique per tenant only, whose sessions are
+/// judged as one (and each one's verdicts reach the other's agent).
+fn note_other_tenant_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>) {
+    let counter = &metrics.other_tenant_events;
+    counter.inc();
+    let n = counter.get();
+    if n.is_power_of_two() {
+        use crate::contract::event::printable;
+        let tenant = (event.tenant.as_deref())
+            .map(|t| printable(&crate::engine::state::kept_label(t)).into_owned())
+            .unwrap_or_default();
+        warn!(
+            topic = meta.topic,
+            partition = meta.partition,
+            offset = meta.offset,
+            session_id = %printable(&event.session_id),
+            tenant = %tenant,
+            count = n,
+            "input event names another tenant than its session had: two tenants' sessions share this session_id and are judged as one; make session ids unique across tenants (prefix them with the tenant)"
         );
     }
 }
