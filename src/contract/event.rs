@@ -468,20 +468,30 @@ pub fn parse_event<'a>(bytes: &'a [u8], limits: &ParseLimits) -> Result<Event<'a
     }
     // A byte order mark ahead of the object (a file a Windows tool wrote as "UTF-8")
     // is no part of it: RFC 8259 lets a parser ignore one, and an event without it is the
-    // same event (its derived id too).
+    // same event (its derived id too). Offsets in errors still count from the message's
+    // first byte (serde's columns, in an `invalid_json` detail, from the object's).
+    let marked = bytes.len();
     let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
+    let mark = marked - bytes.len();
     // SIMD validation, with std's error (where the first bad byte is).
     let text = match simdutf8::compat::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
             return Err(BadEvent::InvalidUtf8 {
-                offset: e.valid_up_to(),
+                offset: mark + e.valid_up_to(),
             })
         }
     };
     let wire = match fast::read(text, limits.max_nesting) {
         Ok(w) => w,
-        Err(Bail) => slow_read(bytes, limits)?,
+        Err(Bail) => match slow_read(bytes, limits) {
+            Ok(w) => w,
+            Err(BadEvent::TooDeep { limit, offset }) => {
+                let offset = mark + offset;
+                return Err(BadEvent::TooDeep { limit, offset });
+            }
+            Err(e) => return Err(e),
+        },
     };
     validate(wire, bytes)
 }
@@ -491,6 +501,8 @@ pub fn parse_event<'a>(bytes: &'a [u8], limits: &ParseLimits) -> Result<Event<'a
 /// path must accept too and give the same event, or refuse for the same reason.
 #[doc(hidden)]
 pub fn parse_paths_disagree(bytes: &[u8], limits: &ParseLimits) -> Option<String> {
+    // As `parse_event` reads it: after a byte order mark.
+    let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
     let text = std::str::from_utf8(bytes).ok()?;
     let fast = fast::read(text, limits.max_nesting).ok()?;
     let slow = match slow_read(bytes, limits) {

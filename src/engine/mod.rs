@@ -96,9 +96,11 @@ pub struct EngineCounters {
     /// within [`COMPLETED_LINGER_MS`] of the clock after it: dropped, not opened as a
     /// session of their own.
     pub after_completion: u64,
-    /// Events that named another tenant than the session they joined had: two tenants'
-    /// sessions under one `session_id` (ids unique per tenant only), judged as one, and
-    /// each one's verdicts reach the other's agent. Judged as usual; counted to be seen.
+    /// Events that named another tenant than the session they joined had until then:
+    /// two tenants' sessions under one `session_id` (ids unique per tenant only), judged
+    /// as one, each one's verdicts reaching the other's agent; or producers that name one
+    /// session's tenant differently. Judged as any event (a terminated session's dropped);
+    /// counted to be seen.
     pub other_tenant_events: u64,
 }
 
@@ -235,6 +237,8 @@ pub struct Engine {
     counters: EngineCounters,
     /// Where changed states are serialized (its capacity kept between them).
     state_bytes: Vec<u8>,
+    /// The tenant a session had when an event last named another, until taken.
+    other_tenant_was: Option<String>,
 }
 
 impl Engine {
@@ -252,6 +256,7 @@ impl Engine {
             closed: Vec::new(),
             counters: EngineCounters::default(),
             state_bytes: Vec::new(),
+            other_tenant_was: None,
         }
     }
 
@@ -304,10 +309,13 @@ impl Engine {
     }
 
     pub fn counters(&self) -> EngineCounters {
-        EngineCounters {
-            other_tenant_events: self.work.other_tenant_events,
-            ..self.counters
-        }
+        self.counters
+    }
+
+    /// The tenant a session had when an event last named another
+    /// ([`EngineCounters::other_tenant_events`]), once: for the log that tells of it.
+    pub fn take_other_tenant_was(&mut self) -> Option<String> {
+        self.other_tenant_was.take()
     }
 
     pub fn open_sessions(&self) -> usize {
@@ -584,11 +592,15 @@ impl Engine {
             EventBody::SessionCompleted(c) => Some(c),
             _ => None,
         };
-        if slot.state.is_tombstone() {
-            slot.state.stats.dropped_after_termination += 1;
+        let other_tenant_was = if slot.state.is_tombstone() {
             self.counters.dropped_after_termination += 1;
+            slot.state.drop_after_termination(event.tenant.as_deref())
         } else {
-            apply(&mut self.work, slot, event, meta, event_ms, out);
+            apply(&mut self.work, slot, event, meta, event_ms, out)
+        };
+        if other_tenant_was.is_some() {
+            self.counters.other_tenant_events += 1;
+            self.other_tenant_was = other_tenant_was;
         }
         // A completed session closes below, which drops its change: none to record.
         if let (true, None, Some(d)) = (first_change, completion, self.dirty.as_mut()) {
@@ -708,6 +720,7 @@ pub(crate) fn event_time(
 /// Applies an event to its (live) session: identity, then the observation its kind
 /// makes, then every detector. The straight path of the engine: nothing here looks the
 /// session up again or goes back to the configuration but through `work`'s caches.
+/// Returns the tenant the session had when the event names another.
 fn apply(
     work: &mut Work,
     slot: &mut Slot,
@@ -715,15 +728,15 @@ fn apply(
     meta: &EventMeta<'_>,
     event_ms: i64,
     out: &mut Vec<Output>,
-) {
-    note_identity(work, slot, event);
+) -> Option<String> {
+    let other_tenant_was = note_identity(work, slot, event);
     // The event's context for the detectors, and the tool override's policy if any.
     let mut sketch = None;
     let (ctx, tool_policy) = match &event.body {
         EventBody::LlmCall(call) => (observe_llm_call(work, slot, call, &mut sketch), None),
         EventBody::ToolCall(call) => observe_tool_call(work, slot, call, &event.event_id),
         EventBody::SessionStarted => (Context::Other, None),
-        EventBody::SessionCompleted(_) => return,
+        EventBody::SessionCompleted(_) => return other_tenant_was,
     };
     let policy: &Policy = tool_policy.as_deref().unwrap_or(&slot.policy);
     let input = Input {
@@ -739,15 +752,16 @@ fn apply(
         Context::Other => &work.order_other,
     };
     judge(order, st, policy, event, meta, event_ms, &input, out);
+    other_tenant_was
 }
 
 /// The session's labels, run and depth as the event gives them; the policy follows the
 /// labels as stored ([`kept_label`]), resolved again only when they changed (a session's
-/// first labelled event, or a relabelling).
-fn note_identity(work: &mut Work, slot: &mut Slot, event: &Event<'_>) {
+/// first labelled event, or a relabelling). Returns the tenant the session had when the
+/// event names another.
+fn note_identity(work: &mut Work, slot: &mut Slot, event: &Event<'_>) -> Option<String> {
     let st = &mut slot.state;
     let relabelled = st.note_labels(event.agent_id.as_deref(), event.tenant.as_deref());
-    work.other_tenant_events += u64::from(relabelled.other_tenant);
     st.note_run(event.run_id.as_deref());
     if let Some(d) = event.depth {
         st.stats.max_depth = Some(st.stats.max_depth.map_or(d, |m| m.max(d)));
@@ -759,6 +773,7 @@ fn note_identity(work: &mut Work, slot: &mut Slot, event: &Event<'_>) {
             slot.policy_key = key;
         }
     }
+    relabelled.other_tenant_was
 }
 
 /// An LLM call observed: its tokens and cost counted, and the detectors' context for

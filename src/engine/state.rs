@@ -209,14 +209,15 @@ pub struct Completed {
 }
 
 /// What an event's labels changed in its session ([`SessionState::note_labels`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Relabelled {
     /// A label was set anew: the session's policy may have changed.
     pub labels: bool,
-    /// The session had a tenant and the event names another. An agent may hand a
-    /// session to another agent; a session does not move between tenants, so this is
-    /// two tenants' sessions under one id, judged as one.
-    pub other_tenant: bool,
+    /// The tenant the session had, when the event names another. An agent may hand a
+    /// session to another agent, but a session's tenant is not expected to change: two
+    /// tenants' sessions under one id (judged as one), or producers that name one
+    /// session's tenant differently.
+    pub other_tenant_was: Option<String>,
 }
 
 /// Why a stored state could not be read back (poison for that key).
@@ -245,9 +246,28 @@ pub fn kept_label(s: &str) -> Cow<'_, str> {
     Cow::Owned(kept)
 }
 
-/// Whether `kept` (a label as stored) is the kept form of `label`, as it comes.
-fn keeps(kept: Option<&str>, label: &str) -> bool {
-    kept == Some(&*kept_label(label))
+/// The longest label a build before [`kept_label`] stored, cut to it.
+const OLDER_MAX_LABEL: usize = 64;
+
+/// How a label as stored stands to a label as it comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stands {
+    /// The stored one is its kept form.
+    Same,
+    /// The stored one is its cut to 64 bytes, as a build before kept it: the same label,
+    /// in a state stored before an upgrade.
+    Older,
+    Other,
+}
+
+fn stands(kept: Option<&str>, label: &str) -> Stands {
+    if kept == Some(&*kept_label(label)) {
+        Stands::Same
+    } else if label.len() > OLDER_MAX_LABEL && kept == Some(cut_at_char(label, OLDER_MAX_LABEL)) {
+        Stands::Older
+    } else {
+        Stands::Other
+    }
 }
 
 /// `s` cut to at most `max` bytes, at a char boundary.
@@ -336,19 +356,30 @@ impl SessionState {
     pub fn note_labels(&mut self, agent_id: Option<&str>, tenant: Option<&str>) -> Relabelled {
         let mut relabelled = Relabelled::default();
         if let Some(a) = agent_id {
-            if !keeps(self.agent_id.as_deref(), a) {
+            if stands(self.agent_id.as_deref(), a) != Stands::Same {
                 self.agent_id = Some(kept_label(a).into_owned());
                 relabelled.labels = true;
             }
         }
         if let Some(t) = tenant {
-            if !keeps(self.tenant.as_deref(), t) {
-                relabelled.other_tenant = self.tenant.is_some();
-                self.tenant = Some(kept_label(t).into_owned());
+            let stood = stands(self.tenant.as_deref(), t);
+            if stood != Stands::Same {
+                let was = self.tenant.replace(kept_label(t).into_owned());
+                relabelled.other_tenant_was = was.filter(|_| stood == Stands::Other);
                 relabelled.labels = true;
             }
         }
         relabelled
+    }
+
+    /// Counts an event of a terminated session, which is dropped, not applied; returns
+    /// the session's tenant when the event, `tenant` its, names another (told, as
+    /// [`SessionState::note_labels`] tells it of a live session, without recording it).
+    pub fn drop_after_termination(&mut self, tenant: Option<&str>) -> Option<String> {
+        self.stats.dropped_after_termination += 1;
+        let stored = self.tenant.as_deref();
+        let other = tenant.is_some_and(|t| stored.is_some() && stands(stored, t) == Stands::Other);
+        other.then(|| self.tenant.clone()).flatten()
     }
 
     /// Records the `run_id` an event names; true when it starts a new run, which resets
@@ -357,8 +388,14 @@ impl SessionState {
     /// one). An event without `run_id` stays in the current run.
     pub fn note_run(&mut self, run_id: Option<&str>) -> bool {
         let Some(run) = run_id else { return false };
-        if keeps(self.run_id.as_deref(), run) {
-            return false;
+        match stands(self.run_id.as_deref(), run) {
+            Stands::Same => return false,
+            // The same run, as a build before stored it: kept as this one keeps it.
+            Stands::Older => {
+                self.run_id = Some(kept_label(run).into_owned());
+                return false;
+            }
+            Stands::Other => {}
         }
         // `touch` has counted this event: more than one means the session had a past.
         let changed = self.run_id.is_some() || self.stats.events > 1;

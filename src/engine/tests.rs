@@ -1201,35 +1201,87 @@ fn a_tool_named_longer_than_any_real_one_is_classified_each_time_not_cached() {
 fn an_event_naming_another_tenant_than_its_session_had_is_counted() {
     let mut engine = engine_with("");
     let start = 1_800_000_000_000i64;
-    let call = |tenant: Option<&str>, agent: &str| {
-        let mut c = same_call();
+    // Calls apart (no loop, no termination), labelled as given.
+    let call = |step: u32, tenant: Option<&str>, agent: &str| {
+        let mut c =
+            json!({"type": "tool.called", "tool": "read", "args": {"p": step}, "result": step});
         c["agent_id"] = json!(agent);
         if let Some(t) = tenant {
             c["tenant"] = json!(t);
         }
         c
     };
+    let process = |engine: &mut Engine, step: u32, tenant: Option<&str>, agent: &str| {
+        let at = start + i64::from(step) * 1000;
+        process_as(engine, call(step, tenant, agent), "s", step, at)
+    };
     // No tenant, then one, then the same one from another agent (a handoff): none.
-    let steps = [(None, "a"), (Some("acme"), "a"), (Some("acme"), "b")];
-    for (step, (tenant, agent)) in steps.into_iter().enumerate() {
-        process_as(
-            &mut engine,
-            call(tenant, agent),
-            "s",
-            step as u32,
-            start + step as i64,
-        );
+    for (step, tenant, agent) in [
+        (0, None, "a"),
+        (1, Some("acme"), "a"),
+        (2, Some("acme"), "b"),
+    ] {
+        process(&mut engine, step, tenant, agent);
     }
     assert_eq!(engine.counters().other_tenant_events, 0);
-    // Another tenant under the same id, and back: two.
-    for (step, tenant) in [(3, "globex"), (4, "acme"), (5, "acme")] {
-        process_as(
+    // Another tenant under the same id, and back: two, each telling the one before.
+    process(&mut engine, 3, Some("globex"), "a");
+    assert_eq!(engine.take_other_tenant_was().as_deref(), Some("acme"));
+    process(&mut engine, 4, Some("acme"), "a");
+    process(&mut engine, 5, Some("acme"), "a");
+    assert_eq!(engine.counters().other_tenant_events, 2);
+    assert_eq!(engine.take_other_tenant_was().as_deref(), Some("globex"));
+    // Terminated, the session's events are dropped, and another tenant's still told.
+    let mut engine = engine_with("");
+    let mut out = Vec::new();
+    for step in 0..12 {
+        out.extend(process_as(&mut engine, json!({"type": "tool.called", "tool": "read", "args": {}, "result": "x", "tenant": "acme"}), "s", step, start + i64::from(step) * 1000));
+    }
+    assert!(
+        engine.session("s").is_some_and(|s| s.is_tombstone()),
+        "{out:?}"
+    );
+    let dropped = engine.counters().dropped_after_termination;
+    process(&mut engine, 20, Some("globex"), "a");
+    assert_eq!(engine.counters().other_tenant_events, 1);
+    assert_eq!(engine.counters().dropped_after_termination, dropped + 1);
+    assert_eq!(engine.take_other_tenant_was().as_deref(), Some("acme"));
+}
+
+#[test]
+fn a_long_label_a_build_before_stored_cut_is_the_same_label() {
+    // A state stored before labels were kept with a digest holds a long one cut to 64
+    // bytes: the session's next event, naming it whole, is neither another tenant nor a
+    // new run (the loop detectors keep what they counted).
+    let long = format!("tenants/{}", "acme-".repeat(40));
+    let mut engine = engine_with("");
+    let start = 1_800_000_000_000i64;
+    let labelled = |step: u32| json!({"type": "tool.called", "tool": "read", "args": {}, "result": "x", "tenant": long, "run_id": long, "event_id": format!("e{step}")});
+    process_as(&mut engine, labelled(0), "s", 0, start);
+    let slot = engine.sessions.get_mut("s").unwrap();
+    slot.state.tenant = Some(long[..64].to_string());
+    slot.state.run_id = Some(long[..64].to_string());
+    let mut found = Vec::new();
+    for step in 1..6 {
+        found.extend(process_as(
             &mut engine,
-            call(Some(tenant), "a"),
+            labelled(step),
             "s",
             step,
-            start + i64::from(step),
-        );
+            start + i64::from(step) * 1000,
+        ));
     }
-    assert_eq!(engine.counters().other_tenant_events, 2);
+    assert_eq!(engine.counters().other_tenant_events, 0);
+    let st = engine.session("s").unwrap();
+    assert_eq!(st.run_id.as_deref(), Some(&*state::kept_label(&long)));
+    assert_eq!(st.tenant.as_deref(), Some(&*state::kept_label(&long)));
+    // The same run: `repeat` warns at the third identical call, the one before the cut
+    // counted (a new run at the first event after it would have warned a call later).
+    let first_repeat = found.iter().find_map(|o| match o {
+        Output::Finding(f) if f.detector == DetectorKind::Repeat => {
+            Some(f.trigger.event_id.clone())
+        }
+        _ => None,
+    });
+    assert_eq!(first_repeat.as_deref(), Some("s-2"), "{found:?}");
 }

@@ -23,9 +23,6 @@ pub(super) struct Work {
     pub(super) order_tool: Vec<DetectorKind>,
     pub(super) order_other: Vec<DetectorKind>,
     pub(super) policies: FxHashMap<u64, Arc<Policy>>,
-    /// Events that named another tenant than their session had
-    /// ([`EngineCounters::other_tenant_events`]).
-    pub(super) other_tenant_events: u64,
     /// Tool-override policies by (session policy key, tool or `tool.action` hash); `None`:
     /// no override applies.
     pub(super) tool_policies: FxHashMap<(u64, u64), Option<Arc<Policy>>>,
@@ -58,7 +55,6 @@ impl Work {
             order_tool: DetectorKind::evaluation_order_for(On::ToolCalls),
             order_other: DetectorKind::evaluation_order_for(On::Any),
             policies: FxHashMap::default(),
-            other_tenant_events: 0,
             tool_policies: FxHashMap::default(),
             classes: FxHashMap::default(),
         }

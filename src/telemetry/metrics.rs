@@ -58,6 +58,7 @@ pub struct Metrics {
     /// Events of a session that had completed, stamped at or before its end and arriving
     /// within a minute of the stream's clock after it: dropped, not opened as a session.
     pub events_after_completion: IntCounter,
+    /// Events that named another tenant than their session had.
     pub other_tenant_events: IntCounter,
     /// Times a partition's heads went on without an input topic that still claimed
     /// unpolled events after the aligner's bound (the order may then differ from replay's).
@@ -173,7 +174,7 @@ const FUTURE_EVENTS: Family = Family {
 
 const OTHER_TENANT_EVENTS: Family = Family {
     name: "loopwarden_other_tenant_events_total",
-    help: "Events that named another tenant than the session they joined had: two tenants' sessions under one session_id, judged as one session (make session ids unique across tenants); judged as usual.",
+    help: "Events that named another tenant than the session they joined had until then: two tenants' sessions under one session id, judged as one session (make session ids unique across tenants), or producers that name a session's tenant differently; judged as any event.",
     labels: &[],
 };
 
@@ -543,7 +544,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 25, "{names:?}");
+        assert_eq!(names.len(), 26, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }

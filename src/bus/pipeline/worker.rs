@@ -723,7 +723,8 @@ impl Worker {
                         note_future_event(metrics, &event, &meta);
                     }
                     if after.other_tenant_events != before.other_tenant_events {
-                        note_other_tenant_event(metrics, &event, &meta);
+                        let was = p.engine.take_other_tenant_was();
+                        note_other_tenant_event(metrics, &event, &meta, was.as_deref());
                     }
                     self.scratch_sources.resize(self.scratch.len(), source);
                 }
@@ -976,9 +977,15 @@ fn note_future_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>)
 }
 
 /// Counts (and logs, at the 1st, 2nd, 4th, 8th…) an event that named another tenant
-/// than the session it joined had: session ids unique per tenant only, whose sessions are
-/// judged as one (and each one's verdicts reach the other's agent).
-fn note_other_tenant_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>) {
+/// than the session it joined had (`was`): session ids unique per tenant only, whose
+/// sessions are judged as one (and each one's verdicts reach the other's agent), or
+/// producers that name one session's tenant differently.
+fn note_other_tenant_event(
+    metrics: &Metrics,
+    event: &Event<'_>,
+    meta: &EventMeta<'_>,
+    was: Option<&str>,
+) {
     let counter = &metrics.other_tenant_events;
     counter.inc();
     let n = counter.get();
@@ -993,8 +1000,9 @@ fn note_other_tenant_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMet
             offset = meta.offset,
             session_id = %printable(&event.session_id),
             tenant = %tenant,
+            session_tenant = %printable(was.unwrap_or_default()),
             count = n,
-            "input event names another tenant than its session had: two tenants' sessions share this session_id and are judged as one; make session ids unique across tenants (prefix them with the tenant)"
+            "input event names another tenant than its session had: two tenants' sessions share this session_id and are judged as one (make session ids unique across tenants: prefix them with the tenant), or its producers name the session's tenant differently"
         );
     }
 }

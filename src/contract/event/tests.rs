@@ -305,4 +305,14 @@ fn a_byte_order_mark_ahead_of_an_event_is_no_part_of_it() {
     // Anywhere else it is what it is: not JSON's whitespace.
     let inside = plain.replacen('{', "{\u{feff}", 1);
     assert_eq!(parse(&inside).unwrap_err().reason(), "invalid_json");
+    // An error's offset counts from the message's first byte, the mark's.
+    let bad = [marked.as_slice(), b"\xff"].concat();
+    let err = parse_event(&bad, &limits).unwrap_err();
+    assert_eq!(
+        err,
+        BadEvent::InvalidUtf8 {
+            offset: marked.len()
+        },
+        "{err}"
+    );
 }
