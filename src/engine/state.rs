@@ -254,8 +254,8 @@ const OLDER_MAX_LABEL: usize = 64;
 enum Stands {
     /// The stored one is its kept form.
     Same,
-    /// The stored one is its cut to 64 bytes, as a build before kept it: the same label,
-    /// in a state stored before an upgrade.
+    /// The stored one is its cut to 64 bytes, as a build before kept it: the same label
+    /// in a state stored before an upgrade, or another that starts with a 64-byte one.
     Older,
     Other,
 }
@@ -388,14 +388,11 @@ impl SessionState {
     /// one). An event without `run_id` stays in the current run.
     pub fn note_run(&mut self, run_id: Option<&str>) -> bool {
         let Some(run) = run_id else { return false };
-        match stands(self.run_id.as_deref(), run) {
-            Stands::Same => return false,
-            // The same run, as a build before stored it: kept as this one keeps it.
-            Stands::Older => {
-                self.run_id = Some(kept_label(run).into_owned());
-                return false;
-            }
-            Stands::Other => {}
+        // A run id stored cut by a build before is taken for another (`Stands::Older`
+        // cannot tell it from a 64-byte run id this build kept, and another run taken
+        // for the same one would join two runs' loops): a new run once, at an upgrade.
+        if stands(self.run_id.as_deref(), run) == Stands::Same {
+            return false;
         }
         // `touch` has counted this event: more than one means the session had a past.
         let changed = self.run_id.is_some() || self.stats.events > 1;

@@ -1249,10 +1249,11 @@ fn an_event_naming_another_tenant_than_its_session_had_is_counted() {
 }
 
 #[test]
-fn a_long_label_a_build_before_stored_cut_is_the_same_label() {
+fn a_long_tenant_a_build_before_stored_cut_is_no_other_tenant() {
     // A state stored before labels were kept with a digest holds a long one cut to 64
-    // bytes: the session's next event, naming it whole, is neither another tenant nor a
-    // new run (the loop detectors keep what they counted).
+    // bytes. The session's next event, naming its tenant whole, names no other tenant;
+    // its run id, as long, starts a new run once (a 64-byte run id and a longer one that
+    // starts with it are two runs: taking the cut for the same run would join them).
     let long = format!("tenants/{}", "acme-".repeat(40));
     let mut engine = engine_with("");
     let start = 1_800_000_000_000i64;
@@ -1263,25 +1264,19 @@ fn a_long_label_a_build_before_stored_cut_is_the_same_label() {
     slot.state.run_id = Some(long[..64].to_string());
     let mut found = Vec::new();
     for step in 1..6 {
-        found.extend(process_as(
-            &mut engine,
-            labelled(step),
-            "s",
-            step,
-            start + i64::from(step) * 1000,
-        ));
+        let at = start + i64::from(step) * 1000;
+        found.extend(process_as(&mut engine, labelled(step), "s", step, at));
     }
     assert_eq!(engine.counters().other_tenant_events, 0);
     let st = engine.session("s").unwrap();
     assert_eq!(st.run_id.as_deref(), Some(&*state::kept_label(&long)));
     assert_eq!(st.tenant.as_deref(), Some(&*state::kept_label(&long)));
-    // The same run: `repeat` warns at the third identical call, the one before the cut
-    // counted (a new run at the first event after it would have warned a call later).
+    // A new run at the first event after the cut: `repeat` warns at its third call.
     let first_repeat = found.iter().find_map(|o| match o {
         Output::Finding(f) if f.detector == DetectorKind::Repeat => {
             Some(f.trigger.event_id.clone())
         }
         _ => None,
     });
-    assert_eq!(first_repeat.as_deref(), Some("s-2"), "{found:?}");
+    assert_eq!(first_repeat.as_deref(), Some("s-3"), "{found:?}");
 }
