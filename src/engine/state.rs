@@ -377,9 +377,9 @@ impl SessionState {
     /// [`SessionState::note_labels`] tells it of a live session, without recording it).
     pub fn drop_after_termination(&mut self, tenant: Option<&str>) -> Option<String> {
         self.stats.dropped_after_termination += 1;
-        let stored = self.tenant.as_deref();
-        let other = tenant.is_some_and(|t| stored.is_some() && stands(stored, t) == Stands::Other);
-        other.then(|| self.tenant.clone()).flatten()
+        let other = tenant.is_some_and(|t| stands(self.tenant.as_deref(), t) == Stands::Other);
+        // None when the session has no tenant: naming one then is no other.
+        other.then(|| self.tenant.clone())?
     }
 
     /// Records the `run_id` an event names; true when it starts a new run, which resets

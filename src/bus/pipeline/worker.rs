@@ -716,15 +716,14 @@ impl Worker {
                         topic: Some(&self.inputs[topic]),
                         ..meta
                     };
-                    let before = p.engine.counters();
+                    let future = p.engine.counters().future_events;
                     p.engine.process(&event, &meta, &mut self.scratch);
-                    let after = p.engine.counters();
-                    if after.future_events != before.future_events {
+                    if p.engine.counters().future_events != future {
                         note_future_event(metrics, &event, &meta);
                     }
-                    if after.other_tenant_events != before.other_tenant_events {
-                        let was = p.engine.take_other_tenant_was();
-                        note_other_tenant_event(metrics, &event, &meta, was.as_deref());
+                    // Set by the event that named another tenant, and only by it.
+                    if let Some(was) = p.engine.take_other_tenant_was() {
+                        note_other_tenant_event(metrics, &event, &meta, &was);
                     }
                     self.scratch_sources.resize(self.scratch.len(), source);
                 }
@@ -980,12 +979,7 @@ fn note_future_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>)
 /// than the session it joined had (`was`): session ids unique per tenant only, whose
 /// sessions are judged as one (and each one's verdicts reach the other's agent), or
 /// producers that name one session's tenant differently.
-fn note_other_tenant_event(
-    metrics: &Metrics,
-    event: &Event<'_>,
-    meta: &EventMeta<'_>,
-    was: Option<&str>,
-) {
+fn note_other_tenant_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMeta<'_>, was: &str) {
     let counter = &metrics.other_tenant_events;
     counter.inc();
     let n = counter.get();
@@ -1000,7 +994,7 @@ fn note_other_tenant_event(
             offset = meta.offset,
             session_id = %printable(&event.session_id),
             tenant = %tenant,
-            session_tenant = %printable(was.unwrap_or_default()),
+            session_tenant = %printable(was),
             count = n,
             "input event names another tenant than its session had: two tenants' sessions share this session_id and are judged as one (make session ids unique across tenants: prefix them with the tenant), or its producers name the session's tenant differently"
         );
