@@ -49,8 +49,13 @@ fn framework(name: &str) {
     framework_with(name, &[]);
 }
 
-/// Runs `tests/frameworks/guard_<name>.py` with `args` in `name`'s virtualenv.
 fn framework_with(name: &str, args: &[&str]) {
+    framework_says(name, args, "ok: hint in model call 3");
+}
+
+/// Runs `tests/frameworks/guard_<name>.py` with `args` in `name`'s virtualenv, which
+/// must pass saying `ok`.
+fn framework_says(name: &str, args: &[&str], ok: &str) {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = framework_python(name);
     let brokers = broker();
@@ -74,12 +79,24 @@ fn framework_with(name: &str, args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{name}: {said}");
-    assert!(said.contains("ok: hint in model call 3"), "{name}: {said}");
+    assert!(said.contains(ok), "{name}: {said}");
 }
 
 #[test]
 fn pydantic_ai_gets_the_hint_once_and_stops_on_termination() {
     framework("pydantic-ai");
+}
+
+/// An agent process restarted (a deploy, a crash) resumes a conversation loopwarden
+/// terminated while no guard ran: the guard started after it stops the resumed run
+/// before its first model call.
+#[test]
+fn pydantic_ai_stops_a_resumed_run_terminated_while_no_guard_ran() {
+    framework_says(
+        "pydantic-ai",
+        &["resumed"],
+        "ok: the resumed run stopped before its first model call",
+    );
 }
 
 #[test]

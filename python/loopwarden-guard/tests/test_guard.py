@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import unittest
+from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
@@ -61,10 +62,11 @@ class GuardTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.guard.close()
 
-    def publish(self, topic, value, raw=None):
+    def publish(self, topic, value, raw=None, timestamp=0):
         payload = raw if raw is not None else json.dumps(value).encode()
         key = value["session_id"].encode() if value else None
-        self.producer.produce(topic, payload, key=key)
+        # `timestamp` (ms since the epoch): the record's CreateTime; 0 is now.
+        self.producer.produce(topic, payload, key=key, timestamp=timestamp)
         self.producer.flush(10)
 
     def test_each_hint_once_and_copies_dropped(self):
@@ -167,6 +169,78 @@ class GuardTest(unittest.TestCase):
         self.publish(WARNINGS, None, raw=b'{"session_id": "s-bad", "event_id": "x2", "trigger": "oops"}')
         self.publish(WARNINGS, finding("warning", "s-bad", "w5", hint="after garbage"))
         self.assertEqual(eventually(w.take_hint), "after garbage")
+
+    def test_a_termination_published_while_no_guard_ran_stops_the_resumed_session(self):
+        # An agent process restarted (a deploy, a crash) resumes the sessions it ran:
+        # a termination published while it was down is theirs, and loopwarden does not
+        # say it again (it drops a terminated session's events).
+        self.publish(TERMINATIONS, finding("terminated", "s-resumed", "t20"))
+        an_hour_ago = int((time.time() - 3600) * 1000)
+        self.publish(TERMINATIONS, finding("terminated", "s-long-ago", "t21"), timestamp=an_hour_ago)
+        self.publish(WARNINGS, finding("warning", "s-resumed", "w20", hint="given before the restart"))
+        restarted = Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS).start()
+        try:
+            # Read by the time `start` returned: the resumed run's first check stops it.
+            resumed = restarted.watch(session_id="s-resumed")
+            with self.assertRaises(SessionTerminated):
+                resumed.check()
+            # Hints are for the next model call of the run that looped, not the resumed one.
+            self.assertIsNone(resumed.take_hint())
+            # Older than the terminations it remembers (30 minutes by default): not this run's.
+            self.assertIsNone(restarted.watch(session_id="s-long-ago").terminated)
+        finally:
+            restarted.close()
+        shorter = Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS, remember_terminations_secs=0)
+        with shorter:
+            self.assertIsNone(shorter.watch(session_id="s-resumed").terminated)
+
+    def test_a_termination_is_remembered_past_the_recent_findings(self):
+        # A busy fleet's warnings push a termination out of the last `recent` findings
+        # before the session's next run is watched: the termination still reaches it.
+        with Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS, recent=3) as guard:
+            self.publish(TERMINATIONS, finding("terminated", "s-busy", "t22"))
+            # Read before the warnings (the two topics are read in no fixed order).
+            eventually(lambda: any(f.event_id == "t22" for f in guard._recent))
+            for i in range(5):
+                self.publish(WARNINGS, finding("warning", f"s-other-{i}", f"w3{i}"))
+            # All read, in whatever order their partitions gave them.
+            eventually(lambda: {f"w3{i}" for i in range(5)} <= guard._seen.keys())
+            self.assertNotIn("t22", {f.event_id for f in guard._recent})
+            self.assertIsNotNone(guard.watch(session_id="s-busy").terminated)
+            # By trace as well, where loopwarden's session is the trace.
+            trace = "2e" * 16
+            self.publish(TERMINATIONS, finding("terminated", trace, "t23", trace_id=trace))
+            eventually(lambda: any(f.event_id == "t23" for f in guard._recent))
+            for i in range(5):
+                self.publish(WARNINGS, finding("warning", f"s-more-{i}", f"w4{i}"))
+            eventually(lambda: {f"w4{i}" for i in range(5)} <= guard._seen.keys())
+            self.assertNotIn("t23", {f.event_id for f in guard._recent})
+            self.assertIsNotNone(guard.watch(trace_id=trace).terminated)
+
+    def test_remembered_terminations_are_bounded_in_number_and_age(self):
+        # Not started: findings handed in as the consumer hands them, on a clock the
+        # test moves.
+        guard = Guard(BROKERS, recent=1, max_terminations=2, remember_terminations_secs=60)
+        clock = [1_000_000.0]
+        with mock.patch("loopwarden_guard.guard.time.time", lambda: clock[0]):
+            for session in ("s-a", "s-b", "s-c"):
+                guard.handle(json.dumps(finding("terminated", session, f"t-{session}")))
+            guard.handle(json.dumps(finding("warning", "s-d", "w-d")))
+            self.assertIsNone(guard.watch(session_id="s-a").terminated)
+            self.assertIsNotNone(guard.watch(session_id="s-b").terminated)
+            clock[0] += 59
+            self.assertIsNotNone(guard.watch(session_id="s-c").terminated)
+            clock[0] += 2
+            self.assertIsNone(guard.watch(session_id="s-c").terminated)
+            self.assertEqual(len(guard._terminations), 0)
+
+    def test_settings_out_of_range_are_refused_together(self):
+        with self.assertRaises(ValueError) as raised:
+            Guard(BROKERS, recent=0, remember_terminations_secs=-1, max_terminations=0)
+        said = str(raised.exception)
+        self.assertIn("recent must be at least 1, got 0", said)
+        self.assertIn("remember_terminations_secs must be a number of seconds >= 0, got -1", said)
+        self.assertIn("max_terminations must be at least 1, got 0", said)
 
     def test_a_missing_topic_is_a_clear_error(self):
         g = Guard(BROKERS, warning_topic="no-such-topic-xyz", terminated_topic=TERMINATIONS)

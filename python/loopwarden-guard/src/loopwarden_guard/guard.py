@@ -1,9 +1,9 @@
 """Follows loopwarden's verdicts for the sessions of this process.
 
-A `Guard` reads the warning and termination topics from their end (each partition
-assigned directly: no consumer group to join, so it reads within a fetch of starting),
-drops copies (at-least-once delivery publishes a finding twice at worst, with one
-`event_id`), and hands each finding to the `Watch` of its session: matched on the
+A `Guard` reads the warning topic from its end and the termination topic from
+`remember_terminations_secs` back (each partition assigned directly: no consumer group
+to join, so it reads within a fetch of starting), drops copies (at-least-once delivery
+publishes a finding twice at worst, with one `event_id`), and hands each finding to the `Watch` of its session: matched on the
 session id, or on the OpenTelemetry trace id the finding names (`trigger.trace_id`) when
 the watch knows no session id or loopwarden's session is that trace (its spans named
 none). A trace may hold several sessions (an evaluation loop under one span, agents
@@ -14,9 +14,14 @@ not get it again), and a watch says once its session is terminated (`terminated`
 `check`, `on_terminate`).
 
 Guarantees: thread-safe; a finding for a session watched later (its id learned after
-the verdict) is not lost while it is among the last `recent` findings; a termination in
-`shadow` or `warn` mode stops nothing; a finding the guard cannot read (not JSON, no
-session) is logged and skipped, never raised into the agent.
+the verdict) is not lost while it is among the last `recent` findings, and an enforced
+termination not while it is younger than `remember_terminations_secs` (by its record's
+timestamp; at most `max_terminations` of them), in this process or in one started later,
+which knows them by the time `start` returns (an agent process restarted by a deploy or
+a crash resumes its sessions, and loopwarden does not publish a termination again: it
+drops a terminated session's events); a termination in `shadow` or `warn` mode stops
+nothing; a finding the guard cannot read (not JSON, no session) is logged and skipped,
+never raised into the agent.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ log = logging.getLogger("loopwarden_guard")
 
 DEFAULT_WARNING_TOPIC = "session.warning"
 DEFAULT_TERMINATED_TOPIC = "session.terminated"
+#: loopwarden's default `engine.session_gap_secs`: as long as loopwarden holds a session
+#: terminated after its last event, a guard started later learns of it.
+DEFAULT_REMEMBER_TERMINATIONS_SECS = 1800.0
+DEFAULT_MAX_TERMINATIONS = 10_000
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class Finding:
     raw: dict[str, Any]
     #: When this process read it (seconds since the epoch).
     received_at: float = 0.0
+    #: When it was published: its record's timestamp, else `received_at`.
+    published_at: float = 0.0
 
     @property
     def event_id(self) -> str:
@@ -176,7 +187,12 @@ class Watch:
 
 class Guard:
     """Follows `warning_topic` and `terminated_topic` on `brokers` for this process's
-    watches. `client_config` adds librdkafka settings (security, SASL)."""
+    watches. `client_config` adds librdkafka settings (security, SASL).
+
+    `remember_terminations_secs`: how long an enforced termination is given to a later
+    watch of its session, and how far back `start` reads them; set it to loopwarden's
+    `engine.session_gap_secs`. 0 reads from the end and gives a termination to later
+    watches only while it is among the last `recent` findings."""
 
     def __init__(
         self,
@@ -187,7 +203,25 @@ class Guard:
         client_config: dict[str, Any] | None = None,
         recent: int = 1000,
         poll_interval: float = 0.1,
+        remember_terminations_secs: float = DEFAULT_REMEMBER_TERMINATIONS_SECS,
+        max_terminations: int = DEFAULT_MAX_TERMINATIONS,
     ):
+        wrong = [
+            f"{name} must be {rule}, got {value!r}"
+            for name, value, rule, ok in [
+                ("recent", recent, "at least 1", isinstance(recent, int) and recent >= 1),
+                (
+                    "remember_terminations_secs",
+                    remember_terminations_secs,
+                    "a number of seconds >= 0",
+                    isinstance(remember_terminations_secs, (int, float)) and remember_terminations_secs >= 0,
+                ),
+                ("max_terminations", max_terminations, "at least 1", isinstance(max_terminations, int) and max_terminations >= 1),
+            ]
+            if not ok
+        ]
+        if wrong:
+            raise ValueError("loopwarden guard: " + "; ".join(wrong))
         self.topics = [warning_topic, terminated_topic]
         self._config = {
             "bootstrap.servers": brokers,
@@ -199,7 +233,19 @@ class Guard:
             "fetch.wait.max.ms": 20,
             "isolation.level": "read_committed",
             **(client_config or {}),
+            # How the guard knows it has read the terminations published before it
+            # started (read_committed: the end of what is committed).
+            "enable.partition.eof": True,
         }
+        self._remember_secs = float(remember_terminations_secs)
+        self._max_terminations = max_terminations
+        # The remembered terminations by session id (oldest first), and the session
+        # ids of their trace ids.
+        self._terminations: collections.OrderedDict[str, Finding] = collections.OrderedDict()
+        self._termination_traces: dict[str, str] = {}
+        # (topic, partition) -> the end offset when the guard started, for the
+        # termination partitions read from before it.
+        self._backlog: dict[tuple[str, int], int] = {}
         self._poll_interval = poll_interval
         self._watches: list[Watch] = []
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -216,12 +262,16 @@ class Guard:
     # Lifecycle -------------------------------------------------------------------
 
     def start(self, timeout: float = 10.0) -> "Guard":
-        """Starts following; returns once every partition is assigned from its end."""
+        """Starts following; returns once every partition is assigned and the
+        terminations of the last `remember_terminations_secs` are read."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="loopwarden-guard", daemon=True)
             self._thread.start()
         if not self._ready.wait(timeout):
-            raise TimeoutError(f"loopwarden guard: topics {self.topics} not assigned within {timeout} s")
+            raise TimeoutError(
+                f"loopwarden guard: topics {self.topics} not assigned, or the terminations of the last "
+                f"{self._remember_secs:g} s not read, within {timeout} s"
+            )
         if self.error is not None:
             raise self.error
         return self
@@ -254,8 +304,41 @@ class Guard:
             if trace_id:
                 w.trace_ids.add(trace_id.lower())
             earlier = [f for f in self._recent if w._matches(f)]
+            earlier += [f for f in self._remembered(session_id, trace_id) if w._matches(f)]
         for f in earlier:
             w._deliver(f)
+
+    def _remembered(self, session_id: str | None, trace_id: str | None) -> list[Finding]:
+        """The remembered terminations of `session_id` and of `trace_id` (under the lock)."""
+        self._forget_terminations_before(time.time() - self._remember_secs)
+        keys = [session_id, self._termination_traces.get(trace_id.lower()) if trace_id else None]
+        return [self._terminations[k] for k in dict.fromkeys(keys) if k is not None and k in self._terminations]
+
+    def _remember(self, f: Finding) -> None:
+        """Keeps an enforced termination for later watches (under the lock)."""
+        if self._remember_secs <= 0 or f.published_at < time.time() - self._remember_secs:
+            return
+        key = f.session_id or ""
+        self._terminations.pop(key, None)
+        self._terminations[key] = f
+        if f.trace_id:
+            self._termination_traces[f.trace_id] = key
+        while len(self._terminations) > self._max_terminations:
+            self._forget_termination(*self._terminations.popitem(last=False))
+
+    def _forget_terminations_before(self, cutoff: float) -> None:
+        # Oldest first: arrival order, which is publication order up to the partitions'
+        # interleaving (a later one skipped here goes at a later call).
+        while self._terminations:
+            key, f = next(iter(self._terminations.items()))
+            if f.published_at >= cutoff:
+                return
+            self._terminations.popitem(last=False)
+            self._forget_termination(key, f)
+
+    def _forget_termination(self, key: str, f: Finding) -> None:
+        if f.trace_id and self._termination_traces.get(f.trace_id) == key:
+            del self._termination_traces[f.trace_id]
 
     def _take_hints(self, hints: list[tuple[str, str]]) -> list[str]:
         """The hints of `hints` no watch took before, now marked taken."""
@@ -280,7 +363,7 @@ class Guard:
 
     def _run(self) -> None:
         try:
-            from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+            from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
 
             consumer = Consumer(self._config)
             self._consumer = consumer
@@ -296,8 +379,11 @@ class Guard:
                 for p in sorted(t.partitions):
                     # The end as it is now, a concrete offset: OFFSET_END would be
                     # looked up later, and a finding published meanwhile skipped.
-                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
                     parts.append(TopicPartition(topic, p, high if high >= 0 else OFFSET_END))
+                    if topic == self.topics[1] and self._remember_secs > 0 and 0 <= low < high:
+                        self._backlog[(topic, p)] = high
+            self._read_back_from(consumer, parts)
             consumer.assign(parts)
         except BaseException as e:  # reported by start()
             self.error = e
@@ -305,25 +391,71 @@ class Guard:
             if self._consumer is not None:
                 self._consumer.close()
             return
-        self._ready.set()
+        read_back = 0
+        if not self._backlog:
+            self._ready.set()
         try:
             while not self._stop.is_set():
                 msg = consumer.poll(self._poll_interval)
                 if msg is None:
                     continue
+                at = (msg.topic(), msg.partition())
                 if msg.error():
-                    log.warning("loopwarden guard: consumer error: %s", msg.error())
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        log.warning("loopwarden guard: consumer error: %s", msg.error())
+                    elif self._backlog.pop(at, None) is not None and not self._backlog:
+                        log.info("loopwarden guard: read %d terminations published before it started", read_back)
+                        self._ready.set()
                     continue
+                end = self._backlog.get(at)
+                before_start = end is not None and msg.offset() < end
+                kind, stamp = msg.timestamp()
+                published_at = stamp / 1000 if kind != 0 and stamp > 0 else None
                 try:
-                    self.handle(msg.value(), where=f"{msg.topic()}[{msg.partition()}]@{msg.offset()}")
+                    found = self._take(
+                        msg.value(),
+                        f"{msg.topic()}[{msg.partition()}]@{msg.offset()}",
+                        published_at,
+                        before_start,
+                    )
+                    read_back += before_start and found is not None
                 except Exception:  # one bad finding must not end the guard
                     log.exception("loopwarden guard: a finding could not be handled")
         finally:
             consumer.close()
 
+    def _read_back_from(self, consumer: Any, parts: list[Any]) -> None:
+        """Moves the start of each termination partition in `_backlog` (non-empty, `parts`
+        at its end) back to its first record of the last `remember_terminations_secs`, as
+        the broker finds it; a partition it finds none in (or cannot say) stays at its end."""
+        from confluent_kafka import TopicPartition
+
+        since_ms = int((time.time() - self._remember_secs) * 1000)
+        asked = [TopicPartition(topic, p, since_ms) for topic, p in self._backlog]
+        try:
+            found = consumer.offsets_for_times(asked, timeout=10) if asked else []
+        except Exception as e:  # a broker that cannot look up times: from the end
+            log.warning("loopwarden guard: no terminations read back from before it started: %s", e)
+            found = []
+        starts = {(f.topic, f.partition): f.offset for f in found if f.error is None and f.offset >= 0}
+        for part in parts:
+            at = (part.topic, part.partition)
+            if at not in self._backlog:
+                continue
+            start = starts.get(at)
+            if start is None or start >= part.offset:
+                del self._backlog[at]
+            else:
+                part.offset = start
+
     def handle(self, payload: bytes | str | None, where: str = "") -> Finding | None:
         """Takes one published finding (what the consumer read); returns it, or None
         when it was a copy or unreadable."""
+        return self._take(payload, where, None, False)
+
+    def _take(
+        self, payload: bytes | str | None, where: str, published_at: float | None, before_start: bool
+    ) -> Finding | None:
         try:
             raw = json.loads(payload or b"")
             if not isinstance(raw, dict) or not isinstance(raw.get("session_id"), str) or not raw["session_id"]:
@@ -333,7 +465,12 @@ class Guard:
         except ValueError as e:
             log.warning("loopwarden guard: skipping an unreadable finding at %s: %s", where, e)
             return None
-        f = Finding(raw, received_at=time.time())
+        now = time.time()
+        f = Finding(raw, received_at=now, published_at=published_at or now)
+        if before_start and (not f.stops or f.published_at < now - self._remember_secs):
+            # Read back for the sessions it stopped, and no further than asked: a
+            # broker's lookup may be coarse (from the first record, or one produced late).
+            return None
         with self._lock:
             if f.event_id:
                 if f.event_id in self._seen:
@@ -342,6 +479,8 @@ class Guard:
                 if len(self._seen) > 10 * (self._recent.maxlen or 1000):
                     self._seen.popitem(last=False)
             self._recent.append(f)
+            if f.stops:
+                self._remember(f)
             watches = [w for w in self._watches if w._matches(f)]
         for w in watches:
             w._deliver(f)
