@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 import unittest
-from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
@@ -40,6 +39,12 @@ def finding(kind, session, event_id, *, hint="Stop repeating run_tests.", mode="
         "mode": mode,
         "trigger": trigger,
     }
+
+
+def read_ids(guard):
+    """The event ids among `guard`'s recent findings, as its thread has them now."""
+    with guard._lock:
+        return {f.event_id for f in guard._recent}
 
 
 def eventually(check, timeout=15.0):
@@ -97,7 +102,7 @@ class GuardTest(unittest.TestCase):
         self.assertIn("repeat", str(raised.exception))
         # A hint after the termination is no use: none is given.
         self.publish(WARNINGS, finding("warning", "trace-session", "w9", trace_id=trace))
-        eventually(lambda: any(f.event_id == "w9" for f in self.guard._recent))
+        eventually(lambda: "w9" in read_ids(self.guard))
         self.assertIsNone(w.take_hint())
 
     def test_a_session_in_a_shared_trace_gets_only_its_own_verdicts(self):
@@ -141,13 +146,13 @@ class GuardTest(unittest.TestCase):
         w = self.guard.watch(session_id="s-shadow")
         self.publish(TERMINATIONS, finding("terminated", "s-shadow", "t2", mode="shadow"))
         self.publish(TERMINATIONS, finding("terminated", "s-shadow", "t3", mode="warn"))
-        eventually(lambda: {"t2", "t3"} <= {f.event_id for f in self.guard._recent})
+        eventually(lambda: {"t2", "t3"} <= read_ids(self.guard))
         self.assertIsNone(w.terminated)
         w.check()
 
     def test_a_verdict_before_the_id_was_known_is_not_lost(self):
         self.publish(TERMINATIONS, finding("terminated", "s-late", "t4"))
-        eventually(lambda: any(f.event_id == "t4" for f in self.guard._recent))
+        eventually(lambda: "t4" in read_ids(self.guard))
         w = self.guard.watch()
         self.assertIsNone(w.terminated)
         w.also(session_id="s-late")
@@ -200,21 +205,21 @@ class GuardTest(unittest.TestCase):
         with Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS, recent=3) as guard:
             self.publish(TERMINATIONS, finding("terminated", "s-busy", "t22"))
             # Read before the warnings (the two topics are read in no fixed order).
-            eventually(lambda: any(f.event_id == "t22" for f in guard._recent))
+            eventually(lambda: "t22" in read_ids(guard))
             for i in range(5):
                 self.publish(WARNINGS, finding("warning", f"s-other-{i}", f"w3{i}"))
             # All read, in whatever order their partitions gave them.
             eventually(lambda: {f"w3{i}" for i in range(5)} <= guard._seen.keys())
-            self.assertNotIn("t22", {f.event_id for f in guard._recent})
+            self.assertNotIn("t22", read_ids(guard))
             self.assertIsNotNone(guard.watch(session_id="s-busy").terminated)
             # By trace as well, where loopwarden's session is the trace.
             trace = "2e" * 16
             self.publish(TERMINATIONS, finding("terminated", trace, "t23", trace_id=trace))
-            eventually(lambda: any(f.event_id == "t23" for f in guard._recent))
+            eventually(lambda: "t23" in read_ids(guard))
             for i in range(5):
                 self.publish(WARNINGS, finding("warning", f"s-more-{i}", f"w4{i}"))
             eventually(lambda: {f"w4{i}" for i in range(5)} <= guard._seen.keys())
-            self.assertNotIn("t23", {f.event_id for f in guard._recent})
+            self.assertNotIn("t23", read_ids(guard))
             self.assertIsNotNone(guard.watch(trace_id=trace).terminated)
 
     def test_remembered_terminations_are_bounded_in_number_and_age(self):
@@ -222,25 +227,41 @@ class GuardTest(unittest.TestCase):
         # test moves.
         guard = Guard(BROKERS, recent=1, max_terminations=2, remember_terminations_secs=60)
         clock = [1_000_000.0]
-        with mock.patch("loopwarden_guard.guard.time.time", lambda: clock[0]):
-            for session in ("s-a", "s-b", "s-c"):
-                guard.handle(json.dumps(finding("terminated", session, f"t-{session}")))
-            guard.handle(json.dumps(finding("warning", "s-d", "w-d")))
-            self.assertIsNone(guard.watch(session_id="s-a").terminated)
-            self.assertIsNotNone(guard.watch(session_id="s-b").terminated)
-            clock[0] += 59
-            self.assertIsNotNone(guard.watch(session_id="s-c").terminated)
-            clock[0] += 2
-            self.assertIsNone(guard.watch(session_id="s-c").terminated)
-            self.assertEqual(len(guard._terminations), 0)
+        guard._clock = lambda: clock[0]
+        for session in ("s-a", "s-b", "s-c"):
+            guard.handle(json.dumps(finding("terminated", session, f"t-{session}")))
+        guard.handle(json.dumps(finding("warning", "s-d", "w-d")))
+        self.assertIsNone(guard.watch(session_id="s-a").terminated)
+        self.assertIsNotNone(guard.watch(session_id="s-b").terminated)
+        clock[0] += 59
+        self.assertIsNotNone(guard.watch(session_id="s-c").terminated)
+        clock[0] += 2
+        self.assertIsNone(guard.watch(session_id="s-c").terminated)
+        self.assertEqual((len(guard._terminations), len(guard._termination_traces)), (0, 0))
+
+    def test_remembered_terminations_of_a_trace_follow_their_sessions(self):
+        guard = Guard(BROKERS, recent=0)
+        t, u = "3a" * 16, "4b" * 16
+        # The trace as loopwarden's session (its spans named none), and a named session
+        # in it: a watch of another named session in that trace gets the first only.
+        guard.handle(json.dumps(finding("terminated", t, "t-trace", trace_id=t)))
+        guard.handle(json.dumps(finding("terminated", "conv-x", "t-x", trace_id=t)))
+        by_trace = guard.watch(session_id="conv-y", trace_id=t.upper())
+        self.assertEqual(by_trace.terminated.event_id, "t-trace")
+        # A watch knowing the trace alone: either is its session's.
+        self.assertIsNotNone(guard.watch(trace_id=t).terminated)
+        # conv-x terminated again under another trace: the first trace no longer names it.
+        guard.handle(json.dumps(finding("terminated", "conv-x", "t-x2", trace_id=u)))
+        self.assertEqual(guard._termination_traces, {t: {t: None}, u: {"conv-x": None}})
+        self.assertEqual(guard.watch(trace_id=u).terminated.event_id, "t-x2")
 
     def test_settings_out_of_range_are_refused_together(self):
         with self.assertRaises(ValueError) as raised:
-            Guard(BROKERS, recent=0, remember_terminations_secs=-1, max_terminations=0)
+            Guard(BROKERS, recent=-1, remember_terminations_secs=float("inf"), max_terminations=True)
         said = str(raised.exception)
-        self.assertIn("recent must be at least 1, got 0", said)
-        self.assertIn("remember_terminations_secs must be a number of seconds >= 0, got -1", said)
-        self.assertIn("max_terminations must be at least 1, got 0", said)
+        self.assertIn("recent must be a count >= 0, got -1", said)
+        self.assertIn("remember_terminations_secs must be a finite number of seconds >= 0, got inf", said)
+        self.assertIn("max_terminations must be a count >= 1, got True", said)
 
     def test_a_missing_topic_is_a_clear_error(self):
         g = Guard(BROKERS, warning_topic="no-such-topic-xyz", terminated_topic=TERMINATIONS)

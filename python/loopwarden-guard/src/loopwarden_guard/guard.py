@@ -17,10 +17,10 @@ Guarantees: thread-safe; a finding for a session watched later (its id learned a
 the verdict) is not lost while it is among the last `recent` findings, and an enforced
 termination not while it is younger than `remember_terminations_secs` (by its record's
 timestamp; at most `max_terminations` of them), in this process or in one started later,
-which knows them by the time `start` returns (an agent process restarted by a deploy or
-a crash resumes its sessions, and loopwarden does not publish a termination again: it
-drops a terminated session's events); a termination in `shadow` or `warn` mode stops
-nothing; a finding the guard cannot read (not JSON, no session) is logged and skipped,
+which has read them by the time `start` returns where the broker can look up times (an
+agent process restarted by a deploy or a crash resumes its sessions, and loopwarden does
+not publish a termination again: it drops a terminated session's events); a termination
+in `shadow` or `warn` mode stops nothing; a finding the guard cannot read (not JSON, no session) is logged and skipped,
 never raised into the agent.
 """
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -39,8 +40,9 @@ log = logging.getLogger("loopwarden_guard")
 
 DEFAULT_WARNING_TOPIC = "session.warning"
 DEFAULT_TERMINATED_TOPIC = "session.terminated"
-#: loopwarden's default `engine.session_gap_secs`: as long as loopwarden holds a session
-#: terminated after its last event, a guard started later learns of it.
+#: loopwarden's default `engine.session_gap_secs`, the least time loopwarden holds a
+#: terminated session (longer while its events keep coming): a run resumed within it
+#: of its termination is stopped.
 DEFAULT_REMEMBER_TERMINATIONS_SECS = 1800.0
 DEFAULT_MAX_TERMINATIONS = 10_000
 
@@ -189,10 +191,11 @@ class Guard:
     """Follows `warning_topic` and `terminated_topic` on `brokers` for this process's
     watches. `client_config` adds librdkafka settings (security, SASL).
 
-    `remember_terminations_secs`: how long an enforced termination is given to a later
-    watch of its session, and how far back `start` reads them; set it to loopwarden's
-    `engine.session_gap_secs`. 0 reads from the end and gives a termination to later
-    watches only while it is among the last `recent` findings."""
+    `remember_terminations_secs`: how long after its publication an enforced termination
+    is given to a later watch of its session, and how far back `start` reads them: at
+    least loopwarden's `engine.session_gap_secs`, more where agents resume sessions
+    later. 0 reads from the end and gives a termination to later watches only while it
+    is among the last `recent` findings."""
 
     def __init__(
         self,
@@ -206,17 +209,19 @@ class Guard:
         remember_terminations_secs: float = DEFAULT_REMEMBER_TERMINATIONS_SECS,
         max_terminations: int = DEFAULT_MAX_TERMINATIONS,
     ):
+        def count(n: Any) -> bool:
+            return isinstance(n, int) and not isinstance(n, bool)
+
+        def seconds(n: Any) -> bool:
+            return isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) and n >= 0
+
         wrong = [
             f"{name} must be {rule}, got {value!r}"
             for name, value, rule, ok in [
-                ("recent", recent, "at least 1", isinstance(recent, int) and recent >= 1),
-                (
-                    "remember_terminations_secs",
-                    remember_terminations_secs,
-                    "a number of seconds >= 0",
-                    isinstance(remember_terminations_secs, (int, float)) and remember_terminations_secs >= 0,
-                ),
-                ("max_terminations", max_terminations, "at least 1", isinstance(max_terminations, int) and max_terminations >= 1),
+                ("recent", recent, "a count >= 0", count(recent) and recent >= 0),
+                ("remember_terminations_secs", remember_terminations_secs, "a finite number of seconds >= 0",
+                 seconds(remember_terminations_secs)),
+                ("max_terminations", max_terminations, "a count >= 1", count(max_terminations) and max_terminations >= 1),
             ]
             if not ok
         ]
@@ -228,7 +233,10 @@ class Guard:
             # Never committed: a group id is only what librdkafka asks for.
             "group.id": f"loopwarden-guard-{uuid.uuid4()}",
             "enable.auto.commit": False,
-            "enable.partition.eof": False,
+            # A start the log no longer holds (retention moved past it between the
+            # look-up and the fetch, a topic made again): its oldest, not its end, so no
+            # termination is skipped (those read back are filtered by age).
+            "auto.offset.reset": "earliest",
             # Verdicts are latency-sensitive: a fetch does not sit for 500 ms.
             "fetch.wait.max.ms": 20,
             "isolation.level": "read_committed",
@@ -237,12 +245,13 @@ class Guard:
             # started (read_committed: the end of what is committed).
             "enable.partition.eof": True,
         }
+        self._clock: Callable[[], float] = time.time
         self._remember_secs = float(remember_terminations_secs)
         self._max_terminations = max_terminations
-        # The remembered terminations by session id (oldest first), and the session
-        # ids of their trace ids.
+        # The remembered terminations by session id (in arrival order), and the
+        # session ids of their trace ids (a trace may hold several sessions).
         self._terminations: collections.OrderedDict[str, Finding] = collections.OrderedDict()
-        self._termination_traces: dict[str, str] = {}
+        self._termination_traces: dict[str, dict[str, None]] = {}
         # (topic, partition) -> the end offset when the guard started, for the
         # termination partitions read from before it.
         self._backlog: dict[tuple[str, int], int] = {}
@@ -309,36 +318,47 @@ class Guard:
             w._deliver(f)
 
     def _remembered(self, session_id: str | None, trace_id: str | None) -> list[Finding]:
-        """The remembered terminations of `session_id` and of `trace_id` (under the lock)."""
-        self._forget_terminations_before(time.time() - self._remember_secs)
-        keys = [session_id, self._termination_traces.get(trace_id.lower()) if trace_id else None]
-        return [self._terminations[k] for k in dict.fromkeys(keys) if k is not None and k in self._terminations]
+        """The remembered terminations younger than the window of `session_id`, and of
+        the sessions of `trace_id`, under the lock."""
+        cutoff = self._clock() - self._remember_secs
+        self._forget_terminations_before(cutoff)
+        keys = [session_id]
+        if trace_id:
+            keys += self._termination_traces.get(trace_id.lower(), ())
+        found = (self._terminations.get(k) for k in dict.fromkeys(keys) if k is not None)
+        # Arrival order is publication order only within a partition: each its own age.
+        return [f for f in found if f is not None and f.published_at >= cutoff]
 
     def _remember(self, f: Finding) -> None:
         """Keeps an enforced termination for later watches (under the lock)."""
-        if self._remember_secs <= 0 or f.published_at < time.time() - self._remember_secs:
+        if self._remember_secs <= 0 or f.published_at < self._clock() - self._remember_secs:
             return
         key = f.session_id or ""
-        self._terminations.pop(key, None)
+        earlier = self._terminations.pop(key, None)
+        if earlier is not None:
+            self._forget_trace_of(key, earlier)
         self._terminations[key] = f
         if f.trace_id:
-            self._termination_traces[f.trace_id] = key
+            self._termination_traces.setdefault(f.trace_id, {})[key] = None
         while len(self._terminations) > self._max_terminations:
-            self._forget_termination(*self._terminations.popitem(last=False))
+            self._forget_trace_of(*self._terminations.popitem(last=False))
 
     def _forget_terminations_before(self, cutoff: float) -> None:
-        # Oldest first: arrival order, which is publication order up to the partitions'
-        # interleaving (a later one skipped here goes at a later call).
+        # From the oldest arrival on, up to the first young one: the rest go at a later
+        # call (`_remembered` checks each one's age).
         while self._terminations:
             key, f = next(iter(self._terminations.items()))
             if f.published_at >= cutoff:
                 return
             self._terminations.popitem(last=False)
-            self._forget_termination(key, f)
+            self._forget_trace_of(key, f)
 
-    def _forget_termination(self, key: str, f: Finding) -> None:
-        if f.trace_id and self._termination_traces.get(f.trace_id) == key:
-            del self._termination_traces[f.trace_id]
+    def _forget_trace_of(self, key: str, f: Finding) -> None:
+        sessions = self._termination_traces.get(f.trace_id or "")
+        if sessions is not None:
+            sessions.pop(key, None)
+            if not sessions:
+                del self._termination_traces[f.trace_id or ""]
 
     def _take_hints(self, hints: list[tuple[str, str]]) -> list[str]:
         """The hints of `hints` no watch took before, now marked taken."""
@@ -410,6 +430,7 @@ class Guard:
                 end = self._backlog.get(at)
                 before_start = end is not None and msg.offset() < end
                 kind, stamp = msg.timestamp()
+                # None where the record has no time (an old message format).
                 published_at = stamp / 1000 if kind != 0 and stamp > 0 else None
                 try:
                     found = self._take(
@@ -430,13 +451,16 @@ class Guard:
         the broker finds it; a partition it finds none in (or cannot say) stays at its end."""
         from confluent_kafka import TopicPartition
 
-        since_ms = int((time.time() - self._remember_secs) * 1000)
+        since_ms = int((self._clock() - self._remember_secs) * 1000)
         asked = [TopicPartition(topic, p, since_ms) for topic, p in self._backlog]
         try:
             found = consumer.offsets_for_times(asked, timeout=10) if asked else []
         except Exception as e:  # a broker that cannot look up times: from the end
             log.warning("loopwarden guard: no terminations read back from before it started: %s", e)
             found = []
+        for f in found:
+            if f.error is not None:
+                log.warning("loopwarden guard: no terminations read back on %s[%d]: %s", f.topic, f.partition, f.error)
         starts = {(f.topic, f.partition): f.offset for f in found if f.error is None and f.offset >= 0}
         for part in parts:
             at = (part.topic, part.partition)
@@ -465,11 +489,13 @@ class Guard:
         except ValueError as e:
             log.warning("loopwarden guard: skipping an unreadable finding at %s: %s", where, e)
             return None
-        now = time.time()
+        now = self._clock()
         f = Finding(raw, received_at=now, published_at=published_at or now)
-        if before_start and (not f.stops or f.published_at < now - self._remember_secs):
+        if before_start and (not f.stops or published_at is None or published_at < now - self._remember_secs):
             # Read back for the sessions it stopped, and no further than asked: a
-            # broker's lookup may be coarse (from the first record, or one produced late).
+            # broker's look-up may be coarse (from the first record, or one produced
+            # late), and a record without a time may be of any age (a stale one would
+            # stop a later run of a reused session id).
             return None
         with self._lock:
             if f.event_id:
