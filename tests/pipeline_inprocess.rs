@@ -1355,3 +1355,45 @@ fn two_tenants_sessions_under_one_id_are_counted_as_such() {
         "each turn after the first"
     );
 }
+
+#[test]
+fn a_terminated_session_that_goes_on_is_counted() {
+    // A runtime whose kill path did not act: the session's events after its termination
+    // are dropped, and counted so that the operator sees the loop go on.
+    let cluster = Cluster::start();
+    let config = cluster.config("a", "");
+    let now = loopwarden::contract::event::wall_ms();
+    let call = |session: &str, i: i64| -> Vec<u8> {
+        serde_json::json!({
+            "type": "tool.called", "session_id": session, "event_id": format!("{session}-{i}"),
+            "timestamp": loopwarden::contract::event::format_rfc3339_ms(now + i * 100),
+            "tool": "run_tests", "args": {"path": "tests/"}, "result": "1 failed",
+        })
+        .to_string()
+        .into_bytes()
+    };
+    // 30 identical calls: terminated well before the last.
+    let events: Vec<Vec<u8>> = (0..30).map(|i| call("looping", i)).collect();
+    cluster.produce(&events);
+    let telemetry = Arc::new(Telemetry::new());
+    let running = Running::observed(config, cluster.brokers(), telemetry.clone());
+    cluster.assert_committed(events.len(), "every event applied");
+    let stats = running.stop();
+    assert_eq!(stats.events, events.len() as u64);
+    let terminations: Vec<serde_json::Value> = (cluster.read(&cluster.topics.terminated, 1))
+        .iter()
+        .map(|m| serde_json::from_slice(rdkafka::Message::payload(m).unwrap()).unwrap())
+        .collect();
+    let [termination] = terminations.as_slice() else {
+        panic!("one termination: {terminations:?}");
+    };
+    let at: i64 = termination["trigger"]["event_id"].as_str().unwrap()["looping-".len()..]
+        .parse()
+        .unwrap();
+    assert!(at < 20, "terminated at the {at}th call");
+    assert_eq!(
+        telemetry.metrics.events_after_termination.get(),
+        (29 - at) as u64,
+        "every event after the one that terminated it"
+    );
+}

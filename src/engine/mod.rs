@@ -55,7 +55,7 @@ use crate::engine::detectors::{Context, DetectorKind, Input, LlmContext, On, Sig
 use crate::engine::levels::{Level, Mode};
 use crate::engine::policy::Policy;
 use crate::engine::state::{
-    cut_at_char, kept_label, Completed, LlmObservation, Marks, SessionState,
+    cut_at_char, kept_label, Completed, LlmObservation, Marks, SessionState, UnheededTermination,
 };
 use crate::engine::store::{StateBytes, StateStore, StoreBatch, StoreError};
 use crate::engine::text::{opening, turn_features, Chant, ChantRule, ChantScratch, TextSketch};
@@ -84,6 +84,8 @@ pub struct EventMeta<'a> {
 pub struct EngineCounters {
     pub events: u64,
     pub duplicates: u64,
+    /// Events of sessions terminated (enforced) before them: dropped, and a sign that
+    /// the runtime did not stop the session.
     pub dropped_after_termination: u64,
     pub sessions_opened: u64,
     pub sessions_closed: u64,
@@ -239,6 +241,8 @@ pub struct Engine {
     state_bytes: Vec<u8>,
     /// The tenant a session had when an event last named another, until taken.
     other_tenant_was: Option<String>,
+    /// A terminated session's event that tells it still goes on, until taken.
+    unheeded: Option<UnheededTermination>,
 }
 
 impl Engine {
@@ -257,6 +261,7 @@ impl Engine {
             counters: EngineCounters::default(),
             state_bytes: Vec::new(),
             other_tenant_was: None,
+            unheeded: None,
         }
     }
 
@@ -316,6 +321,13 @@ impl Engine {
     /// ([`EngineCounters::other_tenant_events`]), once: for the log that tells of it.
     pub fn take_other_tenant_was(&mut self) -> Option<String> {
         self.other_tenant_was.take()
+    }
+
+    /// Set by the event of a terminated session that is its 1st, 2nd, 4th, 8th… since
+    /// the termination ([`SessionState::unheeded_termination`]), once: for the log that
+    /// tells the runtime did not stop it.
+    pub fn take_unheeded_termination(&mut self) -> Option<UnheededTermination> {
+        self.unheeded.take()
     }
 
     pub fn open_sessions(&self) -> usize {
@@ -594,7 +606,9 @@ impl Engine {
         };
         let other_tenant_was = if slot.state.is_tombstone() {
             self.counters.dropped_after_termination += 1;
-            slot.state.drop_after_termination(event.tenant.as_deref())
+            let was = slot.state.drop_after_termination(event.tenant.as_deref());
+            self.unheeded = slot.state.unheeded_termination(event_ms);
+            was
         } else {
             apply(&mut self.work, slot, event, meta, event_ms, out)
         };

@@ -198,6 +198,17 @@ pub struct SessionState {
     pub termination: Option<Termination>,
 }
 
+/// A terminated session still sending events ([`SessionState::unheeded_termination`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnheededTermination {
+    /// The session's events since its termination, the one that tells included.
+    pub events: u64,
+    /// The detector that terminated it.
+    pub detector: DetectorKind,
+    /// Event time from the termination to that event (0 when a clock put it before).
+    pub after_ms: i64,
+}
+
 /// A session closed by `session.completed`, as the engine remembers it for a while: an
 /// event of it stamped at or before its end is a straggler, not a new session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,6 +391,20 @@ impl SessionState {
         let other = tenant.is_some_and(|t| stands(self.tenant.as_deref(), t) == Stands::Other);
         // None when the session has no tenant: naming one then is no other.
         other.then(|| self.tenant.clone())?
+    }
+
+    /// The termination of a session that goes on sending events, when the event just
+    /// dropped ([`SessionState::drop_after_termination`]), at `event_ms`, is its 1st, 2nd,
+    /// 4th, 8th… since: its runtime did not stop it. Counted in the state, so a restart
+    /// tells the same events.
+    pub fn unheeded_termination(&self, event_ms: i64) -> Option<UnheededTermination> {
+        let events = self.stats.dropped_after_termination;
+        let t = self.termination.filter(|_| events.is_power_of_two())?;
+        Some(UnheededTermination {
+            events,
+            detector: t.detector,
+            after_ms: event_ms.saturating_sub(t.at_ms).max(0),
+        })
     }
 
     /// Records the `run_id` an event names; true when it starts a new run, which resets

@@ -1280,3 +1280,65 @@ fn a_long_tenant_a_build_before_stored_cut_is_no_other_tenant() {
     });
     assert_eq!(first_repeat.as_deref(), Some("s-3"), "{found:?}");
 }
+
+/// A terminated session that goes on sending events was not stopped by its runtime:
+/// each such event is counted, and its 1st, 2nd, 4th, 8th… since the termination are
+/// told (for the log), with the detector and how long after; the count is the state's,
+/// so a restart from the store tells the same events.
+#[test]
+fn a_terminated_session_that_goes_on_is_told_at_its_powers_of_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Arc::new(Config::from_toml_str("", "t", std::iter::empty()).unwrap());
+    let mut sled = store::SledStore::open(dir.path()).unwrap();
+    let mut engine = Engine::restore(config.clone(), &sled).unwrap();
+    let start = 1_800_000_000_000i64;
+    // The same call a second apart: a loop.
+    let next = |engine: &mut Engine, step: u32| {
+        let out = process_as(
+            engine,
+            same_call(),
+            "s",
+            step,
+            start + i64::from(step) * 1000,
+        );
+        (out, engine.take_unheeded_termination())
+    };
+    let mut step = 0;
+    loop {
+        let (out, told) = next(&mut engine, step);
+        step += 1;
+        assert_eq!(told, None, "nothing told before the termination");
+        if out
+            .iter()
+            .any(|o| matches!(o, Output::Finding(f) if f.level == Level::Terminate))
+        {
+            break;
+        }
+        assert!(step < 40, "the loop was never terminated");
+    }
+    let mut told = Vec::new();
+    for after in 1..=20u32 {
+        if after == 6 {
+            // A restart from the store in between.
+            engine.flush(&mut sled, &[]).unwrap();
+            engine = Engine::restore(config.clone(), &sled).unwrap();
+        }
+        let (out, said) = next(&mut engine, step);
+        step += 1;
+        assert!(
+            out.is_empty(),
+            "a terminated session's event is dropped: {out:?}"
+        );
+        if let Some(u) = said {
+            assert_eq!(u.detector.name(), "repeat");
+            told.push((u.events, u.after_ms));
+        }
+    }
+    let at = |n: u64| (n, i64::try_from(n).unwrap() * 1000);
+    assert_eq!(told, [at(1), at(2), at(4), at(8), at(16)]);
+    assert_eq!(
+        engine.counters().dropped_after_termination,
+        15,
+        "since the restart"
+    );
+}

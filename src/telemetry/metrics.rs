@@ -58,6 +58,7 @@ pub struct Metrics {
     /// Events of a session that had completed, stamped at or before its end and arriving
     /// within a minute of the stream's clock after it: dropped, not opened as a session.
     pub events_after_completion: IntCounter,
+    pub events_after_termination: IntCounter,
     /// Events that named another tenant than their session had.
     pub other_tenant_events: IntCounter,
     /// Times a partition's heads went on without an input topic that still claimed
@@ -181,6 +182,12 @@ const OTHER_TENANT_EVENTS: Family = Family {
 const EVENTS_AFTER_COMPLETION: Family = Family {
     name: "loopwarden_events_after_completion_total",
     help: "Events of a session that had completed, stamped at or before its end and arriving within a minute of the stream's clock after it (a producer's straggler, a completion sent twice): dropped, not opened as a session of their own.",
+    labels: &[],
+};
+
+const EVENTS_AFTER_TERMINATION: Family = Family {
+    name: "loopwarden_events_after_termination_total",
+    help: "Events of sessions terminated (enforce mode) before them: dropped. A session that goes on after its termination was not stopped by its runtime: its kill path did not act on session.terminated, or missed it.",
     labels: &[],
 };
 
@@ -425,6 +432,7 @@ impl Metrics {
             late_events: r.counter(LATE_EVENTS),
             future_events: r.counter(FUTURE_EVENTS),
             events_after_completion: r.counter(EVENTS_AFTER_COMPLETION),
+            events_after_termination: r.counter(EVENTS_AFTER_TERMINATION),
             other_tenant_events: r.counter(OTHER_TENANT_EVENTS),
             bad_events: r.counter_vec(BAD_EVENTS),
             events_miskeyed: r.counter_vec(EVENTS_MISKEYED),
@@ -544,7 +552,7 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         // Labelled families appear once they have a series; the rest always do.
-        assert_eq!(names.len(), 26, "{names:?}");
+        assert_eq!(names.len(), 27, "{names:?}");
         for name in &names {
             assert!(name.starts_with("loopwarden_"), "{name}");
         }

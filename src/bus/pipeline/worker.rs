@@ -686,9 +686,13 @@ impl Worker {
             return;
         };
         let metrics = &self.telemetry.metrics;
-        let (late, after_completion) = {
+        let (late, after_completion, after_termination) = {
             let c = p.engine.counters();
-            (c.late_events, c.after_completion)
+            (
+                c.late_events,
+                c.after_completion,
+                c.dropped_after_termination,
+            )
         };
         let mut applied_any = false;
         // `direct` first: it comes after everything held, which is nothing then.
@@ -725,6 +729,9 @@ impl Worker {
                     if let Some(was) = p.engine.take_other_tenant_was() {
                         note_other_tenant_event(metrics, &event, &meta, &was);
                     }
+                    if let Some(unheeded) = p.engine.take_unheeded_termination() {
+                        note_unheeded_termination(&event, &meta, unheeded);
+                    }
                     self.scratch_sources.resize(self.scratch.len(), source);
                 }
                 Pending::DeadLetter(record, reason) => {
@@ -755,6 +762,10 @@ impl Worker {
         let after_completion = counters.after_completion - after_completion;
         if after_completion > 0 {
             metrics.events_after_completion.inc_by(after_completion);
+        }
+        let after_termination = counters.dropped_after_termination - after_termination;
+        if after_termination > 0 {
+            metrics.events_after_termination.inc_by(after_termination);
         }
         p.last_event_wall = now;
         p.clock_at_last_event = p.engine.watermark();
@@ -999,6 +1010,28 @@ fn note_other_tenant_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMet
             "input event names another tenant than its session had: two tenants' sessions share this session_id and are judged as one (make session ids unique across tenants: prefix them with the tenant), or its producers name the session's tenant differently"
         );
     }
+}
+
+/// Logs a terminated session's event that is its 1st, 2nd, 4th, 8th… since the
+/// termination: the runtime did not stop the session (its kill path did not act, or
+/// missed the verdict), which goes on unjudged, its spend unbounded (its events are
+/// dropped). Counted in `loopwarden_events_after_termination_total` with every such event.
+fn note_unheeded_termination(
+    event: &Event<'_>,
+    meta: &EventMeta<'_>,
+    unheeded: crate::engine::state::UnheededTermination,
+) {
+    use crate::contract::event::printable;
+    warn!(
+        topic = meta.topic,
+        partition = meta.partition,
+        offset = meta.offset,
+        session_id = %printable(&event.session_id),
+        stop_reason = unheeded.detector.name(),
+        events_after_termination = unheeded.events,
+        secs_after_termination = unheeded.after_ms / 1000,
+        "terminated session still sends events: its runtime did not stop it (route session.terminated to the runtime's kill path, or run loopwarden-guard in the agent process); its events are dropped unjudged"
+    );
 }
 
 /// Input events not keyed by their `session_id`, counted by how. DESIGN §1 asks producers
