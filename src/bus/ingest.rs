@@ -14,7 +14,7 @@ use std::io::{BufRead, Read, Write};
 use serde::Deserialize;
 
 use crate::bus::kafka::settings::{invalid_topic, valid_topic, KafkaSettings};
-use crate::contract::event::ParseLimits;
+use crate::contract::event::{without_byte_order_mark, ParseLimits};
 use crate::contract::otlp::{decode, Encoding, MapReport, MappedEvent, Mapper};
 
 /// `[ingest.otlp]` as written.
@@ -199,7 +199,7 @@ pub fn looks_like_otlp_json(head: &[u8]) -> bool {
     else {
         return false;
     };
-    let t = line.trim_ascii_start();
+    let t = without_byte_order_mark(line.trim_ascii_start()).trim_ascii_start();
     t.starts_with(b"{") && t[1..].trim_ascii_start().starts_with(b"\"resourceSpans\"")
 }
 
@@ -417,6 +417,8 @@ mod tests {
             b"{\"type\": \"tool.called\", \"resourceSpans\": 1}"
         ));
         assert!(!looks_like_otlp_json(b""));
+        // A file a Windows tool wrote as "UTF-8" starts with a byte order mark.
+        assert!(looks_like_otlp_json(b"\xEF\xBB\xBF{\"resourceSpans\": []}"));
     }
 
     /// A writer the test can read back.
@@ -440,8 +442,9 @@ mod tests {
                 r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"0707070707070707070707070707070{span}","spanId":"010101010101010{span}","startTimeUnixNano":"1","endTimeUnixNano":"{end}","attributes":[{{"key":"gen_ai.operation.name","value":{{"stringValue":"execute_tool"}}}},{{"key":"gen_ai.tool.name","value":{{"stringValue":"read"}}}},{{"key":"gen_ai.conversation.id","value":{{"stringValue":"s"}}}}]}}]}}]}}]}}"#
             )
         };
+        // The first line after a byte order mark, as a Windows tool writes a file.
         let input = format!(
-            "{}\nnot json\n\n{}\n",
+            "\u{feff}{}\nnot json\n\n{}\n",
             export("1", "2000000"),
             export("2", "3000000")
         );

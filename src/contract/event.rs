@@ -36,6 +36,13 @@ pub const DEFAULT_MAX_NESTING: usize = 64;
 pub const MAX_NESTING_LIMIT: usize = 127;
 /// The byte order mark as UTF-8.
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// `text` without a byte order mark ahead of it: RFC 8259 lets a parser ignore one
+/// before a JSON text, and a file a Windows tool wrote as "UTF-8" starts with one (each
+/// JSON Lines line is a text of its own, so any line may carry it).
+pub fn without_byte_order_mark(text: &[u8]) -> &[u8] {
+    text.strip_prefix(UTF8_BOM).unwrap_or(text)
+}
 /// Longest accepted `session_id`, in bytes.
 pub const MAX_SESSION_ID_BYTES: usize = 256;
 /// Longest accepted `event_id` and `trace_id`, in bytes. Every output names its trigger's
@@ -471,7 +478,7 @@ pub fn parse_event<'a>(bytes: &'a [u8], limits: &ParseLimits) -> Result<Event<'a
     // same event (its derived id too). Offsets in errors still count from the message's
     // first byte (serde's columns, in an `invalid_json` detail, from the object's).
     let marked = bytes.len();
-    let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
+    let bytes = without_byte_order_mark(bytes);
     let mark = marked - bytes.len();
     // SIMD validation, with std's error (where the first bad byte is).
     let text = match simdutf8::compat::from_utf8(bytes) {
@@ -502,7 +509,7 @@ pub fn parse_event<'a>(bytes: &'a [u8], limits: &ParseLimits) -> Result<Event<'a
 #[doc(hidden)]
 pub fn parse_paths_disagree(bytes: &[u8], limits: &ParseLimits) -> Option<String> {
     // As `parse_event` reads it: after a byte order mark.
-    let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
+    let bytes = without_byte_order_mark(bytes);
     let text = std::str::from_utf8(bytes).ok()?;
     let fast = fast::read(text, limits.max_nesting).ok()?;
     let slow = match slow_read(bytes, limits) {

@@ -34,7 +34,7 @@ use opentelemetry_proto::tonic::trace::v1::{status::StatusCode, Span};
 use prost::Message as _;
 use serde_json::json;
 
-use crate::contract::event::{format_rfc3339_ms, hex};
+use crate::contract::event::{format_rfc3339_ms, hex, without_byte_order_mark};
 use crate::engine::state::kept_label;
 
 mod fields;
@@ -197,11 +197,12 @@ pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<ExportTraceServiceRequ
     }
     match encoding {
         Encoding::OtlpProto => Ok(ExportTraceServiceRequest::decode(bytes)?),
-        Encoding::OtlpJson => match decode_json(bytes) {
+        Encoding::OtlpJson => match decode_json(without_byte_order_mark(bytes)) {
             Ok(request) => Ok(request),
             Err(first) => {
                 // The generated decoder takes the three nanosecond times as strings only:
                 // read again with those given as numbers made strings.
+                let bytes = without_byte_order_mark(bytes);
                 let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
                     return Err(first.into());
                 };

@@ -23,7 +23,7 @@ use serde::Serialize;
 use std::collections::hash_map::Entry;
 
 use crate::config::Config;
-use crate::contract::event::{printable, Event, EventBody, Outcome};
+use crate::contract::event::{printable, without_byte_order_mark, Event, EventBody, Outcome};
 use crate::contract::output::Output;
 use crate::engine::detectors::{DetectorKind, DETECTOR_COUNT};
 use crate::engine::levels::Level;
@@ -74,7 +74,8 @@ impl Outcomes {
                 line: i as u64 + 1,
                 reason,
             };
-            let parsed: Line = serde_json::from_slice(&line).map_err(|e| bad(e.to_string()))?;
+            let parsed: Line = serde_json::from_slice(without_byte_order_mark(&line))
+                .map_err(|e| bad(e.to_string()))?;
             let outcome = Outcome::parse(&parsed.outcome)
                 .ok_or_else(|| bad(format!("unknown outcome \"{}\"", parsed.outcome)))?;
             let line = i as u64 + 1;
@@ -726,6 +727,10 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("line 2") && e.contains("column"), "{e}");
+        // A file a Windows tool wrote as "UTF-8" starts with a byte order mark: read.
+        let marked = "\u{feff}{\"session_id\": \"a\", \"outcome\": \"success\"}\n";
+        let read = Outcomes::read(&mut marked.as_bytes()).unwrap();
+        assert_eq!(read.get("a").map(|g| g.outcome), Some(Outcome::Success));
     }
 
     #[test]
