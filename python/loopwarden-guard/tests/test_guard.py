@@ -255,6 +255,28 @@ class GuardTest(unittest.TestCase):
         self.assertEqual(guard._termination_traces, {t: {t: None}, u: {"conv-x": None}})
         self.assertEqual(guard.watch(trace_id=u).terminated.event_id, "t-x2")
 
+    @unittest.skipUnless(hasattr(os, "fork"), "fork is POSIX's")
+    def test_a_forked_process_follows_the_verdicts_of_its_own_sessions(self):
+        # A pre-forking server or a worker pool forks after the guard started: fork
+        # copies only the forking thread, so the child's guard must start again.
+        ready, told = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its exit status says what it saw
+            try:
+                watch = self.guard.watch(session_id="s-forked")
+                os.write(told, b"watching")
+                stopped = eventually(lambda: watch.terminated, timeout=10)
+                hinted = watch.take_hint() is None and stopped.event_id == "t30"
+                os._exit(0 if hinted else 2)
+            except BaseException:
+                os._exit(1)
+        self.assertEqual(os.read(ready, 8), b"watching")
+        self.publish(TERMINATIONS, finding("terminated", "s-forked", "t30"))
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0, "the child's watch was not stopped")
+        # The parent's guard goes on as it was.
+        eventually(lambda: "t30" in read_ids(self.guard))
+
     def test_settings_out_of_range_are_refused_together(self):
         with self.assertRaises(ValueError) as raised:
             Guard(BROKERS, recent=-1, remember_terminations_secs=float("inf"), max_terminations=True)

@@ -20,7 +20,9 @@ timestamp; at most `max_terminations` of them), in this process or in one starte
 which has read them by the time `start` returns where the broker can look up times (an
 agent process restarted by a deploy or a crash resumes its sessions, and loopwarden does
 not publish a termination again: it drops a terminated session's events); a termination
-in `shadow` or `warn` mode stops nothing; a finding the guard cannot read (not JSON, no session) is logged and skipped,
+in `shadow` or `warn` mode stops nothing; a process forked from one whose guard runs
+(a pre-forking server, a worker pool) has a guard of its own, started again at its
+first use there (fork copies only the forking thread, not the guard's); a finding the guard cannot read (not JSON, no session) is logged and skipped,
 never raised into the agent.
 """
 
@@ -30,13 +32,32 @@ import collections
 import json
 import logging
 import math
+import os
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 log = logging.getLogger("loopwarden_guard")
+
+# The guards started in this process, for the hook that starts them again in a forked
+# child.
+_started: "weakref.WeakSet[Guard]" = weakref.WeakSet()
+# The consumers forks left behind: a child must neither use nor destroy its parent's
+# librdkafka handle (destroying it waits for threads the child does not have), so each
+# is kept here, never collected.
+_left_by_fork: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    for guard in list(_started):
+        guard._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 DEFAULT_WARNING_TOPIC = "session.warning"
 DEFAULT_TERMINATED_TOPIC = "session.terminated"
@@ -128,6 +149,7 @@ class Watch:
 
         Once each across watches too: a warning whose hint one watch took is not given
         to the next watch of its session (a conversation's next run)."""
+        self._guard._ensure_running()
         with self._lock:
             if not self._hints:
                 return None
@@ -137,10 +159,12 @@ class Watch:
 
     @property
     def terminated(self) -> Finding | None:
+        self._guard._ensure_running()
         return self._terminated
 
     def check(self) -> None:
         """Raises `SessionTerminated` once the session is terminated."""
+        self._guard._ensure_running()
         if self._terminated is not None:
             raise SessionTerminated(self._terminated)
 
@@ -267,12 +291,18 @@ class Guard:
         self._thread: threading.Thread | None = None
         self._consumer = None
         self.error: BaseException | None = None
+        self._start_timeout = 10.0
+        # Set in a forked child whose parent's guard ran: it starts again at first use.
+        self._forked = False
+        self._restart_lock = threading.Lock()
 
     # Lifecycle -------------------------------------------------------------------
 
     def start(self, timeout: float = 10.0) -> "Guard":
         """Starts following; returns once every partition is assigned and the
         terminations of the last `remember_terminations_secs` are read."""
+        _started.add(self)
+        self._start_timeout = timeout
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="loopwarden-guard", daemon=True)
             self._thread.start()
@@ -289,6 +319,45 @@ class Guard:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+    def _after_fork(self) -> None:
+        """In a forked child (the one thread there): the parent's consumer thread did not
+        come along, so the guard starts again at its first use here; the locks a parent
+        thread may have held at the fork are made anew."""
+        if self._thread is None or self._stop.is_set():
+            return  # not started, or closed
+        if self._consumer is not None:
+            _left_by_fork.append(self._consumer)
+        self._lock = threading.Lock()
+        self._restart_lock = threading.Lock()
+        for w in self._watches:
+            w._lock = threading.Lock()
+        self._thread = None
+        self._consumer = None
+        self._ready = threading.Event()
+        self._backlog = {}
+        self.error = None
+        self._forked = True
+
+    def _ensure_running(self) -> None:
+        """Starts the guard again in a forked child, at its first use there: a pool's
+        worker that never watches a session never connects. Never raises into the agent:
+        a guard that cannot start is logged, and its sessions go unguarded until it does."""
+        if not self._forked:
+            return
+        with self._restart_lock:
+            if not self._forked:
+                return
+            self._forked = False
+            try:
+                self.start(self._start_timeout)
+                log.info("loopwarden guard: started again in forked process %d", os.getpid())
+            except Exception as e:
+                log.error(
+                    "loopwarden guard: not started again in forked process %d (%s); its sessions are unguarded until it is",
+                    os.getpid(),
+                    e,
+                )
 
     def __enter__(self) -> "Guard":
         return self.start()
@@ -307,6 +376,7 @@ class Guard:
         return w
 
     def _add_ids(self, w: Watch, session_id: str | None, trace_id: str | None) -> None:
+        self._ensure_running()
         with self._lock:
             if session_id:
                 w.session_ids.add(session_id)
