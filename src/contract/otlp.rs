@@ -49,6 +49,10 @@ pub mod attr {
     pub const GEN_AI_AGENT_NAME: &str = "gen_ai.agent.name";
     pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
     pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    /// The conventions' names for the two before v1.27 (deprecated, "replaced by
+    /// `gen_ai.usage.input_tokens`"), which instrumentations of that time still send.
+    pub const GEN_AI_USAGE_PROMPT_TOKENS: &str = "gen_ai.usage.prompt_tokens";
+    pub const GEN_AI_USAGE_COMPLETION_TOKENS: &str = "gen_ai.usage.completion_tokens";
     pub const GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
     pub const GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: &str =
         "gen_ai.usage.cache_creation.input_tokens";
@@ -95,6 +99,8 @@ pub mod attr {
         (GEN_AI_AGENT_NAME, "gen_ai"),
         (GEN_AI_USAGE_INPUT_TOKENS, "gen_ai"),
         (GEN_AI_USAGE_OUTPUT_TOKENS, "gen_ai"),
+        (GEN_AI_USAGE_PROMPT_TOKENS, "gen_ai"),
+        (GEN_AI_USAGE_COMPLETION_TOKENS, "gen_ai"),
         (GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "gen_ai"),
         (GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, "gen_ai"),
         (GEN_AI_REQUEST_MODEL, "gen_ai"),

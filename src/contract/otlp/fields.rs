@@ -94,10 +94,12 @@ pub(super) fn llm_fields(span: &Span) -> (Obj, Vec<Missing>) {
     let first = |keys: &[&str]| keys.iter().find_map(|k| count(a, k));
     let input = first(&[
         attr::GEN_AI_USAGE_INPUT_TOKENS,
+        attr::GEN_AI_USAGE_PROMPT_TOKENS,
         attr::LLM_TOKEN_COUNT_PROMPT,
     ]);
     let output = first(&[
         attr::GEN_AI_USAGE_OUTPUT_TOKENS,
+        attr::GEN_AI_USAGE_COMPLETION_TOKENS,
         attr::LLM_TOKEN_COUNT_COMPLETION,
     ]);
     if input.is_none() || output.is_none() {

@@ -145,6 +145,32 @@ fn chat_and_tool_spans_become_llm_and_tool_calls() {
 }
 
 #[test]
+fn token_counts_under_the_names_before_v1_27_are_read() {
+    // Instrumentations of that time send `gen_ai.usage.prompt_tokens` and
+    // `completion_tokens`; where a span carries both names, the current one wins.
+    let renamed = |sp: &mut Span| {
+        for kv in &mut sp.attributes {
+            kv.key = match kv.key.as_str() {
+                attr::GEN_AI_USAGE_INPUT_TOKENS => attr::GEN_AI_USAGE_PROMPT_TOKENS.into(),
+                attr::GEN_AI_USAGE_OUTPUT_TOKENS => attr::GEN_AI_USAGE_COMPLETION_TOKENS.into(),
+                _ => continue,
+            };
+        }
+    };
+    let mut old = chat(1, None, 1_000);
+    renamed(&mut old);
+    let mut both = chat(2, None, 2_000);
+    renamed(&mut both);
+    both.attributes.push(i(attr::GEN_AI_USAGE_INPUT_TOKENS, 7));
+    both.attributes.push(i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, 3));
+    let (ev, report) = events(&Mapper::default(), &request(vec![], vec![old, both]));
+    let tokens = |e: &serde_json::Value| (e["input_tokens"].as_u64(), e["output_tokens"].as_u64());
+    assert_eq!(tokens(&ev[0]), (Some(1200), Some(80)));
+    assert_eq!(tokens(&ev[1]), (Some(7), Some(3)));
+    assert!(report.uncaptured.is_empty(), "{:?}", report.uncaptured);
+}
+
+#[test]
 fn what_a_span_does_not_say_is_not_guessed() {
     let mut bare = chat(1, None, 1_000);
     bare.attributes
