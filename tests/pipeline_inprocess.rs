@@ -147,6 +147,19 @@ impl Cluster {
         );
     }
 
+    /// Runs instance `config` until the group has committed `committed` input events,
+    /// then stops it: its telemetry, for the metrics, and its stats.
+    fn run_until_committed(
+        &self,
+        config: Arc<Config>,
+        committed: usize,
+    ) -> (Arc<Telemetry>, RunStats) {
+        let telemetry = Arc::new(Telemetry::new());
+        let running = Running::observed(config, self.brokers(), telemetry.clone());
+        self.assert_committed(committed, "every event applied");
+        (telemetry, running.stop())
+    }
+
     fn read(&self, topic: &str, min: usize) -> Vec<OwnedMessage> {
         read_topic(
             &self.brokers(),
@@ -940,10 +953,7 @@ fn an_event_stamped_a_day_ahead_closes_no_other_session_of_its_partition() {
         beside > 0,
         "no steady session on the partition of the one ahead"
     );
-    let telemetry = Arc::new(Telemetry::new());
-    let running = Running::observed(config, cluster.brokers(), telemetry.clone());
-    cluster.assert_committed(events.len(), "every event applied");
-    let stats = running.stop();
+    let (telemetry, stats) = cluster.run_until_committed(config, events.len());
     assert_eq!(stats.events, events.len() as u64);
     let summaries = read_topic(
         &cluster.brokers(),
@@ -999,18 +1009,13 @@ fn a_straggler_after_a_completion_opens_no_session_even_on_the_instance_taking_o
     // z stays open: the changelog has a session to restore whatever else it holds.
     first.push(event("z", "z-1", "tool.called", now));
     cluster.produce(&first);
-    let telemetry = Arc::new(Telemetry::new());
-    let running = Running::observed(a, cluster.brokers(), telemetry.clone());
-    cluster.assert_committed(first.len(), "a applied its events");
-    let stats = running.stop();
+    let (telemetry, stats) = cluster.run_until_committed(a, first.len());
     assert_eq!(stats.events, first.len() as u64);
     assert_eq!(telemetry.metrics.events_after_completion.get(), 1);
     // B, same group, empty disk: y's marker comes back with the changelog.
     cluster.produce(&[straggler("y")]);
-    let telemetry = Arc::new(Telemetry::new());
-    let running = Running::observed(b, cluster.brokers(), telemetry.clone());
-    cluster.assert_committed(first.len() + 1, "b applied y's straggler");
-    let stats = running.stop();
+    // B applies y's straggler.
+    let (telemetry, stats) = cluster.run_until_committed(b, first.len() + 1);
     assert!(stats.restored_records > 0, "restored from the changelog");
     assert_eq!(
         telemetry.metrics.events_after_completion.get(),
@@ -1344,10 +1349,7 @@ fn two_tenants_sessions_under_one_id_are_counted_as_such() {
     // A session whose first events name no tenant, then one: no other tenant.
     events.extend((0..4).map(|i| event("2", (i > 1).then_some("acme"), i)));
     cluster.produce(&events);
-    let telemetry = Arc::new(Telemetry::new());
-    let running = Running::observed(config, cluster.brokers(), telemetry.clone());
-    cluster.assert_committed(events.len(), "every event applied");
-    let stats = running.stop();
+    let (telemetry, stats) = cluster.run_until_committed(config, events.len());
     assert_eq!(stats.events, events.len() as u64);
     assert_eq!(
         telemetry.metrics.other_tenant_events.get(),
@@ -1375,10 +1377,7 @@ fn a_terminated_session_that_goes_on_is_counted() {
     // 30 identical calls: terminated well before the last.
     let events: Vec<Vec<u8>> = (0..30).map(|i| call("looping", i)).collect();
     cluster.produce(&events);
-    let telemetry = Arc::new(Telemetry::new());
-    let running = Running::observed(config, cluster.brokers(), telemetry.clone());
-    cluster.assert_committed(events.len(), "every event applied");
-    let stats = running.stop();
+    let (telemetry, stats) = cluster.run_until_committed(config, events.len());
     assert_eq!(stats.events, events.len() as u64);
     let terminations: Vec<serde_json::Value> = (cluster.read(&cluster.topics.terminated, 1))
         .iter()
