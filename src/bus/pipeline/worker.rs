@@ -44,7 +44,7 @@ use crate::config::Config;
 use crate::contract::event::Event;
 use crate::contract::output::Output;
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
-use crate::engine::{clock_limit, stamped_ms, Engine, EventMeta};
+use crate::engine::{clock_limit, stamped_ms, Engine, EngineCounters, EventMeta};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{GroupMember, Telemetry, WriteWatch};
 
@@ -686,14 +686,7 @@ impl Worker {
             return;
         };
         let metrics = &self.telemetry.metrics;
-        let (late, after_completion, after_termination) = {
-            let c = p.engine.counters();
-            (
-                c.late_events,
-                c.after_completion,
-                c.dropped_after_termination,
-            )
-        };
+        let counted_before = p.engine.counters();
         let mut applied_any = false;
         // `direct` first: it comes after everything held, which is nothing then.
         while let Some((topic, held)) = direct.take().or_else(|| p.held.pop_ready(now)) {
@@ -754,19 +747,7 @@ impl Worker {
             return;
         }
         p.dirty = true;
-        let counters = p.engine.counters();
-        let late = counters.late_events - late;
-        if late > 0 {
-            metrics.late_events.inc_by(late);
-        }
-        let after_completion = counters.after_completion - after_completion;
-        if after_completion > 0 {
-            metrics.events_after_completion.inc_by(after_completion);
-        }
-        let after_termination = counters.dropped_after_termination - after_termination;
-        if after_termination > 0 {
-            metrics.events_after_termination.inc_by(after_termination);
-        }
+        add_counted_since(counted_before, p.engine.counters(), metrics);
         p.last_event_wall = now;
         p.clock_at_last_event = p.engine.watermark();
     }
@@ -1009,6 +990,26 @@ fn note_other_tenant_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMet
             count = n,
             "input event names another tenant than its session had: two tenants' sessions share this session_id and are judged as one (make session ids unique across tenants: prefix them with the tenant), or its producers name the session's tenant differently"
         );
+    }
+}
+
+/// Adds to the process-wide counters the events the engine counted from `before` to
+/// `now` that are not counted elsewhere (late, after a completion, after a termination).
+fn add_counted_since(before: EngineCounters, now: EngineCounters, metrics: &Metrics) {
+    for (counter, counted) in [
+        (&metrics.late_events, now.late_events - before.late_events),
+        (
+            &metrics.events_after_completion,
+            now.after_completion - before.after_completion,
+        ),
+        (
+            &metrics.events_after_termination,
+            now.dropped_after_termination - before.dropped_after_termination,
+        ),
+    ] {
+        if counted > 0 {
+            counter.inc_by(counted);
+        }
     }
 }
 
