@@ -7,7 +7,11 @@ LOOPWARDEN_GUARD_BROKERS, LOOPWARDEN_GUARD_WARNING_TOPIC, LOOPWARDEN_GUARD_TERMI
 
 import json
 import os
+import select
+import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 import unittest
@@ -17,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from confluent_kafka import Producer  # noqa: E402
 
 from loopwarden_guard import Guard, SessionTerminated  # noqa: E402
+from loopwarden_guard.guard import RESTART_AFTER_SECS  # noqa: E402
 
 BROKERS = os.environ["LOOPWARDEN_GUARD_BROKERS"]
 WARNINGS = os.environ["LOOPWARDEN_GUARD_WARNING_TOPIC"]
@@ -45,6 +50,19 @@ def read_ids(guard):
     """The event ids among `guard`'s recent findings, as its thread has them now."""
     with guard._lock:
         return {f.event_id for f in guard._recent}
+
+
+def exit_code(pid, timeout):
+    """The exit code of child `pid`, killed when it has not exited within `timeout` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "killed: did not exit in time"
 
 
 def eventually(check, timeout=15.0):
@@ -263,6 +281,7 @@ class GuardTest(unittest.TestCase):
         pid = os.fork()
         if pid == 0:  # the child: its exit status says what it saw
             try:
+                os.close(ready)
                 watch = self.guard.watch(session_id="s-forked")
                 os.write(told, b"watching")
                 stopped = eventually(lambda: watch.terminated, timeout=10)
@@ -270,12 +289,75 @@ class GuardTest(unittest.TestCase):
                 os._exit(0 if hinted else 2)
             except BaseException:
                 os._exit(1)
-        self.assertEqual(os.read(ready, 8), b"watching")
+        os.close(told)  # a child that dies before it writes: the read below ends
+        try:
+            self.assertTrue(select.select([ready], [], [], 30)[0], "the child never watched")
+            self.assertEqual(os.read(ready, 8), b"watching")
+        finally:
+            os.close(ready)
         self.publish(TERMINATIONS, finding("terminated", "s-forked", "t30"))
-        _, status = os.waitpid(pid, 0)
-        self.assertEqual(os.waitstatus_to_exitcode(status), 0, "the child's watch was not stopped")
+        self.assertEqual(exit_code(pid, 30), 0, "the child's watch was not stopped")
         # The parent's guard goes on as it was.
         eventually(lambda: "t30" in read_ids(self.guard))
+
+    @unittest.skipUnless(hasattr(os, "fork"), "fork is POSIX's")
+    def test_a_forked_child_exits_as_a_worker_does(self):
+        # A pre-forked server's worker ends with `sys.exit`: the interpreter's exit must
+        # not wait on the parent's consumer, whose threads the child does not have.
+        src = os.path.join(os.path.dirname(__file__), "..", "src")
+        script = textwrap.dedent(
+            f"""
+            import os, sys
+            sys.path.insert(0, {src!r})
+            from loopwarden_guard import Guard
+            guard = Guard({BROKERS!r}, warning_topic={WARNINGS!r}, terminated_topic={TERMINATIONS!r})
+            guard.start()
+            pid = os.fork()
+            if pid == 0:
+                guard.watch(session_id="s-exiting").check()
+                sys.exit(0)
+            _, status = os.waitpid(pid, 0)
+            guard.close()
+            sys.exit(os.waitstatus_to_exitcode(status))
+            """
+        )
+        done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+
+    @unittest.skipUnless(hasattr(os, "fork"), "fork is POSIX's")
+    def test_a_forked_childs_failed_start_is_tried_again_later_and_a_closed_one_never(self):
+        guard = Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS).start()
+        clock = [time.time()]
+        guard._clock = lambda: clock[0]
+
+        def in_child(steps):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os._exit(0 if steps() else 2)
+                except BaseException:
+                    os._exit(1)
+            return exit_code(pid, 60)
+
+        def failed_then_retried():
+            guard.topics[1] = "no-such-topic-xyz"  # the child's first start fails
+            w = guard.watch(session_id="s-retry")  # logged, not raised
+            failed = guard._forked and guard._thread is None
+            guard.topics[1] = TERMINATIONS
+            w.check()  # too soon: not tried
+            waited = guard._thread is None
+            clock[0] += RESTART_AFTER_SECS
+            w.check()
+            return failed and waited and not guard._forked and guard._ready.is_set()
+
+        def closed_before_use():
+            guard.close()
+            guard.watch(session_id="s-closed").check()
+            return guard._thread is None
+
+        self.assertEqual(in_child(failed_then_retried), 0)
+        self.assertEqual(in_child(closed_before_use), 0)
+        guard.close()
 
     def test_settings_out_of_range_are_refused_together(self):
         with self.assertRaises(ValueError) as raised:

@@ -29,6 +29,7 @@ never raised into the agent.
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import logging
 import math
@@ -45,10 +46,15 @@ log = logging.getLogger("loopwarden_guard")
 # The guards started in this process, for the hook that starts them again in a forked
 # child.
 _started: "weakref.WeakSet[Guard]" = weakref.WeakSet()
-# The consumers forks left behind: a child must neither use nor destroy its parent's
-# librdkafka handle (destroying it waits for threads the child does not have), so each
-# is kept here, never collected.
-_left_by_fork: list[Any] = []
+#: How long a forked child waits before it tries again to start a guard that failed to.
+RESTART_AFTER_SECS = 30.0
+
+
+def _never_free(handle: Any) -> None:
+    """Keeps a parent's librdkafka handle alive in a forked child for good: destroying it
+    waits for threads the child does not have (it hangs, or asserts), and a reference
+    held by a module is dropped when the interpreter exits (a worker's `sys.exit`)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
 
 
 def _after_fork_in_child() -> None:
@@ -257,10 +263,6 @@ class Guard:
             # Never committed: a group id is only what librdkafka asks for.
             "group.id": f"loopwarden-guard-{uuid.uuid4()}",
             "enable.auto.commit": False,
-            # A start the log no longer holds (retention moved past it between the
-            # look-up and the fetch, a topic made again): its oldest, not its end, so no
-            # termination is skipped (those read back are filtered by age).
-            "auto.offset.reset": "earliest",
             # Verdicts are latency-sensitive: a fetch does not sit for 500 ms.
             "fetch.wait.max.ms": 20,
             "isolation.level": "read_committed",
@@ -292,8 +294,10 @@ class Guard:
         self._consumer = None
         self.error: BaseException | None = None
         self._start_timeout = 10.0
-        # Set in a forked child whose parent's guard ran: it starts again at first use.
+        # Set in a forked child whose parent's guard ran: it starts again at first use
+        # (not before `_restart_at`, after a start that failed).
         self._forked = False
+        self._restart_at = 0.0
         self._restart_lock = threading.Lock()
 
     # Lifecycle -------------------------------------------------------------------
@@ -317,47 +321,67 @@ class Guard:
 
     def close(self) -> None:
         self._stop.set()
+        self._forked = False
         if self._thread is not None:
             self._thread.join(timeout=5)
 
     def _after_fork(self) -> None:
         """In a forked child (the one thread there): the parent's consumer thread did not
-        come along, so the guard starts again at its first use here; the locks a parent
-        thread may have held at the fork are made anew."""
-        if self._thread is None or self._stop.is_set():
-            return  # not started, or closed
-        if self._consumer is not None:
-            _left_by_fork.append(self._consumer)
+        come along, so the guard starts again at its first use here. What a parent thread
+        may have held or been half-way through at the fork is made anew: the locks, the
+        stop event, the ids seen (a finding seen but not yet remembered would be taken
+        for a copy when read back)."""
+        stopped = self._stop.is_set()
+        self._stop = threading.Event()
+        if stopped:
+            self._stop.set()
         self._lock = threading.Lock()
         self._restart_lock = threading.Lock()
         for w in self._watches:
             w._lock = threading.Lock()
+        if self._thread is None or stopped:
+            return  # not started, or closed
+        if self._consumer is not None:
+            _never_free(self._consumer)
+        self._seen = collections.OrderedDict()
+        self._reset_consumer()
+        self._forked = True
+
+    def _reset_consumer(self) -> None:
         self._thread = None
         self._consumer = None
         self._ready = threading.Event()
         self._backlog = {}
         self.error = None
-        self._forked = True
 
     def _ensure_running(self) -> None:
-        """Starts the guard again in a forked child, at its first use there: a pool's
-        worker that never watches a session never connects. Never raises into the agent:
-        a guard that cannot start is logged, and its sessions go unguarded until it does."""
-        if not self._forked:
+        """Starts the guard again in a forked child, at its first use there (a pool's
+        worker that never watches a session never connects); other threads wait for it.
+        Never raises into the agent: a start that fails is logged, its sessions go
+        unguarded, and it is tried again at a use `RESTART_AFTER_SECS` later."""
+        if not self._forked or self._clock() < self._restart_at:
             return
         with self._restart_lock:
-            if not self._forked:
+            if not self._forked or self._clock() < self._restart_at:
                 return
-            self._forked = False
             try:
                 self.start(self._start_timeout)
                 log.info("loopwarden guard: started again in forked process %d", os.getpid())
+            except TimeoutError as e:
+                # Its thread goes on, and is ready when it is.
+                log.warning("loopwarden guard: forked process %d: %s", os.getpid(), e)
             except Exception as e:
                 log.error(
-                    "loopwarden guard: not started again in forked process %d (%s); its sessions are unguarded until it is",
+                    "loopwarden guard: not started again in forked process %d (%s); its sessions are unguarded "
+                    "until a try %g s from now",
                     os.getpid(),
                     e,
+                    RESTART_AFTER_SECS,
                 )
+                self._reset_consumer()
+                self._restart_at = self._clock() + RESTART_AFTER_SECS
+                return
+            self._forked = False
 
     def __enter__(self) -> "Guard":
         return self.start()
