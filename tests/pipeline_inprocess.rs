@@ -1361,7 +1361,8 @@ fn two_tenants_sessions_under_one_id_are_counted_as_such() {
 #[test]
 fn a_terminated_session_that_goes_on_is_counted() {
     // A runtime whose kill path did not act: the session's events after its termination
-    // are dropped, and counted so that the operator sees the loop go on.
+    // are dropped, and the session counted so that the operator sees the loop go on;
+    // one whose runtime stopped it (a call in flight, then its completion) is not.
     let cluster = Cluster::start();
     let config = cluster.config("a", "");
     let now = loopwarden::contract::event::wall_ms();
@@ -1374,8 +1375,18 @@ fn a_terminated_session_that_goes_on_is_counted() {
         .to_string()
         .into_bytes()
     };
-    // 30 identical calls: terminated well before the last.
-    let events: Vec<Vec<u8>> = (0..30).map(|i| call("looping", i)).collect();
+    // 30 identical calls: terminated well before the last; and 12, then a completion.
+    let mut events: Vec<Vec<u8>> = (0..30).map(|i| call("looping", i)).collect();
+    events.extend((0..12).map(|i| call("stopped", i)));
+    events.push(
+        serde_json::json!({
+            "type": "session.completed", "session_id": "stopped", "event_id": "stopped-done",
+            "timestamp": loopwarden::contract::event::format_rfc3339_ms(now + 1200),
+            "stop_reason": "cancelled",
+        })
+        .to_string()
+        .into_bytes(),
+    );
     cluster.produce(&events);
     let (telemetry, stats) = cluster.run_until_committed(config, events.len());
     assert_eq!(stats.events, events.len() as u64);
@@ -1383,16 +1394,22 @@ fn a_terminated_session_that_goes_on_is_counted() {
         .iter()
         .map(|m| serde_json::from_slice(rdkafka::Message::payload(m).unwrap()).unwrap())
         .collect();
-    let [termination] = terminations.as_slice() else {
-        panic!("one termination: {terminations:?}");
+    let trigger = |session: &str| -> i64 {
+        let t = terminations.iter().find(|t| t["session_id"] == session);
+        let id = t.unwrap_or_else(|| panic!("{session} terminated: {terminations:?}"));
+        id["trigger"]["event_id"].as_str().unwrap()[session.len() + 1..]
+            .parse()
+            .unwrap()
     };
-    let at: i64 = termination["trigger"]["event_id"].as_str().unwrap()["looping-".len()..]
-        .parse()
-        .unwrap();
-    assert!(at < 20, "terminated at the {at}th call");
+    let (looping, stopped) = (trigger("looping"), trigger("stopped"));
+    assert!(looping < 20, "looping terminated at its {looping}th call");
+    assert!(
+        11 - stopped < 8,
+        "stopped terminated at its {stopped}th call"
+    );
     assert_eq!(
-        telemetry.metrics.events_after_termination.get(),
-        (29 - at) as u64,
-        "every event after the one that terminated it"
+        telemetry.metrics.sessions_unstopped.get(),
+        1,
+        "the session that went on, not the one that stopped"
     );
 }

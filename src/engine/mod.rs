@@ -323,9 +323,10 @@ impl Engine {
         self.other_tenant_was.take()
     }
 
-    /// Set by the event of a terminated session that is its 1st, 2nd, 4th, 8th… since
-    /// the termination ([`SessionState::unheeded_termination`]), once: for the log that
-    /// tells the runtime did not stop it.
+    /// Set by the event of a terminated session that is its
+    /// [`UNSTOPPED_AFTER`](crate::engine::state::UNSTOPPED_AFTER)th since
+    /// the termination or a later power of two ([`SessionState::unheeded_termination`]),
+    /// once: for the metric and the log that tell the runtime did not stop it.
     pub fn take_unheeded_termination(&mut self) -> Option<UnheededTermination> {
         self.unheeded.take()
     }
@@ -607,7 +608,8 @@ impl Engine {
         let other_tenant_was = if slot.state.is_tombstone() {
             self.counters.dropped_after_termination += 1;
             let was = slot.state.drop_after_termination(event.tenant.as_deref());
-            self.unheeded = slot.state.unheeded_termination(event_ms);
+            let completes = completion.is_some();
+            self.unheeded = slot.state.unheeded_termination(event_ms, completes);
             was
         } else {
             apply(&mut self.work, slot, event, meta, event_ms, out)

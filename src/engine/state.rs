@@ -198,6 +198,13 @@ pub struct SessionState {
     pub termination: Option<Termination>,
 }
 
+/// The events after its termination from which a session was not stopped by its runtime:
+/// one that stopped it may still report the calls in flight when the verdict reached it
+/// (the model call under way and the tool calls it asked for), and its own
+/// `session.completed`, which is not counted here; a loop that goes on passes this within
+/// as many of its steps.
+pub const UNSTOPPED_AFTER: u64 = 8;
+
 /// A terminated session still sending events ([`SessionState::unheeded_termination`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnheededTermination {
@@ -394,12 +401,18 @@ impl SessionState {
     }
 
     /// The termination of a session that goes on sending events, when the event just
-    /// dropped ([`SessionState::drop_after_termination`]), at `event_ms`, is its 1st, 2nd,
-    /// 4th, 8th… since: its runtime did not stop it. Counted in the state, so a restart
-    /// tells the same events.
-    pub fn unheeded_termination(&self, event_ms: i64) -> Option<UnheededTermination> {
+    /// dropped ([`SessionState::drop_after_termination`]), at `event_ms`, is its
+    /// [`UNSTOPPED_AFTER`]th since, or a later power of two: its runtime did not stop it.
+    /// Not when that event `completes` the session (a runtime that stopped it sends its
+    /// `session.completed`). Counted in the state, so a restart tells the same events.
+    pub fn unheeded_termination(
+        &self,
+        event_ms: i64,
+        completes: bool,
+    ) -> Option<UnheededTermination> {
         let events = self.stats.dropped_after_termination;
-        let t = self.termination.filter(|_| events.is_power_of_two())?;
+        let told = !completes && events >= UNSTOPPED_AFTER && events.is_power_of_two();
+        let t = self.termination.filter(|_| told)?;
         Some(UnheededTermination {
             events,
             detector: t.detector,

@@ -58,7 +58,8 @@ pub struct Metrics {
     /// Events of a session that had completed, stamped at or before its end and arriving
     /// within a minute of the stream's clock after it: dropped, not opened as a session.
     pub events_after_completion: IntCounter,
-    pub events_after_termination: IntCounter,
+    /// Terminated sessions that went on ([`crate::engine::state::UNSTOPPED_AFTER`]).
+    pub sessions_unstopped: IntCounter,
     /// Events that named another tenant than their session had.
     pub other_tenant_events: IntCounter,
     /// Times a partition's heads went on without an input topic that still claimed
@@ -185,9 +186,9 @@ const EVENTS_AFTER_COMPLETION: Family = Family {
     labels: &[],
 };
 
-const EVENTS_AFTER_TERMINATION: Family = Family {
-    name: "loopwarden_events_after_termination_total",
-    help: "Events of sessions terminated (enforce mode) before them: dropped. A session that goes on after its termination was not stopped by its runtime: its kill path did not act on session.terminated, or missed it.",
+const SESSIONS_UNSTOPPED: Family = Family {
+    name: "loopwarden_sessions_unstopped_total",
+    help: "Sessions terminated (enforce mode) whose events went on: 8 after the termination (session.completed aside), more than the calls in flight when it was published. Their runtime did not stop them: its kill path did not act on session.terminated, or missed it.",
     labels: &[],
 };
 
@@ -432,7 +433,7 @@ impl Metrics {
             late_events: r.counter(LATE_EVENTS),
             future_events: r.counter(FUTURE_EVENTS),
             events_after_completion: r.counter(EVENTS_AFTER_COMPLETION),
-            events_after_termination: r.counter(EVENTS_AFTER_TERMINATION),
+            sessions_unstopped: r.counter(SESSIONS_UNSTOPPED),
             other_tenant_events: r.counter(OTHER_TENANT_EVENTS),
             bad_events: r.counter_vec(BAD_EVENTS),
             events_miskeyed: r.counter_vec(EVENTS_MISKEYED),

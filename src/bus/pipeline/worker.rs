@@ -43,6 +43,7 @@ use crate::bus::kafka::settings::KafkaSettings;
 use crate::config::Config;
 use crate::contract::event::Event;
 use crate::contract::output::Output;
+use crate::engine::state::{UnheededTermination, UNSTOPPED_AFTER};
 use crate::engine::store::{SledStore, StateStore, StoreBatch, StoreError};
 use crate::engine::{clock_limit, stamped_ms, Engine, EngineCounters, EventMeta};
 use crate::shutdown::Shutdown;
@@ -723,7 +724,7 @@ impl Worker {
                         note_other_tenant_event(metrics, &event, &meta, &was);
                     }
                     if let Some(unheeded) = p.engine.take_unheeded_termination() {
-                        note_unheeded_termination(&event, &meta, unheeded);
+                        note_unheeded_termination(metrics, &event, &meta, unheeded);
                     }
                     self.scratch_sources.resize(self.scratch.len(), source);
                 }
@@ -994,17 +995,13 @@ fn note_other_tenant_event(metrics: &Metrics, event: &Event<'_>, meta: &EventMet
 }
 
 /// Adds to the process-wide counters the events the engine counted from `before` to
-/// `now` that are not counted elsewhere (late, after a completion, after a termination).
+/// `now` that are not counted elsewhere (late, after a completion).
 fn add_counted_since(before: EngineCounters, now: EngineCounters, metrics: &Metrics) {
     for (counter, counted) in [
         (&metrics.late_events, now.late_events - before.late_events),
         (
             &metrics.events_after_completion,
             now.after_completion - before.after_completion,
-        ),
-        (
-            &metrics.events_after_termination,
-            now.dropped_after_termination - before.dropped_after_termination,
         ),
     ] {
         if counted > 0 {
@@ -1013,16 +1010,20 @@ fn add_counted_since(before: EngineCounters, now: EngineCounters, metrics: &Metr
     }
 }
 
-/// Logs a terminated session's event that is its 1st, 2nd, 4th, 8th… since the
-/// termination: the runtime did not stop the session (its kill path did not act, or
-/// missed the verdict), which goes on unjudged, its spend unbounded (its events are
-/// dropped). Counted in `loopwarden_events_after_termination_total` with every such event.
+/// Counts (once, `loopwarden_sessions_unstopped_total`) and logs a terminated session's
+/// event that is its [`UNSTOPPED_AFTER`]th since the termination or a later power of two:
+/// the runtime did not stop the session (its kill path did not act, or missed the
+/// verdict), which goes on unjudged, its spend unbounded (its events are dropped).
 fn note_unheeded_termination(
+    metrics: &Metrics,
     event: &Event<'_>,
     meta: &EventMeta<'_>,
-    unheeded: crate::engine::state::UnheededTermination,
+    unheeded: UnheededTermination,
 ) {
     use crate::contract::event::printable;
+    if unheeded.events == UNSTOPPED_AFTER {
+        metrics.sessions_unstopped.inc();
+    }
     warn!(
         topic = meta.topic,
         partition = meta.partition,
