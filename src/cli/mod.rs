@@ -131,7 +131,7 @@ pub fn stdout_error(e: std::io::Error) -> anyhow::Error {
 /// past its start, a disk error): the driver reads a stream and does not know its name.
 pub fn drive_error(e: DriveError, input: &Path) -> anyhow::Error {
     match e {
-        DriveError::Read(_) => {
+        DriveError::Read { .. } => {
             let name = input_name(input);
             anyhow::Error::new(e).context(format!("cannot read {name}"))
         }

@@ -107,8 +107,18 @@ pub enum Step<'a> {
 /// Why a drive stopped early (fatal).
 #[derive(Debug, thiserror::Error)]
 pub enum DriveError {
-    #[error("reading input failed: {0}")]
-    Read(std::io::Error),
+    /// The input could not be read on past its line `lines` (a gzip stream cut short or
+    /// corrupt, a disk error): every line up to it was applied and its outputs handed on.
+    #[error(
+        "reading input failed after line {lines} (its lines up to there were applied): {source}"
+    )]
+    Read {
+        lines: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the drive's threads: {0}")]
+    Threads(std::io::Error),
     #[error("writing output failed: {0}")]
     Write(std::io::Error),
     #[error("line {line}: {reason} (stopping: --strict)")]
@@ -549,7 +559,7 @@ pub fn drive<S: Sink>(
                 .build()
         })
         .transpose()
-        .map_err(|e| DriveError::Read(std::io::Error::other(e)))?;
+        .map_err(|e| DriveError::Threads(std::io::Error::other(e)))?;
     let keep = options.ordered_outputs;
     let render = keep && options.render_json;
     let mut rounds = Rounds {
@@ -801,7 +811,8 @@ impl<S: Sink, F: FnMut(&[(Output, String)]) -> Result<(), DriveError>> Rounds<'_
             parsed = parsed_next;
         }
         self.handoff.emit()?;
-        read_error.map_or(Ok(()), |e| Err(DriveError::Read(e)))
+        let lines = prepare.read.lines;
+        read_error.map_or(Ok(()), |source| Err(DriveError::Read { lines, source }))
     }
 
     /// One round, overlapped on the pool: `current` applied (each worker its own
