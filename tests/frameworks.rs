@@ -121,6 +121,58 @@ fn langgraph_gets_the_hint_once_and_stops_on_termination() {
     framework("langgraph");
 }
 
+/// `tests/frameworks/traced_openllmetry.py` in LangGraph's virtualenv: a ReAct agent
+/// traced by OpenLLMetry (no loopwarden code in it), its spans as OTLP JSON; then
+/// `loopwarden replay` of them.
+fn openllmetry_langgraph(mode: &str) -> Vec<serde_json::Value> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let spans = dir.path().join("spans.jsonl");
+    let out = Command::new(framework_python("langgraph"))
+        .arg(manifest.join("tests/frameworks/traced_openllmetry.py"))
+        .arg(&spans)
+        .arg(mode)
+        .output()
+        .expect("run the traced agent");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{mode}: {said}");
+    let replayed = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .arg("replay")
+        .arg(&spans)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&replayed.stderr);
+    assert!(replayed.status.success(), "{mode}: {said}");
+    assert!(
+        said.contains("tool calls"),
+        "{mode}: not read as OTLP: {said}"
+    );
+    (String::from_utf8(replayed.stdout).unwrap().lines())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// OpenLLMetry's LangChain instrumentation writes LangChain's whole callback records as
+/// a tool call's arguments and result: the run's step and checkpoint ids and the call's
+/// id, new on every call. A stuck agent must still be seen calling the same tool with the
+/// same arguments and the same failure, and a healthy one not.
+#[test]
+fn langgraph_traced_by_openllmetry_is_judged_on_its_calls() {
+    let stuck = openllmetry_langgraph("stuck");
+    let stopped: Vec<&serde_json::Value> = (stuck.iter())
+        .filter(|o| o["type"] == "session.terminated")
+        .collect();
+    let [termination] = stopped.as_slice() else {
+        panic!("one termination: {stuck:?}");
+    };
+    assert_eq!(termination["detector"], "repeat", "{termination}");
+    let healthy = openllmetry_langgraph("healthy");
+    let findings: Vec<&serde_json::Value> = (healthy.iter())
+        .filter(|o| o["type"] != "session.summary")
+        .collect();
+    assert!(findings.is_empty(), "a healthy agent judged: {findings:?}");
+}
+
 /// What a scenario must come to.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Verdict {

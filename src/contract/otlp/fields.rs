@@ -302,8 +302,11 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
     let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT)
         .or_else(|| string(a, attr::OUTPUT_VALUE))
         .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::MESSAGE));
-    // LangChain's tool spans carry the whole `ToolMessage`, its id new on every call:
-    // the result is its content, and its status says whether the call failed.
+    // LangChain's tool spans may carry its callback handler's whole records (the run's
+    // step and checkpoint ids, the call's id: new on every call) and the whole
+    // `ToolMessage`: the arguments are the call's inputs, the result is the message's
+    // content, and its status says whether the call failed.
+    let args = args.map(langchain_tool_input);
     let (result, tool_message_failed) = match result.map(langchain_tool_message) {
         Some((r, failed)) => (Some(r), failed),
         None => (None, false),
@@ -316,7 +319,8 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
     // error streaks still judge it.
     let span_id = hex(&span.span_id);
     match args {
-        Some(args) => m.json_or_text("args", args, max_nesting),
+        Some(std::borrow::Cow::Borrowed(args)) => m.json_or_text("args", args, max_nesting),
+        Some(std::borrow::Cow::Owned(args)) => m.json_or_text("args", &args, max_nesting),
         None => {
             m.key("args");
             m.put(&json!({ UNCAPTURED: span_id }));
@@ -350,11 +354,99 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
     Some((m, captured))
 }
 
-/// A LangChain `ToolMessage` as its OpenInference span writes it
-/// (`{"type": "tool", "data": {"content": …, "status": …, "tool_call_id": …}}`): its
-/// content, and whether its status is `error`. Anything else is the result as it is.
+/// The keys of the records LangChain's callback handler gets for a tool call's start
+/// and end, which OpenLLMetry's LangChain instrumentation writes whole as the call's
+/// `gen_ai.tool.call.arguments` and `gen_ai.tool.call.result`.
+const LANGCHAIN_TOOL_START: &[&str] = &["input_str", "tags", "metadata", "inputs", "kwargs"];
+const LANGCHAIN_TOOL_END: &[&str] = &["output", "kwargs"];
+
+/// `text` as one of LangChain's callback records: an object of `keys` only, `required`
+/// among them.
+fn langchain_record(
+    text: &str,
+    keys: &[&str],
+    required: &str,
+) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let t = text.trim_ascii_start();
+    if !(t.starts_with('{') && t.contains(&format!("\"{required}\""))) {
+        return None;
+    }
+    match serde_json::from_str::<serde_json::Value>(t) {
+        Ok(serde_json::Value::Object(o))
+            if o.contains_key(required) && o.keys().all(|k| keys.contains(&k.as_str())) =>
+        {
+            Some(o)
+        }
+        _ => None,
+    }
+}
+
+/// A tool call's arguments as the call was made: where the span carries LangChain's whole
+/// `on_tool_start` record, its `inputs` (the arguments the model asked for), else its
+/// `input_str`. Anything else is the arguments as they are.
+pub(super) fn langchain_tool_input(args: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    let Some(mut record) = langchain_record(args, LANGCHAIN_TOOL_START, "input_str") else {
+        return Cow::Borrowed(args);
+    };
+    match (record.remove("inputs"), record.remove("input_str")) {
+        (Some(inputs @ serde_json::Value::Object(_)), _) => Cow::Owned(inputs.to_string()),
+        (_, Some(serde_json::Value::String(input))) => Cow::Owned(input),
+        _ => Cow::Borrowed(args),
+    }
+}
+
+/// A LangChain `ToolMessage`'s content, and whether its status is `error`: as its
+/// OpenInference span writes it (`{"type": "tool", "data": {…}}`) or as LangChain
+/// serializes it (`{"lc": 1, "type": "constructor", "id": […, "ToolMessage"], "kwargs":
+/// {…}}`); `None` for anything else.
+fn tool_message_content(
+    message: &mut serde_json::Map<String, serde_json::Value>,
+) -> Option<(String, bool)> {
+    let fields = match message.get("type").and_then(|v| v.as_str()) {
+        Some("tool") => "data",
+        Some("constructor")
+            if (message.get("id").and_then(|v| v.as_array()))
+                .and_then(|id| id.last())
+                .and_then(|v| v.as_str())
+                == Some("ToolMessage") =>
+        {
+            "kwargs"
+        }
+        _ => return None,
+    };
+    let Some(serde_json::Value::Object(mut fields)) = message.remove(fields) else {
+        return None;
+    };
+    let failed = fields.get("status").and_then(|v| v.as_str()) == Some("error");
+    match fields.remove("content")? {
+        serde_json::Value::String(c) => Some((c, failed)),
+        other => Some((other.to_string(), failed)),
+    }
+}
+
+/// A tool call's result as the tool gave it: a LangChain `ToolMessage`
+/// ([`tool_message_content`]) is its content and says whether the call failed, within
+/// LangChain's whole `on_tool_end` record (its `output`) or not. Anything else is the
+/// result as it is.
 pub(super) fn langchain_tool_message(result: &str) -> (std::borrow::Cow<'_, str>, bool) {
     use std::borrow::Cow;
+    if let Some(mut record) = langchain_record(result, LANGCHAIN_TOOL_END, "output") {
+        return match record.remove("output") {
+            Some(serde_json::Value::Object(mut output)) => {
+                match tool_message_content(&mut output) {
+                    Some((content, failed)) => (Cow::Owned(content), failed),
+                    None => (
+                        Cow::Owned(serde_json::Value::Object(output).to_string()),
+                        false,
+                    ),
+                }
+            }
+            Some(serde_json::Value::String(output)) => (Cow::Owned(output), false),
+            Some(other) => (Cow::Owned(other.to_string()), false),
+            None => (Cow::Borrowed(result), false),
+        };
+    }
     let t = result.trim_ascii_start();
     if !(t.starts_with('{') && t.contains("\"tool_call_id\"")) {
         return (Cow::Borrowed(result), false);
@@ -362,16 +454,8 @@ pub(super) fn langchain_tool_message(result: &str) -> (std::borrow::Cow<'_, str>
     let Ok(serde_json::Value::Object(mut o)) = serde_json::from_str::<serde_json::Value>(t) else {
         return (Cow::Borrowed(result), false);
     };
-    if o.get("type").and_then(|v| v.as_str()) != Some("tool") {
-        return (Cow::Borrowed(result), false);
-    }
-    let Some(serde_json::Value::Object(mut data)) = o.remove("data") else {
-        return (Cow::Borrowed(result), false);
-    };
-    let failed = data.get("status").and_then(|v| v.as_str()) == Some("error");
-    match data.remove("content") {
-        Some(serde_json::Value::String(c)) => (Cow::Owned(c), failed),
-        Some(other) => (Cow::Owned(other.to_string()), failed),
+    match tool_message_content(&mut o) {
+        Some((content, failed)) => (Cow::Owned(content), failed),
         None => (Cow::Borrowed(result), false),
     }
 }

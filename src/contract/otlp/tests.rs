@@ -382,6 +382,74 @@ fn a_langchain_tool_message_is_its_content() {
     );
 }
 
+/// OpenLLMetry's LangChain instrumentation writes LangChain's whole callback records as
+/// a tool call's arguments and result (as its 0.62 wrote them for a LangGraph agent): the
+/// graph's step and checkpoint ids and the call's id are new on every call, so two calls
+/// alike are told alike only by the inputs and the `ToolMessage`'s content.
+#[test]
+fn langchains_callback_records_are_the_calls_inputs_and_output() {
+    let call = |id: u8, step: u32, status: &str| {
+        let args = json!({
+            "input_str": "{'path': 'tests/'}", "tags": ["seq:step:1"],
+            "metadata": {"thread_id": "thread-7", "langgraph_step": step, "langgraph_node": "tools",
+                         "langgraph_checkpoint_ns": format!("tools:5796b8b6-dfaa-13c0-da39-c1cacc8bb8{id:02x}")},
+            "inputs": {"path": "tests/"},
+            "kwargs": {"color": "green", "name": null, "tool_call_id": format!("call_{id}")},
+        });
+        let result = json!({
+            "output": {"lc": 1, "type": "constructor", "id": ["langchain", "schema", "messages", "ToolMessage"],
+                       "kwargs": {"content": "FAILED test_x", "type": "tool", "name": "run_tests",
+                                  "tool_call_id": format!("call_{id}"), "status": status}},
+            "kwargs": {"tags": ["seq:step:1"], "color": "green", "name": "run_tests"},
+        });
+        span(
+            id,
+            None,
+            1_000 + u64::from(id),
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
+                s(attr::GEN_AI_TOOL_NAME, "run_tests"),
+                s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, &args.to_string()),
+                s(attr::GEN_AI_TOOL_CALL_RESULT, &result.to_string()),
+            ],
+        )
+    };
+    let (ev, report) = events(
+        &Mapper::default(),
+        &request(vec![], vec![call(1, 2, "success"), call(2, 4, "error")]),
+    );
+    assert!(report.uncaptured.is_empty(), "{:?}", report.uncaptured);
+    for e in &ev {
+        assert_eq!(
+            (&e["args"], &e["result"]),
+            (&json!({"path": "tests/"}), &json!("FAILED test_x"))
+        );
+    }
+    assert!(ev[0].get("is_error").is_none());
+    assert_eq!(ev[1]["is_error"], true);
+    // Without `inputs` (a tool given a string), the input as given; an output that is no
+    // message, as it is; anything else that merely shares a key, untouched.
+    let record =
+        r#"{"input_str": "tests/", "inputs": null, "tags": [], "metadata": {}, "kwargs": {}}"#;
+    assert_eq!(langchain_tool_input(record), "tests/");
+    assert_eq!(
+        langchain_tool_message(r#"{"output": "3 passed", "kwargs": {}}"#).0,
+        "3 passed"
+    );
+    assert_eq!(
+        langchain_tool_message(r#"{"output": {"passed": 3}, "kwargs": {}}"#).0,
+        r#"{"passed":3}"#
+    );
+    for own in [
+        r#"{"input_str": "a", "path": "b"}"#,
+        r#"{"inputs": {"p": 1}}"#,
+    ] {
+        assert_eq!(langchain_tool_input(own), own);
+    }
+    let own = r#"{"output": "x", "exit_code": 0}"#;
+    assert_eq!(langchain_tool_message(own).0, own);
+}
+
 /// The end of a trace's root agent run completes the session that is that trace; a
 /// nested agent's end, a conversation named by the agent (it may go on in another
 /// run) and the creation of an agent do not.

@@ -1,0 +1,85 @@
+"""LangGraph traced by OpenLLMetry (Traceloop's `opentelemetry-instrumentation-langchain`,
+content on, its defaults otherwise), with no loopwarden code in the agent: a ReAct agent
+on a scripted model, its spans written as OTLP JSON lines (as the Collector's file
+exporter writes them) for `loopwarden replay`.
+
+Usage: traced_openllmetry.py OUT.jsonl stuck|healthy
+  stuck:   12 turns, each the same `run_tests` call with the same failure
+  healthy: 8 turns, each `run_tests` on another file
+"""
+
+import base64
+import json
+import os
+import sys
+
+os.environ["TRACELOOP_TRACE_CONTENT"] = "true"
+
+from google.protobuf.json_format import MessageToDict  # noqa: E402
+from langchain_core.tools import tool  # noqa: E402
+from langchain_openai import ChatOpenAI  # noqa: E402
+from langgraph.prebuilt import create_react_agent  # noqa: E402
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
+from opentelemetry.instrumentation.langchain import LangchainInstrumentor  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_server  # noqa: E402
+
+out_path, mode = sys.argv[1], sys.argv[2]
+out = open(out_path, "w")
+
+
+def hex_ids(value):
+    """OTLP JSON writes trace and span ids as hex, where protobuf's JSON writes base64."""
+    if isinstance(value, dict):
+        return {
+            k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") else hex_ids(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [hex_ids(v) for v in value]
+    return value
+
+
+class Lines(SpanExporter):
+    """Each export as one line of OTLP JSON, encoded by the SDK's own OTLP encoder."""
+
+    def export(self, spans):
+        request = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+        out.write(json.dumps(hex_ids(request)) + "\n")
+        out.flush()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        out.close()
+
+
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(Lines()))
+trace.set_tracer_provider(provider)
+LangchainInstrumentor().instrument()
+
+if mode == "stuck":
+    steps = [{"text": "Running the tests again.", "tool_calls": [{"name": "run_tests", "arguments": {"path": "tests/"}}]}] * 12
+else:
+    steps = [
+        {"text": f"Checking part {i}.", "tool_calls": [{"name": "run_tests", "arguments": {"path": f"tests/test_{i}.py"}}]}
+        for i in range(8)
+    ]
+server = model_server.serve({"steps": steps + [{"text": "Done."}]})
+
+
+@tool
+def run_tests(path: str) -> str:
+    """Runs the tests under path."""
+    return "FAILED tests/test_a.py::test_x - AssertionError" if mode == "stuck" else f"{path}: 3 passed"
+
+
+llm = ChatOpenAI(model="scripted", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="x")
+agent = create_react_agent(llm, [run_tests])
+agent.invoke({"messages": [("user", "fix the bug")]}, config={"recursion_limit": 100})
+provider.shutdown()
+print(f"ok: {mode} agent traced")
