@@ -154,18 +154,29 @@ fn openllmetry_langgraph(mode: &str) -> Vec<serde_json::Value> {
 
 /// OpenLLMetry's LangChain instrumentation writes LangChain's whole callback records as
 /// a tool call's arguments and result: the run's step and checkpoint ids and the call's
-/// id, new on every call. A stuck agent must still be seen calling the same tool with the
-/// same arguments and the same failure, and a healthy one not.
+/// id, new on every call; and a tool that raised has no result, only the exception on its
+/// span. A stuck agent must still be seen calling the same tool with the same arguments
+/// and the same failure, either way, or meeting the same refusal whatever it tries, and
+/// a healthy one not.
 #[test]
 fn langgraph_traced_by_openllmetry_is_judged_on_its_calls() {
-    let stuck = openllmetry_langgraph("stuck");
-    let stopped: Vec<&serde_json::Value> = (stuck.iter())
-        .filter(|o| o["type"] == "session.terminated")
-        .collect();
-    let [termination] = stopped.as_slice() else {
-        panic!("one termination: {stuck:?}");
-    };
-    assert_eq!(termination["detector"], "repeat", "{termination}");
+    // The same failure as a result, and as an exception the graph hands back; every
+    // attempt refused the same way, known only by what each raised.
+    for (mode, detectors) in [
+        ("stuck", &["repeat"][..]),
+        ("raising", &["error_repeat"][..]),
+        ("rejected", &["same_error"][..]),
+    ] {
+        let outputs = openllmetry_langgraph(mode);
+        let stopped: Vec<&serde_json::Value> = (outputs.iter())
+            .filter(|o| o["type"] == "session.terminated")
+            .collect();
+        let [termination] = stopped.as_slice() else {
+            panic!("{mode}: one termination: {outputs:?}");
+        };
+        let detector = termination["detector"].as_str().unwrap_or_default();
+        assert!(detectors.contains(&detector), "{mode}: {termination}");
+    }
     let healthy = openllmetry_langgraph("healthy");
     let findings: Vec<&serde_json::Value> = (healthy.iter())
         .filter(|o| o["type"] != "session.summary")

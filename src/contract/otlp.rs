@@ -68,6 +68,9 @@ pub mod attr {
     pub const ERROR_TYPE: &str = "error.type";
     pub const SESSION_ID: &str = "session.id";
     pub const SERVICE_NAME: &str = "service.name";
+    /// On the `exception` span event ([`super::event::EXCEPTION`]).
+    pub const EXCEPTION_TYPE: &str = "exception.type";
+    pub const EXCEPTION_MESSAGE: &str = "exception.message";
     // OpenInference.
     pub const OPENINFERENCE_SPAN_KIND: &str = "openinference.span.kind";
     pub const LLM_TOKEN_COUNT_PROMPT: &str = "llm.token_count.prompt";
@@ -114,6 +117,8 @@ pub mod attr {
         (ERROR_TYPE, "otel"),
         (SESSION_ID, "otel"),
         (SERVICE_NAME, "otel"),
+        (EXCEPTION_TYPE, "otel"),
+        (EXCEPTION_MESSAGE, "otel"),
         (OPENINFERENCE_SPAN_KIND, "openinference"),
         (LLM_TOKEN_COUNT_PROMPT, "openinference"),
         (LLM_TOKEN_COUNT_COMPLETION, "openinference"),
@@ -154,6 +159,8 @@ pub mod event {
     pub const MESSAGE: &str = "message";
     pub const CONTENT: &str = "content";
     pub const FINISH_REASON: &str = "finish_reason";
+    /// The event an exception is recorded as (OpenTelemetry's general conventions).
+    pub const EXCEPTION: &str = "exception";
 }
 
 /// How OTLP traces are encoded on the bus (the Collector's Kafka exporter `encoding`).

@@ -4,7 +4,8 @@ must be a constant of the published packages, so a look-alike typed by hand fail
 
 - gen_ai: opentelemetry-semantic-conventions' GenAI attributes (and the values of
   gen_ai.operation.name);
-- otel: its general attributes (session.id, error.type, service.name);
+- otel: its general attributes (session.id, error.type, service.name, exception.type and
+  exception.message);
 - openinference: openinference-semantic-conventions (span, message and tool-call
   attributes, and the values of openinference.span.kind).
 
@@ -19,6 +20,7 @@ from opentelemetry.semconv._incubating.attributes import (
     session_attributes,
 )
 from opentelemetry.semconv.attributes import error_attributes as stable_error_attributes
+from opentelemetry.semconv.attributes import exception_attributes
 from opentelemetry.semconv.attributes import service_attributes
 
 from openinference.semconv.trace import (
@@ -41,7 +43,11 @@ def constants(*holders):
 known = {
     "gen_ai": constants(gen_ai_attributes),
     "otel": constants(
-        session_attributes, error_attributes, stable_error_attributes, service_attributes
+        session_attributes,
+        error_attributes,
+        stable_error_attributes,
+        exception_attributes,
+        service_attributes,
     ),
     "openinference": constants(SpanAttributes, MessageAttributes, ToolCallAttributes),
 }

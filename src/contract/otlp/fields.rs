@@ -299,17 +299,29 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
     let args = string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS)
         .or_else(|| string(a, attr::INPUT_VALUE))
         .or_else(|| event_string(span, event::GEN_AI_TOOL_MESSAGE, event::CONTENT));
+    let failed = span
+        .status
+        .as_ref()
+        .is_some_and(|s| s.code == StatusCode::Error as i32);
     let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT)
         .or_else(|| string(a, attr::OUTPUT_VALUE))
-        .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::MESSAGE));
+        .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::MESSAGE))
+        .map(std::borrow::Cow::Borrowed);
+    // A tool that raised has no result: what it raised is its answer (the exception
+    // OpenTelemetry records on the span, its type and message; not its stack trace,
+    // whose lines and addresses differ from build to build).
+    let result = result.or_else(|| failed.then(|| raised(span)).flatten());
     // LangChain's tool spans may carry its callback handler's whole records (the run's
     // step and checkpoint ids, the call's id: new on every call) and the whole
     // `ToolMessage`: the arguments are the call's inputs, the result is the message's
     // content, and its status says whether the call failed.
     let args = args.map(langchain_tool_input);
-    let (result, tool_message_failed) = match result.map(langchain_tool_message) {
-        Some((r, failed)) => (Some(r), failed),
-        None => (None, false),
+    let (result, tool_message_failed) = match result {
+        Some(std::borrow::Cow::Borrowed(r)) => {
+            let (r, failed) = langchain_tool_message(r);
+            (Some(r), failed)
+        }
+        owned => (owned, false),
     };
     let captured = args.is_some() && result.is_some();
     // Arguments and results are there only with content capture on. Without them two
@@ -337,10 +349,6 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
         m.str("call_id", id);
     }
     let error_type = string(a, attr::ERROR_TYPE);
-    let failed = span
-        .status
-        .as_ref()
-        .is_some_and(|s| s.code == StatusCode::Error as i32);
     if failed || error_type.is_some() || tool_message_failed {
         m.num("is_error", true);
     }
@@ -354,26 +362,41 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
     Some((m, captured))
 }
 
+/// What a failed span raised, from its last `exception` event: `type: message`.
+fn raised(span: &Span) -> Option<std::borrow::Cow<'_, str>> {
+    let e = span
+        .events
+        .iter()
+        .rev()
+        .find(|e| e.name == event::EXCEPTION)?;
+    let kind = string(&e.attributes, attr::EXCEPTION_TYPE);
+    let message = string(&e.attributes, attr::EXCEPTION_MESSAGE);
+    match (kind, message) {
+        (Some(k), Some(m)) => Some(std::borrow::Cow::Owned(format!("{k}: {m}"))),
+        (one, other) => one.or(other).map(std::borrow::Cow::Borrowed),
+    }
+}
+
 /// The keys of the records LangChain's callback handler gets for a tool call's start
 /// and end, which OpenLLMetry's LangChain instrumentation writes whole as the call's
 /// `gen_ai.tool.call.arguments` and `gen_ai.tool.call.result`.
 const LANGCHAIN_TOOL_START: &[&str] = &["input_str", "tags", "metadata", "inputs", "kwargs"];
 const LANGCHAIN_TOOL_END: &[&str] = &["output", "kwargs"];
 
-/// `text` as one of LangChain's callback records: an object of `keys` only, `required`
-/// among them.
+/// `text` as one of LangChain's callback records: an object of exactly `keys` (the
+/// handler writes them all, `null` where it has no value), the `quoted` key among them.
 fn langchain_record(
     text: &str,
     keys: &[&str],
-    required: &str,
+    quoted: &str,
 ) -> Option<serde_json::Map<String, serde_json::Value>> {
     let t = text.trim_ascii_start();
-    if !(t.starts_with('{') && t.contains(&format!("\"{required}\""))) {
+    if !(t.starts_with('{') && t.contains(quoted)) {
         return None;
     }
     match serde_json::from_str::<serde_json::Value>(t) {
         Ok(serde_json::Value::Object(o))
-            if o.contains_key(required) && o.keys().all(|k| keys.contains(&k.as_str())) =>
+            if o.len() == keys.len() && o.keys().all(|k| keys.contains(&k.as_str())) =>
         {
             Some(o)
         }
@@ -386,7 +409,7 @@ fn langchain_record(
 /// `input_str`. Anything else is the arguments as they are.
 pub(super) fn langchain_tool_input(args: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
-    let Some(mut record) = langchain_record(args, LANGCHAIN_TOOL_START, "input_str") else {
+    let Some(mut record) = langchain_record(args, LANGCHAIN_TOOL_START, "\"input_str\"") else {
         return Cow::Borrowed(args);
     };
     match (record.remove("inputs"), record.remove("input_str")) {
@@ -415,11 +438,11 @@ fn tool_message_content(
         }
         _ => return None,
     };
-    let Some(serde_json::Value::Object(mut fields)) = message.remove(fields) else {
-        return None;
-    };
+    // Taken only once it is a message with content: anything else stays whole.
+    let fields = message.get_mut(fields)?.as_object_mut()?;
+    let content = fields.remove("content")?;
     let failed = fields.get("status").and_then(|v| v.as_str()) == Some("error");
-    match fields.remove("content")? {
+    match content {
         serde_json::Value::String(c) => Some((c, failed)),
         other => Some((other.to_string(), failed)),
     }
@@ -431,7 +454,7 @@ fn tool_message_content(
 /// result as it is.
 pub(super) fn langchain_tool_message(result: &str) -> (std::borrow::Cow<'_, str>, bool) {
     use std::borrow::Cow;
-    if let Some(mut record) = langchain_record(result, LANGCHAIN_TOOL_END, "output") {
+    if let Some(mut record) = langchain_record(result, LANGCHAIN_TOOL_END, "\"output\"") {
         return match record.remove("output") {
             Some(serde_json::Value::Object(mut output)) => {
                 match tool_message_content(&mut output) {

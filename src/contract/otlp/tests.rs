@@ -440,14 +440,23 @@ fn langchains_callback_records_are_the_calls_inputs_and_output() {
         langchain_tool_message(r#"{"output": {"passed": 3}, "kwargs": {}}"#).0,
         r#"{"passed":3}"#
     );
+    // A tool's own arguments or result that merely share some of the keys: as they are.
     for own in [
         r#"{"input_str": "a", "path": "b"}"#,
         r#"{"inputs": {"p": 1}}"#,
+        r#"{"input_str": "a", "tags": ["x"]}"#,
     ] {
         assert_eq!(langchain_tool_input(own), own);
     }
-    let own = r#"{"output": "x", "exit_code": 0}"#;
-    assert_eq!(langchain_tool_message(own).0, own);
+    for own in [r#"{"output": "x", "exit_code": 0}"#, r#"{"output": "x"}"#] {
+        assert_eq!(langchain_tool_message(own).0, own);
+    }
+    // An output that looks like a message but holds no content: whole, not cut.
+    let running = r#"{"output": {"type": "tool", "data": {"status": "running"}}, "kwargs": {}}"#;
+    assert_eq!(
+        langchain_tool_message(running).0,
+        r#"{"data":{"status":"running"},"type":"tool"}"#
+    );
 }
 
 /// The end of a trace's root agent run completes the session that is that trace; a
@@ -546,6 +555,62 @@ fn failures_say_so() {
         (ev[1]["is_error"].clone(), ev[1]["error_kind"].clone()),
         (json!(true), json!("timeout"))
     );
+}
+
+/// A tool that raised has no result: what it raised, as OpenTelemetry records it on the
+/// span (the `exception` event), is its answer, so the same failure twice reads alike;
+/// the stack trace (its lines differ from build to build) is not part of it.
+#[test]
+fn a_tool_that_raised_answered_with_what_it_raised() {
+    let raising = |id: u8, trace: &str| {
+        let mut sp = span(
+            id,
+            None,
+            1_000 + u64::from(id),
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
+                s(attr::GEN_AI_TOOL_NAME, "run_tests"),
+                s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, r#"{"path": "tests/"}"#),
+            ],
+        );
+        sp.status = Some(Status {
+            code: StatusCode::Error as i32,
+            message: "no such directory".into(),
+        });
+        with_events(
+            sp,
+            &[(
+                event::EXCEPTION,
+                vec![
+                    s(attr::EXCEPTION_TYPE, "ValueError"),
+                    s(
+                        attr::EXCEPTION_MESSAGE,
+                        "no such directory: tests/ (errno 2)",
+                    ),
+                    s("exception.stacktrace", trace),
+                ],
+            )],
+        )
+    };
+    let mut silent = raising(3, "");
+    silent.events.clear();
+    let req = request(
+        vec![],
+        vec![raising(1, "line 1099"), raising(2, "line 1101"), silent],
+    );
+    let (ev, report) = events(&Mapper::default(), &req);
+    for e in &ev[..2] {
+        assert_eq!(
+            (&e["result"], &e["is_error"]),
+            (
+                &json!("ValueError: no such directory: tests/ (errno 2)"),
+                &json!(true)
+            )
+        );
+    }
+    // Raised without saying what: a failure of its own, as before.
+    assert_eq!(ev[2]["result_digest"], "0303030303030303");
+    assert_eq!(report.uncaptured.len(), 1, "{:?}", report.uncaptured);
 }
 
 #[test]
