@@ -12,48 +12,34 @@ Usage: traced_openllmetry.py OUT.jsonl stuck|raising|rejected|healthy
   healthy: 8 turns, each `run_tests` on another file
 """
 
-import base64
-import json
 import os
 import sys
 
 os.environ["TRACELOOP_TRACE_CONTENT"] = "true"
 
-from google.protobuf.json_format import MessageToDict  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
 from langgraph.prebuilt import ToolNode, create_react_agent  # noqa: E402
 from opentelemetry import trace  # noqa: E402
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
 from opentelemetry.instrumentation.langchain import LangchainInstrumentor  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "otlp"))
 import model_server  # noqa: E402
+from otlp_json import spans_json  # noqa: E402
 
 out_path, mode = sys.argv[1], sys.argv[2]
 out = open(out_path, "w")
-
-
-def hex_ids(value):
-    """OTLP JSON writes trace and span ids as hex, where protobuf's JSON writes base64."""
-    if isinstance(value, dict):
-        return {
-            k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") else hex_ids(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [hex_ids(v) for v in value]
-    return value
 
 
 class Lines(SpanExporter):
     """Each export as one line of OTLP JSON, encoded by the SDK's own OTLP encoder."""
 
     def export(self, spans):
-        request = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
-        out.write(json.dumps(hex_ids(request)) + "\n")
+        out.write(spans_json(spans) + "\n")
         out.flush()
         return SpanExportResult.SUCCESS
 

@@ -15,12 +15,10 @@ Usage: agent.py --conversation ID [--healthy N] [--loops N] [--style gen_ai|open
                 [--batch N] [--export-delay-ms MS]
 """
 import argparse
-import base64
 import json
 import os
 import time
 
-from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -35,6 +33,8 @@ from openinference.semconv.trace import (
     ToolCallAttributes,
 )
 
+from otlp_json import request_json
+
 
 class Requests(SpanExporter):
     """Encodes each export batch as the OTLP exporters do, and keeps it."""
@@ -48,18 +48,6 @@ class Requests(SpanExporter):
 
     def shutdown(self):
         pass
-
-
-def hex_ids(value):
-    """OTLP JSON writes trace and span ids as hex, where protobuf's JSON writes base64."""
-    if isinstance(value, dict):
-        return {
-            k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") else hex_ids(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [hex_ids(v) for v in value]
-    return value
 
 
 def output_messages(text, call_name, call_args):
@@ -176,8 +164,7 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 for r in keeper.requests:
-                    doc = hex_ids(MessageToDict(r, use_integers_for_enums=True))
-                    f.write(json.dumps(doc, separators=(",", ":")) + "\n")
+                    f.write(request_json(r) + "\n")
 
 
 if __name__ == "__main__":

@@ -382,6 +382,20 @@ fn a_langchain_tool_message_is_its_content() {
     );
 }
 
+/// A GenAI `run_tests` tool span (no session named: the trace's), with `args` and, when
+/// given, `result`.
+fn run_tests(id: u8, args: &str, result: Option<&str>) -> Span {
+    let mut attributes = vec![
+        s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
+        s(attr::GEN_AI_TOOL_NAME, "run_tests"),
+        s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, args),
+    ];
+    if let Some(result) = result {
+        attributes.push(s(attr::GEN_AI_TOOL_CALL_RESULT, result));
+    }
+    span(id, None, 1_000 + u64::from(id), attributes)
+}
+
 /// OpenLLMetry's LangChain instrumentation writes LangChain's whole callback records as
 /// a tool call's arguments and result (as its 0.62 wrote them for a LangGraph agent): the
 /// graph's step and checkpoint ids and the call's id are new on every call, so two calls
@@ -402,17 +416,7 @@ fn langchains_callback_records_are_the_calls_inputs_and_output() {
                                   "tool_call_id": format!("call_{id}"), "status": status}},
             "kwargs": {"tags": ["seq:step:1"], "color": "green", "name": "run_tests"},
         });
-        span(
-            id,
-            None,
-            1_000 + u64::from(id),
-            vec![
-                s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
-                s(attr::GEN_AI_TOOL_NAME, "run_tests"),
-                s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, &args.to_string()),
-                s(attr::GEN_AI_TOOL_CALL_RESULT, &result.to_string()),
-            ],
-        )
+        run_tests(id, &args.to_string(), Some(&result.to_string()))
     };
     let (ev, report) = events(
         &Mapper::default(),
@@ -563,16 +567,7 @@ fn failures_say_so() {
 #[test]
 fn a_tool_that_raised_answered_with_what_it_raised() {
     let raising = |id: u8, trace: &str| {
-        let mut sp = span(
-            id,
-            None,
-            1_000 + u64::from(id),
-            vec![
-                s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
-                s(attr::GEN_AI_TOOL_NAME, "run_tests"),
-                s(attr::GEN_AI_TOOL_CALL_ARGUMENTS, r#"{"path": "tests/"}"#),
-            ],
-        );
+        let mut sp = run_tests(id, r#"{"path": "tests/"}"#, None);
         sp.status = Some(Status {
             code: StatusCode::Error as i32,
             message: "no such directory".into(),
