@@ -84,8 +84,9 @@ pub struct EventMeta<'a> {
 pub struct EngineCounters {
     pub events: u64,
     pub duplicates: u64,
-    /// Events of sessions terminated (enforced) before them: dropped, and a sign that
-    /// the runtime did not stop the session.
+    /// Events of sessions terminated (enforced) before them: dropped. A runtime that
+    /// stopped the session may still report the calls in flight and its completion; more
+    /// is told ([`Engine::take_unheeded_termination`]).
     pub dropped_after_termination: u64,
     pub sessions_opened: u64,
     pub sessions_closed: u64,
