@@ -565,7 +565,7 @@ fn a_gzip_input_corrupt_past_its_start_is_an_error_that_names_it() {
             "{command}: {stderr}"
         );
         // How far it read, said: the lines before the corrupt block, applied.
-        let lines: u64 = (stderr.split("reading input failed after line ").nth(1))
+        let lines: u64 = (stderr.split("reading input failed after ").nth(1))
             .and_then(|rest| rest.split(' ').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("{command}: no line said: {stderr}"));

@@ -204,6 +204,8 @@ pub struct SessionState {
 /// `session.completed`, which is not counted here; a loop that goes on passes this within
 /// as many of its steps.
 pub const UNSTOPPED_AFTER: u64 = 8;
+// The metric counts a session at this event, told only at powers of two.
+const _: () = assert!(UNSTOPPED_AFTER.is_power_of_two());
 
 /// A terminated session still sending events ([`SessionState::unheeded_termination`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -309,8 +309,10 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
         .map(std::borrow::Cow::Borrowed);
     // A tool that raised has no result: what it raised is its answer (the exception
     // OpenTelemetry records on the span, its type and message; not its stack trace,
-    // whose lines and addresses differ from build to build).
-    let result = result.or_else(|| failed.then(|| raised(span)).flatten());
+    // whose lines and addresses differ from build to build). Only where the arguments
+    // were captured: instrumentations record exceptions whatever their content setting,
+    // and calls whose arguments are unknown cannot be told apart as attempts.
+    let result = result.or_else(|| (failed && args.is_some()).then(|| raised(span)).flatten());
     // LangChain's tool spans may carry its callback handler's whole records (the run's
     // step and checkpoint ids, the call's id: new on every call) and the whole
     // `ToolMessage`: the arguments are the call's inputs, the result is the message's
@@ -362,19 +364,21 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
     Some((m, captured))
 }
 
-/// What a failed span raised, from its last `exception` event: `type: message`.
+/// What a failed span raised, from its last `exception` event: `type: message`. Not
+/// an exception without a message (a cancellation, a bare timeout): a failure that says
+/// nothing tells no two causes apart.
 fn raised(span: &Span) -> Option<std::borrow::Cow<'_, str>> {
     let e = span
         .events
         .iter()
         .rev()
         .find(|e| e.name == event::EXCEPTION)?;
-    let kind = string(&e.attributes, attr::EXCEPTION_TYPE);
-    let message = string(&e.attributes, attr::EXCEPTION_MESSAGE);
-    match (kind, message) {
-        (Some(k), Some(m)) => Some(std::borrow::Cow::Owned(format!("{k}: {m}"))),
-        (one, other) => one.or(other).map(std::borrow::Cow::Borrowed),
-    }
+    let message =
+        string(&e.attributes, attr::EXCEPTION_MESSAGE).filter(|m| !m.trim().is_empty())?;
+    Some(match string(&e.attributes, attr::EXCEPTION_TYPE) {
+        Some(kind) => std::borrow::Cow::Owned(format!("{kind}: {message}")),
+        None => std::borrow::Cow::Borrowed(message),
+    })
 }
 
 /// The keys of the records LangChain's callback handler gets for a tool call's start

@@ -589,9 +589,25 @@ fn a_tool_that_raised_answered_with_what_it_raised() {
     };
     let mut silent = raising(3, "");
     silent.events.clear();
+    // Raised without words (a cancellation): no more than no event.
+    let mut bare = raising(4, "");
+    bare.events[0]
+        .attributes
+        .retain(|kv| kv.key != attr::EXCEPTION_MESSAGE);
+    // Without content capture: arguments unknown, so what it raised is not read either.
+    let mut blind = raising(5, "line 1099");
+    blind
+        .attributes
+        .retain(|kv| kv.key != attr::GEN_AI_TOOL_CALL_ARGUMENTS);
     let req = request(
         vec![],
-        vec![raising(1, "line 1099"), raising(2, "line 1101"), silent],
+        vec![
+            raising(1, "line 1099"),
+            raising(2, "line 1101"),
+            silent,
+            bare,
+            blind,
+        ],
     );
     let (ev, report) = events(&Mapper::default(), &req);
     for e in &ev[..2] {
@@ -605,7 +621,11 @@ fn a_tool_that_raised_answered_with_what_it_raised() {
     }
     // Raised without saying what: a failure of its own, as before.
     assert_eq!(ev[2]["result_digest"], "0303030303030303");
-    assert_eq!(report.uncaptured.len(), 1, "{:?}", report.uncaptured);
+    assert_eq!(ev[3]["result_digest"], "0404040404040404");
+    assert_eq!(ev[4]["result_digest"], "0505050505050505");
+    assert!(ev[2..].iter().all(|e| e["is_error"] == true));
+    let uncaptured: u64 = report.uncaptured.iter().map(|u| u.spans).sum();
+    assert_eq!(uncaptured, 3, "{:?}", report.uncaptured);
 }
 
 #[test]

@@ -107,11 +107,10 @@ pub enum Step<'a> {
 /// Why a drive stopped early (fatal).
 #[derive(Debug, thiserror::Error)]
 pub enum DriveError {
-    /// The input could not be read on past its line `lines` (a gzip stream cut short or
-    /// corrupt, a disk error): every line up to it was applied and its outputs handed on.
-    #[error(
-        "reading input failed after line {lines} (its lines up to there were applied): {source}"
-    )]
+    /// The input could not be read on past its `lines`th line of events (a gzip stream
+    /// cut short or corrupt, a disk error): every line up to it was applied and its
+    /// outputs handed on. An OTLP JSON file's lines of events are its spans' events.
+    #[error("reading input failed after {lines} lines of events, all applied: {source}")]
     Read {
         lines: u64,
         #[source]
