@@ -210,21 +210,23 @@ pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<ExportTraceServiceRequ
     }
     match encoding {
         Encoding::OtlpProto => Ok(ExportTraceServiceRequest::decode(bytes)?),
-        Encoding::OtlpJson => match decode_json(without_byte_order_mark(bytes)) {
-            Ok(request) => Ok(request),
-            Err(first) => {
-                // The generated decoder takes the three nanosecond times as strings only:
-                // read again with those given as numbers made strings.
-                let bytes = without_byte_order_mark(bytes);
-                let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
-                    return Err(first.into());
-                };
-                if !times_as_strings(&mut value) {
-                    return Err(first.into());
+        Encoding::OtlpJson => {
+            let bytes = without_byte_order_mark(bytes);
+            match decode_json(bytes) {
+                Ok(request) => Ok(request),
+                Err(first) => {
+                    // The generated decoder takes the three nanosecond times as strings
+                    // only: read again with those given as numbers made strings.
+                    let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+                        return Err(first.into());
+                    };
+                    if !times_as_strings(&mut value) {
+                        return Err(first.into());
+                    }
+                    decode_value(value).map_err(|_| first.into())
                 }
-                decode_value(value).map_err(|_| first.into())
             }
-        },
+        }
     }
 }
 

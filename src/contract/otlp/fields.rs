@@ -305,26 +305,22 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
         .is_some_and(|s| s.code == StatusCode::Error as i32);
     let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT)
         .or_else(|| string(a, attr::OUTPUT_VALUE))
-        .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::MESSAGE))
-        .map(std::borrow::Cow::Borrowed);
+        .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::MESSAGE));
+    // LangChain's tool spans may carry its callback handler's whole records (the run's
+    // step and checkpoint ids, the call's id: new on every call) and the whole
+    // `ToolMessage`: the arguments are the call's inputs, the result is the message's
+    // content, and its status says whether the call failed.
+    let (result, tool_message_failed) = match result.map(langchain_tool_message) {
+        Some((r, failed)) => (Some(r), failed),
+        None => (None, false),
+    };
     // A tool that raised has no result: what it raised is its answer (the exception
     // OpenTelemetry records on the span, its type and message; not its stack trace,
     // whose lines and addresses differ from build to build). Only where the arguments
     // were captured: instrumentations record exceptions whatever their content setting,
     // and calls whose arguments are unknown cannot be told apart as attempts.
     let result = result.or_else(|| (failed && args.is_some()).then(|| raised(span)).flatten());
-    // LangChain's tool spans may carry its callback handler's whole records (the run's
-    // step and checkpoint ids, the call's id: new on every call) and the whole
-    // `ToolMessage`: the arguments are the call's inputs, the result is the message's
-    // content, and its status says whether the call failed.
     let args = args.map(langchain_tool_input);
-    let (result, tool_message_failed) = match result {
-        Some(std::borrow::Cow::Borrowed(r)) => {
-            let (r, failed) = langchain_tool_message(r);
-            (Some(r), failed)
-        }
-        owned => (owned, false),
-    };
     let captured = args.is_some() && result.is_some();
     // Arguments and results are there only with content capture on. Without them two
     // calls cannot be told alike, so each is its own: arguments that name the span, and
@@ -333,8 +329,7 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
     // error streaks still judge it.
     let span_id = hex(&span.span_id);
     match args {
-        Some(std::borrow::Cow::Borrowed(args)) => m.json_or_text("args", args, max_nesting),
-        Some(std::borrow::Cow::Owned(args)) => m.json_or_text("args", &args, max_nesting),
+        Some(args) => m.json_or_text("args", &args, max_nesting),
         None => {
             m.key("args");
             m.put(&json!({ UNCAPTURED: span_id }));
@@ -342,8 +337,7 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
         }
     };
     match result {
-        Some(std::borrow::Cow::Borrowed(result)) => m.json_or_text("result", result, max_nesting),
-        Some(std::borrow::Cow::Owned(result)) => m.json_or_text("result", &result, max_nesting),
+        Some(result) => m.json_or_text("result", &result, max_nesting),
         None => m.str("result_digest", &span_id),
     };
     let call_id = string(a, attr::GEN_AI_TOOL_CALL_ID).or_else(|| string(a, attr::TOOL_CALL_ID));
@@ -459,19 +453,17 @@ fn tool_message_content(
 pub(super) fn langchain_tool_message(result: &str) -> (std::borrow::Cow<'_, str>, bool) {
     use std::borrow::Cow;
     if let Some(mut record) = langchain_record(result, LANGCHAIN_TOOL_END, "\"output\"") {
-        return match record.remove("output") {
-            Some(serde_json::Value::Object(mut output)) => {
-                match tool_message_content(&mut output) {
-                    Some((content, failed)) => (Cow::Owned(content), failed),
-                    None => (
-                        Cow::Owned(serde_json::Value::Object(output).to_string()),
-                        false,
-                    ),
-                }
-            }
-            Some(serde_json::Value::String(output)) => (Cow::Owned(output), false),
-            Some(other) => (Cow::Owned(other.to_string()), false),
-            None => (Cow::Borrowed(result), false),
+        // A record holds all its keys: `output` is there.
+        return match record.remove("output").unwrap_or_default() {
+            serde_json::Value::Object(mut output) => match tool_message_content(&mut output) {
+                Some((content, failed)) => (Cow::Owned(content), failed),
+                None => (
+                    Cow::Owned(serde_json::Value::Object(output).to_string()),
+                    false,
+                ),
+            },
+            serde_json::Value::String(output) => (Cow::Owned(output), false),
+            other => (Cow::Owned(other.to_string()), false),
         };
     }
     let t = result.trim_ascii_start();
