@@ -123,7 +123,8 @@ fn langgraph_gets_the_hint_once_and_stops_on_termination() {
 
 /// `tests/frameworks/traced_openllmetry.py` in LangGraph's virtualenv: a ReAct agent
 /// traced by OpenLLMetry (no loopwarden code in it), its spans as OTLP JSON; then
-/// `loopwarden replay` of them.
+/// `loopwarden replay` of them, the session named by the attribute the README gives
+/// (`traceloop.association.properties.thread_id`): every output is thread `thread-<mode>`'s.
 fn openllmetry_langgraph(mode: &str) -> Vec<serde_json::Value> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
@@ -136,8 +137,16 @@ fn openllmetry_langgraph(mode: &str) -> Vec<serde_json::Value> {
         .expect("run the traced agent");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{mode}: {said}");
+    let config = dir.path().join("loopwarden.toml");
+    std::fs::write(
+        &config,
+        "[ingest.otlp]\nsession_attribute = \"traceloop.association.properties.thread_id\"\n",
+    )
+    .unwrap();
     let replayed = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
         .arg("replay")
+        .arg("--config")
+        .arg(&config)
         .arg(&spans)
         .output()
         .unwrap();
@@ -147,9 +156,18 @@ fn openllmetry_langgraph(mode: &str) -> Vec<serde_json::Value> {
         said.contains("tool calls"),
         "{mode}: not read as OTLP: {said}"
     );
-    (String::from_utf8(replayed.stdout).unwrap().lines())
+    let outputs: Vec<serde_json::Value> = (String::from_utf8(replayed.stdout).unwrap().lines())
         .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+        .collect();
+    let thread = format!("thread-{mode}");
+    let others: Vec<&serde_json::Value> = (outputs.iter())
+        .filter(|o| o["session_id"] != thread.as_str())
+        .collect();
+    assert!(
+        !outputs.is_empty() && others.is_empty(),
+        "{mode}: not all {thread}'s: {others:?}"
+    );
+    outputs
 }
 
 /// OpenLLMetry's LangChain instrumentation writes LangChain's whole callback records as

@@ -74,6 +74,8 @@ def run_tests(path: str) -> str:
 
 llm = ChatOpenAI(model="scripted", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="x")
 agent = create_react_agent(llm, ToolNode([run_tests], handle_tool_errors=True))
-agent.invoke({"messages": [("user", "fix the bug")]}, config={"recursion_limit": 100})
+# A LangGraph thread, as a checkpointed conversation names it.
+config = {"configurable": {"thread_id": f"thread-{mode}"}, "recursion_limit": 100}
+agent.invoke({"messages": [("user", "fix the bug")]}, config=config)
 provider.shutdown()
 print(f"ok: {mode} agent traced")
