@@ -353,7 +353,7 @@ fn bench_engine(c: &mut Criterion) {
     // events and each event checked by the event parser, as `[ingest.otlp]` does before
     // publishing them; throughput in spans.
     let exports = as_trace_exports(&raw, 100);
-    let mapper = Mapper::default();
+    let mut mapper = Mapper::default();
     group.bench_function("otlp_ingest", |b| {
         let mut events = Vec::with_capacity(BATCH);
         let limits = ParseLimits::default();

@@ -1,5 +1,6 @@
 //! `loopwarden-guard`'s adapters in the real frameworks: pydantic-ai, Strands Agents, the
-//! OpenAI Agents SDK (with OpenInference) and LangGraph (with OpenInference), each in a
+//! OpenAI Agents SDK (with OpenInference), LangGraph (with OpenInference) and Google ADK
+//! (its model calls sent to the same scripted model by a model class of the test's), each in a
 //! virtualenv of its own with every package pinned (`scripts/framework-python`), driven
 //! by a scripted OpenAI-compatible model (`tests/frameworks/model_server.py`), against a
 //! real Kafka-protocol broker (Tansu). A stuck agent's tool publishes, as loopwarden
@@ -20,6 +21,10 @@
 //! loopwarden's termination on the bus (loopwarden's own share: both Kafka timestamps),
 //! and on to the guard reading it (`cargo test --release --test frameworks --
 //! --nocapture end_to_end` for a release build's numbers).
+//!
+//! And traced only (`..._is_judged_on_its_calls`): LangGraph traced by OpenLLMetry, and
+//! Google ADK by its own telemetry, each agent's spans written as OTLP JSON and replayed:
+//! the mapping must read each instrumentation's spans as the run they were.
 
 mod common;
 
@@ -121,6 +126,22 @@ fn langgraph_gets_the_hint_once_and_stops_on_termination() {
     framework("langgraph");
 }
 
+#[test]
+fn google_adk_gets_the_hint_once_and_stops_on_termination() {
+    framework("google-adk");
+}
+
+/// As for pydantic-ai: a session terminated while no guard ran is stopped before the
+/// resumed run's first model call, the run ending with the stop message.
+#[test]
+fn google_adk_stops_a_resumed_run_terminated_while_no_guard_ran() {
+    framework_says(
+        "google-adk",
+        &["resumed"],
+        "ok: the resumed run stopped before its first model call",
+    );
+}
+
 /// `tests/frameworks/traced_openllmetry.py` in LangGraph's virtualenv: a ReAct agent
 /// traced by OpenLLMetry (no loopwarden code in it), its spans as OTLP JSON; then
 /// `loopwarden replay` of them, the session named by the attribute the README gives
@@ -200,6 +221,110 @@ fn langgraph_traced_by_openllmetry_is_judged_on_its_calls() {
         .filter(|o| o["type"] != "session.summary")
         .collect();
     assert!(findings.is_empty(), "a healthy agent judged: {findings:?}");
+}
+
+/// `tests/frameworks/traced_adk.py` in Google ADK's virtualenv: an agent traced by ADK's
+/// own telemetry (no loopwarden code in it), each span exported as it ends; then
+/// `loopwarden replay` of its spans. Returns the run's ADK session id and the outputs.
+fn adk(mode: &str) -> (String, Vec<serde_json::Value>) {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let spans = dir.path().join("spans.jsonl");
+    let out = Command::new(framework_python("google-adk"))
+        .arg(manifest.join("tests/frameworks/traced_adk.py"))
+        .arg(&spans)
+        .arg(mode)
+        .output()
+        .expect("run the traced agent");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{mode}: {said}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let session = (stdout.lines())
+        .find_map(|l| l.strip_prefix("session "))
+        .unwrap_or_else(|| panic!("{mode}: no session: {stdout}"))
+        .to_string();
+    let replayed = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .arg("replay")
+        .arg(&spans)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&replayed.stderr);
+    assert!(replayed.status.success(), "{mode}: {said}");
+    assert!(
+        said.contains("tool calls"),
+        "{mode}: not read as OTLP: {said}"
+    );
+    let outputs = (String::from_utf8(replayed.stdout).unwrap().lines())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (session, outputs)
+}
+
+/// The summaries among `outputs`, by session: (LLM calls, tool calls).
+fn summaries(outputs: &[serde_json::Value]) -> Vec<(String, u64, u64)> {
+    (outputs.iter())
+        .filter(|o| o["type"] == "session.summary")
+        .map(|o| {
+            let stats = &o["stats"];
+            (
+                o["session_id"].as_str().unwrap().to_string(),
+                stats["llm_calls"].as_u64().unwrap(),
+                stats["tool_calls"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Google ADK names the session (`gen_ai.conversation.id`) on its model calls and its
+/// agent's span, not on its tool calls, and the agent's span is exported after the run:
+/// a run must still be one session, its model calls and its tools together, judged on
+/// both; an agent called as a tool (`AgentTool`, a session of its own in the same trace)
+/// another session, holding its own calls and no others. Its content comes on spans
+/// with `SPAN_ONLY` (schema 2, its default), or in ADK's own attributes (schema 1), where
+/// "{}" stands for content not captured and must not make every call alike.
+#[test]
+fn google_adk_traced_by_its_own_telemetry_is_judged_on_its_calls() {
+    for mode in ["stuck", "schema1"] {
+        let (session, outputs) = adk(mode);
+        let stopped: Vec<&serde_json::Value> = (outputs.iter())
+            .filter(|o| o["type"] == "session.terminated")
+            .collect();
+        let [termination] = stopped.as_slice() else {
+            panic!("{mode}: one termination: {outputs:?}");
+        };
+        assert_eq!(termination["detector"], "repeat", "{mode}: {termination}");
+        assert_eq!(termination["session_id"], session.as_str(), "{mode}");
+        assert_eq!(
+            summaries(&outputs),
+            [(session.clone(), 6, 6)],
+            "{mode}: one session, its model calls and tools together up to the kill"
+        );
+    }
+    for (mode, llm_calls, tool_calls) in [("healthy", 9, 8), ("uncaptured", 13, 12)] {
+        let (session, outputs) = adk(mode);
+        let findings: Vec<&serde_json::Value> = (outputs.iter())
+            .filter(|o| o["type"] != "session.summary")
+            .collect();
+        assert!(findings.is_empty(), "{mode}: judged: {findings:?}");
+        assert_eq!(
+            summaries(&outputs),
+            [(session, llm_calls, tool_calls)],
+            "{mode}"
+        );
+    }
+    let (session, outputs) = adk("delegating");
+    let mut sessions = summaries(&outputs);
+    sessions.sort_by_key(|(s, ..)| s != &session);
+    // The caller: 7 model calls and a last answer, 6 `run_tests` and the `helper` call;
+    // the helper: 3 model calls, 2 `lookup`s.
+    assert!(
+        matches!(sessions.as_slice(), [(caller, 8, 7), (helper, 3, 2)] if *caller == session && *helper != session && helper.len() != 32),
+        "{sessions:?}"
+    );
+    let findings: Vec<&serde_json::Value> = (outputs.iter())
+        .filter(|o| o["type"] != "session.summary")
+        .collect();
+    assert!(findings.is_empty(), "judged: {findings:?}");
 }
 
 /// What a scenario must come to.
@@ -444,6 +569,11 @@ fn strands_end_to_end() {
 #[test]
 fn openai_agents_end_to_end() {
     end_to_end("openai-agents");
+}
+
+#[test]
+fn google_adk_end_to_end() {
+    end_to_end("google-adk");
 }
 
 #[test]

@@ -138,11 +138,12 @@ fn a_looping_agent_is_stopped_from_its_traces_and_both_encodings_agree() {
         );
 
         // The protobuf exports (the SDK's own encoding) map to the same events, byte for
-        // byte, as the OTLP JSON lines.
-        let mapper = Mapper::default();
+        // byte, as the OTLP JSON lines (each read by a mapper of its own: what a mapper
+        // learns of a trace's sessions is kept for its later exports).
+        let (mut json_mapper, mut proto_mapper) = (Mapper::default(), Mapper::default());
         let (mut from_json, mut from_proto) = (Vec::new(), Vec::new());
         for line in std::fs::read_to_string(&json).unwrap().lines() {
-            mapper.map(
+            json_mapper.map(
                 &decode(line.as_bytes(), Encoding::OtlpJson).unwrap(),
                 &mut from_json,
             );
@@ -154,7 +155,7 @@ fn a_looping_agent_is_stopped_from_its_traces_and_both_encodings_agree() {
         files.sort();
         for f in files {
             let bytes = std::fs::read(f).unwrap();
-            mapper.map(
+            proto_mapper.map(
                 &decode(&bytes, Encoding::OtlpProto).unwrap(),
                 &mut from_proto,
             );

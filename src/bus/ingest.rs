@@ -52,10 +52,7 @@ impl OtlpIngest {
     /// by `session_attribute` after the standard attributes ([`session_attribute`]: the
     /// same for the bus ingest and for OTLP JSON files).
     pub fn mapper(session_attribute: Option<&str>, limits: &ParseLimits) -> Mapper {
-        Mapper {
-            session_attribute: session_attribute.map(str::to_string),
-            max_nesting: limits.max_nesting,
-        }
+        Mapper::new(session_attribute.map(str::to_string), limits.max_nesting)
     }
 
     /// Validates `[ingest]` against the Kafka settings it publishes into (and the spans

@@ -14,19 +14,23 @@
 //!   conventions, which Strands writes by default); the end of a trace's root agent span
 //!   completes its session.
 //!
-//! Guarantees: the mapping is a pure function of the request (the same request gives the
-//! same events, bytes included: the `event_id` is the span id, the time the span's end);
+//! Guarantees: the mapping is a function of the requests read, in order (the same
+//! exports in the same order give the same events, bytes included: the `event_id` is the
+//! span id, the time the span's end; a request's events depend on earlier requests only
+//! through the sessions their spans named, [`seen`]);
 //! a signal a span does not carry is not guessed (no token usage: the LLM call is still a
 //! step, with 0 tokens; no output messages: no `text` and no `tool_calls`; either is
 //! counted per service and scope in the report); what it makes is an event [`crate::contract::event::parse_event`] reads, but for
 //! what no mapping can mend (a session id over 256 bytes, an event over
-//! `engine.max_event_bytes`), which the ingest dead-letters and `replay` reports. What it
-//! cannot know from one request it does not invent: an agent's name, the session of a
-//! span without one of its own, the sub-agent depth and parent session come from
-//! ancestors found in the same request, and depth only when the chain to the trace's root
-//! is there.
+//! `engine.max_event_bytes`), which the ingest dead-letters and `replay` reports. What
+//! the spans do not say it does not invent: an agent's name, the sub-agent depth and
+//! parent session come from ancestors found in the same request, and depth only when the
+//! chain to the trace's root is there; the session of a span without one of its own and
+//! without an ancestor naming one is one its siblings, its children or its agent's other
+//! spans in its trace named ([`seen`]), else its trace.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value::Value, KeyValue};
@@ -39,6 +43,8 @@ use crate::engine::state::kept_label;
 
 mod fields;
 use fields::*;
+mod seen;
+use seen::{span_key, Named, SessionsSeen};
 
 /// The attribute names the mapping reads, by convention.
 pub mod attr {
@@ -91,6 +97,12 @@ pub mod attr {
     pub const INPUT_VALUE: &str = "input.value";
     pub const OUTPUT_VALUE: &str = "output.value";
     pub const AGENT_NAME: &str = "agent.name";
+    // Google ADK's own, on its tool spans in its telemetry schema 1 (ADK before 2.0, and
+    // 2.x opted in with `ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN=1`); "{}" where content
+    // capture is off. Held by no conventions package: `tests/frameworks.rs` holds them
+    // to a real ADK run.
+    pub const GCP_VERTEX_AGENT_TOOL_CALL_ARGS: &str = "gcp.vertex.agent.tool_call_args";
+    pub const GCP_VERTEX_AGENT_TOOL_RESPONSE: &str = "gcp.vertex.agent.tool_response";
 
     /// The convention each name belongs to, for the check against the published
     /// packages: `gen_ai` (OpenTelemetry's GenAI attributes), `otel` (its general ones),
@@ -474,7 +486,7 @@ struct Located<'r> {
     kind: Kind,
 }
 
-/// Maps trace exports to events.
+/// Maps trace exports to events, in the order they were read.
 #[derive(Debug, Clone)]
 pub struct Mapper {
     /// An attribute naming the session when neither `gen_ai.conversation.id` nor
@@ -483,21 +495,29 @@ pub struct Mapper {
     /// The event parser's nesting limit (`engine.max_nesting`): a captured argument or
     /// result embedded as JSON must stay within it one level down, inside the event.
     pub max_nesting: usize,
+    /// The sessions spans of earlier exports named, for spans that name none.
+    seen: SessionsSeen,
 }
 
 impl Default for Mapper {
     fn default() -> Mapper {
-        Mapper {
-            session_attribute: None,
-            max_nesting: crate::contract::event::DEFAULT_MAX_NESTING,
-        }
+        Mapper::new(None, crate::contract::event::DEFAULT_MAX_NESTING)
     }
 }
 
 impl Mapper {
-    /// Appends the events of `request` to `out`, in the order their spans ended.
+    pub fn new(session_attribute: Option<String>, max_nesting: usize) -> Mapper {
+        Mapper {
+            session_attribute,
+            max_nesting,
+            seen: SessionsSeen::default(),
+        }
+    }
+
+    /// Appends the events of `request` to `out`, in the order their spans ended; learns
+    /// the sessions its spans name, for later exports of their traces.
     pub fn map(
-        &self,
+        &mut self,
         request: &ExportTraceServiceRequest,
         out: &mut Vec<MappedEvent>,
     ) -> MapReport {
@@ -519,6 +539,7 @@ impl Mapper {
         }
         report.spans = spans.len() as u64;
         let ancestry = Ancestry::of(&spans, |attrs| self.session_named(attrs).is_some());
+        let sessions = self.sessions(&spans, &ancestry);
         let request_events = out.len();
         for (i, l) in spans.iter().enumerate() {
             if matches!(l.kind, Kind::Llm | Kind::Tool) && !valid_ids(l.span) {
@@ -558,7 +579,7 @@ impl Mapper {
                     let run = string(&l.span.attributes, attr::GEN_AI_OPERATION_NAME)
                         != Some("create_agent");
                     let is_trace =
-                        || self.session_of(&spans, &ancestry, i) == hex(&l.span.trace_id);
+                        || (sessions[i].as_ref()).is_none_or(|s| s.name() == hex(&l.span.trace_id));
                     if !run
                         || !l.span.parent_span_id.is_empty()
                         || !valid_ids(l.span)
@@ -574,57 +595,11 @@ impl Mapper {
                     continue;
                 }
             };
-            out.push(self.event(&spans, i, &ancestry, fields));
+            out.push(event(&spans, i, &ancestry, &sessions, fields));
         }
         // In the order the spans ended (ties: as they came), the order they happened in.
         out[request_events..].sort_by_key(|e| e.at_unix_nano);
         report
-    }
-
-    fn event(
-        &self,
-        spans: &[Located<'_>],
-        i: usize,
-        ancestry: &Ancestry,
-        fields: Obj,
-    ) -> MappedEvent {
-        let span = spans[i].span;
-        let session_id = self.session_of(spans, ancestry, i);
-        let mut event = fields;
-        event
-            .str("session_id", &session_id)
-            .str("event_id", &hex(&span.span_id))
-            .str("trace_id", &hex(&span.trace_id));
-        let at = span_time_unix_nano(span);
-        if let Some(at) = at {
-            event.str("timestamp", &format_rfc3339_ms((at / 1_000_000) as i64));
-        }
-        // The span's own agent attributes, else its nearest agent's (not one further up:
-        // a sub-agent's steps are the sub-agent's).
-        let agent = ancestry.agent[i];
-        let agent_id = agent_of(&span.attributes)
-            .or_else(|| agent.and_then(|a| agent_of(&spans[a].span.attributes)));
-        if let Some(agent_id) = agent_id {
-            event.str("agent_id", agent_id);
-        }
-        if ancestry.rooted[i] {
-            if let Some(depth) = ancestry.agents[i].checked_sub(1) {
-                event.num("depth", depth);
-            }
-        }
-        // The nearest agent above this event's own agent, if its session differs.
-        if let Some(parent_agent) = agent.and_then(|a| ancestry.parent_agent(a)) {
-            let parent_session = self.session_of(spans, ancestry, parent_agent);
-            if parent_session != session_id {
-                event.str("parent_session_id", &parent_session);
-            }
-        }
-        MappedEvent {
-            session_id,
-            json: event.finish(),
-            traceparent: format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id)),
-            at_unix_nano: at.unwrap_or(u64::MAX),
-        }
     }
 
     /// The session an attribute list names: `gen_ai.conversation.id`, `session.id` or the
@@ -636,14 +611,151 @@ impl Mapper {
             .find_map(|k| string(attrs, k).filter(|s| !s.is_empty()))
     }
 
-    /// The session of span `i`: named on the span, else on its nearest ancestor in the
-    /// request that names one, else on its resource; else its trace.
-    fn session_of(&self, spans: &[Located<'_>], ancestry: &Ancestry, i: usize) -> String {
+    /// The session span `i` or its export names for it: on the span, its nearest
+    /// ancestor in the request that names one, or its resource.
+    fn named_session<'a>(
+        &self,
+        spans: &[Located<'a>],
+        ancestry: &Ancestry,
+        i: usize,
+    ) -> Option<&'a str> {
         ancestry.named[i]
             .and_then(|n| self.session_named(&spans[n].span.attributes))
             .or_else(|| self.session_named(spans[i].resource))
-            .map_or_else(|| hex(&spans[i].span.trace_id), str::to_string)
     }
+
+    /// The session of each span (none: its trace's). Learns the sessions the request's
+    /// spans name (each under its parent, and under its trace and agent), then gives each
+    /// span that names none the session its siblings, its children, or its agent in its
+    /// trace named, in this request or an earlier one ([`seen`]).
+    fn sessions<'a>(
+        &mut self,
+        spans: &[Located<'a>],
+        ancestry: &Ancestry,
+    ) -> Vec<Option<Session<'a>>> {
+        let mut sessions: Vec<Option<Session<'a>>> = (0..spans.len())
+            .map(|i| self.named_session(spans, ancestry, i).map(Session::Named))
+            .collect();
+        for (i, l) in spans.iter().enumerate() {
+            if let Some(Session::Named(session)) = sessions[i] {
+                let parent = span_key(&l.span.trace_id, &l.span.parent_span_id);
+                let agent = agent_at(spans, ancestry, i);
+                self.seen.learn(&l.span.trace_id, agent, parent, session);
+            }
+        }
+        for (i, session) in sessions.iter_mut().enumerate() {
+            if session.is_none() {
+                *session = self.remembered(spans, ancestry, i).map(Session::Remembered);
+            }
+        }
+        sessions
+    }
+
+    /// The session span `i`, which names none, takes: its chain's (its topmost ancestor
+    /// in the request, itself or another that names none either), so its top's siblings',
+    /// else its top's children's (then the top's siblings are in it too: a framework's
+    /// span wrapping a model call), else its agent's in its trace if that named exactly
+    /// one. Not the trace's whatever the agent: a sub-agent with a session of its own
+    /// (ADK's `AgentTool`) makes its first tool call before its first model call's span
+    /// ends, and that call is not its caller's.
+    fn remembered(
+        &mut self,
+        spans: &[Located<'_>],
+        ancestry: &Ancestry,
+        i: usize,
+    ) -> Option<Arc<str>> {
+        let top = spans[ancestry.top[i]].span;
+        let parent = span_key(&top.trace_id, &top.parent_span_id);
+        let siblings = parent.as_ref().and_then(|p| self.seen.under(p));
+        if let Some(session) = siblings.and_then(Named::one) {
+            return Some(session.clone());
+        }
+        let children = span_key(&top.trace_id, &top.span_id);
+        let under = children.as_ref().and_then(|c| self.seen.under(c));
+        if let Some(session) = under.and_then(Named::one).cloned() {
+            if let (Some(parent), None) = (parent, siblings) {
+                self.seen.learn_under(parent, &session);
+            }
+            return Some(session);
+        }
+        let span = spans[i].span;
+        (self.seen)
+            .agent(&span.trace_id, agent_at(spans, ancestry, i))
+            .cloned()
+    }
+}
+
+/// The session a span is in: named on it, on its nearest ancestor in the request that
+/// names one, or on its resource; else the one earlier exports of its trace named for it
+/// ([`seen`]). None: its trace.
+enum Session<'a> {
+    Named(&'a str),
+    Remembered(Arc<str>),
+}
+
+impl Session<'_> {
+    fn name(&self) -> &str {
+        match self {
+            Session::Named(s) => s,
+            Session::Remembered(s) => s,
+        }
+    }
+}
+
+/// The session id of span `i`: its session's, else its trace id.
+fn session_of(spans: &[Located<'_>], sessions: &[Option<Session<'_>>], i: usize) -> String {
+    sessions[i]
+        .as_ref()
+        .map_or_else(|| hex(&spans[i].span.trace_id), |s| s.name().to_string())
+}
+
+fn event(
+    spans: &[Located<'_>],
+    i: usize,
+    ancestry: &Ancestry,
+    sessions: &[Option<Session<'_>>],
+    fields: Obj,
+) -> MappedEvent {
+    let span = spans[i].span;
+    let session_id = session_of(spans, sessions, i);
+    let mut event = fields;
+    event
+        .str("session_id", &session_id)
+        .str("event_id", &hex(&span.span_id))
+        .str("trace_id", &hex(&span.trace_id));
+    let at = span_time_unix_nano(span);
+    if let Some(at) = at {
+        event.str("timestamp", &format_rfc3339_ms((at / 1_000_000) as i64));
+    }
+    let agent = ancestry.agent[i];
+    if let Some(agent_id) = agent_at(spans, ancestry, i) {
+        event.str("agent_id", agent_id);
+    }
+    if ancestry.rooted[i] {
+        if let Some(depth) = ancestry.agents[i].checked_sub(1) {
+            event.num("depth", depth);
+        }
+    }
+    // The nearest agent above this event's own agent, if its session differs.
+    if let Some(parent_agent) = agent.and_then(|a| ancestry.parent_agent(a)) {
+        let parent_session = session_of(spans, sessions, parent_agent);
+        if parent_session != session_id {
+            event.str("parent_session_id", &parent_session);
+        }
+    }
+    MappedEvent {
+        session_id,
+        json: event.finish(),
+        traceparent: format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id)),
+        at_unix_nano: at.unwrap_or(u64::MAX),
+    }
+}
+
+/// The agent of span `i`: its own agent attributes, else its nearest agent's (not one
+/// further up: a sub-agent's steps are the sub-agent's).
+fn agent_at<'a>(spans: &[Located<'a>], ancestry: &Ancestry, i: usize) -> Option<&'a str> {
+    agent_of(&spans[i].span.attributes)
+        .or_else(|| ancestry.agent[i].and_then(|a| agent_of(&spans[a].span.attributes)))
 }
 
 /// A span's ids as OTLP requires them: a 16-byte trace id and an 8-byte span id, neither
@@ -667,6 +779,8 @@ struct Ancestry {
     agents: Vec<usize>,
     /// The chain reaches a span without a parent (the trace's root) inside the request.
     rooted: Vec<bool>,
+    /// The topmost ancestor in the request (itself, if its parent is not in it).
+    top: Vec<usize>,
 }
 
 impl Ancestry {
@@ -693,6 +807,7 @@ impl Ancestry {
             agent: vec![None; n],
             agents: vec![0; n],
             rooted: vec![false; n],
+            top: (0..n).collect(),
         };
         #[derive(Clone, Copy, PartialEq)]
         enum State {
@@ -721,9 +836,9 @@ impl Ancestry {
             };
             // Resolve from the top down.
             while let Some(x) = chain.pop() {
-                let (named, agent, agents, rooted) = match above {
-                    Some(p) => (a.named[p], a.agent[p], a.agents[p], a.rooted[p]),
-                    None => (None, None, 0, spans[x].span.parent_span_id.is_empty()),
+                let (named, agent, agents, rooted, top) = match above {
+                    Some(p) => (a.named[p], a.agent[p], a.agents[p], a.rooted[p], a.top[p]),
+                    None => (None, None, 0, spans[x].span.parent_span_id.is_empty(), x),
                 };
                 let is_agent = spans[x].kind == Kind::Agent;
                 a.named[x] = if names_session(&spans[x].span.attributes) {
@@ -734,6 +849,7 @@ impl Ancestry {
                 a.agent[x] = if is_agent { Some(x) } else { agent };
                 a.agents[x] = agents + usize::from(is_agent);
                 a.rooted[x] = rooted;
+                a.top[x] = top;
                 state[x] = State::Done;
                 above = Some(x);
             }

@@ -28,6 +28,8 @@ warnings.simplefilter("ignore")
 FRAMEWORK, SCENARIO = sys.argv[1], sys.argv[2]
 # What the README tells users to set, before the SDK and instrumentations load.
 os.environ.setdefault("OPENINFERENCE_HIDE_INPUT_MESSAGES", "true")
+if FRAMEWORK == "google-adk":
+    os.environ.setdefault("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
 
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
@@ -39,7 +41,10 @@ from loopwarden_guard import HINT_PREFIX, Guard, SessionTerminated  # noqa: E402
 from loopwarden_guard.exporter import span_processor, step_attributes_processor  # noqa: E402
 
 provider = TracerProvider(resource=Resource.create({"service.name": f"e2e-{FRAMEWORK}"}))
-provider.add_span_processor(step_attributes_processor())
+# Not for ADK: its own spans must do (its tool calls name no session; loopwarden's ingest
+# takes it from their siblings).
+if FRAMEWORK != "google-adk":
+    provider.add_span_processor(step_attributes_processor())
 provider.add_span_processor(
     span_processor(OTLPSpanExporter(endpoint=os.environ["LOOPWARDEN_OTLP_HTTP"] + "/v1/traces"))
 )
@@ -202,17 +207,45 @@ elif FRAMEWORK == "langgraph":
             agent.invoke({"messages": [("user", "fix the bug")]}, {"recursion_limit": 200})
     except SessionTerminated:
         stopped = True
+elif FRAMEWORK == "google-adk":
+    import asyncio
+
+    from adk_model import ServedModel, said
+    from google.adk.agents import LlmAgent
+    from google.adk.runners import InMemoryRunner
+    from google.genai import types
+    from loopwarden_guard.google_adk import LoopwardenPlugin
+
+    session = f"adk-{time.time_ns()}"
+    agent = LlmAgent(
+        name="fixer",
+        model=ServedModel(model="scripted", base_url=MODEL_URL),
+        tools=list(TOOLS.values()),
+        instruction="Fix the bug.",
+    )
+
+    async def run():
+        runner = InMemoryRunner(agent=agent, app_name="e2e", plugins=[LoopwardenPlugin(guard)])
+        await runner.session_service.create_session(app_name="e2e", user_id="user", session_id=session)
+        message = types.Content(role="user", parts=[types.Part(text="fix the bug")])
+        last = None
+        async for event in runner.run_async(user_id="user", session_id=session, new_message=message):
+            last = event
+        return last
+
+    stopped = said(asyncio.run(run())).startswith("Stopped by loopwarden")
 else:
     sys.exit(f"unknown framework {FRAMEWORK}")
 
 provider.force_flush()
 guard.close()
-# When this process could read loopwarden's termination, after the span that triggered
-# it ended (its event time): the whole path, exporter to guard.
+# When this process could read loopwarden's termination of its session (not one the
+# guard read back at its start, an earlier run's), after the span that triggered it ended
+# (its event time): the whole path, exporter to guard.
 readable = [
     f.received_at - datetime.fromisoformat(f.raw["event_time"].replace("Z", "+00:00")).timestamp()
     for f in guard._recent
-    if f.raw.get("type") == "session.terminated"
+    if f.raw.get("type") == "session.terminated" and f.session_id == session
 ]
 print(json.dumps({
     "framework": FRAMEWORK,

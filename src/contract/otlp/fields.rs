@@ -294,10 +294,16 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
         .find_map(|k| string(a, k).filter(|s| !s.is_empty()))?;
     let mut m = Obj::new();
     m.str("type", "tool.called").str("tool", tool);
-    // Arguments and result as attributes (GenAI, OpenInference), else as the span
-    // events Strands writes by default (`gen_ai.tool.message`, `gen_ai.choice`).
+    // Arguments and result as attributes (GenAI, OpenInference, Google ADK's own), else
+    // as the span events Strands writes by default (`gen_ai.tool.message`,
+    // `gen_ai.choice`). ADK writes "{}" for both where content capture is off: read as
+    // not captured, or every call would look like every other (a tool's own empty
+    // response is an object too, but ADK wraps anything else in `{"result": ...}`).
+    let adk_response = string(a, attr::GCP_VERTEX_AGENT_TOOL_RESPONSE).filter(|r| r.trim() != "{}");
+    let adk_args = adk_response.and(string(a, attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS));
     let args = string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS)
         .or_else(|| string(a, attr::INPUT_VALUE))
+        .or(adk_args)
         .or_else(|| event_string(span, event::GEN_AI_TOOL_MESSAGE, event::CONTENT));
     let failed = span
         .status
@@ -305,6 +311,7 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
         .is_some_and(|s| s.code == StatusCode::Error as i32);
     let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT)
         .or_else(|| string(a, attr::OUTPUT_VALUE))
+        .or(adk_response)
         .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::MESSAGE));
     // LangChain's tool spans may carry its callback handler's whole records (the run's
     // step and checkpoint ids, the call's id: new on every call) and the whole
@@ -494,6 +501,9 @@ pub(super) fn capture_setting(scope: &str, missing: Missing) -> &'static str {
         }
         Missing::Content if scope.contains("pydantic") => {
             "InstrumentationSettings(include_content=True) (pydantic-ai's default)"
+        }
+        Missing::Content if scope.contains("gcp.vertex.agent") => {
+            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (Google ADK 2: `true` puts the content on log records, not on spans), or ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS unset (its telemetry schema 1)"
         }
         Missing::Content if scope.contains("strands") => {
             "Strands' default telemetry (its span events carry the content), or OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental"

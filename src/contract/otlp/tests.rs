@@ -99,7 +99,10 @@ fn tool(id: u8, parent: Option<u8>, end_ms: u64) -> Span {
     )
 }
 
-fn events(mapper: &Mapper, req: &ExportTraceServiceRequest) -> (Vec<serde_json::Value>, MapReport) {
+fn events(
+    mapper: &mut Mapper,
+    req: &ExportTraceServiceRequest,
+) -> (Vec<serde_json::Value>, MapReport) {
     let mut out = Vec::new();
     let report = mapper.map(req, &mut out);
     let values = out
@@ -116,7 +119,7 @@ fn events(mapper: &Mapper, req: &ExportTraceServiceRequest) -> (Vec<serde_json::
 #[test]
 fn chat_and_tool_spans_become_llm_and_tool_calls() {
     let req = request(vec![], vec![tool(2, None, 2_000), chat(1, None, 1_000)]);
-    let (ev, report) = events(&Mapper::default(), &req);
+    let (ev, report) = events(&mut Mapper::default(), &req);
     assert_eq!((report.llm_calls, report.tool_calls), (1, 1));
     // In the order the spans ended.
     let llm = &ev[0];
@@ -163,7 +166,7 @@ fn token_counts_under_the_names_before_v1_27_are_read() {
     renamed(&mut both);
     both.attributes.push(i(attr::GEN_AI_USAGE_INPUT_TOKENS, 7));
     both.attributes.push(i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, 3));
-    let (ev, report) = events(&Mapper::default(), &request(vec![], vec![old, both]));
+    let (ev, report) = events(&mut Mapper::default(), &request(vec![], vec![old, both]));
     let tokens = |e: &serde_json::Value| (e["input_tokens"].as_u64(), e["output_tokens"].as_u64());
     assert_eq!(tokens(&ev[0]), (Some(1200), Some(80)));
     assert_eq!(tokens(&ev[1]), (Some(7), Some(3)));
@@ -188,7 +191,7 @@ fn what_a_span_does_not_say_is_not_guessed() {
         vec![s(attr::SERVICE_NAME, "billing-agent")],
         vec![bare, no_usage, http, nameless],
     );
-    let (ev, report) = events(&Mapper::default(), &req);
+    let (ev, report) = events(&mut Mapper::default(), &req);
     assert_eq!(ev.len(), 2);
     assert!(ev[0].get("text").is_none() && ev[0].get("tool_calls").is_none());
     // An LLM call without token counts is still a step: its tokens count as 0.
@@ -219,7 +222,7 @@ fn what_a_span_does_not_say_is_not_guessed() {
     let long = "billing-".repeat(125);
     req.resource_spans[0].resource.as_mut().unwrap().attributes =
         vec![s(attr::SERVICE_NAME, &long)];
-    let (_, report) = events(&Mapper::default(), &req);
+    let (_, report) = events(&mut Mapper::default(), &req);
     let services: Vec<&str> = report.uncaptured.iter().map(|u| &*u.service).collect();
     let kept = crate::engine::state::kept_label(&long);
     assert_eq!(services, [&*kept, &*kept]);
@@ -313,7 +316,7 @@ fn content_in_span_events_is_read() {
         )],
     );
     let (ev, report) = events(
-        &Mapper::default(),
+        &mut Mapper::default(),
         &request(vec![], vec![chat_span, tool_span, details]),
     );
     assert_eq!(ev[0]["text"], "Running the tests again.");
@@ -366,7 +369,7 @@ fn a_langchain_tool_message_is_its_content() {
         )
     };
     let (ev, _) = events(
-        &Mapper::default(),
+        &mut Mapper::default(),
         &request(vec![], vec![lc(1, "success"), lc(2, "error")]),
     );
     assert_eq!(ev[0]["result"], "FAILED test_x");
@@ -419,7 +422,7 @@ fn langchains_callback_records_are_the_calls_inputs_and_output() {
         run_tests(id, &args.to_string(), Some(&result.to_string()))
     };
     let (ev, report) = events(
-        &Mapper::default(),
+        &mut Mapper::default(),
         &request(vec![], vec![call(1, 2, "success"), call(2, 4, "error")]),
     );
     assert!(report.uncaptured.is_empty(), "{:?}", report.uncaptured);
@@ -489,7 +492,7 @@ fn a_root_agent_run_completes_the_session_of_its_trace() {
             agent(1, None, 2_000, "invoke_agent", None),
         ],
     );
-    let (ev, report) = events(&Mapper::default(), &req);
+    let (ev, report) = events(&mut Mapper::default(), &req);
     assert_eq!(report.completions, 1);
     let done: Vec<_> = ev
         .iter()
@@ -503,7 +506,7 @@ fn a_root_agent_run_completes_the_session_of_its_trace() {
     // A conversation, or an agent's creation: no completion.
     for (op, conv) in [("invoke_agent", Some("conv-1")), ("create_agent", None)] {
         let req = request(vec![], vec![agent(1, None, 2_000, op, conv)]);
-        let (ev, report) = events(&Mapper::default(), &req);
+        let (ev, report) = events(&mut Mapper::default(), &req);
         assert_eq!((ev.len(), report.completions), (0, 0), "{op} {conv:?}");
     }
 }
@@ -530,7 +533,7 @@ fn calls_without_content_capture_are_each_their_own() {
         sp
     };
     let (ev, _) = events(
-        &Mapper::default(),
+        &mut Mapper::default(),
         &request(vec![], (1..=8).map(bare).collect()),
     );
     assert_eq!(ev[0]["args"], json!({UNCAPTURED: "0101010101010101"}));
@@ -539,7 +542,7 @@ fn calls_without_content_capture_are_each_their_own() {
     // the same eight calls with their (identical) content captured are one.
     assert_eq!(findings(&ev), 0);
     let captured = (1..=8).map(|i| tool(i, None, 1_000 + i as u64)).collect();
-    let (ev, _) = events(&Mapper::default(), &request(vec![], captured));
+    let (ev, _) = events(&mut Mapper::default(), &request(vec![], captured));
     assert!(findings(&ev) > 0);
 }
 
@@ -552,7 +555,10 @@ fn failures_say_so() {
     });
     let mut typed = tool(2, None, 1_100);
     typed.attributes.push(s(attr::ERROR_TYPE, "timeout"));
-    let (ev, _) = events(&Mapper::default(), &request(vec![], vec![failed, typed]));
+    let (ev, _) = events(
+        &mut Mapper::default(),
+        &request(vec![], vec![failed, typed]),
+    );
     assert_eq!(ev[0]["is_error"], true);
     assert!(ev[0].get("error_kind").is_none());
     assert_eq!(
@@ -609,7 +615,7 @@ fn a_tool_that_raised_answered_with_what_it_raised() {
             blind,
         ],
     );
-    let (ev, report) = events(&Mapper::default(), &req);
+    let (ev, report) = events(&mut Mapper::default(), &req);
     for e in &ev[..2] {
         assert_eq!(
             (&e["result"], &e["is_error"]),
@@ -655,7 +661,7 @@ fn agents_name_their_steps_and_nested_agents_give_depth_and_parent() {
     step.attributes
         .retain(|kv| kv.key != attr::GEN_AI_CONVERSATION_ID);
     let (ev, report) = events(
-        &Mapper::default(),
+        &mut Mapper::default(),
         &request(vec![], vec![step.clone(), sub.clone(), root]),
     );
     assert_eq!(report.agents, 2);
@@ -667,7 +673,7 @@ fn agents_name_their_steps_and_nested_agents_give_depth_and_parent() {
     assert_eq!(ev[0]["depth"], 1);
     assert_eq!(ev[0]["parent_session_id"], "conv-root");
     // Without the root in the request, depth is not known (not guessed as 0).
-    let (ev, _) = events(&Mapper::default(), &request(vec![], vec![step, sub]));
+    let (ev, _) = events(&mut Mapper::default(), &request(vec![], vec![step, sub]));
     assert_eq!(ev[0]["agent_id"], "coder-7");
     assert!(ev[0].get("depth").is_none() && ev[0].get("parent_session_id").is_none());
 }
@@ -686,11 +692,11 @@ fn sessions_fall_back_in_order() {
         plain(2, vec![s("app.thread", "thread-9")]),
         plain(3, vec![]),
     ];
-    let mapper = Mapper {
+    let mut mapper = Mapper {
         session_attribute: Some("app.thread".into()),
         ..Mapper::default()
     };
-    let (ev, _) = events(&mapper, &request(vec![], spans.clone()));
+    let (ev, _) = events(&mut mapper, &request(vec![], spans.clone()));
     let sessions: Vec<&str> = ev
         .iter()
         .map(|e| e["session_id"].as_str().unwrap())
@@ -700,7 +706,7 @@ fn sessions_fall_back_in_order() {
         ["oi-session", "thread-9", "07070707070707070707070707070707"]
     );
     let (ev, _) = events(
-        &Mapper::default(),
+        &mut Mapper::default(),
         &request(vec![s(attr::SESSION_ID, "from-resource")], spans),
     );
     assert_eq!(ev[2]["session_id"], "from-resource");
@@ -758,7 +764,7 @@ fn openinference_tool(id: u8, parent: Option<u8>) -> Span {
 #[test]
 fn openinference_spans_map_too() {
     let (llm, tool) = (openinference_llm(1, None), openinference_tool(2, None));
-    let (ev, _) = events(&Mapper::default(), &request(vec![], vec![llm, tool]));
+    let (ev, _) = events(&mut Mapper::default(), &request(vec![], vec![llm, tool]));
     assert_eq!(ev[0]["input_tokens"], 300);
     assert_eq!(ev[0]["cost_usd"], 0.002);
     assert_eq!(ev[0]["text"], "Checking the file.");
@@ -779,7 +785,7 @@ fn a_span_without_its_end_is_dated_by_its_start_never_1970() {
     timeless.start_time_unix_nano = 0;
     let later = chat(3, None, 1_700_000_001_000);
     let req = request(vec![], vec![timeless, later, unended]);
-    let (ev, _) = events(&Mapper::default(), &req);
+    let (ev, _) = events(&mut Mapper::default(), &req);
     let ids: Vec<_> = ev.iter().map(|e| e["event_id"].as_str().unwrap()).collect();
     assert_eq!(
         ids,
@@ -791,4 +797,179 @@ fn a_span_without_its_end_is_dated_by_its_start_never_1970() {
     assert_eq!(ev[1]["timestamp"], "2023-11-14T22:13:21.000Z");
     // No time at all: the message's time stands in, as for any event without one.
     assert!(ev[2].get("timestamp").is_none(), "{}", ev[2]);
+}
+
+/// A step of agent `agent` under `parent`, naming `session` or none: a chat, or a tool
+/// call without a session (as Google ADK writes them).
+fn step(id: u8, parent: u8, kind: &str, agent: &str, session: Option<&str>) -> Span {
+    let mut sp = if kind == "chat" {
+        chat(id, Some(parent), 1_000 + id as u64)
+    } else {
+        tool(id, Some(parent), 1_000 + id as u64)
+    };
+    sp.attributes
+        .retain(|kv| kv.key != attr::GEN_AI_CONVERSATION_ID);
+    sp.attributes.push(s(attr::GEN_AI_AGENT_NAME, agent));
+    if let Some(session) = session {
+        sp.attributes.push(s(attr::GEN_AI_CONVERSATION_ID, session));
+    }
+    sp
+}
+
+/// Each span as an export of its own, in turn, through one mapper: the sessions of the
+/// events.
+fn sessions_one_export_each(mapper: &mut Mapper, spans: Vec<Span>) -> Vec<String> {
+    spans
+        .into_iter()
+        .flat_map(|sp| events(mapper, &request(vec![], vec![sp])).0)
+        .map(|e| e["session_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+const TRACE: &str = "07070707070707070707070707070707";
+
+#[test]
+fn a_tool_call_exported_alone_is_in_the_session_its_siblings_named() {
+    // Google ADK's schema 2: the model call names the conversation, the tool call does
+    // not, both under the agent's span (9), which comes after the run.
+    let run = || {
+        vec![
+            step(1, 9, "chat", "coder", Some("adk-1")),
+            step(2, 9, "tool", "coder", None),
+            step(3, 9, "chat", "coder", Some("adk-1")),
+            step(4, 9, "tool", "coder", None),
+        ]
+    };
+    let sessions = sessions_one_export_each(&mut Mapper::default(), run());
+    assert_eq!(sessions, ["adk-1"; 4]);
+    // Exported together, the same (not first come, first named).
+    let mut reversed = run();
+    reversed.reverse();
+    let (ev, _) = events(&mut Mapper::default(), &request(vec![], reversed));
+    assert!(ev.iter().all(|e| e["session_id"] == "adk-1"), "{ev:?}");
+    // The tool call alone, nothing read before: its trace, as without the memory.
+    let (ev, _) = events(
+        &mut Mapper::default(),
+        &request(vec![], vec![run().remove(1)]),
+    );
+    assert_eq!(ev[0]["session_id"], TRACE);
+}
+
+#[test]
+fn a_model_call_wrapped_in_a_span_of_its_own_names_its_wrappers_siblings() {
+    // Google ADK's schema 1: `call_llm` (5, an internal span) wraps the model call (6),
+    // which names the conversation; the tool call (7) is the wrapper's sibling under the
+    // agent (9), exported after the wrapper.
+    let mut wrapper = span(5, Some(9), 1_010, vec![]);
+    wrapper.name = "call_llm".into();
+    let spans = vec![
+        step(6, 5, "chat", "coder", Some("adk-1")),
+        wrapper,
+        step(7, 9, "tool", "coder", None),
+    ];
+    // Only the model call and the tool call give events. Another agent's tool call in
+    // the trace, though, does not take the conversation from the wrapper's siblings.
+    let sessions = sessions_one_export_each(&mut Mapper::default(), spans.clone());
+    assert_eq!(sessions, ["adk-1", "adk-1"]);
+    let mut mapper = Mapper::default();
+    let (ev, _) = events(&mut mapper, &request(vec![], vec![spans[0].clone()]));
+    assert_eq!(ev[0]["session_id"], "adk-1");
+    let (ev, _) = events(&mut mapper, &request(vec![], vec![spans[2].clone()]));
+    assert_eq!(ev[0]["session_id"], "adk-1", "its agent's, in its trace");
+}
+
+#[test]
+fn a_sub_agent_with_a_session_of_its_own_is_not_its_callers() {
+    // The caller (agent span 9) names `adk-1`; the helper (agent span 8, under the
+    // caller's tool call 4) names `helper-1` on its model calls.
+    let mut mapper = Mapper::default();
+    let sessions = sessions_one_export_each(
+        &mut mapper,
+        vec![
+            step(1, 9, "chat", "coder", Some("adk-1")),
+            // The helper's tool call, before any of its model calls was exported: not
+            // the caller's session (another agent), its trace.
+            step(2, 8, "tool", "helper", None),
+            step(3, 8, "chat", "helper", Some("helper-1")),
+            step(5, 8, "tool", "helper", None),
+            step(4, 9, "tool", "coder", None),
+            step(6, 9, "tool", "coder", None),
+        ],
+    );
+    assert_eq!(
+        sessions,
+        ["adk-1", TRACE, "helper-1", "helper-1", "adk-1", "adk-1"]
+    );
+    // An agent whose spans in the trace named two sessions gives its unnamed spans
+    // neither; siblings that named two, neither.
+    let mut mapper = Mapper::default();
+    let sessions = sessions_one_export_each(
+        &mut mapper,
+        vec![
+            step(1, 9, "chat", "coder", Some("a")),
+            step(2, 9, "chat", "coder", Some("b")),
+            step(3, 9, "tool", "coder", None),
+            step(4, 8, "tool", "coder", None),
+        ],
+    );
+    assert_eq!(sessions, ["a", "b", TRACE, TRACE]);
+}
+
+#[test]
+fn the_sessions_remembered_are_bounded() {
+    let mut mapper = Mapper {
+        seen: seen::SessionsSeen::with_capacity(8),
+        ..Mapper::default()
+    };
+    for t in 1..=200u8 {
+        let mut sp = step(1, 9, "chat", "coder", Some(&format!("s-{t}")));
+        sp.trace_id = vec![t; 16];
+        events(&mut mapper, &request(vec![], vec![sp]));
+        assert!(mapper.seen.len() <= 4 * 8, "{}", mapper.seen.len());
+    }
+    // The latest trace's is still known; the first's is forgotten.
+    let ask = |mapper: &mut Mapper, t: u8| {
+        let mut sp = step(2, 9, "tool", "coder", None);
+        sp.trace_id = vec![t; 16];
+        let (ev, _) = events(mapper, &request(vec![], vec![sp]));
+        ev[0]["session_id"].as_str().unwrap().to_string()
+    };
+    assert_eq!(ask(&mut mapper, 200), "s-200");
+    assert_eq!(ask(&mut mapper, 1), "01".repeat(16));
+}
+
+#[test]
+fn google_adks_own_tool_content_is_read_and_its_placeholder_is_not() {
+    let adk = |id: u8, args: &str, response: &str| {
+        span(
+            id,
+            None,
+            1_000 + id as u64,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
+                s(attr::GEN_AI_TOOL_NAME, "run_tests"),
+                s(attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS, args),
+                s(attr::GCP_VERTEX_AGENT_TOOL_RESPONSE, response),
+            ],
+        )
+    };
+    let (ev, report) = events(
+        &mut Mapper::default(),
+        &request(
+            vec![],
+            vec![
+                adk(1, r#"{"path": "tests/"}"#, r#"{"result": "1 failed"}"#),
+                adk(2, "{}", "{}"),
+            ],
+        ),
+    );
+    assert_eq!(ev[0]["args"], json!({"path": "tests/"}));
+    assert_eq!(ev[0]["result"], json!({"result": "1 failed"}));
+    assert_eq!(ev[1]["args"], json!({UNCAPTURED: "0202020202020202"}));
+    assert_eq!(ev[1]["result_digest"], "0202020202020202");
+    assert_eq!(report.uncaptured(Missing::Content), 1);
+    // Eight calls with capture off: no loop found.
+    let off = (1..=8).map(|i| adk(i, "{}", "{}")).collect();
+    let (ev, _) = events(&mut Mapper::default(), &request(vec![], off));
+    assert_eq!(findings(&ev), 0);
 }

@@ -16,7 +16,7 @@ fn both_encodings_decode_and_garbage_is_refused() {
                        {"key":"gen_ai.usage.output_tokens","value":{"intValue":3}}],
          "status":{}}]}]}]}"#;
     let from_json = decode(json_text.as_bytes(), Encoding::OtlpJson).unwrap();
-    let (ev, _) = events(&Mapper::default(), &from_json);
+    let (ev, _) = events(&mut Mapper::default(), &from_json);
     assert_eq!(
         (
             ev[0]["input_tokens"].as_u64(),
@@ -94,7 +94,7 @@ fn deep_and_looping_parent_chains_resolve() {
     let mut spans: Vec<Span> = (0..3_000).map(|n| agent(n, n.checked_sub(1))).collect();
     spans.reverse(); // children before parents: resolution must not depend on order
     spans.push(step_below(2_999));
-    let (ev, report) = events(&Mapper::default(), &request(vec![], spans));
+    let (ev, report) = events(&mut Mapper::default(), &request(vec![], spans));
     assert_eq!(report.agents, 3_000);
     assert_eq!(ev[0]["agent_id"], "a2999");
     assert_eq!(ev[0]["session_id"], "c2999");
@@ -102,7 +102,7 @@ fn deep_and_looping_parent_chains_resolve() {
     assert_eq!(ev[0]["parent_session_id"], "c2998");
     // Two agents that are each other's parent: the step still maps, without a depth.
     let looped = vec![agent(1, Some(2)), agent(2, Some(1)), step_below(1)];
-    let (ev, _) = events(&Mapper::default(), &request(vec![], looped));
+    let (ev, _) = events(&mut Mapper::default(), &request(vec![], looped));
     assert_eq!(ev[0]["agent_id"], "a1");
     assert_eq!(ev[0]["session_id"], "c1");
     assert_eq!(ev[0]["parent_session_id"], "c2");
@@ -116,7 +116,7 @@ fn steps_without_valid_ids_are_skipped_and_counted() {
     let mut zero_trace = tool(2, None, 1_100);
     zero_trace.trace_id = vec![0; 16];
     let (ev, report) = events(
-        &Mapper::default(),
+        &mut Mapper::default(),
         &request(vec![], vec![no_span_id, zero_trace, chat(3, None, 1_200)]),
     );
     assert_eq!(ev.len(), 1);
@@ -139,7 +139,7 @@ fn captured_values_are_embedded_only_as_the_event_parser_reads_them() {
     };
     let with = |args: &str, result: &str| {
         let (ev, _) = events(
-            &Mapper::default(),
+            &mut Mapper::default(),
             &request(vec![], vec![capturing(args, result)]),
         );
         ev.into_iter().next().unwrap()
@@ -154,7 +154,7 @@ fn captured_values_are_embedded_only_as_the_event_parser_reads_them() {
     assert_eq!(ev["args"], r#"{"a":"\ud800"}"#);
     assert_eq!(ev["result"]["a"], "\u{1f600}");
     // A lower configured limit is followed too.
-    let shallow = Mapper {
+    let mut shallow = Mapper {
         max_nesting: 3,
         ..Mapper::default()
     };
