@@ -142,6 +142,24 @@ fn google_adk_stops_a_resumed_run_terminated_while_no_guard_ran() {
     );
 }
 
+/// A termination aborts the whole run: the agent after the terminated one in a
+/// `SequentialAgent` never starts (ADK runs each agent on a copy of the run's context).
+#[test]
+fn google_adk_stops_the_rest_of_a_sequence_on_termination() {
+    framework_with("google-adk", &["sequence"]);
+}
+
+/// A run cancelled mid-way (a server dropping the request's task) has no after-run
+/// callback: its watch goes with its context.
+#[test]
+fn google_adk_forgets_a_cancelled_runs_watch() {
+    framework_says(
+        "google-adk",
+        &["cancelled"],
+        "ok: a cancelled run's watch is gone",
+    );
+}
+
 /// `tests/frameworks/traced_openllmetry.py` in LangGraph's virtualenv: a ReAct agent
 /// traced by OpenLLMetry (no loopwarden code in it), its spans as OTLP JSON; then
 /// `loopwarden replay` of them, the session named by the attribute the README gives
@@ -260,71 +278,126 @@ fn adk(mode: &str) -> (String, Vec<serde_json::Value>) {
     (session, outputs)
 }
 
-/// The summaries among `outputs`, by session: (LLM calls, tool calls).
-fn summaries(outputs: &[serde_json::Value]) -> Vec<(String, u64, u64)> {
-    (outputs.iter())
+/// A summary: its session, LLM calls, tool calls, and each tool's calls.
+type Summary = (String, u64, u64, Vec<(String, u64)>);
+
+/// The summaries among `outputs`: the session `named` first, those named by trace ids
+/// last.
+fn summaries(outputs: &[serde_json::Value], named: &str) -> Vec<Summary> {
+    let mut all: Vec<Summary> = (outputs.iter())
         .filter(|o| o["type"] == "session.summary")
         .map(|o| {
             let stats = &o["stats"];
+            let tools = (stats["tools"].as_array().unwrap().iter())
+                .map(|t| {
+                    let name = t["tool"].as_str().unwrap().to_string();
+                    (name, t["calls"].as_u64().unwrap())
+                })
+                .collect();
             (
                 o["session_id"].as_str().unwrap().to_string(),
                 stats["llm_calls"].as_u64().unwrap(),
                 stats["tool_calls"].as_u64().unwrap(),
+                tools,
             )
         })
-        .collect()
+        .collect();
+    all.sort_by_key(|(s, ..)| (s != named, is_trace_id(s)));
+    all
+}
+
+/// A session named by its trace id (32 hex digits), not by the framework.
+fn is_trace_id(session: &str) -> bool {
+    session.len() == 32 && session.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Google ADK names the session (`gen_ai.conversation.id`) on its model calls and its
 /// agent's span, not on its tool calls, and the agent's span is exported after the run:
 /// a run must still be one session, its model calls and its tools together, judged on
 /// both; an agent called as a tool (`AgentTool`, a session of its own in the same trace)
-/// another session, holding its own calls and no others. Its content comes on spans
-/// with `SPAN_ONLY` (schema 2, its default), or in ADK's own attributes (schema 1), where
-/// "{}" stands for content not captured and must not make every call alike.
+/// another session, holding its own calls and none of its caller's, nor its caller any
+/// of its. On ADK's schema 1 a run's first tool call comes before anything named under
+/// the agent's span, and takes the trace id: a session of one call, never another run's.
+/// Its content comes on spans with `SPAN_ONLY` (schema 2, its default), or in ADK's own
+/// attributes (schema 1), where "{}" stands for content not captured and must not make
+/// every call alike.
 #[test]
 fn google_adk_traced_by_its_own_telemetry_is_judged_on_its_calls() {
-    for mode in ["stuck", "schema1"] {
+    for (mode, llm_calls, tool_calls, first_apart, stopped) in [
+        ("stuck", 6, 6, false, true),
+        ("schema1", 7, 6, true, true),
+        ("healthy", 9, 8, false, false),
+        ("uncaptured", 13, 11, true, false),
+    ] {
         let (session, outputs) = adk(mode);
-        let stopped: Vec<&serde_json::Value> = (outputs.iter())
+        let findings: Vec<&serde_json::Value> = (outputs.iter())
+            .filter(|o| o["type"] != "session.summary")
+            .collect();
+        let terminations: Vec<&&serde_json::Value> = (findings.iter())
             .filter(|o| o["type"] == "session.terminated")
             .collect();
-        let [termination] = stopped.as_slice() else {
-            panic!("{mode}: one termination: {outputs:?}");
-        };
-        assert_eq!(termination["detector"], "repeat", "{mode}: {termination}");
-        assert_eq!(termination["session_id"], session.as_str(), "{mode}");
+        if stopped {
+            let [termination] = terminations.as_slice() else {
+                panic!("{mode}: one termination: {outputs:?}");
+            };
+            assert_eq!(termination["detector"], "repeat", "{mode}: {termination}");
+            assert_eq!(termination["session_id"], session.as_str(), "{mode}");
+        } else {
+            assert!(findings.is_empty(), "{mode}: judged: {findings:?}");
+        }
+        let sessions = summaries(&outputs, &session);
+        let (run, apart) = sessions.split_first().expect("a session");
         assert_eq!(
-            summaries(&outputs),
-            [(session.clone(), 6, 6)],
-            "{mode}: one session, its model calls and tools together up to the kill"
+            (&run.0, run.1, run.2),
+            (&session, llm_calls, tool_calls),
+            "{mode}: the run's session, its model calls and tools together: {sessions:?}"
+        );
+        let apart_calls: u64 = apart.iter().map(|s| s.2).sum();
+        assert!(
+            apart.iter().all(|s| is_trace_id(&s.0) && s.1 == 0)
+                && apart_calls == u64::from(first_apart),
+            "{mode}: {sessions:?}"
         );
     }
-    for (mode, llm_calls, tool_calls) in [("healthy", 9, 8), ("uncaptured", 13, 12)] {
+    for mode in ["delegating", "delegating-first"] {
         let (session, outputs) = adk(mode);
         let findings: Vec<&serde_json::Value> = (outputs.iter())
             .filter(|o| o["type"] != "session.summary")
             .collect();
         assert!(findings.is_empty(), "{mode}: judged: {findings:?}");
-        assert_eq!(
-            summaries(&outputs),
-            [(session, llm_calls, tool_calls)],
-            "{mode}"
+        let sessions = summaries(&outputs, &session);
+        // The caller's session: its 7 model calls and 6 `run_tests`, and the `helper` call
+        // where it was not the first; the helper's: its 3 model calls, and its `lookup`s
+        // (the first apart on schema 1). Nothing of one in the other's.
+        let (caller, helper) = match sessions.as_slice() {
+            [caller, helper] if mode == "delegating" => (caller, helper),
+            [caller, helper, first] if mode == "delegating-first" => {
+                assert!(
+                    is_trace_id(&first.0) && first.2 == 2,
+                    "{mode}: {sessions:?}"
+                );
+                (caller, helper)
+            }
+            _ => panic!("{mode}: {sessions:?}"),
+        };
+        let tools = |s: &Summary| s.3.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>();
+        assert!(
+            caller.0 == session
+                && caller.1 == 8
+                && tools(caller)
+                    .iter()
+                    .all(|t| t == "run_tests" || t == "helper")
+                && caller.3.contains(&("run_tests".to_string(), 6)),
+            "{mode}: the caller's: {sessions:?}"
+        );
+        assert!(
+            !is_trace_id(&helper.0)
+                && helper.1 == 3
+                && !tools(helper).is_empty()
+                && tools(helper).iter().all(|t| t == "lookup"),
+            "{mode}: the helper's: {sessions:?}"
         );
     }
-    let (session, outputs) = adk("delegating");
-    let mut sessions = summaries(&outputs);
-    sessions.sort_by_key(|(s, ..)| s != &session);
-    // The caller: 7 model calls and a last answer, 6 `run_tests` and the `helper` call;
-    // the helper: 3 model calls, 2 `lookup`s.
-    assert!(
-        matches!(sessions.as_slice(), [(caller, 8, 7), (helper, 3, 2)] if *caller == session && *helper != session && helper.len() != 32),
-        "{sessions:?}"
-    );
-    let findings: Vec<&serde_json::Value> = (outputs.iter())
-        .filter(|o| o["type"] != "session.summary")
-        .collect();
-    assert!(findings.is_empty(), "judged: {findings:?}");
 }
 
 /// What a scenario must come to.

@@ -25,9 +25,9 @@
 //! `engine.max_event_bytes`), which the ingest dead-letters and `replay` reports. What
 //! the spans do not say it does not invent: an agent's name, the sub-agent depth and
 //! parent session come from ancestors found in the same request, and depth only when the
-//! chain to the trace's root is there; the session of a span without one of its own and
-//! without an ancestor naming one is one its siblings, its children or its agent's other
-//! spans in its trace named ([`seen`]), else its trace.
+//! chain to the trace's root is there; the session of an LLM or tool call without one of
+//! its own and without an ancestor naming one is the one its siblings named, in this
+//! export or an earlier one ([`seen`]), else its trace.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -625,9 +625,10 @@ impl Mapper {
     }
 
     /// The session of each span (none: its trace's). Learns the sessions the request's
-    /// spans name (each under its parent, and under its trace and agent), then gives each
-    /// span that names none the session its siblings, its children, or its agent in its
-    /// trace named, in this request or an earlier one ([`seen`]).
+    /// spans name, each under its parent span; then a framework's span wrapping a model
+    /// call passes its children's session on to its siblings; then each LLM or tool call
+    /// that names none takes its siblings', in this request or an earlier one ([`seen`]),
+    /// whatever their order in the request.
     fn sessions<'a>(
         &mut self,
         spans: &[Located<'a>],
@@ -636,58 +637,44 @@ impl Mapper {
         let mut sessions: Vec<Option<Session<'a>>> = (0..spans.len())
             .map(|i| self.named_session(spans, ancestry, i).map(Session::Named))
             .collect();
+        for (l, session) in spans.iter().zip(&sessions) {
+            if let (Some(Session::Named(session)), Some(parent)) =
+                (session, span_key(&l.span.trace_id, &l.span.parent_span_id))
+            {
+                self.seen.learn(parent, session);
+            }
+        }
+        // A wrapper (of no kind the mapping reads, naming nothing, its parent not in the
+        // request: ADK's `call_llm` in its schema 1) is in its children's session, and
+        // so are its siblings. Not a tool call: its children may be an agent's run in a
+        // session of its own (ADK's `AgentTool`).
         for (i, l) in spans.iter().enumerate() {
-            if let Some(Session::Named(session)) = sessions[i] {
-                let parent = span_key(&l.span.trace_id, &l.span.parent_span_id);
-                let agent = agent_at(spans, ancestry, i);
-                self.seen.learn(&l.span.trace_id, agent, parent, session);
+            if sessions[i].is_some() || ancestry.top[i] != i || l.kind != Kind::Other {
+                continue;
+            }
+            let children = span_key(&l.span.trace_id, &l.span.span_id);
+            let named = children.and_then(|c| self.seen.under(&c).and_then(Named::one).cloned());
+            let parent = span_key(&l.span.trace_id, &l.span.parent_span_id);
+            if let (Some(session), Some(parent)) = (named, parent) {
+                self.seen.learn(parent, &session);
             }
         }
         for (i, session) in sessions.iter_mut().enumerate() {
-            if session.is_none() {
-                *session = self.remembered(spans, ancestry, i).map(Session::Remembered);
+            if session.is_none() && matches!(spans[i].kind, Kind::Llm | Kind::Tool) {
+                // A chain without a name is its top's: the top's siblings'.
+                let top = spans[ancestry.top[i]].span;
+                let parent = span_key(&top.trace_id, &top.parent_span_id);
+                *session = (parent.and_then(|p| self.seen.under(&p).and_then(Named::one)))
+                    .map(|s| Session::Remembered(s.clone()));
             }
         }
         sessions
     }
-
-    /// The session span `i`, which names none, takes: its chain's (its topmost ancestor
-    /// in the request, itself or another that names none either), so its top's siblings',
-    /// else its top's children's (then the top's siblings are in it too: a framework's
-    /// span wrapping a model call), else its agent's in its trace if that named exactly
-    /// one. Not the trace's whatever the agent: a sub-agent with a session of its own
-    /// (ADK's `AgentTool`) makes its first tool call before its first model call's span
-    /// ends, and that call is not its caller's.
-    fn remembered(
-        &mut self,
-        spans: &[Located<'_>],
-        ancestry: &Ancestry,
-        i: usize,
-    ) -> Option<Arc<str>> {
-        let top = spans[ancestry.top[i]].span;
-        let parent = span_key(&top.trace_id, &top.parent_span_id);
-        let siblings = parent.as_ref().and_then(|p| self.seen.under(p));
-        if let Some(session) = siblings.and_then(Named::one) {
-            return Some(session.clone());
-        }
-        let children = span_key(&top.trace_id, &top.span_id);
-        let under = children.as_ref().and_then(|c| self.seen.under(c));
-        if let Some(session) = under.and_then(Named::one).cloned() {
-            if let (Some(parent), None) = (parent, siblings) {
-                self.seen.learn_under(parent, &session);
-            }
-            return Some(session);
-        }
-        let span = spans[i].span;
-        (self.seen)
-            .agent(&span.trace_id, agent_at(spans, ancestry, i))
-            .cloned()
-    }
 }
 
 /// The session a span is in: named on it, on its nearest ancestor in the request that
-/// names one, or on its resource; else the one earlier exports of its trace named for it
-/// ([`seen`]). None: its trace.
+/// names one, or on its resource; else, for an LLM or tool call, the one its siblings
+/// named, in this export or an earlier one ([`seen`]). None: its trace.
 enum Session<'a> {
     Named(&'a str),
     Remembered(Arc<str>),

@@ -64,3 +64,9 @@ class ServedModel(BaseLlm):
 def said(event):
     """The text of an ADK event (a run's last: the stop message, where the guard ended it)."""
     return "".join(p.text or "" for p in (event.content.parts or [])) if event and event.content else ""
+
+
+def stopped_by_guard(event):
+    """Whether a run's last event says the guard ended it: its stop message, or ADK's abort
+    (the termination arrived while the run was under way)."""
+    return said(event).startswith("Stopped by loopwarden") or getattr(event, "error_code", None) == "INVOCATION_ABORTED"

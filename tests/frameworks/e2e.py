@@ -210,7 +210,7 @@ elif FRAMEWORK == "langgraph":
 elif FRAMEWORK == "google-adk":
     import asyncio
 
-    from adk_model import ServedModel, said
+    from adk_model import ServedModel, stopped_by_guard
     from google.adk.agents import LlmAgent
     from google.adk.runners import InMemoryRunner
     from google.genai import types
@@ -233,7 +233,7 @@ elif FRAMEWORK == "google-adk":
             last = event
         return last
 
-    stopped = said(asyncio.run(run())).startswith("Stopped by loopwarden")
+    stopped = stopped_by_guard(asyncio.run(run()))
 else:
     sys.exit(f"unknown framework {FRAMEWORK}")
 

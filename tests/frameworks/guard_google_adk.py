@@ -2,20 +2,24 @@
 once; the termination ends the invocation before its next model call. The session is
 ADK's session id, as its spans name it (`gen_ai.conversation.id`). With `resumed`: a
 session terminated while no guard ran (its agent process restarted) is stopped before
-its next run's first model call, by a guard started after the termination.
+its next run's first model call, by a guard started after the termination. With
+`sequence`: the agent is the first of a `SequentialAgent`, whose next agent must not start.
+With `cancelled`: a run cancelled mid-way (no after-run callback) leaves no watch behind.
 
 ADK's model calls go to the scripted OpenAI-compatible model through `adk_model.py`:
 each request is what ADK built, the plugin's hint included."""
 
 import asyncio
+import gc
 import sys
 import time
 
 import common
-from adk_model import ServedModel, said
+from adk_model import ServedModel, said, stopped_by_guard
 from common import BROKERS, MODEL_URL, TERMINATIONS, WARNINGS, check, guard, publish, requests, verdicts_as_loopwarden
 from loopwarden_guard import Guard
-from google.adk.agents import LlmAgent
+from google.adk.agents import BaseAgent, LlmAgent, SequentialAgent
+from google.adk.events import Event
 from google.adk.runners import InMemoryRunner
 from google.genai import types
 from loopwarden_guard.google_adk import LoopwardenPlugin
@@ -29,6 +33,17 @@ def run_tests(path: str) -> str:
 
 
 agent = LlmAgent(name="coder", model=ServedModel(model="scripted", base_url=MODEL_URL), tools=[run_tests], instruction="Fix the bug.")
+reviewed = []
+if sys.argv[1:] == ["sequence"]:
+    # The coder, then a reviewer that calls no model (a model call would be answered by
+    # the stop message anyway): it must not start once the session is terminated.
+
+    class Reviewer(BaseAgent):
+        async def _run_async_impl(self, ctx):
+            reviewed.append(ctx.invocation_id)
+            yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Reviewed.")]))
+
+    agent = SequentialAgent(name="pipeline", sub_agents=[agent, Reviewer(name="reviewer")])
 
 
 def tool_calls():
@@ -44,6 +59,41 @@ async def main():
         last = event
     return last
 
+
+if sys.argv[1:] == ["cancelled"]:
+    # A run cancelled (a server dropping the request's task) gets no after-run callback:
+    # its watch must still go once its context does.
+    plugin = LoopwardenPlugin(guard)
+
+    async def cancelled():
+        runner = InMemoryRunner(agent=agent, app_name="app", plugins=[plugin])
+        await runner.session_service.create_session(app_name="app", user_id="user", session_id=SESSION)
+        message = types.Content(role="user", parts=[types.Part(text="fix the bug")])
+
+        async def run():
+            async for _ in runner.run_async(user_id="user", session_id=SESSION, new_message=message):
+                pass
+
+        task = asyncio.create_task(run())
+        while not requests:
+            await asyncio.sleep(0.01)
+        watched = len(plugin._watches)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return watched
+
+    watched = asyncio.run(cancelled())
+    gc.collect()
+    left = len(plugin._watches)
+    guard.close()
+    if watched != 1 or left:
+        print(f"FAILED: {watched} watched during the run, {left} left after its cancellation")
+        sys.exit(1)
+    print("ok: a cancelled run's watch is gone")
+    sys.exit(0)
 
 if sys.argv[1:] == ["resumed"]:
     # A session terminated while no guard ran (its agent process restarted): the guard
@@ -61,4 +111,8 @@ if sys.argv[1:] == ["resumed"]:
     print(f"ok: the resumed run stopped before its first model call ({said(last)!r})")
     sys.exit(0)
 
-check(said(asyncio.run(main())).startswith("Stopped by loopwarden"))
+last = asyncio.run(main())
+if reviewed:
+    print("FAILED: the sequence's next agent ran after the termination")
+    sys.exit(1)
+check(stopped_by_guard(last))

@@ -14,6 +14,10 @@ Usage: traced_adk.py OUT.jsonl MODE
   delegating:  3 turns of `run_tests`, then the `helper` agent called as a tool (ADK's
                `AgentTool`: a session of its own, in the same trace) making two `lookup`
                calls, then 3 more turns of `run_tests` on other files
+  delegating-first: the helper called on the first turn, then 6 turns of `run_tests`, on
+               ADK's schema 1 (its model calls wrapped in `call_llm` spans that end after
+               the calls they asked for: nothing named is under the caller's agent span
+               when the helper's call ends)
 """
 
 import asyncio
@@ -21,7 +25,7 @@ import os
 import sys
 
 out_path, mode = sys.argv[1], sys.argv[2]
-if mode in ("schema1", "uncaptured"):
+if mode in ("schema1", "uncaptured", "delegating-first"):
     os.environ["ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN"] = "1"
 if mode == "uncaptured":
     os.environ["ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS"] = "false"
@@ -94,7 +98,8 @@ class Scripted(BaseLlm):
 
 def run_tests(path: str) -> str:
     """Runs the tests under path."""
-    return f"{path}: 3 passed" if mode in ("healthy", "delegating") else "FAILED tests/test_a.py::test_x - AssertionError"
+    healthy = mode == "healthy" or mode.startswith("delegating")
+    return f"{path}: 3 passed" if healthy else "FAILED tests/test_a.py::test_x - AssertionError"
 
 
 def lookup(term: str) -> str:
@@ -107,7 +112,7 @@ def turns(n, path):
 
 
 tools = [run_tests]
-if mode == "delegating":
+if mode.startswith("delegating"):
     helper = LlmAgent(
         name="helper",
         description="Looks things up.",
@@ -122,11 +127,11 @@ if mode == "delegating":
         tools=[lookup],
     )
     tools.append(AgentTool(agent=helper))
-    steps = (
-        turns(3, lambda i: f"tests/test_{i}.py")
-        + [{"text": "Asking the helper.", "calls": [call("helper", request="where are fixtures?")]}]
-        + turns(3, lambda i: f"tests/test_{i + 3}.py")
-    )
+    ask = [{"text": "Asking the helper.", "calls": [call("helper", request="where are fixtures?")]}]
+    if mode == "delegating":
+        steps = turns(3, lambda i: f"tests/test_{i}.py") + ask + turns(3, lambda i: f"tests/test_{i + 3}.py")
+    else:
+        steps = ask + turns(6, lambda i: f"tests/test_{i}.py")
 elif mode == "healthy":
     steps = turns(8, lambda i: f"tests/test_{i}.py")
 else:

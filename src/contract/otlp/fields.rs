@@ -296,11 +296,15 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
     m.str("type", "tool.called").str("tool", tool);
     // Arguments and result as attributes (GenAI, OpenInference, Google ADK's own), else
     // as the span events Strands writes by default (`gen_ai.tool.message`,
-    // `gen_ai.choice`). ADK writes "{}" for both where content capture is off: read as
-    // not captured, or every call would look like every other (a tool's own empty
-    // response is an object too, but ADK wraps anything else in `{"result": ...}`).
-    let adk_response = string(a, attr::GCP_VERTEX_AGENT_TOOL_RESPONSE).filter(|r| r.trim() != "{}");
-    let adk_args = adk_response.and(string(a, attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS));
+    // `gen_ai.choice`). ADK's placeholders are read as not captured, or every call would
+    // look like every other: "{}" for both where content capture is off, and a response
+    // `{"result": "<not specified>"}` where the tool raised (then what it raised answers).
+    let adk_args = string(a, attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS);
+    let adk_response = string(a, attr::GCP_VERTEX_AGENT_TOOL_RESPONSE);
+    let adk_uncaptured = adk_args.is_some_and(|r| r.trim() == "{}")
+        && adk_response.is_some_and(|r| r.trim() == "{}");
+    let adk_args = adk_args.filter(|_| !adk_uncaptured);
+    let adk_response = adk_response.filter(|r| !adk_no_response(r));
     let args = string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS)
         .or_else(|| string(a, attr::INPUT_VALUE))
         .or(adk_args)
@@ -363,6 +367,21 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
         .saturating_sub(span.start_time_unix_nano);
     m.num("duration_ms", (duration_ns / 1_000) as f64 / 1_000.0);
     Some((m, captured))
+}
+
+/// Google ADK's tool response where it has none to give: `{}` (content capture off, or a
+/// tool's own empty response, which ADK cannot tell apart) and `{"result": "<not
+/// specified>"}` (the tool raised).
+fn adk_no_response(response: &str) -> bool {
+    match serde_json::from_str::<serde_json::Value>(response) {
+        Ok(serde_json::Value::Object(m)) => {
+            m.is_empty()
+                || (m.len() == 1
+                    && m.get("result").and_then(serde_json::Value::as_str)
+                        == Some("<not specified>"))
+        }
+        _ => false,
+    }
 }
 
 /// What a failed span raised, from its last `exception` event: `type: message`. Not
@@ -501,6 +520,9 @@ pub(super) fn capture_setting(scope: &str, missing: Missing) -> &'static str {
         }
         Missing::Content if scope.contains("pydantic") => {
             "InstrumentationSettings(include_content=True) (pydantic-ai's default)"
+        }
+        Missing::Content if scope.contains("autogen") => {
+            "none: AutoGen's own tool spans carry no arguments or results whatever the setting, so its tool calls are counted and timed, never compared; an instrumentation of its model client (OpenInference's OpenAI) adds its model calls and their text"
         }
         Missing::Content if scope.contains("gcp.vertex.agent") => {
             "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (Google ADK 2: `true` puts the content on log records, not on spans), or ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS unset (its telemetry schema 1)"

@@ -8,30 +8,34 @@
 //! to its trace id, and the run was judged as two sessions: its model calls without
 //! their tools, its tools without their model calls, neither what the agent did.
 //!
-//! What it owns: for each span whose children named a session, that session; for each
-//! agent of each trace, the session its spans named (or that they named several). A span
-//! that names none, nor has an ancestor in its export that does, takes its siblings'
-//! session (its chain's top's parent's children), else its children's, else its agent's
-//! in its trace when that agent's spans there named exactly one. Traces holding several
-//! sessions (an agent called as a tool with a session of its own, an evaluation loop)
-//! are told apart by the siblings and the agents.
+//! What it owns: for each span whose children named a session, that session (or that
+//! they named several). An LLM or tool call that names none, nor has an ancestor in its
+//! export that does, takes its siblings' session (the children of its chain's top's
+//! parent), where they named exactly one. A framework's span wrapping a model call (of
+//! no kind the mapping reads, naming nothing, as ADK's `call_llm` in its schema 1) passes
+//! its children's session on to its own siblings. Nothing else is inferred: not a tool
+//! call's session from its children (an agent called as a tool runs in a session of its
+//! own under it), nor from its trace or its agent (a trace may hold several runs of one
+//! agent, each its own session, and a run's first call would go to the run before).
 //!
-//! Guarantees: bounded (two generations of at most [`GENERATION`] keys each, per map:
-//! the oldest are forgotten first, and a span whose trace was forgotten falls back to its
-//! trace id, as before this memory); deterministic (the same exports in the same order
-//! give the same sessions, so `replay` of a file and the ingest agree). It is per
-//! process: an ingest that restarts, or that takes a trace partition over, knows no
-//! sessions of the exports before, until the trace names one again.
+//! Guarantees: bounded (two generations of at most [`GENERATION`] keys each: the oldest
+//! are forgotten first; a span whose parent was forgotten falls back to its trace id, as
+//! before this memory, or, where the forgotten key had named several sessions, takes the
+//! one named since); deterministic (the same exports in the same order give the same
+//! sessions, so `replay` of a file and the ingest agree). It is per process: an ingest
+//! that restarts, or that takes a trace partition over, knows nothing of the exports
+//! before, until a sibling names the session again.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::Arc;
 
 /// Keys a generation holds before it becomes the older one (and the older one is
-/// dropped). An agent of a trace takes one key; a parent span with a named child one (an
-/// agent's run, or each model call where a framework wraps it in a span of its own): at
-/// about 48 bytes a key, both maps full hold about 25 MB.
-pub const GENERATION: usize = 1 << 17;
+/// dropped): one a parent span with a named child (an agent's run; each model call where a
+/// framework wraps it in a span of its own). Both generations full take about 11 MB of
+/// table, and the session ids learnt, shared between keys learnt one after another
+/// (about 8 MB more for 36-byte ids learnt each for its own key).
+pub const GENERATION: usize = 1 << 16;
 
 /// What the spans under a key named.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,7 +75,8 @@ impl<K: Hash + Eq> Generations<K> {
         self.current.get(key).or_else(|| self.previous.get(key))
     }
 
-    fn learn(&mut self, key: K, session: &str) {
+    /// Spans under `key` named `session` (`shared` makes it, only for a new key).
+    fn learn(&mut self, key: K, session: &str, shared: impl FnOnce() -> Arc<str>) {
         match self.current.get(&key) {
             Some(Named::One(s)) if &**s == session => return,
             Some(Named::Several) => return,
@@ -84,7 +89,7 @@ impl<K: Hash + Eq> Generations<K> {
         {
             Some(Named::One(s)) if &*s == session => Named::One(s),
             Some(_) => Named::Several,
-            None => Named::One(Arc::from(session)),
+            None => Named::One(shared()),
         };
         if self.current.len() >= self.capacity {
             self.previous = std::mem::take(&mut self.current);
@@ -111,24 +116,12 @@ pub(super) fn span_key(trace_id: &[u8], span_id: &[u8]) -> Option<SpanKey> {
     Some(key)
 }
 
-/// A trace's agent: its trace id and a digest of its agent's name (none: 0).
-type AgentKey = ([u8; 16], u64);
-
-fn agent_key(trace_id: &[u8], agent: Option<&str>) -> Option<AgentKey> {
-    let trace = <[u8; 16]>::try_from(trace_id).ok()?;
-    let agent = agent.map_or(0, |a| {
-        let mut h = std::hash::DefaultHasher::new();
-        a.hash(&mut h);
-        h.finish() | 1
-    });
-    Some((trace, agent))
-}
-
-/// The sessions earlier exports named, by trace and agent and by parent span.
+/// The sessions earlier exports named, by parent span.
 #[derive(Debug, Clone)]
 pub struct SessionsSeen {
-    agents: Generations<AgentKey>,
     under: Generations<SpanKey>,
+    /// The session learnt last: the next key learnt for it shares it.
+    last: Option<Arc<str>>,
 }
 
 impl Default for SessionsSeen {
@@ -140,32 +133,22 @@ impl Default for SessionsSeen {
 impl SessionsSeen {
     pub(super) fn with_capacity(capacity: usize) -> SessionsSeen {
         SessionsSeen {
-            agents: Generations::new(capacity),
             under: Generations::new(capacity),
+            last: None,
         }
     }
 
-    /// A span of `trace_id` and `agent`, under `parent` (a key, unless it is a root),
-    /// named `session`.
-    pub(super) fn learn(
-        &mut self,
-        trace_id: &[u8],
-        agent: Option<&str>,
-        parent: Option<SpanKey>,
-        session: &str,
-    ) {
-        if let Some(key) = agent_key(trace_id, agent) {
-            self.agents.learn(key, session);
-        }
-        if let Some(parent) = parent {
-            self.under.learn(parent, session);
-        }
-    }
-
-    /// Spans under `parent` are in `session` (learnt from a span whose own session was
-    /// its children's): not the trace's, which its named spans alone say.
-    pub(super) fn learn_under(&mut self, parent: SpanKey, session: &str) {
-        self.under.learn(parent, session);
+    /// A span under `parent` named `session`.
+    pub(super) fn learn(&mut self, parent: SpanKey, session: &str) {
+        let last = &mut self.last;
+        self.under.learn(parent, session, || match last {
+            Some(s) if &**s == session => s.clone(),
+            _ => {
+                let s: Arc<str> = Arc::from(session);
+                *last = Some(s.clone());
+                s
+            }
+        });
     }
 
     /// What the children of span `key` named.
@@ -173,16 +156,10 @@ impl SessionsSeen {
         self.under.get(key)
     }
 
-    /// The session `agent`'s spans of trace `trace_id` named, if exactly one.
-    pub(super) fn agent(&self, trace_id: &[u8], agent: Option<&str>) -> Option<&Arc<str>> {
-        let key = agent_key(trace_id, agent)?;
-        self.agents.get(&key).and_then(Named::one)
-    }
-
-    /// Keys held, both maps, both generations.
+    /// Keys held, both generations.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.agents.len() + self.under.len()
+        self.under.len()
     }
 }
 
@@ -193,25 +170,37 @@ mod tests {
     #[test]
     fn a_key_that_named_two_sessions_names_none() {
         let mut g = Generations::new(8);
-        g.learn(1u8, "a");
-        g.learn(1, "a");
+        g.learn(1u8, "a", || "a".into());
+        g.learn(1, "a", || unreachable!("known"));
         assert_eq!(g.get(&1), Some(&Named::One("a".into())));
-        g.learn(1, "b");
+        g.learn(1, "b", || "b".into());
         assert_eq!(g.get(&1), Some(&Named::Several));
-        g.learn(1, "a");
+        g.learn(1, "a", || "a".into());
         assert_eq!(g.get(&1), Some(&Named::Several), "several stays several");
+    }
+
+    #[test]
+    fn keys_learnt_for_one_session_share_its_id() {
+        let mut seen = SessionsSeen::with_capacity(8);
+        let key = |k: u8| [k; 24];
+        seen.learn(key(1), "adk-1");
+        seen.learn(key(2), "adk-1");
+        seen.learn(key(3), "adk-2");
+        let one = |k: u8| seen.under(&key(k)).and_then(Named::one).unwrap().clone();
+        assert!(Arc::ptr_eq(&one(1), &one(2)));
+        assert_eq!(&*one(3), "adk-2");
     }
 
     #[test]
     fn the_oldest_keys_are_forgotten_first_and_the_rest_kept() {
         let mut g = Generations::new(4);
         for k in 0..5u32 {
-            g.learn(k, "s");
+            g.learn(k, "s", || "s".into());
         }
         // Keys 0 to 3 are the older generation now; 0 used again moves to the newer.
-        g.learn(0, "s");
+        g.learn(0, "s", || "s".into());
         for k in 5..8u32 {
-            g.learn(k, "s");
+            g.learn(k, "s", || "s".into());
         }
         assert!(g.len() <= 8);
         assert!(g.get(&0).is_some(), "used again, kept");
@@ -220,7 +209,7 @@ mod tests {
             assert!(g.get(&k).is_none(), "key {k} forgotten");
         }
         for k in 8..100u32 {
-            g.learn(k, "s");
+            g.learn(k, "s", || "s".into());
             assert!(g.len() <= 8, "bounded");
         }
     }

@@ -216,6 +216,18 @@ fn what_a_span_does_not_say_is_not_guessed() {
         "{}",
         u.setting()
     );
+    // Per instrumentation, where its setting differs or none exists.
+    for (scope, says) in [
+        ("gcp.vertex.agent", "=SPAN_ONLY"),
+        ("autogen-core", "never compared"),
+        (
+            "openinference.instrumentation.langchain",
+            "OPENINFERENCE_HIDE_OUTPUTS",
+        ),
+    ] {
+        let setting = capture_setting(scope, Missing::Content);
+        assert!(setting.contains(says), "{scope}: {setting}");
+    }
     // A service named at any length is kept as a label is (it becomes a metric label, a
     // log line and an entry of the ingest's set of what it has said).
     let mut req = req;
@@ -816,14 +828,44 @@ fn step(id: u8, parent: u8, kind: &str, agent: &str, session: Option<&str>) -> S
     sp
 }
 
-/// Each span as an export of its own, in turn, through one mapper: the sessions of the
-/// events.
-fn sessions_one_export_each(mapper: &mut Mapper, spans: Vec<Span>) -> Vec<String> {
-    spans
+/// A span of no kind the mapping reads under `parent` (a framework's own), naming
+/// `session` or none.
+fn internal(id: u8, parent: u8, session: Option<&str>) -> Span {
+    let mut sp = span(id, Some(parent), 1_000 + id as u64, vec![]);
+    sp.name = "call_llm".into();
+    if let Some(session) = session {
+        sp.attributes.push(s(attr::GEN_AI_CONVERSATION_ID, session));
+    }
+    sp
+}
+
+/// An agent's span `id` under `parent`, naming `session`.
+fn agent_run(id: u8, parent: u8, agent: &str, session: &str) -> Span {
+    span(
+        id,
+        Some(parent),
+        1_000 + id as u64,
+        vec![
+            s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+            s(attr::GEN_AI_AGENT_NAME, agent),
+            s(attr::GEN_AI_CONVERSATION_ID, session),
+        ],
+    )
+}
+
+/// Each group of spans as an export, in turn, through one mapper: the sessions of the
+/// events, in order.
+fn sessions_by_export(mapper: &mut Mapper, exports: Vec<Vec<Span>>) -> Vec<String> {
+    exports
         .into_iter()
-        .flat_map(|sp| events(mapper, &request(vec![], vec![sp])).0)
+        .flat_map(|spans| events(mapper, &request(vec![], spans)).0)
         .map(|e| e["session_id"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// Each span as an export of its own.
+fn sessions_one_export_each(mapper: &mut Mapper, spans: Vec<Span>) -> Vec<String> {
+    sessions_by_export(mapper, spans.into_iter().map(|sp| vec![sp]).collect())
 }
 
 const TRACE: &str = "07070707070707070707070707070707";
@@ -842,7 +884,7 @@ fn a_tool_call_exported_alone_is_in_the_session_its_siblings_named() {
     };
     let sessions = sessions_one_export_each(&mut Mapper::default(), run());
     assert_eq!(sessions, ["adk-1"; 4]);
-    // Exported together, the same (not first come, first named).
+    // Exported together, the same, whatever their order (not first come, first named).
     let mut reversed = run();
     reversed.reverse();
     let (ev, _) = events(&mut Mapper::default(), &request(vec![], reversed));
@@ -853,42 +895,66 @@ fn a_tool_call_exported_alone_is_in_the_session_its_siblings_named() {
         &request(vec![], vec![run().remove(1)]),
     );
     assert_eq!(ev[0]["session_id"], TRACE);
+    // Siblings that named two sessions name neither.
+    let sessions = sessions_one_export_each(
+        &mut Mapper::default(),
+        vec![
+            step(1, 9, "chat", "coder", Some("a")),
+            step(2, 9, "chat", "coder", Some("b")),
+            step(3, 9, "tool", "coder", None),
+        ],
+    );
+    assert_eq!(sessions, ["a", "b", TRACE]);
 }
 
 #[test]
 fn a_model_call_wrapped_in_a_span_of_its_own_names_its_wrappers_siblings() {
-    // Google ADK's schema 1: `call_llm` (5, an internal span) wraps the model call (6),
-    // which names the conversation; the tool call (7) is the wrapper's sibling under the
-    // agent (9), exported after the wrapper.
-    let mut wrapper = span(5, Some(9), 1_010, vec![]);
-    wrapper.name = "call_llm".into();
-    let spans = vec![
-        step(6, 5, "chat", "coder", Some("adk-1")),
-        wrapper,
-        step(7, 9, "tool", "coder", None),
-    ];
-    // Only the model call and the tool call give events. Another agent's tool call in
-    // the trace, though, does not take the conversation from the wrapper's siblings.
-    let sessions = sessions_one_export_each(&mut Mapper::default(), spans.clone());
-    assert_eq!(sessions, ["adk-1", "adk-1"]);
-    let mut mapper = Mapper::default();
-    let (ev, _) = events(&mut mapper, &request(vec![], vec![spans[0].clone()]));
-    assert_eq!(ev[0]["session_id"], "adk-1");
-    let (ev, _) = events(&mut mapper, &request(vec![], vec![spans[2].clone()]));
-    assert_eq!(ev[0]["session_id"], "adk-1", "its agent's, in its trace");
+    // Google ADK's schema 1: `call_llm` (5, internal) wraps the model call (6), which
+    // names the conversation; the tool call (7) is the wrapper's sibling under the agent
+    // (9). The wrapper ends after the calls it asked for, so it comes after the first.
+    let sessions = sessions_by_export(
+        &mut Mapper::default(),
+        vec![
+            vec![step(6, 5, "chat", "coder", Some("adk-1"))],
+            vec![step(7, 9, "tool", "coder", None)],
+            vec![internal(5, 9, None)],
+            vec![step(8, 9, "tool", "coder", None)],
+        ],
+    );
+    assert_eq!(
+        sessions,
+        ["adk-1", TRACE, "adk-1"],
+        "the first call, before the wrapper was read, takes its trace; not a guess"
+    );
+    // The wrapper and a sibling in one export: the sibling takes the session whichever
+    // comes first.
+    for wrapper_first in [true, false] {
+        let mut together = vec![step(8, 9, "tool", "coder", None), internal(5, 9, None)];
+        if wrapper_first {
+            together.reverse();
+        }
+        let sessions = sessions_by_export(
+            &mut Mapper::default(),
+            vec![vec![step(6, 5, "chat", "coder", Some("adk-1"))], together],
+        );
+        assert_eq!(
+            sessions,
+            ["adk-1", "adk-1"],
+            "wrapper first: {wrapper_first}"
+        );
+    }
 }
 
 #[test]
 fn a_sub_agent_with_a_session_of_its_own_is_not_its_callers() {
     // The caller (agent span 9) names `adk-1`; the helper (agent span 8, under the
     // caller's tool call 4) names `helper-1` on its model calls.
-    let mut mapper = Mapper::default();
     let sessions = sessions_one_export_each(
-        &mut mapper,
+        &mut Mapper::default(),
         vec![
             step(1, 9, "chat", "coder", Some("adk-1")),
-            // The helper's tool call, before any of its model calls was exported: not
-            // the caller's session (another agent), its trace.
+            // The helper's tool call, before any of its model calls was exported: its
+            // trace, not the caller's session.
             step(2, 8, "tool", "helper", None),
             step(3, 8, "chat", "helper", Some("helper-1")),
             step(5, 8, "tool", "helper", None),
@@ -900,19 +966,35 @@ fn a_sub_agent_with_a_session_of_its_own_is_not_its_callers() {
         sessions,
         ["adk-1", TRACE, "helper-1", "helper-1", "adk-1", "adk-1"]
     );
-    // An agent whose spans in the trace named two sessions gives its unnamed spans
-    // neither; siblings that named two, neither.
-    let mut mapper = Mapper::default();
-    let sessions = sessions_one_export_each(
-        &mut mapper,
+    // ADK's schema 1, the helper called on the caller's first turn: nothing named sits
+    // under the caller's agent span yet when its tool call (4) comes, whose children (the
+    // helper's run, 8) named `helper-1`. The call is not the helper's; the caller's
+    // later calls are the caller's, once its wrapped model call (5) is read.
+    let sessions = sessions_by_export(
+        &mut Mapper::default(),
         vec![
-            step(1, 9, "chat", "coder", Some("a")),
-            step(2, 9, "chat", "coder", Some("b")),
-            step(3, 9, "tool", "coder", None),
-            step(4, 8, "tool", "coder", None),
+            vec![step(6, 5, "chat", "coder", Some("adk-1"))],
+            vec![step(3, 8, "chat", "helper", Some("helper-1"))],
+            vec![agent_run(8, 4, "helper", "helper-1")],
+            vec![step(4, 9, "tool", "coder", None)],
+            vec![internal(5, 9, None)],
+            vec![step(7, 9, "tool", "coder", None)],
         ],
     );
-    assert_eq!(sessions, ["a", "b", TRACE, TRACE]);
+    assert_eq!(sessions, ["adk-1", "helper-1", TRACE, "adk-1"]);
+    // Two runs of one agent in one trace (an evaluation loop under one span), each its
+    // own session: the second run's first tool call is not the first run's.
+    let sessions = sessions_one_export_each(
+        &mut Mapper::default(),
+        vec![
+            step(1, 9, "chat", "coder", Some("run-1")),
+            step(2, 9, "tool", "coder", None),
+            step(3, 8, "tool", "coder", None),
+            step(4, 8, "chat", "coder", Some("run-2")),
+            step(5, 8, "tool", "coder", None),
+        ],
+    );
+    assert_eq!(sessions, ["run-1", "run-1", TRACE, "run-2", "run-2"]);
 }
 
 #[test]
@@ -925,7 +1007,7 @@ fn the_sessions_remembered_are_bounded() {
         let mut sp = step(1, 9, "chat", "coder", Some(&format!("s-{t}")));
         sp.trace_id = vec![t; 16];
         events(&mut mapper, &request(vec![], vec![sp]));
-        assert!(mapper.seen.len() <= 4 * 8, "{}", mapper.seen.len());
+        assert!(mapper.seen.len() <= 2 * 8, "{}", mapper.seen.len());
     }
     // The latest trace's is still known; the first's is forgotten.
     let ask = |mapper: &mut Mapper, t: u8| {
@@ -939,7 +1021,7 @@ fn the_sessions_remembered_are_bounded() {
 }
 
 #[test]
-fn google_adks_own_tool_content_is_read_and_its_placeholder_is_not() {
+fn google_adks_own_tool_content_is_read_and_its_placeholders_are_not() {
     let adk = |id: u8, args: &str, response: &str| {
         span(
             id,
@@ -953,6 +1035,26 @@ fn google_adks_own_tool_content_is_read_and_its_placeholder_is_not() {
             ],
         )
     };
+    // A tool that raised: ADK's response says nothing; what it raised answers.
+    let mut raised = adk(
+        3,
+        r#"{"path": "tests/"}"#,
+        r#"{"result": "<not specified>"}"#,
+    );
+    raised.status = Some(Status {
+        code: StatusCode::Error as i32,
+        message: "ValueError".into(),
+    });
+    let raised = with_events(
+        raised,
+        &[(
+            event::EXCEPTION,
+            vec![
+                s(attr::EXCEPTION_TYPE, "ValueError"),
+                s(attr::EXCEPTION_MESSAGE, "no such directory: tests/"),
+            ],
+        )],
+    );
     let (ev, report) = events(
         &mut Mapper::default(),
         &request(
@@ -960,6 +1062,7 @@ fn google_adks_own_tool_content_is_read_and_its_placeholder_is_not() {
             vec![
                 adk(1, r#"{"path": "tests/"}"#, r#"{"result": "1 failed"}"#),
                 adk(2, "{}", "{}"),
+                raised,
             ],
         ),
     );
@@ -967,6 +1070,8 @@ fn google_adks_own_tool_content_is_read_and_its_placeholder_is_not() {
     assert_eq!(ev[0]["result"], json!({"result": "1 failed"}));
     assert_eq!(ev[1]["args"], json!({UNCAPTURED: "0202020202020202"}));
     assert_eq!(ev[1]["result_digest"], "0202020202020202");
+    assert_eq!(ev[2]["args"], json!({"path": "tests/"}));
+    assert_eq!(ev[2]["result"], "ValueError: no such directory: tests/");
     assert_eq!(report.uncaptured(Missing::Content), 1);
     // Eight calls with capture off: no loop found.
     let off = (1..=8).map(|i| adk(i, "{}", "{}")).collect();

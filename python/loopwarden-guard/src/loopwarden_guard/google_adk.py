@@ -9,17 +9,21 @@ invocation when loopwarden terminates its session.
                     plugins=[LoopwardenPlugin(guard)])
 
 The session is matched on ADK's session id, which its spans name
-(`gen_ai.conversation.id`), and on the invocation's trace id. A termination ends the
-invocation (ADK's `end_invocation`, checked between its steps): a model call about to be
-sent is answered with the stop message instead, a tool call about to run with an error
-naming it, and no step runs after. An agent called as a tool (`AgentTool`) runs in a
-session of its own, which loopwarden judges apart, and is guarded where the plugin
-reaches its runner.
+(`gen_ai.conversation.id`), and on the invocation's trace id. A termination aborts the
+invocation as it arrives (ADK's `InvocationContext.abort()`, shared by every agent of the
+run: a sequence's next agent does not start, a model call under way is cancelled; an ADK
+without it gets `end_invocation` on the running agent's context, checked between steps);
+a model call about to be sent is answered with the stop message instead, a tool call
+about to run with an error naming it, and a session terminated before the run (resumed
+after its kill) ends the run at once with the stop message. An agent called as a tool
+(`AgentTool`) runs in a session of its own, which loopwarden judges apart, and is guarded
+where the plugin reaches its runner.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Optional
 
 from google.adk.models.llm_response import LlmResponse
@@ -35,50 +39,58 @@ def _stop_message(f: Finding) -> str:
     return f"Stopped by loopwarden ({f.detector}): {f.reason}"
 
 
+def _stop_content(f: Finding) -> types.Content:
+    return types.Content(role="model", parts=[types.Part(text=_stop_message(f))])
+
+
 class LoopwardenPlugin(BasePlugin):
     """Follows each invocation's session through `guard`."""
 
     def __init__(self, guard: Guard, name: str = "loopwarden"):
         super().__init__(name=name)
         self.guard = guard
-        # By invocation id: the watch, and the invocation whose end a termination sets
-        # (from the guard's thread, as it arrives).
+        # By invocation id: its watch, and its context as last seen (weakly: a run
+        # cancelled without its after-run callback is forgotten with its context).
         self._watches: dict[str, Watch] = {}
-        self._invocations: dict[str, Any] = {}
+        self._contexts: dict[str, weakref.ref] = {}
         self._lock = threading.Lock()
 
-    def _watch(self, invocation_id: str, session_id: Optional[str]) -> Watch:
+    def _watch(self, context: Any) -> Watch:
+        """The watch of the invocation `context` (an invocation context, or a callback's
+        or tool's context holding one) belongs to."""
+        invocation = getattr(context, "_invocation_context", context)
+        invocation_id = invocation.invocation_id
         with self._lock:
+            self._contexts[invocation_id] = weakref.ref(invocation)
             w = self._watches.get(invocation_id)
             if w is None:
-                w = self._watches[invocation_id] = self.guard.watch(session_id=session_id)
-                invocations = self._invocations
-                w.on_terminate(lambda _f: _end(invocations.get(invocation_id)))
+                w = self._watches[invocation_id] = self.guard.watch(session_id=invocation.session.id)
+                weakref.finalize(invocation, self._forget, invocation_id)
         trace_id = current_trace_id()
         if trace_id and trace_id not in w.trace_ids:
             w.also(trace_id=trace_id)
         return w
 
     async def before_run_callback(self, *, invocation_context: Any) -> Optional[types.Content]:
-        with self._lock:
-            self._invocations[invocation_context.invocation_id] = invocation_context
-        w = self._watch(invocation_context.invocation_id, invocation_context.session.id)
+        w = self._watch(invocation_context)
+        invocation_id = invocation_context.invocation_id
+        w.on_terminate(lambda _f: self._stop(invocation_id))
         if w.terminated is not None:
             # Terminated before this run (a session resumed after its kill): the run
             # ends with the stop message, before any step.
-            return types.Content(role="model", parts=[types.Part(text=_stop_message(w.terminated))])
+            return _stop_content(w.terminated)
         return None
 
     async def before_model_callback(self, *, callback_context: Any, llm_request: Any) -> Optional[LlmResponse]:
-        w = self._watch(callback_context.invocation_id, callback_context.session.id)
+        w = self._watch(callback_context)
         if w.terminated is not None:
-            self._end(callback_context.invocation_id)
-            text = types.Part(text=_stop_message(w.terminated))
-            return LlmResponse(content=types.Content(role="model", parts=[text]), turn_complete=True)
+            self._stop(callback_context.invocation_id)
+            return LlmResponse(content=_stop_content(w.terminated), turn_complete=True)
         hint = w.take_hint()
         if hint:
             # Into the message the model is about to read (the last user turn: the tool
-            # results), so the conversation keeps alternating roles.
+            # results), so the conversation keeps alternating roles; on a copy, so the
+            # stored session does not keep it.
             text = types.Part(text=hint_message(hint))
             contents = llm_request.contents
             if contents and contents[-1].role == "user":
@@ -88,9 +100,9 @@ class LoopwardenPlugin(BasePlugin):
         return None
 
     async def before_tool_callback(self, *, tool: Any, tool_args: dict, tool_context: Any) -> Optional[dict]:
-        w = self._watch(tool_context.invocation_id, tool_context.session.id)
+        w = self._watch(tool_context)
         if w.terminated is not None:
-            self._end(tool_context.invocation_id)
+            self._stop(tool_context.invocation_id)
             return {"error": _stop_message(w.terminated)}
         return None
 
@@ -98,21 +110,25 @@ class LoopwardenPlugin(BasePlugin):
         self._forget(invocation_context.invocation_id)
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
-        # A run that raised has no `after_run_callback`.
+        # A run that raised has no after-run callback.
         self._forget(invocation_context.invocation_id)
+
+    def _stop(self, invocation_id: str) -> None:
+        """Ends the invocation: from any thread, as the termination arrives."""
+        with self._lock:
+            ref = self._contexts.get(invocation_id)
+        invocation = ref() if ref is not None else None
+        if invocation is None:
+            return
+        abort = getattr(invocation, "abort", None)
+        if callable(abort):
+            abort()
+        else:
+            invocation.end_invocation = True
 
     def _forget(self, invocation_id: str) -> None:
         with self._lock:
             w = self._watches.pop(invocation_id, None)
-            self._invocations.pop(invocation_id, None)
+            self._contexts.pop(invocation_id, None)
         if w is not None:
             w.close()
-
-    def _end(self, invocation_id: str) -> None:
-        with self._lock:
-            _end(self._invocations.get(invocation_id))
-
-
-def _end(invocation: Any) -> None:
-    if invocation is not None:
-        invocation.end_invocation = True
