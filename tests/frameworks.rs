@@ -149,6 +149,17 @@ fn google_adk_stops_the_rest_of_a_sequence_on_termination() {
     framework_with("google-adk", &["sequence"]);
 }
 
+/// A termination that arrives between two agents of a sequence, after the first one's
+/// last callback (its context gone), still aborts the run: the next one never starts.
+#[test]
+fn google_adk_stops_a_sequence_terminated_between_its_agents() {
+    framework_says(
+        "google-adk",
+        &["between"],
+        "ok: the run aborted between its agents",
+    );
+}
+
 /// A run cancelled mid-way (a server dropping the request's task) has no after-run
 /// callback: its watch goes with its context.
 #[test]
@@ -317,7 +328,7 @@ fn is_trace_id(session: &str) -> bool {
 /// both; an agent called as a tool (`AgentTool`, a session of its own in the same trace)
 /// another session, holding its own calls and none of its caller's, nor its caller any
 /// of its. On ADK's schema 1 a run's first tool call comes before anything named under
-/// the agent's span, and takes the trace id: a session of one call, never another run's.
+/// the agent's span, and takes the trace id: a session of its own, never another run's.
 /// Its content comes on spans with `SPAN_ONLY` (schema 2, its default), or in ADK's own
 /// attributes (schema 1), where "{}" stands for content not captured and must not make
 /// every call alike.

@@ -44,7 +44,7 @@ use crate::engine::state::kept_label;
 mod fields;
 use fields::*;
 mod seen;
-use seen::{span_key, Named, SessionsSeen};
+use seen::{span_key, SessionsSeen};
 
 /// The attribute names the mapping reads, by convention.
 pub mod attr {
@@ -557,15 +557,15 @@ impl Mapper {
                     f
                 }
                 Kind::Tool => match tool_fields(l.span, self.max_nesting) {
-                    Some((f, captured)) => {
+                    Ok((f, captured)) => {
                         report.tool_calls += 1;
                         if !captured {
                             report.lacks(service, l.scope, Missing::Content, 1);
                         }
                         f
                     }
-                    None => {
-                        report.skip(Skipped::NoToolName);
+                    Err(why) => {
+                        report.skip(why);
                         continue;
                     }
                 },
@@ -641,34 +641,57 @@ impl Mapper {
             if let (Some(Session::Named(session)), Some(parent)) =
                 (session, span_key(&l.span.trace_id, &l.span.parent_span_id))
             {
-                self.seen.learn(parent, session);
+                self.seen.learn(parent, session, l.kind == Kind::Llm);
             }
         }
-        // A wrapper (of no kind the mapping reads, naming nothing, its parent not in the
-        // request: ADK's `call_llm` in its schema 1) is in its children's session, and
-        // so are its siblings. Not a tool call: its children may be an agent's run in a
-        // session of its own (ADK's `AgentTool`).
+        // A wrapper of a model call (of no kind the mapping reads, naming nothing, its
+        // children naming one session, a model call among them: ADK's `call_llm` in its schema 1) is in that session, and so are its
+        // siblings. One level only: what it passes on makes no wrapper of its parent (a
+        // request handler's span above an agent's run). Not a tool call: its children may
+        // be an agent's run in a session of its own (ADK's `AgentTool`).
         for (i, l) in spans.iter().enumerate() {
-            if sessions[i].is_some() || ancestry.top[i] != i || l.kind != Kind::Other {
+            if sessions[i].is_some() || l.kind != Kind::Other {
                 continue;
             }
             let children = span_key(&l.span.trace_id, &l.span.span_id);
-            let named = children.and_then(|c| self.seen.under(&c).and_then(Named::one).cloned());
+            let named = children.and_then(|c| {
+                let named = self.seen.under(&c)?;
+                named.of_a_model_call().cloned()
+            });
             let parent = span_key(&l.span.trace_id, &l.span.parent_span_id);
             if let (Some(session), Some(parent)) = (named, parent) {
-                self.seen.learn(parent, &session);
+                self.seen.learn(parent, &session, false);
             }
         }
         for (i, session) in sessions.iter_mut().enumerate() {
             if session.is_none() && matches!(spans[i].kind, Kind::Llm | Kind::Tool) {
-                // A chain without a name is its top's: the top's siblings'.
-                let top = spans[ancestry.top[i]].span;
-                let parent = span_key(&top.trace_id, &top.parent_span_id);
-                *session = (parent.and_then(|p| self.seen.under(&p).and_then(Named::one)))
-                    .map(|s| Session::Remembered(s.clone()));
+                *session = self.siblings_session(spans, ancestry, i);
             }
         }
         sessions
+    }
+}
+
+/// The session of span `i`'s siblings, else of its parent's siblings, and so on up its
+/// chain in the request (none of which names one), where they named exactly one.
+impl Mapper {
+    fn siblings_session<'a>(
+        &self,
+        spans: &[Located<'_>],
+        ancestry: &Ancestry,
+        i: usize,
+    ) -> Option<Session<'a>> {
+        let mut at = i;
+        // At most the request's spans: a malformed request may loop its parents.
+        for _ in 0..spans.len() {
+            let span = spans[at].span;
+            let parent = span_key(&span.trace_id, &span.parent_span_id);
+            if let Some(session) = parent.and_then(|p| self.seen.under(&p)?.one().cloned()) {
+                return Some(Session::Remembered(session));
+            }
+            at = ancestry.parent[at]?;
+        }
+        None
     }
 }
 
@@ -723,8 +746,12 @@ fn event(
             event.num("depth", depth);
         }
     }
-    // The nearest agent above this event's own agent, if its session differs.
-    if let Some(parent_agent) = agent.and_then(|a| ancestry.parent_agent(a)) {
+    // The nearest agent above this event's own agent, if its session differs. Not its
+    // trace where this event's session is only remembered: the parent agent's own
+    // session is unknown then, not another.
+    let remembered = matches!(sessions[i], Some(Session::Remembered(_)));
+    let parent_agent = agent.and_then(|a| ancestry.parent_agent(a));
+    if let Some(parent_agent) = parent_agent.filter(|&p| !remembered || sessions[p].is_some()) {
         let parent_session = session_of(spans, sessions, parent_agent);
         if parent_session != session_id {
             event.str("parent_session_id", &parent_session);
@@ -766,8 +793,6 @@ struct Ancestry {
     agents: Vec<usize>,
     /// The chain reaches a span without a parent (the trace's root) inside the request.
     rooted: Vec<bool>,
-    /// The topmost ancestor in the request (itself, if its parent is not in it).
-    top: Vec<usize>,
 }
 
 impl Ancestry {
@@ -794,7 +819,6 @@ impl Ancestry {
             agent: vec![None; n],
             agents: vec![0; n],
             rooted: vec![false; n],
-            top: (0..n).collect(),
         };
         #[derive(Clone, Copy, PartialEq)]
         enum State {
@@ -823,9 +847,9 @@ impl Ancestry {
             };
             // Resolve from the top down.
             while let Some(x) = chain.pop() {
-                let (named, agent, agents, rooted, top) = match above {
-                    Some(p) => (a.named[p], a.agent[p], a.agents[p], a.rooted[p], a.top[p]),
-                    None => (None, None, 0, spans[x].span.parent_span_id.is_empty(), x),
+                let (named, agent, agents, rooted) = match above {
+                    Some(p) => (a.named[p], a.agent[p], a.agents[p], a.rooted[p]),
+                    None => (None, None, 0, spans[x].span.parent_span_id.is_empty()),
                 };
                 let is_agent = spans[x].kind == Kind::Agent;
                 a.named[x] = if names_session(&spans[x].span.attributes) {
@@ -836,7 +860,6 @@ impl Ancestry {
                 a.agent[x] = if is_agent { Some(x) } else { agent };
                 a.agents[x] = agents + usize::from(is_agent);
                 a.rooted[x] = rooted;
-                a.top[x] = top;
                 state[x] = State::Done;
                 above = Some(x);
             }

@@ -4,7 +4,9 @@ ADK's session id, as its spans name it (`gen_ai.conversation.id`). With `resumed
 session terminated while no guard ran (its agent process restarted) is stopped before
 its next run's first model call, by a guard started after the termination. With
 `sequence`: the agent is the first of a `SequentialAgent`, whose next agent must not start.
-With `cancelled`: a run cancelled mid-way (no after-run callback) leaves no watch behind.
+With `between`: a termination that arrives between two agents of a sequence, after the
+last callback of the first, stops the next. With `cancelled`: a run cancelled mid-way
+(no after-run callback) leaves no watch behind.
 
 ADK's model calls go to the scripted OpenAI-compatible model through `adk_model.py`:
 each request is what ADK built, the plugin's hint included."""
@@ -15,6 +17,7 @@ import sys
 import time
 
 import common
+import model_server
 from adk_model import ServedModel, said, stopped_by_guard
 from common import BROKERS, MODEL_URL, TERMINATIONS, WARNINGS, check, guard, publish, requests, verdicts_as_loopwarden
 from loopwarden_guard import Guard
@@ -44,6 +47,26 @@ if sys.argv[1:] == ["sequence"]:
             yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Reviewed.")]))
 
     agent = SequentialAgent(name="pipeline", sub_agents=[agent, Reviewer(name="reviewer")])
+elif sys.argv[1:] == ["between"]:
+    # The coder ends by itself (one model call), then a step that calls no model or tool
+    # while the termination arrives, then the reviewer: the run's abort must reach it,
+    # though no agent's context the plugin saw is alive any more.
+    model_server.SCRIPT["steps"] = [{"text": "Done."}]
+
+    class Waiter(BaseAgent):
+        async def _run_async_impl(self, ctx):
+            publish(TERMINATIONS, {"type": "session.terminated", "schema_version": 1, "event_id": f"t-{SESSION}",
+                                   "session_id": SESSION, "detector": "repeat", "level": "terminate",
+                                   "reason": "the same call failing the same way", "hint": "stopped", "mode": "enforce"})
+            await asyncio.sleep(2.0)
+            yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Waited.")]))
+
+    class Reviewer(BaseAgent):
+        async def _run_async_impl(self, ctx):
+            reviewed.append(ctx.invocation_id)
+            yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Reviewed.")]))
+
+    agent = SequentialAgent(name="pipeline", sub_agents=[agent, Waiter(name="waiter"), Reviewer(name="reviewer")])
 
 
 def tool_calls():
@@ -87,7 +110,21 @@ if sys.argv[1:] == ["cancelled"]:
 
     watched = asyncio.run(cancelled())
     gc.collect()
-    left = len(plugin._watches)
+
+    class Quick(BaseAgent):
+        async def _run_async_impl(self, ctx):
+            yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Done.")]))
+
+    async def next_run():
+        # The plugin's next run, of another session: the cancelled run is forgotten then.
+        runner = InMemoryRunner(agent=Quick(name="quick"), app_name="app", plugins=[plugin])
+        await runner.session_service.create_session(app_name="app", user_id="user", session_id=SESSION + "-next")
+        message = types.Content(role="user", parts=[types.Part(text="go")])
+        async for _ in runner.run_async(user_id="user", session_id=SESSION + "-next", new_message=message):
+            pass
+
+    asyncio.run(next_run())
+    left = len(plugin._watches) + len(guard._watches)
     guard.close()
     if watched != 1 or left:
         print(f"FAILED: {watched} watched during the run, {left} left after its cancellation")
@@ -115,4 +152,11 @@ last = asyncio.run(main())
 if reviewed:
     print("FAILED: the sequence's next agent ran after the termination")
     sys.exit(1)
+if sys.argv[1:] == ["between"]:
+    guard.close()
+    if not stopped_by_guard(last):
+        print(f"FAILED: the run was not ended: {last!r}")
+        sys.exit(1)
+    print("ok: the run aborted between its agents")
+    sys.exit(0)
 check(stopped_by_guard(last))

@@ -287,34 +287,37 @@ pub(super) fn openinference_output(a: &[KeyValue]) -> Option<(String, u32)> {
 
 /// The `tool.called` fields of a tool span, and whether its content was captured;
 /// `None` without a tool name.
-pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)> {
+pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Result<(Obj, bool), Skipped> {
     let a = &span.attributes[..];
     let tool = [attr::GEN_AI_TOOL_NAME, attr::TOOL_NAME]
         .into_iter()
-        .find_map(|k| string(a, k).filter(|s| !s.is_empty()))?;
+        .find_map(|k| string(a, k).filter(|s| !s.is_empty()))
+        .ok_or(Skipped::NoToolName)?;
+    if tool == ADK_MERGED_TOOLS {
+        return Err(Skipped::NotAgentStep);
+    }
     let mut m = Obj::new();
     m.str("type", "tool.called").str("tool", tool);
     // Arguments and result as attributes (GenAI, OpenInference, Google ADK's own), else
     // as the span events Strands writes by default (`gen_ai.tool.message`,
     // `gen_ai.choice`). ADK's placeholders are read as not captured, or every call would
-    // look like every other: "{}" for both where content capture is off, and a response
+    // look like every other: "{}" for both where content capture is off (a tool's own
+    // empty response beside real arguments is read), and a response
     // `{"result": "<not specified>"}` where the tool raised (then what it raised answers).
-    let adk_args = string(a, attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS);
-    let adk_response = string(a, attr::GCP_VERTEX_AGENT_TOOL_RESPONSE);
-    let adk_uncaptured = adk_args.is_some_and(|r| r.trim() == "{}")
-        && adk_response.is_some_and(|r| r.trim() == "{}");
-    let adk_args = adk_args.filter(|_| !adk_uncaptured);
-    let adk_response = adk_response.filter(|r| !adk_no_response(r));
-    let args = string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS)
-        .or_else(|| string(a, attr::INPUT_VALUE))
+    let args = string(a, attr::GEN_AI_TOOL_CALL_ARGUMENTS).or_else(|| string(a, attr::INPUT_VALUE));
+    let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT).or_else(|| string(a, attr::OUTPUT_VALUE));
+    let (adk_args, adk_response) = match (args, result) {
+        (Some(_), Some(_)) => (None, None),
+        _ => adk_tool_content(a),
+    };
+    let args = args
         .or(adk_args)
         .or_else(|| event_string(span, event::GEN_AI_TOOL_MESSAGE, event::CONTENT));
     let failed = span
         .status
         .as_ref()
         .is_some_and(|s| s.code == StatusCode::Error as i32);
-    let result = string(a, attr::GEN_AI_TOOL_CALL_RESULT)
-        .or_else(|| string(a, attr::OUTPUT_VALUE))
+    let result = result
         .or(adk_response)
         .or_else(|| event_string(span, event::GEN_AI_CHOICE, event::MESSAGE));
     // LangChain's tool spans may carry its callback handler's whole records (the run's
@@ -366,19 +369,32 @@ pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Option<(Obj, bool)
         .end_time_unix_nano
         .saturating_sub(span.start_time_unix_nano);
     m.num("duration_ms", (duration_ns / 1_000) as f64 / 1_000.0);
-    Some((m, captured))
+    Ok((m, captured))
 }
 
-/// Google ADK's tool response where it has none to give: `{}` (content capture off, or a
-/// tool's own empty response, which ADK cannot tell apart) and `{"result": "<not
-/// specified>"}` (the tool raised).
-fn adk_no_response(response: &str) -> bool {
+/// The tool name of Google ADK's span over tool calls made together
+/// (`trace_merged_tool_calls`), each of which has its own span: no call.
+pub(super) const ADK_MERGED_TOOLS: &str = "(merged tools)";
+
+/// A tool call's arguments and response in Google ADK's own attributes (its schema 1),
+/// but for its placeholders.
+fn adk_tool_content(a: &[KeyValue]) -> (Option<&str>, Option<&str>) {
+    let args = string(a, attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS);
+    let response = string(a, attr::GCP_VERTEX_AGENT_TOOL_RESPONSE);
+    let uncaptured =
+        args.is_none_or(|r| r.trim() == "{}") && response.is_some_and(|r| r.trim() == "{}");
+    if uncaptured {
+        return (None, None);
+    }
+    (args, response.filter(|r| !adk_raised(r)))
+}
+
+/// Google ADK's tool response where the tool raised: `{"result": "<not specified>"}`.
+fn adk_raised(response: &str) -> bool {
     match serde_json::from_str::<serde_json::Value>(response) {
         Ok(serde_json::Value::Object(m)) => {
-            m.is_empty()
-                || (m.len() == 1
-                    && m.get("result").and_then(serde_json::Value::as_str)
-                        == Some("<not specified>"))
+            m.len() == 1
+                && m.get("result").and_then(serde_json::Value::as_str) == Some("<not specified>")
         }
         _ => false,
     }

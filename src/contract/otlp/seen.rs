@@ -10,10 +10,13 @@
 //!
 //! What it owns: for each span whose children named a session, that session (or that
 //! they named several). An LLM or tool call that names none, nor has an ancestor in its
-//! export that does, takes its siblings' session (the children of its chain's top's
-//! parent), where they named exactly one. A framework's span wrapping a model call (of
-//! no kind the mapping reads, naming nothing, as ADK's `call_llm` in its schema 1) passes
-//! its children's session on to its own siblings. Nothing else is inferred: not a tool
+//! export that does, takes its siblings' session (the other children of its parent), else
+//! its parent's siblings' and so on up its ancestors in its export, where they named
+//! exactly one. A framework's span wrapping a model call (of
+//! no kind the mapping reads, naming nothing, whose children named one session, a model
+//! call among them: ADK's `call_llm` in its schema 1) passes that session on to its own
+//! siblings, one level only (what it passed on makes no wrapper of its parent). Nothing
+//! else is inferred: not a tool
 //! call's session from its children (an agent called as a tool runs in a session of its
 //! own under it), nor from its trace or its agent (a trace may hold several runs of one
 //! agent, each its own session, and a run's first call would go to the run before).
@@ -30,6 +33,8 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 
+use crate::contract::event::MAX_SESSION_ID_BYTES;
+
 /// Keys a generation holds before it becomes the older one (and the older one is
 /// dropped): one a parent span with a named child (an agent's run; each model call where a
 /// framework wraps it in a span of its own). Both generations full take about 11 MB of
@@ -40,15 +45,31 @@ pub const GENERATION: usize = 1 << 16;
 /// What the spans under a key named.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Named {
-    One(Arc<str>),
+    /// One session; `model_call`: a model call among the spans that named it (not only
+    /// what a wrapper passed on).
+    One {
+        session: Arc<str>,
+        model_call: bool,
+    },
     Several,
 }
 
 impl Named {
     pub(super) fn one(&self) -> Option<&Arc<str>> {
         match self {
-            Named::One(s) => Some(s),
+            Named::One { session, .. } => Some(session),
             Named::Several => None,
+        }
+    }
+
+    /// The one session, where a model call named it.
+    pub(super) fn of_a_model_call(&self) -> Option<&Arc<str>> {
+        match self {
+            Named::One {
+                session,
+                model_call: true,
+            } => Some(session),
+            _ => None,
         }
     }
 }
@@ -75,10 +96,23 @@ impl<K: Hash + Eq> Generations<K> {
         self.current.get(key).or_else(|| self.previous.get(key))
     }
 
-    /// Spans under `key` named `session` (`shared` makes it, only for a new key).
-    fn learn(&mut self, key: K, session: &str, shared: impl FnOnce() -> Arc<str>) {
-        match self.current.get(&key) {
-            Some(Named::One(s)) if &**s == session => return,
+    /// A span under `key` (a model call, or not) named `session` (`shared` makes it,
+    /// only for a new key).
+    fn learn(
+        &mut self,
+        key: K,
+        session: &str,
+        model_call: bool,
+        shared: impl FnOnce() -> Arc<str>,
+    ) {
+        match self.current.get_mut(&key) {
+            Some(Named::One {
+                session: s,
+                model_call: m,
+            }) if &**s == session => {
+                *m |= model_call;
+                return;
+            }
             Some(Named::Several) => return,
             _ => {}
         }
@@ -87,9 +121,18 @@ impl<K: Hash + Eq> Generations<K> {
             .remove(&key)
             .or_else(|| self.previous.remove(&key))
         {
-            Some(Named::One(s)) if &*s == session => Named::One(s),
+            Some(Named::One {
+                session: s,
+                model_call: m,
+            }) if &*s == session => Named::One {
+                session: s,
+                model_call: m || model_call,
+            },
             Some(_) => Named::Several,
-            None => Named::One(shared()),
+            None => Named::One {
+                session: shared(),
+                model_call,
+            },
         };
         if self.current.len() >= self.capacity {
             self.previous = std::mem::take(&mut self.current);
@@ -138,17 +181,23 @@ impl SessionsSeen {
         }
     }
 
-    /// A span under `parent` named `session`.
-    pub(super) fn learn(&mut self, parent: SpanKey, session: &str) {
+    /// A span under `parent` (a model call, or not) named `session`. Not a session id
+    /// longer than the contract takes (its events are dead-lettered): the memory's size
+    /// is bounded in bytes too.
+    pub(super) fn learn(&mut self, parent: SpanKey, session: &str, model_call: bool) {
+        if session.len() > MAX_SESSION_ID_BYTES {
+            return;
+        }
         let last = &mut self.last;
-        self.under.learn(parent, session, || match last {
-            Some(s) if &**s == session => s.clone(),
-            _ => {
-                let s: Arc<str> = Arc::from(session);
-                *last = Some(s.clone());
-                s
-            }
-        });
+        self.under
+            .learn(parent, session, model_call, || match last {
+                Some(s) if &**s == session => s.clone(),
+                _ => {
+                    let s: Arc<str> = Arc::from(session);
+                    *last = Some(s.clone());
+                    s
+                }
+            });
     }
 
     /// What the children of span `key` named.
@@ -170,12 +219,16 @@ mod tests {
     #[test]
     fn a_key_that_named_two_sessions_names_none() {
         let mut g = Generations::new(8);
-        g.learn(1u8, "a", || "a".into());
-        g.learn(1, "a", || unreachable!("known"));
-        assert_eq!(g.get(&1), Some(&Named::One("a".into())));
-        g.learn(1, "b", || "b".into());
+        g.learn(1u8, "a", false, || "a".into());
+        g.learn(1, "a", true, || unreachable!("known"));
+        let a = Named::One {
+            session: "a".into(),
+            model_call: true,
+        };
+        assert_eq!(g.get(&1), Some(&a), "a model call among them");
+        g.learn(1, "b", false, || "b".into());
         assert_eq!(g.get(&1), Some(&Named::Several));
-        g.learn(1, "a", || "a".into());
+        g.learn(1, "a", true, || "a".into());
         assert_eq!(g.get(&1), Some(&Named::Several), "several stays several");
     }
 
@@ -183,9 +236,12 @@ mod tests {
     fn keys_learnt_for_one_session_share_its_id() {
         let mut seen = SessionsSeen::with_capacity(8);
         let key = |k: u8| [k; 24];
-        seen.learn(key(1), "adk-1");
-        seen.learn(key(2), "adk-1");
-        seen.learn(key(3), "adk-2");
+        seen.learn(key(1), "adk-1", true);
+        seen.learn(key(2), "adk-1", false);
+        seen.learn(key(3), "adk-2", true);
+        // An id longer than the contract takes is not kept.
+        seen.learn(key(4), &"x".repeat(MAX_SESSION_ID_BYTES + 1), true);
+        assert!(seen.under(&key(4)).is_none());
         let one = |k: u8| seen.under(&key(k)).and_then(Named::one).unwrap().clone();
         assert!(Arc::ptr_eq(&one(1), &one(2)));
         assert_eq!(&*one(3), "adk-2");
@@ -195,12 +251,12 @@ mod tests {
     fn the_oldest_keys_are_forgotten_first_and_the_rest_kept() {
         let mut g = Generations::new(4);
         for k in 0..5u32 {
-            g.learn(k, "s", || "s".into());
+            g.learn(k, "s", false, || "s".into());
         }
         // Keys 0 to 3 are the older generation now; 0 used again moves to the newer.
-        g.learn(0, "s", || "s".into());
+        g.learn(0, "s", false, || "s".into());
         for k in 5..8u32 {
-            g.learn(k, "s", || "s".into());
+            g.learn(k, "s", false, || "s".into());
         }
         assert!(g.len() <= 8);
         assert!(g.get(&0).is_some(), "used again, kept");
@@ -209,7 +265,7 @@ mod tests {
             assert!(g.get(&k).is_none(), "key {k} forgotten");
         }
         for k in 8..100u32 {
-            g.learn(k, "s", || "s".into());
+            g.learn(k, "s", false, || "s".into());
             assert!(g.len() <= 8, "bounded");
         }
     }

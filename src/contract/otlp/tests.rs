@@ -943,6 +943,82 @@ fn a_model_call_wrapped_in_a_span_of_its_own_names_its_wrappers_siblings() {
             "wrapper first: {wrapper_first}"
         );
     }
+    // One level only: what `call_llm` (5) passed on to the span above it (9, another span
+    // of no kind the mapping reads) makes no wrapper of that span; a tool call under it
+    // is the run's, one under its parent (4) is not.
+    let sessions = sessions_by_export(
+        &mut Mapper::default(),
+        vec![
+            vec![step(6, 5, "chat", "coder", Some("adk-1"))],
+            vec![internal(5, 9, None)],
+            vec![internal(9, 4, None)],
+            vec![step(7, 4, "tool", "other", None)],
+            vec![step(8, 9, "tool", "coder", None)],
+        ],
+    );
+    assert_eq!(sessions, ["adk-1", TRACE, "adk-1"]);
+    // And only a model call's wrapper: ADK's `invocation` span (4, under a request
+    // handler's span 3) holds the agent's run (9, naming `adk-1`), not a model call;
+    // another model call of the handler's (2, a title for the chat) is not the run's.
+    let sessions = sessions_by_export(
+        &mut Mapper::default(),
+        vec![
+            vec![agent_run(9, 4, "coder", "adk-1")],
+            vec![internal(4, 3, None)],
+            vec![step(2, 3, "chat", "titler", None)],
+        ],
+    );
+    assert_eq!(sessions, [TRACE]);
+}
+
+#[test]
+fn a_call_that_only_remembers_its_session_names_no_parent_session() {
+    // A tool call under an unnamed sub-agent's span (10, under the unnamed agent 9): its
+    // siblings named `adk-1`; its parent agent's own session is unknown, and not its
+    // trace.
+    let sub = |id: u8, parent: u8| {
+        span(
+            id,
+            Some(parent),
+            1_000 + id as u64,
+            vec![
+                s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+                s(attr::GEN_AI_AGENT_NAME, "helper"),
+            ],
+        )
+    };
+    let mut mapper = Mapper::default();
+    events(
+        &mut mapper,
+        &request(vec![], vec![step(1, 10, "chat", "helper", Some("adk-1"))]),
+    );
+    let (ev, _) = events(
+        &mut mapper,
+        &request(
+            vec![],
+            vec![step(2, 10, "tool", "helper", None), sub(10, 9), sub(9, 7)],
+        ),
+    );
+    assert_eq!(ev[0]["session_id"], "adk-1");
+    assert!(ev[0].get("parent_session_id").is_none(), "{}", ev[0]);
+}
+
+#[test]
+fn google_adks_span_over_calls_made_together_is_not_a_call() {
+    let merged = span(
+        1,
+        None,
+        1_000,
+        vec![
+            s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
+            s(attr::GEN_AI_TOOL_NAME, "(merged tools)"),
+            s(attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS, "N/A"),
+            s(attr::GCP_VERTEX_AGENT_TOOL_RESPONSE, "[]"),
+        ],
+    );
+    let (ev, report) = events(&mut Mapper::default(), &request(vec![], vec![merged]));
+    assert!(ev.is_empty(), "{ev:?}");
+    assert_eq!(report.tool_calls, 0);
 }
 
 #[test]
@@ -1073,6 +1149,13 @@ fn google_adks_own_tool_content_is_read_and_its_placeholders_are_not() {
     assert_eq!(ev[2]["args"], json!({"path": "tests/"}));
     assert_eq!(ev[2]["result"], "ValueError: no such directory: tests/");
     assert_eq!(report.uncaptured(Missing::Content), 1);
+    // A tool's own empty response, beside real arguments: read.
+    let (ev, report) = events(
+        &mut Mapper::default(),
+        &request(vec![], vec![adk(4, r#"{"path": "tests/"}"#, "{}")]),
+    );
+    assert_eq!(ev[0]["result"], json!({}));
+    assert_eq!(report.uncaptured(Missing::Content), 0);
     // Eight calls with capture off: no loop found.
     let off = (1..=8).map(|i| adk(i, "{}", "{}")).collect();
     let (ev, _) = events(&mut Mapper::default(), &request(vec![], off));

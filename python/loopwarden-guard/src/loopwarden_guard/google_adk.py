@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import deque
 from typing import Any, Optional
 
 from google.adk.models.llm_response import LlmResponse
@@ -49,23 +50,30 @@ class LoopwardenPlugin(BasePlugin):
     def __init__(self, guard: Guard, name: str = "loopwarden"):
         super().__init__(name=name)
         self.guard = guard
-        # By invocation id: its watch, and its context as last seen (weakly: a run
-        # cancelled without its after-run callback is forgotten with its context).
+        # By invocation id: its watch; the run's own context with a token of this run
+        # (`abort()` on it reaches every agent's copy); the copy last seen in a callback
+        # (for an ADK without `abort()`). Contexts weakly: a run cancelled without its
+        # after-run callback is forgotten once its context is collected.
         self._watches: dict[str, Watch] = {}
-        self._contexts: dict[str, weakref.ref] = {}
+        self._runs: dict[str, tuple[weakref.ref, object]] = {}
+        self._live: dict[str, weakref.ref] = {}
         self._lock = threading.Lock()
+        # Runs whose context was collected, forgotten at the plugin's next callback: the
+        # collector runs a finalizer on whatever thread allocates, inside whatever lock
+        # it holds, so the finalizer only appends here (atomic, no lock).
+        self._gone: deque[tuple[str, object]] = deque()
 
     def _watch(self, context: Any) -> Watch:
         """The watch of the invocation `context` (an invocation context, or a callback's
         or tool's context holding one) belongs to."""
+        self._forget_gone()
         invocation = getattr(context, "_invocation_context", context)
         invocation_id = invocation.invocation_id
         with self._lock:
-            self._contexts[invocation_id] = weakref.ref(invocation)
+            self._live[invocation_id] = weakref.ref(invocation)
             w = self._watches.get(invocation_id)
             if w is None:
                 w = self._watches[invocation_id] = self.guard.watch(session_id=invocation.session.id)
-                weakref.finalize(invocation, self._forget, invocation_id)
         trace_id = current_trace_id()
         if trace_id and trace_id not in w.trace_ids:
             w.also(trace_id=trace_id)
@@ -74,6 +82,10 @@ class LoopwardenPlugin(BasePlugin):
     async def before_run_callback(self, *, invocation_context: Any) -> Optional[types.Content]:
         w = self._watch(invocation_context)
         invocation_id = invocation_context.invocation_id
+        token = object()
+        with self._lock:
+            self._runs[invocation_id] = (weakref.ref(invocation_context), token)
+        weakref.finalize(invocation_context, self._gone.append, (invocation_id, token))
         w.on_terminate(lambda _f: self._stop(invocation_id))
         if w.terminated is not None:
             # Terminated before this run (a session resumed after its kill): the run
@@ -108,6 +120,7 @@ class LoopwardenPlugin(BasePlugin):
 
     async def after_run_callback(self, *, invocation_context: Any) -> None:
         self._forget(invocation_context.invocation_id)
+        self._forget_gone()
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
         # A run that raised has no after-run callback.
@@ -116,19 +129,34 @@ class LoopwardenPlugin(BasePlugin):
     def _stop(self, invocation_id: str) -> None:
         """Ends the invocation: from any thread, as the termination arrives."""
         with self._lock:
-            ref = self._contexts.get(invocation_id)
-        invocation = ref() if ref is not None else None
-        if invocation is None:
-            return
-        abort = getattr(invocation, "abort", None)
+            run = self._runs.get(invocation_id)
+            live = self._live.get(invocation_id)
+        root = run[0]() if run is not None else None
+        abort = getattr(root, "abort", None)
         if callable(abort):
             abort()
-        else:
-            invocation.end_invocation = True
+            return
+        copy = live() if live is not None else None
+        if copy is not None:
+            copy.end_invocation = True
 
-    def _forget(self, invocation_id: str) -> None:
+    def _forget(self, invocation_id: str, token: object = None) -> None:
+        """Forgets a run (only the run of `token`, where given: a context collected late
+        must not take a later run's watch of the same invocation id)."""
         with self._lock:
+            run = self._runs.get(invocation_id)
+            if token is not None and (run is None or run[1] is not token):
+                return
             w = self._watches.pop(invocation_id, None)
-            self._contexts.pop(invocation_id, None)
+            self._runs.pop(invocation_id, None)
+            self._live.pop(invocation_id, None)
         if w is not None:
             w.close()
+
+    def _forget_gone(self) -> None:
+        while True:
+            try:
+                invocation_id, token = self._gone.popleft()
+            except IndexError:
+                return
+            self._forget(invocation_id, token)
