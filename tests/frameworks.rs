@@ -176,39 +176,9 @@ fn google_adk_forgets_a_cancelled_runs_watch() {
 /// `loopwarden replay` of them, the session named by the attribute the README gives
 /// (`traceloop.association.properties.thread_id`): every output is thread `thread-<mode>`'s.
 fn openllmetry_langgraph(mode: &str) -> Vec<serde_json::Value> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = tempfile::tempdir().unwrap();
-    let spans = dir.path().join("spans.jsonl");
-    let out = Command::new(framework_python("langgraph"))
-        .arg(manifest.join("tests/frameworks/traced_openllmetry.py"))
-        .arg(&spans)
-        .arg(mode)
-        .output()
-        .expect("run the traced agent");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{mode}: {said}");
-    let config = dir.path().join("loopwarden.toml");
-    std::fs::write(
-        &config,
-        "[ingest.otlp]\nsession_attribute = \"traceloop.association.properties.thread_id\"\n",
-    )
-    .unwrap();
-    let replayed = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
-        .arg("replay")
-        .arg("--config")
-        .arg(&config)
-        .arg(&spans)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&replayed.stderr);
-    assert!(replayed.status.success(), "{mode}: {said}");
-    assert!(
-        said.contains("tool calls"),
-        "{mode}: not read as OTLP: {said}"
-    );
-    let outputs: Vec<serde_json::Value> = (String::from_utf8(replayed.stdout).unwrap().lines())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let config =
+        "[ingest.otlp]\nsession_attribute = \"traceloop.association.properties.thread_id\"\n";
+    let (_, outputs) = traced("langgraph", "traced_openllmetry.py", mode, Some(config));
     let thread = format!("thread-{mode}");
     let others: Vec<&serde_json::Value> = (outputs.iter())
         .filter(|o| o["session_id"] != thread.as_str())
@@ -218,6 +188,46 @@ fn openllmetry_langgraph(mode: &str) -> Vec<serde_json::Value> {
         "{mode}: not all {thread}'s: {others:?}"
     );
     outputs
+}
+
+/// `tests/frameworks/<script> OUT mode` in `framework`'s virtualenv, which writes the
+/// traced agent's spans as OTLP JSON to OUT; then `loopwarden replay` of them (with
+/// `config`, if any). Returns what the script printed and the outputs.
+fn traced(
+    framework: &str,
+    script: &str,
+    mode: &str,
+    config: Option<&str>,
+) -> (String, Vec<serde_json::Value>) {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let spans = dir.path().join("spans.jsonl");
+    let out = Command::new(framework_python(framework))
+        .arg(manifest.join("tests/frameworks").join(script))
+        .arg(&spans)
+        .arg(mode)
+        .output()
+        .expect("run the traced agent");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{mode}: {said}");
+    let mut replay = Command::new(env!("CARGO_BIN_EXE_loopwarden"));
+    replay.arg("replay");
+    if let Some(config) = config {
+        let path = dir.path().join("loopwarden.toml");
+        std::fs::write(&path, config).unwrap();
+        replay.arg("--config").arg(path);
+    }
+    let replayed = replay.arg(&spans).output().unwrap();
+    let said = String::from_utf8_lossy(&replayed.stderr);
+    assert!(replayed.status.success(), "{mode}: {said}");
+    assert!(
+        said.contains("tool calls"),
+        "{mode}: not read as OTLP: {said}"
+    );
+    let outputs = (String::from_utf8(replayed.stdout).unwrap().lines())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (String::from_utf8(out.stdout).unwrap(), outputs)
 }
 
 /// OpenLLMetry's LangChain instrumentation writes LangChain's whole callback records as
@@ -256,36 +266,11 @@ fn langgraph_traced_by_openllmetry_is_judged_on_its_calls() {
 /// own telemetry (no loopwarden code in it), each span exported as it ends; then
 /// `loopwarden replay` of its spans. Returns the run's ADK session id and the outputs.
 fn adk(mode: &str) -> (String, Vec<serde_json::Value>) {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = tempfile::tempdir().unwrap();
-    let spans = dir.path().join("spans.jsonl");
-    let out = Command::new(framework_python("google-adk"))
-        .arg(manifest.join("tests/frameworks/traced_adk.py"))
-        .arg(&spans)
-        .arg(mode)
-        .output()
-        .expect("run the traced agent");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{mode}: {said}");
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let (stdout, outputs) = traced("google-adk", "traced_adk.py", mode, None);
     let session = (stdout.lines())
         .find_map(|l| l.strip_prefix("session "))
         .unwrap_or_else(|| panic!("{mode}: no session: {stdout}"))
         .to_string();
-    let replayed = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
-        .arg("replay")
-        .arg(&spans)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&replayed.stderr);
-    assert!(replayed.status.success(), "{mode}: {said}");
-    assert!(
-        said.contains("tool calls"),
-        "{mode}: not read as OTLP: {said}"
-    );
-    let outputs = (String::from_utf8(replayed.stdout).unwrap().lines())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     (session, outputs)
 }
 

@@ -645,10 +645,11 @@ impl Mapper {
             }
         }
         // A wrapper of a model call (of no kind the mapping reads, naming nothing, its
-        // children naming one session, a model call among them: ADK's `call_llm` in its schema 1) is in that session, and so are its
-        // siblings. One level only: what it passes on makes no wrapper of its parent (a
-        // request handler's span above an agent's run). Not a tool call: its children may
-        // be an agent's run in a session of its own (ADK's `AgentTool`).
+        // children naming one session, a model call among them: ADK's `call_llm` in its
+        // schema 1) is in that session, and so are its siblings. One level only: what it
+        // passes on makes no wrapper of its parent (a request handler's span above an
+        // agent's run). Not a tool call: its children may be an agent's run in a session
+        // of its own (ADK's `AgentTool`).
         for (i, l) in spans.iter().enumerate() {
             if sessions[i].is_some() || l.kind != Kind::Other {
                 continue;
@@ -670,11 +671,10 @@ impl Mapper {
         }
         sessions
     }
-}
 
-/// The session of span `i`'s siblings, else of its parent's siblings, and so on up its
-/// chain in the request (none of which names one), where they named exactly one.
-impl Mapper {
+    /// The session of span `i`'s siblings, else of its parent's siblings, and so on up
+    /// its ancestors in the request (none of which names one), where they named exactly
+    /// one.
     fn siblings_session<'a>(
         &self,
         spans: &[Located<'_>],
@@ -719,6 +719,8 @@ fn session_of(spans: &[Located<'_>], sessions: &[Option<Session<'_>>], i: usize)
         .map_or_else(|| hex(&spans[i].span.trace_id), |s| s.name().to_string())
 }
 
+/// Span `i`'s event: `fields` with its session, ids, time, agent, depth and parent
+/// session.
 fn event(
     spans: &[Located<'_>],
     i: usize,

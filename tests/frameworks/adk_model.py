@@ -61,6 +61,19 @@ class ServedModel(BaseLlm):
         )
 
 
+async def run(agent, plugin, session_id, text="fix the bug", app_name="app"):
+    """One run of `agent` in a new session `session_id`, with `plugin`: its last event."""
+    from google.adk.runners import InMemoryRunner
+
+    runner = InMemoryRunner(agent=agent, app_name=app_name, plugins=[plugin])
+    await runner.session_service.create_session(app_name=app_name, user_id="user", session_id=session_id)
+    message = types.Content(role="user", parts=[types.Part(text=text)])
+    last = None
+    async for event in runner.run_async(user_id="user", session_id=session_id, new_message=message):
+        last = event
+    return last
+
+
 def said(event):
     """The text of an ADK event (a run's last: the stop message, where the guard ended it)."""
     return "".join(p.text or "" for p in (event.content.parts or [])) if event and event.content else ""

@@ -58,6 +58,14 @@ def publish(topic, finding):
     producer.flush(10)
 
 
+def terminate(session_id):
+    """Publishes, as loopwarden would, the termination of `session_id`, outside any run
+    (a session terminated while its agent process was down)."""
+    publish(TERMINATIONS, {"type": "session.terminated", "schema_version": 1, "event_id": f"t-{session_id}",
+                           "session_id": session_id, "detector": "repeat", "level": "terminate",
+                           "reason": "the same call failing the same way", "hint": "stopped", "mode": "enforce"})
+
+
 def verdicts_as_loopwarden(session_id=None, trace_id=None):
     """Called by the agent's tool: at its 3rd call loopwarden warns, at its 6th it
     terminates (published as loopwarden does; given time to arrive, as a real tool's

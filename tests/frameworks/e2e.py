@@ -210,10 +210,8 @@ elif FRAMEWORK == "langgraph":
 elif FRAMEWORK == "google-adk":
     import asyncio
 
-    from adk_model import ServedModel, stopped_by_guard
+    from adk_model import ServedModel, run, stopped_by_guard
     from google.adk.agents import LlmAgent
-    from google.adk.runners import InMemoryRunner
-    from google.genai import types
     from loopwarden_guard.google_adk import LoopwardenPlugin
 
     session = f"adk-{time.time_ns()}"
@@ -223,17 +221,7 @@ elif FRAMEWORK == "google-adk":
         tools=list(TOOLS.values()),
         instruction="Fix the bug.",
     )
-
-    async def run():
-        runner = InMemoryRunner(agent=agent, app_name="e2e", plugins=[LoopwardenPlugin(guard)])
-        await runner.session_service.create_session(app_name="e2e", user_id="user", session_id=session)
-        message = types.Content(role="user", parts=[types.Part(text="fix the bug")])
-        last = None
-        async for event in runner.run_async(user_id="user", session_id=session, new_message=message):
-            last = event
-        return last
-
-    stopped = stopped_by_guard(asyncio.run(run()))
+    stopped = stopped_by_guard(asyncio.run(run(agent, LoopwardenPlugin(guard), session, app_name="e2e")))
 else:
     sys.exit(f"unknown framework {FRAMEWORK}")
 

@@ -18,8 +18,8 @@ import time
 
 import common
 import model_server
-from adk_model import ServedModel, said, stopped_by_guard
-from common import BROKERS, MODEL_URL, TERMINATIONS, WARNINGS, check, guard, publish, requests, verdicts_as_loopwarden
+from adk_model import ServedModel, run, said, stopped_by_guard
+from common import BROKERS, MODEL_URL, TERMINATIONS, WARNINGS, check, guard, requests, terminate, verdicts_as_loopwarden
 from loopwarden_guard import Guard
 from google.adk.agents import BaseAgent, LlmAgent, SequentialAgent
 from google.adk.events import Event
@@ -55,9 +55,7 @@ elif sys.argv[1:] == ["between"]:
 
     class Waiter(BaseAgent):
         async def _run_async_impl(self, ctx):
-            publish(TERMINATIONS, {"type": "session.terminated", "schema_version": 1, "event_id": f"t-{SESSION}",
-                                   "session_id": SESSION, "detector": "repeat", "level": "terminate",
-                                   "reason": "the same call failing the same way", "hint": "stopped", "mode": "enforce"})
+            terminate(SESSION)
             await asyncio.sleep(2.0)
             yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Waited.")]))
 
@@ -74,13 +72,7 @@ def tool_calls():
 
 
 async def main():
-    runner = InMemoryRunner(agent=agent, app_name="app", plugins=[LoopwardenPlugin(guard)])
-    await runner.session_service.create_session(app_name="app", user_id="user", session_id=SESSION)
-    message = types.Content(role="user", parts=[types.Part(text="fix the bug")])
-    last = None
-    async for event in runner.run_async(user_id="user", session_id=SESSION, new_message=message):
-        last = event
-    return last
+    return await run(agent, LoopwardenPlugin(guard), SESSION)
 
 
 if sys.argv[1:] == ["cancelled"]:
@@ -93,11 +85,11 @@ if sys.argv[1:] == ["cancelled"]:
         await runner.session_service.create_session(app_name="app", user_id="user", session_id=SESSION)
         message = types.Content(role="user", parts=[types.Part(text="fix the bug")])
 
-        async def run():
+        async def consume():
             async for _ in runner.run_async(user_id="user", session_id=SESSION, new_message=message):
                 pass
 
-        task = asyncio.create_task(run())
+        task = asyncio.create_task(consume())
         while not requests:
             await asyncio.sleep(0.01)
         watched = len(plugin._watches)
@@ -117,11 +109,7 @@ if sys.argv[1:] == ["cancelled"]:
 
     async def next_run():
         # The plugin's next run, of another session: the cancelled run is forgotten then.
-        runner = InMemoryRunner(agent=Quick(name="quick"), app_name="app", plugins=[plugin])
-        await runner.session_service.create_session(app_name="app", user_id="user", session_id=SESSION + "-next")
-        message = types.Content(role="user", parts=[types.Part(text="go")])
-        async for _ in runner.run_async(user_id="user", session_id=SESSION + "-next", new_message=message):
-            pass
+        await run(Quick(name="quick"), plugin, SESSION + "-next", text="go")
 
     asyncio.run(next_run())
     left = len(plugin._watches) + len(guard._watches)
@@ -136,9 +124,7 @@ if sys.argv[1:] == ["resumed"]:
     # A session terminated while no guard ran (its agent process restarted): the guard
     # started after the termination ends the resumed run before its first model call.
     guard.close()
-    publish(TERMINATIONS, {"type": "session.terminated", "schema_version": 1, "event_id": f"t-{SESSION}",
-                           "session_id": SESSION, "detector": "repeat", "level": "terminate",
-                           "reason": "the same call failing the same way", "hint": "stopped", "mode": "enforce"})
+    terminate(SESSION)
     guard = Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS).start()
     last = asyncio.run(main())
     guard.close()

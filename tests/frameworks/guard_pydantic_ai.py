@@ -6,7 +6,7 @@ before its next run's first model call, by a guard started after the termination
 import sys
 import time
 
-from common import BROKERS, MODEL_URL, TERMINATIONS, WARNINGS, check, guard, publish, requests, verdicts_as_loopwarden
+from common import BROKERS, MODEL_URL, TERMINATIONS, WARNINGS, check, guard, requests, terminate, verdicts_as_loopwarden
 from loopwarden_guard import Guard, SessionTerminated
 from loopwarden_guard.pydantic_ai import LoopwardenCapability
 from pydantic_ai import Agent
@@ -28,9 +28,7 @@ def run_tests(path: str) -> str:
 
 if sys.argv[1:] == ["resumed"]:
     guard.close()
-    publish(TERMINATIONS, {"type": "session.terminated", "schema_version": 1, "event_id": f"t-{CONVERSATION}",
-                           "session_id": CONVERSATION, "detector": "repeat", "level": "terminate",
-                           "reason": "the same call failing the same way", "hint": "stopped", "mode": "enforce"})
+    terminate(CONVERSATION)
     restarted = Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS).start()
     agent = Agent(
         OpenAIChatModel("scripted", provider=OpenAIProvider(base_url=MODEL_URL, api_key="x")),

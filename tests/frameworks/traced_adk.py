@@ -39,32 +39,11 @@ from google.adk.models.llm_response import LlmResponse  # noqa: E402
 from google.adk.runners import InMemoryRunner  # noqa: E402
 from google.adk.tools.agent_tool import AgentTool  # noqa: E402
 from google.genai import types  # noqa: E402
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "otlp"))
-from otlp_json import spans_json  # noqa: E402
+from otlp_json import trace_to_lines  # noqa: E402
 
-out = open(out_path, "w")
-
-
-class Lines(SpanExporter):
-    """Each export as one line of OTLP JSON, encoded by the SDK's own OTLP encoder."""
-
-    def export(self, spans):
-        out.write(spans_json(spans) + "\n")
-        out.flush()
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self):
-        out.close()
-
-
-provider = TracerProvider()
-provider.add_span_processor(SimpleSpanProcessor(Lines()))
-trace.set_tracer_provider(provider)
+provider = trace_to_lines(out_path)
 
 
 def call(name, **args):

@@ -20,36 +20,16 @@ os.environ["TRACELOOP_TRACE_CONTENT"] = "true"
 from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
 from langgraph.prebuilt import ToolNode, create_react_agent  # noqa: E402
-from opentelemetry import trace  # noqa: E402
 from opentelemetry.instrumentation.langchain import LangchainInstrumentor  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "otlp"))
 import model_server  # noqa: E402
-from otlp_json import spans_json  # noqa: E402
+from otlp_json import trace_to_lines  # noqa: E402
 
 out_path, mode = sys.argv[1], sys.argv[2]
-out = open(out_path, "w")
-
-
-class Lines(SpanExporter):
-    """Each export as one line of OTLP JSON, encoded by the SDK's own OTLP encoder."""
-
-    def export(self, spans):
-        out.write(spans_json(spans) + "\n")
-        out.flush()
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self):
-        out.close()
-
-
-provider = TracerProvider()
-provider.add_span_processor(SimpleSpanProcessor(Lines()))
-trace.set_tracer_provider(provider)
+provider = trace_to_lines(out_path)
 LangchainInstrumentor().instrument()
 
 if mode in ("stuck", "raising"):

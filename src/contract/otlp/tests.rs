@@ -839,18 +839,16 @@ fn internal(id: u8, parent: u8, session: Option<&str>) -> Span {
     sp
 }
 
-/// An agent's span `id` under `parent`, naming `session`.
-fn agent_run(id: u8, parent: u8, agent: &str, session: &str) -> Span {
-    span(
-        id,
-        Some(parent),
-        1_000 + id as u64,
-        vec![
-            s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
-            s(attr::GEN_AI_AGENT_NAME, agent),
-            s(attr::GEN_AI_CONVERSATION_ID, session),
-        ],
-    )
+/// An agent's span `id` under `parent`, naming `session` or none.
+fn agent_run(id: u8, parent: u8, agent: &str, session: Option<&str>) -> Span {
+    let mut attributes = vec![
+        s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
+        s(attr::GEN_AI_AGENT_NAME, agent),
+    ];
+    if let Some(session) = session {
+        attributes.push(s(attr::GEN_AI_CONVERSATION_ID, session));
+    }
+    span(id, Some(parent), 1_000 + id as u64, attributes)
 }
 
 /// Each group of spans as an export, in turn, through one mapper: the sessions of the
@@ -963,7 +961,7 @@ fn a_model_call_wrapped_in_a_span_of_its_own_names_its_wrappers_siblings() {
     let sessions = sessions_by_export(
         &mut Mapper::default(),
         vec![
-            vec![agent_run(9, 4, "coder", "adk-1")],
+            vec![agent_run(9, 4, "coder", Some("adk-1"))],
             vec![internal(4, 3, None)],
             vec![step(2, 3, "chat", "titler", None)],
         ],
@@ -976,17 +974,7 @@ fn a_call_that_only_remembers_its_session_names_no_parent_session() {
     // A tool call under an unnamed sub-agent's span (10, under the unnamed agent 9): its
     // siblings named `adk-1`; its parent agent's own session is unknown, and not its
     // trace.
-    let sub = |id: u8, parent: u8| {
-        span(
-            id,
-            Some(parent),
-            1_000 + id as u64,
-            vec![
-                s(attr::GEN_AI_OPERATION_NAME, "invoke_agent"),
-                s(attr::GEN_AI_AGENT_NAME, "helper"),
-            ],
-        )
-    };
+    let sub = |id: u8, parent: u8| agent_run(id, parent, "helper", None);
     let mut mapper = Mapper::default();
     events(
         &mut mapper,
@@ -1051,7 +1039,7 @@ fn a_sub_agent_with_a_session_of_its_own_is_not_its_callers() {
         vec![
             vec![step(6, 5, "chat", "coder", Some("adk-1"))],
             vec![step(3, 8, "chat", "helper", Some("helper-1"))],
-            vec![agent_run(8, 4, "helper", "helper-1")],
+            vec![agent_run(8, 4, "helper", Some("helper-1"))],
             vec![step(4, 9, "tool", "coder", None)],
             vec![internal(5, 9, None)],
             vec![step(7, 9, "tool", "coder", None)],
