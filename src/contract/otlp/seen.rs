@@ -12,14 +12,13 @@
 //! they named several). An LLM or tool call that names none, nor has an ancestor in its
 //! export that does, takes its siblings' session (the other children of its parent), else
 //! its parent's siblings' and so on up its ancestors in its export, where they named
-//! exactly one. A framework's span wrapping a model call (of
-//! no kind the mapping reads, naming nothing, whose children named one session, a model
-//! call among them: ADK's `call_llm` in its schema 1) passes that session on to its own
-//! siblings, one level only (what it passed on makes no wrapper of its parent). Nothing
-//! else is inferred: not a tool
-//! call's session from its children (an agent called as a tool runs in a session of its
-//! own under it), nor from its trace or its agent (a trace may hold several runs of one
-//! agent, each its own session, and a run's first call would go to the run before).
+//! exactly one. A framework's span wrapping a model call (of no kind the mapping reads,
+//! naming nothing, whose children named one session, a model call among them: ADK's
+//! `call_llm` in its schema 1) passes that session on to its own siblings, one level only
+//! (what it passed on makes no wrapper of its parent). Nothing else is inferred: not a
+//! tool call's session from its children (an agent called as a tool runs in a session of
+//! its own under it), nor from its trace or its agent (a trace may hold several runs of
+//! one agent, each its own session, and a run's first call would go to the run before).
 //!
 //! Guarantees: bounded (two generations of at most [`GENERATION`] keys each: the oldest
 //! are forgotten first; a span whose parent was forgotten falls back to its trace id, as
@@ -37,9 +36,10 @@ use crate::contract::event::MAX_SESSION_ID_BYTES;
 
 /// Keys a generation holds before it becomes the older one (and the older one is
 /// dropped): one a parent span with a named child (an agent's run; each model call where a
-/// framework wraps it in a span of its own). Both generations full take about 11 MB of
-/// table, and the session ids learnt, shared between keys learnt one after another
-/// (about 8 MB more for 36-byte ids learnt each for its own key).
+/// framework wraps it in a span of its own). Both generations full take about 13 MB of
+/// table (48 bytes a key and its value, in tables of twice as many slots), and the
+/// session ids learnt, shared between keys learnt one after another (about 8 MB more for
+/// 36-byte ids learnt each for its own key).
 pub const GENERATION: usize = 1 << 16;
 
 /// What the spans under a key named.
