@@ -664,34 +664,63 @@ impl Mapper {
                 self.seen.learn(parent, &session, false);
             }
         }
-        for (i, session) in sessions.iter_mut().enumerate() {
-            if session.is_none() && matches!(spans[i].kind, Kind::Llm | Kind::Tool) {
-                *session = self.siblings_session(spans, ancestry, i);
+        let wanted = |i: usize| matches!(spans[i].kind, Kind::Llm | Kind::Tool);
+        let remembered =
+            self.siblings_sessions(spans, ancestry, |i| sessions[i].is_none() && wanted(i));
+        for (session, remembered) in sessions.iter_mut().zip(remembered) {
+            if let (None, Some(Some(r))) = (&session, remembered) {
+                *session = Some(Session::Remembered(r));
             }
         }
         sessions
     }
 
-    /// The session of span `i`'s siblings, else of its parent's siblings, and so on up
-    /// its ancestors in the request (none of which names one), where they named exactly
-    /// one.
-    fn siblings_session<'a>(
+    /// For each span `wanted` (one naming no session, nor any of its ancestors in the
+    /// request), the session its siblings named, else its parent's siblings, and so on
+    /// up its ancestors in the request, where they named exactly one; none where they
+    /// named several (ambiguous, not to be passed over). Resolved once per span, top
+    /// down (O(spans), however deep the chains, a loop of parents cut where it closes);
+    /// `None` for a span neither wanted nor above one.
+    fn siblings_sessions(
         &self,
         spans: &[Located<'_>],
         ancestry: &Ancestry,
-        i: usize,
-    ) -> Option<Session<'a>> {
-        let mut at = i;
-        // At most the request's spans: a malformed request may loop its parents.
-        for _ in 0..spans.len() {
-            let span = spans[at].span;
-            let parent = span_key(&span.trace_id, &span.parent_span_id);
-            if let Some(session) = parent.and_then(|p| self.seen.under(&p)?.one().cloned()) {
-                return Some(Session::Remembered(session));
+        wanted: impl Fn(usize) -> bool,
+    ) -> Vec<Option<Option<Arc<str>>>> {
+        let n = spans.len();
+        let mut done: Vec<Option<Option<Arc<str>>>> = vec![None; n];
+        let mut on_chain = vec![false; n];
+        let mut chain = Vec::new();
+        for start in (0..n).filter(|&i| wanted(i)) {
+            let mut at = start;
+            let mut above = loop {
+                if let Some(resolved) = &done[at] {
+                    break resolved.clone();
+                }
+                if on_chain[at] {
+                    break None;
+                }
+                on_chain[at] = true;
+                chain.push(at);
+                match ancestry.parent[at] {
+                    Some(p) => at = p,
+                    None => break None,
+                }
+            };
+            while let Some(x) = chain.pop() {
+                let span = spans[x].span;
+                let siblings = span_key(&span.trace_id, &span.parent_span_id)
+                    .and_then(|p| self.seen.under(&p));
+                let resolved = match siblings {
+                    Some(named) => named.one().cloned(),
+                    None => above,
+                };
+                on_chain[x] = false;
+                done[x] = Some(resolved.clone());
+                above = resolved;
             }
-            at = ancestry.parent[at]?;
         }
-        None
+        done
     }
 }
 

@@ -1149,3 +1149,43 @@ fn google_adks_own_tool_content_is_read_and_its_placeholders_are_not() {
     let (ev, _) = events(&mut Mapper::default(), &request(vec![], off));
     assert_eq!(findings(&ev), 0);
 }
+
+#[test]
+fn a_chain_of_unnamed_spans_takes_the_nearest_siblings_session_once_each() {
+    let with_ids = |mut sp: Span, id: u64, parent: u64| {
+        sp.span_id = id.to_be_bytes().to_vec();
+        sp.parent_span_id = parent.to_be_bytes().to_vec();
+        sp
+    };
+    let tool_at = |id: u64, parent: u64| with_ids(step(1, 1, "tool", "coder", None), id, parent);
+    let mut mapper = Mapper::default();
+    // Siblings of the chain's top (under span 1000) named `adk-1`.
+    let chat = with_ids(step(1, 1, "chat", "coder", Some("adk-1")), 999, 1000);
+    events(&mut mapper, &request(vec![], vec![chat]));
+    // 3,000 tool calls, each under the one before, the first under span 1000: each
+    // takes `adk-1` (its own siblings named none), resolved once per span.
+    let chain: Vec<Span> = (0..3_000u64)
+        .map(|k| tool_at(2_000 + k, if k == 0 { 1000 } else { 1_999 + k }))
+        .collect();
+    let (ev, _) = events(&mut mapper, &request(vec![], chain));
+    assert_eq!(ev.len(), 3_000);
+    assert!(ev.iter().all(|e| e["session_id"] == "adk-1"));
+    // Two spans each other's parent: the walk ends, each in its trace.
+    let (ev, _) = events(
+        &mut mapper,
+        &request(vec![], vec![tool_at(7_001, 7_002), tool_at(7_002, 7_001)]),
+    );
+    assert!(ev.iter().all(|e| e["session_id"] == TRACE), "{ev:?}");
+    // Siblings that named two sessions stop the walk: not the session further up.
+    let upper = with_ids(step(1, 1, "chat", "coder", Some("g")), 8_000, 8_100);
+    let a = with_ids(step(1, 1, "chat", "coder", Some("a")), 8_001, 8_200);
+    let b = with_ids(step(1, 1, "chat", "coder", Some("b")), 8_002, 8_200);
+    sessions_by_export(&mut mapper, vec![vec![upper], vec![a, b]]);
+    let mut middle = internal(1, 1, None);
+    middle = with_ids(middle, 8_200, 8_100);
+    let (ev, _) = events(
+        &mut mapper,
+        &request(vec![], vec![middle, tool_at(8_300, 8_200)]),
+    );
+    assert_eq!(ev[0]["session_id"], TRACE, "{}", ev[0]);
+}
