@@ -12,7 +12,7 @@
 //! they named several). An LLM or tool call that names none, nor has an ancestor in its
 //! export that does, takes its siblings' session (the other children of its parent), else
 //! its parent's siblings' and so on up its ancestors in its export, where they named
-//! exactly one. A framework's span wrapping a model call (of no kind the mapping reads,
+//! exactly one (a level that named several stops it). A framework's span wrapping a model call (of no kind the mapping reads,
 //! naming nothing, whose children named one session, a model call among them: ADK's
 //! `call_llm` in its schema 1) passes that session on to its own siblings, one level only
 //! (what it passed on makes no wrapper of its parent). Nothing else is inferred: not a
