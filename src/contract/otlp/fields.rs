@@ -285,8 +285,9 @@ pub(super) fn openinference_output(a: &[KeyValue]) -> Option<(String, u32)> {
     Some((text, calls.len() as u32))
 }
 
-/// The `tool.called` fields of a tool span, and whether its content was captured;
-/// `None` without a tool name.
+/// The `tool.called` fields of a tool span, and whether its content was captured; why
+/// it gives no event where it does not (no tool name; Google ADK's span over calls made
+/// together, no call of its own).
 pub(super) fn tool_fields(span: &Span, max_nesting: usize) -> Result<(Obj, bool), Skipped> {
     let a = &span.attributes[..];
     let tool = [attr::GEN_AI_TOOL_NAME, attr::TOOL_NAME]
