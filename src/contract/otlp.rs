@@ -538,8 +538,12 @@ impl Mapper {
             }
         }
         report.spans = spans.len() as u64;
-        let ancestry = Ancestry::of(&spans, |attrs| self.session_named(attrs).is_some());
-        let sessions = self.sessions(&spans, &ancestry);
+        // The session each span names on itself, read once.
+        let own: Vec<Option<&str>> = (spans.iter())
+            .map(|l| self.session_named(&l.span.attributes))
+            .collect();
+        let ancestry = Ancestry::of(&spans, |i| own[i].is_some());
+        let sessions = self.sessions(&spans, &ancestry, &own);
         let request_events = out.len();
         for (i, l) in spans.iter().enumerate() {
             if matches!(l.kind, Kind::Llm | Kind::Tool) && !valid_ids(l.span) {
@@ -611,20 +615,9 @@ impl Mapper {
             .find_map(|k| string(attrs, k).filter(|s| !s.is_empty()))
     }
 
-    /// The session span `i` or its export names for it: on the span, its nearest
-    /// ancestor in the request that names one, or its resource.
-    fn named_session<'a>(
-        &self,
-        spans: &[Located<'a>],
-        ancestry: &Ancestry,
-        i: usize,
-    ) -> Option<&'a str> {
-        ancestry.named[i]
-            .and_then(|n| self.session_named(&spans[n].span.attributes))
-            .or_else(|| self.session_named(spans[i].resource))
-    }
-
-    /// The session of each span (none: its trace's). Learns the sessions the request's
+    /// The session of each span (none: its trace's): the one it or its export names for
+    /// it (`own`, each span's on itself: on the span, its nearest ancestor in the request
+    /// that names one, or its resource). Learns the sessions the request's
     /// spans name, each under its parent span; then a framework's span wrapping a model
     /// call passes its children's session on to its siblings; then each LLM or tool call
     /// that names none takes its siblings', in this request or an earlier one ([`seen`]),
@@ -633,9 +626,14 @@ impl Mapper {
         &mut self,
         spans: &[Located<'a>],
         ancestry: &Ancestry,
+        own: &[Option<&'a str>],
     ) -> Vec<Option<Session<'a>>> {
         let mut sessions: Vec<Option<Session<'a>>> = (0..spans.len())
-            .map(|i| self.named_session(spans, ancestry, i).map(Session::Named))
+            .map(|i| {
+                (ancestry.named[i].and_then(|n| own[n]))
+                    .or_else(|| self.session_named(spans[i].resource))
+                    .map(Session::Named)
+            })
             .collect();
         for (l, session) in spans.iter().zip(&sessions) {
             if let (Some(Session::Named(session)), Some(parent)) =
@@ -827,7 +825,7 @@ struct Ancestry {
 }
 
 impl Ancestry {
-    fn of(spans: &[Located<'_>], names_session: impl Fn(&[KeyValue]) -> bool) -> Ancestry {
+    fn of(spans: &[Located<'_>], names_session: impl Fn(usize) -> bool) -> Ancestry {
         let by_id: HashMap<(&[u8], &[u8]), usize> = spans
             .iter()
             .enumerate()
@@ -883,11 +881,7 @@ impl Ancestry {
                     None => (None, None, 0, spans[x].span.parent_span_id.is_empty()),
                 };
                 let is_agent = spans[x].kind == Kind::Agent;
-                a.named[x] = if names_session(&spans[x].span.attributes) {
-                    Some(x)
-                } else {
-                    named
-                };
+                a.named[x] = if names_session(x) { Some(x) } else { named };
                 a.agent[x] = if is_agent { Some(x) } else { agent };
                 a.agents[x] = agents + usize::from(is_agent);
                 a.rooted[x] = rooted;

@@ -991,19 +991,24 @@ fn a_call_that_only_remembers_its_session_names_no_parent_session() {
     assert!(ev[0].get("parent_session_id").is_none(), "{}", ev[0]);
 }
 
-#[test]
-fn google_adks_span_over_calls_made_together_is_not_a_call() {
-    let merged = span(
-        1,
+/// A Google ADK tool span of its schema 1: its content in ADK's own attributes.
+fn adk_tool(id: u8, tool: &str, args: &str, response: &str) -> Span {
+    span(
+        id,
         None,
-        1_000,
+        1_000 + id as u64,
         vec![
             s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
-            s(attr::GEN_AI_TOOL_NAME, "(merged tools)"),
-            s(attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS, "N/A"),
-            s(attr::GCP_VERTEX_AGENT_TOOL_RESPONSE, "[]"),
+            s(attr::GEN_AI_TOOL_NAME, tool),
+            s(attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS, args),
+            s(attr::GCP_VERTEX_AGENT_TOOL_RESPONSE, response),
         ],
-    );
+    )
+}
+
+#[test]
+fn google_adks_span_over_calls_made_together_is_not_a_call() {
+    let merged = adk_tool(1, "(merged tools)", "N/A", "[]");
     let (ev, report) = events(&mut Mapper::default(), &request(vec![], vec![merged]));
     assert!(ev.is_empty(), "{ev:?}");
     assert_eq!(report.tool_calls, 0);
@@ -1086,19 +1091,7 @@ fn the_sessions_remembered_are_bounded() {
 
 #[test]
 fn google_adks_own_tool_content_is_read_and_its_placeholders_are_not() {
-    let adk = |id: u8, args: &str, response: &str| {
-        span(
-            id,
-            None,
-            1_000 + id as u64,
-            vec![
-                s(attr::GEN_AI_OPERATION_NAME, "execute_tool"),
-                s(attr::GEN_AI_TOOL_NAME, "run_tests"),
-                s(attr::GCP_VERTEX_AGENT_TOOL_CALL_ARGS, args),
-                s(attr::GCP_VERTEX_AGENT_TOOL_RESPONSE, response),
-            ],
-        )
-    };
+    let adk = |id: u8, args: &str, response: &str| adk_tool(id, "run_tests", args, response);
     // A tool that raised: ADK's response says nothing; what it raised answers.
     let mut raised = adk(
         3,
