@@ -10,6 +10,7 @@ import urllib.request
 from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_response import LlmResponse
 from google.genai import types
+from loopwarden_guard import STOP_PREFIX
 
 
 def openai_messages(contents):
@@ -82,4 +83,4 @@ def said(event):
 def stopped_by_guard(event):
     """Whether a run's last event says the guard ended it: its stop message, or ADK's abort
     (the termination arrived while the run was under way)."""
-    return said(event).startswith("Stopped by loopwarden") or getattr(event, "error_code", None) == "INVOCATION_ABORTED"
+    return said(event).startswith(STOP_PREFIX) or getattr(event, "error_code", None) == "INVOCATION_ABORTED"

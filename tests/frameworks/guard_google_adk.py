@@ -20,10 +20,9 @@ import common
 import model_server
 from adk_model import ServedModel, run, said, stopped_by_guard
 from common import BROKERS, MODEL_URL, TERMINATIONS, WARNINGS, check, guard, requests, terminate, verdicts_as_loopwarden
-from loopwarden_guard import Guard
+from loopwarden_guard import STOP_PREFIX, Guard
 from google.adk.agents import BaseAgent, LlmAgent, SequentialAgent
 from google.adk.events import Event
-from google.adk.runners import InMemoryRunner
 from google.genai import types
 from loopwarden_guard.google_adk import LoopwardenPlugin
 
@@ -37,15 +36,19 @@ def run_tests(path: str) -> str:
 
 agent = LlmAgent(name="coder", model=ServedModel(model="scripted", base_url=MODEL_URL), tools=[run_tests], instruction="Fix the bug.")
 reviewed = []
+
+
+class Reviewer(BaseAgent):
+    """The agent after the terminated one: calls no model (a model call would be answered
+    by the stop message anyway), so only the run's end keeps it from starting."""
+
+    async def _run_async_impl(self, ctx):
+        reviewed.append(ctx.invocation_id)
+        yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Reviewed.")]))
+
+
 if sys.argv[1:] == ["sequence"]:
-    # The coder, then a reviewer that calls no model (a model call would be answered by
-    # the stop message anyway): it must not start once the session is terminated.
-
-    class Reviewer(BaseAgent):
-        async def _run_async_impl(self, ctx):
-            reviewed.append(ctx.invocation_id)
-            yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Reviewed.")]))
-
+    # The coder, then the reviewer: it must not start once the session is terminated.
     agent = SequentialAgent(name="pipeline", sub_agents=[agent, Reviewer(name="reviewer")])
 elif sys.argv[1:] == ["between"]:
     # The coder ends by itself (one model call), then a step that calls no model or tool
@@ -59,16 +62,7 @@ elif sys.argv[1:] == ["between"]:
             await asyncio.sleep(2.0)
             yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Waited.")]))
 
-    class Reviewer(BaseAgent):
-        async def _run_async_impl(self, ctx):
-            reviewed.append(ctx.invocation_id)
-            yield Event(author=self.name, content=types.Content(role="model", parts=[types.Part(text="Reviewed.")]))
-
     agent = SequentialAgent(name="pipeline", sub_agents=[agent, Waiter(name="waiter"), Reviewer(name="reviewer")])
-
-
-def tool_calls():
-    return common.tool_calls
 
 
 async def main():
@@ -81,15 +75,7 @@ if sys.argv[1:] == ["cancelled"]:
     plugin = LoopwardenPlugin(guard)
 
     async def cancelled():
-        runner = InMemoryRunner(agent=agent, app_name="app", plugins=[plugin])
-        await runner.session_service.create_session(app_name="app", user_id="user", session_id=SESSION)
-        message = types.Content(role="user", parts=[types.Part(text="fix the bug")])
-
-        async def consume():
-            async for _ in runner.run_async(user_id="user", session_id=SESSION, new_message=message):
-                pass
-
-        task = asyncio.create_task(consume())
+        task = asyncio.create_task(run(agent, plugin, SESSION))
         while not requests:
             await asyncio.sleep(0.01)
         watched = len(plugin._watches)
@@ -128,8 +114,8 @@ if sys.argv[1:] == ["resumed"]:
     guard = Guard(BROKERS, warning_topic=WARNINGS, terminated_topic=TERMINATIONS).start()
     last = asyncio.run(main())
     guard.close()
-    if requests or tool_calls() or not said(last).startswith("Stopped by loopwarden"):
-        print(f"FAILED: {len(requests)} model calls and {tool_calls()} tool calls, expected none; said {said(last)!r}")
+    if requests or common.tool_calls or not said(last).startswith(STOP_PREFIX):
+        print(f"FAILED: {len(requests)} model calls and {common.tool_calls} tool calls, expected none; said {said(last)!r}")
         sys.exit(1)
     print(f"ok: the resumed run stopped before its first model call ({said(last)!r})")
     sys.exit(0)

@@ -23,7 +23,6 @@ from langgraph.prebuilt import ToolNode, create_react_agent  # noqa: E402
 from opentelemetry.instrumentation.langchain import LangchainInstrumentor  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "otlp"))
 import model_server  # noqa: E402
 from otlp_json import trace_to_lines  # noqa: E402

@@ -38,8 +38,9 @@ use crate::contract::event::MAX_SESSION_ID_BYTES;
 /// dropped): one a parent span with a named child (an agent's run; each model call where a
 /// framework wraps it in a span of its own). Both generations full take about 13 MB of
 /// table (48 bytes a key and its value, in tables of twice as many slots), and the
-/// session ids learnt, shared between keys learnt one after another (about 8 MB more for
-/// 36-byte ids learnt each for its own key).
+/// session ids learnt, shared between keys learnt one after another; a table's growth
+/// and the allocator's freed pages add to the peak (`scripts/otlp-session-memory`
+/// measures what the memory filled to its bound adds to `replay`'s).
 pub const GENERATION: usize = 1 << 16;
 
 /// What the spans under a key named.

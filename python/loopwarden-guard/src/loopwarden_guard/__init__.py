@@ -7,7 +7,7 @@ OpenTelemetry settings that keep the time from a span's end to a verdict short.
 """
 
 from .guard import DEFAULT_TERMINATED_TOPIC, DEFAULT_WARNING_TOPIC, Finding, Guard, SessionTerminated, Watch
-from .hint import HINT_PREFIX, hint_message
+from .hint import HINT_PREFIX, STOP_PREFIX, hint_message, stop_message
 
 __all__ = [
     "DEFAULT_TERMINATED_TOPIC",
@@ -15,7 +15,9 @@ __all__ = [
     "Finding",
     "Guard",
     "HINT_PREFIX",
+    "STOP_PREFIX",
     "SessionTerminated",
     "Watch",
     "hint_message",
+    "stop_message",
 ]

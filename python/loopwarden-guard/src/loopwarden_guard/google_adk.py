@@ -11,13 +11,13 @@ invocation when loopwarden terminates its session.
 The session is matched on ADK's session id, which its spans name
 (`gen_ai.conversation.id`), and on the invocation's trace id. A termination aborts the
 invocation as it arrives (ADK's `InvocationContext.abort()`, shared by every agent of the
-run: a sequence's next agent does not start, a model call under way is cancelled; an ADK
-without it gets `end_invocation` on the running agent's context, checked between steps);
-a model call about to be sent is answered with the stop message instead, a tool call
-about to run with an error naming it, and a session terminated before the run (resumed
+run: a sequence's next agent does not start; an ADK without it gets `end_invocation` on
+the running agent's context, read between steps: untested, the pinned ADK has `abort()`);
+a model call or tool call that would still start after it is answered with the stop
+message, or an error naming it, instead; a session terminated before the run (resumed
 after its kill) ends the run at once with the stop message. An agent called as a tool
-(`AgentTool`) runs in a session of its own, which loopwarden judges apart, and is guarded
-where the plugin reaches its runner.
+(`AgentTool`) runs in a session of its own, which loopwarden judges apart (its own run
+under the plugin is not tested here).
 """
 
 from __future__ import annotations
@@ -31,17 +31,13 @@ from google.adk.models.llm_response import LlmResponse
 from google.adk.plugins.base_plugin import BasePlugin
 from google.genai import types
 
-from ._otel import current_trace_id
+from ._otel import follow_current_trace
 from .guard import Finding, Guard, Watch
-from .hint import hint_message
-
-
-def _stop_message(f: Finding) -> str:
-    return f"Stopped by loopwarden ({f.detector}): {f.reason}"
+from .hint import hint_message, stop_message
 
 
 def _stop_content(f: Finding) -> types.Content:
-    return types.Content(role="model", parts=[types.Part(text=_stop_message(f))])
+    return types.Content(role="model", parts=[types.Part(text=stop_message(f))])
 
 
 class LoopwardenPlugin(BasePlugin):
@@ -74,9 +70,7 @@ class LoopwardenPlugin(BasePlugin):
             w = self._watches.get(invocation_id)
             if w is None:
                 w = self._watches[invocation_id] = self.guard.watch(session_id=invocation.session.id)
-        trace_id = current_trace_id()
-        if trace_id and trace_id not in w.trace_ids:
-            w.also(trace_id=trace_id)
+        follow_current_trace(w)
         return w
 
     async def before_run_callback(self, *, invocation_context: Any) -> Optional[types.Content]:
@@ -87,17 +81,19 @@ class LoopwardenPlugin(BasePlugin):
             self._runs[invocation_id] = (weakref.ref(invocation_context), token)
         weakref.finalize(invocation_context, self._gone.append, (invocation_id, token))
         w.on_terminate(lambda _f: self._stop(invocation_id))
-        if w.terminated is not None:
+        terminated = w.terminated
+        if terminated is not None:
             # Terminated before this run (a session resumed after its kill): the run
             # ends with the stop message, before any step.
-            return _stop_content(w.terminated)
+            return _stop_content(terminated)
         return None
 
     async def before_model_callback(self, *, callback_context: Any, llm_request: Any) -> Optional[LlmResponse]:
         w = self._watch(callback_context)
-        if w.terminated is not None:
+        terminated = w.terminated
+        if terminated is not None:
             self._stop(callback_context.invocation_id)
-            return LlmResponse(content=_stop_content(w.terminated), turn_complete=True)
+            return LlmResponse(content=_stop_content(terminated), turn_complete=True)
         hint = w.take_hint()
         if hint:
             # Into the message the model is about to read (the last user turn: the tool
@@ -113,9 +109,10 @@ class LoopwardenPlugin(BasePlugin):
 
     async def before_tool_callback(self, *, tool: Any, tool_args: dict, tool_context: Any) -> Optional[dict]:
         w = self._watch(tool_context)
-        if w.terminated is not None:
+        terminated = w.terminated
+        if terminated is not None:
             self._stop(tool_context.invocation_id)
-            return {"error": _stop_message(w.terminated)}
+            return {"error": stop_message(terminated)}
         return None
 
     async def after_run_callback(self, *, invocation_context: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 
-from ._otel import current_trace_id
+from ._otel import follow_current_trace
 from .guard import Guard, Watch
 from .hint import hint_message
 
@@ -37,9 +37,7 @@ class LoopwardenCapability(AbstractCapability[Any]):
         w = self._watches.get(key)
         if w is None:
             w = self._watches[key] = self.guard.watch(session_id=ctx.conversation_id)
-        trace_id = current_trace_id()
-        if trace_id and trace_id not in w.trace_ids:
-            w.also(trace_id=trace_id)
+        follow_current_trace(w)
         return w
 
     async def before_run(self, ctx: Any) -> None:

@@ -32,13 +32,9 @@ from strands.hooks import (
     HookRegistry,
 )
 
-from ._otel import current_trace_id
-from .guard import Finding, Guard, Watch
-from .hint import hint_message
-
-
-def _stop_message(f: Finding) -> str:
-    return f"Stopped by loopwarden ({f.detector}): {f.reason}"
+from ._otel import follow_current_trace
+from .guard import Guard, Watch
+from .hint import hint_message, stop_message
 
 
 class LoopwardenHooks(HookProvider):
@@ -61,10 +57,8 @@ class LoopwardenHooks(HookProvider):
         if w is None:
             session = (getattr(agent, "trace_attributes", None) or {}).get("session.id")
             w = self._watches[id(agent)] = self.guard.watch(session_id=session)
-            w.on_terminate(lambda f: agent.cancel(message=_stop_message(f)))
-        trace_id = current_trace_id()
-        if trace_id and trace_id not in w.trace_ids:
-            w.also(trace_id=trace_id)
+            w.on_terminate(lambda f: agent.cancel(message=stop_message(f)))
+        follow_current_trace(w)
         return w
 
     def _begin(self, event: BeforeInvocationEvent) -> None:
@@ -87,7 +81,7 @@ class LoopwardenHooks(HookProvider):
         async def stop_terminated(context: Any, next_fn: Any) -> AsyncIterator[Any]:
             w = watches.get(id(context.agent))
             if w is not None and w.terminated is not None:
-                message = {"role": "assistant", "content": [{"text": _stop_message(w.terminated)}]}
+                message = {"role": "assistant", "content": [{"text": stop_message(w.terminated)}]}
                 no_usage = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
                 yield ModelStopReason(
                     stop_reason="cancelled", message=message, usage=no_usage, metrics={"latencyMs": 0}
@@ -105,7 +99,7 @@ class LoopwardenHooks(HookProvider):
             # Where the middleware is registered it cancels the call; on older Strands
             # the hook denies it (no call all the same, reported as `end_turn`).
             if event.agent not in self._guarded_calls:
-                event.cancel = _stop_message(w.terminated)
+                event.cancel = stop_message(w.terminated)
             return
         hint = w.take_hint()
         if hint:
@@ -121,7 +115,7 @@ class LoopwardenHooks(HookProvider):
     def _before_tool(self, event: BeforeToolCallEvent) -> None:
         w = self._watch(event.agent)
         if w.terminated is not None:
-            event.cancel_tool = _stop_message(w.terminated)
+            event.cancel_tool = stop_message(w.terminated)
 
     def _end(self, event: AfterInvocationEvent) -> None:
         w = self._watches.pop(id(event.agent), None)
