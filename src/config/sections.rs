@@ -313,6 +313,7 @@ struct RawFingerprint {
     extra_volatile_result_keys: Option<Vec<String>>,
     volatile_value_patterns: Option<Vec<String>>,
     pending_terms: Option<Vec<String>>,
+    pending_status_terms: Option<Vec<String>>,
 }
 
 /// `[fingerprint]`, with `[tools].ignore_args` (the arguments a tool's fingerprint leaves
@@ -356,6 +357,9 @@ pub(super) fn fingerprint(
     if let Some(t) = fp.pending_terms {
         spec.pending_terms = t;
     }
+    if let Some(t) = fp.pending_status_terms {
+        spec.pending_status_terms = t;
+    }
     spec.ignore_args = ignore_args.into_iter().collect();
     spec
 }
@@ -382,6 +386,10 @@ pub(super) fn fingerprint_toml(spec: &FingerprintSpec) -> toml::Table {
     );
     fp.insert("volatile_value_patterns".into(), strings(&patterns));
     fp.insert("pending_terms".into(), strings(&spec.pending_terms));
+    fp.insert(
+        "pending_status_terms".into(),
+        strings(&spec.pending_status_terms),
+    );
     fp
 }
 

@@ -19,7 +19,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use sha2::{Digest as _, Sha256};
 
 use crate::contract::json::{
-    checked_escape_len, content_has_words, skip, string_close, unescape_into, Json,
+    checked_escape_len, content_has_words, skip, string_close, unescape_into, Json, Scanner,
 };
 use crate::engine::hash::Shape;
 
@@ -85,6 +85,23 @@ pub const DEFAULT_PENDING_TERMS: &[&str] = &[
     "waiting",
     "not ready",
     "scheduled",
+];
+
+/// Words that make a result read as "still waiting" only where they stand as a status: in
+/// a status field, or as a value that is the word alone. A resource's lifecycle as clouds
+/// and job APIs write it (RDS `creating`, Azure `Provisioning`, a payment `processing`);
+/// in prose they are a log's lines (`Creating s0...`), not a status.
+pub const DEFAULT_PENDING_STATUS_TERMS: &[&str] = &[
+    "creating",
+    "provisioning",
+    "deploying",
+    "initializing",
+    "initialising",
+    "processing",
+    "building",
+    "updating",
+    "modifying",
+    "submitted",
 ];
 
 /// Result strings longer than this are not scanned for pending terms: a long text that
@@ -166,7 +183,10 @@ pub struct Fingerprinter {
     result_keys: KeySet,
     builtins: Vec<BuiltinPattern>,
     custom_patterns: Vec<regex::bytes::Regex>,
+    /// The pending terms, then the status terms (the first `prose_terms` patterns read in
+    /// prose too).
     pending: Option<AhoCorasick>,
+    prose_terms: usize,
     ignore_args: rustc_hash::FxHashMap<String, KeySet>,
 }
 
@@ -178,6 +198,7 @@ pub struct FingerprintSpec {
     pub builtin_patterns: Vec<BuiltinPattern>,
     pub custom_patterns: Vec<regex::bytes::Regex>,
     pub pending_terms: Vec<String>,
+    pub pending_status_terms: Vec<String>,
     pub ignore_args: Vec<(String, Vec<String>)>,
 }
 
@@ -199,6 +220,10 @@ impl Default for FingerprintSpec {
             builtin_patterns: vec![BuiltinPattern::Uuid, BuiltinPattern::Rfc3339],
             custom_patterns: Vec::new(),
             pending_terms: DEFAULT_PENDING_TERMS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            pending_status_terms: DEFAULT_PENDING_STATUS_TERMS
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
@@ -237,6 +262,7 @@ pub struct Scratch {
     members: Vec<Member>,
     keys: Vec<u8>,
     text: String,
+    json_texts: Vec<String>,
 }
 
 impl Default for Fingerprinter {
@@ -247,13 +273,16 @@ impl Default for Fingerprinter {
 
 impl Fingerprinter {
     pub fn new(spec: &FingerprintSpec) -> Fingerprinter {
-        let pending = if spec.pending_terms.is_empty() {
+        let terms: Vec<&String> = (spec.pending_terms.iter())
+            .chain(&spec.pending_status_terms)
+            .collect();
+        let pending = if terms.is_empty() {
             None
         } else {
             AhoCorasickBuilder::new()
                 .ascii_case_insensitive(true)
                 .match_kind(MatchKind::LeftmostLongest)
-                .build(&spec.pending_terms)
+                .build(&terms)
                 .ok()
         };
         Fingerprinter {
@@ -262,6 +291,7 @@ impl Fingerprinter {
             builtins: spec.builtin_patterns.clone(),
             custom_patterns: spec.custom_patterns.clone(),
             pending,
+            prose_terms: spec.pending_terms.len(),
             ignore_args: spec
                 .ignore_args
                 .iter()
@@ -325,7 +355,11 @@ impl Fingerprinter {
                 builtins: &self.builtins,
                 custom: &self.custom_patterns,
             });
-            c.pending = self.pending.as_ref().map(|ac| (ac, PendingScan::default()));
+            c.pending = (self.pending.as_ref()).map(|ac| (ac, PendingScan::new(self.prose_terms)));
+            // A tool's result is often JSON written as text (MCP's text content, a
+            // function tool returning `json.dumps(...)`, a shell's `curl`): read as the
+            // JSON it holds, its volatile keys dropped and its status fields read.
+            c.json_text = true;
             match result {
                 Some(r) => c.document(r.as_str().as_bytes(), false),
                 None => c.put(b"null"),
@@ -336,11 +370,24 @@ impl Fingerprinter {
             .as_ref()
             .is_some_and(|(_, scan)| scan.status.unwrap_or(scan.any_short));
         let has_words = c.words.unwrap_or(false);
+        let read_json_text = c.read_json_text;
         // The shape reads the canonical text in one pass (escapes as separators).
         let mut shape = Shape::default();
         shape.json(&scratch.canonical);
+        let digest = Fp::of(&scratch.canonical);
+        if let (true, Some(r)) = (read_json_text, result) {
+            // The content sample reads the text as the agent did, line by line, keys and
+            // all: the JSON's values alone are too few lines to judge a result by (a
+            // search's five chunks, their ids too short to be content).
+            let mut c = Canon::new(scratch, &self.result_keys, None);
+            c.patterns = Some(Patterns {
+                builtins: &self.builtins,
+                custom: &self.custom_patterns,
+            });
+            c.document(r.as_str().as_bytes(), false);
+        }
         ResultPrint {
-            digest: Fp::of(&scratch.canonical),
+            digest,
             shape: shape.finish(),
             pending,
             has_words,

@@ -5,7 +5,8 @@
 //! changes. Only irreducible blocks count (a block that is itself a shorter repetition is
 //! `repeat`'s or `ping_pong`'s), and only once the block has come back whole. The
 //! signal is the number of calls the repeating tail covers — what the loop has wasted —
-//! not the number of repeats, so a 7-call cycle is judged as soon as a 3-call one: warn
+//! not the number of repeats, so a 7-call cycle is judged as soon as a 3-call one (a
+//! poll in the block makes it waiting, not a cycle): warn
 //! at 12 calls (a 3-call block four times, a 6-call block twice), terminate at 18. Real
 //! agents' cycles run to 6–10 calls; a whole block of a dozen calls coming back with the
 //! same results is no coincidence either.
@@ -36,6 +37,9 @@ impl Detector for Cycle {
         let Some(this) = run.latest() else { return };
         for (m, k) in matched.iter_mut().zip(CYCLE_LENGTHS) {
             *m = match run.before_latest(k) {
+                // A block with a poll in it is waiting on a job (`poll_no_progress`
+                // judges the poll, with the room polls get).
+                _ if this.is_poll() => 0,
                 Some(prev) if prev.same_outcome(&this) => *m + 1,
                 _ => 0,
             };
@@ -132,6 +136,23 @@ mod tests {
             assert!(of_alone(&first(&evs, warn), Cycle).is_empty(), "k = {k}");
             assert_eq!(of_alone(&evs, Cycle), expected, "k = {k}");
         }
+    }
+
+    #[test]
+    fn a_block_with_a_poll_in_it_is_waiting() {
+        // The job's metrics, its status (pending), its log: 8 times over; the same block
+        // with a failed job's status is a cycle.
+        let block = |status: &str| -> Vec<Value> {
+            (0..24)
+                .map(|i| match i % 3 {
+                    0 => call("metrics", json!({"id": 1}), json!("cpu 93 %")),
+                    1 => call("get_job", json!({"id": 1}), json!({"status": status})),
+                    _ => call("read_log", json!({"id": 1}), json!("step 3 of 9")),
+                })
+                .collect()
+        };
+        assert!(of_alone(&block("RUNNING"), Cycle).is_empty());
+        assert!(!of_alone(&block("FAILED"), Cycle).is_empty());
     }
 
     #[test]

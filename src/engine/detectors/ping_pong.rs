@@ -2,7 +2,8 @@
 //!
 //! The agent swings between two fixes (or two files) and neither changes anything. The
 //! signal is the length of the strict alternation tail: warn at 6 calls (three round
-//! trips), terminate at 10. A changed result on either side ends the tail.
+//! trips), terminate at 10. A changed result on either side ends the tail, and so does a
+//! poll on either side (an agent waiting on a job between two `sleep`s).
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +27,10 @@ impl Detector for PingPong {
         }
         let Some(this) = run.latest() else { return };
         *alternation = match (run.before_latest(1), run.before_latest(2)) {
+            // Waiting between polls (`sleep`, the status call, `sleep`…) is no swing:
+            // polls are `poll_no_progress`'s to judge, with the room polls get.
+            _ if this.is_poll() => 1,
+            (Some(p1), _) if p1.is_poll() => 1,
             (Some(p1), _) if p1.action == this.action => 1,
             (Some(_), Some(p2)) if p2.same_outcome(&this) && *alternation >= 2 => {
                 *alternation + 1
@@ -82,6 +87,21 @@ mod tests {
             of_with(cfg, &evs, PingPong),
             vec![(5, Level::Warning), (9, Level::Terminate)]
         );
+    }
+
+    #[test]
+    fn a_poll_between_waits_is_no_swing() {
+        // `sleep`, then the job's status (its result reads as pending), 12 times over.
+        let evs: Vec<Value> = (0..24)
+            .map(|i| {
+                if i % 2 == 0 {
+                    call("sleep", json!({"seconds": 60}), json!("slept 60s"))
+                } else {
+                    call("get_job", json!({"id": "j1"}), json!({"status": {"state": "RUNNING"}}))
+                }
+            })
+            .collect();
+        assert!(of(&evs, PingPong).is_empty());
     }
 
     #[test]

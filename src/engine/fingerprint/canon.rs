@@ -87,6 +87,14 @@ pub(super) struct Canon<'s, 'k> {
     pub(super) words: Option<bool>,
     /// Where `args.action` is in the text (its content), when a string (actions only).
     pub(super) action_arg: Option<(usize, usize)>,
+    /// A string holding a JSON object or array is written as that JSON (results only).
+    pub(super) json_text: bool,
+    /// Some string was so read.
+    pub(super) read_json_text: bool,
+    /// Buffers for the JSON text strings hold, one a level of strings in strings.
+    pub(super) json_texts: &'s mut Vec<String>,
+    /// Objects and arrays the value being written is in.
+    pub(super) depth: usize,
 }
 
 pub(super) fn is_plain_number(n: &[u8]) -> bool {
@@ -133,6 +141,10 @@ impl<'s, 'k> Canon<'s, 'k> {
             pending: None,
             words: None,
             action_arg: None,
+            json_text: false,
+            read_json_text: false,
+            json_texts: &mut scratch.json_texts,
+            depth: 0,
         }
     }
 
@@ -201,11 +213,19 @@ impl<'s, 'k> Canon<'s, 'k> {
         match s.get(i) {
             Some(b'"') => {
                 let (end, escapes) = string_end(s, i + 1);
-                self.string_value(&s[i + 1..end], escapes);
+                if !(self.json_text && self.json_in_string(&s[i + 1..end])) {
+                    self.string_value(&s[i + 1..end], escapes);
+                }
                 end + 1
             }
-            Some(b'{') => self.object(s, i, args_top),
+            Some(b'{') => {
+                self.depth += 1;
+                let end = self.object(s, i, args_top);
+                self.depth -= 1;
+                end
+            }
             Some(b'[') => {
+                self.depth += 1;
                 self.put(b"[");
                 let mut j = Self::ws(s, i + 1);
                 let mut first = true;
@@ -225,6 +245,7 @@ impl<'s, 'k> Canon<'s, 'k> {
                     j = Self::ws(s, self.value(s, j, false));
                 }
                 self.put(b"]");
+                self.depth -= 1;
                 j
             }
             Some(_) => {
@@ -242,6 +263,42 @@ impl<'s, 'k> Canon<'s, 'k> {
                 i
             }
         }
+    }
+
+    /// Writes the JSON object or array a string's content (as written) holds, and says
+    /// so; says not, writing nothing, for any other string. A look at the content's ends
+    /// first: most strings are not JSON, and are not unescaped.
+    fn json_in_string(&mut self, content: &[u8]) -> bool {
+        // Whitespace around the value, as text or escaped.
+        let mut t = content;
+        while let [b' ', rest @ ..] | [b'\\', b'n' | b't' | b'r', rest @ ..] = t {
+            t = rest;
+        }
+        loop {
+            match t {
+                [rest @ .., b' '] => t = rest,
+                [rest @ .., b'\\', b'n' | b't' | b'r'] if !rest.ends_with(b"\\") => t = rest,
+                _ => break,
+            }
+        }
+        if !matches!(t, [b'{', .., b'}'] | [b'[', .., b']']) {
+            return false;
+        }
+        let mut text = self.json_texts.pop().unwrap_or_default();
+        text.clear();
+        unescape_into(std::str::from_utf8(content).unwrap_or(""), &mut text);
+        let mut scan = Scanner::new(text.as_bytes(), JSON_TEXT_MAX_NESTING);
+        scan.ws();
+        let is_json = scan.value().is_ok() && {
+            scan.ws();
+            scan.at_end()
+        };
+        if is_json {
+            self.read_json_text = true;
+            self.document(text.as_bytes(), false);
+        }
+        self.json_texts.push(text);
+        is_json
     }
 
     pub(super) fn number(&mut self, token: &[u8]) {
@@ -390,15 +447,17 @@ impl<'s, 'k> Canon<'s, 'k> {
         }
         self.put(b":");
         if is_string && is_status_key(key) {
+            // Some status field reading pending makes the result pending (an order
+            // `confirmed` whose `ticketing_status` is pending is still waited on).
             if let Some((ac, scan)) = self.pending.as_mut() {
-                if scan.status.is_none() {
+                if scan.status != Some(true) {
                     let content = &s[v + 1..v_end - 1];
                     let verdict = if memchr::memchr(b'\\', content).is_none() {
-                        reads_pending(ac, content)
+                        reads_pending(ac, content, usize::MAX)
                     } else {
                         self.text.clear();
                         unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
-                        reads_pending(ac, self.text.as_bytes())
+                        reads_pending(ac, self.text.as_bytes(), usize::MAX)
                     };
                     scan.status = Some(verdict);
                 }
@@ -413,6 +472,7 @@ impl<'s, 'k> Canon<'s, 'k> {
         if self.words == Some(false) && content_has_words(content, &mut false) {
             self.words = Some(true);
         }
+        let depth = self.depth;
         if let Some((ac, scan)) = self.pending.as_mut() {
             // Only short strings read as a status (the unescaped length counts).
             if !scan.any_short
@@ -425,7 +485,11 @@ impl<'s, 'k> Canon<'s, 'k> {
                     unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
                     (self.text.len() <= PENDING_SCAN_MAX_BYTES).then_some(self.text.as_bytes())
                 };
-                if short.is_some_and(|t| reads_pending(ac, t)) {
+                let prose_terms = scan.prose_terms;
+                let reads = |t: &[u8]| {
+                    is_pending_value(ac, t) || (depth == 0 && reads_pending(ac, t, prose_terms))
+                };
+                if short.is_some_and(reads) {
                     scan.any_short = true;
                 }
             }
@@ -492,24 +556,72 @@ pub(super) struct Patterns<'a> {
 
 #[derive(Default)]
 pub(super) struct PendingScan {
-    /// The verdict of a `status`/`state`/`phase` field, which beats any other text.
+    /// Patterns below this index read in prose; the others only as a status.
+    pub(super) prose_terms: usize,
+    /// The verdict of the `status`/`state`/`phase` fields (pending where any of them
+    /// reads so), which beats any other text.
     pub(super) status: Option<bool>,
-    /// Some short string in the result reads as pending.
+    /// Some short string in the result reads as pending: the result itself, when a
+    /// string; in an object or array, a value that is a pending word and nothing else
+    /// (RDS's `["creating", {}]`): there other text is content, a title's `Data
+    /// Processing`, not a status.
     pub(super) any_short: bool,
 }
 
-pub(super) fn is_status_key(key: &[u8]) -> bool {
-    key.eq_ignore_ascii_case(b"status")
-        || key.eq_ignore_ascii_case(b"state")
-        || key.eq_ignore_ascii_case(b"phase")
+impl PendingScan {
+    pub(super) fn new(prose_terms: usize) -> PendingScan {
+        PendingScan {
+            prose_terms,
+            ..PendingScan::default()
+        }
+    }
 }
 
-pub(super) fn reads_pending(ac: &AhoCorasick, s: &[u8]) -> bool {
+/// A key naming a status: `status`, `state` or `phase`, alone or as the last word of the
+/// key (`ticketing_status`, `job-state`, `DBInstanceStatus`, `provisioningState`), not
+/// inside a word (`estate`).
+pub(super) fn is_status_key(key: &[u8]) -> bool {
+    [&b"status"[..], b"state", b"phase"].iter().any(|word| {
+        let Some(at) = key.len().checked_sub(word.len()) else {
+            return false;
+        };
+        key[at..].eq_ignore_ascii_case(word)
+            && (at == 0
+                || matches!(key[at - 1], b'_' | b'-' | b'.' | b' ')
+                || (key[at].is_ascii_uppercase()
+                    && (key[at - 1].is_ascii_lowercase() || key[at - 1].is_ascii_digit())))
+    })
+}
+
+/// Some term below `terms` (by pattern index) is in `s` as a word of its own.
+pub(super) fn reads_pending(ac: &AhoCorasick, s: &[u8], terms: usize) -> bool {
     ac.find_iter(s).any(|m| {
+        if m.pattern().as_usize() >= terms {
+            return false;
+        }
         let before_ok = m.start() == 0 || !s[m.start() - 1].is_ascii_alphanumeric();
         let after_ok = m.end() == s.len() || !s[m.end()].is_ascii_alphanumeric();
         before_ok && after_ok
     })
+}
+
+/// Nesting read in a string's JSON text (the event parser's default limit): deeper text
+/// is read as the string it is.
+const JSON_TEXT_MAX_NESTING: usize = crate::contract::event::DEFAULT_MAX_NESTING;
+
+/// Whether a string is a pending word and nothing else (but case, spaces and
+/// punctuation around it: `Creating…`, `IN_PROGRESS`).
+pub(super) fn is_pending_value(ac: &AhoCorasick, s: &[u8]) -> bool {
+    let Some(start) = s.iter().position(u8::is_ascii_alphanumeric) else {
+        return false;
+    };
+    let end = s
+        .iter()
+        .rposition(u8::is_ascii_alphanumeric)
+        .map_or(start, |e| e + 1);
+    let word = &s[start..end];
+    ac.find(word)
+        .is_some_and(|m| m.start() == 0 && m.end() == word.len())
 }
 
 /// A stack buffer for formatting a number without allocating.

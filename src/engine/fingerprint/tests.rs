@@ -126,6 +126,92 @@ fn pending_reads_status_fields_and_short_strings() {
 }
 
 #[test]
+fn a_status_is_a_field_named_so_or_a_bare_word_and_any_status_pending_is_pending() {
+    let f = fp();
+    // The key's last word names a status; inside a word it does not.
+    for key in [
+        "ticketing_status",
+        "job-state",
+        "DBInstanceStatus",
+        "provisioningState",
+        "STATUS",
+    ] {
+        assert!(
+            res(&f, &json!({ key: "creating", "note": "done" })).pending,
+            "{key}"
+        );
+        assert!(
+            !res(&f, &json!({ key: "available", "note": "running" })).pending,
+            "{key}"
+        );
+    }
+    assert!(!res(&f, &json!({"estate": "pending sale"})).pending);
+    assert!(res(&f, &json!({"real_estate_status": "pending sale"})).pending);
+    // An order `confirmed` whose ticketing is pending is still waited on.
+    let order = json!({"data": {"status": "confirmed", "ticketing_status": "PENDING_TICKETING"}});
+    assert!(res(&f, &order).pending);
+    // In a structure, a value that is a pending word is a status; prose with one in it is
+    // content (a section's title), as it was not for a result that is that prose alone.
+    assert!(res(&f, &json!(["creating", {}])).pending);
+    assert!(res(&f, &json!({"rows": [{"s": " In progress…"}]})).pending);
+    assert!(!res(&f, &json!({"section": "1. Data Processing"})).pending);
+    assert!(!res(&f, &json!({"note": "job still running"})).pending);
+    assert!(res(&f, &json!("job still running")).pending);
+    // A lifecycle word reads only as a status: a bare value, not a log's line.
+    assert!(res(&f, &json!("Creating")).pending);
+    assert!(!res(&f, &json!("Table created.\nCreating s0...\ns0 created")).pending);
+}
+
+#[test]
+fn a_string_holding_json_is_read_as_that_json() {
+    let f = fp();
+    let text = |v: Value| json!(serde_json::to_string_pretty(&v).unwrap());
+    // Its status field is read, its volatile keys dropped, its key order and layout free.
+    let job = |req: &str| json!({"status": {"state": "RUNNING"}, "request_id": req, "id": 7});
+    let (a, b) = (res(&f, &text(job("r1"))), res(&f, &text(job("r2"))));
+    assert!(a.pending && b.pending);
+    assert_eq!(a.digest, b.digest);
+    assert_eq!(a.digest, res(&f, &json!(job("r3").to_string())).digest);
+    assert_eq!(a.digest, res(&f, &job("r4")).digest);
+    // Nested in a field (a shell's output), too; and a digit is still a change.
+    let shell =
+        |s: &str| json!({"output": json!({"state": s, "ts": 1}).to_string(), "exit_code": 0});
+    assert!(res(&f, &shell("queued")).pending);
+    assert!(!res(&f, &shell("done")).pending);
+    let done = |n: u32| text(json!({"status": "DONE", "rows": n}));
+    assert_ne!(res(&f, &done(3)).digest, res(&f, &done(4)).digest);
+    // Text that only looks like JSON is a string.
+    for s in ["[1, 2", "{not json}", "[INFO] started [done]"] {
+        let r = res(&f, &json!(s));
+        assert!(r.has_words || s.starts_with("[1"), "{s}");
+        assert_ne!(r.digest, res(&f, &json!(format!("{s} "))).digest, "{s}");
+    }
+}
+
+#[test]
+fn the_content_sample_of_a_json_text_reads_it_as_the_text_it_is() {
+    // A search's chunks, as text: the sample reads its lines, keys and all (its values
+    // alone, ids too short to be content, are too few lines to judge it by).
+    let f = fp();
+    let chunks: Vec<Value> = (0..5)
+        .map(|i| json!({"chunk_id": format!("ch_{i}"), "section": format!("Section {i} of the agreement"), "score": 0.7}))
+        .collect();
+    let result = json!(serde_json::to_string_pretty(&json!({"chunks": chunks})).unwrap());
+    let mut scratch = Scratch::default();
+    f.result(Some(&Json::of_value(&result)), None, &mut scratch);
+    let sample = scratch.content_sample();
+    let as_text = Fingerprinter::new(&FingerprintSpec::default());
+    let mut plain = Scratch::default();
+    let mut c = Canon::new(&mut plain, &as_text.result_keys, None);
+    c.patterns = Some(Patterns {
+        builtins: &as_text.builtins,
+        custom: &as_text.custom_patterns,
+    });
+    c.document(Json::of_value(&result).as_str().as_bytes(), false);
+    assert_eq!(sample, plain.content_sample());
+}
+
+#[test]
 fn words_are_letters_of_values_outside_markup() {
     let f = fp();
     assert!(
@@ -248,6 +334,19 @@ mod reference {
         pub extra: Option<&'a KeySet>,
         pub patterns: Option<Patterns<'a>>,
         pub pending: Option<(&'a AhoCorasick, PendingScan)>,
+        /// A string holding a JSON object or array is walked as that JSON.
+        pub json_text: bool,
+        pub depth: usize,
+    }
+
+    /// The JSON object or array a string holds (whitespace around it allowed).
+    pub fn json_of(s: &str) -> Option<Value> {
+        let t = s.trim_matches([' ', '\n', '\t', '\r']);
+        let ends =
+            (t.starts_with('{') && t.ends_with('}')) || (t.starts_with('[') && t.ends_with(']'));
+        ends.then(|| serde_json::from_str::<Value>(s).ok())
+            .flatten()
+            .filter(|v| v.is_object() || v.is_array())
     }
 
     impl Walker<'_> {
@@ -256,11 +355,19 @@ mod reference {
                 Value::Null => self.out.put(b"null"),
                 Value::Bool(b) => self.out.put(if *b { b"true" } else { b"false" }),
                 Value::Number(n) => self.out.put(n.to_string().as_bytes()),
+                Value::String(s) if self.json_text && json_of(s).is_some() => {
+                    self.value(&json_of(s).unwrap());
+                }
                 Value::String(s) => {
+                    let depth = self.depth;
                     if let Some((ac, scan)) = self.pending.as_mut() {
+                        let reads = |t: &[u8]| {
+                            is_pending_value(ac, t)
+                                || (depth == 0 && reads_pending(ac, t, scan.prose_terms))
+                        };
                         if !scan.any_short
                             && s.len() <= PENDING_SCAN_MAX_BYTES
-                            && reads_pending(ac, s.as_bytes())
+                            && reads(s.as_bytes())
                         {
                             scan.any_short = true;
                         }
@@ -281,6 +388,7 @@ mod reference {
                     self.out.put(b"\"");
                 }
                 Value::Array(items) => {
+                    self.depth += 1;
                     self.out.put(b"[");
                     for (i, item) in items.iter().enumerate() {
                         if i > 0 {
@@ -289,8 +397,10 @@ mod reference {
                         self.value(item);
                     }
                     self.out.put(b"]");
+                    self.depth -= 1;
                 }
                 Value::Object(map) => {
+                    self.depth += 1;
                     self.out.put(b"{");
                     let mut first = true;
                     for (k, item) in map {
@@ -306,13 +416,14 @@ mod reference {
                         self.out.put(b":");
                         if let (Value::String(s), Some((ac, scan))) = (item, self.pending.as_mut())
                         {
-                            if scan.status.is_none() && is_status_key(kb) {
-                                scan.status = Some(reads_pending(ac, s.as_bytes()));
+                            if scan.status != Some(true) && is_status_key(kb) {
+                                scan.status = Some(reads_pending(ac, s.as_bytes(), usize::MAX));
                             }
                         }
                         self.value(item);
                     }
                     self.out.put(b"}");
+                    self.depth -= 1;
                 }
             }
         }
@@ -320,6 +431,7 @@ mod reference {
 
     pub fn has_words(v: &Value) -> bool {
         match v {
+            Value::String(s) if json_of(s).is_some() => has_words(&json_of(s).unwrap()),
             Value::String(s) => crate::contract::json::content_has_words(
                 serde_json::to_string(s)
                     .unwrap()
@@ -343,6 +455,8 @@ mod reference {
             extra: f.ignore_args.get(tool),
             patterns: None,
             pending: None,
+            json_text: false,
+            depth: 0,
         };
         w.out.put(b"[");
         w.out.string(tool.as_bytes());
@@ -352,30 +466,40 @@ mod reference {
         w.out.canonical
     }
 
-    pub fn result(f: &Fingerprinter, result: &Value) -> (Vec<u8>, u32, bool, bool) {
-        let mut w = Walker {
-            out: Out {
-                canonical: Vec::new(),
-                shape: Some(Shape::default()),
-            },
-            keys: &f.result_keys,
-            extra: None,
-            patterns: Some(Patterns {
-                builtins: &f.builtins,
-                custom: &f.custom_patterns,
-            }),
-            pending: f.pending.as_ref().map(|ac| (ac, PendingScan::default())),
+    /// A result's digest, its shape, whether it reads pending, whether it has words,
+    /// and the canonical text its content sample reads (strings holding JSON as the
+    /// strings they are).
+    pub fn result(f: &Fingerprinter, result: &Value) -> (Fp, u32, bool, bool, Vec<u8>) {
+        let walk = |json_text: bool| {
+            let mut w = Walker {
+                out: Out {
+                    canonical: Vec::new(),
+                    shape: Some(Shape::default()),
+                },
+                keys: &f.result_keys,
+                extra: None,
+                patterns: Some(Patterns {
+                    builtins: &f.builtins,
+                    custom: &f.custom_patterns,
+                }),
+                pending: (f.pending.as_ref()).map(|ac| (ac, PendingScan::new(f.prose_terms))),
+                json_text,
+                depth: 0,
+            };
+            w.value(result);
+            w
         };
-        w.value(result);
+        let w = walk(true);
         let pending = w
             .pending
             .as_ref()
             .is_some_and(|(_, s)| s.status.unwrap_or(s.any_short));
         (
-            w.out.canonical,
+            Fp::of(&w.out.canonical),
             w.out.shape.unwrap().finish(),
             pending,
             has_words(result),
+            walk(false).out.canonical,
         )
     }
 }
@@ -394,6 +518,11 @@ mod agreement {
             Just("123e4567-e89b-12d3-a456-426614174000".to_string()),
             Just("line 4\n\t\"q\" \\ \u{8}\u{c}\u{1}/é😀".to_string()),
             Just("<output>\n</output>".to_string()),
+            // JSON held in strings: a status, a bare pending word, prose with one in it.
+            Just("{\"status\": {\"state\": \"RUNNING\"}, \"trace_id\": \"x\"}".to_string()),
+            Just("\n [\"creating\", {}, 1.50]\n".to_string()),
+            Just("{\"title\": \"1. Data Processing\", \"job_state\": \"done\"}".to_string()),
+            Just("[1, 2".to_string()),
             Just(
                 "\nfab2026-01-02T03:04:05Z\u{c}123e4567-e89b-12d3-a456-426614174000\u{8}"
                     .to_string()
@@ -483,11 +612,12 @@ mod agreement {
             let expected_arg = v.get("action").and_then(Value::as_str).map(str::to_string);
             prop_assert_eq!(a.action_arg.map(|c| c.into_owned()), expected_arg);
             let r = f.result(Some(&json), None, &mut scratch);
-            let (canonical, shape, pending, words) = reference::result(&f, &v);
+            let (digest, shape, pending, words, canonical) = reference::result(&f, &v);
             prop_assert_eq!(
                 String::from_utf8_lossy(&scratch.canonical),
                 String::from_utf8_lossy(&canonical)
             );
+            prop_assert_eq!(r.digest, digest);
             prop_assert_eq!(r.shape, shape);
             prop_assert_eq!(r.pending, pending);
             prop_assert_eq!(r.has_words, words);
