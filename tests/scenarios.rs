@@ -55,9 +55,9 @@ fn a_stricter_config_is_caught_by_eval() {
 
 /// Sessions of agents outside coding, labelled by a tester who had not seen the detectors
 /// (`tests/fixtures/domains.py`, its docstring says how): the defaults kill none of its
-/// healthy sessions, and the cases that held when it was written still hold. The ones
-/// that do not are listed with why; the corpus states what its tester wanted, not what
-/// loopwarden does.
+/// healthy sessions, and exactly the cases listed do not hold, each with why (a case
+/// that comes to hold is taken off the list); the corpus states what its tester wanted,
+/// not what loopwarden does.
 #[test]
 fn a_cold_corpus_of_other_domains_has_no_false_kill() {
     let dir = tempfile::tempdir().unwrap();
@@ -79,9 +79,7 @@ fn a_cold_corpus_of_other_domains_has_no_false_kill() {
     let known = [
         // Nudges the defaults give on purpose (DESIGN §3): the same action 10 times in
         // the window (`generic_repeat`, never a kill), the 10th unchanged poll
-        // (`poll_no_progress`), a failure repeated with the same arguments (a 503, then
-        // retried after a wait), the same words each turn while a poll waits.
-        "cs-duplicate-charge-refund-healthy",
+        // (`poll_no_progress`), the same words each turn while a poll waits.
         "web-council-minutes-scroll-healthy",
         "data-bigquery-job-running-poll-healthy",
         "ops-checkout-rollout-progress-poll-healthy",
@@ -89,7 +87,8 @@ fn a_cold_corpus_of_other_domains_has_no_false_kill() {
         "gui-admin-table-next-page-healthy",
         // Later than its tester wanted, or not stopped: rephrased searches or polls of a
         // finished job whose answers repeat while each call is new, a restart loop whose
-        // pod names change, two sub-agents handing a task back and forth.
+        // pod names change, two sub-agents handing a task back and forth (each answer
+        // with the sub-run's own turns and cost).
         "web-headphone-price-same-search-stuck",
         "web-rate-limit-two-page-oscillation-stuck",
         "ops-migration-job-completed-repoll-stuck",
@@ -101,9 +100,11 @@ fn a_cold_corpus_of_other_domains_has_no_false_kill() {
     let mut unexpected = Vec::new();
     let file = std::fs::File::open(&corpus).unwrap();
     let totals = run_corpus(&config, &mut BufReader::new(file), |r| match r {
-        Ok(c) if !c.held && !known.contains(&c.id.as_str()) => {
-            unexpected.push(format!("{}: {}", c.id, c.failures.join("; ")))
-        }
+        Ok(c) if c.held == known.contains(&c.id.as_str()) => unexpected.push(if c.held {
+            format!("{}: holds now; take it off the list", c.id)
+        } else {
+            format!("{}: {}", c.id, c.failures.join("; "))
+        }),
         Ok(_) => {}
         Err((line, e)) => unexpected.push(format!("line {line}: {e}")),
     })

@@ -101,8 +101,77 @@ pub const DEFAULT_PENDING_STATUS_TERMS: &[&str] = &[
     "building",
     "updating",
     "modifying",
-    "submitted",
 ];
+
+/// Phrases with which a failure says it is passing (an overloaded or rate-limited
+/// service): retrying the same call is what it asks for. Not a timeout: a command that
+/// timed out (`EXECUTION TIMED OUT`, a test that hangs) times out again; only a gateway's
+/// is the service's.
+const TRANSIENT_PHRASES: &[&str] = &[
+    "temporarily unavailable",
+    "service unavailable",
+    "too many requests",
+    "rate limit",
+    "rate limited",
+    "rate-limited",
+    "rate_limited",
+    "rate limit exceeded",
+    "ratelimit",
+    "throttled",
+    "throttling",
+    "overloaded",
+    "try again later",
+    "please retry",
+    "retry later",
+    "retry after",
+    "gateway timeout",
+    "bad gateway",
+];
+
+/// `error_kind` words that say the failure is passing (`rate_limited`, `http_503`; not
+/// `timeout`, as for the phrases).
+const TRANSIENT_KINDS: &[&str] = &[
+    "rate",
+    "throttl",
+    "unavailable",
+    "overload",
+    "transient",
+    "429",
+    "502",
+    "503",
+    "504",
+];
+
+/// Bytes of a failure's result read for a transient phrase (where an error says what it
+/// is).
+const TRANSIENT_SCAN_BYTES: usize = 4096;
+
+static TRANSIENT: std::sync::LazyLock<AhoCorasick> = std::sync::LazyLock::new(|| {
+    AhoCorasickBuilder::new()
+        .ascii_case_insensitive(true)
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(TRANSIENT_PHRASES)
+        .expect("fixed phrases build")
+});
+
+/// Whether a failed call says its failure is passing: by its `error_kind`, or by a phrase
+/// in the first [`TRANSIENT_SCAN_BYTES`] of its result (a 503's "temporarily unavailable",
+/// a 429's "too many requests"). Such a call is retried as a `retry_safe` tool's is.
+pub fn reads_transient(error_kind: Option<&str>, result: Option<&Json>) -> bool {
+    let kind = error_kind.unwrap_or("").to_ascii_lowercase();
+    if TRANSIENT_KINDS.iter().any(|k| kind.contains(k)) {
+        return true;
+    }
+    let Some(text) = result.map(|r| r.as_str().as_bytes()) else {
+        return false;
+    };
+    let text = &text[..text.len().min(TRANSIENT_SCAN_BYTES)];
+    TRANSIENT.find_iter(text).any(|m| {
+        let before = m.start() == 0 || !text[m.start() - 1].is_ascii_alphanumeric();
+        let after = m.end() == text.len() || !text[m.end()].is_ascii_alphanumeric();
+        before && after
+    })
+}
 
 /// Result strings longer than this are not scanned for pending terms: a long text that
 /// happens to contain "running" is content, not a status.
@@ -163,6 +232,15 @@ impl KeySet {
 
     pub fn is_empty(&self) -> bool {
         self.normalized.is_empty()
+    }
+
+    /// Whether the key, or its last words, is in the set: `subagent_session_id` and
+    /// `subagentSessionId` end with `session_id`; `estate` does not end with `state` (a
+    /// word starts after `_`, `-`, `.` or a space, or at an upper-case letter after a
+    /// lower-case one or a digit).
+    pub fn contains_key_or_last_words(&self, key: &[u8]) -> bool {
+        self.contains(key)
+            || (1..key.len()).any(|at| starts_word(key, at) && self.contains(&key[at..]))
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {
@@ -375,10 +453,11 @@ impl Fingerprinter {
         let mut shape = Shape::default();
         shape.json(&scratch.canonical);
         let digest = Fp::of(&scratch.canonical);
-        if let (true, Some(r)) = (read_json_text, result) {
+        if let (true, true, Some(r)) = (read_json_text, has_words, result) {
             // The content sample reads the text as the agent did, line by line, keys and
             // all: the JSON's values alone are too few lines to judge a result by (a
-            // search's five chunks, their ids too short to be content).
+            // search's five chunks, their ids too short to be content). A result without
+            // words has no sample.
             let mut c = Canon::new(scratch, &self.result_keys, None);
             c.patterns = Some(Patterns {
                 builtins: &self.builtins,

@@ -220,7 +220,15 @@ impl Work {
             wordless,
             unknown_tool,
             poll: classes.poll || (result.pending && !is_error),
-            retry_safe: classes.retry_safe,
+            // A failure that says it is passing (a 503, a rate limit, a timeout) is
+            // retried as a `retry_safe` tool's: the ceilings and `error_streak` still end
+            // a retry that never gets through.
+            retry_safe: classes.retry_safe
+                || (is_error
+                    && fingerprint::reads_transient(
+                        call.error_kind.as_deref(),
+                        call.result.as_ref(),
+                    )),
             write: classes.write,
             content: if wordless {
                 ContentSample::default()

@@ -4,7 +4,10 @@
 //! row, terminate at the 3rd — and, like every loop detector, only `grace_steps` after
 //! the warning, so an agent that reads the error and changes the call within a few
 //! tries goes on. Different attempts rejected the same way are `same_error`'s. Tools
-//! classed `retry_safe` (flaky network fetches and the like) are exempt.
+//! classed `retry_safe` (flaky network fetches and the like) are exempt, and so is a
+//! failure that says it is passing (a 503's "temporarily unavailable", a rate limit:
+//! [`crate::engine::fingerprint::reads_transient`]; not a command that timed out, which
+//! times out again); `error_streak` ends a retry that never gets through.
 
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +72,37 @@ mod tests {
             of(&evs, ErrorRepeat),
             vec![(1, Level::Warning), (2, Level::Terminate)]
         );
+    }
+
+    #[test]
+    fn a_failure_that_says_it_is_passing_is_retried_until_the_streak_ends_it() {
+        // A 503 that asks to be retried, by its text or by its kind: retrying is what it
+        // asks for, until `error_streak` says the retries never get through.
+        let unavailable = |i: usize| {
+            let mut e = fail("create_refund", json!({"charge": "ch_1"}), None);
+            e["result"] = json!({"error": {"message": "The service is temporarily unavailable. Please retry.", "request": i}});
+            e
+        };
+        let evs: Vec<Value> = (0..12).map(unavailable).collect();
+        assert!(of(&evs, ErrorRepeat).is_empty());
+        let by_kind: Vec<Value> = (0..3)
+            .map(|_| fail("create_refund", json!({"charge": "ch_1"}), Some("http_503")))
+            .collect();
+        assert!(of(&by_kind, ErrorRepeat).is_empty());
+        let streak = of(&evs, crate::engine::detectors::DetectorKind::ErrorStreak);
+        assert_eq!(streak.last(), Some(&(11, Level::Terminate)), "{streak:?}");
+        // The same failure in words that say nothing of passing is stopped at its 3rd, and
+        // so is a command that timed out.
+        for kind in ["denied", "timeout"] {
+            let again: Vec<Value> = (0..3)
+                .map(|_| {
+                    let mut e = fail("bash", json!({"command": "mvn test"}), Some(kind));
+                    e["result"] = json!("\nEXECUTION TIMED OUT");
+                    e
+                })
+                .collect();
+            assert_eq!(of(&again, ErrorRepeat).last(), Some(&(2, Level::Terminate)), "{kind}");
+        }
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! The agent swings between two fixes (or two files) and neither changes anything. The
 //! signal is the length of the strict alternation tail: warn at 6 calls (three round
-//! trips), terminate at 10. A changed result on either side ends the tail, and so does a
-//! poll on either side (an agent waiting on a job between two `sleep`s).
+//! trips), terminate at 10. A changed result on either side ends the tail, and so do
+//! polls on both sides (an agent waiting on a job between two `sleep`s).
 
 use serde::{Deserialize, Serialize};
 
@@ -27,10 +27,9 @@ impl Detector for PingPong {
         }
         let Some(this) = run.latest() else { return };
         *alternation = match (run.before_latest(1), run.before_latest(2)) {
-            // Waiting between polls (`sleep`, the status call, `sleep`…) is no swing:
-            // polls are `poll_no_progress`'s to judge, with the room polls get.
-            _ if this.is_poll() => 1,
-            (Some(p1), _) if p1.is_poll() => 1,
+            // Waiting, a poll on both sides (`sleep`, the job's status, `sleep`…), is no
+            // swing: polls are `poll_no_progress`'s to judge, with the room polls get.
+            (Some(p1), _) if this.is_poll() && p1.is_poll() => 1,
             (Some(p1), _) if p1.action == this.action => 1,
             (Some(_), Some(p2)) if p2.same_outcome(&this) && *alternation >= 2 => {
                 *alternation + 1
@@ -102,6 +101,17 @@ mod tests {
             })
             .collect();
         assert!(of(&evs, PingPong).is_empty());
+        // One side no poll: an edit and `git_status` (a poll by its name), unchanged.
+        let swing: Vec<Value> = (0..10)
+            .map(|i| {
+                if i % 2 == 0 {
+                    call("edit_file", json!({"path": "a.py"}), json!("edited"))
+                } else {
+                    call("git_status", json!({}), json!("modified: a.py"))
+                }
+            })
+            .collect();
+        assert!(!of(&swing, PingPong).is_empty());
     }
 
     #[test]

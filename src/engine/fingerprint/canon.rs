@@ -87,12 +87,15 @@ pub(super) struct Canon<'s, 'k> {
     pub(super) words: Option<bool>,
     /// Where `args.action` is in the text (its content), when a string (actions only).
     pub(super) action_arg: Option<(usize, usize)>,
-    /// A string holding a JSON object or array is written as that JSON (results only).
+    /// A result, not an action: a string holding a JSON object or array is written as
+    /// that JSON, and a key is volatile as its last words too.
     pub(super) json_text: bool,
     /// Some string was so read.
     pub(super) read_json_text: bool,
     /// Buffers for the JSON text strings hold, one a level of strings in strings.
     pub(super) json_texts: &'s mut Vec<String>,
+    /// JSON texts in strings the value being written is in.
+    pub(super) json_levels: usize,
     /// Objects and arrays the value being written is in.
     pub(super) depth: usize,
 }
@@ -144,6 +147,7 @@ impl<'s, 'k> Canon<'s, 'k> {
             json_text: false,
             read_json_text: false,
             json_texts: &mut scratch.json_texts,
+            json_levels: 0,
             depth: 0,
         }
     }
@@ -266,38 +270,49 @@ impl<'s, 'k> Canon<'s, 'k> {
     }
 
     /// Writes the JSON object or array a string's content (as written) holds, and says
-    /// so; says not, writing nothing, for any other string. A look at the content's ends
-    /// first: most strings are not JSON, and are not unescaped.
+    /// so; says not, writing nothing, for any other string, and for a JSON text that
+    /// would take the result past [`JSON_TEXT_MAX_NESTING`] objects and arrays deep, or
+    /// past [`JSON_TEXT_LEVELS`] JSON texts inside one another (the work and the stack a
+    /// result can ask for stay bounded). A look at the content's ends first: most strings
+    /// are not JSON, and are not unescaped.
     fn json_in_string(&mut self, content: &[u8]) -> bool {
-        // Whitespace around the value, as text or escaped.
-        let mut t = content;
-        while let [b' ', rest @ ..] | [b'\\', b'n' | b't' | b'r', rest @ ..] = t {
-            t = rest;
-        }
-        loop {
-            match t {
-                [rest @ .., b' '] => t = rest,
-                [rest @ .., b'\\', b'n' | b't' | b'r'] if !rest.ends_with(b"\\") => t = rest,
-                _ => break,
-            }
-        }
-        if !matches!(t, [b'{', .., b'}'] | [b'[', .., b']']) {
+        let budget = JSON_TEXT_MAX_NESTING.saturating_sub(self.depth);
+        if self.json_levels >= JSON_TEXT_LEVELS || budget == 0 || !may_hold_json(content) {
             return false;
         }
         let mut text = self.json_texts.pop().unwrap_or_default();
         text.clear();
         unescape_into(std::str::from_utf8(content).unwrap_or(""), &mut text);
-        let mut scan = Scanner::new(text.as_bytes(), JSON_TEXT_MAX_NESTING);
-        scan.ws();
-        let is_json = scan.value().is_ok() && {
-            scan.ws();
-            scan.at_end()
+        let is_json = {
+            let trimmed = text.trim_matches(JSON_WS);
+            let ends = matches!(trimmed.as_bytes(), [b'{', .., b'}'] | [b'[', .., b']']);
+            let mut scan = Scanner::new(trimmed.as_bytes(), budget);
+            if !ends {
+                false
+            } else if scan.value().is_ok() && scan.at_end() {
+                true
+            } else {
+                // What the scanner leaves to serde_json (a surrogate pair's escapes, as
+                // Python's `json.dumps` writes any emoji; a number past its range), read
+                // by it and written again.
+                match serde_json::from_str::<serde_json::Value>(trimmed) {
+                    Ok(v) if value_depth(&v) <= budget => {
+                        text = v.to_string();
+                        true
+                    }
+                    _ => false,
+                }
+            }
         };
         if is_json {
             self.read_json_text = true;
+            self.json_levels += 1;
             self.document(text.as_bytes(), false);
+            self.json_levels -= 1;
         }
-        self.json_texts.push(text);
+        if text.capacity() <= JSON_TEXT_KEEP_BYTES {
+            self.json_texts.push(text);
+        }
         is_json
     }
 
@@ -427,7 +442,14 @@ impl<'s, 'k> Canon<'s, 'k> {
         if args_top && key == b"action" && is_string {
             self.action_arg = Some((v + 1, v_end - 1));
         }
-        if self.keys.contains(key) || self.extra.is_some_and(|e| e.contains(key)) {
+        // A result's key is volatile as its last words too (`subagent_session_id`: an id
+        // made anew each call); an action's only whole (`start_ts` is a query's range).
+        let volatile = if self.json_text {
+            self.keys.contains_key_or_last_words(key)
+        } else {
+            self.keys.contains(key)
+        };
+        if volatile || self.extra.is_some_and(|e| e.contains(key)) {
             // Erased from the digest, but what it says still counts as words.
             if self.words == Some(false) && words_of(&s[v..v_end]) {
                 self.words = Some(true);
@@ -472,7 +494,6 @@ impl<'s, 'k> Canon<'s, 'k> {
         if self.words == Some(false) && content_has_words(content, &mut false) {
             self.words = Some(true);
         }
-        let depth = self.depth;
         if let Some((ac, scan)) = self.pending.as_mut() {
             // Only short strings read as a status (the unescaped length counts).
             if !scan.any_short
@@ -486,9 +507,7 @@ impl<'s, 'k> Canon<'s, 'k> {
                     (self.text.len() <= PENDING_SCAN_MAX_BYTES).then_some(self.text.as_bytes())
                 };
                 let prose_terms = scan.prose_terms;
-                let reads = |t: &[u8]| {
-                    is_pending_value(ac, t) || (depth == 0 && reads_pending(ac, t, prose_terms))
-                };
+                let reads = |t: &[u8]| is_pending_value(ac, t) || reads_pending(ac, t, prose_terms);
                 if short.is_some_and(reads) {
                     scan.any_short = true;
                 }
@@ -586,11 +605,52 @@ pub(super) fn is_status_key(key: &[u8]) -> bool {
             return false;
         };
         key[at..].eq_ignore_ascii_case(word)
-            && (at == 0
-                || matches!(key[at - 1], b'_' | b'-' | b'.' | b' ')
-                || (key[at].is_ascii_uppercase()
-                    && (key[at - 1].is_ascii_lowercase() || key[at - 1].is_ascii_digit())))
+            && (at == 0 || (starts_word(key, at) && !names_another_time(&key[..at])))
     })
+}
+
+/// Whether a word of `key` starts at `at` (> 0): after `_`, `-`, `.` or a space, or at an
+/// upper-case letter after a lower-case one or a digit.
+pub(super) fn starts_word(key: &[u8], at: usize) -> bool {
+    matches!(key[at - 1], b'_' | b'-' | b'.' | b' ')
+        || (key[at].is_ascii_uppercase()
+            && (key[at - 1].is_ascii_lowercase() || key[at - 1].is_ascii_digit()))
+}
+
+/// Whether the words before a status name a status other than the current one
+/// (`desired_state`, `PreviousState`, `lastState`, `target_status`).
+fn names_another_time(prefix: &[u8]) -> bool {
+    let prefix = prefix
+        .strip_suffix(b"_")
+        .or_else(|| prefix.strip_suffix(b"-"))
+        .unwrap_or(prefix);
+    let prefix = prefix
+        .strip_suffix(b".")
+        .or_else(|| prefix.strip_suffix(b" "))
+        .unwrap_or(prefix);
+    let start = (1..prefix.len())
+        .rev()
+        .find(|&at| starts_word(prefix, at))
+        .unwrap_or(0);
+    let word = &prefix[start..];
+    [
+        &b"desired"[..],
+        b"target",
+        b"previous",
+        b"prev",
+        b"last",
+        b"prior",
+        b"expected",
+        b"requested",
+        b"from",
+        b"old",
+        b"initial",
+        b"original",
+        b"next",
+        b"goal",
+    ]
+    .iter()
+    .any(|w| word.eq_ignore_ascii_case(w))
 }
 
 /// Some term below `terms` (by pattern index) is in `s` as a word of its own.
@@ -605,9 +665,43 @@ pub(super) fn reads_pending(ac: &AhoCorasick, s: &[u8], terms: usize) -> bool {
     })
 }
 
-/// Nesting read in a string's JSON text (the event parser's default limit): deeper text
-/// is read as the string it is.
-const JSON_TEXT_MAX_NESTING: usize = crate::contract::event::DEFAULT_MAX_NESTING;
+/// Objects and arrays a result may nest, the JSON texts its strings hold included (the
+/// event parser's default limit): a deeper text is read as the string it is.
+pub(super) const JSON_TEXT_MAX_NESTING: usize = crate::contract::event::DEFAULT_MAX_NESTING;
+
+/// JSON texts read inside one another at most (a result that is one, and one in a field
+/// of it: `{"output": "{\"status\": …}"}` written as text); deeper ones are strings.
+pub(super) const JSON_TEXT_LEVELS: usize = 2;
+
+/// A pooled buffer that grew past this is let go rather than kept.
+const JSON_TEXT_KEEP_BYTES: usize = 64 * 1024;
+
+/// JSON's whitespace.
+pub(super) const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
+
+/// Whether a string's content, as written, may be a JSON object or array once unescaped:
+/// past spaces and escaped whitespace it starts with `{`, `[` or another escape (`\u007b`),
+/// and ends with `}`, `]` or what ends an escape.
+fn may_hold_json(content: &[u8]) -> bool {
+    let mut t = content;
+    while let [b' ', rest @ ..] | [b'\\', b'n' | b't' | b'r', rest @ ..] = t {
+        t = rest;
+    }
+    while let [rest @ .., b' '] = t {
+        t = rest;
+    }
+    matches!(t.first(), Some(b'{' | b'[' | b'\\'))
+        && matches!(t.last(), Some(b'}' | b']' | b'n' | b't' | b'r') | Some(b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F'))
+}
+
+/// Objects and arrays nested in a value (a scalar: 0).
+pub(super) fn value_depth(v: &serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::Array(items) => 1 + items.iter().map(value_depth).max().unwrap_or(0),
+        serde_json::Value::Object(map) => 1 + map.values().map(value_depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
 
 /// Whether a string is a pending word and nothing else (but case, spaces and
 /// punctuation around it: `Creating…`, `IN_PROGRESS`).

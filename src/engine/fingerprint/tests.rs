@@ -145,21 +145,58 @@ fn a_status_is_a_field_named_so_or_a_bare_word_and_any_status_pending_is_pending
             "{key}"
         );
     }
-    assert!(!res(&f, &json!({"estate": "pending sale"})).pending);
-    assert!(res(&f, &json!({"real_estate_status": "pending sale"})).pending);
+    // A lifecycle word in a few words reads only in a status field: so a key is told.
+    assert!(res(&f, &json!({"real_estate_status": "creating the listing"})).pending);
+    assert!(!res(&f, &json!({"estate": "creating the listing"})).pending);
+    // A status that is not the current one does not say the result is waited on.
+    assert!(!res(&f, &json!({"state": "FAILED", "desired_state": "RUNNING"})).pending);
+    assert!(!res(&f, &json!({"phase": "Failed", "lastState": "running"})).pending);
+    assert!(
+        !res(
+            &f,
+            &json!({"Status": "stopped", "PreviousStatus": "pending"})
+        )
+        .pending
+    );
     // An order `confirmed` whose ticketing is pending is still waited on.
     let order = json!({"data": {"status": "confirmed", "ticketing_status": "PENDING_TICKETING"}});
     assert!(res(&f, &order).pending);
-    // In a structure, a value that is a pending word is a status; prose with one in it is
-    // content (a section's title), as it was not for a result that is that prose alone.
+    // A lifecycle word as a value alone is a status; in prose it is content (a section's
+    // title).
     assert!(res(&f, &json!(["creating", {}])).pending);
-    assert!(res(&f, &json!({"rows": [{"s": " In progress…"}]})).pending);
+    assert!(res(&f, &json!({"rows": [{"s": " Provisioning…"}]})).pending);
     assert!(!res(&f, &json!({"section": "1. Data Processing"})).pending);
-    assert!(!res(&f, &json!({"note": "job still running"})).pending);
+    // A prose term reads in any short string (an envelope's text: ADK's `result`, MCP's
+    // `content`).
+    assert!(res(&f, &json!({"result": "Job 42 is still running"})).pending);
+    let mcp = json!({"content": [{"type": "text", "text": "Export still running"}]});
+    assert!(res(&f, &mcp).pending);
     assert!(res(&f, &json!("job still running")).pending);
     // A lifecycle word reads only as a status: a bare value, not a log's line.
     assert!(res(&f, &json!("Creating")).pending);
     assert!(!res(&f, &json!("Table created.\nCreating s0...\ns0 created")).pending);
+}
+
+#[test]
+fn a_result_key_is_volatile_as_its_last_words_an_action_key_only_whole() {
+    let f = fp();
+    let child =
+        |id: &str| json!({"status": "completed", "subagent_session_id": id, "result": "BLOCKED"});
+    assert_eq!(
+        res(&f, &child("sess_1")).digest,
+        res(&f, &child("sess_2")).digest
+    );
+    let camel = |id: &str| json!({"childRunId": id, "parentRequestId": id, "out": "x"});
+    assert_eq!(res(&f, &camel("a1")).digest, res(&f, &camel("b2")).digest);
+    // Not inside a word, and not an action's: a query's `start_ts` is its range.
+    let word = |v: &str| json!({"counts": v, "start_times": v});
+    assert_ne!(res(&f, &word("1")).digest, res(&f, &word("2")).digest);
+    let query = |t: u32| json!({"q": "error", "start_ts": t});
+    assert_ne!(act(&f, "logs", &query(1)), act(&f, "logs", &query(2)));
+    assert_eq!(
+        act(&f, "logs", &json!({"q": "e", "ts": 1})),
+        act(&f, "logs", &json!({"q": "e", "ts": 2}))
+    );
 }
 
 #[test]
@@ -186,6 +223,33 @@ fn a_string_holding_json_is_read_as_that_json() {
         assert!(r.has_words || s.starts_with("[1"), "{s}");
         assert_ne!(r.digest, res(&f, &json!(format!("{s} "))).digest, "{s}");
     }
+}
+
+#[test]
+fn json_texts_are_read_two_deep_and_as_python_writes_them() {
+    let f = fp();
+    // Python's `json.dumps` escapes an emoji as a surrogate pair.
+    let text =
+        r#"{"status": {"state": "RUNNING"}, "note": "\ud83d\ude80 export", "request_id": "r1"}"#;
+    let r = res(&f, &json!(text));
+    assert!(r.pending);
+    assert_eq!(r.digest, res(&f, &json!(text.replace("r1", "r2"))).digest);
+    // A text in a text is read (key order free); a third is a string (key order kept).
+    let two = |inner: &str| json!(json!({"out": inner}).to_string());
+    let three = |inner: &str| two(&json!({"x": inner}).to_string());
+    let (ab, ba) = (r#"{"a":1,"b":2}"#, r#"{"b":2,"a":1}"#);
+    assert_eq!(res(&f, &two(ab)).digest, res(&f, &two(ba)).digest);
+    assert_ne!(res(&f, &three(ab)).digest, res(&f, &three(ba)).digest);
+    // Many texts inside one another (each level doubles the escapes) are read two deep:
+    // the work and the stack stay bounded, and the innermost text still counts.
+    let deep = |word: &str| {
+        let mut v = json!(word);
+        for _ in 0..16 {
+            v = json!(json!([v]).to_string());
+        }
+        v
+    };
+    assert_ne!(res(&f, &deep("done")).digest, res(&f, &deep("dune")).digest);
 }
 
 #[test]
@@ -334,36 +398,54 @@ mod reference {
         pub extra: Option<&'a KeySet>,
         pub patterns: Option<Patterns<'a>>,
         pub pending: Option<(&'a AhoCorasick, PendingScan)>,
-        /// A string holding a JSON object or array is walked as that JSON.
+        /// A result: a string holding a JSON object or array is walked as that JSON, a
+        /// key is volatile as its last words too.
         pub json_text: bool,
         pub depth: usize,
+        /// JSON texts in strings the value being walked is in.
+        pub levels: usize,
+        /// Some string value says something in words (a volatile key's value as written).
+        pub words: bool,
+        /// Some string was walked as the JSON it holds.
+        pub expanded: bool,
     }
 
-    /// The JSON object or array a string holds (whitespace around it allowed).
-    pub fn json_of(s: &str) -> Option<Value> {
-        let t = s.trim_matches([' ', '\n', '\t', '\r']);
+    /// The JSON object or array a string holds (JSON's whitespace around it allowed),
+    /// nesting at most `budget` deep.
+    pub fn json_of(s: &str, budget: usize) -> Option<Value> {
+        let t = s.trim_matches(JSON_WS);
         let ends =
             (t.starts_with('{') && t.ends_with('}')) || (t.starts_with('[') && t.ends_with(']'));
-        ends.then(|| serde_json::from_str::<Value>(s).ok())
+        ends.then(|| serde_json::from_str::<Value>(t).ok())
             .flatten()
-            .filter(|v| v.is_object() || v.is_array())
+            .filter(|v| (v.is_object() || v.is_array()) && value_depth(v) <= budget)
     }
 
     impl Walker<'_> {
+        fn held_json(&self, s: &str) -> Option<Value> {
+            let budget = JSON_TEXT_MAX_NESTING.saturating_sub(self.depth);
+            (self.levels < JSON_TEXT_LEVELS)
+                .then(|| json_of(s, budget))
+                .flatten()
+        }
+
         pub fn value(&mut self, v: &Value) {
             match v {
                 Value::Null => self.out.put(b"null"),
                 Value::Bool(b) => self.out.put(if *b { b"true" } else { b"false" }),
                 Value::Number(n) => self.out.put(n.to_string().as_bytes()),
-                Value::String(s) if self.json_text && json_of(s).is_some() => {
-                    self.value(&json_of(s).unwrap());
+                Value::String(s) if self.json_text && self.held_json(s).is_some() => {
+                    let held = self.held_json(s).unwrap();
+                    self.expanded = true;
+                    self.levels += 1;
+                    self.value(&held);
+                    self.levels -= 1;
                 }
                 Value::String(s) => {
-                    let depth = self.depth;
+                    self.words |= has_words(v);
                     if let Some((ac, scan)) = self.pending.as_mut() {
                         let reads = |t: &[u8]| {
-                            is_pending_value(ac, t)
-                                || (depth == 0 && reads_pending(ac, t, scan.prose_terms))
+                            is_pending_value(ac, t) || reads_pending(ac, t, scan.prose_terms)
                         };
                         if !scan.any_short
                             && s.len() <= PENDING_SCAN_MAX_BYTES
@@ -405,7 +487,13 @@ mod reference {
                     let mut first = true;
                     for (k, item) in map {
                         let kb = k.as_bytes();
-                        if self.keys.contains(kb) || self.extra.is_some_and(|e| e.contains(kb)) {
+                        let volatile = if self.json_text {
+                            self.keys.contains_key_or_last_words(kb)
+                        } else {
+                            self.keys.contains(kb)
+                        };
+                        if volatile || self.extra.is_some_and(|e| e.contains(kb)) {
+                            self.words |= has_words(item);
                             continue;
                         }
                         if !first {
@@ -429,9 +517,9 @@ mod reference {
         }
     }
 
+    /// Whether some string value of `v`, as written, says something in words.
     pub fn has_words(v: &Value) -> bool {
         match v {
-            Value::String(s) if json_of(s).is_some() => has_words(&json_of(s).unwrap()),
             Value::String(s) => crate::contract::json::content_has_words(
                 serde_json::to_string(s)
                     .unwrap()
@@ -457,6 +545,9 @@ mod reference {
             pending: None,
             json_text: false,
             depth: 0,
+            levels: 0,
+            words: false,
+            expanded: false,
         };
         w.out.put(b"[");
         w.out.string(tool.as_bytes());
@@ -485,6 +576,9 @@ mod reference {
                 pending: (f.pending.as_ref()).map(|ac| (ac, PendingScan::new(f.prose_terms))),
                 json_text,
                 depth: 0,
+                levels: 0,
+                words: false,
+                expanded: false,
             };
             w.value(result);
             w
@@ -498,8 +592,12 @@ mod reference {
             Fp::of(&w.out.canonical),
             w.out.shape.unwrap().finish(),
             pending,
-            has_words(result),
-            walk(false).out.canonical,
+            w.words,
+            if w.expanded && w.words {
+                walk(false).out.canonical
+            } else {
+                w.out.canonical.clone()
+            },
         )
     }
 }
@@ -523,6 +621,15 @@ mod agreement {
             Just("\n [\"creating\", {}, 1.50]\n".to_string()),
             Just("{\"title\": \"1. Data Processing\", \"job_state\": \"done\"}".to_string()),
             Just("[1, 2".to_string()),
+            // A surrogate pair's escapes (Python's `json.dumps` of an emoji), a JSON text
+            // in a JSON text, a duplicate key, JSON's whitespace at the ends, nesting past
+            // the limit and within it.
+            Just("{\"s\": \"\\ud83d\\ude80 running\", \"n\": 1.5e308}".to_string()),
+            Just("{\"output\": \"{\\\"state\\\": \\\"queued\\\"}\"}".to_string()),
+            Just("{\"a\": 1, \"a\": \"creating\"}".to_string()),
+            Just("\t[\"x\"]\r\n".to_string()),
+            Just(format!("{}{}", "[".repeat(70), "]".repeat(70))),
+            Just(format!("{}{}", "[".repeat(3), "]".repeat(3))),
             Just(
                 "\nfab2026-01-02T03:04:05Z\u{c}123e4567-e89b-12d3-a456-426614174000\u{8}"
                     .to_string()
@@ -544,6 +651,8 @@ mod agreement {
             Just("status".to_string()),
             Just("cwd".to_string()),
             Just("TraceId".to_string()),
+            Just("subagentSessionId".to_string()),
+            Just("estate".to_string()),
             Just("action".to_string()),
             Just("k\"ey\n".to_string()),
         ];
