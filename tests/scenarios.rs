@@ -53,18 +53,15 @@ fn a_stricter_config_is_caught_by_eval() {
     assert!(totals.held < totals.cases);
 }
 
-/// Sessions of agents outside coding, labelled by a tester who had not seen the detectors
-/// (`tests/fixtures/domains.py`, its docstring says how): the defaults kill none of its
-/// healthy sessions, and exactly the cases listed do not hold, each with why (a case
-/// that comes to hold is taken off the list); the corpus states what its tester wanted,
-/// not what loopwarden does.
-#[test]
-fn a_cold_corpus_of_other_domains_has_no_false_kill() {
+/// `loopwarden eval` of a generated corpus (`tests/fixtures/<generator>`): the defaults kill
+/// none of its healthy sessions, and exactly the cases `known` do not hold (a case that
+/// comes to hold must leave the list).
+fn holds_but_the_known(generator: &str, cases: usize, known: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("domains.jsonl");
+    let corpus = dir.path().join("corpus.jsonl");
     let generated = std::process::Command::new("python3")
         .arg(format!(
-            "{}/tests/fixtures/domains.py",
+            "{}/tests/fixtures/{generator}",
             env!("CARGO_MANIFEST_DIR")
         ))
         .arg(&corpus)
@@ -75,7 +72,29 @@ fn a_cold_corpus_of_other_domains_has_no_false_kill() {
         "{}",
         String::from_utf8_lossy(&generated.stderr)
     );
-    // Cases that do not hold, and why (none a kill of a healthy session).
+    let config = Arc::new(Config::default());
+    let mut unexpected = Vec::new();
+    let file = std::fs::File::open(&corpus).unwrap();
+    let totals = run_corpus(&config, &mut BufReader::new(file), |r| match r {
+        Ok(c) if c.held == known.contains(&c.id.as_str()) => unexpected.push(if c.held {
+            format!("{}: holds now; take it off the list", c.id)
+        } else {
+            format!("{}: {}", c.id, c.failures.join("; "))
+        }),
+        Ok(_) => {}
+        Err((line, e)) => unexpected.push(format!("line {line}: {e}")),
+    })
+    .unwrap();
+    assert_eq!(totals.cases, cases, "{totals}");
+    assert_eq!(totals.false_kills, 0, "{totals}");
+    assert!(unexpected.is_empty(), "{}", unexpected.join("\n"));
+}
+
+/// Sessions of agents outside coding, labelled by a tester who had not seen the detectors
+/// (`tests/fixtures/domains.py`, its docstring says how); the corpus states what its
+/// tester wanted, not what loopwarden does.
+#[test]
+fn a_cold_corpus_of_other_domains_has_no_false_kill() {
     let known = [
         // Nudges the defaults give on purpose (DESIGN §3): the same action 10 times in
         // the window (`generic_repeat`, never a kill), the 10th unchanged poll
@@ -96,20 +115,28 @@ fn a_cold_corpus_of_other_domains_has_no_false_kill() {
         "rag-contract-missing-amendment-stuck",
         "orch-finance-marketing-delegation-pingpong-stuck",
     ];
-    let config = Arc::new(Config::default());
-    let mut unexpected = Vec::new();
-    let file = std::fs::File::open(&corpus).unwrap();
-    let totals = run_corpus(&config, &mut BufReader::new(file), |r| match r {
-        Ok(c) if c.held == known.contains(&c.id.as_str()) => unexpected.push(if c.held {
-            format!("{}: holds now; take it off the list", c.id)
-        } else {
-            format!("{}: {}", c.id, c.failures.join("; "))
-        }),
-        Ok(_) => {}
-        Err((line, e)) => unexpected.push(format!("line {line}: {e}")),
-    })
-    .unwrap();
-    assert_eq!(totals.cases, 38, "{totals}");
-    assert_eq!(totals.false_kills, 0, "{totals}");
-    assert!(unexpected.is_empty(), "{}", unexpected.join("\n"));
+    holds_but_the_known("domains.py", 38, &known);
+}
+
+/// A second cold corpus (`tests/fixtures/domains2.py`), written after the first one's
+/// changes and held out for them.
+#[test]
+fn a_second_cold_corpus_has_no_false_kill() {
+    let known = [
+        // Late or not stopped: a paging loop whose pages are the same first page, a
+        // finished containment polled again (its `query_time` a duration), an oscillation
+        // of a match and its undoing, a reboot loop of a device that stays offline.
+        "d2-ecom-page-param-ignored",
+        "d2-soc-edr-poll-after-contained",
+        "d2-fin-match-unmatch-oscillation",
+        "d2-iot-reboot-offline-loop",
+        // Nudges on honest work: a product not ready yet retried with backoff (critical,
+        // no kill), repeated phrasing over moving polls, ping timeouts of offline devices
+        // during a sweep, a transcode job whose `PROGRESSING` is no pending word.
+        "d2-fin-plaid-product-not-ready",
+        "d2-iot-firmware-rollout-waves",
+        "d2-iot-offline-device-sweep",
+        "d2-media-transcode-long-wait",
+    ];
+    holds_but_the_known("domains2.py", 27, &known);
 }

@@ -113,14 +113,10 @@ const TRANSIENT_PHRASES: &[&str] = &[
     "too many requests",
     "rate limit",
     "rate limited",
-    "rate-limited",
-    "rate_limited",
-    "rate limit exceeded",
-    "ratelimit",
     "throttled",
-    "throttling",
     "overloaded",
-    "try again later",
+    "again later",
+    "not yet ready",
     "please retry",
     "retry later",
     "retry after",
@@ -128,23 +124,36 @@ const TRANSIENT_PHRASES: &[&str] = &[
     "bad gateway",
 ];
 
-/// `error_kind` words that say the failure is passing (`rate_limited`, `http_503`; not
-/// `timeout`, as for the phrases).
+/// `error_kind`s that say the failure is passing, whole (lower case, `-` read as `_`):
+/// not `timeout`, as for the phrases, nor `tool_unavailable`.
 const TRANSIENT_KINDS: &[&str] = &[
-    "rate",
-    "throttl",
+    "rate_limited",
+    "rate_limit",
+    "ratelimited",
+    "rate_limit_exceeded",
+    "too_many_requests",
+    "throttled",
+    "throttling",
+    "service_unavailable",
     "unavailable",
-    "overload",
+    "overloaded",
     "transient",
+    "bad_gateway",
+    "gateway_timeout",
+    "http_429",
+    "http_502",
+    "http_503",
+    "http_504",
     "429",
     "502",
     "503",
     "504",
 ];
 
-/// Bytes of a failure's result read for a transient phrase (where an error says what it
-/// is).
-const TRANSIENT_SCAN_BYTES: usize = 4096;
+/// A failure's result longer than this is not read for a transient phrase: a service's
+/// error is short; a long output (a test run naming `test_rate_limit`, a file) is
+/// content.
+const TRANSIENT_SCAN_MAX_BYTES: usize = 1024;
 
 static TRANSIENT: std::sync::LazyLock<AhoCorasick> = std::sync::LazyLock::new(|| {
     AhoCorasickBuilder::new()
@@ -155,21 +164,27 @@ static TRANSIENT: std::sync::LazyLock<AhoCorasick> = std::sync::LazyLock::new(||
 });
 
 /// Whether a failed call says its failure is passing: by its `error_kind`, or by a phrase
-/// in the first [`TRANSIENT_SCAN_BYTES`] of its result (a 503's "temporarily unavailable",
-/// a 429's "too many requests"). Such a call is retried as a `retry_safe` tool's is.
+/// standing as words (between spaces or punctuation, not inside a name such as
+/// `test_rate_limit` or `x-ratelimit-remaining`) in a result of at most
+/// [`TRANSIENT_SCAN_MAX_BYTES`] (a 503's "temporarily unavailable", a 429's "too many
+/// requests"). Such a call is retried as a `retry_safe` tool's is.
 pub fn reads_transient(error_kind: Option<&str>, result: Option<&Json>) -> bool {
-    let kind = error_kind.unwrap_or("").to_ascii_lowercase();
-    if TRANSIENT_KINDS.iter().any(|k| kind.contains(k)) {
-        return true;
+    if let Some(kind) = error_kind {
+        let kind = kind.trim().to_ascii_lowercase().replace('-', "_");
+        if TRANSIENT_KINDS.contains(&kind.as_str()) {
+            return true;
+        }
     }
     let Some(text) = result.map(|r| r.as_str().as_bytes()) else {
         return false;
     };
-    let text = &text[..text.len().min(TRANSIENT_SCAN_BYTES)];
+    if text.len() > TRANSIENT_SCAN_MAX_BYTES {
+        return false;
+    }
+    let apart = |b: u8| !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'/'));
     TRANSIENT.find_iter(text).any(|m| {
-        let before = m.start() == 0 || !text[m.start() - 1].is_ascii_alphanumeric();
-        let after = m.end() == text.len() || !text[m.end()].is_ascii_alphanumeric();
-        before && after
+        (m.start() == 0 || apart(text[m.start() - 1]))
+            && (m.end() == text.len() || apart(text[m.end()]))
     })
 }
 
@@ -200,6 +215,9 @@ pub struct KeySet {
     normalized: Vec<Box<[u8]>>,
     /// Bit n set: some key normalizes to n bytes (n < 64), a cheap first test.
     lengths: u64,
+    /// The longest key, normalized: how far from its end a key is read for the set's
+    /// keys ([`KeySet::contains_key_or_last_words`]).
+    longest: usize,
 }
 
 fn normalize_key(key: &[u8]) -> impl Iterator<Item = u8> + '_ {
@@ -224,9 +242,11 @@ impl KeySet {
         let lengths = normalized.iter().fold(0u64, |m, k| {
             m | 1u64.checked_shl(k.len() as u32).unwrap_or(0)
         });
+        let longest = normalized.iter().map(|k| k.len()).max().unwrap_or(0);
         KeySet {
             normalized,
             lengths,
+            longest,
         }
     }
 
@@ -234,13 +254,33 @@ impl KeySet {
         self.normalized.is_empty()
     }
 
-    /// Whether the key, or its last words, is in the set: `subagent_session_id` and
-    /// `subagentSessionId` end with `session_id`; `estate` does not end with `state` (a
-    /// word starts after `_`, `-`, `.` or a space, or at an upper-case letter after a
-    /// lower-case one or a digit).
+    /// Whether the key is in the set, or its last words are: `subagent_session_id` and
+    /// `subagentSessionId` end with `session_id`, `query_time` and `executionTime` with
+    /// `time`. A word starts after `_` or `-`, or at an upper-case letter after a
+    /// lower-case one or a digit; not after a `.` (a file's `app.ts` is a name, not a
+    /// time) and not inside a word (`estate`). The key is read from its end, no further
+    /// than the set's longest key: linear in that.
     pub fn contains_key_or_last_words(&self, key: &[u8]) -> bool {
-        self.contains(key)
-            || (1..key.len()).any(|at| starts_word(key, at) && self.contains(&key[at..]))
+        if self.contains(key) {
+            return true;
+        }
+        let mut normalized = 0;
+        for at in (1..key.len()).rev() {
+            if !matches!(key[at], b'_' | b'-') {
+                normalized += 1;
+            }
+            if normalized > self.longest {
+                return false;
+            }
+            let starts = !matches!(key[at], b'_' | b'-')
+                && (matches!(key[at - 1], b'_' | b'-')
+                    || (key[at].is_ascii_uppercase()
+                        && (key[at - 1].is_ascii_lowercase() || key[at - 1].is_ascii_digit())));
+            if starts && self.contains(&key[at..]) {
+                return true;
+            }
+        }
+        false
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {

@@ -118,6 +118,12 @@ impl CallRecord {
     pub const RETRY_SAFE: u8 = 4;
     /// A failure whose result says something in words (see [`ToolObservation::error_text`]).
     pub const ERROR_TEXT: u8 = 8;
+    /// A success whose result reads as a pending state: a job still working.
+    pub const PENDING: u8 = 16;
+
+    pub fn is_pending(&self) -> bool {
+        self.flags & Self::PENDING != 0
+    }
 
     pub fn is_error(&self) -> bool {
         self.flags & Self::ERROR != 0
@@ -395,6 +401,8 @@ pub struct ToolObservation {
     pub unknown_tool: bool,
     /// A poll by class or a pending-looking result.
     pub poll: bool,
+    /// A success whose result reads as a pending state (a job still working).
+    pub pending: bool,
     pub retry_safe: bool,
     pub write: bool,
     /// The lines the result showed, sampled (empty when it says nothing in words).
@@ -419,7 +427,8 @@ impl CallRecord {
                     CallRecord::ERROR_TEXT
                 } else {
                     0
-                }),
+                })
+                | (if obs.pending { CallRecord::PENDING } else { 0 }),
         }
     }
 }

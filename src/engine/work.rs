@@ -220,7 +220,8 @@ impl Work {
             wordless,
             unknown_tool,
             poll: classes.poll || (result.pending && !is_error),
-            // A failure that says it is passing (a 503, a rate limit, a timeout) is
+            pending: result.pending && !is_error,
+            // A failure that says it is passing (a 503, a rate limit; not a timeout) is
             // retried as a `retry_safe` tool's: the ceilings and `error_streak` still end
             // a retry that never gets through.
             retry_safe: classes.retry_safe

@@ -6,7 +6,7 @@
 //! `repeat`'s or `ping_pong`'s), and only once the block has come back whole. The
 //! signal is the number of calls the repeating tail covers — what the loop has wasted —
 //! not the number of repeats, so a 7-call cycle is judged as soon as a 3-call one (a
-//! block of polls only is waiting, not a cycle): warn
+//! block with a job still working in it, or of polls only, is waiting): warn
 //! at 12 calls (a 3-call block four times, a 6-call block twice), terminate at 18. Real
 //! agents' cycles run to 6–10 calls; a whole block of a dozen calls coming back with the
 //! same results is no coincidence either.
@@ -86,10 +86,12 @@ fn longest_cycle(run: &RunState, matched: &[u32; CYCLE_LENGTHS.len()]) -> Option
         let reducible = (1..k)
             .filter(|d| k % d == 0)
             .any(|d| (d..k).all(|i| w[n - k + i].same_outcome(&w[n - k + i - d])));
-        // A block of polls only (`sleep`, one status, another) is waiting: the polls are
-        // `poll_no_progress`'s to judge, with the room polls get. One call that is no
-        // poll makes it a cycle (an edit, the tests, `git_status`, again and again).
-        if reducible || w.range(n - k..).all(|c| c.is_poll()) {
+        // Waiting is no cycle: a block with a job still working in it (its metrics, its
+        // status, its log), or of polls only (`sleep`, one status tool, another). The
+        // polls are `poll_no_progress`'s to judge, with the room polls get; a poll by its
+        // name among calls that are none is a cycle (an edit, the tests, `git_status`).
+        let block = || w.range(n - k..);
+        if reducible || block().any(|c| c.is_pending()) || block().all(|c| c.is_poll()) {
             continue;
         }
         let covered = (m + k) as u32;
@@ -139,7 +141,7 @@ mod tests {
     }
 
     #[test]
-    fn a_block_of_polls_only_is_waiting() {
+    fn a_block_of_polls_only_or_with_a_job_still_working_is_waiting() {
         // `sleep`, the job's status (pending), its queue's status: 8 times over. With a
         // call in the block that is no poll (an edit, then `git_status`), it is a cycle.
         let block = |first: Value| -> Vec<Value> {
@@ -154,7 +156,17 @@ mod tests {
         let sleep = call("sleep", json!({"s": 60}), json!("slept 60s"));
         assert!(of_alone(&block(sleep), Cycle).is_empty());
         let edit = call("edit_file", json!({"path": "a.py"}), json!("edited"));
-        assert!(!of_alone(&block(edit), Cycle).is_empty());
+        assert!(of_alone(&block(edit.clone()), Cycle).is_empty(), "the job is running");
+        // Without a job still working: an edit, `git_status` (a poll by its name), the
+        // tests, unchanged, is a cycle.
+        let cycle: Vec<Value> = (0..24)
+            .map(|i| match i % 3 {
+                0 => edit.clone(),
+                1 => call("git_status", json!({}), json!("modified: a.py")),
+                _ => call("run_tests", json!({}), json!("1 failed")),
+            })
+            .collect();
+        assert!(!of_alone(&cycle, Cycle).is_empty());
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! The agent swings between two fixes (or two files) and neither changes anything. The
 //! signal is the length of the strict alternation tail: warn at 6 calls (three round
-//! trips), terminate at 10. A changed result on either side ends the tail, and so do
-//! polls on both sides (an agent waiting on a job between two `sleep`s).
+//! trips), terminate at 10. A changed result on either side ends the tail, and so does
+//! waiting: a job still working on either side, or polls on both (an agent waiting on a
+//! job between two `sleep`s).
 
 use serde::{Deserialize, Serialize};
 
@@ -27,9 +28,15 @@ impl Detector for PingPong {
         }
         let Some(this) = run.latest() else { return };
         *alternation = match (run.before_latest(1), run.before_latest(2)) {
-            // Waiting, a poll on both sides (`sleep`, the job's status, `sleep`…), is no
-            // swing: polls are `poll_no_progress`'s to judge, with the room polls get.
-            (Some(p1), _) if this.is_poll() && p1.is_poll() => 1,
+            // Waiting is no swing: a job still working on either side (its status read
+            // between `sleep 30`s), or polls on both sides (`sleep`, a status tool). Polls
+            // are `poll_no_progress`'s to judge, with the room polls get; a poll by its
+            // name beside a call that is none (an edit and `git_status`) can still swing.
+            (Some(p1), _)
+                if this.is_pending() || p1.is_pending() || (this.is_poll() && p1.is_poll()) =>
+            {
+                1
+            }
             (Some(p1), _) if p1.action == this.action => 1,
             (Some(_), Some(p2)) if p2.same_outcome(&this) && *alternation >= 2 => {
                 *alternation + 1
@@ -101,6 +108,17 @@ mod tests {
             })
             .collect();
         assert!(of(&evs, PingPong).is_empty());
+        // A shell's `sleep` (no poll by its name) and a job still running: waiting too.
+        let shell: Vec<Value> = (0..24)
+            .map(|i| {
+                if i % 2 == 0 {
+                    call("bash", json!({"command": "sleep 30"}), json!(""))
+                } else {
+                    call("get_job", json!({"id": 7}), json!({"status": "RUNNING", "step": "3/9"}))
+                }
+            })
+            .collect();
+        assert!(of(&shell, PingPong).is_empty());
         // One side no poll: an edit and `git_status` (a poll by its name), unchanged.
         let swing: Vec<Value> = (0..10)
             .map(|i| {

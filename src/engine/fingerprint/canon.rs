@@ -618,7 +618,8 @@ pub(super) fn starts_word(key: &[u8], at: usize) -> bool {
 }
 
 /// Whether the words before a status name a status other than the current one
-/// (`desired_state`, `PreviousState`, `lastState`, `target_status`).
+/// (`desired_state`, `PreviousState`, `target_status`). Not `last`: ECS's `lastStatus`
+/// is its task's current one.
 fn names_another_time(prefix: &[u8]) -> bool {
     let prefix = prefix
         .strip_suffix(b"_")
@@ -638,7 +639,6 @@ fn names_another_time(prefix: &[u8]) -> bool {
         b"target",
         b"previous",
         b"prev",
-        b"last",
         b"prior",
         b"expected",
         b"requested",

@@ -150,7 +150,10 @@ fn a_status_is_a_field_named_so_or_a_bare_word_and_any_status_pending_is_pending
     assert!(!res(&f, &json!({"estate": "creating the listing"})).pending);
     // A status that is not the current one does not say the result is waited on.
     assert!(!res(&f, &json!({"state": "FAILED", "desired_state": "RUNNING"})).pending);
-    assert!(!res(&f, &json!({"phase": "Failed", "lastState": "running"})).pending);
+    assert!(!res(&f, &json!({"phase": "Failed", "target_phase": "running"})).pending);
+    // ECS's `lastStatus` is its task's current status.
+    let ecs = json!({"tasks": [{"lastStatus": "PROVISIONING", "desiredStatus": "RUNNING", "healthStatus": "UNKNOWN"}]});
+    assert!(res(&f, &ecs).pending);
     assert!(
         !res(
             &f,
@@ -197,6 +200,67 @@ fn a_result_key_is_volatile_as_its_last_words_an_action_key_only_whole() {
         act(&f, "logs", &json!({"q": "e", "ts": 1})),
         act(&f, "logs", &json!({"q": "e", "ts": 2}))
     );
+}
+
+#[test]
+fn a_failure_says_it_is_passing_in_words_or_by_its_kind_not_in_a_name() {
+    let t =
+        |kind: Option<&str>, result: &Value| reads_transient(kind, Some(&Json::of_value(result)));
+    let body =
+        json!({"error": {"message": "The service is temporarily unavailable. Please retry."}});
+    assert!(t(None, &body));
+    assert!(t(None, &json!("HTTP 429: Too Many Requests")));
+    let plaid = json!({"error_code": "PRODUCT_NOT_READY", "error_message": "the requested product is not yet ready. please provide a webhook or try the request again later"});
+    assert!(t(Some("product_not_ready"), &plaid));
+    assert!(t(Some("http_503"), &json!("")) && t(Some("Rate-Limited"), &json!("")));
+    // A timeout of its own, a permanent kind, names and headers are not.
+    for (kind, result) in [
+        (Some("timeout"), json!("\nEXECUTION TIMED OUT")),
+        (Some("tool_unavailable"), json!("no such tool")),
+        (Some("migrate_error"), json!("failed")),
+        (
+            None,
+            json!("FAILED tests/test_api.py::test_returns_429_when_rate_limited"),
+        ),
+        (None, json!("./middleware/ratelimit.go:12: undefined: x")),
+        (
+            None,
+            json!("HTTP/2 404\nx-ratelimit-remaining: 59\n\nNot Found"),
+        ),
+        (None, json!(format!("{}\nrate limit hit", "x".repeat(2000)))),
+    ] {
+        assert!(!t(kind, &result), "{kind:?} {result}");
+    }
+}
+
+#[test]
+fn a_result_key_ends_with_a_volatile_key_as_words_and_is_read_in_linear_time() {
+    let set = KeySet::new(&["session_id", "ts", "time", "requestId"]);
+    for key in [
+        "subagent_session_id",
+        "childSessionId",
+        "parent-request-id",
+        "query_time",
+        "executionTime",
+        "start_ts",
+    ] {
+        assert!(set.contains_key_or_last_words(key.as_bytes()), "{key}");
+    }
+    for key in [
+        "src/app.ts",
+        "build.time",
+        "counts",
+        "sessionidx",
+        "a_session",
+        "runtime",
+    ] {
+        assert!(!set.contains_key_or_last_words(key.as_bytes()), "{key}");
+    }
+    // Keys of 800,000 bytes of words, or of separators, are read from their end only.
+    let long = "a_".repeat(400_000);
+    assert!(!set.contains_key_or_last_words(long.as_bytes()));
+    let run = format!("x{}y", "_".repeat(800_000));
+    assert!(!set.contains_key_or_last_words(run.as_bytes()));
 }
 
 #[test]
