@@ -95,41 +95,24 @@ mod tests {
         );
     }
 
+    /// `a` and `b` in turn, `n` calls.
+    fn in_turn(n: usize, a: Value, b: Value) -> Vec<Value> {
+        (0..n).map(|i| if i % 2 == 0 { a.clone() } else { b.clone() }).collect()
+    }
+
     #[test]
     fn a_poll_between_waits_is_no_swing() {
         // `sleep`, then the job's status (its result reads as pending), 12 times over.
-        let evs: Vec<Value> = (0..24)
-            .map(|i| {
-                if i % 2 == 0 {
-                    call("sleep", json!({"seconds": 60}), json!("slept 60s"))
-                } else {
-                    call("get_job", json!({"id": "j1"}), json!({"status": {"state": "RUNNING"}}))
-                }
-            })
-            .collect();
-        assert!(of(&evs, PingPong).is_empty());
+        let sleep = call("sleep", json!({"seconds": 60}), json!("slept 60s"));
+        let job = call("get_job", json!({"id": "j1"}), json!({"status": {"state": "RUNNING"}}));
+        assert!(of(&in_turn(24, sleep, job.clone()), PingPong).is_empty());
         // A shell's `sleep` (no poll by its name) and a job still running: waiting too.
-        let shell: Vec<Value> = (0..24)
-            .map(|i| {
-                if i % 2 == 0 {
-                    call("bash", json!({"command": "sleep 30"}), json!(""))
-                } else {
-                    call("get_job", json!({"id": 7}), json!({"status": "RUNNING", "step": "3/9"}))
-                }
-            })
-            .collect();
-        assert!(of(&shell, PingPong).is_empty());
+        let shell = call("bash", json!({"command": "sleep 30"}), json!(""));
+        assert!(of(&in_turn(24, shell, job), PingPong).is_empty());
         // One side no poll: an edit and `git_status` (a poll by its name), unchanged.
-        let swing: Vec<Value> = (0..10)
-            .map(|i| {
-                if i % 2 == 0 {
-                    call("edit_file", json!({"path": "a.py"}), json!("edited"))
-                } else {
-                    call("git_status", json!({}), json!("modified: a.py"))
-                }
-            })
-            .collect();
-        assert!(!of(&swing, PingPong).is_empty());
+        let edit = call("edit_file", json!({"path": "a.py"}), json!("edited"));
+        let status = call("git_status", json!({}), json!("modified: a.py"));
+        assert!(!of(&in_turn(10, edit, status), PingPong).is_empty());
     }
 
     #[test]
