@@ -580,10 +580,9 @@ pub(super) struct PendingScan {
     /// The verdict of the `status`/`state`/`phase` fields (pending where any of them
     /// reads so), which beats any other text.
     pub(super) status: Option<bool>,
-    /// Some short string in the result reads as pending: the result itself, when a
-    /// string; in an object or array, a value that is a pending word and nothing else
-    /// (RDS's `["creating", {}]`): there other text is content, a title's `Data
-    /// Processing`, not a status.
+    /// Some short string in the result reads as pending: a prose term in it as a word
+    /// (`Job 42 is still running`), or a status term as its only word (RDS's
+    /// `["creating", {}]`; `1. Data Processing` is a title, not a status).
     pub(super) any_short: bool,
 }
 
@@ -598,7 +597,7 @@ impl PendingScan {
 
 /// A key naming a status: `status`, `state` or `phase`, alone or as the last word of the
 /// key (`ticketing_status`, `job-state`, `DBInstanceStatus`, `provisioningState`), not
-/// inside a word (`estate`).
+/// inside a word (`estate`), nor after a word naming another time (`desired_state`).
 pub(super) fn is_status_key(key: &[u8]) -> bool {
     [&b"status"[..], b"state", b"phase"].iter().any(|word| {
         let Some(at) = key.len().checked_sub(word.len()) else {
