@@ -124,31 +124,66 @@ const TRANSIENT_PHRASES: &[&str] = &[
     "bad gateway",
 ];
 
-/// `error_kind`s that say the failure is passing, whole (lower case, `-` read as `_`):
-/// not `timeout`, as for the phrases, nor `tool_unavailable`.
-const TRANSIENT_KINDS: &[&str] = &[
-    "rate_limited",
-    "rate_limit",
-    "ratelimited",
-    "rate_limit_exceeded",
-    "too_many_requests",
-    "throttled",
-    "throttling",
-    "service_unavailable",
-    "unavailable",
-    "overloaded",
-    "transient",
-    "bad_gateway",
-    "gateway_timeout",
-    "http_429",
-    "http_502",
-    "http_503",
-    "http_504",
-    "429",
-    "502",
-    "503",
-    "504",
+/// Words of an `error_kind` that say the failure is passing, as a run of its words (an
+/// exception's type as OpenTelemetry's `error.type` names it: `openai.RateLimitError`,
+/// `ThrottlingException`, `ServiceUnavailable`; or a runtime's `rate_limited`,
+/// `http_503`): not `timeout`, as for the phrases, nor `unavailable` alone (a seat, a
+/// tool), but gRPC's `UNAVAILABLE` whole.
+const TRANSIENT_KIND_WORDS: &[&[&str]] = &[
+    &["rate", "limit"],
+    &["rate", "limited"],
+    &["rate", "limit", "exceeded"],
+    &["ratelimit"],
+    &["ratelimited"],
+    &["throttled"],
+    &["throttling"],
+    &["too", "many", "requests"],
+    &["service", "unavailable"],
+    &["temporarily", "unavailable"],
+    &["resource", "exhausted"],
+    &["overloaded"],
+    &["transient"],
+    &["bad", "gateway"],
+    &["gateway", "timeout"],
+    &["429"],
+    &["502"],
+    &["503"],
+    &["504"],
 ];
+
+/// The words of an `error_kind`: its last dotted part (`openai.RateLimitError`), split
+/// at `_`, `-`, spaces and case changes, lower case, a last `error` or `exception` left
+/// out.
+fn kind_words(kind: &str) -> Vec<String> {
+    let last = kind.trim().rsplit('.').next().unwrap_or("");
+    let mut words: Vec<String> = Vec::new();
+    let mut word = String::new();
+    let bytes = last.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        let breaks = matches!(b, b'_' | b'-' | b' ')
+            || (i > 0
+                && b.is_ascii_uppercase()
+                && (bytes[i - 1].is_ascii_lowercase() || bytes[i - 1].is_ascii_digit()));
+        if breaks && !word.is_empty() {
+            words.push(std::mem::take(&mut word));
+        }
+        if b.is_ascii_alphanumeric() {
+            word.push(b.to_ascii_lowercase() as char);
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    if words.len() > 1
+        && matches!(
+            words.last().map(String::as_str),
+            Some("error" | "exception")
+        )
+    {
+        words.pop();
+    }
+    words
+}
 
 /// A failure's result longer than this is not read for a transient phrase: a service's
 /// error is short; a long output (a test run naming `test_rate_limit`, a file) is
@@ -170,8 +205,13 @@ static TRANSIENT: std::sync::LazyLock<AhoCorasick> = std::sync::LazyLock::new(||
 /// requests"). Such a call is retried as a `retry_safe` tool's is.
 pub fn reads_transient(error_kind: Option<&str>, result: Option<&Json>) -> bool {
     if let Some(kind) = error_kind {
-        let kind = kind.trim().to_ascii_lowercase().replace('-', "_");
-        if TRANSIENT_KINDS.contains(&kind.as_str()) {
+        let words = kind_words(kind);
+        let says = TRANSIENT_KIND_WORDS.iter().any(|run| {
+            words
+                .windows(run.len())
+                .any(|w| w.iter().zip(run.iter()).all(|(a, b)| a == b))
+        });
+        if says || kind.trim() == "UNAVAILABLE" {
             return true;
         }
     }
@@ -181,9 +221,13 @@ pub fn reads_transient(error_kind: Option<&str>, result: Option<&Json>) -> bool 
     if text.len() > TRANSIENT_SCAN_MAX_BYTES {
         return false;
     }
+    // Before a phrase, the text's start, a separator, or an escaped line break or tab
+    // (`503\nService Unavailable`, as the JSON text writes it).
     let apart = |b: u8| !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'/'));
+    let escaped_break =
+        |at: usize| at >= 2 && text[at - 2] == b'\\' && matches!(text[at - 1], b'n' | b'r' | b't');
     TRANSIENT.find_iter(text).any(|m| {
-        (m.start() == 0 || apart(text[m.start() - 1]))
+        (m.start() == 0 || apart(text[m.start() - 1]) || escaped_break(m.start()))
             && (m.end() == text.len() || apart(text[m.end()]))
     })
 }
@@ -215,9 +259,11 @@ pub struct KeySet {
     normalized: Vec<Box<[u8]>>,
     /// Bit n set: some key normalizes to n bytes (n < 64), a cheap first test.
     lengths: u64,
-    /// The longest key, normalized: how far from its end a key is read for the set's
-    /// keys ([`KeySet::contains_key_or_last_words`]).
-    longest: usize,
+    /// The keys naming an identifier (ending in `id`), normalized: those a key may end
+    /// with ([`KeySet::contains_key_or_last_words`]).
+    ids: Vec<Box<[u8]>>,
+    /// The longest of them, normalized: how far from its end a key is read.
+    longest_id: usize,
 }
 
 fn normalize_key(key: &[u8]) -> impl Iterator<Item = u8> + '_ {
@@ -242,11 +288,17 @@ impl KeySet {
         let lengths = normalized.iter().fold(0u64, |m, k| {
             m | 1u64.checked_shl(k.len() as u32).unwrap_or(0)
         });
-        let longest = normalized.iter().map(|k| k.len()).max().unwrap_or(0);
+        let ids: Vec<Box<[u8]>> = normalized
+            .iter()
+            .filter(|k| k.ends_with(b"id"))
+            .cloned()
+            .collect();
+        let longest_id = ids.iter().map(|k| k.len()).max().unwrap_or(0);
         KeySet {
             normalized,
             lengths,
-            longest,
+            ids,
+            longest_id,
         }
     }
 
@@ -254,12 +306,12 @@ impl KeySet {
         self.normalized.is_empty()
     }
 
-    /// Whether the key is in the set, or its last words are: `subagent_session_id` and
-    /// `subagentSessionId` end with `session_id`, `query_time` and `executionTime` with
-    /// `time`. A word starts after `_` or `-`, or at an upper-case letter after a
-    /// lower-case one or a digit; not after a `.` (a file's `app.ts` is a name, not a
-    /// time) and not inside a word (`estate`). The key is read from its end, no further
-    /// than the set's longest key: linear in that.
+    /// Whether the key is in the set, or its last words are one of its identifiers:
+    /// `subagent_session_id` and `subagentSessionId` end with `session_id` (an id each
+    /// call makes anew). Not a measurement (`p99_latency_ms`, `query_time`: the answer of
+    /// a benchmark or a query), and not after a `.` or inside a word. A word starts after
+    /// `_` or `-`, or at an upper-case letter after a lower-case one or a digit. The key
+    /// is read from its end, no further than the longest identifier.
     pub fn contains_key_or_last_words(&self, key: &[u8]) -> bool {
         if self.contains(key) {
             return true;
@@ -269,14 +321,18 @@ impl KeySet {
             if !matches!(key[at], b'_' | b'-') {
                 normalized += 1;
             }
-            if normalized > self.longest {
+            if normalized > self.longest_id {
                 return false;
             }
             let starts = !matches!(key[at], b'_' | b'-')
                 && (matches!(key[at - 1], b'_' | b'-')
                     || (key[at].is_ascii_uppercase()
                         && (key[at - 1].is_ascii_lowercase() || key[at - 1].is_ascii_digit())));
-            if starts && self.contains(&key[at..]) {
+            if starts
+                && self.ids.iter().any(|k| {
+                    k.len() == normalized && k.iter().copied().eq(normalize_key(&key[at..]))
+                })
+            {
                 return true;
             }
         }
@@ -368,6 +424,8 @@ pub struct ResultPrint {
     pub shape: u32,
     /// The result reads as a pending state (`running`, `queued`, …).
     pub pending: bool,
+    /// It does so as a status: a status field, or a value that is a pending word alone.
+    pub status_pending: bool,
     /// Some string of the result has a letter outside markup tags (`<output>`): an empty
     /// output wrapped in a runtime's markup, or a bare exit code, says nothing.
     pub has_words: bool,
@@ -483,10 +541,8 @@ impl Fingerprinter {
                 None => c.put(b"null"),
             }
         }
-        let pending = c
-            .pending
-            .as_ref()
-            .is_some_and(|(_, scan)| scan.status.unwrap_or(scan.any_short));
+        let pending = c.pending.as_ref().is_some_and(|(_, scan)| scan.pending());
+        let status_pending = (c.pending.as_ref()).is_some_and(|(_, scan)| scan.status_pending());
         let has_words = c.words.unwrap_or(false);
         let read_json_text = c.read_json_text;
         // The shape reads the canonical text in one pass (escapes as separators).
@@ -509,6 +565,7 @@ impl Fingerprinter {
             digest,
             shape: shape.finish(),
             pending,
+            status_pending,
             has_words,
         }
     }

@@ -118,11 +118,13 @@ impl CallRecord {
     pub const RETRY_SAFE: u8 = 4;
     /// A failure whose result says something in words (see [`ToolObservation::error_text`]).
     pub const ERROR_TEXT: u8 = 8;
-    /// A success whose result reads as a pending state: a job still working.
-    pub const PENDING: u8 = 16;
+    /// A job still working (see [`ToolObservation::waiting`]). The flag bits are part of the state's
+    /// format: a bit added is 0 in states written before it, and a release before it
+    /// reads past it.
+    pub const WAITING: u8 = 16;
 
-    pub fn is_pending(&self) -> bool {
-        self.flags & Self::PENDING != 0
+    pub fn is_waiting(&self) -> bool {
+        self.flags & Self::WAITING != 0
     }
 
     pub fn is_error(&self) -> bool {
@@ -401,8 +403,10 @@ pub struct ToolObservation {
     pub unknown_tool: bool,
     /// A poll by class or a pending-looking result.
     pub poll: bool,
-    /// A success whose result reads as a pending state (a job still working).
-    pub pending: bool,
+    /// A success whose result says a job is still working, as a status (a status field,
+    /// or a value that is a pending word alone; not prose, where a pod table's `Running`
+    /// or a test run's `2 pending` is no job waited on).
+    pub waiting: bool,
     pub retry_safe: bool,
     pub write: bool,
     /// The lines the result showed, sampled (empty when it says nothing in words).
@@ -428,7 +432,7 @@ impl CallRecord {
                 } else {
                     0
                 })
-                | (if obs.pending { CallRecord::PENDING } else { 0 }),
+                | (if obs.waiting { CallRecord::WAITING } else { 0 }),
         }
     }
 }

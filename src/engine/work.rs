@@ -220,7 +220,7 @@ impl Work {
             wordless,
             unknown_tool,
             poll: classes.poll || (result.pending && !is_error),
-            pending: result.pending && !is_error,
+            waiting: !is_error && result.status_pending,
             // A failure that says it is passing (a 503, a rate limit; not a timeout) is
             // retried as a `retry_safe` tool's: the ceilings and `error_streak` still end
             // a retry that never gets through.

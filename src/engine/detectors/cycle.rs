@@ -6,7 +6,7 @@
 //! `repeat`'s or `ping_pong`'s), and only once the block has come back whole. The
 //! signal is the number of calls the repeating tail covers — what the loop has wasted —
 //! not the number of repeats, so a 7-call cycle is judged as soon as a 3-call one (a
-//! block with a job still working in it, or of polls only, is waiting): warn
+//! block with a job's status still working in it, or of polls only, is waiting): warn
 //! at 12 calls (a 3-call block four times, a 6-call block twice), terminate at 18. Real
 //! agents' cycles run to 6–10 calls; a whole block of a dozen calls coming back with the
 //! same results is no coincidence either.
@@ -86,12 +86,13 @@ fn longest_cycle(run: &RunState, matched: &[u32; CYCLE_LENGTHS.len()]) -> Option
         let reducible = (1..k)
             .filter(|d| k % d == 0)
             .any(|d| (d..k).all(|i| w[n - k + i].same_outcome(&w[n - k + i - d])));
-        // Waiting is no cycle: a block with a job still working in it (its metrics, its
-        // status, its log), or of polls only (`sleep`, one status tool, another). The
-        // polls are `poll_no_progress`'s to judge, with the room polls get; a poll by its
-        // name among calls that are none is a cycle (an edit, the tests, `git_status`).
+        // Waiting is no cycle: a block with a job's status still working in it (its
+        // metrics, its status, its log), or of polls only (`sleep`, one status tool,
+        // another). The polls are `poll_no_progress`'s to judge, with the room polls
+        // get; a poll by its name among calls that are none is a cycle (an edit, the
+        // tests, `git_status`), and so is a pod table's `Running` (prose, no status).
         let block = || w.range(n - k..);
-        if reducible || block().any(|c| c.is_pending()) || block().all(|c| c.is_poll()) {
+        if reducible || block().any(|c| c.is_waiting()) || block().all(|c| c.is_poll()) {
             continue;
         }
         let covered = (m + k) as u32;
@@ -167,6 +168,17 @@ mod tests {
             })
             .collect();
         assert!(!of_alone(&cycle, Cycle).is_empty());
+        // A pod table's `Running` is prose, no job waited on: a deploy loop around it is
+        // a cycle.
+        let pods = call("kubectl", json!({"get": "pods"}), json!("NAME  READY  STATUS\napi-1  0/1  Running"));
+        let deploy: Vec<Value> = (0..24)
+            .map(|i| match i % 3 {
+                0 => call("kubectl", json!({"apply": "api.yaml"}), json!("configured")),
+                1 => pods.clone(),
+                _ => call("curl", json!({"url": "/health"}), json!("500 Internal Server Error")),
+            })
+            .collect();
+        assert!(!of_alone(&deploy, Cycle).is_empty());
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! The agent swings between two fixes (or two files) and neither changes anything. The
 //! signal is the length of the strict alternation tail: warn at 6 calls (three round
 //! trips), terminate at 10. A changed result on either side ends the tail, and so does
-//! waiting: a job still working on either side, or polls on both (an agent waiting on a
-//! job between two `sleep`s).
+//! waiting: a job's status still working on either side, or polls on both (an agent
+//! waiting on a job between two `sleep`s).
 
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +33,7 @@ impl Detector for PingPong {
             // are `poll_no_progress`'s to judge, with the room polls get; a poll by its
             // name beside a call that is none (an edit and `git_status`) can still swing.
             (Some(p1), _)
-                if this.is_pending() || p1.is_pending() || (this.is_poll() && p1.is_poll()) =>
+                if this.is_waiting() || p1.is_waiting() || (this.is_poll() && p1.is_poll()) =>
             {
                 1
             }

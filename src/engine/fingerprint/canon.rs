@@ -496,8 +496,7 @@ impl<'s, 'k> Canon<'s, 'k> {
         }
         if let Some((ac, scan)) = self.pending.as_mut() {
             // Only short strings read as a status (the unescaped length counts).
-            if !scan.any_short
-                && content.len().saturating_sub(escapes.shrink) <= PENDING_SCAN_MAX_BYTES
+            if !scan.bare && content.len().saturating_sub(escapes.shrink) <= PENDING_SCAN_MAX_BYTES
             {
                 let short = if !escaped {
                     Some(content)
@@ -506,10 +505,12 @@ impl<'s, 'k> Canon<'s, 'k> {
                     unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
                     (self.text.len() <= PENDING_SCAN_MAX_BYTES).then_some(self.text.as_bytes())
                 };
-                let prose_terms = scan.prose_terms;
-                let reads = |t: &[u8]| is_pending_value(ac, t) || reads_pending(ac, t, prose_terms);
-                if short.is_some_and(reads) {
-                    scan.any_short = true;
+                if let Some(t) = short {
+                    if is_pending_value(ac, t) {
+                        (scan.bare, scan.any_short) = (true, true);
+                    } else if !scan.any_short && reads_pending(ac, t, scan.prose_terms) {
+                        scan.any_short = true;
+                    }
                 }
             }
         }
@@ -584,9 +585,22 @@ pub(super) struct PendingScan {
     /// (`Job 42 is still running`), or a status term as its only word (RDS's
     /// `["creating", {}]`; `1. Data Processing` is a title, not a status).
     pub(super) any_short: bool,
+    /// Some string is a pending word alone (a status as a value).
+    pub(super) bare: bool,
 }
 
 impl PendingScan {
+    /// Pending, read anywhere: a status field, else any short string.
+    pub(super) fn pending(&self) -> bool {
+        self.status.unwrap_or(self.any_short)
+    }
+
+    /// Pending as a status: a status field, else a value that is a pending word alone
+    /// (prose such as a pod table's `Running` may be a service's steady state).
+    pub(super) fn status_pending(&self) -> bool {
+        self.status.unwrap_or(self.bare)
+    }
+
     pub(super) fn new(prose_terms: usize) -> PendingScan {
         PendingScan {
             prose_terms,

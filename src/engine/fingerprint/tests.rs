@@ -175,6 +175,12 @@ fn a_status_is_a_field_named_so_or_a_bare_word_and_any_status_pending_is_pending
     let mcp = json!({"content": [{"type": "text", "text": "Export still running"}]});
     assert!(res(&f, &mcp).pending);
     assert!(res(&f, &json!("job still running")).pending);
+    // Read as a status (a job waited on), or only in prose (a pod table, a test run).
+    let status = |v: Value| res(&f, &v).status_pending;
+    assert!(status(json!({"status": "RUNNING"})) && status(json!(["creating", {}])));
+    assert!(!status(json!("NAME READY STATUS\napi-1 0/1 Running")));
+    assert!(!status(json!({"out": "12 passing, 2 pending"})));
+    assert!(res(&f, &json!({"out": "12 passing, 2 pending"})).pending);
     // A lifecycle word reads only as a status: a bare value, not a log's line.
     assert!(res(&f, &json!("Creating")).pending);
     assert!(!res(&f, &json!("Table created.\nCreating s0...\ns0 created")).pending);
@@ -213,10 +219,27 @@ fn a_failure_says_it_is_passing_in_words_or_by_its_kind_not_in_a_name() {
     let plaid = json!({"error_code": "PRODUCT_NOT_READY", "error_message": "the requested product is not yet ready. please provide a webhook or try the request again later"});
     assert!(t(Some("product_not_ready"), &plaid));
     assert!(t(Some("http_503"), &json!("")) && t(Some("Rate-Limited"), &json!("")));
+    // An exception's type, as OpenTelemetry's `error.type` names it; gRPC's code.
+    for kind in [
+        "openai.RateLimitError",
+        "ThrottlingException",
+        "ServiceUnavailable",
+        "TooManyRequestsException",
+        "overloaded_error",
+        "503 Service Unavailable",
+        "UNAVAILABLE",
+        "RESOURCE_EXHAUSTED",
+    ] {
+        assert!(t(Some(kind), &json!("")), "{kind}");
+    }
+    // A break written as an escape before the phrase.
+    assert!(t(None, &json!("HTTP/1.1 503\nService Unavailable")));
     // A timeout of its own, a permanent kind, names and headers are not.
     for (kind, result) in [
         (Some("timeout"), json!("\nEXECUTION TIMED OUT")),
         (Some("tool_unavailable"), json!("no such tool")),
+        (Some("unavailable"), json!("seat 12A is taken")),
+        (Some("TimeoutError"), json!("")),
         (Some("migrate_error"), json!("failed")),
         (
             None,
@@ -234,25 +257,25 @@ fn a_failure_says_it_is_passing_in_words_or_by_its_kind_not_in_a_name() {
 }
 
 #[test]
-fn a_result_key_ends_with_a_volatile_key_as_words_and_is_read_in_linear_time() {
-    let set = KeySet::new(&["session_id", "ts", "time", "requestId"]);
+fn a_result_key_ends_with_a_volatile_identifier_and_is_read_in_linear_time() {
+    let set = KeySet::new(&["session_id", "ts", "time", "requestId", "latency_ms"]);
     for key in [
         "subagent_session_id",
         "childSessionId",
         "parent-request-id",
-        "query_time",
-        "executionTime",
-        "start_ts",
+        "session_id",
     ] {
         assert!(set.contains_key_or_last_words(key.as_bytes()), "{key}");
     }
+    // Measurements are answers: a benchmark's `p99_latency_ms`, a query's `query_time`.
     for key in [
+        "p99_latency_ms",
+        "query_time",
+        "executionTime",
+        "start_ts",
         "src/app.ts",
-        "build.time",
-        "counts",
         "sessionidx",
         "a_session",
-        "runtime",
     ] {
         assert!(!set.contains_key_or_last_words(key.as_bytes()), "{key}");
     }
@@ -508,14 +531,12 @@ mod reference {
                 Value::String(s) => {
                     self.words |= has_words(v);
                     if let Some((ac, scan)) = self.pending.as_mut() {
-                        let reads = |t: &[u8]| {
-                            is_pending_value(ac, t) || reads_pending(ac, t, scan.prose_terms)
-                        };
-                        if !scan.any_short
-                            && s.len() <= PENDING_SCAN_MAX_BYTES
-                            && reads(s.as_bytes())
-                        {
-                            scan.any_short = true;
+                        if !scan.bare && s.len() <= PENDING_SCAN_MAX_BYTES {
+                            if is_pending_value(ac, s.as_bytes()) {
+                                (scan.bare, scan.any_short) = (true, true);
+                            } else if reads_pending(ac, s.as_bytes(), scan.prose_terms) {
+                                scan.any_short = true;
+                            }
                         }
                     }
                     let Some(p) = self.patterns else {
@@ -624,7 +645,10 @@ mod reference {
     /// A result's digest, its shape, whether it reads pending, whether it has words,
     /// and the canonical text its content sample reads (strings holding JSON as the
     /// strings they are).
-    pub fn result(f: &Fingerprinter, result: &Value) -> (Fp, u32, bool, bool, Vec<u8>) {
+    /// Pending, read anywhere and as a status.
+    pub type Pending = Option<(bool, bool)>;
+
+    pub fn result(f: &Fingerprinter, result: &Value) -> (Fp, u32, Pending, bool, Vec<u8>) {
         let walk = |json_text: bool| {
             let mut w = Walker {
                 out: Out {
@@ -651,7 +675,7 @@ mod reference {
         let pending = w
             .pending
             .as_ref()
-            .is_some_and(|(_, s)| s.status.unwrap_or(s.any_short));
+            .map(|(_, s)| (s.pending(), s.status_pending()));
         (
             Fp::of(&w.out.canonical),
             w.out.shape.unwrap().finish(),
@@ -792,7 +816,9 @@ mod agreement {
             );
             prop_assert_eq!(r.digest, digest);
             prop_assert_eq!(r.shape, shape);
-            prop_assert_eq!(r.pending, pending);
+            let (any, as_status) = pending.unwrap_or((false, false));
+            prop_assert_eq!(r.pending, any);
+            prop_assert_eq!(r.status_pending, as_status);
             prop_assert_eq!(r.has_words, words);
         }
     }

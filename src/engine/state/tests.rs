@@ -53,7 +53,7 @@ fn tool(action: u64, result: u64) -> ToolObservation {
         wordless: false,
         unknown_tool: false,
         poll: false,
-        pending: false,
+        waiting: false,
         retry_safe: false,
         write: false,
         content: ContentSample::default(),
