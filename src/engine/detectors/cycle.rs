@@ -143,8 +143,8 @@ mod tests {
 
     #[test]
     fn a_block_of_polls_only_or_with_a_job_still_working_is_waiting() {
-        // `sleep`, the job's status (pending), its queue's status: 8 times over. With a
-        // call in the block that is no poll (an edit, then `git_status`), it is a cycle.
+        // `sleep`, the job's status (still running), its queue's status: 8 times over;
+        // with an edit for the `sleep`, still waiting while the job runs.
         let block = |first: Value| -> Vec<Value> {
             (0..24)
                 .map(|i| match i % 3 {
