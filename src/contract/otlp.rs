@@ -685,39 +685,17 @@ impl Mapper {
         ancestry: &Ancestry,
         wanted: impl Fn(usize) -> bool,
     ) -> Vec<Option<Option<Arc<str>>>> {
-        let n = spans.len();
-        let mut done: Vec<Option<Option<Arc<str>>>> = vec![None; n];
-        let mut on_chain = vec![false; n];
-        let mut chain = Vec::new();
-        for start in (0..n).filter(|&i| wanted(i)) {
-            let mut at = start;
-            let mut above = loop {
-                if let Some(resolved) = &done[at] {
-                    break resolved.clone();
-                }
-                if on_chain[at] {
-                    break None;
-                }
-                on_chain[at] = true;
-                chain.push(at);
-                match ancestry.parent[at] {
-                    Some(p) => at = p,
-                    None => break None,
-                }
-            };
-            while let Some(x) = chain.pop() {
-                let span = spans[x].span;
-                let siblings = span_key(&span.trace_id, &span.parent_span_id)
-                    .and_then(|p| self.seen.under(&p));
-                let resolved = match siblings {
-                    Some(named) => named.one().cloned(),
-                    None => above,
-                };
-                on_chain[x] = false;
-                done[x] = Some(resolved.clone());
-                above = resolved;
-            }
-        }
+        let mut done: Vec<Option<Option<Arc<str>>>> = vec![None; spans.len()];
+        let starts = (0..spans.len()).filter(|&i| wanted(i));
+        top_down(&ancestry.parent, starts, |x, above| {
+            let span = spans[x].span;
+            let siblings =
+                span_key(&span.trace_id, &span.parent_span_id).and_then(|p| self.seen.under(&p));
+            done[x] = Some(match siblings {
+                Some(named) => named.one().cloned(),
+                None => above.and_then(|p| done[p].clone().flatten()),
+            });
+        });
         done
     }
 }
@@ -842,59 +820,77 @@ impl Ancestry {
             })
             .collect();
         let n = spans.len();
-        let mut a = Ancestry {
-            parent,
-            named: vec![None; n],
-            agent: vec![None; n],
-            agents: vec![0; n],
-            rooted: vec![false; n],
-        };
-        #[derive(Clone, Copy, PartialEq)]
-        enum State {
-            New,
-            OnChain,
-            Done,
-        }
-        let mut state = vec![State::New; n];
-        let mut chain = Vec::new();
-        for start in 0..n {
-            // Climb to a resolved span, the root, a parent not in the request, or a span
-            // already on this chain (a malformed request may loop its parents).
-            let mut at = start;
-            let mut above = loop {
-                match state[at] {
-                    State::Done => break Some(at),
-                    State::OnChain => break None,
-                    State::New => {}
-                }
-                state[at] = State::OnChain;
-                chain.push(at);
-                match a.parent[at] {
-                    Some(p) => at = p,
-                    None => break None,
-                }
+        let (mut named, mut agent) = (vec![None; n], vec![None; n]);
+        let (mut agents, mut rooted) = (vec![0; n], vec![false; n]);
+        top_down(&parent, 0..n, |x, above| {
+            let is_agent = spans[x].kind == Kind::Agent;
+            let (above_named, above_agent, above_agents) = match above {
+                Some(p) => (named[p], agent[p], agents[p]),
+                None => (None, None, 0),
             };
-            // Resolve from the top down.
-            while let Some(x) = chain.pop() {
-                let (named, agent, agents, rooted) = match above {
-                    Some(p) => (a.named[p], a.agent[p], a.agents[p], a.rooted[p]),
-                    None => (None, None, 0, spans[x].span.parent_span_id.is_empty()),
-                };
-                let is_agent = spans[x].kind == Kind::Agent;
-                a.named[x] = if names_session(x) { Some(x) } else { named };
-                a.agent[x] = if is_agent { Some(x) } else { agent };
-                a.agents[x] = agents + usize::from(is_agent);
-                a.rooted[x] = rooted;
-                state[x] = State::Done;
-                above = Some(x);
-            }
+            named[x] = if names_session(x) {
+                Some(x)
+            } else {
+                above_named
+            };
+            agent[x] = if is_agent { Some(x) } else { above_agent };
+            agents[x] = above_agents + usize::from(is_agent);
+            rooted[x] = above.map_or(spans[x].span.parent_span_id.is_empty(), |p| rooted[p]);
+        });
+        Ancestry {
+            parent,
+            named,
+            agent,
+            agents,
+            rooted,
         }
-        a
     }
 
     /// The nearest agent above agent span `agent`.
     fn parent_agent(&self, agent: usize) -> Option<usize> {
         self.parent[agent].and_then(|p| self.agent[p])
+    }
+}
+
+/// Visits the spans of `starts` and their ancestors in the request, each once and after
+/// its parent: `visit(x, above)`, `above` the parent visited before it, or none at a top
+/// (a root, a parent not in the request, or a loop of parents, cut where it closes: a
+/// malformed request may have one). O(spans) however deep the chains.
+fn top_down(
+    parent: &[Option<usize>],
+    starts: impl IntoIterator<Item = usize>,
+    mut visit: impl FnMut(usize, Option<usize>),
+) {
+    #[derive(Clone, Copy, PartialEq)]
+    enum State {
+        New,
+        OnChain,
+        Done,
+    }
+    let mut state = vec![State::New; parent.len()];
+    let mut chain = Vec::new();
+    for start in starts {
+        // Climb to a visited span, a top, or a span already on this chain.
+        let mut at = start;
+        let mut above = loop {
+            match state[at] {
+                State::Done => break Some(at),
+                State::OnChain => break None,
+                State::New => {}
+            }
+            state[at] = State::OnChain;
+            chain.push(at);
+            match parent[at] {
+                Some(p) => at = p,
+                None => break None,
+            }
+        };
+        // Visit from the top down.
+        while let Some(x) = chain.pop() {
+            visit(x, above);
+            state[x] = State::Done;
+            above = Some(x);
+        }
     }
 }
 

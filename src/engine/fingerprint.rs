@@ -132,7 +132,6 @@ const TRANSIENT_PHRASES: &[&str] = &[
 const TRANSIENT_KIND_WORDS: &[&[&str]] = &[
     &["rate", "limit"],
     &["rate", "limited"],
-    &["rate", "limit", "exceeded"],
     &["ratelimit"],
     &["ratelimited"],
     &["throttled"],
@@ -160,10 +159,7 @@ fn kind_words(kind: &str) -> Vec<String> {
     let mut word = String::new();
     let bytes = last.as_bytes();
     for (i, &b) in bytes.iter().enumerate() {
-        let breaks = matches!(b, b'_' | b'-' | b' ')
-            || (i > 0
-                && b.is_ascii_uppercase()
-                && (bytes[i - 1].is_ascii_lowercase() || bytes[i - 1].is_ascii_digit()));
+        let breaks = matches!(b, b'_' | b'-' | b' ') || (i > 0 && case_changes(bytes, i));
         if breaks && !word.is_empty() {
             words.push(std::mem::take(&mut word));
         }
@@ -325,9 +321,7 @@ impl KeySet {
                 return false;
             }
             let starts = !matches!(key[at], b'_' | b'-')
-                && (matches!(key[at - 1], b'_' | b'-')
-                    || (key[at].is_ascii_uppercase()
-                        && (key[at - 1].is_ascii_lowercase() || key[at - 1].is_ascii_digit())));
+                && (matches!(key[at - 1], b'_' | b'-') || case_changes(key, at));
             if starts
                 && self.ids.iter().any(|k| {
                     k.len() == normalized && k.iter().copied().eq(normalize_key(&key[at..]))

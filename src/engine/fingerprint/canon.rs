@@ -625,9 +625,13 @@ pub(super) fn is_status_key(key: &[u8]) -> bool {
 /// Whether a word of `key` starts at `at` (> 0): after `_`, `-`, `.` or a space, or at an
 /// upper-case letter after a lower-case one or a digit.
 pub(super) fn starts_word(key: &[u8], at: usize) -> bool {
-    matches!(key[at - 1], b'_' | b'-' | b'.' | b' ')
-        || (key[at].is_ascii_uppercase()
-            && (key[at - 1].is_ascii_lowercase() || key[at - 1].is_ascii_digit()))
+    matches!(key[at - 1], b'_' | b'-' | b'.' | b' ') || case_changes(key, at)
+}
+
+/// Whether a word of camel case starts at `at` (> 0): an upper-case letter after a
+/// lower-case one or a digit (`requestId`, `http2Time`).
+pub(super) fn case_changes(s: &[u8], at: usize) -> bool {
+    s[at].is_ascii_uppercase() && (s[at - 1].is_ascii_lowercase() || s[at - 1].is_ascii_digit())
 }
 
 /// Whether the words before a status name a status other than the current one
