@@ -104,10 +104,11 @@ fn a_cold_corpus_of_other_domains_has_no_false_kill() {
         "ops-checkout-rollout-progress-poll-healthy",
         "travel-pnr-ticketing-pending-poll-healthy",
         "gui-admin-table-next-page-healthy",
-        // Later than its tester wanted, or not stopped: rephrased searches or polls of a
-        // finished job whose answers repeat while each call is new, a restart loop whose
-        // pod names change, two sub-agents handing a task back and forth (each answer
-        // with the sub-run's own turns and cost).
+        // Later than its tester wanted, or not stopped: rephrased searches whose answers
+        // repeat while each call is new (warned at the third such turn, one event late),
+        // polls of a finished job, a restart loop whose pod names change, two sub-agents
+        // handing a task back and forth (each answer with the sub-run's own turns and
+        // cost).
         "web-headphone-price-same-search-stuck",
         "web-rate-limit-two-page-oscillation-stuck",
         "ops-migration-job-completed-repoll-stuck",
@@ -123,8 +124,9 @@ fn a_cold_corpus_of_other_domains_has_no_false_kill() {
 #[test]
 fn a_second_cold_corpus_has_no_false_kill() {
     let known = [
-        // Late or not stopped: a paging loop whose pages are the same first page, a
-        // finished containment polled again and two queries swung between (each answer
+        // Late or not stopped: a paging loop whose pages are the same first page (warned
+        // in time as no new information, which never kills), a finished containment polled
+        // again and two queries swung between (each answer
         // with its own `query_time`/`executionTime`, a measurement), an oscillation of a
         // match and its undoing, a reboot loop of a device that stays offline.
         "d2-ecom-page-param-ignored",
@@ -149,14 +151,51 @@ fn a_second_cold_corpus_has_no_false_kill() {
 #[test]
 fn a_third_cold_corpus_has_no_false_kill() {
     let known = [
-        // Nudges on honest work: a batch's labels polled while its purchase moves (the
-        // same answers for a while), a call's status `ringing` three times.
-        "d3-logistics-batch-labels",
+        // Nudges on honest work: a call's status `ringing` three times.
         "d3-voice-call-status",
-        // Late or not stopped: a delivered package polled again (warned one event late),
-        // a redial loop whose every call has a new SID.
+        // Late or not stopped: a delivered package and an aborted run polled on between
+        // waits (a check after a wait is a poll: `poll_no_progress` warns at its 10th
+        // unchanged answer and ends it at its 20th, past the session's end), a redial loop
+        // whose every call has a new SID.
         "d3-logistics-poll-delivered",
+        "d3-lab-poll-aborted-run",
         "d3-voice-redial-no-answer",
     ];
     holds_but_the_known("domains3.py", 26, &known);
+}
+
+/// A fourth cold corpus (`tests/fixtures/domains4.py`: games, robots, HPC, calendars,
+/// spreadsheets, proofs, chemistry, tax, procurement, fact-checking), written in the
+/// forty-eighth look before its changes and held out for them: on the release before,
+/// it held 16 of 30 cases with one false kill (a batch job queued for hours, its queue
+/// line checked between 15-minute waits, ended as a swing by `ping_pong`).
+#[test]
+fn a_fourth_cold_corpus_has_no_false_kill() {
+    let known = [
+        // Nudges on honest work: throttled sheet writes retried after back-offs (their
+        // same answers no news), a tax return resubmitted with the very arguments that
+        // failed (the corpus says it was fixed; its arguments say not).
+        "d4-sheet-quota-backoff",
+        "d4-tax-mtd-vat-return",
+        // Warned, not stopped: a crossword's two answers tried in turn (no news, which
+        // never kills), a robot driving into a box (each frame and stamp new), a failing
+        // job resubmitted (each with a new job id; words only), 1099s resubmitted into a
+        // second run (a new run resets the loop detectors, DESIGN §3).
+        "d4-games-crossword-ums-ahs",
+        "d4-robot-amr-bumper-blocked",
+        "d4-hpc-gromacs-oom-resubmit",
+        "d4-tax-1099-tin-name-resubmit",
+        // Not seen: a screen restarted by each compaction (tool calls between them), a
+        // closed RFQ polled every three hours.
+        "d4-chem-compaction-restarts-screen",
+        "d4-proc-waiting-on-uninvited-vendor",
+        // Stopped, 2 to 14 events after their tester wanted (`ping_pong`, `cycle`,
+        // `repeat` at their defaults).
+        "d4-cal-two-slot-seesaw",
+        "d4-cal-scheduler-roombooker-pingpong",
+        "d4-sheet-pivot-refresh-stale",
+        "d4-proof-lean-omega-nonlinear",
+        "d4-proc-avl-vs-quote-seesaw",
+    ];
+    holds_but_the_known("domains4.py", 30, &known);
 }

@@ -87,6 +87,9 @@ pub const OTEL_ENDPOINT_ENV: [&str; 2] = [
 
 /// Default globs of tools that wait on something (DESIGN §3).
 pub const DEFAULT_POLL_GLOBS: &[&str] = &["*status*", "*poll*", "*wait*", "*sleep*", "process.log"];
+/// Default globs of tools that let time pass: the call after one is a poll (checking
+/// again after waiting is what polling is).
+pub const DEFAULT_WAIT_GLOBS: &[&str] = &["*sleep*", "*wait*"];
 /// Default globs of tools whose unchanged result means an edit did not take.
 pub const DEFAULT_WRITE_GLOBS: &[&str] =
     &["*write*", "*edit*", "*replace*", "*patch*", "*apply_diff*"];

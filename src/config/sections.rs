@@ -14,8 +14,8 @@ use super::raw::section;
 use super::{
     Errors, DEFAULT_FUTURE_GRACE_SECS, DEFAULT_HTTP_LISTEN, DEFAULT_POLL_GLOBS,
     DEFAULT_SESSION_GAP_SECS, DEFAULT_SPANS_TOPIC, DEFAULT_STATE_CACHE_MIB, DEFAULT_STATE_PATH,
-    DEFAULT_WRITE_GLOBS, DEFAULT_WRITE_STALL_SECS, MAX_FUTURE_GRACE_SECS, MAX_SESSION_GAP_SECS,
-    MAX_STATE_CACHE_MIB, MAX_WRITE_STALL_SECS,
+    DEFAULT_WAIT_GLOBS, DEFAULT_WRITE_GLOBS, DEFAULT_WRITE_STALL_SECS, MAX_FUTURE_GRACE_SECS,
+    MAX_SESSION_GAP_SECS, MAX_STATE_CACHE_MIB, MAX_WRITE_STALL_SECS,
 };
 use crate::contract::event::{
     ParseLimits, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_NESTING, MAX_EVENT_BYTES_LIMIT,
@@ -397,6 +397,7 @@ pub(super) fn fingerprint_toml(spec: &FingerprintSpec) -> toml::Table {
 #[serde(deny_unknown_fields)]
 struct RawTools {
     poll: Option<Vec<String>>,
+    wait: Option<Vec<String>>,
     write: Option<Vec<String>>,
     retry_safe: Option<Vec<String>>,
     ignore_args: Option<BTreeMap<String, Vec<String>>>,
@@ -406,9 +407,11 @@ struct RawTools {
 #[derive(Debug, Clone)]
 pub struct ToolClassifier {
     poll: GlobSet,
+    wait: GlobSet,
     write: GlobSet,
     retry_safe: GlobSet,
     pub poll_globs: Vec<String>,
+    pub wait_globs: Vec<String>,
     pub write_globs: Vec<String>,
     pub retry_safe_globs: Vec<String>,
 }
@@ -417,6 +420,8 @@ pub struct ToolClassifier {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ToolClasses {
     pub poll: bool,
+    /// A call that lets time pass (`sleep`, `wait`): the agent waiting on something.
+    pub wait: bool,
     pub write: bool,
     pub retry_safe: bool,
 }
@@ -430,13 +435,16 @@ impl ToolClassifier {
         let tools: RawTools = section(table, "tools", errors);
         let default = |globs: &[&str]| globs.iter().map(|s| s.to_string()).collect();
         let poll_globs = tools.poll.unwrap_or_else(|| default(DEFAULT_POLL_GLOBS));
+        let wait_globs = tools.wait.unwrap_or_else(|| default(DEFAULT_WAIT_GLOBS));
         let write_globs = tools.write.unwrap_or_else(|| default(DEFAULT_WRITE_GLOBS));
         let retry_safe_globs = tools.retry_safe.unwrap_or_default();
         let classifier = ToolClassifier {
             poll: globset(&poll_globs, "tools.poll", errors),
+            wait: globset(&wait_globs, "tools.wait", errors),
             write: globset(&write_globs, "tools.write", errors),
             retry_safe: globset(&retry_safe_globs, "tools.retry_safe", errors),
             poll_globs,
+            wait_globs,
             write_globs,
             retry_safe_globs,
         };
@@ -449,6 +457,7 @@ impl ToolClassifier {
             |set: &GlobSet| set.is_match(tool) || action_name.is_some_and(|a| set.is_match(a));
         ToolClasses {
             poll: hit(&self.poll),
+            wait: hit(&self.wait),
             write: hit(&self.write),
             retry_safe: hit(&self.retry_safe),
         }
@@ -457,6 +466,7 @@ impl ToolClassifier {
     pub(super) fn to_toml(&self, ignore_args: &[(String, Vec<String>)]) -> toml::Table {
         let mut tools = toml::Table::new();
         tools.insert("poll".into(), strings(&self.poll_globs));
+        tools.insert("wait".into(), strings(&self.wait_globs));
         tools.insert("write".into(), strings(&self.write_globs));
         tools.insert("retry_safe".into(), strings(&self.retry_safe_globs));
         let mut ignore = toml::Table::new();

@@ -60,6 +60,7 @@ fn reports_every_error_at_once_with_its_key() {
         warn_at = 1
         [tools]
         poll = ["[bad"]
+        wait = ["{bad"]
         "#)
     .unwrap_err();
     let keys: Vec<&str> = err.key_errors().iter().map(|e| e.key.as_str()).collect();
@@ -71,6 +72,7 @@ fn reports_every_error_at_once_with_its_key() {
         "detectors.repeat.min_similarity",
         "detectors.nope",
         "tools.poll[0]",
+        "tools.wait[0]",
     ] {
         assert!(keys.contains(&expected), "missing {expected} in {keys:?}");
     }
@@ -483,6 +485,19 @@ fn tool_overrides_only_take_per_tool_detectors() {
     let err =
         cfg("[[overrides]]\ntool = \"x\"\n[overrides.detectors.stall]\nwarn_at = 1\n").unwrap_err();
     assert_eq!(err.key_errors()[0].key, "overrides[0].detectors.stall");
+}
+
+#[test]
+fn wait_tools_are_classed_by_their_globs_and_default_to_sleeps_and_waits() {
+    let default = cfg("").unwrap();
+    assert!(default.tools.classify("sleep", None).wait);
+    assert!(default.tools.classify("wait_for_job", None).wait);
+    assert!(!default.tools.classify("get_status", None).wait);
+    let own = cfg("[tools]\nwait = [\"pause\"]\n").unwrap();
+    assert!(own.tools.classify("pause", None).wait);
+    assert!(!own.tools.classify("sleep", None).wait);
+    let again = cfg(&own.effective_toml()).unwrap();
+    assert_eq!(again.tools.wait_globs, ["pause"]);
 }
 
 #[test]

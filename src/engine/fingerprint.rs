@@ -228,6 +228,51 @@ pub fn reads_transient(error_kind: Option<&str>, result: Option<&Json>) -> bool 
     })
 }
 
+/// Whether a call's arguments are a shell command that only sleeps (`sleep 30`,
+/// `sleep 1m 30s`): a wait, whatever the tool's name. Arguments over
+/// [`SLEEP_ARGS_MAX_BYTES`] are a command of their own.
+pub fn only_sleeps(args: Option<&Json>) -> bool {
+    let Some(raw) = args.map(|a| a.as_str()) else {
+        return false;
+    };
+    if raw.len() > SLEEP_ARGS_MAX_BYTES || memchr::memmem::find(raw.as_bytes(), b"sleep").is_none()
+    {
+        return false;
+    }
+    match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(serde_json::Value::String(command)) => is_sleep_command(&command),
+        Ok(serde_json::Value::Object(args)) => args
+            .values()
+            .any(|v| v.as_str().is_some_and(is_sleep_command)),
+        _ => false,
+    }
+}
+
+/// Bytes of a call's arguments read for a shell `sleep`.
+pub const SLEEP_ARGS_MAX_BYTES: usize = 128;
+
+/// `sleep` and one or more durations (a number, then `s`, `m`, `h` or `d`), and nothing
+/// else but a closing `;`.
+fn is_sleep_command(command: &str) -> bool {
+    let mut words = command.trim().trim_end_matches(';').split_whitespace();
+    if words.next() != Some("sleep") {
+        return false;
+    }
+    let mut durations = 0;
+    for w in words {
+        let number = w.strip_suffix(['s', 'm', 'h', 'd']).unwrap_or(w);
+        if number.is_empty()
+            || number
+                .parse::<f64>()
+                .map_or(true, |n| !n.is_finite() || n < 0.0)
+        {
+            return false;
+        }
+        durations += 1;
+    }
+    durations > 0
+}
+
 /// Result strings longer than this are not scanned for pending terms: a long text that
 /// happens to contain "running" is content, not a status.
 pub const PENDING_SCAN_MAX_BYTES: usize = 256;
@@ -538,16 +583,17 @@ impl Fingerprinter {
         let pending = c.pending.as_ref().is_some_and(|(_, scan)| scan.pending());
         let status_pending = (c.pending.as_ref()).is_some_and(|(_, scan)| scan.status_pending());
         let has_words = c.words.unwrap_or(false);
-        let read_json_text = c.read_json_text;
+        let over_lines = c.json_text_over_lines;
         // The shape reads the canonical text in one pass (escapes as separators).
         let mut shape = Shape::default();
         shape.json(&scratch.canonical);
         let digest = Fp::of(&scratch.canonical);
-        if let (true, true, Some(r)) = (read_json_text, has_words, result) {
-            // The content sample reads the text as the agent did, line by line, keys and
-            // all: the JSON's values alone are too few lines to judge a result by (a
-            // search's five chunks, their ids too short to be content). A result without
-            // words has no sample.
+        // The content sample reads a JSON text written over lines as the agent did, line
+        // by line, keys and all: the JSON's values alone are too few lines to judge a
+        // result by (a search's five chunks, their ids too short to be content). One
+        // written on one line (`json.dumps`) would be a single line that way: its
+        // values are its lines. A result without words has no sample.
+        if let (true, true, Some(r)) = (over_lines, has_words, result) {
             let mut c = Canon::new(scratch, &self.result_keys, None);
             c.patterns = Some(Patterns {
                 builtins: &self.builtins,

@@ -122,6 +122,9 @@ impl CallRecord {
     /// format: a bit added is 0 in states written before it, and a release before it
     /// reads past it.
     pub const WAITING: u8 = 16;
+    /// A call that lets time pass (see [`ToolObservation::wait`]): the call after it is a
+    /// poll.
+    pub const WAIT: u8 = 32;
 
     pub fn is_waiting(&self) -> bool {
         self.flags & Self::WAITING != 0
@@ -401,8 +404,11 @@ pub struct ToolObservation {
     /// it tells neither news nor old news.
     pub wordless: bool,
     pub unknown_tool: bool,
-    /// A poll by class or a pending-looking result.
+    /// A poll by class or a pending-looking result, or the call right after a wait (see
+    /// `SessionState::observe_tool`).
     pub poll: bool,
+    /// A call that lets time pass: a wait by class, or a shell command that only sleeps.
+    pub wait: bool,
     /// A success whose result says a job is still working, as a status (a status field,
     /// or a value that is a pending word alone; not prose, where a pod table's `Running`
     /// or a test run's `2 pending` is no job waited on).
@@ -432,7 +438,8 @@ impl CallRecord {
                 } else {
                     0
                 })
-                | (if obs.waiting { CallRecord::WAITING } else { 0 }),
+                | (if obs.waiting { CallRecord::WAITING } else { 0 })
+                | (if obs.wait { CallRecord::WAIT } else { 0 }),
         }
     }
 }

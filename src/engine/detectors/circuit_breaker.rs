@@ -46,7 +46,9 @@ impl Detector for CircuitBreaker {
 
     fn observe(&self, own: &mut Wasted, _: &RunState, input: &Input<'_>) {
         if let Some(t) = input.tool() {
-            own.bits = (own.bits << 1) | u64::from(t.facts.pair_count > 1);
+            // A poll's unchanged answer is `poll_no_progress`'s to judge, with the room
+            // polls get: a job queued for an hour, checked between `sleep`s, wastes no call.
+            own.bits = (own.bits << 1) | u64::from(t.facts.pair_count > 1 && !t.obs.poll);
         }
     }
 

@@ -115,6 +115,36 @@ mod tests {
     }
 
     #[test]
+    fn a_new_call_given_another_call_s_answer_whole_is_old_news() {
+        // A page parameter the API ignores: each page asked for is the first page again.
+        let page = json!((0..40)
+            .map(|i| format!("Kyoto Ceramic Vase {} in stock at store {}", words(i), words(i + 3)))
+            .collect::<Vec<_>>()
+            .join("\n"));
+        let mut evs = vec![turn(1, "t0")];
+        for p in 1..=5 {
+            evs.push(call("list_products", json!({"limit": 50, "page": p}), page.clone()));
+            evs.push(turn(1, &format!("page {p} done")));
+        }
+        assert_eq!(of_alone(&evs, NoNewInformation), vec![(8, Level::Warning)]);
+        // Pages that are pages: each its own lines.
+        let mut paged = evs.clone();
+        for p in 0..5 {
+            paged[1 + 2 * p]["result"] = json!((0..40)
+                .map(|i| format!("Aalto Side Table {} at store {}", words(8 * p + i), words(i)))
+                .collect::<Vec<_>>()
+                .join("\n"));
+        }
+        assert!(of_alone(&paged, NoNewInformation).is_empty());
+        // A short answer is no page: another call's "no results" tells something new.
+        let mut short = evs.clone();
+        for p in 0..5 {
+            short[1 + 2 * p]["result"] = json!("No products match the filter");
+        }
+        assert!(of_alone(&short, NoNewInformation).is_empty());
+    }
+
+    #[test]
     fn a_silent_call_repeated_is_neither_news_nor_old_news() {
         // Check a fix by undoing it: revert (silent), test (fails as at first), re-apply
         // (silent, as the first time), test (passes as before), then look at the diff.

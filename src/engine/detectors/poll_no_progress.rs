@@ -45,7 +45,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use crate::engine::detectors::testing::*;
-    use crate::engine::detectors::DetectorKind::{PollNoProgress, Repeat};
+    use crate::engine::detectors::DetectorKind::{self, PollNoProgress, Repeat};
     use crate::engine::levels::Level;
 
     #[test]
@@ -74,6 +74,68 @@ mod tests {
             })
             .collect();
         assert!(run(&evs).is_empty());
+    }
+
+    /// `check` after each of `n` waits, and what the whole session's detectors find.
+    fn checked_between_waits(n: usize, wait: Value, check: Value) -> Vec<(usize, DetectorKind, Level)> {
+        let evs: Vec<Value> = (0..n).flat_map(|_| [wait.clone(), check.clone()]).collect();
+        run(&evs)
+    }
+
+    #[test]
+    fn a_check_after_each_wait_is_a_poll() {
+        // A batch job's queue line, the same while it waits for nodes (no pending word:
+        // SLURM writes `PD`), checked after each 15-minute wait: polls, with the room
+        // polls get; neither a swing nor a repeat.
+        let queue = call(
+            "ssh_exec",
+            json!({"command": "squeue -j 48213377"}),
+            json!("JOBID PARTITION NAME ST TIME NODES NODELIST(REASON)\n48213377 gpu md_run PD 0:00 4 (Priority)\n"),
+        );
+        let wait = call("wait", json!({"seconds": 900}), json!("Waited 900 seconds."));
+        assert!(checked_between_waits(10, wait.clone(), queue.clone()).is_empty());
+        // A wait that never ends is still ended, at the 20th unchanged answer (the wait's,
+        // one call before the check's: nothing moved between them).
+        let found = checked_between_waits(22, wait, queue.clone());
+        assert!(found.iter().all(|(_, d, _)| matches!(d, PollNoProgress)), "{found:?}");
+        assert_eq!(found.last(), Some(&(40, PollNoProgress, Level::Terminate)));
+        // A shell's `sleep` is a wait as well.
+        let sleep = call("bash", json!({"command": "sleep 900"}), json!(""));
+        assert!(checked_between_waits(10, sleep, queue.clone()).is_empty());
+        // Between calls that are no wait, the same check swings with them, ended sooner.
+        let note = call("note", json!({"text": "checking again"}), json!("noted"));
+        let found = checked_between_waits(10, note, queue);
+        assert!(found.contains(&(9, DetectorKind::PingPong, Level::Terminate)), "{found:?}");
+    }
+
+    #[test]
+    fn a_wait_on_a_moving_job_is_no_poll_without_progress() {
+        // 25 minutes of `sleep 60`, the job's progress moving at each check: the sleep's
+        // same answer says nothing of the job. Sleeps alone, 22 of them, are ended.
+        let evs: Vec<Value> = (0..25)
+            .flat_map(|i| {
+                [
+                    call("sleep", json!({"seconds": 60}), json!("slept 60s")),
+                    call("get_job", json!({"id": 1}), json!({"state": "running", "progress": i * 4})),
+                ]
+            })
+            .collect();
+        assert!(run(&evs).is_empty(), "{:?}", run(&evs));
+        let sleeps = vec![call("sleep", json!({"seconds": 60}), json!("slept 60s")); 22];
+        assert_eq!(
+            of(&sleeps, PollNoProgress),
+            vec![(10, Level::Warning), (20, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn a_failure_after_each_wait_is_still_the_same_error() {
+        // A retry after a back-off that fails the same way each time is no check on a
+        // job: it swings with its waits as before.
+        let denied = fail("submit_return", json!({"period": "25A3"}), Some("http_401"));
+        let wait = call("sleep", json!({"seconds": 8}), json!({"slept": 8}));
+        let found = checked_between_waits(6, wait, denied);
+        assert!(found.contains(&(9, DetectorKind::PingPong, Level::Terminate)), "{found:?}");
     }
 
     #[test]

@@ -90,8 +90,9 @@ pub(super) struct Canon<'s, 'k> {
     /// A result, not an action: a string holding a JSON object or array is written as
     /// that JSON, and a key is volatile as its last words too.
     pub(super) json_text: bool,
-    /// Some string was so read.
-    pub(super) read_json_text: bool,
+    /// Some JSON text so read was written over lines (a line break between its tokens: a
+    /// pretty-printed text, as an agent reads it line by line).
+    pub(super) json_text_over_lines: bool,
     /// Buffers for the JSON text strings hold, one a level of strings in strings.
     pub(super) json_texts: &'s mut Vec<String>,
     /// JSON texts in strings the value being written is in.
@@ -145,7 +146,7 @@ impl<'s, 'k> Canon<'s, 'k> {
             words: None,
             action_arg: None,
             json_text: false,
-            read_json_text: false,
+            json_text_over_lines: false,
             json_texts: &mut scratch.json_texts,
             json_levels: 0,
             depth: 0,
@@ -283,6 +284,8 @@ impl<'s, 'k> Canon<'s, 'k> {
         let mut text = self.json_texts.pop().unwrap_or_default();
         text.clear();
         unescape_into(std::str::from_utf8(content).unwrap_or(""), &mut text);
+        // Inside JSON's strings a line break is escaped: one here is between tokens.
+        let over_lines = memchr::memchr(b'\n', text.trim_matches(JSON_WS).as_bytes()).is_some();
         let is_json = {
             let trimmed = text.trim_matches(JSON_WS);
             let ends = matches!(trimmed.as_bytes(), [b'{', .., b'}'] | [b'[', .., b']']);
@@ -305,7 +308,7 @@ impl<'s, 'k> Canon<'s, 'k> {
             }
         };
         if is_json {
-            self.read_json_text = true;
+            self.json_text_over_lines |= over_lines;
             self.json_levels += 1;
             self.document(text.as_bytes(), false);
             self.json_levels -= 1;

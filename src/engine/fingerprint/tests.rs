@@ -353,6 +353,59 @@ fn the_content_sample_of_a_json_text_reads_it_as_the_text_it_is() {
 }
 
 #[test]
+fn a_shell_command_that_only_sleeps_is_a_wait() {
+    let sleeps = |v: Value| only_sleeps(Some(&Json::of_value(&v)));
+    assert!(sleeps(json!({"command": "sleep 30"})));
+    assert!(sleeps(json!({"cmd": " sleep 1m 30s;"})));
+    assert!(sleeps(json!("sleep 0.5")));
+    // A command that does something after its sleep, or that is no sleep.
+    assert!(!sleeps(json!({"command": "sleep 30 && kubectl get pods"})));
+    assert!(!sleeps(json!({"command": "sleep"})));
+    assert!(!sleeps(json!({"command": "sleep -1"})));
+    assert!(!sleeps(json!({"command": "sleep inf"})));
+    assert!(!sleeps(json!({"command": "sleepy 3"})));
+    assert!(!sleeps(json!({"command": "echo sleep 3"})));
+    assert!(!sleeps(json!({"seconds": 30})));
+    assert!(!sleeps(
+        json!({"command": format!("sleep 1{}", " ".repeat(SLEEP_ARGS_MAX_BYTES))})
+    ));
+    assert!(!only_sleeps(None));
+}
+
+#[test]
+fn the_content_sample_of_a_json_text_on_one_line_reads_its_values() {
+    // `json.dumps` writes one line: read as written it is one line, too few to judge the
+    // result by; its values are its lines, as those of the JSON itself.
+    let f = fp();
+    let (colours, items) = (
+        ["amber", "slate", "ivory", "olive", "coral", "indigo"],
+        [
+            "ceramic vase",
+            "side table",
+            "throw blanket",
+            "table lamp",
+            "candle set",
+            "wall mirror",
+        ],
+    );
+    let products: Vec<Value> = (0..36)
+        .map(|i| json!({"id": format!("prod_{i}"), "name": format!("Kyoto {} {}", colours[i % 6], items[i / 6]), "images": i}))
+        .collect();
+    let page = json!({"data": products, "request_id": "req_1"});
+    let sample = |v: &Value| {
+        let mut scratch = Scratch::default();
+        f.result(Some(&Json::of_value(v)), None, &mut scratch);
+        scratch.content_sample()
+    };
+    let as_text = sample(&json!(page.to_string()));
+    assert!(as_text.hashes().len() >= crate::engine::content::MIN_SAMPLED_LINES);
+    assert_eq!(as_text, sample(&page));
+    // Written over lines, it is read line by line (the test above).
+    let pretty = json!(serde_json::to_string_pretty(&page).unwrap());
+    assert_ne!(sample(&pretty), as_text);
+}
+
+#[test]
 fn words_are_letters_of_values_outside_markup() {
     let f = fp();
     assert!(
@@ -483,7 +536,7 @@ mod reference {
         pub levels: usize,
         /// Some string value says something in words (a volatile key's value as written).
         pub words: bool,
-        /// Some string was walked as the JSON it holds.
+        /// Some string was walked as the JSON it holds, written over lines.
         pub expanded: bool,
     }
 
@@ -513,7 +566,7 @@ mod reference {
                 Value::Number(n) => self.out.put(n.to_string().as_bytes()),
                 Value::String(s) if self.json_text && self.held_json(s).is_some() => {
                     let held = self.held_json(s).unwrap();
-                    self.expanded = true;
+                    self.expanded |= s.trim_matches(JSON_WS).contains('\n');
                     self.levels += 1;
                     self.value(&held);
                     self.levels -= 1;

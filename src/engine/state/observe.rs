@@ -49,17 +49,37 @@ impl SessionState {
     /// Applies a tool call and returns what the detectors need to know about it. In
     /// order: the step counted, the window's counts, the poll trackers, what the result
     /// showed, then the call joins the window.
-    pub fn observe_tool(&mut self, tool: &str, obs: ToolObservation) -> ToolFacts {
+    pub fn observe_tool(&mut self, tool: &str, mut obs: ToolObservation) -> ToolFacts {
         self.count_tool_step();
+        // The call right after a wait checks on what the agent waited for: a poll, with
+        // the room polls get (a queued batch job's line, the same while it waits, between
+        // `sleep`s is no swing and no repeat; `poll_no_progress` ends a wait that never
+        // ends, and a finished job polled on). One that fails is a retry after a back-off,
+        // judged as any failure (a passing one is `retry_safe` already).
+        if !obs.is_error
+            && self
+                .run
+                .window
+                .back()
+                .is_some_and(|prev| prev.has(CallRecord::WAIT))
+        {
+            obs.poll = true;
+        }
         let rec = CallRecord::of(&obs);
         let (mut facts, outcome_seen) = self.run.window_facts(&rec, &obs);
         if obs.poll {
-            (facts.poll_unchanged, facts.poll_moved) = self.run.observe_poll(&rec, obs.is_error);
+            (facts.poll_unchanged, facts.poll_moved) =
+                self.run.observe_poll(&rec, obs.is_error, obs.wait);
         }
         let (known_content, did) = self
             .run
             .note_content(&obs, facts.action_count, outcome_seen);
-        let (news, learned) = self.run.note_news(&rec, &obs, known_content);
+        // The very answer another call gave in the window (up to digits): a whole
+        // answer again, not a part of one read before.
+        let answered_elsewhere = known_content && self.run.answered_elsewhere(&rec);
+        let (news, learned) = self
+            .run
+            .note_news(&rec, &obs, known_content, answered_elsewhere);
         facts.news = news;
         facts.did = did | if learned { Did::LEARNED } else { 0 };
         facts.departed = self.run.push_call(rec);
@@ -155,9 +175,33 @@ impl RunState {
         (facts, outcome_seen)
     }
 
+    /// Whether a call of another action in the window gave this call's answer, up to
+    /// its digits (what [`CallRecord::news_key`] reads of a result).
+    fn answered_elsewhere(&self, rec: &CallRecord) -> bool {
+        self.window
+            .iter()
+            .any(|prev| prev.shape == rec.shape && prev.action != rec.action)
+    }
+
     /// Polls: per-action trackers so that interleaved pollers are each followed. Returns
     /// this poll action's unchanged results in a row, and whether its result moved.
-    fn observe_poll(&mut self, rec: &CallRecord, is_error: bool) -> (u32, bool) {
+    fn observe_poll(&mut self, rec: &CallRecord, is_error: bool, is_wait: bool) -> (u32, bool) {
+        // A wait's answer is its own ("slept 60s"), never the job's: it stands still while
+        // the job it waits on moves. Its answers in a row count from the last poll that
+        // moved (the poll that moved was called after this wait's last call), so that a
+        // long wait on a moving job is no wait that never ends, and only sleeps are.
+        let job_moved_since = is_wait && {
+            let last = self
+                .window
+                .iter()
+                .rev()
+                .position(|p| p.action == rec.action);
+            match (last, self.since_poll_moved) {
+                (Some(back), Some(since)) => usize::from(since) <= back,
+                (Some(_), None) => false,
+                (None, _) => true,
+            }
+        };
         let found = self.polls.iter().position(|p| p.action == rec.action);
         match found {
             Some(i) => {
@@ -169,7 +213,7 @@ impl RunState {
                 if moved {
                     self.since_poll_moved = Some(0);
                 }
-                t.unchanged = if t.result == rec.result {
+                t.unchanged = if t.result == rec.result && !job_moved_since {
                     t.unchanged + 1
                 } else {
                     0
@@ -235,19 +279,23 @@ impl RunState {
         rec: &CallRecord,
         obs: &ToolObservation,
         known_content: bool,
+        answered_elsewhere: bool,
     ) -> (Option<bool>, bool) {
         // Information gain: a call is news when this action has not returned this result
         // (up to digits) before in the run (a new file written says "File updated" too).
         // Polls count neither as news nor as old news. Nor does a call repeated with an
         // answer without words (an empty output, an exit code): its answer tells nothing,
         // and re-applying a silent write (undo a fix to check the test fails, redo it) is
-        // what it did; a new call is news whatever it answers.
+        // what it did. A new call is news whatever it answers, unless its answer is one
+        // with content that another call in the window gave whole (a page parameter the
+        // API ignores, a rephrased search finding the very same list): the agent asked
+        // something new and was told what it knew.
         if obs.poll {
             return (None, false);
         }
         let pair = rec.news_key();
         let seen = holds(&self.seen_pairs, pair);
-        let news = (!(seen && obs.wordless)).then_some(seen);
+        let news = (!(seen && obs.wordless)).then_some(seen || answered_elsewhere);
         if seen {
             return (news, false);
         }

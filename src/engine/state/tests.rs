@@ -54,6 +54,7 @@ fn tool(action: u64, result: u64) -> ToolObservation {
         unknown_tool: false,
         poll: false,
         waiting: false,
+        wait: false,
         retry_safe: false,
         write: false,
         content: ContentSample::default(),
