@@ -451,6 +451,12 @@ impl ToolClassifier {
         (classifier, tools.ignore_args.unwrap_or_default())
     }
 
+    /// Whether any tool is a wait (`tools.wait = []` turns waits off, shell sleeps
+    /// included).
+    pub fn has_waits(&self) -> bool {
+        !self.wait_globs.is_empty()
+    }
+
     /// Classes of a call; `action_name` is `tool.action` when `args.action` is a string.
     pub fn classify(&self, tool: &str, action_name: Option<&str>) -> ToolClasses {
         let hit =

@@ -229,8 +229,11 @@ pub fn reads_transient(error_kind: Option<&str>, result: Option<&Json>) -> bool 
 }
 
 /// Whether a call's arguments are a shell command that only sleeps (`sleep 30`,
-/// `sleep 1m 30s`): a wait, whatever the tool's name. Arguments over
-/// [`SLEEP_ARGS_MAX_BYTES`] are a command of their own.
+/// `sleep 1m 30s`): a wait, whatever the tool's name. The command is the arguments
+/// themselves when they are a string, else their `command`, `cmd` or `script`: a string,
+/// or an argv whose last word is the command (`["bash", "-lc", "sleep 900"]`) or which
+/// is one (`["sleep", "900"]`). Arguments written as a JSON text are read as its JSON;
+/// arguments over [`SLEEP_ARGS_MAX_BYTES`] are a command of their own.
 pub fn only_sleeps(args: Option<&Json>) -> bool {
     let Some(raw) = args.map(|a| a.as_str()) else {
         return false;
@@ -239,17 +242,36 @@ pub fn only_sleeps(args: Option<&Json>) -> bool {
     {
         return false;
     }
-    match serde_json::from_str::<serde_json::Value>(raw) {
-        Ok(serde_json::Value::String(command)) => is_sleep_command(&command),
-        Ok(serde_json::Value::Object(args)) => args
-            .values()
-            .any(|v| v.as_str().is_some_and(is_sleep_command)),
+    serde_json::from_str::<serde_json::Value>(raw).is_ok_and(|v| sleeps(&v, true))
+}
+
+/// Bytes of a call's arguments read for a shell `sleep` (a harness's description and
+/// timeout beside the command fit).
+pub const SLEEP_ARGS_MAX_BYTES: usize = 1024;
+
+/// Keys a shell tool names its command by.
+const COMMAND_KEYS: [&str; 3] = ["command", "cmd", "script"];
+
+fn sleeps(args: &serde_json::Value, outer: bool) -> bool {
+    use serde_json::Value;
+    let argv = |words: &[Value]| {
+        let last = words.last().and_then(Value::as_str);
+        let whole: Option<Vec<&str>> = words.iter().map(Value::as_str).collect();
+        last.is_some_and(is_sleep_command) || whole.is_some_and(|w| is_sleep_command(&w.join(" ")))
+    };
+    match args {
+        Value::String(s) if outer && s.trim_start().starts_with('{') => {
+            serde_json::from_str::<Value>(s).is_ok_and(|v| sleeps(&v, false))
+        }
+        Value::String(s) => is_sleep_command(s),
+        Value::Object(m) => COMMAND_KEYS.iter().any(|k| match m.get(*k) {
+            Some(Value::String(s)) => is_sleep_command(s),
+            Some(Value::Array(words)) => argv(words),
+            _ => false,
+        }),
         _ => false,
     }
 }
-
-/// Bytes of a call's arguments read for a shell `sleep`.
-pub const SLEEP_ARGS_MAX_BYTES: usize = 128;
 
 /// `sleep` and one or more durations (a number, then `s`, `m`, `h` or `d`), and nothing
 /// else but a closing `;`.

@@ -833,7 +833,7 @@ fn observe_tool_call<'e>(
     call: &'e ToolCall<'_>,
     event_id: &str,
 ) -> (Context<'e>, Option<Arc<Policy>>) {
-    let (obs, has_action) = work.tool_observation(call, event_id);
+    let (mut obs, has_action) = work.tool_observation(call, event_id);
     let tool_policy = if work.config.has_tool_overrides() {
         let name = std::mem::take(&mut work.action_name);
         let p = work.tool_policy(slot, &call.tool, has_action.then_some(name.as_str()));
@@ -842,7 +842,9 @@ fn observe_tool_call<'e>(
     } else {
         None
     };
-    let facts = slot.state.observe_tool(&call.tool, obs);
+    // The state may class the call anew (a check after a wait is a poll): the detectors
+    // read the call as the state took it.
+    let facts = slot.state.observe_tool(&call.tool, &mut obs);
     let ctx = Context::Tool(ToolContext {
         // Named in findings' reasons and hints (which reach the agent's next call): a
         // name no real tool has is cut there, so an output stays bounded.

@@ -409,6 +409,10 @@ pub struct ToolObservation {
     pub poll: bool,
     /// A call that lets time pass: a wait by class, or a shell command that only sleeps.
     pub wait: bool,
+    /// A poll only for coming right after a wait (set by the state, which reads the call
+    /// before): its unchanged answers are judged as a poll's, its changes are no job
+    /// moving for the other detectors.
+    pub after_wait: bool,
     /// A success whose result says a job is still working, as a status (a status field,
     /// or a value that is a pending word alone; not prose, where a pod table's `Running`
     /// or a test run's `2 pending` is no job waited on).

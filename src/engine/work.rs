@@ -211,7 +211,8 @@ impl Work {
         let unknown_tool = call.error_kind.as_deref() == Some("unknown_tool");
         let is_error = call.is_error || unknown_tool;
         let wordless = !result.has_words;
-        let wait = classes.wait || fingerprint::only_sleeps(call.args.as_ref());
+        let wait = classes.wait
+            || (self.config.tools.has_waits() && fingerprint::only_sleeps(call.args.as_ref()));
         let obs = ToolObservation {
             action: action.digest.short(),
             result: result.digest.short(),
@@ -223,6 +224,7 @@ impl Work {
             // A wait is a poll: waiting again is what waiting is.
             poll: classes.poll || wait || (result.pending && !is_error),
             wait,
+            after_wait: false,
             waiting: !is_error && result.status_pending,
             // A failure that says it is passing (a 503, a rate limit; not a timeout) is
             // retried as a `retry_safe` tool's: the ceilings and `error_streak` still end

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, recent_calls};
 use crate::engine::levels::Levels;
-use crate::engine::trajectory::RunState;
+use crate::engine::trajectory::{CallRecord, RunState};
 
 /// Cycle lengths `cycle` looks for (2 is `ping_pong`'s, 1 `repeat`'s).
 pub const CYCLE_LENGTHS: [usize; 10] = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
@@ -90,9 +90,11 @@ fn longest_cycle(run: &RunState, matched: &[u32; CYCLE_LENGTHS.len()]) -> Option
         // metrics, its status, its log), or of polls only (`sleep`, one status tool,
         // another). The polls are `poll_no_progress`'s to judge, with the room polls
         // get; a poll by its name among calls that are none is a cycle (an edit, the
-        // tests, `git_status`), and so is a pod table's `Running` (prose, no status).
+        // tests, `git_status`), and so is a pod table's `Running` (prose, no status),
+        // and so are sleeps alone (`sleep 5`, `sleep 10`, …: waiting on nothing).
         let block = || w.range(n - k..);
-        if reducible || block().any(|c| c.is_waiting()) || block().all(|c| c.is_poll()) {
+        let waiting = block().all(|c| c.is_poll()) && !block().all(|c| c.has(CallRecord::WAIT));
+        if reducible || block().any(|c| c.is_waiting()) || waiting {
             continue;
         }
         let covered = (m + k) as u32;

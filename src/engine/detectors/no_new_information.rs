@@ -1,10 +1,14 @@
 //! `no_new_information`: consecutive turns whose tool calls all returned what the same
-//! call had returned before in the run (information gain).
+//! call had returned before in the run, or an answer with content that another call in
+//! the window gave whole (information gain).
 //!
 //! An agent that keeps getting back what it already knows has stopped learning about its
 //! task. Novelty is the (action, result) pair: a new file written answers "File updated"
 //! like the last one, an empty output of a new command is an answer to a new question,
-//! and both are progress; the same call answering the same thing again is not. The turn
+//! and both are progress; the same call answering the same thing again is not, nor is a
+//! new call answered, word for word and digit for digit, with a page or a list another
+//! call gave (a page parameter the API ignores, a rephrased search finding the very
+//! same results). The turn
 //! is judged when the next one starts. Warn at 3 such turns in a row, critical at 5,
 //! never a kill: a final verification pass (re-running the same checks after a fix)
 //! reads as 2–4 such turns in working sessions. Polls count neither as new nor as old

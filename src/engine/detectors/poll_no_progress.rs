@@ -23,10 +23,16 @@ impl Detector for PollNoProgress {
         Levels::new(Some(10.0), None, Some(20.0))
     }
 
-    fn evaluate(&self, levels: &Levels, _: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
-        t.obs
-            .poll
-            .then(|| Signal::of(t.facts.poll_unchanged as f64, levels))
+    fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
+        // An episode follows its poll: another poll between its calls (the wait before
+        // each check, a second job's status) neither ends nor advances it, or a poll
+        // waited on between sleeps would be warned again at each call, never ended.
+        if !t.obs.poll || (st.subject != 0 && st.subject != t.obs.action) {
+            return None;
+        }
+        let mut signal = Signal::of(t.facts.poll_unchanged as f64, levels);
+        signal.subject = Some(t.obs.action);
+        Some(signal)
     }
 
     fn describe(&self, _: &SessionView<'_, Self::State>, t: &ToolContext, r: Reading, ev: &mut Evidence) -> Message {
@@ -94,14 +100,26 @@ mod tests {
         );
         let wait = call("wait", json!({"seconds": 900}), json!("Waited 900 seconds."));
         assert!(checked_between_waits(10, wait.clone(), queue.clone()).is_empty());
-        // A wait that never ends is still ended, at the 20th unchanged answer (the wait's,
-        // one call before the check's: nothing moved between them).
-        let found = checked_between_waits(22, wait, queue.clone());
-        assert!(found.iter().all(|(_, d, _)| matches!(d, PollNoProgress)), "{found:?}");
-        assert_eq!(found.last(), Some(&(40, PollNoProgress, Level::Terminate)));
-        // A shell's `sleep` is a wait as well.
+        // A wait that never ends is still ended: the check's 20th unchanged answer, warned
+        // at its 10th and not again (the waits between, each for its own time, neither end
+        // nor advance its episode); nothing else finds anything (`circuit_breaker` leaves
+        // polls alone).
+        let evs: Vec<Value> = (0..22)
+            .flat_map(|i| {
+                let wait = call("wait", json!({"seconds": 600 + 60 * (i % 5)}), json!("Waited."));
+                [wait, queue.clone()]
+            })
+            .collect();
+        assert_eq!(
+            run(&evs),
+            vec![(21, PollNoProgress, Level::Warning), (41, PollNoProgress, Level::Terminate)]
+        );
+        // A shell's `sleep` is a wait as well, unless waits are off.
         let sleep = call("bash", json!({"command": "sleep 900"}), json!(""));
-        assert!(checked_between_waits(10, sleep, queue.clone()).is_empty());
+        assert!(checked_between_waits(10, sleep.clone(), queue.clone()).is_empty());
+        let evs: Vec<Value> = (0..10).flat_map(|_| [sleep.clone(), queue.clone()]).collect();
+        let off: Vec<_> = run_with("[tools]\nwait = []\n", &evs).into_iter().map(|f| (f.0, f.1, f.2)).collect();
+        assert!(off.contains(&(9, DetectorKind::PingPong, Level::Terminate)), "{off:?}");
         // Between calls that are no wait, the same check swings with them, ended sooner.
         let note = call("note", json!({"text": "checking again"}), json!("noted"));
         let found = checked_between_waits(10, note, queue);
@@ -125,6 +143,40 @@ mod tests {
         assert_eq!(
             of(&sleeps, PollNoProgress),
             vec![(10, Level::Warning), (20, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn what_comes_after_a_wait_moves_no_job() {
+        // A restart, a sleep, the pods, over and over. The sleep's answer differing each
+        // time (`slept 20.14s`) is its own; the pods' differing (new names after each
+        // restart) is no job moving either, for a call taken for a poll only for following
+        // a wait: the restart repeats, and is ended as a repeat.
+        let restart = call("bash", json!({"command": "kubectl rollout restart deploy/api"}), json!("deployment.apps/api restarted"));
+        let pods = |i: usize| {
+            call("bash", json!({"command": "kubectl get pods"}), json!(format!("api-{}   0/1   CrashLoopBackOff", words(i))))
+        };
+        let repeats = |evs: &[Value]| run(evs).iter().any(|(_, d, l)| matches!(d, Repeat) && *l == Level::Terminate);
+        let slept: Vec<Value> = (0..8)
+            .flat_map(|i| [restart.clone(), call("sleep", json!({"seconds": 20}), json!(format!("slept {}", 20.0 + i as f64 / 7.0))), pods(0)])
+            .collect();
+        assert!(repeats(&slept), "{:?}", run(&slept));
+        let renamed: Vec<Value> = (0..8)
+            .flat_map(|i| [restart.clone(), call("bash", json!({"command": "sleep 20"}), json!("")), pods(i)])
+            .collect();
+        assert!(repeats(&renamed), "{:?}", run(&renamed));
+    }
+
+    #[test]
+    fn sleeps_alone_are_a_cycle() {
+        // Five sleeps of their own lengths, over and over: waiting on nothing.
+        let evs: Vec<Value> = (0..30)
+            .map(|i| call("bash", json!({"command": format!("sleep {}", 5 * (i % 5 + 1))}), json!("")))
+            .collect();
+        assert!(
+            run(&evs).iter().any(|(_, d, l)| matches!(d, DetectorKind::Cycle) && *l == Level::Terminate),
+            "{:?}",
+            run(&evs)
         );
     }
 

@@ -358,6 +358,15 @@ fn a_shell_command_that_only_sleeps_is_a_wait() {
     assert!(sleeps(json!({"command": "sleep 30"})));
     assert!(sleeps(json!({"cmd": " sleep 1m 30s;"})));
     assert!(sleeps(json!("sleep 0.5")));
+    // A harness's description beside it; an argv; arguments written as a JSON text.
+    assert!(sleeps(
+        json!({"command": "sleep 900", "description": "Wait 15 minutes for the SLURM job to start before checking the queue again", "timeout": 960000})
+    ));
+    assert!(sleeps(json!({"command": ["bash", "-lc", "sleep 900"]})));
+    assert!(sleeps(json!({"command": ["sleep", "900"]})));
+    assert!(sleeps(json!(json!({"command": "sleep 5"}).to_string())));
+    // Not a command: a file's content.
+    assert!(!sleeps(json!({"path": "wait.sh", "content": "sleep 30"})));
     // A command that does something after its sleep, or that is no sleep.
     assert!(!sleeps(json!({"command": "sleep 30 && kubectl get pods"})));
     assert!(!sleeps(json!({"command": "sleep"})));
@@ -368,6 +377,9 @@ fn a_shell_command_that_only_sleeps_is_a_wait() {
     assert!(!sleeps(json!({"seconds": 30})));
     assert!(!sleeps(
         json!({"command": format!("sleep 1{}", " ".repeat(SLEEP_ARGS_MAX_BYTES))})
+    ));
+    assert!(!sleeps(
+        json!({"command": ["bash", "-lc", "sleep 9 && make"]})
     ));
     assert!(!only_sleeps(None));
 }

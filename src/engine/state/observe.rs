@@ -48,15 +48,20 @@ impl SessionState {
 
     /// Applies a tool call and returns what the detectors need to know about it. In
     /// order: the step counted, the window's counts, the poll trackers, what the result
-    /// showed, then the call joins the window.
-    pub fn observe_tool(&mut self, tool: &str, mut obs: ToolObservation) -> ToolFacts {
+    /// showed, then the call joins the window. The call's classes may change on the way
+    /// (see [`ToolObservation::after_wait`]): `obs` is left as the state took it, for the
+    /// detectors.
+    pub fn observe_tool(&mut self, tool: &str, obs: &mut ToolObservation) -> ToolFacts {
         self.count_tool_step();
         // The call right after a wait checks on what the agent waited for: a poll, with
         // the room polls get (a queued batch job's line, the same while it waits, between
         // `sleep`s is no swing and no repeat; `poll_no_progress` ends a wait that never
-        // ends, and a finished job polled on). One that fails is a retry after a back-off,
-        // judged as any failure (a passing one is `retry_safe` already).
-        if !obs.is_error
+        // ends, and a finished job polled on). Not a failure (a retry after a back-off,
+        // judged as any failure; a passing one is `retry_safe` already), nor a write (an
+        // edit, then a wait for it to take, is an action).
+        if !obs.poll
+            && !obs.is_error
+            && !obs.write
             && self
                 .run
                 .window
@@ -64,22 +69,21 @@ impl SessionState {
                 .is_some_and(|prev| prev.has(CallRecord::WAIT))
         {
             obs.poll = true;
+            obs.after_wait = true;
         }
-        let rec = CallRecord::of(&obs);
-        let (mut facts, outcome_seen) = self.run.window_facts(&rec, &obs);
+        let obs = &*obs;
+        let rec = CallRecord::of(obs);
+        let (mut facts, outcome_seen) = self.run.window_facts(&rec, obs);
         if obs.poll {
-            (facts.poll_unchanged, facts.poll_moved) =
-                self.run.observe_poll(&rec, obs.is_error, obs.wait);
+            (facts.poll_unchanged, facts.poll_moved) = self.run.observe_poll(&rec, obs);
         }
-        let (known_content, did) = self
-            .run
-            .note_content(&obs, facts.action_count, outcome_seen);
+        let (known_content, did) = self.run.note_content(obs, facts.action_count, outcome_seen);
         // The very answer another call gave in the window (up to digits): a whole
         // answer again, not a part of one read before.
         let answered_elsewhere = known_content && self.run.answered_elsewhere(&rec);
         let (news, learned) = self
             .run
-            .note_news(&rec, &obs, known_content, answered_elsewhere);
+            .note_news(&rec, obs, known_content, answered_elsewhere);
         facts.news = news;
         facts.did = did | if learned { Did::LEARNED } else { 0 };
         facts.departed = self.run.push_call(rec);
@@ -175,41 +179,51 @@ impl RunState {
         (facts, outcome_seen)
     }
 
-    /// Whether a call of another action in the window gave this call's answer, up to
-    /// its digits (what [`CallRecord::news_key`] reads of a result).
+    /// Whether, since the last call of `wait` in the window (or in the whole window when
+    /// it is not there), a poll other than a wait answered otherwise than its own call
+    /// before it: a check that changed (a job's progress, a status).
+    fn checked_change_since(&self, wait: u64) -> bool {
+        let calls = self.window.len();
+        let since = (self.window.iter().rev())
+            .position(|p| p.action == wait)
+            .map_or(0, |back| calls - back);
+        (since..calls).any(|i| {
+            let c = &self.window[i];
+            c.is_poll()
+                && !c.has(CallRecord::WAIT)
+                && !c.is_error()
+                && (self.window.range(..i).rev())
+                    .find(|p| p.action == c.action)
+                    .is_some_and(|p| p.result != c.result)
+        })
+    }
+
+    /// Whether a call of another action in the window gave this call's very answer
+    /// (digits and all: fares that differ from one date to the next are news).
     fn answered_elsewhere(&self, rec: &CallRecord) -> bool {
         self.window
             .iter()
-            .any(|prev| prev.shape == rec.shape && prev.action != rec.action)
+            .any(|prev| prev.result == rec.result && prev.action != rec.action)
     }
 
     /// Polls: per-action trackers so that interleaved pollers are each followed. Returns
     /// this poll action's unchanged results in a row, and whether its result moved.
-    fn observe_poll(&mut self, rec: &CallRecord, is_error: bool, is_wait: bool) -> (u32, bool) {
+    fn observe_poll(&mut self, rec: &CallRecord, obs: &ToolObservation) -> (u32, bool) {
         // A wait's answer is its own ("slept 60s"), never the job's: it stands still while
-        // the job it waits on moves. Its answers in a row count from the last poll that
-        // moved (the poll that moved was called after this wait's last call), so that a
-        // long wait on a moving job is no wait that never ends, and only sleeps are.
-        let job_moved_since = is_wait && {
-            let last = self
-                .window
-                .iter()
-                .rev()
-                .position(|p| p.action == rec.action);
-            match (last, self.since_poll_moved) {
-                (Some(back), Some(since)) => usize::from(since) <= back,
-                (Some(_), None) => false,
-                (None, _) => true,
-            }
-        };
+        // the job it waits on moves. Its answers in a row count from the last check that
+        // changed since its last call, so that a long wait on a moving job is no wait that
+        // never ends, and only sleeps are.
+        let job_moved_since = obs.wait && self.checked_change_since(rec.action);
         let found = self.polls.iter().position(|p| p.action == rec.action);
         match found {
             Some(i) => {
                 let mut t = self.polls.remove(i);
                 // A changed poll is progress for every detector: the job it waits on is
                 // moving. A failing poll's change is not (an error's numbers are
-                // counters: "not running (attempt 7)").
-                let moved = t.result != rec.result && !is_error;
+                // counters: "not running (attempt 7)"), nor a wait's (`slept 42s`, its
+                // own), nor that of a call taken for a poll only for following a wait
+                // (new pod names after each restart and sleep are no job moving).
+                let moved = t.result != rec.result && !obs.is_error && !obs.wait && !obs.after_wait;
                 if moved {
                     self.since_poll_moved = Some(0);
                 }

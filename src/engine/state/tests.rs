@@ -13,8 +13,8 @@ use crate::engine::trajectory::{
 
 /// A tool call applied as the engine applies it: the trajectory, then every detector's
 /// counters (default settings).
-fn observe_call(s: &mut SessionState, tool: &str, obs: ToolObservation) -> ToolFacts {
-    let facts = s.observe_tool(tool, obs);
+fn observe_call(s: &mut SessionState, tool: &str, mut obs: ToolObservation) -> ToolFacts {
+    let facts = s.observe_tool(tool, &mut obs);
     let ctx = Context::Tool(ToolContext { tool, obs, facts });
     observe_detectors(s, &ctx);
     facts
@@ -55,6 +55,7 @@ fn tool(action: u64, result: u64) -> ToolObservation {
         poll: false,
         waiting: false,
         wait: false,
+        after_wait: false,
         retry_safe: false,
         write: false,
         content: ContentSample::default(),
