@@ -47,8 +47,11 @@ impl Detector for CircuitBreaker {
     fn observe(&self, own: &mut Wasted, _: &RunState, input: &Input<'_>) {
         if let Some(t) = input.tool() {
             // A poll's unchanged answer is `poll_no_progress`'s to judge, with the room
-            // polls get: a job queued for an hour, checked between `sleep`s, wastes no call.
-            own.bits = (own.bits << 1) | u64::from(t.facts.pair_count > 1 && !t.obs.poll);
+            // polls get: a job's status queued for an hour, read between `sleep`s, wastes
+            // no call, nor does a sleep. A call taken for a poll only for following a wait
+            // still counts (its room is its own; a loop of clicks and waits is bounded).
+            let judged_as_poll = t.obs.poll && !t.obs.after_wait;
+            own.bits = (own.bits << 1) | u64::from(t.facts.pair_count > 1 && !judged_as_poll);
         }
     }
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Class, Detector, Evidence, Message, Reading, SessionView, Signal, ToolContext, fp_hex};
 use crate::engine::levels::Levels;
+use crate::engine::trajectory::CallRecord;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,15 +25,16 @@ impl Detector for PollNoProgress {
     }
 
     fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
-        // An episode follows its poll: another poll between its calls (the wait before
-        // each check, a second job's status) neither ends nor advances it, or a poll
-        // waited on between sleeps would be warned again at each call, never ended.
-        if !t.obs.poll || (st.subject != 0 && st.subject != t.obs.action) {
+        // A wait between checks is not judged: its answer is its own, and its reading would
+        // end the episode of the check it waits on at each call (warned again and again,
+        // never ended). Sleeps with no check beside them in the window are.
+        let beside_a_check = || {
+            (st.run.window.iter()).any(|c| c.is_poll() && !c.has(CallRecord::WAIT))
+        };
+        if !t.obs.poll || (t.obs.wait && beside_a_check()) {
             return None;
         }
-        let mut signal = Signal::of(t.facts.poll_unchanged as f64, levels);
-        signal.subject = Some(t.obs.action);
-        Some(signal)
+        Some(Signal::of(t.facts.poll_unchanged as f64, levels))
     }
 
     fn describe(&self, _: &SessionView<'_, Self::State>, t: &ToolContext, r: Reading, ev: &mut Evidence) -> Message {
@@ -165,6 +167,49 @@ mod tests {
             .flat_map(|i| [restart.clone(), call("bash", json!({"command": "sleep 20"}), json!("")), pods(i)])
             .collect();
         assert!(repeats(&renamed), "{:?}", run(&renamed));
+    }
+
+    #[test]
+    fn a_poll_left_behind_leaves_the_next_one_judged() {
+        // Job A polled unchanged past a warning, then left for job B, unchanged too.
+        let poll = |job: &str| call("job_status", json!({"id": job}), json!({"status": "queued"}));
+        let evs: Vec<Value> = std::iter::repeat_n(poll("a"), 12)
+            .chain(std::iter::repeat_n(poll("b"), 25))
+            .collect();
+        assert!(of(&evs, PollNoProgress).contains(&(32, Level::Terminate)), "{:?}", of(&evs, PollNoProgress));
+    }
+
+    #[test]
+    fn a_check_flapping_between_two_answers_after_waits_is_ended() {
+        // A pod table between `Running` and `CrashLoopBackOff`, read after each sleep: an
+        // answer the check gave before is no change, of the check nor of the wait.
+        let evs: Vec<Value> = (0..30)
+            .flat_map(|i| {
+                let table = if i % 2 == 0 { "api-1 1/1 Running" } else { "api-1 0/1 CrashLoopBackOff" };
+                [
+                    call("bash", json!({"command": "sleep 30"}), json!("")),
+                    call("bash", json!({"command": "kubectl get pods"}), json!(table)),
+                ]
+            })
+            .collect();
+        let found = run(&evs);
+        assert!(found.iter().any(|(_, d, l)| matches!(d, PollNoProgress) && *l == Level::Terminate), "{found:?}");
+    }
+
+    #[test]
+    fn a_check_beside_a_job_that_moves_waits_with_it() {
+        // A long-poll whose answer is the job's state (an epoch more each time), then the
+        // disk's free space, the same each time: the job moves, nothing is ended.
+        let evs: Vec<Value> = (0..40)
+            .flat_map(|i| {
+                [
+                    call("wait_for_job", json!({"id": "train-7", "timeout_s": 600}), json!({"status": "running", "epoch": i})),
+                    call("bash", json!({"command": "df -h /ckpt"}), json!("/dev/sdb 2.0T 1.1T 0.9T 55% /ckpt")),
+                ]
+            })
+            .collect();
+        assert!(of(&evs, PollNoProgress).is_empty(), "{:?}", of(&evs, PollNoProgress));
+        assert!(run(&evs).iter().all(|(_, _, l)| *l != Level::Terminate), "{:?}", run(&evs));
     }
 
     #[test]

@@ -179,22 +179,25 @@ impl RunState {
         (facts, outcome_seen)
     }
 
-    /// Whether, since the last call of `wait` in the window (or in the whole window when
-    /// it is not there), a poll other than a wait answered otherwise than its own call
-    /// before it: a check that changed (a job's progress, a status).
-    fn checked_change_since(&self, wait: u64) -> bool {
+    /// Whether, since the last call of `action` in the window (or in the whole window
+    /// when it is not there), another poll gave an answer new to its action in the
+    /// window: a check whose job moved (a progress, a status; not one flapping back to an
+    /// answer it gave before). A wait counts only when it reads a job still working
+    /// (`wait_for_job` answering `running` at another epoch).
+    fn checked_change_since(&self, action: u64) -> bool {
         let calls = self.window.len();
         let since = (self.window.iter().rev())
-            .position(|p| p.action == wait)
+            .position(|p| p.action == action)
             .map_or(0, |back| calls - back);
         (since..calls).any(|i| {
             let c = &self.window[i];
+            let before = || self.window.range(..i).filter(|p| p.action == c.action);
             c.is_poll()
-                && !c.has(CallRecord::WAIT)
+                && c.action != action
+                && (!c.has(CallRecord::WAIT) || c.is_waiting())
                 && !c.is_error()
-                && (self.window.range(..i).rev())
-                    .find(|p| p.action == c.action)
-                    .is_some_and(|p| p.result != c.result)
+                && before().next().is_some()
+                && before().all(|p| p.result != c.result)
         })
     }
 
@@ -210,10 +213,17 @@ impl RunState {
     /// this poll action's unchanged results in a row, and whether its result moved.
     fn observe_poll(&mut self, rec: &CallRecord, obs: &ToolObservation) -> (u32, bool) {
         // A wait's answer is its own ("slept 60s"), never the job's: it stands still while
-        // the job it waits on moves. Its answers in a row count from the last check that
-        // changed since its last call, so that a long wait on a moving job is no wait that
-        // never ends, and only sleeps are.
-        let job_moved_since = obs.wait && self.checked_change_since(rec.action);
+        // the job it waits on moves. Its answers in a row, and those of a call taken for a
+        // poll for following a wait (the disk's free space checked beside a moving job),
+        // count from the last check with a new answer since its last call: a long wait on
+        // a moving job is no wait that never ends.
+        let job_moved_since = (obs.wait || obs.after_wait) && self.checked_change_since(rec.action);
+        // An answer this action gave before in the window is no change (a pod table
+        // flapping between `Running` and `CrashLoopBackOff`, a job preempted and resumed).
+        let answered_before = self
+            .window
+            .iter()
+            .any(|p| p.action == rec.action && p.result == rec.result);
         let found = self.polls.iter().position(|p| p.action == rec.action);
         match found {
             Some(i) => {
@@ -221,13 +231,15 @@ impl RunState {
                 // A changed poll is progress for every detector: the job it waits on is
                 // moving. A failing poll's change is not (an error's numbers are
                 // counters: "not running (attempt 7)"), nor a wait's (`slept 42s`, its
-                // own), nor that of a call taken for a poll only for following a wait
-                // (new pod names after each restart and sleep are no job moving).
-                let moved = t.result != rec.result && !obs.is_error && !obs.wait && !obs.after_wait;
+                // own; one that reads a job still working is a check too), nor that of a
+                // call taken for a poll only for following a wait (new pod names after
+                // each restart and sleep are no job moving).
+                let same = t.result == rec.result || answered_before;
+                let moved = !same && !obs.is_error && (!obs.wait || obs.waiting) && !obs.after_wait;
                 if moved {
                     self.since_poll_moved = Some(0);
                 }
-                t.unchanged = if t.result == rec.result && !job_moved_since {
+                t.unchanged = if same && !job_moved_since {
                     t.unchanged + 1
                 } else {
                     0
