@@ -409,6 +409,8 @@ pub struct ToolObservation {
     pub poll: bool,
     /// A call that lets time pass: a wait by class, or a shell command that only sleeps.
     pub wait: bool,
+    /// The result reads as pending, in a status or in words (`still running, step 100`).
+    pub reads_pending: bool,
     /// A poll only for coming right after a wait (set by the state, which reads the call
     /// before): its unchanged answers are judged as a poll's, its changes are no job
     /// moving for the other detectors.

@@ -225,6 +225,7 @@ impl Work {
             poll: classes.poll || wait || (result.pending && !is_error),
             wait,
             after_wait: false,
+            reads_pending: result.pending && !is_error,
             waiting: !is_error && result.status_pending,
             // A failure that says it is passing (a 503, a rate limit; not a timeout) is
             // retried as a `retry_safe` tool's: the ceilings and `error_streak` still end

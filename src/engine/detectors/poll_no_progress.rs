@@ -34,7 +34,11 @@ impl Detector for PollNoProgress {
         if !t.obs.poll || (t.obs.wait && beside_a_check()) {
             return None;
         }
-        Some(Signal::of(t.facts.poll_unchanged as f64, levels))
+        // Nor does a call taken for a poll only for following a wait end another poll's
+        // episode when it changes: its change is no job moving (new pod names beside a
+        // deployment that stays at 0/1).
+        let signal = Signal::of(t.facts.poll_unchanged as f64, levels);
+        (!(t.obs.after_wait && signal.reset)).then_some(signal)
     }
 
     fn describe(&self, _: &SessionView<'_, Self::State>, t: &ToolContext, r: Reading, ev: &mut Evidence) -> Message {
@@ -198,18 +202,49 @@ mod tests {
 
     #[test]
     fn a_check_beside_a_job_that_moves_waits_with_it() {
-        // A long-poll whose answer is the job's state (an epoch more each time), then the
-        // disk's free space, the same each time: the job moves, nothing is ended.
+        // A long-poll whose answer is the job's state (an epoch more each time, as a status
+        // or in words), then the disk's free space, the same each time: the job moves,
+        // nothing is ended.
+        let df = call("bash", json!({"command": "df -h /ckpt"}), json!("/dev/sdb 2.0T 1.1T 0.9T 55% /ckpt"));
+        let beside = |answer: &dyn Fn(usize) -> Value| -> Vec<Value> {
+            (0..40)
+                .flat_map(|i| [call("wait_for_job", json!({"id": "train-7"}), answer(i)), df.clone()])
+                .collect()
+        };
+        for evs in [
+            beside(&|i| json!({"status": "running", "epoch": i})),
+            beside(&|i| json!(format!("job train-7 still running, step {}", 100 * i))),
+        ] {
+            assert!(of(&evs, PollNoProgress).is_empty(), "{:?}", of(&evs, PollNoProgress));
+            assert!(run(&evs).iter().all(|(_, _, l)| *l != Level::Terminate), "{:?}", run(&evs));
+        }
+    }
+
+    #[test]
+    fn a_status_moving_within_a_range_is_progress() {
+        // A queue's depth going up and down (answers it gave before, in digits only) is no
+        // flapping: each change is progress, as before.
         let evs: Vec<Value> = (0..40)
+            .map(|i| call("get_queue_status", json!({}), json!({"status": "processing", "depth": i % 4})))
+            .collect();
+        assert!(of(&evs, PollNoProgress).is_empty(), "{:?}", of(&evs, PollNoProgress));
+    }
+
+    #[test]
+    fn a_changing_check_after_a_wait_leaves_a_stalled_one_judged() {
+        // After each sleep, the deployment (0/1, the same) and after another, the pods
+        // (new names after each restart): the pods' change is no job moving.
+        let evs: Vec<Value> = (0..30)
             .flat_map(|i| {
                 [
-                    call("wait_for_job", json!({"id": "train-7", "timeout_s": 600}), json!({"status": "running", "epoch": i})),
-                    call("bash", json!({"command": "df -h /ckpt"}), json!("/dev/sdb 2.0T 1.1T 0.9T 55% /ckpt")),
+                    call("bash", json!({"command": "sleep 30"}), json!("")),
+                    call("bash", json!({"command": "kubectl get deploy api"}), json!("api 0/1 1 0")),
+                    call("bash", json!({"command": "sleep 30"}), json!("")),
+                    call("bash", json!({"command": "kubectl get pods"}), json!(format!("api-{} 0/1 Error", words(i)))),
                 ]
             })
             .collect();
-        assert!(of(&evs, PollNoProgress).is_empty(), "{:?}", of(&evs, PollNoProgress));
-        assert!(run(&evs).iter().all(|(_, _, l)| *l != Level::Terminate), "{:?}", run(&evs));
+        assert!(of(&evs, PollNoProgress).contains(&(81, Level::Terminate)), "{:?}", of(&evs, PollNoProgress));
     }
 
     #[test]

@@ -179,28 +179,6 @@ impl RunState {
         (facts, outcome_seen)
     }
 
-    /// Whether, since the last call of `action` in the window (or in the whole window
-    /// when it is not there), another poll gave an answer new to its action in the
-    /// window: a check whose job moved (a progress, a status; not one flapping back to an
-    /// answer it gave before). A wait counts only when it reads a job still working
-    /// (`wait_for_job` answering `running` at another epoch).
-    fn checked_change_since(&self, action: u64) -> bool {
-        let calls = self.window.len();
-        let since = (self.window.iter().rev())
-            .position(|p| p.action == action)
-            .map_or(0, |back| calls - back);
-        (since..calls).any(|i| {
-            let c = &self.window[i];
-            let before = || self.window.range(..i).filter(|p| p.action == c.action);
-            c.is_poll()
-                && c.action != action
-                && (!c.has(CallRecord::WAIT) || c.is_waiting())
-                && !c.is_error()
-                && before().next().is_some()
-                && before().all(|p| p.result != c.result)
-        })
-    }
-
     /// Whether a call of another action in the window gave this call's very answer
     /// (digits and all: fares that differ from one date to the next are news).
     fn answered_elsewhere(&self, rec: &CallRecord) -> bool {
@@ -215,15 +193,23 @@ impl RunState {
         // A wait's answer is its own ("slept 60s"), never the job's: it stands still while
         // the job it waits on moves. Its answers in a row, and those of a call taken for a
         // poll for following a wait (the disk's free space checked beside a moving job),
-        // count from the last check with a new answer since its last call: a long wait on
-        // a moving job is no wait that never ends.
-        let job_moved_since = (obs.wait || obs.after_wait) && self.checked_change_since(rec.action);
-        // An answer this action gave before in the window is no change (a pod table
-        // flapping between `Running` and `CrashLoopBackOff`, a job preempted and resumed).
-        let answered_before = self
-            .window
-            .iter()
-            .any(|p| p.action == rec.action && p.result == rec.result);
+        // count from the last move of a job (see `moved`) since its own last call.
+        let job_moved_since = (obs.wait || obs.after_wait) && {
+            let last = (self.window.iter().rev()).position(|p| p.action == rec.action);
+            match (last, self.since_poll_moved) {
+                (Some(back), Some(since)) => usize::from(since) <= back,
+                (Some(_), None) => false,
+                (None, _) => true,
+            }
+        };
+        // An answer this action gave before in the window, in other words than its last
+        // one, is no change: a pod table flapping between `Running` and
+        // `CrashLoopBackOff`. One that differs from the last only in digits is (a queue's
+        // depth, a replica count, moving within a range).
+        let flapped_back = (self.window.iter().rev())
+            .find(|p| p.action == rec.action)
+            .is_some_and(|last| last.shape != rec.shape)
+            && (self.window.iter()).any(|p| p.action == rec.action && p.result == rec.result);
         let found = self.polls.iter().position(|p| p.action == rec.action);
         match found {
             Some(i) => {
@@ -231,11 +217,13 @@ impl RunState {
                 // A changed poll is progress for every detector: the job it waits on is
                 // moving. A failing poll's change is not (an error's numbers are
                 // counters: "not running (attempt 7)"), nor a wait's (`slept 42s`, its
-                // own; one that reads a job still working is a check too), nor that of a
+                // own; one that reads a job still working, in a status or in words, is a
+                // check too), nor that of a
                 // call taken for a poll only for following a wait (new pod names after
                 // each restart and sleep are no job moving).
-                let same = t.result == rec.result || answered_before;
-                let moved = !same && !obs.is_error && (!obs.wait || obs.waiting) && !obs.after_wait;
+                let same = t.result == rec.result || flapped_back;
+                let moved =
+                    !same && !obs.is_error && (!obs.wait || obs.reads_pending) && !obs.after_wait;
                 if moved {
                     self.since_poll_moved = Some(0);
                 }

@@ -56,6 +56,7 @@ fn tool(action: u64, result: u64) -> ToolObservation {
         waiting: false,
         wait: false,
         after_wait: false,
+        reads_pending: false,
         retry_safe: false,
         write: false,
         content: ContentSample::default(),
