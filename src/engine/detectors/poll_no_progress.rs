@@ -2,8 +2,11 @@
 //!
 //! Waiting on a job is not a loop until it has waited too long, so polls get more room
 //! than `repeat` (which they replace): warn after 10 unchanged results, terminate after
-//! 20. A changed status (`35% complete` → `60% complete`) resets the count. A call is a
-//! poll by its tool class (`[tools] poll` globs) or because its result reads as pending.
+//! 20. A changed status (`35% complete` → `60% complete`) resets the count; an answer the
+//! poll gave before in the window, in other words than its last, does not (a flapping
+//! status). A call is a poll by its tool class (`[tools] poll` globs), because its result
+//! reads as pending, or because it is a wait or comes right after one (`[tools] wait`).
+//! A wait beside checks is not judged itself: the check it waits on is.
 
 use serde::{Deserialize, Serialize};
 
@@ -261,7 +264,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_after_each_wait_is_still_the_same_error() {
+    fn a_failure_after_each_wait_is_judged_as_any_failure() {
         // A retry after a back-off that fails the same way each time is no check on a
         // job: it swings with its waits as before.
         let denied = fail("submit_return", json!({"period": "25A3"}), Some("http_401"));

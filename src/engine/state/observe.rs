@@ -78,7 +78,7 @@ impl SessionState {
             (facts.poll_unchanged, facts.poll_moved) = self.run.observe_poll(&rec, obs);
         }
         let (known_content, did) = self.run.note_content(obs, facts.action_count, outcome_seen);
-        // The very answer another call gave in the window (up to digits): a whole
+        // The very answer another call gave in the window (digits and all): a whole
         // answer again, not a part of one read before.
         let answered_elsewhere = known_content && self.run.answered_elsewhere(&rec);
         let (news, learned) = self
@@ -218,9 +218,8 @@ impl RunState {
                 // moving. A failing poll's change is not (an error's numbers are
                 // counters: "not running (attempt 7)"), nor a wait's (`slept 42s`, its
                 // own; one that reads a job still working, in a status or in words, is a
-                // check too), nor that of a
-                // call taken for a poll only for following a wait (new pod names after
-                // each restart and sleep are no job moving).
+                // check too), nor that of a call taken for a poll only for following a
+                // wait (new pod names after each restart and sleep are no job moving).
                 let same = t.result == rec.result || flapped_back;
                 let moved =
                     !same && !obs.is_error && (!obs.wait || obs.reads_pending) && !obs.after_wait;
