@@ -122,8 +122,8 @@ impl CallRecord {
     /// format: a bit added is 0 in states written before it, and a release before it
     /// reads past it.
     pub const WAITING: u8 = 16;
-    /// A call that lets time pass (see [`ToolObservation::wait`]): the call after it is a
-    /// poll.
+    /// A call that lets time pass and reads no job still working (see
+    /// [`ToolObservation::wait`]): the call after it is a poll.
     pub const WAIT: u8 = 32;
 
     pub fn is_waiting(&self) -> bool {
@@ -445,7 +445,13 @@ impl CallRecord {
                     0
                 })
                 | (if obs.waiting { CallRecord::WAITING } else { 0 })
-                | (if obs.wait { CallRecord::WAIT } else { 0 }),
+                // A wait that reads a job still working (`wait_for_job` answering
+                // `still running`) is a check on it as well: no bare wait.
+                | (if obs.wait && !obs.reads_pending {
+                    CallRecord::WAIT
+                } else {
+                    0
+                }),
         }
     }
 }

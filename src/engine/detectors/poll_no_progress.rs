@@ -30,11 +30,13 @@ impl Detector for PollNoProgress {
     fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
         // A wait between checks is not judged: its answer is its own, and its reading would
         // end the episode of the check it waits on at each call (warned again and again,
-        // never ended). Sleeps with no check beside them in the window are.
+        // never ended). Sleeps with no check beside them in the window are, and so is a
+        // wait that reads a job still working (a check itself).
         let beside_a_check = || {
             (st.run.window.iter()).any(|c| c.is_poll() && !c.has(CallRecord::WAIT))
         };
-        if !t.obs.poll || (t.obs.wait && beside_a_check()) {
+        let bare_wait = t.obs.wait && !t.obs.reads_pending;
+        if !t.obs.poll || (bare_wait && beside_a_check()) {
             return None;
         }
         // Nor does a call taken for a poll only for following a wait end another poll's
@@ -248,6 +250,49 @@ mod tests {
             })
             .collect();
         assert!(of(&evs, PollNoProgress).contains(&(81, Level::Terminate)), "{:?}", of(&evs, PollNoProgress));
+    }
+
+    #[test]
+    fn a_status_back_after_the_agent_acted_is_news() {
+        // A robot `moving`, `moving`, then `idle` at each bin, a `pick` between: the
+        // status comes back after each action, as it should.
+        let evs: Vec<Value> = (0..15)
+            .flat_map(|i| {
+                let status = |s: &str| call("get_robot_status", json!({}), json!({"state": s}));
+                [
+                    call("move_to", json!({"bin": i}), json!("ok")),
+                    status("moving"),
+                    status("moving"),
+                    status("idle"),
+                    call("pick", json!({"bin": i}), json!(format!("picked {}", words(i)))),
+                ]
+            })
+            .collect();
+        assert!(of(&evs, PollNoProgress).is_empty(), "{:?}", of(&evs, PollNoProgress));
+    }
+
+    #[test]
+    fn a_wait_that_reads_its_job_is_a_check() {
+        // Three jobs waited on in turn, each long-poll answering in words that its job
+        // is still running: checks on jobs, no sleeps alone (ten rounds, then done).
+        let evs: Vec<Value> = (0..10)
+            .flat_map(|_| {
+                ["a", "b", "c"].map(|job| {
+                    call("wait_for_job", json!({"id": job, "timeout_s": 300}), json!(format!("Job {job} still running after 300s")))
+                })
+            })
+            .collect();
+        assert!(run(&evs).is_empty(), "{:?}", run(&evs));
+        // One that never moves is judged, whatever jitters beside it.
+        let evs: Vec<Value> = (0..25)
+            .flat_map(|i| {
+                [
+                    call("wait_for_job", json!({"id": "a"}), json!({"status": "running", "step": 4100})),
+                    call("bash", json!({"command": "free -m"}), json!(format!("Mem: 64000 {} free", 1000 + i))),
+                ]
+            })
+            .collect();
+        assert!(of(&evs, PollNoProgress).contains(&(40, Level::Terminate)), "{:?}", of(&evs, PollNoProgress));
     }
 
     #[test]

@@ -203,12 +203,18 @@ impl RunState {
             }
         };
         // An answer this action gave before in the window, in other words than its last
-        // one, is no change: a pod table flapping between `Running` and
-        // `CrashLoopBackOff`. One that differs from the last only in digits is (a queue's
-        // depth, a replica count, moving within a range).
-        let flapped_back = (self.window.iter().rev())
-            .find(|p| p.action == rec.action)
-            .is_some_and(|last| last.shape != rec.shape)
+        // one, with nothing but polls and waits since its last call, is no change: a pod
+        // table flapping between `Running` and `CrashLoopBackOff` between sleeps. One
+        // that differs from the last only in digits is (a queue's depth, a replica count,
+        // moving within a range), and so is one after the agent acted (a robot `moving`
+        // again after each `pick`, a deploy's status after each edit).
+        let only_polls_since = (self.window.iter().rev())
+            .take_while(|p| p.action != rec.action)
+            .all(|p| p.is_poll());
+        let flapped_back = only_polls_since
+            && (self.window.iter().rev())
+                .find(|p| p.action == rec.action)
+                .is_some_and(|last| last.shape != rec.shape)
             && (self.window.iter()).any(|p| p.action == rec.action && p.result == rec.result);
         let found = self.polls.iter().position(|p| p.action == rec.action);
         match found {
