@@ -277,8 +277,9 @@ impl PartialEq for Gained {
 pub struct RunState {
     pub window: VecDeque<CallRecord>,
     pub polls: Vec<PollTracker>,
-    /// Calls at the window's end since a poll's result last changed in this run (at
-    /// most the window; `None`: none has): a call that works (a `sleep`) repeats only
+    /// Calls at the window's end since a job last moved in this run (a poll by class or
+    /// by a pending result, or a wait that reads a job still working, gave a new answer;
+    /// at most the window; `None`: none has): a call that works (a `sleep`) repeats only
     /// these, since waiting on a job that moves is no loop; a failure repeats them all.
     pub since_poll_moved: Option<u8>,
     /// What the run's recent calls told the agent (see `CallRecord::news_key`).

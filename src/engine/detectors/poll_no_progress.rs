@@ -93,10 +93,19 @@ mod tests {
         assert!(run(&evs).is_empty());
     }
 
+    /// `n` rounds of `wait`, then `check(round)`.
+    fn rounds(n: usize, wait: &Value, check: impl Fn(usize) -> Value) -> Vec<Value> {
+        (0..n).flat_map(|i| [wait.clone(), check(i)]).collect()
+    }
+
+    /// A shell's bare `sleep 30`.
+    fn sleep_30() -> Value {
+        call("bash", json!({"command": "sleep 30"}), json!(""))
+    }
+
     /// `check` after each of `n` waits, and what the whole session's detectors find.
     fn checked_between_waits(n: usize, wait: Value, check: Value) -> Vec<(usize, DetectorKind, Level)> {
-        let evs: Vec<Value> = (0..n).flat_map(|_| [wait.clone(), check.clone()]).collect();
-        run(&evs)
+        run(&rounds(n, &wait, |_| check.clone()))
     }
 
     #[test]
@@ -128,7 +137,7 @@ mod tests {
         // A shell's `sleep` is a wait as well, unless waits are off.
         let sleep = call("bash", json!({"command": "sleep 900"}), json!(""));
         assert!(checked_between_waits(10, sleep.clone(), queue.clone()).is_empty());
-        let evs: Vec<Value> = (0..10).flat_map(|_| [sleep.clone(), queue.clone()]).collect();
+        let evs = rounds(10, &sleep, |_| queue.clone());
         let off: Vec<_> = run_with("[tools]\nwait = []\n", &evs).into_iter().map(|f| (f.0, f.1, f.2)).collect();
         assert!(off.contains(&(9, DetectorKind::PingPong, Level::Terminate)), "{off:?}");
         // Between calls that are no wait, the same check swings with them, ended sooner.
@@ -141,14 +150,10 @@ mod tests {
     fn a_wait_on_a_moving_job_is_no_poll_without_progress() {
         // 25 minutes of `sleep 60`, the job's progress moving at each check: the sleep's
         // same answer says nothing of the job. Sleeps alone, 22 of them, are ended.
-        let evs: Vec<Value> = (0..25)
-            .flat_map(|i| {
-                [
-                    call("sleep", json!({"seconds": 60}), json!("slept 60s")),
-                    call("get_job", json!({"id": 1}), json!({"state": "running", "progress": i * 4})),
-                ]
-            })
-            .collect();
+        let sleep = call("sleep", json!({"seconds": 60}), json!("slept 60s"));
+        let evs = rounds(25, &sleep, |i| {
+            call("get_job", json!({"id": 1}), json!({"state": "running", "progress": i * 4}))
+        });
         assert!(run(&evs).is_empty(), "{:?}", run(&evs));
         let sleeps = vec![call("sleep", json!({"seconds": 60}), json!("slept 60s")); 22];
         assert_eq!(
@@ -192,15 +197,10 @@ mod tests {
     fn a_check_flapping_between_two_answers_after_waits_is_ended() {
         // A pod table between `Running` and `CrashLoopBackOff`, read after each sleep: an
         // answer the check gave before is no change, of the check nor of the wait.
-        let evs: Vec<Value> = (0..30)
-            .flat_map(|i| {
-                let table = if i % 2 == 0 { "api-1 1/1 Running" } else { "api-1 0/1 CrashLoopBackOff" };
-                [
-                    call("bash", json!({"command": "sleep 30"}), json!("")),
-                    call("bash", json!({"command": "kubectl get pods"}), json!(table)),
-                ]
-            })
-            .collect();
+        let evs = rounds(30, &sleep_30(), |i| {
+            let table = if i % 2 == 0 { "api-1 1/1 Running" } else { "api-1 0/1 CrashLoopBackOff" };
+            call("bash", json!({"command": "kubectl get pods"}), json!(table))
+        });
         let found = run(&evs);
         assert!(found.iter().any(|(_, d, l)| matches!(d, PollNoProgress) && *l == Level::Terminate), "{found:?}");
     }
@@ -239,16 +239,10 @@ mod tests {
     fn a_changing_check_after_a_wait_leaves_a_stalled_one_judged() {
         // After each sleep, the deployment (0/1, the same) and after another, the pods
         // (new names after each restart): the pods' change is no job moving.
-        let evs: Vec<Value> = (0..30)
-            .flat_map(|i| {
-                [
-                    call("bash", json!({"command": "sleep 30"}), json!("")),
-                    call("bash", json!({"command": "kubectl get deploy api"}), json!("api 0/1 1 0")),
-                    call("bash", json!({"command": "sleep 30"}), json!("")),
-                    call("bash", json!({"command": "kubectl get pods"}), json!(format!("api-{} 0/1 Error", words(i)))),
-                ]
-            })
-            .collect();
+        let evs = rounds(60, &sleep_30(), |i| match i % 2 {
+            0 => call("bash", json!({"command": "kubectl get deploy api"}), json!("api 0/1 1 0")),
+            _ => call("bash", json!({"command": "kubectl get pods"}), json!(format!("api-{} 0/1 Error", words(i / 2)))),
+        });
         assert!(of(&evs, PollNoProgress).contains(&(81, Level::Terminate)), "{:?}", of(&evs, PollNoProgress));
     }
 
@@ -284,14 +278,10 @@ mod tests {
             .collect();
         assert!(run(&evs).is_empty(), "{:?}", run(&evs));
         // One that never moves is judged, whatever jitters beside it.
-        let evs: Vec<Value> = (0..25)
-            .flat_map(|i| {
-                [
-                    call("wait_for_job", json!({"id": "a"}), json!({"status": "running", "step": 4100})),
-                    call("bash", json!({"command": "free -m"}), json!(format!("Mem: 64000 {} free", 1000 + i))),
-                ]
-            })
-            .collect();
+        let hung = call("wait_for_job", json!({"id": "a"}), json!({"status": "running", "step": 4100}));
+        let evs = rounds(25, &hung, |i| {
+            call("bash", json!({"command": "free -m"}), json!(format!("Mem: 64000 {} free", 1000 + i)))
+        });
         assert!(of(&evs, PollNoProgress).contains(&(40, Level::Terminate)), "{:?}", of(&evs, PollNoProgress));
     }
 

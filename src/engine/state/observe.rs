@@ -194,31 +194,33 @@ impl RunState {
         // the job it waits on moves. Its answers in a row, and those of a call taken for a
         // poll for following a wait (the disk's free space checked beside a moving job),
         // count from the last move of a job (see `moved`) since its own last call.
-        let job_moved_since = (obs.wait || obs.after_wait) && {
-            let last = (self.window.iter().rev()).position(|p| p.action == rec.action);
-            match (last, self.since_poll_moved) {
+        // This action's last call in the window, as calls back from its end.
+        let back = (self.window.iter().rev()).position(|p| p.action == rec.action);
+        let job_moved_since = (obs.wait || obs.after_wait)
+            && match (back, self.since_poll_moved) {
                 (Some(back), Some(since)) => usize::from(since) <= back,
                 (Some(_), None) => false,
                 (None, _) => true,
-            }
-        };
+            };
         // An answer this action gave before in the window, in other words than its last
         // one, with nothing but polls and waits since its last call, is no change: a pod
         // table flapping between `Running` and `CrashLoopBackOff` between sleeps. One
         // that differs from the last only in digits is (a queue's depth, a replica count,
         // moving within a range), and so is one after the agent acted (a robot `moving`
         // again after each `pick`, a deploy's status after each edit).
-        let only_polls_since = (self.window.iter().rev())
-            .take_while(|p| p.action != rec.action)
-            .all(|p| p.is_poll());
-        let flapped_back = only_polls_since
-            && (self.window.iter().rev())
-                .find(|p| p.action == rec.action)
-                .is_some_and(|last| last.shape != rec.shape)
-            && (self.window.iter()).any(|p| p.action == rec.action && p.result == rec.result);
+        let flapped_back = || {
+            back.is_some_and(|back| {
+                let at = self.window.len() - 1 - back;
+                self.window.range(at + 1..).all(|p| p.is_poll())
+                    && self.window[at].shape != rec.shape
+                    && (self.window.iter())
+                        .any(|p| p.action == rec.action && p.result == rec.result)
+            })
+        };
         let found = self.polls.iter().position(|p| p.action == rec.action);
         match found {
             Some(i) => {
+                let same = self.polls[i].result == rec.result || flapped_back();
                 let mut t = self.polls.remove(i);
                 // A changed poll is progress for every detector: the job it waits on is
                 // moving. A failing poll's change is not (an error's numbers are
@@ -226,7 +228,6 @@ impl RunState {
                 // own; one that reads a job still working, in a status or in words, is a
                 // check too), nor that of a call taken for a poll only for following a
                 // wait (new pod names after each restart and sleep are no job moving).
-                let same = t.result == rec.result || flapped_back;
                 let moved =
                     !same && !obs.is_error && (!obs.wait || obs.reads_pending) && !obs.after_wait;
                 if moved {
