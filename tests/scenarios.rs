@@ -153,12 +153,11 @@ fn a_third_cold_corpus_has_no_false_kill() {
     let known = [
         // Nudges on honest work: a call's status `ringing` three times.
         "d3-voice-call-status",
-        // Late or not stopped: a delivered package and an aborted run polled on between
-        // waits (a check after a wait is a poll: `poll_no_progress` warns at its 10th
-        // unchanged answer and ends it at its 20th, past the session's end), a redial loop
-        // whose every call has a new SID.
+        // Late or not stopped: a delivered package polled on between waits (a check after
+        // a wait is a poll: `poll_no_progress` warns at its 10th unchanged answer and ends
+        // it at its 20th, past the session's end; the package never read as on its way),
+        // a redial loop whose every call has a new SID.
         "d3-logistics-poll-delivered",
-        "d3-lab-poll-aborted-run",
         "d3-voice-redial-no-answer",
     ];
     holds_but_the_known("domains3.py", 26, &known);
@@ -185,6 +184,10 @@ fn a_fourth_cold_corpus_has_no_false_kill() {
         "d4-robot-amr-bumper-blocked",
         "d4-hpc-gromacs-oom-resubmit",
         "d4-tax-1099-tin-name-resubmit",
+        // Late: a finished job's empty queue checked by `sleep 60 && squeue` (a wait and a
+        // check in one call, a poll as a check after a wait is; its job never read as
+        // working: SLURM writes `R`).
+        "d4-hpc-squeue-empty-misread",
         // Not seen: a screen restarted by each compaction (tool calls between them), a
         // closed RFQ polled every three hours.
         "d4-chem-compaction-restarts-screen",
@@ -198,4 +201,42 @@ fn a_fourth_cold_corpus_has_no_false_kill() {
         "d4-proc-avl-vs-quote-seesaw",
     ];
     holds_but_the_known("domains4.py", 30, &known);
+}
+
+/// A fifth cold corpus (`tests/fixtures/domains5.py`: coding harnesses in the shapes of
+/// Claude Code and OpenHands, notebooks, Terraform, databases, crawling, CI, Android, multi-
+/// agent frameworks, long documents), written in the forty-ninth look before its changes
+/// and held out for them: on the release before, it held 14 of 30 cases with one false
+/// kill (an emulator's boot checked by `sleep 20; getprop`, the same empty answer eight
+/// times, ended as a repeat).
+#[test]
+fn a_fifth_cold_corpus_has_no_false_kill() {
+    let known = [
+        // Nudges on honest work: a cell run once an epoch (its metrics are digits: the same
+        // answer up to digits is no news), a slow provisioning's log read by the same
+        // command (the same words each turn), pages of distinct rows through the same call
+        // (the same action ten times in the window), an infinite scroll's same answer
+        // between reads of new cards (held at critical), a long translation's output.
+        "d5-nb-epoch-training-healthy",
+        "d5-tf-rds-slow-provision-healthy",
+        "d5-db-keyset-paged-export-healthy",
+        "d5-web-infinite-scroll-jobs-healthy",
+        "d5-doc-translate-handbook-healthy",
+        // Stopped 2 to 6 events after their tester wanted (`repeat`, `cycle` at their
+        // defaults).
+        "d5-cc-edit-old-string-not-found-loop",
+        "d5-oh-alternating-two-fixes",
+        "d5-db-migration-lock-timeout-loop",
+        "d5-ma-langgraph-handoff-ping-pong",
+        "d5-nb-nan-fillna-refit-loop",
+        // Late or not stopped: a verification pass restarted by each compaction (warned as
+        // no news, which never kills), pages whose answers echo their own URL, a bot
+        // challenge met six times, a paragraph rewritten eleven times (its check's word
+        // count moving in digits, which is a change).
+        "d5-cc-compaction-restarts-finished-work",
+        "d5-web-pagination-returns-same-page",
+        "d5-web-captcha-retries-then-switches",
+        "d5-doc-revise-same-paragraph-loop",
+    ];
+    holds_but_the_known("domains5.py", 30, &known);
 }

@@ -71,6 +71,9 @@ pub const DEFAULT_EXTRA_VOLATILE_RESULT_KEYS: &[&str] = &[
     "message_id",
     "run_id",
     "receipt",
+    // Jupyter's kernel counts every cell run: the same cell's same output again carries
+    // a new count.
+    "execution_count",
 ];
 
 /// Words that make a result read as "still waiting".
@@ -228,21 +231,34 @@ pub fn reads_transient(error_kind: Option<&str>, result: Option<&Json>) -> bool 
     })
 }
 
-/// Whether a call's arguments are a shell command that only sleeps (`sleep 30`,
-/// `sleep 1m 30s`): a wait, whatever the tool's name. The command is the arguments
+/// How a shell command sleeps: only (`sleep 30`, a wait), or first and then checks on
+/// something (`sleep 60 && tail -n 3 apply.log`, a wait and a check in one call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sleeps {
+    Only,
+    First,
+}
+
+/// Whether a call's arguments are a shell command that sleeps, only or first: a wait, or
+/// a check after a wait, whatever the tool's name. The command is the arguments
 /// themselves when they are a string, else their `command`, `cmd` or `script`: a string,
 /// or an argv whose last word is the command (`["bash", "-lc", "sleep 900"]`) or which
 /// is one (`["sleep", "900"]`). Arguments written as a JSON text are read as its JSON;
 /// arguments over [`SLEEP_ARGS_MAX_BYTES`] are a command of their own.
-pub fn only_sleeps(args: Option<&Json>) -> bool {
-    let Some(raw) = args.map(|a| a.as_str()) else {
-        return false;
-    };
+pub fn sleeps(args: Option<&Json>) -> Option<Sleeps> {
+    let raw = args.map(|a| a.as_str())?;
     if raw.len() > SLEEP_ARGS_MAX_BYTES || memchr::memmem::find(raw.as_bytes(), b"sleep").is_none()
     {
-        return false;
+        return None;
     }
-    serde_json::from_str::<serde_json::Value>(raw).is_ok_and(|v| sleeps(&v, true))
+    serde_json::from_str::<serde_json::Value>(raw)
+        .ok()
+        .and_then(|v| sleeps_in(&v, true))
+}
+
+/// Whether a call's arguments are a shell command that only sleeps (see [`sleeps`]).
+pub fn only_sleeps(args: Option<&Json>) -> bool {
+    sleeps(args) == Some(Sleeps::Only)
 }
 
 /// Bytes of a call's arguments read for a shell `sleep` (a harness's description and
@@ -252,31 +268,54 @@ pub const SLEEP_ARGS_MAX_BYTES: usize = 1024;
 /// Keys a shell tool names its command by.
 const COMMAND_KEYS: [&str; 3] = ["command", "cmd", "script"];
 
-fn sleeps(args: &serde_json::Value, outer: bool) -> bool {
+fn sleeps_in(args: &serde_json::Value, outer: bool) -> Option<Sleeps> {
     use serde_json::Value;
     let argv = |words: &[Value]| {
         let last = words.last().and_then(Value::as_str);
         let whole: Option<Vec<&str>> = words.iter().map(Value::as_str).collect();
-        last.is_some_and(is_sleep_command) || whole.is_some_and(|w| is_sleep_command(&w.join(" ")))
+        last.and_then(command_sleeps)
+            .or_else(|| whole.and_then(|w| command_sleeps(&w.join(" "))))
     };
     match args {
         Value::String(s) if outer && s.trim_start().starts_with('{') => {
-            serde_json::from_str::<Value>(s).is_ok_and(|v| sleeps(&v, false))
+            serde_json::from_str::<Value>(s)
+                .ok()
+                .and_then(|v| sleeps_in(&v, false))
         }
-        Value::String(s) => is_sleep_command(s),
-        Value::Object(m) => COMMAND_KEYS.iter().any(|k| match m.get(*k) {
-            Some(Value::String(s)) => is_sleep_command(s),
+        Value::String(s) => command_sleeps(s),
+        Value::Object(m) => COMMAND_KEYS.iter().find_map(|k| match m.get(*k) {
+            Some(Value::String(s)) => command_sleeps(s),
             Some(Value::Array(words)) => argv(words),
-            _ => false,
+            _ => None,
         }),
-        _ => false,
+        _ => None,
     }
 }
 
+/// A command's sleeps: its first step a `sleep` (steps split at `;`, `&&`, `||` and line
+/// breaks), and the steps after it sleeps too (only) or not (first). A command whose
+/// first step is no sleep (`make; sleep 5`) does not wait before it checks.
+fn command_sleeps(command: &str) -> Option<Sleeps> {
+    let mut steps = command
+        .split(['\n', ';'])
+        .flat_map(|s| s.split("&&"))
+        .flat_map(|s| s.split("||"))
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    if !is_sleep_command(steps.next()?) {
+        return None;
+    }
+    Some(if steps.all(is_sleep_command) {
+        Sleeps::Only
+    } else {
+        Sleeps::First
+    })
+}
+
 /// `sleep` and one or more durations (a number, then `s`, `m`, `h` or `d`), and nothing
-/// else but a closing `;`.
+/// else.
 fn is_sleep_command(command: &str) -> bool {
-    let mut words = command.trim().trim_end_matches(';').split_whitespace();
+    let mut words = command.split_whitespace();
     if words.next() != Some("sleep") {
         return false;
     }

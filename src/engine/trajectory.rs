@@ -412,9 +412,10 @@ pub struct ToolObservation {
     pub wait: bool,
     /// The result reads as pending, in a status or in words (`still running, step 100`).
     pub reads_pending: bool,
-    /// A poll only for coming right after a wait (set by the state, which reads the call
-    /// before): its unchanged answers are judged as a poll's, its changes are no job
-    /// moving for the other detectors.
+    /// A poll only for coming right after a wait, or for sleeping first itself (`sleep 60
+    /// && tail apply.log`; set by the state, which reads the call before, from what the
+    /// call comes with: whether it sleeps first): its unchanged answers are judged as a
+    /// poll's, its changes are no job moving for the other detectors.
     pub after_wait: bool,
     /// A success whose result says a job is still working, as a status (a status field,
     /// or a value that is a pending word alone; not prose, where a pod table's `Running`

@@ -211,8 +211,12 @@ impl Work {
         let unknown_tool = call.error_kind.as_deref() == Some("unknown_tool");
         let is_error = call.is_error || unknown_tool;
         let wordless = !result.has_words;
-        let wait = classes.wait
-            || (self.config.tools.has_waits() && fingerprint::only_sleeps(call.args.as_ref()));
+        let sleeps = if self.config.tools.has_waits() {
+            fingerprint::sleeps(call.args.as_ref())
+        } else {
+            None
+        };
+        let wait = classes.wait || sleeps == Some(fingerprint::Sleeps::Only);
         let obs = ToolObservation {
             action: action.digest.short(),
             result: result.digest.short(),
@@ -224,7 +228,10 @@ impl Work {
             // A wait is a poll: waiting again is what waiting is.
             poll: classes.poll || wait || (result.pending && !is_error),
             wait,
-            after_wait: false,
+            // A command that sleeps and then checks (`sleep 60 && tail apply.log`) is a
+            // wait and the check after it in one call; the state decides whether the
+            // check is judged as a poll.
+            after_wait: !wait && sleeps == Some(fingerprint::Sleeps::First),
             reads_pending: result.pending && !is_error,
             waiting: !is_error && result.status_pending,
             // A failure that says it is passing (a 503, a rate limit; not a timeout) is

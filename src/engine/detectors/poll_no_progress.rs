@@ -286,6 +286,53 @@ mod tests {
     }
 
     #[test]
+    fn a_command_that_sleeps_then_checks_is_a_poll() {
+        // An emulator booting: `sleep 20; getprop sys.boot_completed`, the same empty
+        // answer eight times, then `1`. A wait and a check in one call, judged as the
+        // check after a wait: no repeat, no swing; `poll_no_progress` warns at its 10th
+        // unchanged answer (the 11th check) and ends it at its 20th.
+        let check = |done: &str| {
+            call("shell", json!({"cmd": "sleep 20; adb shell getprop sys.boot_completed"}), json!({"exit_code": 0, "stdout": done}))
+        };
+        let mut evs = vec![check(""); 8];
+        evs.push(check("1\n"));
+        assert!(run(&evs).is_empty(), "{:?}", run(&evs));
+        let never = vec![check(""); 22];
+        assert_eq!(
+            run(&never),
+            vec![(10, PollNoProgress, Level::Warning), (20, PollNoProgress, Level::Terminate)]
+        );
+        // Without the sleep, the same check again and again is a repeat.
+        let bare = vec![call("shell", json!({"cmd": "adb shell getprop sys.boot_completed"}), json!({"exit_code": 0, "stdout": ""})); 4];
+        assert!(run(&bare).iter().any(|(_, d, l)| matches!(d, Repeat) && *l == Level::Terminate), "{:?}", run(&bare));
+        // Nor with the wait class off (`tools.wait = []`).
+        let off = "[tools]\nwait = []\n";
+        assert!(of_with(off, &never[..4], Repeat).contains(&(3, Level::Terminate)), "{:?}", of_with(off, &never[..4], Repeat));
+    }
+
+    #[test]
+    fn a_finished_job_polled_again_is_judged_as_any_call() {
+        // A run `in_progress` three times, then `completed`: that answer once more is a
+        // check, the third time a repeat (warned), the fourth in a row ended; between
+        // waits, it is ended by its 8th (a swing with the wait, at its 6th).
+        let status = |s: &str| call("get_workflow_run", json!({"run_id": 7}), json!({"status": s, "conclusion": if s == "completed" { "failure" } else { "" }}));
+        let polled = |done: usize| -> Vec<Value> {
+            std::iter::repeat_n(status("in_progress"), 3).chain(std::iter::repeat_n(status("completed"), done)).collect()
+        };
+        assert!(run(&polled(2)).is_empty(), "{:?}", run(&polled(2)));
+        assert_eq!(run(&polled(6)), vec![(5, Repeat, Level::Warning), (6, Repeat, Level::Terminate)]);
+        let wait = call("wait", json!({"seconds": 30}), json!("Waited 30 seconds."));
+        let between = rounds(12, &wait, |i| status(if i < 3 { "in_progress" } else { "completed" }));
+        let ended = run(&between).iter().find(|f| f.2 == Level::Terminate).map(|f| f.0);
+        assert!(ended.is_some_and(|at| (2 * (3 + 3) - 1..=2 * (3 + 8) - 1).contains(&at)), "{:?}", run(&between));
+        // A job that starts again (a status back to working) is waited on again.
+        let again: Vec<Value> = (0..30)
+            .map(|i| status(if i % 4 == 3 { "completed" } else { "in_progress" }))
+            .collect();
+        assert!(run(&again).iter().all(|(_, d, _)| !matches!(d, Repeat)), "{:?}", run(&again));
+    }
+
+    #[test]
     fn sleeps_alone_are_a_cycle() {
         // Five sleeps of their own lengths, over and over: waiting on nothing.
         let evs: Vec<Value> = (0..30)

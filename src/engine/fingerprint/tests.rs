@@ -107,6 +107,22 @@ fn result_volatile_keys_and_patterns_are_erased_but_digits_are_not() {
 }
 
 #[test]
+fn a_notebook_cells_run_count_is_no_content() {
+    // The same cell's same output, run again: Jupyter's kernel counts each run, at the
+    // top and inside the output. What the cell printed is content.
+    let f = fp();
+    let run = |n: u32, text: &str| json!({"status": "ok", "execution_count": n, "outputs": [{"output_type": "execute_result", "execution_count": n, "data": {"text/plain": text}}]});
+    assert_eq!(
+        res(&f, &run(4, "tenure 12")).digest,
+        res(&f, &run(6, "tenure 12")).digest
+    );
+    assert_ne!(
+        res(&f, &run(4, "tenure 12")).digest,
+        res(&f, &run(4, "tenure 13")).digest
+    );
+}
+
+#[test]
 fn result_keys_are_not_volatile_in_args() {
     // `cwd` is volatile in results only.
     let a = json!({"cwd": "/a", "command": "ls"});
@@ -382,6 +398,41 @@ fn a_shell_command_that_only_sleeps_is_a_wait() {
         json!({"command": ["bash", "-lc", "sleep 9 && make"]})
     ));
     assert!(!only_sleeps(None));
+}
+
+#[test]
+fn a_shell_command_that_sleeps_first_is_a_wait_and_a_check() {
+    let of = |v: Value| sleeps(Some(&Json::of_value(&v)));
+    assert_eq!(
+        of(json!({"command": "sleep 60 && tail -n 3 apply.log"})),
+        Some(Sleeps::First)
+    );
+    assert_eq!(
+        of(json!({"cmd": "sleep 20; adb shell getprop sys.boot_completed"})),
+        Some(Sleeps::First)
+    );
+    assert_eq!(
+        of(json!({"command": ["bash", "-lc", "sleep 9\nsqueue -j 42"]})),
+        Some(Sleeps::First)
+    );
+    assert_eq!(
+        of(json!({"command": "sleep 5 || true; kubectl get pods"})),
+        Some(Sleeps::First)
+    );
+    // Sleeps only, split or not.
+    assert_eq!(
+        of(json!({"command": "sleep 5 && sleep 5;"})),
+        Some(Sleeps::Only)
+    );
+    assert_eq!(of(json!({"command": "sleep 30"})), Some(Sleeps::Only));
+    // A check before its sleep, a sleep in the background, no sleep at all.
+    assert_eq!(of(json!({"command": "make; sleep 5"})), None);
+    assert_eq!(of(json!({"command": "sleep 5 & make"})), None);
+    assert_eq!(of(json!({"command": "echo sleep 3 && make"})), None);
+    assert_eq!(
+        of(json!({"path": "wait.sh", "content": "sleep 3; make"})),
+        None
+    );
 }
 
 #[test]
