@@ -71,9 +71,6 @@ pub const DEFAULT_EXTRA_VOLATILE_RESULT_KEYS: &[&str] = &[
     "message_id",
     "run_id",
     "receipt",
-    // Jupyter's kernel counts every cell run: the same cell's same output again carries
-    // a new count.
-    "execution_count",
 ];
 
 /// Words that make a result read as "still waiting".
@@ -104,6 +101,18 @@ pub const DEFAULT_PENDING_STATUS_TERMS: &[&str] = &[
     "building",
     "updating",
     "modifying",
+    // A resource on its way down or through maintenance is as much a job to wait on (EC2
+    // `stopping`, `shutting-down`; RDS `backing-up`, `rebooting`; AWS Batch `runnable`).
+    // Not `restarting` (a container's crash loop) nor `submitted` (a form's answer).
+    "stopping",
+    "shutting-down",
+    "shutting_down",
+    "terminating",
+    "deleting",
+    "rebooting",
+    "backing-up",
+    "backing_up",
+    "runnable",
 ];
 
 /// Phrases with which a failure says it is passing (an overloaded or rate-limited
@@ -256,11 +265,6 @@ pub fn sleeps(args: Option<&Json>) -> Option<Sleeps> {
         .and_then(|v| sleeps_in(&v, true))
 }
 
-/// Whether a call's arguments are a shell command that only sleeps (see [`sleeps`]).
-pub fn only_sleeps(args: Option<&Json>) -> bool {
-    sleeps(args) == Some(Sleeps::Only)
-}
-
 /// Bytes of a call's arguments read for a shell `sleep` (a harness's description and
 /// timeout beside the command fit).
 pub const SLEEP_ARGS_MAX_BYTES: usize = 1024;
@@ -293,45 +297,52 @@ fn sleeps_in(args: &serde_json::Value, outer: bool) -> Option<Sleeps> {
 }
 
 /// A command's sleeps: its first step a `sleep` (steps split at `;`, `&&`, `||` and line
-/// breaks), and the steps after it sleeps too (only) or not (first). A command whose
-/// first step is no sleep (`make; sleep 5`) does not wait before it checks.
+/// breaks; a `cd` before it is where the command runs), and the steps after it sleeps too
+/// (only) or not (first). A command whose first step is no sleep (`make; sleep 5`) does
+/// not wait before it checks, nor does one that sleeps under a second first (`sleep 0.2 &&
+/// make` is no wait on anything).
 fn command_sleeps(command: &str) -> Option<Sleeps> {
     let mut steps = command
         .split(['\n', ';'])
         .flat_map(|s| s.split("&&"))
         .flat_map(|s| s.split("||"))
         .map(str::trim)
-        .filter(|s| !s.is_empty());
-    if !is_sleep_command(steps.next()?) {
-        return None;
-    }
-    Some(if steps.all(is_sleep_command) {
-        Sleeps::Only
+        .filter(|s| !s.is_empty())
+        .skip_while(|s| s.split_whitespace().next() == Some("cd"));
+    let slept = sleep_seconds(steps.next()?)?;
+    if steps.all(|s| sleep_seconds(s).is_some()) {
+        Some(Sleeps::Only)
     } else {
-        Sleeps::First
-    })
+        (slept >= 1.0).then_some(Sleeps::First)
+    }
 }
 
-/// `sleep` and one or more durations (a number, then `s`, `m`, `h` or `d`), and nothing
-/// else.
-fn is_sleep_command(command: &str) -> bool {
+/// The seconds a step sleeps when it is `sleep` and one or more durations (a number, then
+/// `s`, `m`, `h` or `d`), and nothing else.
+fn sleep_seconds(command: &str) -> Option<f64> {
     let mut words = command.split_whitespace();
     if words.next() != Some("sleep") {
-        return false;
+        return None;
     }
-    let mut durations = 0;
+    let mut seconds = None;
     for w in words {
-        let number = w.strip_suffix(['s', 'm', 'h', 'd']).unwrap_or(w);
-        if number.is_empty()
-            || number
-                .parse::<f64>()
-                .map_or(true, |n| !n.is_finite() || n < 0.0)
-        {
-            return false;
-        }
-        durations += 1;
+        let (number, unit) = match w.strip_suffix(['s', 'm', 'h', 'd']) {
+            Some(n) => (n, w.as_bytes()[w.len() - 1]),
+            None => (w, b's'),
+        };
+        let n = number
+            .parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n >= 0.0)?;
+        let scale = match unit {
+            b'm' => 60.0,
+            b'h' => 3600.0,
+            b'd' => 86_400.0,
+            _ => 1.0,
+        };
+        seconds = Some(seconds.unwrap_or(0.0) + n * scale);
     }
-    durations > 0
+    seconds
 }
 
 /// Result strings longer than this are not scanned for pending terms: a long text that

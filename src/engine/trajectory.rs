@@ -125,6 +125,9 @@ impl CallRecord {
     /// A call that lets time pass and reads no job still working (see
     /// [`ToolObservation::wait`]): the call after it is a poll.
     pub const WAIT: u8 = 32;
+    /// A write (see [`ToolObservation::write`]): a check after a wait that follows one
+    /// checks the agent's own step, not a job.
+    pub const WRITE: u8 = 64;
 
     pub fn is_waiting(&self) -> bool {
         self.flags & Self::WAITING != 0
@@ -412,10 +415,11 @@ pub struct ToolObservation {
     pub wait: bool,
     /// The result reads as pending, in a status or in words (`still running, step 100`).
     pub reads_pending: bool,
-    /// A poll only for coming right after a wait, or for sleeping first itself (`sleep 60
-    /// && tail apply.log`; set by the state, which reads the call before, from what the
-    /// call comes with: whether it sleeps first): its unchanged answers are judged as a
-    /// poll's, its changes are no job moving for the other detectors.
+    /// A check after a wait: the call right after one, or a command that sleeps first
+    /// (`sleep 60 && tail apply.log`), taken for a poll (see
+    /// `SessionState::observe_tool`, which decides: the call comes with whether it
+    /// sleeps first). Its unchanged answers are judged as a poll's, its changes are no
+    /// job moving for the other detectors.
     pub after_wait: bool,
     /// A success whose result says a job is still working, as a status (a status field,
     /// or a value that is a pending word alone; not prose, where a pod table's `Running`
@@ -453,7 +457,8 @@ impl CallRecord {
                     CallRecord::WAIT
                 } else {
                     0
-                }),
+                })
+                | (if obs.write { CallRecord::WRITE } else { 0 }),
         }
     }
 }

@@ -211,7 +211,8 @@ impl Work {
         let unknown_tool = call.error_kind.as_deref() == Some("unknown_tool");
         let is_error = call.is_error || unknown_tool;
         let wordless = !result.has_words;
-        let sleeps = if self.config.tools.has_waits() {
+        // A tool that waits by its name needs no reading of its arguments.
+        let sleeps = if !classes.wait && self.config.tools.has_waits() {
             fingerprint::sleeps(call.args.as_ref())
         } else {
             None

@@ -311,25 +311,27 @@ mod tests {
     }
 
     #[test]
-    fn a_finished_job_polled_again_is_judged_as_any_call() {
-        // A run `in_progress` three times, then `completed`: that answer once more is a
-        // check, the third time a repeat (warned), the fourth in a row ended; between
-        // waits, it is ended by its 8th (a swing with the wait, at its 6th).
-        let status = |s: &str| call("get_workflow_run", json!({"run_id": 7}), json!({"status": s, "conclusion": if s == "completed" { "failure" } else { "" }}));
-        let polled = |done: usize| -> Vec<Value> {
-            std::iter::repeat_n(status("in_progress"), 3).chain(std::iter::repeat_n(status("completed"), done)).collect()
-        };
-        assert!(run(&polled(2)).is_empty(), "{:?}", run(&polled(2)));
-        assert_eq!(run(&polled(6)), vec![(5, Repeat, Level::Warning), (6, Repeat, Level::Terminate)]);
-        let wait = call("wait", json!({"seconds": 30}), json!("Waited 30 seconds."));
-        let between = rounds(12, &wait, |i| status(if i < 3 { "in_progress" } else { "completed" }));
-        let ended = run(&between).iter().find(|f| f.2 == Level::Terminate).map(|f| f.0);
-        assert!(ended.is_some_and(|at| (2 * (3 + 3) - 1..=2 * (3 + 8) - 1).contains(&at)), "{:?}", run(&between));
-        // A job that starts again (a status back to working) is waited on again.
-        let again: Vec<Value> = (0..30)
-            .map(|i| status(if i % 4 == 3 { "completed" } else { "in_progress" }))
+    fn a_check_of_the_agents_own_step_is_no_poll() {
+        // Edit the handler, wait for the server to reload, ask the endpoint: the same
+        // wrong answer after each edit is the design's interleaved loop (`repeat`, at its
+        // 8th in the window), with a wait in a command of its own or in the check's.
+        let edit = |i: usize| call("edit_file", json!({"path": "api.py", "line": i}), json!(format!("edited {}", words(i))));
+        let curl = json!({"status": 500, "body": "KeyError: 'user'"});
+        let bare: Vec<Value> = (0..10)
+            .flat_map(|i| [edit(i), sleep_30(), call("bash", json!({"command": "curl -s localhost:8000/me"}), curl.clone())])
             .collect();
-        assert!(run(&again).iter().all(|(_, d, _)| !matches!(d, Repeat)), "{:?}", run(&again));
+        let first: Vec<Value> = (0..10)
+            .flat_map(|i| [edit(i), call("bash", json!({"command": "sleep 2 && curl -s localhost:8000/me"}), curl.clone())])
+            .collect();
+        for evs in [bare, first] {
+            let ended = run(&evs).into_iter().find(|f| f.2 == Level::Terminate);
+            assert!(matches!(ended, Some((_, Repeat, _))), "{:?}", run(&evs));
+        }
+        // One edit, then the server's reload waited on: checks of a job, not of a step.
+        let mut evs = vec![edit(0)];
+        evs.extend(std::iter::repeat_n(call("bash", json!({"command": "sleep 2 && curl -s localhost:8000/health"}), json!("curl: (7) Failed to connect to localhost port 8000")), 12));
+        evs.push(call("bash", json!({"command": "sleep 2 && curl -s localhost:8000/health"}), json!("ok")));
+        assert!(run(&evs).iter().all(|f| f.2 != Level::Terminate), "{:?}", run(&evs));
     }
 
     #[test]

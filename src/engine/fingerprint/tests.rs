@@ -107,22 +107,6 @@ fn result_volatile_keys_and_patterns_are_erased_but_digits_are_not() {
 }
 
 #[test]
-fn a_notebook_cells_run_count_is_no_content() {
-    // The same cell's same output, run again: Jupyter's kernel counts each run, at the
-    // top and inside the output. What the cell printed is content.
-    let f = fp();
-    let run = |n: u32, text: &str| json!({"status": "ok", "execution_count": n, "outputs": [{"output_type": "execute_result", "execution_count": n, "data": {"text/plain": text}}]});
-    assert_eq!(
-        res(&f, &run(4, "tenure 12")).digest,
-        res(&f, &run(6, "tenure 12")).digest
-    );
-    assert_ne!(
-        res(&f, &run(4, "tenure 12")).digest,
-        res(&f, &run(4, "tenure 13")).digest
-    );
-}
-
-#[test]
 fn result_keys_are_not_volatile_in_args() {
     // `cwd` is volatile in results only.
     let a = json!({"cwd": "/a", "command": "ls"});
@@ -370,6 +354,7 @@ fn the_content_sample_of_a_json_text_reads_it_as_the_text_it_is() {
 
 #[test]
 fn a_shell_command_that_only_sleeps_is_a_wait() {
+    let only_sleeps = |args: Option<&Json>| sleeps(args) == Some(Sleeps::Only);
     let sleeps = |v: Value| only_sleeps(Some(&Json::of_value(&v)));
     assert!(sleeps(json!({"command": "sleep 30"})));
     assert!(sleeps(json!({"cmd": " sleep 1m 30s;"})));
@@ -433,6 +418,28 @@ fn a_shell_command_that_sleeps_first_is_a_wait_and_a_check() {
         of(json!({"path": "wait.sh", "content": "sleep 3; make"})),
         None
     );
+    // Where it runs first; its durations and units; a sleep under a second is no wait on
+    // anything (alone, it is still a wait).
+    assert_eq!(
+        of(json!({"command": "cd /repo && sleep 30 && tail -n 5 run.log"})),
+        Some(Sleeps::First)
+    );
+    assert_eq!(
+        of(json!({"command": "sleep 1e3\r\nsqueue"})),
+        Some(Sleeps::First)
+    );
+    assert_eq!(of(json!({"command": "sleep .5 && make"})), None);
+    assert_eq!(of(json!({"command": "sleep 0; python -m pytest"})), None);
+    assert_eq!(
+        of(json!({"command": "sleep 0.5s 0.5s && make"})),
+        Some(Sleeps::First)
+    );
+    assert_eq!(of(json!({"command": "sleep 0.5"})), Some(Sleeps::Only));
+    assert_eq!(
+        of(json!({"command": "sleep 5s; sleep 5m"})),
+        Some(Sleeps::Only)
+    );
+    assert_eq!(of(json!({"command": "cd /repo && make"})), None);
 }
 
 #[test]

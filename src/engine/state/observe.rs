@@ -58,26 +58,21 @@ impl SessionState {
         // `sleep`s is no swing and no repeat; `poll_no_progress` ends a wait that never
         // ends, and a finished job polled on). Not a failure (a retry after a back-off,
         // judged as any failure; a passing one is `retry_safe` already), nor a write (an
-        // edit, then a wait for it to take, is an action). A command that sleeps first
-        // (`obs.after_wait` as the call comes) is a wait and a check in one.
+        // edit, then a wait for it to take, is an action), nor a check of a step the agent
+        // took since the check's last call (edit, `sleep 2 && curl` the endpoint: the
+        // agent checks its own step, which the same answer again says did not work). A
+        // command that sleeps first (`obs.after_wait` as the call comes) is a wait and a
+        // check in one.
         let waited = std::mem::take(&mut obs.after_wait)
             || (self.run.window.back()).is_some_and(|prev| prev.has(CallRecord::WAIT));
-        if waited && !obs.poll && !obs.is_error && !obs.write {
+        if waited
+            && !obs.poll
+            && !obs.is_error
+            && !obs.write
+            && !self.run.wrote_since_last(obs.action)
+        {
             obs.poll = true;
             obs.after_wait = true;
-        }
-        // A poll whose job finished (its status read as still working, then an answer
-        // that does not, the same since) waits on nothing: that answer again is judged as
-        // any call's (a run polled on after it completed repeats itself; waiting on a job
-        // is no loop only while there is a job to wait on).
-        if obs.poll
-            && !obs.wait
-            && !obs.is_error
-            && !obs.reads_pending
-            && self.run.job_finished_before(obs.action, obs.result)
-        {
-            obs.poll = false;
-            obs.after_wait = false;
         }
         let obs = &*obs;
         let rec = CallRecord::of(obs);
@@ -187,20 +182,13 @@ impl RunState {
         (facts, outcome_seen)
     }
 
-    /// Whether this action's calls in the window gave this very answer since its status
-    /// last read as a job still working, at least once, and read so before that: a job
-    /// that finished, polled again.
-    fn job_finished_before(&self, action: u64, result: u64) -> bool {
-        let calls = (self.window.iter().rev()).filter(|p| p.action == action);
-        for (answers, p) in calls.enumerate() {
-            if p.is_waiting() {
-                return answers > 0;
-            }
-            if p.result != result || p.is_error() {
-                return false;
-            }
-        }
-        false
+    /// Whether a write came after this action's last call in the window (no: it has none
+    /// there).
+    fn wrote_since_last(&self, action: u64) -> bool {
+        let back = (self.window.iter().rev()).position(|p| p.action == action);
+        back.is_some_and(|back| {
+            (self.window.iter().rev().take(back)).any(|p| p.has(CallRecord::WRITE))
+        })
     }
 
     /// Whether a call of another action in the window gave this call's very answer
