@@ -125,9 +125,6 @@ impl CallRecord {
     /// A call that lets time pass and reads no job still working (see
     /// [`ToolObservation::wait`]): the call after it is a poll.
     pub const WAIT: u8 = 32;
-    /// A write (see [`ToolObservation::write`]): a check after a wait that follows one
-    /// checks the agent's own step, not a job.
-    pub const WRITE: u8 = 64;
 
     pub fn is_waiting(&self) -> bool {
         self.flags & Self::WAITING != 0
@@ -425,6 +422,9 @@ pub struct ToolObservation {
     /// or a value that is a pending word alone; not prose, where a pod table's `Running`
     /// or a test run's `2 pending` is no job waited on).
     pub waiting: bool,
+    /// A success whose status field says its job is over (`completed`, `aborted`, …) and
+    /// that reads no job still working.
+    pub done: bool,
     pub retry_safe: bool,
     pub write: bool,
     /// The lines the result showed, sampled (empty when it says nothing in words).
@@ -457,8 +457,7 @@ impl CallRecord {
                     CallRecord::WAIT
                 } else {
                     0
-                })
-                | (if obs.write { CallRecord::WRITE } else { 0 }),
+                }),
         }
     }
 }

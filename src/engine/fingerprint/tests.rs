@@ -184,6 +184,52 @@ fn a_status_is_a_field_named_so_or_a_bare_word_and_any_status_pending_is_pending
     // A lifecycle word reads only as a status: a bare value, not a log's line.
     assert!(res(&f, &json!("Creating")).pending);
     assert!(!res(&f, &json!("Table created.\nCreating s0...\ns0 created")).pending);
+    // A resource on its way down or through maintenance is waited on too; a container's
+    // crash loop and a form's answer are not.
+    for state in [
+        "stopping",
+        "shutting-down",
+        "backing-up",
+        "RUNNABLE",
+        "deleting",
+    ] {
+        assert!(status(json!({"State": {"Name": state}})), "{state}");
+    }
+    assert!(!status(json!({"State": {"Name": "stopped"}})));
+    assert!(!status(json!({"status": "restarting"})) && !status(json!({"status": "submitted"})));
+}
+
+#[test]
+fn a_job_is_over_where_a_status_field_says_so_and_none_reads_pending() {
+    let f = fp();
+    let done = |v: Value| res(&f, &v).status_done;
+    assert!(done(
+        json!({"status": "completed", "conclusion": "failure"})
+    ));
+    assert!(done(
+        json!({"run": {"state": "Aborted", "step": "Dispense (5/14)"}})
+    ));
+    assert!(done(json!({"jobStatus": "SUCCEEDED"})));
+    // Escaped, as a JSON text holds it.
+    assert!(done(json!("{\"status\": \"timed_out\"}")));
+    // The status fields beat other text, as for pending.
+    assert!(done(
+        json!({"status": "completed", "message": "export still running"})
+    ));
+    // A status still working beside it; a word of a sentence; not a status field; a value
+    // alone; an API's envelope.
+    assert!(!done(
+        json!({"status": "completed", "ticketing_status": "pending"})
+    ));
+    assert!(!done(json!({"conclusion": "failure"})));
+    assert!(!done(json!(["completed", {}])));
+    assert!(!done(json!({"status": "success", "data": {}})));
+    assert!(!done(json!({"state": "uncompleted"})));
+    let off = Fingerprinter::new(&FingerprintSpec {
+        done_status_terms: Vec::new(),
+        ..FingerprintSpec::default()
+    });
+    assert!(!res(&off, &json!({"status": "completed"})).status_done);
 }
 
 #[test]
