@@ -153,11 +153,12 @@ fn a_third_cold_corpus_has_no_false_kill() {
     let known = [
         // Nudges on honest work: a call's status `ringing` three times.
         "d3-voice-call-status",
-        // Late or not stopped: a delivered package polled on between waits (a check after
-        // a wait is a poll: `poll_no_progress` warns at its 10th unchanged answer and ends
-        // it at its 20th, past the session's end; it never read as on its way, so no job is
-        // seen to be over), a redial loop whose every call has a new SID.
+        // Late or not stopped: a delivered package and an aborted run polled on between
+        // waits (a check after a wait is a poll: `poll_no_progress` warns at its 10th
+        // unchanged answer and ends it at its 20th, past the session's end), a redial loop
+        // whose every call has a new SID.
         "d3-logistics-poll-delivered",
+        "d3-lab-poll-aborted-run",
         "d3-voice-redial-no-answer",
     ];
     holds_but_the_known("domains3.py", 26, &known);
@@ -232,11 +233,13 @@ fn a_fifth_cold_corpus_has_no_false_kill() {
         // no news, which never kills), a refit failing the same way after a `fillna` never
         // assigned (each run's `execution_count` new; README's notebook setting warns it in
         // time and ends it two events late), pages whose answers echo their own URL, a bot
-        // challenge met six times, a paragraph rewritten eleven times (its check's word
-        // count moving in digits, which is a change).
+        // challenge met six times, a finished CI run polled between waits (as corpus 3's
+        // aborted run), a paragraph rewritten eleven times (its check's word count moving
+        // in digits, which is a change).
         "d5-cc-compaction-restarts-finished-work",
         "d5-nb-nan-fillna-refit-loop",
         "d5-web-pagination-returns-same-page",
+        "d5-ci-polls-finished-run-forever",
         "d5-web-captcha-retries-then-switches",
         "d5-doc-revise-same-paragraph-loop",
     ];

@@ -314,7 +314,6 @@ struct RawFingerprint {
     volatile_value_patterns: Option<Vec<String>>,
     pending_terms: Option<Vec<String>>,
     pending_status_terms: Option<Vec<String>>,
-    done_status_terms: Option<Vec<String>>,
 }
 
 /// `[fingerprint]`, with `[tools].ignore_args` (the arguments a tool's fingerprint leaves
@@ -361,9 +360,6 @@ pub(super) fn fingerprint(
     if let Some(t) = fp.pending_status_terms {
         spec.pending_status_terms = t;
     }
-    if let Some(t) = fp.done_status_terms {
-        spec.done_status_terms = t;
-    }
     spec.ignore_args = ignore_args.into_iter().collect();
     spec
 }
@@ -394,7 +390,6 @@ pub(super) fn fingerprint_toml(spec: &FingerprintSpec) -> toml::Table {
         "pending_status_terms".into(),
         strings(&spec.pending_status_terms),
     );
-    fp.insert("done_status_terms".into(), strings(&spec.done_status_terms));
     fp
 }
 

@@ -115,29 +115,6 @@ pub const DEFAULT_PENDING_STATUS_TERMS: &[&str] = &[
     "runnable",
 ];
 
-/// Words that make a result read as a job that is over, where they stand in a status
-/// field (`{"status": "completed"}`, `{"state": "Aborted"}`) and no status field reads
-/// pending. Not `success` (an API's envelope says it of the call), nor `stopped` alone
-/// against `stopping` (both are listed: the one pending, the other over).
-pub const DEFAULT_DONE_STATUS_TERMS: &[&str] = &[
-    "completed",
-    "complete",
-    "succeeded",
-    "failed",
-    "failure",
-    "cancelled",
-    "canceled",
-    "aborted",
-    "stopped",
-    "terminated",
-    "finished",
-    "done",
-    "delivered",
-    "expired",
-    "timed_out",
-    "timed-out",
-];
-
 /// Phrases with which a failure says it is passing (an overloaded or rate-limited
 /// service): retrying the same call is what it asks for. Not a timeout: a command that
 /// timed out (`EXECUTION TIMED OUT`, a test that hangs) times out again; only a gateway's
@@ -495,7 +472,6 @@ pub struct Fingerprinter {
     /// prose too).
     pending: Option<AhoCorasick>,
     prose_terms: usize,
-    done: Option<AhoCorasick>,
     ignore_args: rustc_hash::FxHashMap<String, KeySet>,
 }
 
@@ -508,7 +484,6 @@ pub struct FingerprintSpec {
     pub custom_patterns: Vec<regex::bytes::Regex>,
     pub pending_terms: Vec<String>,
     pub pending_status_terms: Vec<String>,
-    pub done_status_terms: Vec<String>,
     pub ignore_args: Vec<(String, Vec<String>)>,
 }
 
@@ -537,10 +512,6 @@ impl Default for FingerprintSpec {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
-            done_status_terms: DEFAULT_DONE_STATUS_TERMS
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
             ignore_args: Vec::new(),
         }
     }
@@ -566,9 +537,6 @@ pub struct ResultPrint {
     pub pending: bool,
     /// It does so as a status: a status field, or a value that is a pending word alone.
     pub status_pending: bool,
-    /// A status field reads as a job that is over (`completed`, `aborted`, …) and the
-    /// result does not read pending.
-    pub status_done: bool,
     /// Some string of the result has a letter outside markup tags (`<output>`): an empty
     /// output wrapped in a runtime's markup, or a bare exit code, says nothing.
     pub has_words: bool,
@@ -595,19 +563,15 @@ impl Fingerprinter {
         let terms: Vec<&String> = (spec.pending_terms.iter())
             .chain(&spec.pending_status_terms)
             .collect();
-        let automaton = |terms: &[&String]| {
-            if terms.is_empty() {
-                None
-            } else {
-                AhoCorasickBuilder::new()
-                    .ascii_case_insensitive(true)
-                    .match_kind(MatchKind::LeftmostLongest)
-                    .build(terms)
-                    .ok()
-            }
+        let pending = if terms.is_empty() {
+            None
+        } else {
+            AhoCorasickBuilder::new()
+                .ascii_case_insensitive(true)
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(&terms)
+                .ok()
         };
-        let pending = automaton(&terms);
-        let done = automaton(&spec.done_status_terms.iter().collect::<Vec<_>>());
         Fingerprinter {
             arg_keys: KeySet::new(&spec.volatile_arg_keys),
             result_keys: KeySet::new(&spec.volatile_result_keys),
@@ -615,7 +579,6 @@ impl Fingerprinter {
             custom_patterns: spec.custom_patterns.clone(),
             pending,
             prose_terms: spec.pending_terms.len(),
-            done,
             ignore_args: spec
                 .ignore_args
                 .iter()
@@ -680,7 +643,6 @@ impl Fingerprinter {
                 custom: &self.custom_patterns,
             });
             c.pending = (self.pending.as_ref()).map(|ac| (ac, PendingScan::new(self.prose_terms)));
-            c.done_terms = self.done.as_ref();
             // A tool's result is often JSON written as text (MCP's text content, a
             // function tool returning `json.dumps(...)`, a shell's `curl`): read as the
             // JSON it holds, its volatile keys dropped and its status fields read.
@@ -692,7 +654,6 @@ impl Fingerprinter {
         }
         let pending = c.pending.as_ref().is_some_and(|(_, scan)| scan.pending());
         let status_pending = (c.pending.as_ref()).is_some_and(|(_, scan)| scan.status_pending());
-        let status_done = c.status_done && !pending;
         let has_words = c.words.unwrap_or(false);
         let over_lines = c.json_text_over_lines;
         // The shape reads the canonical text in one pass (escapes as separators).
@@ -717,7 +678,6 @@ impl Fingerprinter {
             shape: shape.finish(),
             pending,
             status_pending,
-            status_done,
             has_words,
         }
     }

@@ -422,9 +422,6 @@ pub struct ToolObservation {
     /// or a value that is a pending word alone; not prose, where a pod table's `Running`
     /// or a test run's `2 pending` is no job waited on).
     pub waiting: bool,
-    /// A success whose status field says its job is over (`completed`, `aborted`, …) and
-    /// that reads no job still working.
-    pub done: bool,
     pub retry_safe: bool,
     pub write: bool,
     /// The lines the result showed, sampled (empty when it says nothing in words).

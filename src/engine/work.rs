@@ -235,7 +235,6 @@ impl Work {
             after_wait: !wait && sleeps == Some(fingerprint::Sleeps::First),
             reads_pending: result.pending && !is_error,
             waiting: !is_error && result.status_pending,
-            done: !is_error && result.status_done,
             // A failure that says it is passing (a 503, a rate limit; not a timeout) is
             // retried as a `retry_safe` tool's: the ceilings and `error_streak` still end
             // a retry that never gets through.

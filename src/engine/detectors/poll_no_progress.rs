@@ -311,38 +311,6 @@ mod tests {
     }
 
     #[test]
-    fn a_job_over_polled_again_is_judged_as_any_call() {
-        // A CI run `in_progress`, then `completed`: asked again between waits with
-        // nothing else between, it waits on nothing; ended by its 8th such answer (a swing
-        // with the wait, at its 6th), not at `poll_no_progress`'s 20th.
-        let run_status = |s: &str| call("get_workflow_run", json!({"run_id": 7}), json!({"status": s, "conclusion": if s == "completed" { "failure" } else { "" }}));
-        let wait = call("wait", json!({"seconds": 30}), json!("Waited 30 seconds."));
-        let over = |n: usize| rounds(3 + n, &wait, |i| run_status(if i < 3 { "in_progress" } else { "completed" }));
-        assert!(run(&over(2)).is_empty(), "{:?}", run(&over(2)));
-        let ended = run(&over(12)).into_iter().find(|f| f.2 == Level::Terminate);
-        assert_eq!(ended, Some((2 * (3 + 6) - 1, DetectorKind::PingPong, Level::Terminate)), "{:?}", run(&over(12)));
-        // By a poll tool's name, with no waits: a repeat, ended at its 4th in a row.
-        let status = |s: &str| call("get_job_status", json!({"id": 7}), json!({"state": s}));
-        let evs: Vec<Value> = std::iter::repeat_n(status("running"), 3).chain(std::iter::repeat_n(status("Aborted"), 6)).collect();
-        assert_eq!(run(&evs), vec![(5, Repeat, Level::Warning), (6, Repeat, Level::Terminate)]);
-        // Not over: a state the list does not name (`stopping`, then `stopped`), one that
-        // never read as working, one asked again after the agent did something else (a
-        // push: the run listed is the last one until the new one shows), a status back
-        // to working (flapping).
-        let stopping: Vec<Value> = std::iter::repeat_n(status("running"), 2).chain(std::iter::repeat_n(status("stopping"), 8)).chain([status("stopped")]).collect();
-        assert!(run(&stopping).is_empty(), "{:?}", run(&stopping));
-        let never: Vec<Value> = std::iter::repeat_n(status("completed"), 8).collect();
-        assert!(of(&never, Repeat).is_empty(), "{:?}", run(&never));
-        let push = call("bash", json!({"command": "git push"}), json!("main -> main"));
-        let mut pushed = over(1);
-        pushed.push(push);
-        pushed.extend(rounds(8, &wait, |_| run_status("completed")));
-        assert!(run(&pushed).iter().all(|f| f.2 != Level::Terminate), "{:?}", run(&pushed));
-        let flapping: Vec<Value> = (0..30).map(|i| status(if i % 3 == 2 { "completed" } else { "running" })).collect();
-        assert!(run(&flapping).iter().all(|(_, d, _)| !matches!(d, Repeat | DetectorKind::PingPong)), "{:?}", run(&flapping));
-    }
-
-    #[test]
     fn sleeps_alone_are_a_cycle() {
         // Five sleeps of their own lengths, over and over: waiting on nothing.
         let evs: Vec<Value> = (0..30)

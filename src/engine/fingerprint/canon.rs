@@ -83,10 +83,6 @@ pub(super) struct Canon<'s, 'k> {
     pub(super) extra: Option<&'k KeySet>,
     pub(super) patterns: Option<Patterns<'k>>,
     pub(super) pending: Option<(&'k AhoCorasick, PendingScan)>,
-    /// The words of a job that is over, read in status fields (results only).
-    pub(super) done_terms: Option<&'k AhoCorasick>,
-    /// Some status field read so.
-    pub(super) status_done: bool,
     /// Whether some string says something (results only).
     pub(super) words: Option<bool>,
     /// Where `args.action` is in the text (its content), when a string (actions only).
@@ -147,8 +143,6 @@ impl<'s, 'k> Canon<'s, 'k> {
             extra,
             patterns: None,
             pending: None,
-            done_terms: None,
-            status_done: false,
             words: None,
             action_arg: None,
             json_text: false,
@@ -477,28 +471,21 @@ impl<'s, 'k> Canon<'s, 'k> {
             self.put(b"\"");
         }
         self.put(b":");
-        if is_string && (self.pending.is_some() || self.done_terms.is_some()) && is_status_key(key)
-        {
+        if is_string && is_status_key(key) {
             // Some status field reading pending makes the result pending (an order
             // `confirmed` whose `ticketing_status` is pending is still waited on).
-            let content = &s[v + 1..v_end - 1];
-            let unescaped = memchr::memchr(b'\\', content).is_some();
-            if unescaped {
-                self.text.clear();
-                unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
-            }
-            let text = if unescaped {
-                self.text.as_bytes()
-            } else {
-                content
-            };
             if let Some((ac, scan)) = self.pending.as_mut() {
                 if scan.status != Some(true) {
-                    scan.status = Some(reads_pending(ac, text, usize::MAX));
+                    let content = &s[v + 1..v_end - 1];
+                    let verdict = if memchr::memchr(b'\\', content).is_none() {
+                        reads_pending(ac, content, usize::MAX)
+                    } else {
+                        self.text.clear();
+                        unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
+                        reads_pending(ac, self.text.as_bytes(), usize::MAX)
+                    };
+                    scan.status = Some(verdict);
                 }
-            }
-            if let Some(done) = self.done_terms.filter(|_| !self.status_done) {
-                self.status_done = reads_pending(done, text, usize::MAX);
             }
         }
         self.value(s, v, false);

@@ -200,39 +200,6 @@ fn a_status_is_a_field_named_so_or_a_bare_word_and_any_status_pending_is_pending
 }
 
 #[test]
-fn a_job_is_over_where_a_status_field_says_so_and_none_reads_pending() {
-    let f = fp();
-    let done = |v: Value| res(&f, &v).status_done;
-    assert!(done(
-        json!({"status": "completed", "conclusion": "failure"})
-    ));
-    assert!(done(
-        json!({"run": {"state": "Aborted", "step": "Dispense (5/14)"}})
-    ));
-    assert!(done(json!({"jobStatus": "SUCCEEDED"})));
-    // Escaped, as a JSON text holds it.
-    assert!(done(json!("{\"status\": \"timed_out\"}")));
-    // The status fields beat other text, as for pending.
-    assert!(done(
-        json!({"status": "completed", "message": "export still running"})
-    ));
-    // A status still working beside it; a word of a sentence; not a status field; a value
-    // alone; an API's envelope.
-    assert!(!done(
-        json!({"status": "completed", "ticketing_status": "pending"})
-    ));
-    assert!(!done(json!({"conclusion": "failure"})));
-    assert!(!done(json!(["completed", {}])));
-    assert!(!done(json!({"status": "success", "data": {}})));
-    assert!(!done(json!({"state": "uncompleted"})));
-    let off = Fingerprinter::new(&FingerprintSpec {
-        done_status_terms: Vec::new(),
-        ..FingerprintSpec::default()
-    });
-    assert!(!res(&off, &json!({"status": "completed"})).status_done);
-}
-
-#[test]
 fn a_result_key_is_volatile_as_its_last_words_an_action_key_only_whole() {
     let f = fp();
     let child =

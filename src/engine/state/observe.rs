@@ -59,24 +59,13 @@ impl SessionState {
         // ends, and a finished job polled on). Not a failure (a retry after a back-off,
         // judged as any failure; a passing one is `retry_safe` already), nor a write (an
         // edit, then a wait for it to take, is an action). A command that sleeps first
-        // (`obs.after_wait` as the call comes) is a wait and a check in one.
+        // (`sleep 60 && tail apply.log`: `obs.after_wait` as the call comes) is judged so
+        // too: its check comes after its wait.
         let waited = std::mem::take(&mut obs.after_wait)
             || (self.run.window.back()).is_some_and(|prev| prev.has(CallRecord::WAIT));
         if waited && !obs.poll && !obs.is_error && !obs.write {
             obs.poll = true;
             obs.after_wait = true;
-        }
-        // A poll whose job is over (its status read as still working, then as over, the
-        // same since, and nothing but polls and waits in between) waits on nothing: that
-        // answer again is judged as any call's. The brief's "polls a finished job
-        // forever": a CI run polled between waits after it completed.
-        if obs.poll
-            && obs.done
-            && !obs.wait
-            && self.run.job_over_polled_again(obs.action, obs.result)
-        {
-            obs.poll = false;
-            obs.after_wait = false;
         }
         let obs = &*obs;
         let rec = CallRecord::of(obs);
@@ -184,31 +173,6 @@ impl RunState {
         facts.error_count = error_count;
         facts.action_count = action_count;
         (facts, outcome_seen)
-    }
-
-    /// Whether this action's calls in the window gave this very answer since its status
-    /// last read as a job still working, at least once, with nothing but polls and waits
-    /// between them: its job is over, and it is asked again. A call of another kind in
-    /// between (the agent pushed a fix, submitted the next job) makes the same answer a
-    /// first look at what that started.
-    fn job_over_polled_again(&self, action: u64, result: u64) -> bool {
-        let mut answers = 0;
-        for p in self.window.iter().rev() {
-            if p.action != action {
-                if !p.is_poll() {
-                    return false;
-                }
-                continue;
-            }
-            if p.is_waiting() {
-                return answers > 0;
-            }
-            if p.result != result || p.is_error() {
-                return false;
-            }
-            answers += 1;
-        }
-        false
     }
 
     /// Whether a call of another action in the window gave this call's very answer

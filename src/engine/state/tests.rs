@@ -54,7 +54,6 @@ fn tool(action: u64, result: u64) -> ToolObservation {
         unknown_tool: false,
         poll: false,
         waiting: false,
-        done: false,
         wait: false,
         after_wait: false,
         reads_pending: false,
