@@ -185,9 +185,9 @@ fn a_fourth_cold_corpus_has_no_false_kill() {
         "d4-robot-amr-bumper-blocked",
         "d4-hpc-gromacs-oom-resubmit",
         "d4-tax-1099-tin-name-resubmit",
-        // Late: a finished job's empty queue checked by `sleep 60 && squeue` (a wait and a
-        // check in one call, a poll as a check after a wait is; its job never read as
-        // working: SLURM writes `R`).
+        // Late: a finished job's empty queue checked by `sleep 60 && squeue` (a check after
+        // its own sleep, a poll as a check after a wait is; its job never read as working:
+        // SLURM writes `R`).
         "d4-hpc-squeue-empty-misread",
         // Not seen: a screen restarted by each compaction (tool calls between them), a
         // closed RFQ polled every three hours.
@@ -214,10 +214,11 @@ fn a_fourth_cold_corpus_has_no_false_kill() {
 fn a_fifth_cold_corpus_has_no_false_kill() {
     let known = [
         // Nudges on honest work: a cell run once an epoch (its metrics are digits: the same
-        // answer up to digits is no news; the same cell ten times in the window), a slow provisioning's log read by the same
-        // command (the same words each turn), pages of distinct rows through the same call
-        // (the same action ten times in the window), an infinite scroll's same answer
-        // between reads of new cards (held at critical), a long translation's output.
+        // answer up to digits is no news; the same cell ten times in the window), a slow
+        // provisioning's log read by the same command (the same words each turn), pages of
+        // distinct rows through the same call (the same action ten times in the window),
+        // an infinite scroll's same answer between reads of new cards (held at critical), a
+        // long translation's output.
         "d5-nb-epoch-training-healthy",
         "d5-tf-rds-slow-provision-healthy",
         "d5-db-keyset-paged-export-healthy",

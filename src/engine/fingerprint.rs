@@ -101,8 +101,9 @@ pub const DEFAULT_PENDING_STATUS_TERMS: &[&str] = &[
     "building",
     "updating",
     "modifying",
-    // A resource on its way down or through maintenance is as much a job to wait on (EC2
-    // `stopping`, `shutting-down`; RDS `backing-up`, `rebooting`; AWS Batch `runnable`).
+    // A resource on its way down, through maintenance or waiting for capacity is as much
+    // a job to wait on (EC2 `stopping`, `shutting-down`; RDS `backing-up`, `rebooting`;
+    // AWS Batch `runnable`).
     // Not `restarting` (a container's crash loop) nor `submitted` (a form's answer).
     "stopping",
     "shutting-down",
@@ -241,7 +242,7 @@ pub fn reads_transient(error_kind: Option<&str>, result: Option<&Json>) -> bool 
 }
 
 /// How a shell command sleeps: only (`sleep 30`, a wait), or first and then checks on
-/// something (`sleep 60 && tail -n 3 apply.log`, a wait and a check in one call).
+/// something (`sleep 60 && tail -n 3 apply.log`: a check after its own sleep).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sleeps {
     Only,
@@ -297,10 +298,11 @@ fn sleeps_in(args: &serde_json::Value, outer: bool) -> Option<Sleeps> {
 }
 
 /// A command's sleeps: its first step a `sleep` (steps split at `;`, `&&`, `||` and line
-/// breaks; a `cd` before it is where the command runs), and the steps after it sleeps too
-/// (only) or not (first). A command whose first step is no sleep (`make; sleep 5`) does
-/// not wait before it checks, nor does one that sleeps under a second first (`sleep 0.2 &&
-/// make` is no wait on anything).
+/// breaks; a `cd` before it is where the command runs), and the steps after it idle too
+/// (only: more sleeps, `true`, `:`, an `echo` of words: `sleep 60 || true`, `sleep 60 &&
+/// echo waited`) or not (first). A command whose first step is no sleep (`make; sleep 5`)
+/// does not wait before it checks, nor does one that sleeps under a second first (`sleep
+/// 0.2 && make` is no wait on anything).
 fn command_sleeps(command: &str) -> Option<Sleeps> {
     let mut steps = command
         .split(['\n', ';'])
@@ -310,10 +312,21 @@ fn command_sleeps(command: &str) -> Option<Sleeps> {
         .filter(|s| !s.is_empty())
         .skip_while(|s| s.split_whitespace().next() == Some("cd"));
     let slept = sleep_seconds(steps.next()?)?;
-    if steps.all(|s| sleep_seconds(s).is_some()) {
+    if steps.all(|s| sleep_seconds(s).is_some() || is_idle_step(s)) {
         Some(Sleeps::Only)
     } else {
         (slept >= 1.0).then_some(Sleeps::First)
+    }
+}
+
+/// A step that checks on nothing: `true`, `:`, `date` (in any format), or an `echo` of
+/// words (not of a command's output: `echo $(kubectl get pods)` checks).
+fn is_idle_step(step: &str) -> bool {
+    let substitutes = step.contains("$(") || step.contains('`');
+    match step.split_whitespace().next() {
+        Some("true" | ":") => step.split_whitespace().nth(1).is_none(),
+        Some("date" | "echo") => !substitutes,
+        _ => false,
     }
 }
 

@@ -405,18 +405,18 @@ pub struct ToolObservation {
     /// it tells neither news nor old news.
     pub wordless: bool,
     pub unknown_tool: bool,
-    /// A poll by class or a pending-looking result, or the call right after a wait (see
-    /// `SessionState::observe_tool`).
+    /// A poll by class or a pending-looking result, or a check after a wait: the call
+    /// right after one, or a command that sleeps first (see `SessionState::observe_tool`).
     pub poll: bool,
     /// A call that lets time pass: a wait by class, or a shell command that only sleeps.
     pub wait: bool,
     /// The result reads as pending, in a status or in words (`still running, step 100`).
     pub reads_pending: bool,
-    /// A check after a wait: the call right after one, or a command that sleeps first
-    /// (`sleep 60 && tail apply.log`), taken for a poll (see
-    /// `SessionState::observe_tool`, which decides: the call comes with whether it
-    /// sleeps first). Its unchanged answers are judged as a poll's, its changes are no
-    /// job moving for the other detectors.
+    /// A poll only for being a check after a wait: the call right after one, or a
+    /// command that sleeps first (`sleep 60 && tail apply.log`). The call comes with
+    /// whether it sleeps first; `SessionState::observe_tool` decides, and clears it where
+    /// the call was a poll already, failed or is a write. Its unchanged answers are
+    /// judged as a poll's, its changes are no job moving for the other detectors.
     pub after_wait: bool,
     /// A success whose result says a job is still working, as a status (a status field,
     /// or a value that is a pending word alone; not prose, where a pod table's `Running`

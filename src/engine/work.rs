@@ -230,8 +230,8 @@ impl Work {
             poll: classes.poll || wait || (result.pending && !is_error),
             wait,
             // A command that sleeps and then checks (`sleep 60 && tail apply.log`) is a
-            // wait and the check after it in one call; the state decides whether the
-            // check is judged as a poll.
+            // check after its own sleep; the state decides whether it is judged as a poll
+            // (as the call right after a wait).
             after_wait: !wait && sleeps == Some(fingerprint::Sleeps::First),
             reads_pending: result.pending && !is_error,
             waiting: !is_error && result.status_pending,

@@ -288,9 +288,11 @@ mod tests {
     #[test]
     fn a_command_that_sleeps_then_checks_is_a_poll() {
         // An emulator booting: `sleep 20; getprop sys.boot_completed`, the same empty
-        // answer eight times, then `1`. A wait and a check in one call, judged as the
-        // check after a wait: no repeat, no swing; `poll_no_progress` warns at its 10th
-        // unchanged answer (the 11th check) and ends it at its 20th.
+        // answer eight times, then `1`. A check after its own sleep, judged as the check
+        // after a wait: no repeat, no swing; `poll_no_progress` warns at its 10th
+        // unchanged answer (the 11th check) and ends it at its 20th. A sleep followed by
+        // steps that check on nothing (`sleep 60 || true`) is a wait, and the check after
+        // it is a check after a wait.
         let check = |done: &str| {
             call("shell", json!({"cmd": "sleep 20; adb shell getprop sys.boot_completed"}), json!({"exit_code": 0, "stdout": done}))
         };
@@ -308,6 +310,10 @@ mod tests {
         // Nor with the wait class off (`tools.wait = []`).
         let off = "[tools]\nwait = []\n";
         assert!(of_with(off, &never[..4], Repeat).contains(&(3, Level::Terminate)), "{:?}", of_with(off, &never[..4], Repeat));
+        let pd = call("ssh_exec", json!({"command": "squeue -j 7"}), json!("7 gpu md PD 0:00 4 (Priority)"));
+        let noisy = call("bash", json!({"command": "sleep 60 || true"}), json!(""));
+        let evs = rounds(12, &noisy, |_| pd.clone());
+        assert!(run(&evs).iter().all(|f| f.2 != Level::Terminate), "{:?}", run(&evs));
     }
 
     #[test]

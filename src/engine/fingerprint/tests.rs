@@ -399,7 +399,7 @@ fn a_shell_command_that_only_sleeps_is_a_wait() {
 }
 
 #[test]
-fn a_shell_command_that_sleeps_first_is_a_wait_and_a_check() {
+fn a_shell_command_that_sleeps_first_is_a_check_after_a_wait() {
     let of = |v: Value| sleeps(Some(&Json::of_value(&v)));
     assert_eq!(
         of(json!({"command": "sleep 60 && tail -n 3 apply.log"})),
@@ -453,6 +453,28 @@ fn a_shell_command_that_sleeps_first_is_a_wait_and_a_check() {
         Some(Sleeps::Only)
     );
     assert_eq!(of(json!({"command": "cd /repo && make"})), None);
+    // Steps that check on nothing after the sleep leave it a wait; a command's output
+    // echoed is a check.
+    assert_eq!(
+        of(json!({"command": "sleep 60 || true"})),
+        Some(Sleeps::Only)
+    );
+    assert_eq!(
+        of(json!({"command": "sleep 60 && echo waited; date -u +%T"})),
+        Some(Sleeps::Only)
+    );
+    assert_eq!(
+        of(json!({"command": "sleep 60 && echo $(squeue -j 7)"})),
+        Some(Sleeps::First)
+    );
+    assert_eq!(
+        of(json!({"command": "sleep 60 && echo done && squeue -j 7"})),
+        Some(Sleeps::First)
+    );
+    assert_eq!(
+        of(json!({"command": "sleep 60 && echoes"})),
+        Some(Sleeps::First)
+    );
 }
 
 #[test]
