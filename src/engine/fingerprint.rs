@@ -277,9 +277,10 @@ fn sleeps_in(args: &serde_json::Value, outer: bool) -> Option<Sleeps> {
     use serde_json::Value;
     let argv = |words: &[Value]| {
         let last = words.last().and_then(Value::as_str);
-        let whole: Option<Vec<&str>> = words.iter().map(Value::as_str).collect();
-        last.and_then(command_sleeps)
-            .or_else(|| whole.and_then(|w| command_sleeps(&w.join(" "))))
+        last.and_then(command_sleeps).or_else(|| {
+            let whole: Option<Vec<&str>> = words.iter().map(Value::as_str).collect();
+            whole.and_then(|w| command_sleeps(&w.join(" ")))
+        })
     };
     match args {
         Value::String(s) if outer && s.trim_start().starts_with('{') => {

@@ -412,11 +412,13 @@ pub struct ToolObservation {
     pub wait: bool,
     /// The result reads as pending, in a status or in words (`still running, step 100`).
     pub reads_pending: bool,
-    /// A poll only for being a check after a wait: the call right after one, or a
-    /// command that sleeps first (`sleep 60 && tail apply.log`). The call comes with
-    /// whether it sleeps first; `SessionState::observe_tool` decides, and clears it where
-    /// the call was a poll already, failed or is a write. Its unchanged answers are
-    /// judged as a poll's, its changes are no job moving for the other detectors.
+    /// A shell command that sleeps a second or more and then checks (`sleep 60 && tail
+    /// apply.log`): a check after its own wait.
+    pub sleeps_first: bool,
+    /// A poll only for being a check after a wait: the call right after one, or one that
+    /// sleeps first (set by `SessionState::observe_tool`, which reads the call before).
+    /// Its unchanged answers are judged as a poll's, its changes are no job moving for
+    /// the other detectors.
     pub after_wait: bool,
     /// A success whose result says a job is still working, as a status (a status field,
     /// or a value that is a pending word alone; not prose, where a pod table's `Running`

@@ -218,6 +218,7 @@ impl Work {
             None
         };
         let wait = classes.wait || sleeps == Some(fingerprint::Sleeps::Only);
+        let reads_pending = result.pending && !is_error;
         let obs = ToolObservation {
             action: action.digest.short(),
             result: result.digest.short(),
@@ -227,13 +228,11 @@ impl Work {
             wordless,
             unknown_tool,
             // A wait is a poll: waiting again is what waiting is.
-            poll: classes.poll || wait || (result.pending && !is_error),
+            poll: classes.poll || wait || reads_pending,
             wait,
-            // A command that sleeps and then checks (`sleep 60 && tail apply.log`) is a
-            // check after its own sleep; the state decides whether it is judged as a poll
-            // (as the call right after a wait).
-            after_wait: !wait && sleeps == Some(fingerprint::Sleeps::First),
-            reads_pending: result.pending && !is_error,
+            sleeps_first: !wait && sleeps == Some(fingerprint::Sleeps::First),
+            after_wait: false,
+            reads_pending,
             waiting: !is_error && result.status_pending,
             // A failure that says it is passing (a 503, a rate limit; not a timeout) is
             // retried as a `retry_safe` tool's: the ceilings and `error_streak` still end

@@ -284,11 +284,14 @@ impl<'s, 'k> Canon<'s, 'k> {
         let mut text = self.json_texts.pop().unwrap_or_default();
         text.clear();
         unescape_into(std::str::from_utf8(content).unwrap_or(""), &mut text);
-        // Inside JSON's strings a line break is escaped: one here is between tokens.
-        let over_lines = memchr::memchr(b'\n', text.trim_matches(JSON_WS).as_bytes()).is_some();
+        let trimmed = text.trim_matches(JSON_WS);
+        let ends = matches!(trimmed.as_bytes(), [b'{', .., b'}'] | [b'[', .., b']']);
+        // Inside JSON's strings a line break is escaped: one here is between tokens (read
+        // before serde's rewriting below, which writes none; and once a result has one).
+        let over_lines = ends
+            && !self.json_text_over_lines
+            && memchr::memchr(b'\n', trimmed.as_bytes()).is_some();
         let is_json = {
-            let trimmed = text.trim_matches(JSON_WS);
-            let ends = matches!(trimmed.as_bytes(), [b'{', .., b'}'] | [b'[', .., b']']);
             let mut scan = Scanner::new(trimmed.as_bytes(), budget);
             if !ends {
                 false

@@ -59,9 +59,8 @@ impl SessionState {
         // ends, and a finished job polled on). Not a failure (a retry after a back-off,
         // judged as any failure; a passing one is `retry_safe` already), nor a write (an
         // edit, then a wait for it to take, is an action). A command that sleeps first
-        // (`sleep 60 && tail apply.log`: `obs.after_wait` as the call comes) is judged so
-        // too: its check comes after its wait.
-        let waited = std::mem::take(&mut obs.after_wait)
+        // (`sleep 60 && tail apply.log`) is judged so too: its check comes after its wait.
+        let waited = obs.sleeps_first
             || (self.run.window.back()).is_some_and(|prev| prev.has(CallRecord::WAIT));
         if waited && !obs.poll && !obs.is_error && !obs.write {
             obs.poll = true;
@@ -190,10 +189,11 @@ impl RunState {
         // the job it waits on moves. Its answers in a row, and those of a call taken for a
         // poll for following a wait (the disk's free space checked beside a moving job),
         // count from the last move of a job (see `moved`) since its own last call.
-        // This action's last call in the window, as calls back from its end.
-        let back = (self.window.iter().rev()).position(|p| p.action == rec.action);
+        // This action's last call in the window, as calls back from its end: looked up
+        // only where a wait or a changed answer asks (a poll's same answer needs none).
+        let back = || (self.window.iter().rev()).position(|p| p.action == rec.action);
         let job_moved_since = (obs.wait || obs.after_wait)
-            && match (back, self.since_poll_moved) {
+            && match (back(), self.since_poll_moved) {
                 (Some(back), Some(since)) => usize::from(since) <= back,
                 (Some(_), None) => false,
                 (None, _) => true,
@@ -205,7 +205,7 @@ impl RunState {
         // moving within a range), and so is one after the agent acted (a robot `moving`
         // again after each `pick`, a deploy's status after each edit).
         let flapped_back = || {
-            back.is_some_and(|back| {
+            back().is_some_and(|back| {
                 let at = self.window.len() - 1 - back;
                 self.window.range(at + 1..).all(|p| p.is_poll())
                     && self.window[at].shape != rec.shape

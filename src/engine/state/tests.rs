@@ -55,6 +55,7 @@ fn tool(action: u64, result: u64) -> ToolObservation {
         poll: false,
         waiting: false,
         wait: false,
+        sleeps_first: false,
         after_wait: false,
         reads_pending: false,
         retry_safe: false,
