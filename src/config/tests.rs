@@ -488,6 +488,20 @@ fn tool_overrides_only_take_per_tool_detectors() {
 }
 
 #[test]
+fn tool_class_globs_match_names_whatever_their_case() {
+    let default = cfg("").unwrap();
+    for write in ["Edit", "MultiEdit", "Write", "NotebookEdit", "EditCode", "str_replace_editor"] {
+        assert!(default.tools.classify(write, None).write, "{write}");
+    }
+    assert!(default.tools.classify("GetJobStatus", None).poll);
+    assert!(default.tools.classify("WaitForDeployment", None).wait);
+    assert!(!default.tools.classify("Read", None).write);
+    let own = cfg("[tools]\nretry_safe = [\"Fetch*\"]\n").unwrap();
+    assert!(own.tools.classify("fetch_url", None).retry_safe);
+    assert!(!own.tools.classify("prefetch", None).retry_safe);
+}
+
+#[test]
 fn wait_tools_are_classed_by_their_globs_and_default_to_sleeps_and_waits() {
     let default = cfg("").unwrap();
     assert!(default.tools.classify("sleep", None).wait);
