@@ -93,6 +93,33 @@ mod tests {
         assert!(run(&evs).is_empty());
     }
 
+    #[test]
+    fn a_write_is_no_poll_for_a_pending_word_in_its_answer() {
+        // Claude Code's and OpenHands' edits answer "Here's the result of running `cat
+        // -n`": no job still working. An edit, then `sleep 2 && curl` answering the same
+        // 500 each time: the checks are the poll, and the edits between neither end nor
+        // restart its episode (warned once, at its 10th unchanged answer; ended at its 20th).
+        let evs: Vec<Value> = (0..22)
+            .flat_map(|i| {
+                let edit = call(
+                    "Edit",
+                    json!({"file_path": "api/handlers.py", "old_string": format!("x{i}"), "new_string": format!("x{}", i + 1)}),
+                    json!(format!("The file api/handlers.py has been updated. Here's the result of running `cat -n` on a snippet:\n  40\t    user = req.json['user{i}']")),
+                );
+                let check = call(
+                    "Bash",
+                    json!({"command": "sleep 2 && curl -s localhost:8000/me"}),
+                    json!("{\"detail\":\"KeyError: 'user'\"}"),
+                );
+                [edit, check]
+            })
+            .collect();
+        assert_eq!(
+            of(&evs, PollNoProgress),
+            vec![(21, Level::Warning), (41, Level::Terminate)]
+        );
+    }
+
     /// `n` rounds of `wait`, then `check(round)`.
     fn rounds(n: usize, wait: &Value, check: impl Fn(usize) -> Value) -> Vec<Value> {
         (0..n).flat_map(|i| [wait.clone(), check(i)]).collect()
