@@ -57,6 +57,18 @@ fn a_stricter_config_is_caught_by_eval() {
 /// none of its healthy sessions, and exactly the cases `known` do not hold (a case that
 /// comes to hold must leave the list).
 fn holds_but_the_known(generator: &str, cases: usize, known: &[&str]) {
+    holds_but_the_known_and_disputed(generator, cases, known, &[]);
+}
+
+/// [`holds_but_the_known`], where `disputed` are the only cases ended against their
+/// labels: kills at the DESIGN's defaults that a tester would have held back (each is in
+/// `known` too, and the reason is written beside it).
+fn holds_but_the_known_and_disputed(
+    generator: &str,
+    cases: usize,
+    known: &[&str],
+    disputed: &[&str],
+) {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus.jsonl");
     let generated = std::process::Command::new("python3")
@@ -81,12 +93,18 @@ fn holds_but_the_known(generator: &str, cases: usize, known: &[&str]) {
         } else {
             format!("{}: {}", c.id, c.failures.join("; "))
         }),
+        Ok(c) if c.false_kill != disputed.contains(&c.id.as_str()) => unexpected.push(format!(
+            "{}: false kill {}: {}",
+            c.id,
+            c.false_kill,
+            c.failures.join("; ")
+        )),
         Ok(_) => {}
         Err((line, e)) => unexpected.push(format!("line {line}: {e}")),
     })
     .unwrap();
     assert_eq!(totals.cases, cases, "{totals}");
-    assert_eq!(totals.false_kills, 0, "{totals}");
+    assert_eq!(totals.false_kills, disputed.len(), "{totals}");
     assert!(unexpected.is_empty(), "{}", unexpected.join("\n"));
 }
 
@@ -245,4 +263,38 @@ fn a_fifth_cold_corpus_has_no_false_kill() {
         "d5-doc-revise-same-paragraph-loop",
     ];
     holds_but_the_known("domains5.py", 30, &known);
+}
+
+/// A sixth cold corpus (`tests/fixtures/domains6.py`: a Codex-CLI-shaped and a Cursor-shaped
+/// coding harness, a smolagents code agent, customer support, research, data engineering,
+/// MCP tools, security, spreadsheets, computer use), written in the fiftieth look before
+/// its `no_progress` change and held out for it: on the release before, it held 23 of 30
+/// cases, with one false alarm (a plan's share of steps done, reported at each model call,
+/// standing still through one step's six calls) and one false kill (below).
+#[test]
+fn a_sixth_cold_corpus_has_only_its_disputed_kill() {
+    let disputed = [
+        // The same Cursor edit failing to apply five times, the same 13 lines read before
+        // each: `ping_pong` ends a strict A,B tail of unchanged results at 10 calls (its
+        // DESIGN default), 4 turns after its warning; the tester would have let it try a
+        // sixth time (it then edits another way). Kept: two calls alternating with the
+        // same answers five times over is the swing the default is set for.
+        "d6-cursor-edit-not-applied-recovers",
+    ];
+    let known = [
+        "d6-cursor-edit-not-applied-recovers",
+        // Not stopped, or late: twenty rephrased searches all finding nothing (an empty
+        // answer to a new question is an answer: a verification pass looks the same), a
+        // sub-agent redoing its searches after each compaction (a new note id each time
+        // breaks the cycle; warned as no news), the same Slack post answered with a new
+        // `ts` each time (ended by `repeat`'s window, 12 events late), a dead button whose
+        // screen differs only in the taskbar clock (a success's digits are data), the same
+        // SIEM search with a new `search_id` and `took_ms` (warned one event late).
+        "d6-research-phantom-paper",
+        "d6-research-compaction-restarts",
+        "d6-mcp-slack-duplicate-announcements",
+        "d6-gui-dead-submit-button",
+        "d6-sec-ioc-search-wrong-index-recovers",
+    ];
+    holds_but_the_known_and_disputed("domains6.py", 30, &known, &disputed);
 }

@@ -490,7 +490,14 @@ fn tool_overrides_only_take_per_tool_detectors() {
 #[test]
 fn tool_class_globs_match_names_whatever_their_case() {
     let default = cfg("").unwrap();
-    for write in ["Edit", "MultiEdit", "Write", "NotebookEdit", "EditCode", "str_replace_editor"] {
+    for write in [
+        "Edit",
+        "MultiEdit",
+        "Write",
+        "NotebookEdit",
+        "EditCode",
+        "str_replace_editor",
+    ] {
         assert!(default.tools.classify(write, None).write, "{write}");
     }
     assert!(default.tools.classify("GetJobStatus", None).poll);

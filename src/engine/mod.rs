@@ -803,6 +803,7 @@ fn observe_llm_call<'e>(
 ) -> Context<'e> {
     let is_turn = call.call_kind == CallKind::Turn;
     let (features, opening, chant, has_text) = work.text_features(call, is_turn, &slot.policy);
+    let calls_since_turn = slot.state.stats.calls_since_turn;
     slot.state.observe_llm(LlmObservation {
         is_turn,
         input_tokens: call.input_tokens,
@@ -817,6 +818,7 @@ fn observe_llm_call<'e>(
         is_turn,
         is_compaction: call.call_kind == CallKind::Compaction,
         progress: call.progress,
+        calls_since_turn,
         tool_calls: call.tool_calls,
         has_text,
         chant,

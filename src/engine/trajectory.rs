@@ -307,6 +307,26 @@ impl RunState {
         let n = self.window.len();
         (back < n).then(|| self.window[n - 1 - back])
     }
+
+    /// Whether one of the last `n` calls gave an answer that no call of its action before
+    /// it in the window gave: the agent got somewhere new. Up to digits (a game's move
+    /// counter, a command's wall time are no news), but a poll's digits are its job
+    /// moving (`35% complete` → `60% complete`).
+    pub fn new_answer_in_last(&self, n: u32) -> bool {
+        let len = self.window.len();
+        let from = len.saturating_sub(n as usize);
+        (from..len).any(|i| {
+            let rec = &self.window[i];
+            !self.window.range(..i).any(|prev| {
+                prev.action == rec.action
+                    && if rec.is_poll() {
+                        prev.result == rec.result
+                    } else {
+                        prev.shape == rec.shape
+                    }
+            })
+        })
+    }
 }
 
 /// What a tool call did, as bits of [`ToolFacts::did`]: `similar_turns` gathers them

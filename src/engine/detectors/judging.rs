@@ -70,6 +70,8 @@ pub struct LlmContext<'a> {
     pub is_compaction: bool,
     /// The progress it reports, when it does.
     pub progress: Option<f64>,
+    /// The tool calls since the last turn, before this call: the last turn's.
+    pub calls_since_turn: u32,
     /// The tool calls it asks for, when it says.
     pub tool_calls: Option<u32>,
     pub has_text: bool,
