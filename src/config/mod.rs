@@ -90,9 +90,20 @@ pub const DEFAULT_POLL_GLOBS: &[&str] = &["*status*", "*poll*", "*wait*", "*slee
 /// Default globs of tools that let time pass: the call after one is a poll (checking
 /// again after waiting is what polling is).
 pub const DEFAULT_WAIT_GLOBS: &[&str] = &["*sleep*", "*wait*"];
-/// Default globs of tools whose unchanged result means an edit did not take.
-pub const DEFAULT_WRITE_GLOBS: &[&str] =
-    &["*write*", "*edit*", "*replace*", "*patch*", "*apply_diff*"];
+/// Default globs of tools whose unchanged result means an edit did not take. Globs match
+/// case and all (a case-blind `*edit*` takes `GetEditorDiagnostics` for a write, `*wait*`
+/// `CheckWaitlist` for a wait): Claude Code's capitalised edit tools are named whole.
+pub const DEFAULT_WRITE_GLOBS: &[&str] = &[
+    "*write*",
+    "*edit*",
+    "*replace*",
+    "*patch*",
+    "*apply_diff*",
+    "Edit",
+    "MultiEdit",
+    "Write",
+    "NotebookEdit",
+];
 
 /// The topic spans go to when `telemetry.spans_to_kafka` is on.
 pub const DEFAULT_SPANS_TOPIC: &str = "otlp_spans";

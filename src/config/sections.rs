@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 use toml::Value as V;
 
@@ -484,13 +484,10 @@ impl ToolClassifier {
     }
 }
 
-/// A tool class's globs, matched regardless of case: a harness's naming convention
-/// (Claude Code's `Edit`, moatless's `EditCode`, a framework's `GetJobStatus`) says nothing
-/// about what the tool does.
 fn globset(globs: &[String], key: &str, errors: &mut Errors) -> GlobSet {
     let mut b = GlobSetBuilder::new();
     for (i, g) in globs.iter().enumerate() {
-        match GlobBuilder::new(g).case_insensitive(true).build() {
+        match Glob::new(g) {
             Ok(g) => {
                 b.add(g);
             }

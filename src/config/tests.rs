@@ -488,24 +488,25 @@ fn tool_overrides_only_take_per_tool_detectors() {
 }
 
 #[test]
-fn tool_class_globs_match_names_whatever_their_case() {
+fn claude_codes_edit_tools_are_writes_and_globs_match_case_and_all() {
     let default = cfg("").unwrap();
     for write in [
         "Edit",
         "MultiEdit",
         "Write",
         "NotebookEdit",
-        "EditCode",
         "str_replace_editor",
+        "apply_patch",
     ] {
         assert!(default.tools.classify(write, None).write, "{write}");
     }
-    assert!(default.tools.classify("GetJobStatus", None).poll);
-    assert!(default.tools.classify("WaitForDeployment", None).wait);
-    assert!(!default.tools.classify("Read", None).write);
-    let own = cfg("[tools]\nretry_safe = [\"Fetch*\"]\n").unwrap();
-    assert!(own.tools.classify("fetch_url", None).retry_safe);
-    assert!(!own.tools.classify("prefetch", None).retry_safe);
+    // A case-blind match would take a todo list, an editor's diagnostics, a waitlist and
+    // a poll's creation for writes, waits and polls.
+    for name in ["TodoWrite", "GetEditorDiagnostics", "Read"] {
+        assert!(!default.tools.classify(name, None).write, "{name}");
+    }
+    assert!(!default.tools.classify("CheckWaitlist", None).wait);
+    assert!(!default.tools.classify("CreatePoll", None).poll);
 }
 
 #[test]

@@ -125,6 +125,8 @@ impl CallRecord {
     /// A call that lets time pass and reads no job still working (see
     /// [`ToolObservation::wait`]): the call after it is a poll.
     pub const WAIT: u8 = 32;
+    /// A result that says nothing in words (see [`ToolObservation::wordless`]).
+    pub const WORDLESS: u8 = 64;
 
     pub fn is_waiting(&self) -> bool {
         self.flags & Self::WAITING != 0
@@ -308,23 +310,25 @@ impl RunState {
         (back < n).then(|| self.window[n - 1 - back])
     }
 
-    /// Whether one of the last `n` calls gave an answer that no call of its action before
-    /// it in the window gave: the agent got somewhere new. Up to digits (a game's move
-    /// counter, a command's wall time are no news), but a poll's digits are its job
-    /// moving (`35% complete` → `60% complete`).
+    /// Whether one of the last `n` calls got an answer that no call before it in the
+    /// window got: the agent got somewhere new. Up to digits, from any call (a game's
+    /// move counter, a command's wall time, a pipeline's new number are no news, nor is
+    /// the same "No matches found." to another pattern); but a poll's digits are its job
+    /// moving (`35% complete` → `60% complete`), and an answer without words (an empty
+    /// output) is news to a question new to the window.
     pub fn new_answer_in_last(&self, n: u32) -> bool {
         let len = self.window.len();
         let from = len.saturating_sub(n as usize);
         (from..len).any(|i| {
             let rec = &self.window[i];
-            !self.window.range(..i).any(|prev| {
-                prev.action == rec.action
-                    && if rec.is_poll() {
-                        prev.result == rec.result
-                    } else {
-                        prev.shape == rec.shape
-                    }
-            })
+            let mut before = self.window.range(..i);
+            if rec.is_poll() {
+                !before.any(|prev| prev.action == rec.action && prev.result == rec.result)
+            } else if rec.has(CallRecord::WORDLESS) {
+                !before.any(|prev| prev.action == rec.action)
+            } else {
+                !before.any(|prev| prev.shape == rec.shape)
+            }
         })
     }
 }
@@ -470,6 +474,7 @@ impl CallRecord {
                     0
                 })
                 | (if obs.waiting { CallRecord::WAITING } else { 0 })
+                | (if obs.wordless { CallRecord::WORDLESS } else { 0 })
                 // A wait that reads a job still working (`wait_for_job` answering
                 // `still running`) is a check on it as well: no bare wait.
                 | (if obs.wait && !obs.reads_pending {

@@ -218,10 +218,7 @@ impl Work {
             None
         };
         let wait = classes.wait || sleeps == Some(fingerprint::Sleeps::Only);
-        // A write's answer says what it did, not that a job is still working: a pending
-        // word in it (Claude Code's and OpenHands' "the result of running `cat -n`", a
-        // file whose code says `status = "pending"`) makes no poll of an edit.
-        let reads_pending = result.pending && !is_error && !classes.write;
+        let reads_pending = result.pending && !is_error;
         let obs = ToolObservation {
             action: action.digest.short(),
             result: result.digest.short(),

@@ -5,11 +5,14 @@
 //! completed steps). Warn after 3 reports without improvement, terminate after 6.
 //! Sessions that do not report progress are never judged.
 //!
-//! A report counts as stale only when the last turn's tool calls got nowhere new either
-//! (no answer, up to digits, that the window had not seen from the same call): a score kept in coarse steps (a plan's steps,
-//! reported at every model call) stands still for the many calls one step takes, while
-//! the agent reads new code and its test run fails differently after each edit. Progress
-//! is also what the agent sees; the score ends the session once both stand still.
+//! A report weighs in full only when the last turn's tool calls got nowhere new either
+//! (no answer, up to digits, that the window had not seen; see
+//! [`RunState::new_answer_in_last`]); after calls that did, it weighs a third. A score kept
+//! in coarse steps (a plan's steps, reported at every model call) stands still for the
+//! many calls one step takes, while the agent reads new code and its test run fails
+//! differently after each edit: progress is also what the agent sees. But a score that
+//! stands still three times as long ends the session whatever the calls find (an agent
+//! trying a new pattern, a reworded question, a new file each turn, getting nowhere).
 
 use serde::{Deserialize, Serialize};
 
@@ -21,12 +24,21 @@ use crate::engine::trajectory::{RunState};
 #[serde(deny_unknown_fields)]
 pub struct NoProgress {}
 
-/// The best progress the run reported, and the reports since that did not pass it.
+/// The best progress the run reported, and the reports since that did not pass it, in
+/// thirds of a report (see [`STALE_THIRDS`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
     pub best: Option<f64>,
+    /// Thirds of a stale report. (Written in whole reports before the fiftieth look: a
+    /// state stored by such a build counts a third of what it counted there.)
     pub stale: u32,
 }
+
+/// A report that did not improve on the best, after calls that got nowhere new: a whole
+/// stale report, in thirds.
+const STALE_THIRDS: u32 = 3;
+/// Such a report after calls that got somewhere new: a third.
+const FLAT_THIRDS: u32 = 1;
 
 impl Detector for NoProgress {
     const CLASS: Class = Class::Loop;
@@ -38,9 +50,12 @@ impl Detector for NoProgress {
         let Some(p) = l.progress else { return };
         match own.best {
             Some(best) if p <= best => {
-                if !run.new_answer_in_last(l.calls_since_turn) {
-                    own.stale += 1;
-                }
+                let weight = if run.new_answer_in_last(l.calls_since_turn) {
+                    FLAT_THIRDS
+                } else {
+                    STALE_THIRDS
+                };
+                own.stale = own.stale.saturating_add(weight);
             }
             _ => {
                 own.best = Some(p);
@@ -56,16 +71,35 @@ impl Detector for NoProgress {
     fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, l: &LlmContext) -> Option<Signal> {
         l.progress
             .is_some()
-            .then(|| Signal::of(st.own.stale as f64, levels))
+            .then(|| Signal::of(stale_reports(st.own.stale), levels))
     }
 
     fn describe(&self, st: &SessionView<'_, Self::State>, _: &LlmContext, r: Reading, ev: &mut Evidence) -> Message {
         let best = st.own.best.map(num).unwrap_or_default();
         ev.insert("best_progress".into(), best);
         Message::new(
-            format!("progress has not improved for {} reports", r.count()),
+            format!(
+                "progress has not improved for {} reports (one after calls that found something new counts a third)",
+                in_thirds(r.value)
+            ),
             "your progress has not improved for a while; change the approach or report what blocks you",
         )
+    }
+}
+
+/// Stale reports, from thirds.
+fn stale_reports(thirds: u32) -> f64 {
+    f64::from(thirds) / f64::from(STALE_THIRDS)
+}
+
+/// A count of stale reports as people read it: `4`, `4⅓`, `⅔`.
+fn in_thirds(reports: f64) -> String {
+    let thirds = (reports * 3.0).round() as u64;
+    let (whole, part) = (thirds / 3, ["", "⅓", "⅔"][(thirds % 3) as usize]);
+    match (whole, part) {
+        (0, "") => "0".to_string(),
+        (0, part) => part.to_string(),
+        (whole, part) => format!("{whole}{part}"),
     }
 }
 
@@ -108,18 +142,60 @@ mod tests {
     }
 
     #[test]
-    fn a_coarse_score_standing_still_is_no_stall_while_the_calls_get_somewhere_new() {
+    fn a_coarse_score_standing_still_weighs_a_third_while_the_calls_get_somewhere_new() {
         // One plan step takes eight turns: new code read, a test run failing differently
-        // after each edit. Then the same turns with the same call and answer each time.
-        let steps = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.34];
+        // after each edit. Nothing to say.
+        let mut steps = vec![0.0; 8];
+        steps.push(0.34);
         let working = turns_with_calls(&steps, |i| call("shell", json!({"cmd": "pytest"}), words(i)));
         assert!(run(&working).is_empty());
+        // A score that stands still three times as long ends the session whatever the
+        // calls find: warned at the 9th flat report, ended at the 18th.
+        let endless = turns_with_calls(&[0.0; 24], |i| call("read", json!({"file": i}), words(i)));
+        assert_eq!(of(&endless, NoProgress), vec![(18, Level::Warning), (36, Level::Terminate)]);
+        // The same call and answer each turn: every report after the second stands still
+        // in full (`repeat` would end this first: it runs in `warn` mode here).
         let stuck = turns_with_calls(&steps, |_| call("shell", json!({"cmd": "pytest"}), json!("2 failed")));
-        // The first call's answer is new; the reports after the second one stand still
-        // (`repeat` would end this first: it runs in `warn` mode here).
         assert_eq!(
             of_alone(&stuck, NoProgress),
             vec![(8, Level::Warning), (14, Level::Terminate)]
         );
+    }
+
+    #[test]
+    fn new_questions_with_answers_the_window_had_are_nowhere_new() {
+        // A new pattern each turn, the same "No matches found."; a knob turned each turn
+        // ("Applied 1 edit"), the same failure in another time. Stale in full.
+        let patterns = turns_with_calls(&[0.2; 8], |i| {
+            call("grep", json!({"pattern": format!("handler_{i}")}), json!("No matches found."))
+        });
+        assert_eq!(
+            of_alone(&patterns, NoProgress),
+            vec![(8, Level::Warning), (14, Level::Terminate)]
+        );
+        let knob: Vec<Value> = (0..8)
+            .flat_map(|i| {
+                [
+                    llm(json!({"progress": 0.2, "tool_calls": 2})),
+                    call("edit_file", json!({"old": format!("timeout={i}"), "new": format!("timeout={}", i + 1)}), json!("Applied 1 edit")),
+                    call("run_tests", json!({}), json!(format!("FAILED test_sync - TimeoutError after {}.{}s", 3 + i, i))),
+                ]
+            })
+            .collect();
+        assert_eq!(
+            of_alone(&knob, NoProgress),
+            vec![(12, Level::Warning), (21, Level::Terminate)]
+        );
+        // An empty output is news to a new question (`mkdir`, `cp`): a third each.
+        let silent = turns_with_calls(&[0.2; 8], |i| call("bash", json!({"cmd": format!("mkdir d{i}")}), json!("")));
+        assert!(of(&silent, NoProgress).is_empty());
+    }
+
+    #[test]
+    fn stale_reports_read_in_thirds() {
+        assert_eq!(super::in_thirds(super::stale_reports(0)), "0");
+        assert_eq!(super::in_thirds(super::stale_reports(2)), "⅔");
+        assert_eq!(super::in_thirds(super::stale_reports(9)), "3");
+        assert_eq!(super::in_thirds(super::stale_reports(13)), "4⅓");
     }
 }

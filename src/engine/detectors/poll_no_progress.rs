@@ -94,30 +94,20 @@ mod tests {
     }
 
     #[test]
-    fn a_write_is_no_poll_for_a_pending_word_in_its_answer() {
-        // Claude Code's and OpenHands' edits answer "Here's the result of running `cat
-        // -n`": no job still working. An edit, then `sleep 2 && curl` answering the same
-        // 500 each time: the checks are the poll, and the edits between neither end nor
-        // restart its episode (warned once, at its 10th unchanged answer; ended at its 20th).
-        let evs: Vec<Value> = (0..22)
-            .flat_map(|i| {
-                let edit = call(
-                    "Edit",
-                    json!({"file_path": "api/handlers.py", "old_string": format!("x{i}"), "new_string": format!("x{}", i + 1)}),
-                    json!(format!("The file api/handlers.py has been updated. Here's the result of running `cat -n` on a snippet:\n  40\t    user = req.json['user{i}']")),
-                );
-                let check = call(
-                    "Bash",
-                    json!({"command": "sleep 2 && curl -s localhost:8000/me"}),
-                    json!("{\"detail\":\"KeyError: 'user'\"}"),
-                );
-                [edit, check]
+    fn a_write_that_reads_a_job_still_working_is_a_poll() {
+        // Codex CLI polls a running process by writing nothing to its stdin: a write by
+        // its name, whose answer says the process is still running. Its new output each
+        // time is the job moving; re-applied in a row, it is no repeat of a write.
+        let evs: Vec<Value> = (0..8)
+            .map(|i| {
+                call(
+                    "write_stdin",
+                    json!({"session_id": 3, "chars": ""}),
+                    json!(format!("Process running with session ID 3\nOutput:\n   Compiling crate{i} v0.1.0")),
+                )
             })
             .collect();
-        assert_eq!(
-            of(&evs, PollNoProgress),
-            vec![(21, Level::Warning), (41, Level::Terminate)]
-        );
+        assert!(run(&evs).is_empty());
     }
 
     /// `n` rounds of `wait`, then `check(round)`.
