@@ -310,27 +310,46 @@ impl RunState {
         (back < n).then(|| self.window[n - 1 - back])
     }
 
-    /// Whether one of the last `n` calls got an answer that no call before it in the
-    /// window got: the agent got somewhere new. Up to digits, from any call (a game's
-    /// move counter, a command's wall time, a pipeline's new number are no news, nor is
-    /// the same "No matches found." to another pattern); but a poll's digits are its job
-    /// moving (`35% complete` → `60% complete`), and an answer without words (an empty
-    /// output) is news to a question new to the window.
-    pub fn new_answer_in_last(&self, n: u32) -> bool {
+    /// Where the last `n` calls got (see [`Got`]).
+    pub fn got_in_last(&self, n: u32) -> Got {
         let len = self.window.len();
         let from = len.saturating_sub(n as usize);
-        (from..len).any(|i| {
+        let mut got = Got::Nowhere;
+        for i in from..len {
             let rec = &self.window[i];
             let mut before = self.window.range(..i);
-            if rec.is_poll() {
-                !before.any(|prev| prev.action == rec.action && prev.result == rec.result)
+            if rec.has(CallRecord::WAIT) {
+                return Got::JobMoving;
+            } else if rec.is_poll() {
+                if !before.any(|prev| prev.action == rec.action && prev.result == rec.result) {
+                    return Got::JobMoving;
+                }
             } else if rec.has(CallRecord::WORDLESS) {
-                !before.any(|prev| prev.action == rec.action)
-            } else {
-                !before.any(|prev| prev.shape == rec.shape)
+                if !before.any(|prev| prev.action == rec.action) {
+                    got = Got::New;
+                }
+            } else if !before.any(|prev| prev.shape == rec.shape) {
+                got = Got::New;
             }
-        })
+        }
+        got
     }
+}
+
+/// Where a turn's calls got, for a progress score that stood still.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Got {
+    /// Every answer was one the window had: up to digits, from any call (a game's move
+    /// counter, a command's wall time, a pipeline's new number are no news, nor is the
+    /// same "No matches found." to another pattern).
+    Nowhere,
+    /// An answer no call before it in the window got; an answer without words (an empty
+    /// output) is news to a question new to the window.
+    New,
+    /// A poll whose answer changed (digits count: `35% complete` → `60% complete`), or a
+    /// wait: a job the agent waits on is moving, which is progress for every detector
+    /// (DESIGN §3); the check after a wait says whether it moved.
+    JobMoving,
 }
 
 /// What a tool call did, as bits of [`ToolFacts::did`]: `similar_turns` gathers them

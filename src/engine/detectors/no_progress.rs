@@ -6,19 +6,20 @@
 //! Sessions that do not report progress are never judged.
 //!
 //! A report weighs in full only when the last turn's tool calls got nowhere new either
-//! (no answer, up to digits, that the window had not seen; see
-//! [`RunState::new_answer_in_last`]); after calls that did, it weighs a third. A score kept
-//! in coarse steps (a plan's steps, reported at every model call) stands still for the
-//! many calls one step takes, while the agent reads new code and its test run fails
-//! differently after each edit: progress is also what the agent sees. But a score that
-//! stands still three times as long ends the session whatever the calls find (an agent
-//! trying a new pattern, a reworded question, a new file each turn, getting nowhere).
+//! (no answer, up to digits, that the window had not seen; see [`Got`]); after calls
+//! that did, it weighs a third; after a wait, or a poll whose job moved, nothing (a
+//! changed poll is progress for every detector). A score kept in coarse steps (a plan's
+//! steps, reported at every model call) stands still for the many calls one step takes,
+//! while the agent reads new code and its test run fails differently after each edit,
+//! or waits on a CI run: progress is also what the agent sees. But a score that stands
+//! still three times as long ends the session whatever the calls find (an agent trying a
+//! new pattern, a reworded question, a new file each turn, getting nowhere).
 
 use serde::{Deserialize, Serialize};
 
 use super::{Class, Detector, Evidence, Input, LlmContext, Message, Reading, SessionView, Signal, num};
 use crate::engine::levels::Levels;
-use crate::engine::trajectory::{RunState};
+use crate::engine::trajectory::{Got, RunState};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,7 +38,8 @@ pub struct Progress {
 /// A report that did not improve on the best, after calls that got nowhere new: a whole
 /// stale report, in thirds.
 const STALE_THIRDS: u32 = 3;
-/// Such a report after calls that got somewhere new: a third.
+/// Such a report after calls that got somewhere new: a third. (After a wait, or a poll
+/// whose job moved: nothing.)
 const FLAT_THIRDS: u32 = 1;
 
 impl Detector for NoProgress {
@@ -50,10 +52,10 @@ impl Detector for NoProgress {
         let Some(p) = l.progress else { return };
         match own.best {
             Some(best) if p <= best => {
-                let weight = if run.new_answer_in_last(l.calls_since_turn) {
-                    FLAT_THIRDS
-                } else {
-                    STALE_THIRDS
+                let weight = match run.got_in_last(l.calls_since_turn) {
+                    Got::Nowhere => STALE_THIRDS,
+                    Got::New => FLAT_THIRDS,
+                    Got::JobMoving => 0,
                 };
                 own.stale = own.stale.saturating_add(weight);
             }
@@ -189,6 +191,30 @@ mod tests {
         // An empty output is news to a new question (`mkdir`, `cp`): a third each.
         let silent = turns_with_calls(&[0.2; 8], |i| call("bash", json!({"cmd": format!("mkdir d{i}")}), json!("")));
         assert!(of(&silent, NoProgress).is_empty());
+    }
+
+    #[test]
+    fn a_job_waited_on_that_moves_is_progress() {
+        // `sleep 60`, then the CI run's status, each after a model call of its own, under
+        // a flat score: the run moves at each check, the sleep lets it. Once the run
+        // stops moving, each check weighs in full.
+        let rounds = |status: fn(usize) -> String| -> Vec<Value> {
+            (0..12)
+                .flat_map(|i| {
+                    [
+                        llm(json!({"progress": 0.5, "tool_calls": 1})),
+                        call("Bash", json!({"command": "sleep 60"}), json!("")),
+                        llm(json!({"progress": 0.5, "tool_calls": 1})),
+                        call("Bash", json!({"command": "gh run view 42"}), json!(status(i))),
+                    ]
+                })
+                .collect()
+        };
+        assert!(of(&rounds(|i| format!("in_progress: {i} of 12 jobs done")), NoProgress).is_empty());
+        assert_eq!(
+            of_alone(&rounds(|_| "in_progress: 3 of 12 jobs done".into()), NoProgress),
+            vec![(16, Level::Warning), (28, Level::Terminate)]
+        );
     }
 
     #[test]
