@@ -314,25 +314,29 @@ impl RunState {
     pub fn got_in_last(&self, n: u32) -> Got {
         let len = self.window.len();
         let from = len.saturating_sub(n as usize);
-        let mut got = Got::Nowhere;
+        let (mut acted, mut new, mut job_moved) = (false, false, false);
         for i in from..len {
             let rec = &self.window[i];
             let mut before = self.window.range(..i);
             if rec.has(CallRecord::WAIT) {
-                return Got::JobMoving;
+                job_moved = true;
             } else if rec.is_poll() {
-                if !before.any(|prev| prev.action == rec.action && prev.result == rec.result) {
-                    return Got::JobMoving;
-                }
-            } else if rec.has(CallRecord::WORDLESS) {
-                if !before.any(|prev| prev.action == rec.action) {
-                    got = Got::New;
-                }
-            } else if !before.any(|prev| prev.shape == rec.shape) {
-                got = Got::New;
+                job_moved |=
+                    !before.any(|prev| prev.action == rec.action && prev.result == rec.result);
+            } else {
+                acted = true;
+                new |= if rec.has(CallRecord::WORDLESS) {
+                    !before.any(|prev| prev.action == rec.action)
+                } else {
+                    !before.any(|prev| prev.shape == rec.shape)
+                };
             }
         }
-        got
+        match (new, job_moved && !acted) {
+            (true, _) => Got::New,
+            (false, true) => Got::JobMoving,
+            (false, false) => Got::Nowhere,
+        }
     }
 }
 
@@ -346,9 +350,11 @@ pub enum Got {
     /// An answer no call before it in the window got; an answer without words (an empty
     /// output) is news to a question new to the window.
     New,
-    /// A poll whose answer changed (digits count: `35% complete` → `60% complete`), or a
-    /// wait: a job the agent waits on is moving, which is progress for every detector
-    /// (DESIGN §3); the check after a wait says whether it moved.
+    /// Only waits and polls, one of them a wait or a poll whose answer changed (digits
+    /// count: `35% complete` → `60% complete`): a job the agent waits on is moving,
+    /// which is progress for every detector (DESIGN §3); the check after a wait says
+    /// whether it moved. A turn that also acts is judged by what its actions got: a
+    /// health check's ticking uptime beside the same failing deploy is no progress.
     JobMoving,
 }
 

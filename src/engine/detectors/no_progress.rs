@@ -13,7 +13,9 @@
 //! while the agent reads new code and its test run fails differently after each edit,
 //! or waits on a CI run: progress is also what the agent sees. But a score that stands
 //! still three times as long ends the session whatever the calls find (an agent trying a
-//! new pattern, a reworded question, a new file each turn, getting nowhere).
+//! new pattern, a reworded question, a new file each turn, getting nowhere). A report on
+//! a call beside the turn (a sub-agent's, a summary's) with no call of this session
+//! since its turn weighs a third: a sub-agent works in its own session.
 
 use serde::{Deserialize, Serialize};
 
@@ -52,10 +54,17 @@ impl Detector for NoProgress {
         let Some(p) = l.progress else { return };
         match own.best {
             Some(best) if p <= best => {
-                let weight = match run.got_in_last(l.calls_since_turn) {
-                    Got::Nowhere => STALE_THIRDS,
-                    Got::New => FLAT_THIRDS,
-                    Got::JobMoving => 0,
+                // A report beside the turn (a sub-agent's call, a summary's) with no call of
+                // this session since: what it reports on was done elsewhere, or judged with
+                // the reports before it. A turn without calls is the agent only talking.
+                let weight = if !l.is_turn && l.calls_since_turn == 0 {
+                    FLAT_THIRDS
+                } else {
+                    match run.got_in_last(l.calls_since_turn) {
+                        Got::Nowhere => STALE_THIRDS,
+                        Got::New => FLAT_THIRDS,
+                        Got::JobMoving => 0,
+                    }
                 };
                 own.stale = own.stale.saturating_add(weight);
             }
@@ -116,7 +125,7 @@ mod tests {
     fn reports(values: &[f64]) -> Vec<Value> {
         values
             .iter()
-            .map(|p| llm(json!({"progress": p, "call_kind": "summary"})))
+            .map(|p| llm(json!({"progress": p, "tool_calls": 0})))
             .collect()
     }
 
@@ -124,8 +133,9 @@ mod tests {
     fn warns_at_3_and_terminates_at_6_stale_reports() {
         let evs = reports(&[0.5, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4]);
         assert!(of(&first(&evs, 3), NoProgress).is_empty());
+        // (`stall` would end turns without calls first: it runs in `warn` mode here.)
         assert_eq!(
-            of(&evs, NoProgress),
+            of_alone(&evs, NoProgress),
             vec![(3, Level::Warning), (6, Level::Terminate)]
         );
     }
@@ -214,6 +224,56 @@ mod tests {
         assert_eq!(
             of_alone(&rounds(|_| "in_progress: 3 of 12 jobs done".into()), NoProgress),
             vec![(16, Level::Warning), (28, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn a_turn_that_acts_is_judged_by_its_actions_beside_a_moving_check() {
+        // Each turn: the service's status (its uptime ticking), then the same deploy
+        // failing the same way. The status moves; the agent gets nowhere.
+        let evs: Vec<Value> = (0..8)
+            .flat_map(|i| {
+                [
+                    llm(json!({"progress": 0.4, "tool_calls": 2})),
+                    call("health_status", json!({"svc": "api"}), json!(format!("healthy, uptime {}s", 3600 + 47 * i))),
+                    call("deploy", json!({"env": "prod", "tag": "v2.3.1"}), json!("deployed: 0 of 3 replicas updated, manifest rejected")),
+                ]
+            })
+            .collect();
+        assert_eq!(
+            of_alone(&evs, NoProgress),
+            vec![(12, Level::Warning), (21, Level::Terminate)]
+        );
+    }
+
+    #[test]
+    fn reports_beside_the_turn_with_no_call_since_weigh_a_third() {
+        // A parent delegating each step to a sub-agent (whose calls are in its own
+        // session): its turn, three `subagent` calls, then the delegation's answer; the
+        // score moves every third step. Nudged, never ended.
+        let steps = |reported: &str| -> Vec<Value> {
+            (0..9)
+                .flat_map(|step| {
+                    let p = 0.1 * (step / 3) as f64;
+                    let sub = || llm(json!({"progress": p, "call_kind": reported}));
+                    [
+                        llm(json!({"progress": p, "tool_calls": 1})),
+                        sub(),
+                        sub(),
+                        sub(),
+                        call("task", json!({"step": step}), words(step)),
+                    ]
+                })
+                .collect()
+        };
+        assert_eq!(
+            of(&steps("subagent"), NoProgress),
+            vec![(11, Level::Warning), (26, Level::Warning), (41, Level::Warning)]
+        );
+        // The same reports as turns without calls (an agent only talking): in full.
+        assert_eq!(
+            of_alone(&steps("turn"), NoProgress),
+            vec![(3, Level::Warning), (8, Level::Terminate)]
         );
     }
 
