@@ -127,6 +127,9 @@ impl CallRecord {
     pub const WAIT: u8 = 32;
     /// A result that says nothing in words (see [`ToolObservation::wordless`]).
     pub const WORDLESS: u8 = 64;
+    /// A check on a job: a poll by its tool's class, a check after a wait, or a result
+    /// whose status says the job is still working (not a pending word in prose only).
+    pub const CHECK: u8 = 128;
 
     pub fn is_waiting(&self) -> bool {
         self.flags & Self::WAITING != 0
@@ -320,7 +323,7 @@ impl RunState {
             let mut before = self.window.range(..i);
             if rec.has(CallRecord::WAIT) {
                 job_moved = true;
-            } else if rec.is_poll() {
+            } else if rec.is_poll() && rec.has(CallRecord::CHECK) {
                 job_moved |=
                     !before.any(|prev| prev.action == rec.action && prev.result == rec.result);
             } else {
@@ -350,8 +353,10 @@ pub enum Got {
     /// An answer no call before it in the window got; an answer without words (an empty
     /// output) is news to a question new to the window.
     New,
-    /// Only waits and polls, one of them a wait or a poll whose answer changed (digits
-    /// count: `35% complete` → `60% complete`): a job the agent waits on is moving,
+    /// Only waits and checks on a job (see [`CallRecord::CHECK`]: a call whose prose only
+    /// mentions waiting is judged as an action), one of them a wait or a check whose
+    /// answer changed (digits count: `35% complete` → `60% complete`): a job the agent
+    /// waits on is moving,
     /// which is progress for every detector (DESIGN §3); the check after a wait says
     /// whether it moved. A turn that also acts is judged by what its actions got: a
     /// health check's ticking uptime beside the same failing deploy is no progress.
@@ -473,6 +478,11 @@ pub struct ToolObservation {
     /// or a value that is a pending word alone; not prose, where a pod table's `Running`
     /// or a test run's `2 pending` is no job waited on).
     pub waiting: bool,
+    /// A poll by its tool's class (`[tools] poll`, or `wait`).
+    pub poll_class: bool,
+    /// A poll by its own answer that comes right after a wait (see `after_wait`, which it
+    /// needs not be): a check on the job waited for.
+    pub checks_after_wait: bool,
     pub retry_safe: bool,
     pub write: bool,
     /// The lines the result showed, sampled (empty when it says nothing in words).
@@ -500,6 +510,13 @@ impl CallRecord {
                 })
                 | (if obs.waiting { CallRecord::WAITING } else { 0 })
                 | (if obs.wordless { CallRecord::WORDLESS } else { 0 })
+                | (if obs.poll
+                    && (obs.poll_class || obs.after_wait || obs.checks_after_wait || obs.waiting)
+                {
+                    CallRecord::CHECK
+                } else {
+                    0
+                })
                 // A wait that reads a job still working (`wait_for_job` answering
                 // `still running`) is a check on it as well: no bare wait.
                 | (if obs.wait && !obs.reads_pending {

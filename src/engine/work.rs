@@ -234,6 +234,8 @@ impl Work {
             after_wait: false,
             reads_pending,
             waiting: !is_error && result.status_pending,
+            poll_class: classes.poll || classes.wait,
+            checks_after_wait: false,
             // A failure that says it is passing (a 503, a rate limit; not a timeout) is
             // retried as a `retry_safe` tool's: the ceilings and `error_streak` still end
             // a retry that never gets through.

@@ -247,6 +247,20 @@ mod tests {
     }
 
     #[test]
+    fn a_pending_word_in_prose_is_no_job_moving() {
+        // The same task dispatched again and again, its worker answering in new words,
+        // one of them "waiting": no check on a job, an action answered anew (a third).
+        let evs = turns_with_calls(&[0.6; 20], |i| {
+            let answer = format!("{} still waiting for the ledger entry", words(i).as_str().unwrap());
+            call("Task", json!({"prompt": "reconcile the ledger"}), json!(answer))
+        });
+        assert_eq!(
+            of_alone(&evs, NoProgress),
+            vec![(18, Level::Warning), (36, Level::Terminate)]
+        );
+    }
+
+    #[test]
     fn reports_beside_the_turn_with_no_call_since_weigh_a_third() {
         // A parent delegating each step to a sub-agent (whose calls are in its own
         // session): its turn, three `subagent` calls, then the delegation's answer; the

@@ -62,9 +62,12 @@ impl SessionState {
         // (`sleep 60 && tail apply.log`) is judged so too: its check comes after its wait.
         let waited = obs.sleeps_first
             || (self.run.window.back()).is_some_and(|prev| prev.has(CallRecord::WAIT));
-        if waited && !obs.poll && !obs.is_error && !obs.write {
-            obs.poll = true;
-            obs.after_wait = true;
+        if waited && !obs.is_error && !obs.write {
+            obs.checks_after_wait = obs.poll;
+            if !obs.poll {
+                obs.poll = true;
+                obs.after_wait = true;
+            }
         }
         let obs = &*obs;
         let rec = CallRecord::of(obs);

@@ -54,6 +54,8 @@ fn tool(action: u64, result: u64) -> ToolObservation {
         unknown_tool: false,
         poll: false,
         waiting: false,
+        poll_class: false,
+        checks_after_wait: false,
         wait: false,
         sleeps_first: false,
         after_wait: false,
