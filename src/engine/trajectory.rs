@@ -356,10 +356,10 @@ pub enum Got {
     /// Only waits and checks on a job (see [`CallRecord::CHECK`]: a call whose prose only
     /// mentions waiting is judged as an action), one of them a wait or a check whose
     /// answer changed (digits count: `35% complete` → `60% complete`): a job the agent
-    /// waits on is moving,
-    /// which is progress for every detector (DESIGN §3); the check after a wait says
-    /// whether it moved. A turn that also acts is judged by what its actions got: a
-    /// health check's ticking uptime beside the same failing deploy is no progress.
+    /// waits on is moving, which is progress for every detector (DESIGN §3); the check
+    /// after a wait says whether it moved. A turn that also acts is judged by what its
+    /// actions got: a health check's ticking uptime beside the same failing deploy is no
+    /// progress.
     JobMoving,
 }
 

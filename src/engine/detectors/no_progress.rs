@@ -7,15 +7,16 @@
 //!
 //! A report weighs in full only when the last turn's tool calls got nowhere new either
 //! (no answer, up to digits, that the window had not seen; see [`Got`]); after calls
-//! that did, it weighs a third; after a wait, or a poll whose job moved, nothing (a
-//! changed poll is progress for every detector). A score kept in coarse steps (a plan's
-//! steps, reported at every model call) stands still for the many calls one step takes,
-//! while the agent reads new code and its test run fails differently after each edit,
-//! or waits on a CI run: progress is also what the agent sees. But a score that stands
-//! still three times as long ends the session whatever the calls find (an agent trying a
-//! new pattern, a reworded question, a new file each turn, getting nowhere). A report on
-//! a call beside the turn (a sub-agent's, a summary's) with no call of this session
-//! since its turn weighs a third: a sub-agent works in its own session.
+//! that did, it weighs a third; after a turn that only waited and checked on a job that
+//! moved, nothing (a job moving is progress for every detector). A score kept in coarse
+//! steps (a plan's steps, reported at every model call) stands still for the many calls
+//! one step takes, while the agent reads new code and its test run fails differently
+//! after each edit, or waits on a CI run: progress is also what the agent sees. But a
+//! score that stands still three times as long ends the session whatever the calls find
+//! (an agent trying a new pattern, a reworded question, a new file each turn, getting
+//! nowhere). A report on a call beside the turn (a sub-agent's, a summary's) with no
+//! call of this session since its turn weighs a third: a sub-agent works in its own
+//! session.
 
 use serde::{Deserialize, Serialize};
 
@@ -40,8 +41,8 @@ pub struct Progress {
 /// A report that did not improve on the best, after calls that got nowhere new: a whole
 /// stale report, in thirds.
 const STALE_THIRDS: u32 = 3;
-/// Such a report after calls that got somewhere new: a third. (After a wait, or a poll
-/// whose job moved: nothing.)
+/// Such a report after calls that got somewhere new: a third. (After a turn that only
+/// waited and checked on a job that moved: nothing.)
 const FLAT_THIRDS: u32 = 1;
 
 impl Detector for NoProgress {
