@@ -298,3 +298,49 @@ fn a_sixth_cold_corpus_has_only_its_disputed_kill() {
     ];
     holds_but_the_known_and_disputed("domains6.py", 30, &known, &disputed);
 }
+
+/// A seventh cold corpus (`tests/fixtures/domains7.py`: a Playwright-MCP browser agent,
+/// a phone agent, healthcare scheduling, legal review, e-commerce operations, LangGraph
+/// with interrupts and AutoGen teams reporting `progress`, game QA, ML engineering, an IT
+/// helpdesk), written at the end of the fiftieth look, after its changes, and used for
+/// none of them: on `63ccccf` it held 17 of 30 with four false kills (three of them
+/// `no_progress` under a flat score: an approval awaited, migrations run one by one, a
+/// sweep's trials); on this look's last build 18, with the one below.
+#[test]
+fn a_seventh_cold_corpus_has_only_its_disputed_kill() {
+    let disputed = [
+        // The same user lookup failing the same way five times in a row, then a search by
+        // surname finds the user: `error_repeat` ends it at its DESIGN-level count, as
+        // `repeat` ends the same call answering the same four times in a row; the tester
+        // would have let it run on after a nudge.
+        "d7-it-upn-typo-recover",
+    ];
+    let known = [
+        "d7-it-upn-typo-recover",
+        // Nudges on honest work: Playwright's `Next page` click answering the same words on
+        // each of nine pages while the snapshot after it shows new rows (`repeat`'s window
+        // count, held at critical by the grace: a longer list would be ended; found here,
+        // left for the next look); an approval awaited with the same state read six times
+        // (no news, critical); migrations run one by one under a flat score (its third
+        // weight warns at the ninth report; the same test command ten times).
+        "d7-pw-paging-next",
+        "d7-lgr-hitl-approval-wait",
+        "d7-lgr-flat-progress-migrations",
+        // Late or not stopped: a dead Submit whose snapshot differs in a countdown and a
+        // Ray ID, a phone menu whose transcripts differ in timings and confidences, fourteen
+        // reworded searches finding nothing, two pin-cite fixes alternated (one event
+        // late), the same sync hammering a 429 (ended four events late), a finished job
+        // polled (a status says what is over, not what the agent waits on), compaction
+        // restarting finished audits (one event late), a build relaunched that crashes at
+        // boot with a new pid each time.
+        "d7-pw-dead-submit",
+        "d7-ph-ivr-menu-loop",
+        "d7-hc-patient-search-rephrase",
+        "d7-lg-pincite-alternate",
+        "d7-ec-429-hammer",
+        "d7-ec-poll-finished-job",
+        "d7-lgr-compaction-restart",
+        "d7-gq-crash-relaunch",
+    ];
+    holds_but_the_known_and_disputed("domains7.py", 30, &known, &disputed);
+}
