@@ -5,6 +5,7 @@ use std::io::BufReader;
 use std::sync::Arc;
 
 use loopwarden::config::Config;
+use loopwarden::engine::levels::Level;
 use loopwarden::tools::eval::run_corpus;
 
 #[test]
@@ -61,13 +62,14 @@ fn holds_but_the_known(generator: &str, cases: usize, known: &[&str]) {
 }
 
 /// [`holds_but_the_known`], where `disputed` are the only cases ended against their
-/// labels: kills at the DESIGN's defaults that a tester would have held back (each is in
-/// `known` too, and the reason is written beside it).
+/// labels, each by the detector named beside it: kills at the DESIGN's defaults that a
+/// tester would have held back (each is in `known` too, and the reason is written beside
+/// it).
 fn holds_but_the_known_and_disputed(
     generator: &str,
     cases: usize,
     known: &[&str],
-    disputed: &[&str],
+    disputed: &[(&str, &str)],
 ) {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus.jsonl");
@@ -93,12 +95,23 @@ fn holds_but_the_known_and_disputed(
         } else {
             format!("{}: {}", c.id, c.failures.join("; "))
         }),
-        Ok(c) if c.false_kill != disputed.contains(&c.id.as_str()) => unexpected.push(format!(
-            "{}: false kill {}: {}",
-            c.id,
-            c.false_kill,
-            c.failures.join("; ")
-        )),
+        Ok(c) if c.false_kill != disputed.iter().any(|(id, _)| *id == c.id) => {
+            unexpected.push(format!(
+                "{}: false kill {}: {}",
+                c.id,
+                c.false_kill,
+                c.failures.join("; ")
+            ))
+        }
+        Ok(c) if c.false_kill => {
+            let by = (c.findings.iter())
+                .find(|(_, _, level)| *level == Level::Terminate)
+                .map(|(_, detector, _)| detector.as_str());
+            let named = disputed.iter().find(|(id, _)| *id == c.id).map(|(_, d)| *d);
+            if by != named {
+                unexpected.push(format!("{}: ended by {by:?}, not {named:?}", c.id));
+            }
+        }
         Ok(_) => {}
         Err((line, e)) => unexpected.push(format!("line {line}: {e}")),
     })
@@ -279,7 +292,7 @@ fn a_sixth_cold_corpus_has_only_its_disputed_kill() {
         // DESIGN default), 4 turns after its warning; the tester would have let it try a
         // sixth time (it then edits another way). Kept: two calls alternating with the
         // same answers five times over is the swing the default is set for.
-        "d6-cursor-edit-not-applied-recovers",
+        ("d6-cursor-edit-not-applied-recovers", "ping_pong"),
     ];
     let known = [
         "d6-cursor-edit-not-applied-recovers",
@@ -313,7 +326,7 @@ fn a_seventh_cold_corpus_has_only_its_disputed_kill() {
         // surname finds the user: `error_repeat` ends it at its DESIGN-level count, as
         // `repeat` ends the same call answering the same four times in a row; the tester
         // would have let it run on after a nudge.
-        "d7-it-upn-typo-recover",
+        ("d7-it-upn-typo-recover", "error_repeat"),
     ];
     let known = [
         "d7-it-upn-typo-recover",

@@ -127,8 +127,10 @@ impl CallRecord {
     pub const WAIT: u8 = 32;
     /// A result that says nothing in words (see [`ToolObservation::wordless`]).
     pub const WORDLESS: u8 = 64;
-    /// A check on a job: a poll by its tool's class, a check after a wait, or a result
-    /// whose status says the job is still working (not a pending word in prose only).
+    /// A check on a job that did not fail: a poll by its tool's class, a call whose
+    /// answer reads a job still working right after a wait, or a result whose status
+    /// says the job is still working (not a pending word in prose only). The last of
+    /// the flag bits: another needs a state format change.
     pub const CHECK: u8 = 128;
 
     pub fn is_waiting(&self) -> bool {
@@ -316,7 +318,11 @@ impl RunState {
     /// Where the last `n` calls got (see [`Got`]).
     pub fn got_in_last(&self, n: u32) -> Got {
         let len = self.window.len();
-        let from = len.saturating_sub(n as usize);
+        // In a full window the oldest call's predecessors have left it: it is judged
+        // only as the one before the others.
+        let from = len
+            .saturating_sub(n as usize)
+            .max(usize::from(len == WINDOW_CALLS));
         let (mut acted, mut new, mut job_moved) = (false, false, false);
         for i in from..len {
             let rec = &self.window[i];
@@ -354,7 +360,8 @@ pub enum Got {
     /// output) is news to a question new to the window.
     New,
     /// Only waits and checks on a job (see [`CallRecord::CHECK`]: a call whose prose only
-    /// mentions waiting is judged as an action), one of them a wait or a check whose
+    /// mentions waiting, a failing check, a call that is a poll only for following a
+    /// wait are judged as actions), one of them a wait or a check whose
     /// answer changed (digits count: `35% complete` → `60% complete`): a job the agent
     /// waits on is moving, which is progress for every detector (DESIGN §3); the check
     /// after a wait says whether it moved. A turn that also acts is judged by what its
@@ -480,8 +487,9 @@ pub struct ToolObservation {
     pub waiting: bool,
     /// A poll by its tool's class (`[tools] poll`, or `wait`).
     pub poll_class: bool,
-    /// A poll by its own answer that comes right after a wait (see `after_wait`, which it
-    /// needs not be): a check on the job waited for.
+    /// A call that was a poll already (by its class or its answer) and comes right after
+    /// a wait: a check on the job waited for. (A call that is a poll only for following
+    /// a wait is `after_wait` instead.)
     pub checks_after_wait: bool,
     pub retry_safe: bool,
     pub write: bool,
@@ -510,8 +518,12 @@ impl CallRecord {
                 })
                 | (if obs.waiting { CallRecord::WAITING } else { 0 })
                 | (if obs.wordless { CallRecord::WORDLESS } else { 0 })
+                // A failing check's change is no job moving (an error's numbers are
+                // counters), nor is that of a call taken for a poll only for following a
+                // wait (new pod names after each restart and sleep).
                 | (if obs.poll
-                    && (obs.poll_class || obs.after_wait || obs.checks_after_wait || obs.waiting)
+                    && !obs.is_error
+                    && (obs.poll_class || obs.checks_after_wait || obs.waiting)
                 {
                     CallRecord::CHECK
                 } else {

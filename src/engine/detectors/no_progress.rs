@@ -262,6 +262,21 @@ mod tests {
     }
 
     #[test]
+    fn a_failing_check_is_no_job_moving() {
+        // A status tool failing each turn with a counter in its error: no job moving
+        // (as for `poll_no_progress`), and nowhere new up to digits.
+        let evs = turns_with_calls(&[0.3; 10], |i| {
+            let mut failing = call("job_status", json!({"id": 7}), json!(format!("job 7 not running (attempt {i})")));
+            failing["is_error"] = json!(true);
+            failing
+        });
+        assert_eq!(
+            of_alone(&evs, NoProgress),
+            vec![(8, Level::Warning), (14, Level::Terminate)]
+        );
+    }
+
+    #[test]
     fn reports_beside_the_turn_with_no_call_since_weigh_a_third() {
         // A parent delegating each step to a sub-agent (whose calls are in its own
         // session): its turn, three `subagent` calls, then the delegation's answer; the
