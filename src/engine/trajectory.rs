@@ -327,18 +327,20 @@ impl RunState {
         for i in from..len {
             let rec = &self.window[i];
             let mut before = self.window.range(..i);
+            // (`||`: a call's predecessors are looked at only while the answer is open.)
             if rec.has(CallRecord::WAIT) {
                 job_moved = true;
             } else if rec.is_poll() && rec.has(CallRecord::CHECK) {
-                job_moved |=
-                    !before.any(|prev| prev.action == rec.action && prev.result == rec.result);
+                job_moved = job_moved
+                    || !before.any(|prev| prev.action == rec.action && prev.result == rec.result);
             } else {
                 acted = true;
-                new |= if rec.has(CallRecord::WORDLESS) {
-                    !before.any(|prev| prev.action == rec.action)
-                } else {
-                    !before.any(|prev| prev.shape == rec.shape)
-                };
+                new = new
+                    || if rec.has(CallRecord::WORDLESS) {
+                        !before.any(|prev| prev.action == rec.action)
+                    } else {
+                        !before.any(|prev| prev.shape == rec.shape)
+                    };
             }
         }
         match (new, job_moved && !acted) {

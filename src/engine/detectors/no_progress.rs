@@ -86,13 +86,13 @@ impl Detector for NoProgress {
             .then(|| Signal::of(stale_reports(st.own.stale), levels))
     }
 
-    fn describe(&self, st: &SessionView<'_, Self::State>, _: &LlmContext, r: Reading, ev: &mut Evidence) -> Message {
+    fn describe(&self, st: &SessionView<'_, Self::State>, _: &LlmContext, _: Reading, ev: &mut Evidence) -> Message {
         let best = st.own.best.map(num).unwrap_or_default();
         ev.insert("best_progress".into(), best);
         Message::new(
             format!(
                 "progress has not improved for {} reports (one after calls that found something new counts a third)",
-                in_thirds(r.value)
+                in_thirds(st.own.stale)
             ),
             "your progress has not improved for a while; change the approach or report what blocks you",
         )
@@ -104,10 +104,9 @@ fn stale_reports(thirds: u32) -> f64 {
     f64::from(thirds) / f64::from(STALE_THIRDS)
 }
 
-/// A count of stale reports as people read it: `4`, `4⅓`, `⅔`.
-fn in_thirds(reports: f64) -> String {
-    let thirds = (reports * 3.0).round() as u64;
-    let (whole, part) = (thirds / 3, ["", "⅓", "⅔"][(thirds % 3) as usize]);
+/// Stale reports, from thirds, as people read them: `4`, `4⅓`, `⅔`.
+fn in_thirds(thirds: u32) -> String {
+    let (whole, part) = (thirds / STALE_THIRDS, ["", "⅓", "⅔"][(thirds % STALE_THIRDS) as usize]);
     match (whole, part) {
         (0, "") => "0".to_string(),
         (0, part) => part.to_string(),
@@ -149,8 +148,16 @@ mod tests {
 
     /// Turns reporting a plan's share of steps done (`progress`), each with one call.
     fn turns_with_calls(progress: &[f64], call: impl Fn(usize) -> Value) -> Vec<Value> {
+        turns(progress, |i| vec![call(i)])
+    }
+
+    /// Turns reporting `progress`, each with the calls `calls(turn)` gives.
+    fn turns(progress: &[f64], calls: impl Fn(usize) -> Vec<Value>) -> Vec<Value> {
         (progress.iter().enumerate())
-            .flat_map(|(i, p)| [llm(json!({"progress": p, "tool_calls": 1})), call(i)])
+            .flat_map(|(i, p)| {
+                let calls = calls(i);
+                std::iter::once(llm(json!({"progress": p, "tool_calls": calls.len()}))).chain(calls)
+            })
             .collect()
     }
 
@@ -186,15 +193,12 @@ mod tests {
             of_alone(&patterns, NoProgress),
             vec![(8, Level::Warning), (14, Level::Terminate)]
         );
-        let knob: Vec<Value> = (0..8)
-            .flat_map(|i| {
-                [
-                    llm(json!({"progress": 0.2, "tool_calls": 2})),
-                    call("edit_file", json!({"old": format!("timeout={i}"), "new": format!("timeout={}", i + 1)}), json!("Applied 1 edit")),
-                    call("run_tests", json!({}), json!(format!("FAILED test_sync - TimeoutError after {}.{}s", 3 + i, i))),
-                ]
-            })
-            .collect();
+        let knob = turns(&[0.2; 8], |i| {
+            vec![
+                call("edit_file", json!({"old": format!("timeout={i}"), "new": format!("timeout={}", i + 1)}), json!("Applied 1 edit")),
+                call("run_tests", json!({}), json!(format!("FAILED test_sync - TimeoutError after {}.{}s", 3 + i, i))),
+            ]
+        });
         assert_eq!(
             of_alone(&knob, NoProgress),
             vec![(12, Level::Warning), (21, Level::Terminate)]
@@ -232,15 +236,12 @@ mod tests {
     fn a_turn_that_acts_is_judged_by_its_actions_beside_a_moving_check() {
         // Each turn: the service's status (its uptime ticking), then the same deploy
         // failing the same way. The status moves; the agent gets nowhere.
-        let evs: Vec<Value> = (0..8)
-            .flat_map(|i| {
-                [
-                    llm(json!({"progress": 0.4, "tool_calls": 2})),
-                    call("health_status", json!({"svc": "api"}), json!(format!("healthy, uptime {}s", 3600 + 47 * i))),
-                    call("deploy", json!({"env": "prod", "tag": "v2.3.1"}), json!("deployed: 0 of 3 replicas updated, manifest rejected")),
-                ]
-            })
-            .collect();
+        let evs = turns(&[0.4; 8], |i| {
+            vec![
+                call("health_status", json!({"svc": "api"}), json!(format!("healthy, uptime {}s", 3600 + 47 * i))),
+                call("deploy", json!({"env": "prod", "tag": "v2.3.1"}), json!("deployed: 0 of 3 replicas updated, manifest rejected")),
+            ]
+        });
         assert_eq!(
             of_alone(&evs, NoProgress),
             vec![(12, Level::Warning), (21, Level::Terminate)]
@@ -309,9 +310,9 @@ mod tests {
 
     #[test]
     fn stale_reports_read_in_thirds() {
-        assert_eq!(super::in_thirds(super::stale_reports(0)), "0");
-        assert_eq!(super::in_thirds(super::stale_reports(2)), "⅔");
-        assert_eq!(super::in_thirds(super::stale_reports(9)), "3");
-        assert_eq!(super::in_thirds(super::stale_reports(13)), "4⅓");
+        assert_eq!(super::in_thirds(0), "0");
+        assert_eq!(super::in_thirds(2), "⅔");
+        assert_eq!(super::in_thirds(9), "3");
+        assert_eq!(super::in_thirds(13), "4⅓");
     }
 }

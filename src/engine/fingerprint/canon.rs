@@ -474,21 +474,20 @@ impl<'s, 'k> Canon<'s, 'k> {
             self.put(b"\"");
         }
         self.put(b":");
-        if is_string && is_status_key(key) {
-            // Some status field reading pending makes the result pending (an order
-            // `confirmed` whose `ticketing_status` is pending is still waited on).
-            if let Some((ac, scan)) = self.pending.as_mut() {
-                if scan.status != Some(true) {
-                    let content = &s[v + 1..v_end - 1];
-                    let verdict = if memchr::memchr(b'\\', content).is_none() {
-                        reads_pending(ac, content, usize::MAX)
-                    } else {
-                        self.text.clear();
-                        unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
-                        reads_pending(ac, self.text.as_bytes(), usize::MAX)
-                    };
-                    scan.status = Some(verdict);
-                }
+        // Some status field reading pending makes the result pending (an order `confirmed`
+        // whose `ticketing_status` is pending is still waited on). Results only: an
+        // action's keys are not looked at (`pending` is unset for them).
+        if let Some((ac, scan)) = self.pending.as_mut() {
+            if is_string && scan.status != Some(true) && is_status_key(key) {
+                let content = &s[v + 1..v_end - 1];
+                let verdict = if memchr::memchr(b'\\', content).is_none() {
+                    reads_pending(ac, content, usize::MAX)
+                } else {
+                    self.text.clear();
+                    unescape_into(std::str::from_utf8(content).unwrap_or(""), self.text);
+                    reads_pending(ac, self.text.as_bytes(), usize::MAX)
+                };
+                scan.status = Some(verdict);
             }
         }
         self.value(s, v, false);

@@ -400,81 +400,65 @@ fn a_shell_command_that_only_sleeps_is_a_wait() {
 
 #[test]
 fn a_shell_command_that_sleeps_first_is_a_check_after_a_wait() {
-    let of = |v: Value| sleeps(Some(&Json::of_value(&v)));
-    assert_eq!(
-        of(json!({"command": "sleep 60 && tail -n 3 apply.log"})),
-        Some(Sleeps::First)
-    );
-    assert_eq!(
-        of(json!({"cmd": "sleep 20; adb shell getprop sys.boot_completed"})),
-        Some(Sleeps::First)
-    );
-    assert_eq!(
-        of(json!({"command": ["bash", "-lc", "sleep 9\nsqueue -j 42"]})),
-        Some(Sleeps::First)
-    );
-    assert_eq!(
-        of(json!({"command": "sleep 5 || true; kubectl get pods"})),
-        Some(Sleeps::First)
-    );
-    // Sleeps only, split or not.
-    assert_eq!(
-        of(json!({"command": "sleep 5 && sleep 5;"})),
-        Some(Sleeps::Only)
-    );
-    assert_eq!(of(json!({"command": "sleep 30"})), Some(Sleeps::Only));
-    // A check before its sleep, a sleep in the background, no sleep at all.
-    assert_eq!(of(json!({"command": "make; sleep 5"})), None);
-    assert_eq!(of(json!({"command": "sleep 5 & make"})), None);
-    assert_eq!(of(json!({"command": "echo sleep 3 && make"})), None);
-    assert_eq!(
-        of(json!({"path": "wait.sh", "content": "sleep 3; make"})),
-        None
-    );
-    // Where it runs first; its durations and units; a sleep under a second is no wait on
-    // anything (alone, it is still a wait).
-    assert_eq!(
-        of(json!({"command": "cd /repo && sleep 30 && tail -n 5 run.log"})),
-        Some(Sleeps::First)
-    );
-    assert_eq!(
-        of(json!({"command": "sleep 1e3\r\nsqueue"})),
-        Some(Sleeps::First)
-    );
-    assert_eq!(of(json!({"command": "sleep .5 && make"})), None);
-    assert_eq!(of(json!({"command": "sleep 0; python -m pytest"})), None);
-    assert_eq!(
-        of(json!({"command": "sleep 0.5s 0.5s && make"})),
-        Some(Sleeps::First)
-    );
-    assert_eq!(of(json!({"command": "sleep 0.5"})), Some(Sleeps::Only));
-    assert_eq!(
-        of(json!({"command": "sleep 5s; sleep 5m"})),
-        Some(Sleeps::Only)
-    );
-    assert_eq!(of(json!({"command": "cd /repo && make"})), None);
-    // Steps that check on nothing after the sleep leave it a wait; a command's output
-    // echoed is a check.
-    assert_eq!(
-        of(json!({"command": "sleep 60 || true"})),
-        Some(Sleeps::Only)
-    );
-    assert_eq!(
-        of(json!({"command": "sleep 60 && echo waited; date -u +%T"})),
-        Some(Sleeps::Only)
-    );
-    assert_eq!(
-        of(json!({"command": "sleep 60 && echo $(squeue -j 7)"})),
-        Some(Sleeps::First)
-    );
-    assert_eq!(
-        of(json!({"command": "sleep 60 && echo done && squeue -j 7"})),
-        Some(Sleeps::First)
-    );
-    assert_eq!(
-        of(json!({"command": "sleep 60 && echoes"})),
-        Some(Sleeps::First)
-    );
+    use Sleeps::{First, Only};
+    let cases = [
+        (
+            json!({"command": "sleep 60 && tail -n 3 apply.log"}),
+            Some(First),
+        ),
+        (
+            json!({"cmd": "sleep 20; adb shell getprop sys.boot_completed"}),
+            Some(First),
+        ),
+        (
+            json!({"command": ["bash", "-lc", "sleep 9\nsqueue -j 42"]}),
+            Some(First),
+        ),
+        (
+            json!({"command": "sleep 5 || true; kubectl get pods"}),
+            Some(First),
+        ),
+        // Sleeps only, split or not.
+        (json!({"command": "sleep 5 && sleep 5;"}), Some(Only)),
+        (json!({"command": "sleep 30"}), Some(Only)),
+        // A check before its sleep, a sleep in the background, no sleep at all.
+        (json!({"command": "make; sleep 5"}), None),
+        (json!({"command": "sleep 5 & make"}), None),
+        (json!({"command": "echo sleep 3 && make"}), None),
+        (json!({"path": "wait.sh", "content": "sleep 3; make"}), None),
+        // Where it runs first; its durations and units; a sleep under a second is no wait
+        // on anything (alone, it is still a wait).
+        (
+            json!({"command": "cd /repo && sleep 30 && tail -n 5 run.log"}),
+            Some(First),
+        ),
+        (json!({"command": "sleep 1e3\r\nsqueue"}), Some(First)),
+        (json!({"command": "sleep .5 && make"}), None),
+        (json!({"command": "sleep 0; python -m pytest"}), None),
+        (json!({"command": "sleep 0.5s 0.5s && make"}), Some(First)),
+        (json!({"command": "sleep 0.5"}), Some(Only)),
+        (json!({"command": "sleep 5s; sleep 5m"}), Some(Only)),
+        (json!({"command": "cd /repo && make"}), None),
+        // Steps that check on nothing after the sleep leave it a wait; a command's output
+        // echoed is a check.
+        (json!({"command": "sleep 60 || true"}), Some(Only)),
+        (
+            json!({"command": "sleep 60 && echo waited; date -u +%T"}),
+            Some(Only),
+        ),
+        (
+            json!({"command": "sleep 60 && echo $(squeue -j 7)"}),
+            Some(First),
+        ),
+        (
+            json!({"command": "sleep 60 && echo done && squeue -j 7"}),
+            Some(First),
+        ),
+        (json!({"command": "sleep 60 && echoes"}), Some(First)),
+    ];
+    for (args, want) in cases {
+        assert_eq!(sleeps(Some(&Json::of_value(&args))), want, "{args}");
+    }
 }
 
 #[test]
