@@ -266,6 +266,60 @@ pub fn sleeps(args: Option<&Json>) -> Option<Sleeps> {
         .and_then(|v| sleeps_in(&v, true))
 }
 
+/// Whether a call lasted the time its arguments let it block (`timeout_ms: 10000` and a
+/// 10 s call, `WaitTimeSeconds: 20` and a 20 s one): a read that waited for something to
+/// arrive (a board's serial output, a queue's message, a long poll) and timed out. Its
+/// answer is what it waited on so far, so it is judged as a poll's. A top-level key
+/// that names a timeout or a wait (any case) with a number: in milliseconds when it ends
+/// so (`ms`, `millis`, `milliseconds`), in seconds when it ends so (`_s`, `sec`, `secs`,
+/// `seconds`); a bare `timeout` or `wait` of 1000 or more in milliseconds, else in
+/// seconds. The call must have lasted a second at least, and 0.9 to 1.5 times that time
+/// (a second more for the round trip). Arguments over [`SLEEP_ARGS_MAX_BYTES`] are not
+/// read; arguments written as a JSON text are read as its JSON.
+pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> bool {
+    let (Some(args), Some(duration)) = (args, duration_ms.filter(|d| *d >= 1000.0)) else {
+        return false;
+    };
+    let raw = args.as_str();
+    if raw.len() > SLEEP_ARGS_MAX_BYTES {
+        return false;
+    }
+    let lower = raw.to_ascii_lowercase();
+    if !(lower.contains("timeout") || lower.contains("wait")) {
+        return false;
+    }
+    let parsed = match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(serde_json::Value::String(text)) => serde_json::from_str(&text).ok(),
+        other => other.ok(),
+    };
+    let Some(serde_json::Value::Object(keys)) = parsed else {
+        return false;
+    };
+    keys.iter().any(|(key, value)| {
+        let limit = value.as_f64().and_then(|n| timeout_ms(key, n));
+        limit.is_some_and(|t| t > 0.0 && duration >= 0.9 * t && duration <= 1.5 * t + 1000.0)
+    })
+}
+
+/// The milliseconds a key of a call's arguments gives it to block, if it names a
+/// timeout or a wait (see [`waited_out_its_timeout`]).
+fn timeout_ms(key: &str, n: f64) -> Option<f64> {
+    let key = key.to_ascii_lowercase();
+    if !(key.contains("timeout") || key.contains("wait")) {
+        return None;
+    }
+    let ends = |suffixes: &[&str]| suffixes.iter().any(|s| key.ends_with(s));
+    if ends(&["ms", "millis", "milliseconds"]) {
+        Some(n)
+    } else if ends(&["_s", "sec", "secs", "seconds"]) {
+        Some(n * 1000.0)
+    } else if ends(&["timeout", "wait"]) {
+        Some(if n >= 1000.0 { n } else { n * 1000.0 })
+    } else {
+        None
+    }
+}
+
 /// Bytes of a call's arguments read for a shell `sleep` (a harness's description and
 /// timeout beside the command fit).
 pub const SLEEP_ARGS_MAX_BYTES: usize = 1024;

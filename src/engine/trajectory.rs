@@ -118,24 +118,52 @@ impl CallRecord {
     pub const RETRY_SAFE: u8 = 4;
     /// A failure whose result says something in words (see [`ToolObservation::error_text`]).
     pub const ERROR_TEXT: u8 = 8;
-    /// A job still working (see [`ToolObservation::waiting`]). The flag bits are part of the state's
+    /// On a poll ([`CallRecord::is_waiting`]): a job still working (see
+    /// [`ToolObservation::waiting`]). On a call that is no poll: a read whose lines the
+    /// run had all seen ([`CallRecord::REREAD`]). The flag bits are part of the state's
     /// format: a bit added is 0 in states written before it, and a release before it
     /// reads past it.
     pub const WAITING: u8 = 16;
-    /// A call that lets time pass and reads no job still working (see
-    /// [`ToolObservation::wait`]): the call after it is a poll.
+    /// On a poll ([`CallRecord::is_wait`]): a call that lets time pass and reads no job
+    /// still working (see [`ToolObservation::wait`]): the call after it is a poll. On a
+    /// call that is no poll: a read that showed new lines ([`CallRecord::NEW_LINES`]).
     pub const WAIT: u8 = 32;
     /// A result that says nothing in words (see [`ToolObservation::wordless`]).
     pub const WORDLESS: u8 = 64;
-    /// A check on a job that did not fail: a poll by its tool's class, a call whose
-    /// answer reads a job still working right after a wait, or a result whose status
-    /// says the job is still working (not a pending word in prose only). The last of
-    /// the flag bits: another needs a state format change.
+    /// On a poll ([`CallRecord::is_check`]): a check on a job that did not fail: a poll
+    /// by its tool's class, a call whose answer reads a job still working right after a
+    /// wait, or a result whose status says the job is still working (not a pending word
+    /// in prose only). On a call that is no poll: a write ([`CallRecord::WRITE`]).
     pub const CHECK: u8 = 128;
-
-    pub fn is_waiting(&self) -> bool {
-        self.flags & Self::WAITING != 0
-    }
+    /// [`CallRecord::CHECK`]'s bit on a call that is no poll: a call of a tool classed
+    /// `write`.
+    ///
+    /// A job still working, a wait and a check are always polls, so their bits' other
+    /// halves were free. A state written before holds no write and no read judged by
+    /// its lines: a call restored so is judged as a read too short to judge, as it was.
+    /// A build before reads a write as an action that is no check, as it judged it; a
+    /// read whose lines were all seen as a job still working (`ping_pong` and `cycle`
+    /// leave an alternation or block with one alone); a read that showed new lines as a
+    /// wait (the call after it, once, as a check after a wait, and a turn with it as one
+    /// that waited, which `no_progress` weighs as a job moving). Each reads later
+    /// findings, never earlier ones. Every flag bit is taken: another needs a state
+    /// format change.
+    pub const WRITE: u8 = Self::CHECK;
+    /// [`CallRecord::WAIT`]'s bit on a call that is no poll: a read that showed lines
+    /// the run had not seen, enough of them to judge (it did not fail, is no write; see
+    /// [`crate::engine::content`]): a page of new rows. A short answer (an id, a few
+    /// lines) or an image is not judged: its digest differs whether it is a new page or
+    /// the same one with a fresh id or clock.
+    pub const NEW_LINES: u8 = Self::WAIT;
+    /// [`CallRecord::WAITING`]'s bit on a call that is no poll: a read judged by its lines
+    /// whose lines the run had all seen (see [`crate::engine::content`]): the same page
+    /// with a new clock or request id in its footer.
+    pub const REREAD: u8 = Self::WAITING;
+    /// Both bits, [`CallRecord::NEW_LINES`] and [`CallRecord::REREAD`], on a call that is
+    /// no poll: a read not judged by its lines (too few, or an image) that answered what
+    /// this action had not answered before in the run (up to digits; see
+    /// [`ToolFacts::news`]): a new page, or the same one with a fresh id.
+    pub const NEW_ANSWER: u8 = Self::NEW_LINES | Self::REREAD;
 
     pub fn is_error(&self) -> bool {
         self.flags & Self::ERROR != 0
@@ -145,8 +173,51 @@ impl CallRecord {
         self.flags & Self::POLL != 0
     }
 
+    /// Whether a flag is set; for the bits that mean one thing on a poll and another on
+    /// a call that is no poll, ask [`CallRecord::is_waiting`], [`CallRecord::is_wait`],
+    /// [`CallRecord::is_check`] or [`CallRecord::lines`].
     pub fn has(&self, flag: u8) -> bool {
+        debug_assert!(
+            flag & (Self::WAITING | Self::WAIT | Self::CHECK) == 0,
+            "a bit of two meanings"
+        );
         self.flags & flag != 0
+    }
+
+    /// Whether `bit` is set on a poll (`on_poll`), or on a call that is no poll.
+    fn has_on(&self, bit: u8, on_poll: bool) -> bool {
+        let poll = if on_poll { Self::POLL } else { 0 };
+        self.flags & (Self::POLL | bit) == poll | bit
+    }
+
+    /// A job still working (see [`CallRecord::WAITING`]).
+    pub fn is_waiting(&self) -> bool {
+        self.has_on(Self::WAITING, true)
+    }
+
+    /// A wait (see [`CallRecord::WAIT`]).
+    pub fn is_wait(&self) -> bool {
+        self.has_on(Self::WAIT, true)
+    }
+
+    /// A check on a job (see [`CallRecord::CHECK`]).
+    pub fn is_check(&self) -> bool {
+        self.has_on(Self::CHECK, true)
+    }
+
+    /// A write (see [`CallRecord::WRITE`]).
+    pub fn is_write(&self) -> bool {
+        self.has_on(Self::WRITE, false)
+    }
+
+    /// What a read showed (see [`Read`]).
+    pub fn read(&self) -> Read {
+        match self.flags & (Self::POLL | Self::NEW_ANSWER) {
+            Self::NEW_LINES => Read::NewLines,
+            Self::REREAD => Read::Reread,
+            Self::NEW_ANSWER => Read::NewAnswer,
+            _ => Read::Other,
+        }
     }
 
     /// The same action and the very same result.
@@ -328,9 +399,9 @@ impl RunState {
             let rec = &self.window[i];
             let mut before = self.window.range(..i);
             // (`||`: a call's predecessors are looked at only while the answer is open.)
-            if rec.has(CallRecord::WAIT) {
+            if rec.is_wait() {
                 job_moved = true;
-            } else if rec.is_poll() && rec.has(CallRecord::CHECK) {
+            } else if rec.is_check() {
                 job_moved = job_moved
                     || !before.any(|prev| prev.action == rec.action && prev.result == rec.result);
             } else {
@@ -347,6 +418,110 @@ impl RunState {
             (true, _) => Got::New,
             (false, true) => Got::JobMoving,
             (false, false) => Got::Nowhere,
+        }
+    }
+}
+
+/// What a call that is no poll showed, as its record keeps it
+/// ([`CallRecord::NEW_LINES`], [`CallRecord::REREAD`], [`CallRecord::NEW_ANSWER`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// Judged by its lines: lines the run had not seen.
+    NewLines,
+    /// Judged by its lines: only lines the run had seen.
+    Reread,
+    /// Not judged by its lines (too few, or an image): an answer new to the run.
+    NewAnswer,
+    /// Anything else: a poll, a failure, a write, an answer without words, or one this
+    /// action gave before.
+    Other,
+}
+
+/// Whether a repeated call paged before it came again (see [`RunState::paged`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Paged {
+    /// Nothing new was read between, or the agent wrote between: an attempt again.
+    No,
+    /// A read between gave an answer new to the run, too short to judge by its lines,
+    /// or an image ([`Read::NewAnswer`]): a new page, or the same one with a fresh id.
+    Maybe,
+    /// A read between showed new lines ([`CallRecord::NEW_LINES`]): a new page.
+    Yes,
+}
+
+/// How many of a call's earlier occurrences paged (see [`RunState::paged_outcomes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PagedCount {
+    pub surely: u32,
+    pub maybe: u32,
+}
+
+impl RunState {
+    /// Of the latest call's outcome's earlier occurrences among the calls its window
+    /// count looks at (a success counts those since a job last moved: see
+    /// [`RunState::since_poll_moved`]), how many paged before the outcome came again
+    /// (see [`RunState::paged`]). A failure pages nothing.
+    pub fn paged_outcomes(&self) -> PagedCount {
+        let mut count = PagedCount::default();
+        let Some(latest) = self.latest().filter(|l| !l.is_error()) else {
+            return count;
+        };
+        let n = self.window.len();
+        // The calls before the latest that its count looked at (the latest has joined
+        // the window, and `since_poll_moved` counts it).
+        let span = self
+            .since_poll_moved
+            .map_or(n - 1, |since| usize::from(since).saturating_sub(1))
+            .min(n - 1);
+        let mut last = None;
+        for i in n - 1 - span..n {
+            let rec = &self.window[i];
+            if rec.same_outcome(&latest) && !rec.has(CallRecord::RETRY_SAFE) {
+                match last.map(|at| self.paged(at, i)) {
+                    Some(Paged::Yes) => count.surely += 1,
+                    Some(Paged::Maybe) => count.maybe += 1,
+                    _ => {}
+                }
+                last = Some(i);
+            }
+        }
+        count
+    }
+
+    /// Whether the latest call, a success, repeats an earlier call and result that
+    /// surely paged before it came again (see [`RunState::paged`]).
+    pub fn repeat_paged(&self) -> bool {
+        let Some(latest) = self.latest().filter(|l| !l.is_error()) else {
+            return false;
+        };
+        let n = self.window.len();
+        (self.window.range(..n - 1))
+            .rposition(|prev| prev.same_pair(&latest))
+            .is_some_and(|at| self.paged(at, n - 1) == Paged::Yes)
+    }
+
+    /// Whether the call at `at` paged before the call at `next`: the action moved a
+    /// cursor (a `Next page` click, a scroll, whose answer is the same while the page
+    /// read after it is not), so coming back to it is paging, not a loop. A write
+    /// between (an edit, then the same script's same output) makes it an attempt,
+    /// whatever a read after it shows.
+    pub fn paged(&self, at: usize, next: usize) -> Paged {
+        let action = self.window[at].action;
+        let between = || self.window.range(at + 1..next);
+        if between().any(CallRecord::is_write) {
+            return Paged::No;
+        }
+        let reads = || {
+            between()
+                .filter(|rec| rec.action != action)
+                .map(CallRecord::read)
+        };
+        if reads().any(|r| r == Read::NewLines) {
+            Paged::Yes
+        } else if reads().any(|r| r == Read::NewAnswer) {
+            Paged::Maybe
+        } else {
+            Paged::No
         }
     }
 }
@@ -531,6 +706,12 @@ impl CallRecord {
                 } else {
                     0
                 })
+                | (if obs.write && !obs.poll {
+                    CallRecord::WRITE
+                } else {
+                    0
+                })
+                // (A read's lines are judged later: `CallRecord::NEW_LINES`, `REREAD`.)
                 // A wait that reads a job still working (`wait_for_job` answering
                 // `still running`) is a check on it as well: no bare wait.
                 | (if obs.wait && !obs.reads_pending {

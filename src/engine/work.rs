@@ -218,6 +218,12 @@ impl Work {
             None
         };
         let wait = classes.wait || sleeps == Some(fingerprint::Sleeps::Only);
+        // A read that blocked for its whole timeout (a serial port, a queue) is a poll
+        // by what it did, whatever its name. A failure is judged as one.
+        let timed_out_read = !is_error
+            && !classes.poll
+            && !wait
+            && fingerprint::waited_out_its_timeout(call.args.as_ref(), call.duration_ms);
         let reads_pending = result.pending && !is_error;
         let obs = ToolObservation {
             action: action.digest.short(),
@@ -228,13 +234,13 @@ impl Work {
             wordless,
             unknown_tool,
             // A wait is a poll: waiting again is what waiting is.
-            poll: classes.poll || wait || reads_pending,
+            poll: classes.poll || wait || reads_pending || timed_out_read,
             wait,
             sleeps_first: !wait && sleeps == Some(fingerprint::Sleeps::First),
             after_wait: false,
             reads_pending,
             waiting: !is_error && result.status_pending,
-            poll_class: classes.poll || classes.wait,
+            poll_class: classes.poll || classes.wait || timed_out_read,
             checks_after_wait: false,
             // A failure that says it is passing (a 503, a rate limit; not a timeout) is
             // retried as a `retry_safe` tool's: the ceilings and `error_streak` still end

@@ -44,14 +44,17 @@ impl Detector for CircuitBreaker {
     type On<'a> = &'a ToolContext<'a>;
     type State = Wasted;
 
-    fn observe(&self, own: &mut Wasted, _: &RunState, input: &Input<'_>) {
+    fn observe(&self, own: &mut Wasted, run: &RunState, input: &Input<'_>) {
         if let Some(t) = input.tool() {
             // A poll's unchanged answer is `poll_no_progress`'s to judge, with the room
             // polls get: a job's status queued for an hour, read between `sleep`s, wastes
             // no call, nor does a sleep. A call taken for a poll only for following a wait
             // still counts (its room is its own; a loop of clicks and waits is bounded).
+            // Nor does a `Next page` click whose answer is the same while the page read
+            // after it last time was new: paging (see `RunState::paged_between`).
             let judged_as_poll = t.obs.poll && !t.obs.after_wait;
-            own.bits = (own.bits << 1) | u64::from(t.facts.pair_count > 1 && !judged_as_poll);
+            let wasted = t.facts.pair_count > 1 && !judged_as_poll && !run.repeat_paged();
+            own.bits = (own.bits << 1) | u64::from(wasted);
         }
     }
 
@@ -110,5 +113,28 @@ mod tests {
         }
         // Every other call is wasted: 20 in 40, never 30.
         assert!(of_with(cfg, &evs, CircuitBreaker).is_empty());
+    }
+
+    #[test]
+    fn a_click_that_pages_wastes_no_call() {
+        // `Next page` answers the same each time; the page read after it is new, so 40
+        // pages waste nothing. A dead `Next page` (the same page each time) wastes both.
+        let cfg = "mode = \"shadow\"\n[detectors.circuit_breaker]\nmode = \"enforce\"\n";
+        let pages = |n: usize, new: bool| {
+            let mut evs = Vec::new();
+            for p in 0..n {
+                evs.push(call("click", json!({"element": "Next page"}), json!("clicked")));
+                // Forty rows a page: enough lines to be judged by them.
+                let page = if new { words(p).to_string() } else { "first".into() };
+                let rows: Vec<String> = (0..40).map(|i| format!("row {page} {}", words(i))).collect();
+                evs.push(call("snapshot", json!({}), json!(rows.join("\n"))));
+            }
+            evs
+        };
+        assert!(of_with(cfg, &pages(40, true), CircuitBreaker).is_empty());
+        // (The first page read was new, so the second click paged: the 30th wasted call
+        // is the 33rd call.)
+        let found = of_with(cfg, &pages(40, false), CircuitBreaker);
+        assert_eq!(found, vec![(32, Level::Terminate)], "{found:?}");
     }
 }

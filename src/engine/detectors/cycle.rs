@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Class, Detector, Evidence, Input, Message, Reading, SessionView, Signal, ToolContext, recent_calls};
 use crate::engine::levels::Levels;
-use crate::engine::trajectory::{CallRecord, RunState};
+use crate::engine::trajectory::RunState;
 
 /// Cycle lengths `cycle` looks for (2 is `ping_pong`'s, 1 `repeat`'s).
 pub const CYCLE_LENGTHS: [usize; 10] = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
@@ -93,7 +93,7 @@ fn longest_cycle(run: &RunState, matched: &[u32; CYCLE_LENGTHS.len()]) -> Option
         // tests, `git_status`), and so is a pod table's `Running` (prose, no status),
         // and so are sleeps alone (`sleep 5`, `sleep 10`, …: waiting on nothing).
         let block = || w.range(n - k..);
-        let waiting = block().all(|c| c.is_poll()) && !block().all(|c| c.has(CallRecord::WAIT));
+        let waiting = block().all(|c| c.is_poll()) && !block().all(|c| c.is_wait());
         if reducible || block().any(|c| c.is_waiting()) || waiting {
             continue;
         }

@@ -218,6 +218,28 @@ impl Signal {
         self
     }
 
+    /// [`Signal::or_window`]'s count for a nudge only: `count` reaching `at` raises the
+    /// reading to `critical` (never past it) where it was lower. For a count whose
+    /// evidence is not enough to end a session (a repeat that may have paged).
+    pub fn or_window_nudge(
+        mut self,
+        levels: &Levels,
+        count: u32,
+        at: Option<f64>,
+        subject: u64,
+    ) -> Signal {
+        let Some(at) = at.filter(|_| levels.terminate_at.is_some()) else {
+            return self;
+        };
+        if f64::from(count) >= at && self.level.is_none_or(|(l, _)| l < Level::Critical) {
+            self.level = Some((Level::Critical, at));
+            self.value = f64::from(count);
+            self.reset = false;
+            self.subject = Some(subject);
+        }
+        self
+    }
+
     /// [`Signal::of`] for a condition that either holds (1) or not (0).
     pub fn flag(holds: bool, levels: &Levels) -> Signal {
         Signal::of(if holds { 1.0 } else { 0.0 }, levels)

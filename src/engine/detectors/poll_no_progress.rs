@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 
 use super::{Class, Detector, Evidence, Message, Reading, SessionView, Signal, ToolContext, fp_hex};
 use crate::engine::levels::Levels;
-use crate::engine::trajectory::CallRecord;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,7 +32,7 @@ impl Detector for PollNoProgress {
         // never ended). Sleeps with no check beside them in the window are, and so is a
         // wait that reads a job still working (a check itself).
         let beside_a_check = || {
-            (st.run.window.iter()).any(|c| c.is_poll() && !c.has(CallRecord::WAIT))
+            (st.run.window.iter()).any(|c| c.is_poll() && !c.is_wait())
         };
         let bare_wait = t.obs.wait && !t.obs.reads_pending;
         if !t.obs.poll || (bare_wait && beside_a_check()) {

@@ -35,6 +35,24 @@ impl Default for Repeat {
     }
 }
 
+impl Repeat {
+    /// The window's count of this call's outcome less its occurrences that surely paged,
+    /// and that less those that may have (see [`RunState::paged`]): the first may nudge,
+    /// only the second ends the session. Paging is looked for only where the count would
+    /// end it (a look back over the window for each call before it).
+    fn in_window(&self, run: &RunState, t: &ToolContext) -> (u32, u32) {
+        let count = t.facts.outcome_count;
+        match self.window_terminate_at.get() {
+            Some(at) if f64::from(count) >= at => {
+                let paged = run.paged_outcomes();
+                let not_surely = count - paged.surely.min(count - 1);
+                (not_surely, not_surely - paged.maybe.min(not_surely - 1))
+            }
+            _ => (count, count),
+        }
+    }
+}
+
 impl Detector for Repeat {
     const CLASS: Class = Class::ToolLoop;
     type On<'a> = &'a ToolContext<'a>;
@@ -60,14 +78,12 @@ impl Detector for Repeat {
         if t.obs.poll || t.obs.retry_safe {
             return None;
         }
-        let sig = Signal::of(*st.own as f64, levels).or_window(
-            levels,
-            t.facts.outcome_count,
-            self.window_terminate_at.get(),
-            t.obs.action,
-            st.subject,
-        );
-        Some(sig)
+        let (may_loop, loops) = self.in_window(st.run, t);
+        let at = self.window_terminate_at.get();
+        let sig = Signal::of(*st.own as f64, levels).or_window(levels, loops, at, t.obs.action, st.subject);
+        // A repeat that may have paged (the page read after it too short to tell from
+        // the same one with a fresh id) nudges at the count, and never ends the session.
+        Some(sig.or_window_nudge(levels, may_loop, at, t.obs.action))
     }
 
     fn describe(
@@ -77,7 +93,7 @@ impl Detector for Repeat {
         _: Reading,
         ev: &mut Evidence,
     ) -> Message {
-        let (tool, in_a_row, in_window) = (t.tool, *st.own, t.facts.outcome_count);
+        let (tool, in_a_row, in_window) = (t.tool, *st.own, self.in_window(st.run, t).0);
         ev.insert("in_a_row".into(), in_a_row.into());
         ev.insert("in_window".into(), in_window.into());
         ev.insert("action".into(), fp_hex(t.obs.action).into());
@@ -325,5 +341,120 @@ mod tests {
         deploy["result"] = json!("Error: permission denied for user bot");
         let found = of(&between_moving_polls(deploy), Repeat);
         assert_eq!(found.last(), Some(&(14, Level::Terminate)), "{found:?}");
+    }
+
+    /// A `Next page` click answering the same words each time, and the page read after
+    /// it: `rows(p)` is page `p`'s answer; `between(p)`, if any, comes before the read.
+    fn pages(n: usize, rows: impl Fn(usize) -> Value, between: Option<&dyn Fn(usize) -> Value>) -> Vec<Value> {
+        let mut evs = Vec::new();
+        for p in 0..n {
+            evs.push(call("browser_click", json!({"element": "Next page"}), json!("Clicked \"Next page\"")));
+            if let Some(between) = between {
+                evs.push(between(p));
+            }
+            evs.push(call("browser_snapshot", json!({}), rows(p)));
+        }
+        evs
+    }
+
+    /// Page `p`'s forty rows: new words on each page (enough lines to be judged by
+    /// them, as a page of a real snapshot is).
+    fn new_rows(p: usize) -> Value {
+        let rows: Vec<String> = (0..40)
+            .map(|i| format!("- row \"{} {} invoice\" [ref=e{i}]", words(p), words(i)))
+            .collect();
+        json!(format!("- grid \"Invoices\":\n{}\n- text: Page {p}", rows.join("\n")))
+    }
+
+    #[test]
+    fn a_repeated_action_whose_next_read_shows_something_new_is_paging() {
+        let evs = pages(24, new_rows, None);
+        assert!(of_alone(&evs, Repeat).is_empty(), "{:?}", of_alone(&evs, Repeat));
+        // The same click whose page never changes is a dead button: the window's kill
+        // (at the 8th read; the first read was new, so the 8th click counts 7).
+        let dead = pages(12, |_| new_rows(0), None);
+        assert_eq!(of_alone(&dead, Repeat), vec![(15, Level::Terminate)]);
+        // Nor is a page whose only change is its digits (a clock) a new one: the 9th
+        // click, the first page having been new.
+        let clock = pages(12, |p| json!(format!("{}\n- text: 10:{p:02}", new_rows(0).as_str().unwrap())), None);
+        assert_eq!(of_alone(&clock, Repeat), vec![(16, Level::Terminate)]);
+    }
+
+    #[test]
+    fn a_short_page_that_may_be_new_nudges_and_never_ends_the_session() {
+        // Three rows: too few lines to tell a new page from the same one with a fresh id
+        // (its digest differs either way): the 8th click nudges, and no count ends it.
+        let rows = |p: usize| json!(format!("row {} row {} Page {p}", words(p), words(p + 100)));
+        assert_eq!(of_alone(&pages(24, rows, None), Repeat), vec![(14, Level::Critical)]);
+        // The same short page each time (its clock aside) is a dead button: nudged at
+        // the 8th click, ended at the 9th (the first page read may have been new).
+        let same = |p: usize| json!(format!("row alpha row bravo 10:{p:02}"));
+        let found = of_alone(&pages(12, same, None), Repeat);
+        assert_eq!(found, vec![(14, Level::Critical), (16, Level::Terminate)]);
+    }
+
+    #[test]
+    fn a_page_whose_only_change_is_a_request_id_is_no_new_page() {
+        // A dead `Submit`: the same form each time (forty lines), its footer naming a new
+        // request id (hex: letters too, so the answer differs beyond its digits). Its
+        // lines were all seen but one: it learned nothing, so the clicks are a loop.
+        let form = |p: usize| {
+            let ray: String = format!("{:x}", 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(p as u64 + 1));
+            let lines: Vec<String> =
+                (0..40).map(|i| format!("- textbox \"Field {}\" [ref=e{i}]", words(i))).collect();
+            json!(format!("{}\n- contentinfo: Ray ID {ray}", lines.join("\n")))
+        };
+        let evs = pages(12, form, None);
+        assert_eq!(of_alone(&evs, Repeat), vec![(16, Level::Terminate)]);
+    }
+
+    #[test]
+    fn paging_that_reaches_a_dead_end_is_a_loop_again() {
+        // Twenty new pages, then a `Next page` that no longer moves: eight clicks in the
+        // window that paged nothing end it.
+        let evs = pages(28, |p| new_rows(p.min(20)), None);
+        let found = of_alone(&evs, Repeat);
+        assert_eq!(found, vec![(54, Level::Terminate)], "{found:?}");
+    }
+
+    #[test]
+    fn a_write_between_the_same_call_and_a_new_read_is_an_attempt() {
+        // Edit, run the same script to the same output, read the edited file back: what
+        // the read shows is the agent's own edit, not a page the script turned.
+        let edit = |p: usize| call("edit_file", json!({"line": p}), json!("ok"));
+        let evs = pages(12, new_rows, Some(&edit));
+        assert_eq!(of_alone(&evs, Repeat), vec![(21, Level::Terminate)]);
+    }
+
+    #[test]
+    fn a_failure_pages_nothing() {
+        let mut evs = pages(12, new_rows, None);
+        for e in evs.iter_mut().filter(|e| e["tool"] == "browser_click") {
+            e["is_error"] = json!(true);
+            e["result"] = json!("Error: element not found: Next page");
+        }
+        assert_eq!(of_alone(&evs, Repeat), vec![(14, Level::Terminate)]);
+    }
+
+    #[test]
+    fn a_read_that_blocked_for_its_whole_timeout_is_a_poll() {
+        // A board that does not boot: the serial port read for 10 s, nothing arrives.
+        // Waiting on a device is polling it: `poll_no_progress` gives it its room.
+        let read = |ms: Option<f64>| {
+            let mut e = call("serial_read", json!({"port": "/dev/ttyUSB0", "timeout_ms": 10000}), json!({"bytes": 0, "data": ""}));
+            if let Some(ms) = ms {
+                e["duration_ms"] = json!(ms);
+            }
+            e
+        };
+        let waited: Vec<Value> = (0..12).map(|_| read(Some(10_002.0))).collect();
+        assert!(of_alone(&waited, Repeat).is_empty());
+        let polled = of_alone(&waited, DetectorKind::PollNoProgress);
+        assert_eq!(polled, vec![(10, Level::Warning)], "{polled:?}");
+        // The same read answering at once, or of no known length, is an action again.
+        let quick: Vec<Value> = (0..12).map(|_| read(Some(40.0))).collect();
+        assert_eq!(of_alone(&quick, Repeat), vec![(2, Level::Warning), (3, Level::Terminate)]);
+        let unknown: Vec<Value> = (0..12).map(|_| read(None)).collect();
+        assert_eq!(of_alone(&unknown, Repeat), vec![(2, Level::Warning), (3, Level::Terminate)]);
     }
 }

@@ -399,6 +399,40 @@ fn a_shell_command_that_only_sleeps_is_a_wait() {
 }
 
 #[test]
+fn a_call_that_lasted_its_own_timeout_waited_it_out() {
+    let waited = |v: Value, ms: f64| waited_out_its_timeout(Some(&Json::of_value(&v)), Some(ms));
+    // A serial read, a queue's long poll, a bare timeout in ms and in seconds, and
+    // arguments written as a JSON text.
+    assert!(waited(
+        json!({"port": "/dev/ttyUSB0", "timeout_ms": 10000}),
+        10_004.0
+    ));
+    assert!(waited(
+        json!({"QueueUrl": "q", "WaitTimeSeconds": 20}),
+        20_310.0
+    ));
+    assert!(waited(json!({"timeout": 30000}), 30_000.0));
+    assert!(waited(json!({"timeout": 30}), 31_200.0));
+    assert!(waited(json!(json!({"timeout_s": 5}).to_string()), 5_000.0));
+    // Done before its timeout, or far past it (the timeout was not what it waited on).
+    assert!(!waited(
+        json!({"command": "npm test", "timeout": 600000}),
+        41_000.0
+    ));
+    assert!(!waited(json!({"timeout_ms": 10000}), 8_000.0));
+    assert!(!waited(json!({"timeout_ms": 10000}), 40_000.0));
+    // Under a second, no number, no such key, a nested key, or no duration.
+    assert!(!waited(json!({"timeout_ms": 500}), 500.0));
+    assert!(!waited(json!({"wait": true}), 5_000.0));
+    assert!(!waited(json!({"limit": 10000}), 10_000.0));
+    assert!(!waited(json!({"options": {"timeout_ms": 10000}}), 10_000.0));
+    assert!(!waited_out_its_timeout(
+        Some(&Json::of_value(&json!({"timeout_ms": 10000}))),
+        None
+    ));
+}
+
+#[test]
 fn a_shell_command_that_sleeps_first_is_a_check_after_a_wait() {
     use Sleeps::{First, Only};
     let cases = [

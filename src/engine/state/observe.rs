@@ -60,8 +60,8 @@ impl SessionState {
         // judged as any failure; a passing one is `retry_safe` already), nor a write (an
         // edit, then a wait for it to take, is an action). A command that sleeps first
         // (`sleep 60 && tail apply.log`) is judged so too: its check comes after its wait.
-        let waited = obs.sleeps_first
-            || (self.run.window.back()).is_some_and(|prev| prev.has(CallRecord::WAIT));
+        let waited =
+            obs.sleeps_first || (self.run.window.back()).is_some_and(|prev| prev.is_wait());
         if waited && !obs.is_error && !obs.write {
             obs.checks_after_wait = obs.poll;
             if !obs.poll {
@@ -70,12 +70,13 @@ impl SessionState {
             }
         }
         let obs = &*obs;
-        let rec = CallRecord::of(obs);
+        let mut rec = CallRecord::of(obs);
         let (mut facts, outcome_seen) = self.run.window_facts(&rec, obs);
         if obs.poll {
             (facts.poll_unchanged, facts.poll_moved) = self.run.observe_poll(&rec, obs);
         }
-        let (known_content, did) = self.run.note_content(obs, facts.action_count, outcome_seen);
+        let (content, did) = self.run.note_content(obs, facts.action_count, outcome_seen);
+        let known_content = content == Some(true);
         // The very answer another call gave in the window (digits and all): a whole
         // answer again, not a part of one read before.
         let answered_elsewhere = known_content && self.run.answered_elsewhere(&rec);
@@ -84,6 +85,19 @@ impl SessionState {
             .note_news(&rec, obs, known_content, answered_elsewhere);
         facts.news = news;
         facts.did = did | if learned { Did::LEARNED } else { 0 };
+        // What a read showed: judged by its lines where it has enough of them to tell a
+        // new page from the same one with a new clock or request id; else whether its
+        // answer is new to the run (a short answer's digest differs either way).
+        rec.flags |= match content {
+            Some(false) => CallRecord::NEW_LINES,
+            Some(true) => CallRecord::REREAD,
+            None if news == Some(false)
+                && !(obs.is_error || obs.poll || obs.write || obs.wordless) =>
+            {
+                CallRecord::NEW_ANSWER
+            }
+            None => 0,
+        };
         facts.departed = self.run.push_call(rec);
         self.count_tool(tool, facts.pair_count > 1);
         facts
@@ -257,8 +271,10 @@ impl RunState {
         }
     }
 
-    /// What the result showed, against the lines the run has seen: whether it was all
-    /// known content, and what the call did, as bits of [`Did`] (`action_count`: this
+    /// What the result showed, against the lines the run has seen: `Some(true)` when it
+    /// was all known content, `Some(false)` when it showed new lines, `None` when it had
+    /// too few lines to judge or is not judged so (a failure, a poll, a write); and what
+    /// the call did, as bits of [`Did`] (`action_count`: this
     /// action's calls in the window; `outcome_seen`: this outcome was in the window
     /// already).
     fn note_content(
@@ -266,13 +282,14 @@ impl RunState {
         obs: &ToolObservation,
         action_count: u32,
         outcome_seen: bool,
-    ) -> (bool, u8) {
+    ) -> (Option<bool>, u8) {
         // A read whose lines the run had nearly all seen (a rephrased search finding the
         // code it found before, a file viewed again through another tool or range) is
         // no news, whatever its arguments. Every result's lines count as seen from then
         // on (an edit shows the agent its new code too).
         let all_seen = obs.content.seen_then_remember(&mut self.seen_lines);
-        let known_content = !obs.is_error && !obs.poll && !obs.write && all_seen == Some(true);
+        let content = all_seen.filter(|_| !obs.is_error && !obs.poll && !obs.write);
+        let known_content = content == Some(true);
         // The same call answering differently stays progress (digits count: a test run
         // whose failures go down), however alike its lines: only a call new to the
         // window (a rephrased search) is judged by what it showed.
@@ -288,7 +305,7 @@ impl RunState {
         } else {
             Did::SUCCEEDED
         } | if obs.poll { Did::POLLED } else { 0 };
-        (known_content, did)
+        (content, did)
     }
 
     /// Information gain: whether this (action, result) is new to the run, as
