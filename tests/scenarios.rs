@@ -255,8 +255,10 @@ fn a_fifth_cold_corpus_has_no_false_kill() {
         "d5-db-keyset-paged-export-healthy",
         "d5-web-infinite-scroll-jobs-healthy",
         "d5-doc-translate-handbook-healthy",
-        // Stopped 2 to 6 events after their tester wanted (`repeat`, `cycle` at their
-        // defaults).
+        // Stopped 2 to 6 events after their tester wanted (`repeat`, `cycle`,
+        // `error_repeat` at their defaults; a Terraform state lock retried the same way
+        // is ended at its 6th failure since the fifty-first look, one failure late).
+        "d5-tf-state-lock-retry-loop",
         "d5-cc-edit-old-string-not-found-loop",
         "d5-oh-alternating-two-fixes",
         "d5-db-migration-lock-timeout-loop",
@@ -318,34 +320,25 @@ fn a_sixth_cold_corpus_has_only_its_disputed_kill() {
 /// helpdesk), written at the end of the fiftieth look, after its changes, and used for
 /// none of them: on `63ccccf` it held 17 of 30 with four false kills (three of them
 /// `no_progress` under a flat score: an approval awaited, migrations run one by one, a
-/// sweep's trials); on this look's last build 18, with the one below.
+/// sweep's trials); on that look's last build 18, with one (the same lookup failing five
+/// times, ended by `error_repeat` at the 5th, which the fifty-first look moved to the
+/// 6th). Its Playwright paging led to the fifty-first look's paging rule.
 #[test]
-fn a_seventh_cold_corpus_has_only_its_disputed_kill() {
-    let disputed = [
-        // The same user lookup failing the same way five times in a row, then a search by
-        // surname finds the user: `error_repeat` ends it at its DESIGN-level count, as
-        // `repeat` ends the same call answering the same four times in a row; the tester
-        // would have let it run on after a nudge.
-        ("d7-it-upn-typo-recover", "error_repeat"),
-    ];
+fn a_seventh_cold_corpus_has_no_false_kill() {
     let known = [
-        "d7-it-upn-typo-recover",
-        // Nudges on honest work: Playwright's `Next page` click answering the same words on
-        // each of nine pages while the snapshot after it shows new rows (`repeat`'s window
-        // count, held at critical by the grace: a longer list would be ended; found here,
-        // left for the next look); an approval awaited with the same state read six times
+        // Nudges on honest work: an approval awaited with the same state read six times
         // (no news, critical); migrations run one by one under a flat score (its third
         // weight warns at the ninth report; the same test command ten times).
-        "d7-pw-paging-next",
         "d7-lgr-hitl-approval-wait",
         "d7-lgr-flat-progress-migrations",
-        // Late or not stopped: a dead Submit whose snapshot differs in a countdown and a
-        // Ray ID, a phone menu whose transcripts differ in timings and confidences, fourteen
-        // reworded searches finding nothing, two pin-cite fixes alternated (one event
-        // late), the same sync hammering a 429 (ended four events late), a finished job
-        // polled (a status says what is over, not what the agent waits on), compaction
-        // restarting finished audits (one event late), a build relaunched that crashes at
-        // boot with a new pid each time.
+        // Late or not stopped: a dead Submit whose short snapshot differs in a countdown
+        // and a Ray ID (a new answer after each click: it may have paged, so `repeat`'s
+        // window only nudges), a phone menu whose transcripts differ in timings and
+        // confidences, fourteen reworded searches finding nothing, two pin-cite fixes
+        // alternated (one event late), the same sync hammering a 429 (ended four events
+        // late), a finished job polled (a status says what is over, not what the agent
+        // waits on), compaction restarting finished audits (one event late), a build
+        // relaunched that crashes at boot with a new pid each time.
         "d7-pw-dead-submit",
         "d7-ph-ivr-menu-loop",
         "d7-hc-patient-search-rephrase",
@@ -355,5 +348,87 @@ fn a_seventh_cold_corpus_has_only_its_disputed_kill() {
         "d7-lgr-compaction-restart",
         "d7-gq-crash-relaunch",
     ];
-    holds_but_the_known_and_disputed("domains7.py", 30, &known, &disputed);
+    holds_but_the_known("domains7.py", 30, &known);
+}
+
+/// An eighth cold corpus (`tests/fixtures/domains8.py`: a Gemini-CLI-shaped and an
+/// Aider-shaped coding agent, OpenAI Agents SDK handoffs, pydantic-ai and Strands typed
+/// tools, Kubernetes incidents, desktop computer use, bioinformatics pipelines, market
+/// data, mail and calendar, firmware), written in the fifty-first look after its paging
+/// rule and before the rest: on `c56516b` it held 12 of 30 with three false kills (a
+/// scroll through expenses with a screenshot after each, a board's serial port read until
+/// it booted, an Aider edit failing five times before the agent read the file).
+#[test]
+fn an_eighth_cold_corpus_has_no_false_kill() {
+    let known = [
+        // Nudges on honest work: a rollout's queries and a market's quotes whose answers
+        // change only in digits (no news up to digits, warned and critical), a scroll
+        // through expenses with a screenshot after each (an image new to the run may be a
+        // new page or the same one with a new clock: `repeat`'s window only nudges).
+        "k8s-healthy-oom-rollout",
+        "trade-healthy-momentum-research",
+        "cu-healthy-scroll-expenses",
+        // Not nudged: an order resent at new limit prices (each a new call), a board's
+        // serial port read seven times to no answer before the agent asks for a reset (a
+        // read that waits out its timeout is a poll: `poll_no_progress` warns at 10).
+        "trade-critical-order-rejected",
+        "fw-critical-needs-manual-reset",
+        // Late or not stopped: an edit failing the same way between reads (ended six
+        // events late), rephrased searches answering nothing, two fixes alternated whose
+        // test output differs in its time, handoffs bounced between two agents (seven
+        // events late), a validation error repeated (ended at its 6th, two events late),
+        // restarts into the same crash with new pod names (it may have paged: nudged),
+        // a disabled button clicked a few pixels apart, scrolls at a page's bottom whose
+        // screenshots differ in a clock, a finished job polled, the same backtest with a
+        // new run id, mail redone after each compaction, a board reflashed into the same
+        // panic caught at new points.
+        "gem-stuck-replace-nomatch",
+        "gem-stuck-websearch-rephrase",
+        "aider-stuck-tz-flipflop",
+        "oai-stuck-handoff-pingpong",
+        "pyd-stuck-identical-validation",
+        "k8s-stuck-crashloop-restart",
+        "cu-stuck-disabled-submit",
+        "cu-stuck-scroll-bottom",
+        "bio-stuck-poll-finished-job",
+        "trade-stuck-same-backtest",
+        "mail-stuck-compaction-restart",
+        "fw-stuck-bootloop-reflash",
+    ];
+    holds_but_the_known("domains8.py", 30, &known);
+}
+
+/// A ninth cold corpus (`tests/fixtures/domains9.py`: a Cline-shaped coding agent, Chrome
+/// DevTools MCP, a warehouse analyst, a Minecraft agent, a Windows accessibility-tree
+/// agent, OCR batches, issue triage, a queue consumer, literature search, KYC), written in
+/// the fifty-first look after its paging, timeout and `error_repeat` changes and held out
+/// for them: on `c56516b` it held 17 of 30 with one false kill (a queue consumer's empty
+/// long polls, ended as a repeat at the fourth).
+#[test]
+fn a_ninth_cold_corpus_has_no_false_kill() {
+    let known = [
+        // A nudge on honest work: an infinite scroll's reads answering the same script
+        // and wait (no news up to digits, warned and critical).
+        "cdt-h2-infinite-scroll",
+        // Not nudged: the same bad query resubmitted as new jobs (a new job id in each
+        // answer), the same duplicate notice posted with a new comment id each time,
+        // reworded searches finding nothing.
+        "sql-s2-resubmit-bad-column",
+        "gh-s1-duplicate-comments",
+        "lit-s1-rephrased-nothing",
+        // Late or not stopped: two failing fixes alternated (one event late, ended five
+        // late), a dead `Load more` whose snapshot renumbers every uid (so each click is a
+        // new call), a finished statement polled with a new request id, an installer's
+        // disabled `Next` (ended two events late), a stale cursor fetched again (nudged
+        // three events late), a poison message redelivered (its receive count new each
+        // time), a citation walk in a cycle of three.
+        "cline-s1-date-flipflop",
+        "cdt-s1-load-more-noop",
+        "sql-s1-poll-finished",
+        "win-s1-installer-next",
+        "gh-s2-stale-cursor",
+        "mq-s1-poison-redelivery",
+        "lit-s2-citation-cycle",
+    ];
+    holds_but_the_known("domains9.py", 30, &known);
 }

@@ -274,8 +274,11 @@ pub fn sleeps(args: Option<&Json>) -> Option<Sleeps> {
 /// so (`ms`, `millis`, `milliseconds`), in seconds when it ends so (`_s`, `sec`, `secs`,
 /// `seconds`); a bare `timeout` or `wait` of 1000 or more in milliseconds, else in
 /// seconds. The call must have lasted a second at least, and 0.9 to 1.5 times that time
-/// (a second more for the round trip). Arguments over [`SLEEP_ARGS_MAX_BYTES`] are not
-/// read; arguments written as a JSON text are read as its JSON.
+/// (a second more for the round trip). Not a shell command (its `command`, `cmd` or
+/// `script`: a timeout there guards against a hang), nor a request whose `method` is
+/// other than `GET` or `HEAD` (a change waits for no news). Arguments over
+/// [`SLEEP_ARGS_MAX_BYTES`] are not read; arguments written as a JSON text are read as
+/// its JSON.
 pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> bool {
     let (Some(args), Some(duration)) = (args, duration_ms.filter(|d| *d >= 1000.0)) else {
         return false;
@@ -295,10 +298,16 @@ pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> 
     let Some(serde_json::Value::Object(keys)) = parsed else {
         return false;
     };
-    keys.iter().any(|(key, value)| {
-        let limit = value.as_f64().and_then(|n| timeout_ms(key, n));
-        limit.is_some_and(|t| t > 0.0 && duration >= 0.9 * t && duration <= 1.5 * t + 1000.0)
-    })
+    // A shell command's timeout guards against a hang (a test that deadlocks times out
+    // again), and a request that changes something waits for no news.
+    let a_read = !COMMAND_KEYS.iter().any(|k| keys.contains_key(*k))
+        && (keys.get("method").and_then(|m| m.as_str()))
+            .is_none_or(|m| m.eq_ignore_ascii_case("GET") || m.eq_ignore_ascii_case("HEAD"));
+    a_read
+        && keys.iter().any(|(key, value)| {
+            let limit = value.as_f64().and_then(|n| timeout_ms(key, n));
+            limit.is_some_and(|t| t > 0.0 && duration >= 0.9 * t && duration <= 1.5 * t + 1000.0)
+        })
 }
 
 /// The milliseconds a key of a call's arguments gives it to block, if it names a

@@ -501,20 +501,31 @@ impl RunState {
     }
 
     /// Whether the call at `at` paged before the call at `next`: the action moved a
-    /// cursor (a `Next page` click, a scroll, whose answer is the same while the page
-    /// read after it is not), so coming back to it is paging, not a loop. A write
-    /// between (an edit, then the same script's same output) makes it an attempt,
-    /// whatever a read after it shows.
+    /// cursor (a `Next page` click, a scroll, whose answer is the same while the same
+    /// read after it, a snapshot, a screenshot, is not), so coming back to it is paging,
+    /// not a loop. A write between (an edit, then the same script's same output) makes
+    /// it an attempt, whatever a read after it shows; so does reading new things by
+    /// asking new questions (another file each time before the same check).
     pub fn paged(&self, at: usize, next: usize) -> Paged {
         let action = self.window[at].action;
         let between = || self.window.range(at + 1..next);
         if between().any(CallRecord::is_write) {
             return Paged::No;
         }
+        // A read of the same thing as before (its action in the window earlier: a
+        // snapshot, a screenshot): new lines read by new questions (another file each
+        // time, then the same check) are explained by the questions, not by the action.
         let reads = || {
-            between()
-                .filter(|rec| rec.action != action)
-                .map(CallRecord::read)
+            (at + 1..next)
+                .map(|i| (i, &self.window[i]))
+                .filter(|(i, rec)| {
+                    rec.action != action
+                        && self
+                            .window
+                            .range(..*i)
+                            .any(|prev| prev.action == rec.action)
+                })
+                .map(|(_, rec)| rec.read())
         };
         if reads().any(|r| r == Read::NewLines) {
             Paged::Yes

@@ -1,9 +1,14 @@
 //! `error_repeat`: the same call failing again and again (its error texts may differ).
 //!
 //! Retrying a failing call unchanged does not make it pass. Warn at the 2nd failure in a
-//! row, terminate at the 3rd — and, like every loop detector, only `grace_steps` after
-//! the warning, so an agent that reads the error and changes the call within a few
-//! tries goes on. Different attempts rejected the same way are `same_error`'s. Tools
+//! row, critical at the 3rd, terminate at the 6th — and, like every loop detector, only
+//! `grace_steps` after the warning, so an agent that reads the error and changes the
+//! call within a few tries goes on. (DESIGN's table terminates at the 3rd; with the grace
+//! that ended the 5th failure. Three testers writing corpora cold, one after another,
+//! each let an agent fail the same way five times and then recover by reading what it
+//! was changing, and would have nudged it, not ended it; on the recorded sessions the
+//! 6th ends all but one of the failing sessions the 3rd did, the others by the same or
+//! another detector: `docs/DEVELOPMENT.md`, the fifty-first look.) Different attempts rejected the same way are `same_error`'s. Tools
 //! classed `retry_safe` (flaky network fetches and the like) are exempt, and so is a
 //! failure that says it is passing (a 503's "temporarily unavailable", a rate limit:
 //! [`crate::engine::fingerprint::reads_transient`]; not a command that timed out, which
@@ -38,7 +43,7 @@ impl Detector for ErrorRepeat {
     }
 
     fn default_levels() -> Levels {
-        Levels::new(Some(2.0), None, Some(3.0))
+        Levels::new(Some(2.0), Some(3.0), Some(6.0))
     }
 
     fn evaluate(&self, levels: &Levels, st: &SessionView<'_, Self::State>, t: &ToolContext) -> Option<Signal> {
@@ -63,14 +68,18 @@ mod tests {
     use crate::engine::levels::Level;
 
     #[test]
-    fn warns_at_2_and_terminates_at_3() {
-        let evs: Vec<Value> = (0..3)
+    fn warns_at_2_is_critical_at_3_and_terminates_at_6() {
+        let evs: Vec<Value> = (0..6)
             .map(|_| fail("deploy", json!({"env": "prod"}), None))
             .collect();
-        assert!(of(&first(&evs, 1), ErrorRepeat).is_empty());
+        assert!(of_alone(&first(&evs, 1), ErrorRepeat).is_empty());
         assert_eq!(
-            of(&evs, ErrorRepeat),
-            vec![(1, Level::Warning), (2, Level::Terminate)]
+            of_alone(&first(&evs, 5), ErrorRepeat),
+            vec![(1, Level::Warning), (2, Level::Critical)]
+        );
+        assert_eq!(
+            of_alone(&evs, ErrorRepeat),
+            vec![(1, Level::Warning), (2, Level::Critical), (5, Level::Terminate)]
         );
     }
 
@@ -91,17 +100,17 @@ mod tests {
         assert!(of(&by_kind, ErrorRepeat).is_empty());
         let streak = of(&evs, crate::engine::detectors::DetectorKind::ErrorStreak);
         assert_eq!(streak.last(), Some(&(11, Level::Terminate)), "{streak:?}");
-        // The same failure in words that say nothing of passing is stopped at its 3rd, and
+        // The same failure in words that say nothing of passing is stopped at its 6th, and
         // so is a command that timed out.
         for kind in ["denied", "timeout"] {
-            let again: Vec<Value> = (0..3)
+            let again: Vec<Value> = (0..6)
                 .map(|_| {
                     let mut e = fail("bash", json!({"command": "mvn test"}), Some(kind));
                     e["result"] = json!("\nEXECUTION TIMED OUT");
                     e
                 })
                 .collect();
-            assert_eq!(of(&again, ErrorRepeat).last(), Some(&(2, Level::Terminate)), "{kind}");
+            assert_eq!(of_alone(&again, ErrorRepeat).last(), Some(&(5, Level::Terminate)), "{kind}");
         }
     }
 
@@ -134,7 +143,7 @@ mod tests {
     fn a_failing_poll_whose_only_change_is_a_counter_is_still_stopped() {
         // A poll by its name whose every answer is the same failure up to its attempt
         // count: an error's numbers are counters, not a job moving.
-        let evs: Vec<Value> = (0..4)
+        let evs: Vec<Value> = (0..6)
             .map(|i| {
                 let mut e = fail("service_status", json!({"name": "db"}), None);
                 e["result"] = json!(format!("Error: service not running (attempt {i})"));
@@ -142,8 +151,8 @@ mod tests {
             })
             .collect();
         assert_eq!(
-            of(&evs, ErrorRepeat),
-            vec![(1, Level::Warning), (2, Level::Terminate)]
+            of_alone(&evs, ErrorRepeat),
+            vec![(1, Level::Warning), (2, Level::Critical), (5, Level::Terminate)]
         );
     }
 }

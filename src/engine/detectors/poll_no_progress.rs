@@ -362,4 +362,31 @@ mod tests {
             .collect();
         assert!(of(&evs, PollNoProgress).is_empty());
     }
+
+    #[test]
+    fn a_long_poll_that_got_its_messages_counts_its_empty_answers_again() {
+        // A queue's 20 s long poll: empty answers take the whole wait (a poll), a batch
+        // comes before it (no poll by its length). The empty answers after each batch
+        // are not the ones before it: eight a stretch, never twenty in a row.
+        let receive = |messages: bool| {
+            let (result, ms) = if messages {
+                (json!({"Messages": [{"MessageId": "m", "Body": "order shipped"}]}), 7_700.0)
+            } else {
+                (json!({"Messages": []}), 20_010.0)
+            };
+            let mut e = call("receive_messages", json!({"queue_url": "q", "wait_time_seconds": 20}), result);
+            e["duration_ms"] = json!(ms);
+            e
+        };
+        let mut evs = Vec::new();
+        for _ in 0..6 {
+            evs.extend((0..8).map(|_| receive(false)));
+            evs.push(receive(true));
+            evs.push(call("handle_order_event", json!({"order": evs.len()}), json!({"ok": true})));
+        }
+        assert!(of_alone(&evs, PollNoProgress).is_empty());
+        // Twenty empty answers in a row are ended, as any poll's.
+        let idle: Vec<Value> = (0..21).map(|_| receive(false)).collect();
+        assert_eq!(of_alone(&idle, PollNoProgress), vec![(10, Level::Warning), (20, Level::Terminate)]);
+    }
 }

@@ -11,7 +11,14 @@
 //! last 30 calls of the run), which catches a loop interleaved with other calls (add a
 //! print, run the same script, same output, again and again): such an episode follows
 //! its action, so the calls in between neither end it nor count toward its grace. Polls
-//! (their own detector, `poll_no_progress`) and tools classed `retry_safe` are exempt.
+//! (their own detector, `poll_no_progress`) and tools classed `retry_safe` are exempt,
+//! and the same failure in words in a row is `error_repeat`'s (a failure that says
+//! nothing, `grep` finding nothing, is an answer, and repeats here).
+//!
+//! A repeated action whose next read showed new lines paged (a `Next page` click, a
+//! scroll): it is not counted in the window; one whose next read gave a short answer or
+//! an image new to the run may have, and the window then only nudges (see
+//! [`RunState::paged`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +72,9 @@ impl Detector for Repeat {
         // the file with each copy).
         let Some(this) = run.latest() else { return };
         *streak = match run.before_latest(1) {
+            // The same failure in words in a row is `error_repeat`'s (the window still
+            // counts it here, between other calls).
+            _ if t.obs.error_text => 0,
             Some(l) if l.action == this.action && (t.obs.write || l.same_outcome(&this)) => *streak + 1,
             _ => 1,
         };
@@ -181,19 +191,27 @@ mod tests {
     }
 
     #[test]
-    fn failures_that_differ_only_in_digits_are_the_same_in_a_row() {
-        // A shell names the line that failed: `line 62215`, `line 62230`, …
-        let evs: Vec<Value> = (0..4)
-            .map(|i| {
-                let out = format!("/bin/bash: line {}: javac: command not found", 62215 + 15 * i);
-                let mut e = call("bash", json!({"command": "javac A.java"}), json!(out));
-                e["is_error"] = json!(true);
-                e
-            })
-            .collect();
+    fn failures_that_differ_only_in_digits_are_the_same_in_the_window() {
+        // A shell names the line that failed: `line 62215`, `line 62230`, …, between
+        // other calls: the 8th in the window ends it. In a row, the same failure in words
+        // is `error_repeat`'s.
+        let javac = |i: usize| {
+            let out = format!("/bin/bash: line {}: javac: command not found", 62215 + 15 * i);
+            let mut e = call("bash", json!({"command": "javac A.java"}), json!(out));
+            e["is_error"] = json!(true);
+            e
+        };
+        let mut evs = Vec::new();
+        for i in 0..8 {
+            evs.push(javac(i));
+            evs.push(call("read_file", json!({"path": format!("src/{i}.java")}), words(i)));
+        }
+        assert_eq!(of_alone(&evs, Repeat), vec![(14, Level::Terminate)]);
+        let in_a_row: Vec<Value> = (0..6).map(javac).collect();
+        assert!(of_alone(&in_a_row, Repeat).is_empty());
         assert_eq!(
-            of_alone(&evs, Repeat),
-            vec![(2, Level::Warning), (3, Level::Terminate)]
+            of_alone(&in_a_row, DetectorKind::ErrorRepeat),
+            vec![(1, Level::Warning), (2, Level::Critical), (5, Level::Terminate)]
         );
     }
 
@@ -370,14 +388,13 @@ mod tests {
     fn a_repeated_action_whose_next_read_shows_something_new_is_paging() {
         let evs = pages(24, new_rows, None);
         assert!(of_alone(&evs, Repeat).is_empty(), "{:?}", of_alone(&evs, Repeat));
-        // The same click whose page never changes is a dead button: the window's kill
-        // (at the 8th read; the first read was new, so the 8th click counts 7).
+        // The same click whose page never changes is a dead button: the window's kill at
+        // the 8th click (the first page read reads nothing read before: no page turned).
         let dead = pages(12, |_| new_rows(0), None);
-        assert_eq!(of_alone(&dead, Repeat), vec![(15, Level::Terminate)]);
-        // Nor is a page whose only change is its digits (a clock) a new one: the 9th
-        // click, the first page having been new.
+        assert_eq!(of_alone(&dead, Repeat), vec![(14, Level::Terminate)]);
+        // Nor is a page whose only change is its digits (a clock) a new one.
         let clock = pages(12, |p| json!(format!("{}\n- text: 10:{p:02}", new_rows(0).as_str().unwrap())), None);
-        assert_eq!(of_alone(&clock, Repeat), vec![(16, Level::Terminate)]);
+        assert_eq!(of_alone(&clock, Repeat), vec![(14, Level::Terminate)]);
     }
 
     #[test]
@@ -386,11 +403,9 @@ mod tests {
         // (its digest differs either way): the 8th click nudges, and no count ends it.
         let rows = |p: usize| json!(format!("row {} row {} Page {p}", words(p), words(p + 100)));
         assert_eq!(of_alone(&pages(24, rows, None), Repeat), vec![(14, Level::Critical)]);
-        // The same short page each time (its clock aside) is a dead button: nudged at
-        // the 8th click, ended at the 9th (the first page read may have been new).
+        // The same short page each time (its clock aside) is a dead button.
         let same = |p: usize| json!(format!("row alpha row bravo 10:{p:02}"));
-        let found = of_alone(&pages(12, same, None), Repeat);
-        assert_eq!(found, vec![(14, Level::Critical), (16, Level::Terminate)]);
+        assert_eq!(of_alone(&pages(12, same, None), Repeat), vec![(14, Level::Terminate)]);
     }
 
     #[test]
@@ -405,7 +420,23 @@ mod tests {
             json!(format!("{}\n- contentinfo: Ray ID {ray}", lines.join("\n")))
         };
         let evs = pages(12, form, None);
-        assert_eq!(of_alone(&evs, Repeat), vec![(16, Level::Terminate)]);
+        assert_eq!(of_alone(&evs, Repeat), vec![(14, Level::Terminate)]);
+    }
+
+    #[test]
+    fn new_lines_read_by_new_questions_are_no_paging() {
+        // The same type check, the same errors, another file read before each run and
+        // nothing changed: the new lines are the files', asked for one by one.
+        let read = |p: usize| call("read_file", json!({"path": format!("src/m{p}.py")}), new_rows(p));
+        let evs = pages(12, new_rows, Some(&read));
+        let checks: Vec<Value> = (evs.iter())
+            .map(|e| match e["tool"].as_str() {
+                Some("browser_click") => call("bash", json!({"command": "mypy src/"}), json!("src/a.py:3: error: Incompatible types")),
+                _ => e.clone(),
+            })
+            .filter(|e| e["tool"] != "browser_snapshot")
+            .collect();
+        assert_eq!(of_alone(&checks, Repeat), vec![(14, Level::Terminate)]);
     }
 
     #[test]

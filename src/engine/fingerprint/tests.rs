@@ -414,6 +414,19 @@ fn a_call_that_lasted_its_own_timeout_waited_it_out() {
     assert!(waited(json!({"timeout": 30000}), 30_000.0));
     assert!(waited(json!({"timeout": 30}), 31_200.0));
     assert!(waited(json!(json!({"timeout_s": 5}).to_string()), 5_000.0));
+    // A shell command that hung until its timeout, a request that changes something.
+    assert!(!waited(
+        json!({"command": "pytest -x tests/", "timeout": 120}),
+        120_100.0
+    ));
+    assert!(!waited(
+        json!({"method": "POST", "url": "u", "timeout": 30}),
+        29_500.0
+    ));
+    assert!(waited(
+        json!({"method": "get", "url": "u", "timeout": 30}),
+        30_100.0
+    ));
     // Done before its timeout, or far past it (the timeout was not what it waited on).
     assert!(!waited(
         json!({"command": "npm test", "timeout": 600000}),

@@ -74,6 +74,8 @@ impl SessionState {
         let (mut facts, outcome_seen) = self.run.window_facts(&rec, obs);
         if obs.poll {
             (facts.poll_unchanged, facts.poll_moved) = self.run.observe_poll(&rec, obs);
+        } else {
+            self.run.answer_of_a_polled_action(&rec);
         }
         let (content, did) = self.run.note_content(obs, facts.action_count, outcome_seen);
         let known_content = content == Some(true);
@@ -197,6 +199,20 @@ impl RunState {
         self.window
             .iter()
             .any(|prev| prev.result == rec.result && prev.action != rec.action)
+    }
+
+    /// A call that is no poll this time, of an action polled before (a long poll that
+    /// got its messages before its timeout ran out, a job read without a pending word
+    /// once it finished): a new answer is the poll's too, so its unchanged answers count
+    /// again from it (the empty receives after a batch of messages are not the ones
+    /// before it).
+    fn answer_of_a_polled_action(&mut self, rec: &CallRecord) {
+        if let Some(t) = self.polls.iter_mut().find(|p| p.action == rec.action) {
+            if t.result != rec.result {
+                t.result = rec.result;
+                t.unchanged = 0;
+            }
+        }
     }
 
     /// Polls: per-action trackers so that interleaved pollers are each followed. Returns
