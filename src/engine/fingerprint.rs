@@ -275,8 +275,9 @@ pub fn sleeps(args: Option<&Json>) -> Option<Sleeps> {
 /// `seconds`); a bare `timeout` or `wait` of 1000 or more in milliseconds, else in
 /// seconds. The call must have lasted a second at least, and 0.9 to 1.5 times that time
 /// (a second more for the round trip). Not a shell command (its `command`, `cmd` or
-/// `script`: a timeout there guards against a hang), nor a request whose `method` is
-/// other than `GET` or `HEAD` (a change waits for no news). Arguments over
+/// `script`) nor code or a query (`code`, `query`, `sql`, `statement`, `expression`):
+/// a timeout there guards against a hang; nor a request whose `method` is other than
+/// `GET` or `HEAD` (a change waits for no news). Arguments over
 /// [`SLEEP_ARGS_MAX_BYTES`] are not read; arguments written as a JSON text are read as
 /// its JSON.
 pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> bool {
@@ -287,8 +288,13 @@ pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> 
     if raw.len() > SLEEP_ARGS_MAX_BYTES {
         return false;
     }
-    let lower = raw.to_ascii_lowercase();
-    if !(lower.contains("timeout") || lower.contains("wait")) {
+    // (Most calls' arguments name neither: they are not parsed.)
+    let names = |word: &[u8]| {
+        raw.as_bytes()
+            .windows(word.len())
+            .any(|w| w.eq_ignore_ascii_case(word))
+    };
+    if !(names(b"timeout") || names(b"wait")) {
         return false;
     }
     let parsed = match serde_json::from_str::<serde_json::Value>(raw) {
@@ -298,9 +304,10 @@ pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> 
     let Some(serde_json::Value::Object(keys)) = parsed else {
         return false;
     };
-    // A shell command's timeout guards against a hang (a test that deadlocks times out
-    // again), and a request that changes something waits for no news.
-    let a_read = !COMMAND_KEYS.iter().any(|k| keys.contains_key(*k))
+    // A command's or a query's timeout guards against a hang (a test that deadlocks, a
+    // script stuck in a loop, a search that times out, time out again), and a request
+    // that changes something waits for no news.
+    let a_read = !(COMMAND_KEYS.iter().chain(&QUERY_KEYS)).any(|k| keys.contains_key(*k))
         && (keys.get("method").and_then(|m| m.as_str()))
             .is_none_or(|m| m.eq_ignore_ascii_case("GET") || m.eq_ignore_ascii_case("HEAD"));
     a_read
@@ -309,6 +316,10 @@ pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> 
             limit.is_some_and(|t| t > 0.0 && duration >= 0.9 * t && duration <= 1.5 * t + 1000.0)
         })
 }
+
+/// Keys that name code or a query a call runs (beside [`COMMAND_KEYS`]): its timeout
+/// bounds the work, it does not wait for something to arrive.
+const QUERY_KEYS: [&str; 5] = ["code", "query", "sql", "statement", "expression"];
 
 /// The milliseconds a key of a call's arguments gives it to block, if it names a
 /// timeout or a wait (see [`waited_out_its_timeout`]).
