@@ -414,10 +414,19 @@ fn a_call_that_lasted_its_own_timeout_waited_it_out() {
     assert!(waited(json!({"timeout": 30000}), 30_000.0));
     assert!(waited(json!({"timeout": 30}), 31_200.0));
     assert!(waited(json!(json!({"timeout_s": 5}).to_string()), 5_000.0));
-    // A shell command that hung until its timeout, a request that changes something.
+    // A shell command, code or a query that hung until its timeout, a request that
+    // changes something.
     assert!(!waited(
         json!({"command": "pytest -x tests/", "timeout": 120}),
         120_100.0
+    ));
+    assert!(!waited(
+        json!({"code": "while True: pass", "timeout": 120}),
+        120_100.0
+    ));
+    assert!(!waited(
+        json!({"query": "service:api error", "timeout": 30}),
+        30_000.0
     ));
     assert!(!waited(
         json!({"method": "POST", "url": "u", "timeout": 30}),
