@@ -272,8 +272,9 @@ pub fn sleeps(args: Option<&Json>) -> Option<Sleeps> {
 /// answer is what it waited on so far, so it is judged as a poll's. A top-level key
 /// that names a timeout or a wait (any case) with a number: in milliseconds when it ends
 /// so (`ms`, `millis`, `milliseconds`), in seconds when it ends so (`_s`, `sec`, `secs`,
-/// `seconds`); a bare `timeout` or `wait` of 1000 or more in milliseconds, else in
-/// seconds. The call must have lasted a second at least, and 0.9 to 1.5 times that time
+/// `seconds`); one that ends in `timeout` or `wait` (`timeout`, `read_timeout`,
+/// `max_wait`) in milliseconds when it is whole seconds written so (30000), else in
+/// seconds (30, 1800). The call must have lasted a second at least, and 0.9 to 1.5 times that time
 /// (a second more for the round trip). Not a shell command (its `command`, `cmd` or
 /// `script`) nor code or a query (`code`, `query`, `sql`, `statement`, `expression`):
 /// a timeout there guards against a hang; nor a request whose `method` is other than
@@ -306,10 +307,13 @@ pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> 
     };
     // A command's or a query's timeout guards against a hang (a test that deadlocks, a
     // script stuck in a loop, a search that times out, time out again), and a request
-    // that changes something waits for no news.
-    let a_read = !(COMMAND_KEYS.iter().chain(&QUERY_KEYS)).any(|k| keys.contains_key(*k))
-        && (keys.get("method").and_then(|m| m.as_str()))
-            .is_none_or(|m| m.eq_ignore_ascii_case("GET") || m.eq_ignore_ascii_case("HEAD"));
+    // that changes something waits for no news. Keys in any case, as the timeout's.
+    let is = |key: &str, names: &[&str]| names.iter().any(|n| key.eq_ignore_ascii_case(n));
+    let a_read = keys.iter().all(|(key, value)| {
+        !is(key, &COMMAND_KEYS)
+            && !is(key, &QUERY_KEYS)
+            && !(is(key, &["method"]) && value.as_str().is_none_or(|m| !is(m, &["GET", "HEAD"])))
+    });
     a_read
         && keys.iter().any(|(key, value)| {
             let limit = value.as_f64().and_then(|n| timeout_ms(key, n));
@@ -334,7 +338,13 @@ fn timeout_ms(key: &str, n: f64) -> Option<f64> {
     } else if ends(&["_s", "sec", "secs", "seconds"]) {
         Some(n * 1000.0)
     } else if ends(&["timeout", "wait"]) {
-        Some(if n >= 1000.0 { n } else { n * 1000.0 })
+        // No unit: whole seconds written in milliseconds (30000, 5000) are milliseconds;
+        // another number (30, 1800, 3600) is seconds.
+        Some(if n >= 1000.0 && n % 1000.0 == 0.0 {
+            n
+        } else {
+            n * 1000.0
+        })
     } else {
         None
     }

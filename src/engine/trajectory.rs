@@ -120,9 +120,9 @@ impl CallRecord {
     pub const ERROR_TEXT: u8 = 8;
     /// On a poll ([`CallRecord::is_waiting`]): a job still working (see
     /// [`ToolObservation::waiting`]). On a call that is no poll: a read whose lines the
-    /// run had all seen ([`CallRecord::REREAD`]). The flag bits are part of the state's
-    /// format: a bit added is 0 in states written before it, and a release before it
-    /// reads past it.
+    /// run had nearly all seen ([`CallRecord::REREAD`]). The flag bits are part of the
+    /// state's format: a bit added is 0 in states written before it (see
+    /// [`CallRecord::WRITE`] for how a release before reads the halves given since).
     pub const WAITING: u8 = 16;
     /// On a poll ([`CallRecord::is_wait`]): a call that lets time pass and reads no job
     /// still working (see [`ToolObservation::wait`]): the call after it is a poll. On a
@@ -156,8 +156,9 @@ impl CallRecord {
     /// the same one with a fresh id or clock.
     pub const NEW_LINES: u8 = Self::WAIT;
     /// [`CallRecord::WAITING`]'s bit on a call that is no poll: a read judged by its lines
-    /// whose lines the run had all seen (see [`crate::engine::content`]): the same page
-    /// with a new clock or request id in its footer.
+    /// whose lines the run had nearly all seen (at most one sampled line in eight new;
+    /// see [`crate::engine::content`]): the same page with a new clock or request id in
+    /// its footer.
     pub const REREAD: u8 = Self::WAITING;
     /// Both bits, [`CallRecord::NEW_LINES`] and [`CallRecord::REREAD`], on a call that is
     /// no poll: a read not judged by its lines (too few, or an image) that answered what
@@ -175,7 +176,7 @@ impl CallRecord {
 
     /// Whether a flag is set; for the bits that mean one thing on a poll and another on
     /// a call that is no poll, ask [`CallRecord::is_waiting`], [`CallRecord::is_wait`],
-    /// [`CallRecord::is_check`] or [`CallRecord::lines`].
+    /// [`CallRecord::is_check`], [`CallRecord::is_write`] or [`CallRecord::read`].
     pub fn has(&self, flag: u8) -> bool {
         debug_assert!(
             flag & (Self::WAITING | Self::WAIT | Self::CHECK) == 0,
@@ -489,7 +490,8 @@ impl RunState {
     }
 
     /// Whether the latest call, a success, repeats an earlier call and result that
-    /// surely paged before it came again (see [`RunState::paged`]).
+    /// surely paged before it came again (see [`RunState::paged`]). Asked for every
+    /// repeated pair (`circuit_breaker`): a look over the calls since its last time.
     pub fn repeat_paged(&self) -> bool {
         let Some(latest) = self.latest().filter(|l| !l.is_error()) else {
             return false;
@@ -503,37 +505,40 @@ impl RunState {
     /// Whether the call at `at` paged before the call at `next`: the action moved a
     /// cursor (a `Next page` click, a scroll, whose answer is the same while the same
     /// read after it, a snapshot, a screenshot, is not), so coming back to it is paging,
-    /// not a loop. A write between (an edit, then the same script's same output) makes
-    /// it an attempt, whatever a read after it shows; so does reading new things by
-    /// asking new questions (another file each time before the same check).
+    /// not a loop. Every call between must be the same read again (its action earlier in
+    /// the window) or a poll (a wait for the page): anything else makes it an attempt
+    /// whatever a read after it shows, a write (an edit, then the same script's same
+    /// output, then the same `git diff`), an edit by a shell command, a new question
+    /// (another file each time before the same check); and so does the action being a
+    /// write itself (the same insert grows what is read after it). A read counts when
+    /// its answer differs from its last one (lines a bounded memory forgot are no news
+    /// when the answer is the same): with new lines it paged, with a short answer or an
+    /// image new to the run it may have.
     pub fn paged(&self, at: usize, next: usize) -> Paged {
-        let action = self.window[at].action;
-        let between = || self.window.range(at + 1..next);
-        if between().any(CallRecord::is_write) {
+        let repeated = self.window[at];
+        if repeated.is_write() {
             return Paged::No;
         }
-        // A read of the same thing as before (its action in the window earlier: a
-        // snapshot, a screenshot): new lines read by new questions (another file each
-        // time, then the same check) are explained by the questions, not by the action.
-        let reads = || {
-            (at + 1..next)
-                .map(|i| (i, &self.window[i]))
-                .filter(|(i, rec)| {
-                    rec.action != action
-                        && self
-                            .window
-                            .range(..*i)
-                            .any(|prev| prev.action == rec.action)
-                })
-                .map(|(_, rec)| rec.read())
-        };
-        if reads().any(|r| r == Read::NewLines) {
-            Paged::Yes
-        } else if reads().any(|r| r == Read::NewAnswer) {
-            Paged::Maybe
-        } else {
-            Paged::No
+        let mut paged = Paged::No;
+        for i in at + 1..next {
+            let rec = &self.window[i];
+            if rec.is_poll() {
+                continue;
+            }
+            let last = (self.window.range(..i).rev()).find(|prev| prev.action == rec.action);
+            let Some(last) = last.filter(|_| rec.action != repeated.action && !rec.is_write())
+            else {
+                return Paged::No;
+            };
+            if last.result != rec.result {
+                paged = paged.max(match rec.read() {
+                    Read::NewLines => Paged::Yes,
+                    Read::NewAnswer => Paged::Maybe,
+                    Read::Reread | Read::Other => Paged::No,
+                });
+            }
         }
+        paged
     }
 }
 
@@ -688,6 +693,13 @@ pub struct ToolObservation {
 impl CallRecord {
     /// A tool call as the window keeps it.
     pub fn of(obs: &ToolObservation) -> CallRecord {
+        // The halves of `WAITING`, `WAIT` and `CHECK` on a call that is no poll mean
+        // something else (see `CallRecord::WRITE`): a wait or a job still working is a
+        // poll (`work.rs`: a wait or a pending answer makes one; `waiting` reads pending).
+        debug_assert!(
+            obs.poll || !(obs.wait || obs.waiting),
+            "a wait or a job still working that is no poll"
+        );
         CallRecord {
             action: obs.action,
             result: obs.result,

@@ -222,6 +222,7 @@ impl Work {
         // by what it did, whatever its name. A failure is judged as one.
         let timed_out_read = !is_error
             && !classes.poll
+            && !classes.write
             && !wait
             && fingerprint::waited_out_its_timeout(call.args.as_ref(), call.duration_ms);
         let reads_pending = result.pending && !is_error;

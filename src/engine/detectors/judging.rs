@@ -214,6 +214,11 @@ impl Signal {
             self.subject = Some(subject);
         } else if self.reset && open != 0 && open != subject {
             self.reset = false;
+        } else if !self.reset && self.level.is_some() && open != 0 && open != subject {
+            // Another subject reaching a level of its own (another action repeated in
+            // a row while a window episode stays open, nudged, in `warn` or `shadow`
+            // mode) starts its own episode: its warning is said, its grace its own.
+            self.reset = true;
         }
         self
     }
@@ -227,6 +232,7 @@ impl Signal {
         count: u32,
         at: Option<f64>,
         subject: u64,
+        open: u64,
     ) -> Signal {
         let Some(at) = at.filter(|_| levels.terminate_at.is_some()) else {
             return self;
@@ -234,7 +240,8 @@ impl Signal {
         if f64::from(count) >= at && self.level.is_none_or(|(l, _)| l < Level::Critical) {
             self.level = Some((Level::Critical, at));
             self.value = f64::from(count);
-            self.reset = false;
+            // An episode about another subject ends here (see `or_window`).
+            self.reset = open != 0 && open != subject;
             self.subject = Some(subject);
         }
         self

@@ -385,6 +385,15 @@ mod tests {
             evs.push(call("handle_order_event", json!({"order": evs.len()}), json!({"ok": true})));
         }
         assert!(of_alone(&evs, PollNoProgress).is_empty());
+        // A failure between is no answer of the queue's: the count goes on.
+        let mut failing = receive(false);
+        failing["is_error"] = json!(true);
+        failing["result"] = json!("ConnectionResetError: peer closed");
+        failing["duration_ms"] = json!(40.0);
+        let mut across: Vec<Value> = (0..8).map(|_| receive(false)).collect();
+        across.push(failing);
+        across.extend((0..13).map(|_| receive(false)));
+        assert_eq!(of_alone(&across, PollNoProgress).last(), Some(&(21, Level::Terminate)));
         // Twenty empty answers in a row are ended, as any poll's.
         let idle: Vec<Value> = (0..21).map(|_| receive(false)).collect();
         assert_eq!(of_alone(&idle, PollNoProgress), vec![(10, Level::Warning), (20, Level::Terminate)]);

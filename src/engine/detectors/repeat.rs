@@ -15,10 +15,11 @@
 //! and the same failure in words in a row is `error_repeat`'s (a failure that says
 //! nothing, `grep` finding nothing, is an answer, and repeats here).
 //!
-//! A repeated action whose next read showed new lines paged (a `Next page` click, a
-//! scroll): it is not counted in the window; one whose next read gave a short answer or
-//! an image new to the run may have, and the window then only nudges (see
-//! [`RunState::paged`]).
+//! A repeated action followed by nothing but the same read as before (and polls), that
+//! read showing new lines, paged (a `Next page` click, then the snapshot; a scroll, then
+//! the screenshot): it is not counted in the window. Where that read gave a short
+//! answer or an image new to the run it may have, and the window then only nudges. A
+//! write or any other call between makes it an attempt (see [`RunState::paged`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -93,17 +94,23 @@ impl Detector for Repeat {
         let sig = Signal::of(*st.own as f64, levels).or_window(levels, loops, at, t.obs.action, st.subject);
         // A repeat that may have paged (the page read after it too short to tell from
         // the same one with a fresh id) nudges at the count, and never ends the session.
-        Some(sig.or_window_nudge(levels, may_loop, at, t.obs.action))
+        Some(sig.or_window_nudge(levels, may_loop, at, t.obs.action, st.subject))
     }
 
     fn describe(
         &self,
         st: &SessionView<'_, Self::State>,
         t: &ToolContext,
-        _: Reading,
+        r: Reading,
         ev: &mut Evidence,
     ) -> Message {
-        let (tool, in_a_row, in_window) = (t.tool, *st.own, self.in_window(st.run, t).0);
+        // The window's count that read: the nudge's (repeats that may have paged
+        // counted) where that is what reached the level, else the one that ends the
+        // session (they are left out).
+        let (may_loop, loops) = self.in_window(st.run, t);
+        let may_have_paged = may_loop != loops && r.value == f64::from(may_loop);
+        let in_window = if may_have_paged { may_loop } else { loops };
+        let (tool, in_a_row) = (t.tool, *st.own);
         ev.insert("in_a_row".into(), in_a_row.into());
         ev.insert("in_window".into(), in_window.into());
         ev.insert("action".into(), fp_hex(t.obs.action).into());
@@ -130,7 +137,11 @@ impl Detector for Repeat {
                 "`{tool}` called with the same arguments {}",
                 count(" with nothing new in its result")
             ),
-            format!("you called `{tool}` with the same arguments {times} times and got the same result; try something different"),
+            if may_have_paged {
+                format!("you called `{tool}` with the same arguments {times} times and got the same result; if what you read after it shows nothing new, try something different")
+            } else {
+                format!("you called `{tool}` with the same arguments {times} times and got the same result; try something different")
+            },
         )
     }
 }
@@ -487,5 +498,34 @@ mod tests {
         assert_eq!(of_alone(&quick, Repeat), vec![(2, Level::Warning), (3, Level::Terminate)]);
         let unknown: Vec<Value> = (0..12).map(|_| read(None)).collect();
         assert_eq!(of_alone(&unknown, Repeat), vec![(2, Level::Warning), (3, Level::Terminate)]);
+    }
+
+    #[test]
+    fn an_edit_by_any_tool_between_is_an_attempt() {
+        // The same script's same output, an edit by a shell command between (no tool
+        // classed `write`), then the same `git diff` showing the edit: an attempt each
+        // time, not a page turned.
+        let mut evs = Vec::new();
+        for i in 0..8 {
+            evs.push(call("bash", json!({"command": "python repro.py"}), json!("Traceback: KeyError 'user'")));
+            evs.push(call("bash", json!({"command": format!("sed -i '{i}a print(x)' app.py")}), json!("")));
+            evs.push(call("bash", json!({"command": "git diff"}), new_rows(i)));
+        }
+        assert_eq!(of_alone(&evs, Repeat), vec![(21, Level::Terminate)]);
+    }
+
+    #[test]
+    fn a_nudge_about_one_call_leaves_another_its_own_warning_and_grace() {
+        // A short page's `Next page` nudged (it may have paged), then another call the
+        // same eight times in a row: its warning is said, and its end waits its own
+        // grace (3 steps after its warning), not the nudge's.
+        let rows = |p: usize| json!(format!("row {} row {} Page {p}", words(p), words(p + 100)));
+        let mut evs = pages(10, rows, None);
+        evs.extend((0..8).map(|_| call("read", json!({"p": 1}), json!("x"))));
+        let found = of_with("[engine]\ngrace_steps = 3\n", &evs, Repeat);
+        assert_eq!(
+            found,
+            vec![(14, Level::Critical), (22, Level::Warning), (23, Level::Critical), (25, Level::Terminate)]
+        );
     }
 }

@@ -436,6 +436,13 @@ fn a_call_that_lasted_its_own_timeout_waited_it_out() {
         json!({"method": "get", "url": "u", "timeout": 30}),
         30_100.0
     ));
+    // Keys in any case; a key without a unit is in seconds unless it is whole seconds
+    // written in milliseconds.
+    assert!(!waited(json!({"Method": "POST", "Timeout": 30}), 30_000.0));
+    assert!(!waited(json!({"Command": "make", "timeout": 30}), 30_000.0));
+    assert!(!waited(json!({"timeout": 1800}), 1_900.0));
+    assert!(waited(json!({"timeout": 1800}), 1_800_400.0));
+    assert!(waited(json!({"read_timeout": 30}), 30_200.0));
     // Done before its timeout, or far past it (the timeout was not what it waited on).
     assert!(!waited(
         json!({"command": "npm test", "timeout": 600000}),

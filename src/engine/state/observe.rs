@@ -207,6 +207,11 @@ impl RunState {
     /// again from it (the empty receives after a batch of messages are not the ones
     /// before it).
     fn answer_of_a_polled_action(&mut self, rec: &CallRecord) {
+        // (A failure is no answer of the job's: its numbers are counters, and a poll's
+        // change to or from one is no job moving.)
+        if rec.is_error() {
+            return;
+        }
         if let Some(t) = self.polls.iter_mut().find(|p| p.action == rec.action) {
             if t.result != rec.result {
                 t.result = rec.result;
