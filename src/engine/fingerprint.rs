@@ -309,11 +309,12 @@ pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> 
     // script stuck in a loop, a search that times out, time out again), and a request
     // that changes something waits for no news. Keys in any case, as the timeout's.
     let is = |key: &str, names: &[&str]| names.iter().any(|n| key.eq_ignore_ascii_case(n));
-    let a_read = keys.iter().all(|(key, value)| {
-        !is(key, &COMMAND_KEYS)
-            && !is(key, &QUERY_KEYS)
-            && !(is(key, &["method"]) && value.as_str().is_none_or(|m| !is(m, &["GET", "HEAD"])))
-    });
+    let changes =
+        |value: &serde_json::Value| value.as_str().is_none_or(|m| !is(m, &["GET", "HEAD"]));
+    let runs_or_changes = |(key, value): (&String, &serde_json::Value)| {
+        is(key, &COMMAND_KEYS) || is(key, &QUERY_KEYS) || (is(key, &["method"]) && changes(value))
+    };
+    let a_read = !keys.iter().any(runs_or_changes);
     a_read
         && keys.iter().any(|(key, value)| {
             let limit = value.as_f64().and_then(|n| timeout_ms(key, n));
