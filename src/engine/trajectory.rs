@@ -441,7 +441,8 @@ pub enum Read {
 /// Whether a repeated call paged before it came again (see [`RunState::paged`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Paged {
-    /// Nothing new was read between, or the agent wrote between: an attempt again.
+    /// Nothing new was read between, or something other than the same read again came
+    /// between (a write, an edit by a command, a new question): an attempt again.
     No,
     /// A read between gave an answer new to the run, too short to judge by its lines,
     /// or an image ([`Read::NewAnswer`]): a new page, or the same one with a fresh id.
@@ -506,14 +507,14 @@ impl RunState {
     /// cursor (a `Next page` click, a scroll, whose answer is the same while the same
     /// read after it, a snapshot, a screenshot, is not), so coming back to it is paging,
     /// not a loop. Every call between must be the same read again (its action earlier in
-    /// the window) or a poll (a wait for the page): anything else makes it an attempt
-    /// whatever a read after it shows, a write (an edit, then the same script's same
+    /// the window) or a poll (a wait for the page). Anything else makes it an attempt,
+    /// whatever a read after it shows: a write (an edit, then the same script's same
     /// output, then the same `git diff`), an edit by a shell command, a new question
-    /// (another file each time before the same check); and so does the action being a
-    /// write itself (the same insert grows what is read after it). A read counts when
-    /// its answer differs from its last one (lines a bounded memory forgot are no news
-    /// when the answer is the same): with new lines it paged, with a short answer or an
-    /// image new to the run it may have.
+    /// (another file each time before the same check). So does the action being a write
+    /// itself (the same insert grows what is read after it). A read counts when its
+    /// answer differs from its last one (lines a bounded memory forgot are no news when
+    /// the answer is the same): with new lines it paged, with a short answer or an image
+    /// new to the run it may have.
     pub fn paged(&self, at: usize, next: usize) -> Paged {
         let repeated = self.window[at];
         if repeated.is_write() {

@@ -51,7 +51,8 @@ impl Detector for CircuitBreaker {
             // no call, nor does a sleep. A call taken for a poll only for following a wait
             // still counts (its room is its own; a loop of clicks and waits is bounded).
             // Nor does a `Next page` click whose answer is the same while the page read
-            // after it last time was new: paging (see `RunState::repeat_paged`; a repeat that may have paged is counted).
+            // after it last time showed new lines: paging (see `RunState::repeat_paged`;
+            // a repeat that may have paged is counted).
             let judged_as_poll = t.obs.poll && !t.obs.after_wait;
             let wasted = t.facts.pair_count > 1 && !judged_as_poll && !run.repeat_paged();
             own.bits = (own.bits << 1) | u64::from(wasted);

@@ -194,8 +194,9 @@ impl Signal {
     /// `subject` in the window reaching `at` terminates (held back by the grace like any
     /// termination). Such an episode follows its subject: while it is open, events about
     /// other subjects (the calls interleaved with the loop) neither end nor advance it;
-    /// its subject coming back below `at` (with something new) ends it. A detector whose
-    /// `terminate_at` is off never terminates, by its window either.
+    /// its subject coming back below `at` (with something new) ends it, and so does
+    /// another subject reaching a level of its own. A detector whose `terminate_at` is
+    /// off never terminates, by its window either.
     pub fn or_window(
         mut self,
         levels: &Levels,
@@ -207,44 +208,51 @@ impl Signal {
         let Some(at) = at.filter(|_| levels.terminate_at.is_some()) else {
             return self;
         };
-        if count as f64 >= at && self.level.is_none_or(|(l, _)| l < Level::Terminate) {
-            self.level = Some((Level::Terminate, at));
-            self.value = count as f64;
-            self.reset = false;
-            self.subject = Some(subject);
-        } else if self.reset && open != 0 && open != subject {
-            self.reset = false;
-        } else if !self.reset && self.level.is_some() && open != 0 && open != subject {
+        if !self.raise(Level::Terminate, count, at, subject) {
+            let another = open != 0 && open != subject;
             // Another subject reaching a level of its own (another action repeated in
-            // a row while a window episode stays open, nudged, in `warn` or `shadow`
+            // a row while a window episode stays open: nudged, or in `warn` or `shadow`
             // mode) starts its own episode: its warning is said, its grace its own.
-            self.reset = true;
+            // Without a level, the open episode goes on.
+            self.reset = if self.level.is_some() {
+                self.reset || another
+            } else {
+                self.reset && !another
+            };
         }
         self
     }
 
     /// [`Signal::or_window`]'s count for a nudge only: `count` reaching `at` raises the
-    /// reading to `critical` (never past it) where it was lower. For a count whose
-    /// evidence is not enough to end a session (a repeat that may have paged).
+    /// reading to `critical` (never past it) where it was lower, in an episode that
+    /// follows its subject as `or_window`'s does. For a count whose evidence is not
+    /// enough to end a session (a repeat that may have paged).
     pub fn or_window_nudge(
         mut self,
         levels: &Levels,
         count: u32,
         at: Option<f64>,
         subject: u64,
-        open: u64,
     ) -> Signal {
-        let Some(at) = at.filter(|_| levels.terminate_at.is_some()) else {
-            return self;
-        };
-        if f64::from(count) >= at && self.level.is_none_or(|(l, _)| l < Level::Critical) {
-            self.level = Some((Level::Critical, at));
-            self.value = f64::from(count);
-            // An episode about another subject ends here (see `or_window`).
-            self.reset = open != 0 && open != subject;
-            self.subject = Some(subject);
+        if let Some(at) = at.filter(|_| levels.terminate_at.is_some()) {
+            self.raise(Level::Critical, count, at, subject);
         }
         self
+    }
+
+    /// Raises the reading to `level` about `subject` where `count` reaches `at` and the
+    /// reading was lower; whether it did. (Two subjects both at their count join one
+    /// episode: ending the other's at each raise would say the level again at each
+    /// turn and restart the grace.)
+    fn raise(&mut self, level: Level, count: u32, at: f64, subject: u64) -> bool {
+        let raised = f64::from(count) >= at && self.level.is_none_or(|(l, _)| l < level);
+        if raised {
+            self.level = Some((level, at));
+            self.value = f64::from(count);
+            self.reset = false;
+            self.subject = Some(subject);
+        }
+        raised
     }
 
     /// [`Signal::of`] for a condition that either holds (1) or not (0).

@@ -94,7 +94,7 @@ impl Detector for Repeat {
         let sig = Signal::of(*st.own as f64, levels).or_window(levels, loops, at, t.obs.action, st.subject);
         // A repeat that may have paged (the page read after it too short to tell from
         // the same one with a fresh id) nudges at the count, and never ends the session.
-        Some(sig.or_window_nudge(levels, may_loop, at, t.obs.action, st.subject))
+        Some(sig.or_window_nudge(levels, may_loop, at, t.obs.action))
     }
 
     fn describe(
