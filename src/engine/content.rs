@@ -42,6 +42,8 @@ pub const SEEN_LINES: usize = 128;
 pub struct ContentSample {
     hashes: [u16; SAMPLED_LINES_MAX],
     len: u8,
+    /// Only the result's beginning was read (see [`ContentSample::read_whole`]).
+    cut: bool,
 }
 
 impl Default for ContentSample {
@@ -49,6 +51,7 @@ impl Default for ContentSample {
         ContentSample {
             hashes: [0; SAMPLED_LINES_MAX],
             len: 0,
+            cut: false,
         }
     }
 }
@@ -212,6 +215,19 @@ impl ContentSample {
 
     fn is_full(&self) -> bool {
         self.len as usize == SAMPLED_LINES_MAX
+    }
+
+    /// Whether the whole result was read: not when its text was cut before it was read
+    /// ([`ContentSample::cut_short`]), nor when the sample filled up, where the reading
+    /// stops (a long page's last rows, after its header and menus, were not sampled).
+    pub fn read_whole(&self) -> bool {
+        !self.cut && !self.is_full()
+    }
+
+    /// The sample of a result's beginning only (its text was cut before it was read).
+    pub fn cut_short(mut self) -> ContentSample {
+        self.cut = true;
+        self
     }
 
     #[inline]

@@ -794,7 +794,7 @@ impl Scratch {
         // new wherever the cut falls.
         let head = &c[..CONTENT_BYTES_MAX];
         let end = memchr::memmem::rfind(head, b"\\n").unwrap_or(head.len());
-        ContentSample::of_canonical(&head[..end])
+        ContentSample::of_canonical(&head[..end]).cut_short()
     }
 }
 

@@ -528,4 +528,19 @@ mod tests {
             vec![(14, Level::Critical), (22, Level::Warning), (23, Level::Critical), (25, Level::Terminate)]
         );
     }
+
+    #[test]
+    fn a_page_whose_new_rows_come_after_the_sample_may_be_new() {
+        // Two hundred lines of header and menus, then the page's rows: the sample stops
+        // before the rows, so a new page is not seen as one. Its answer is new to the
+        // run: it may have paged, and the clicks are nudged, not ended. The same long
+        // page each time (its answer the same) is a dead button.
+        let header: Vec<String> = (0..200).map(|i| format!("- link \"Menu {} {}\"", words(i), words(i + 300))).collect();
+        let page = |p: usize| {
+            let rows: Vec<String> = (0..20).map(|i| format!("- row \"{} {} issue\"", words(p + 40), words(i))).collect();
+            json!(format!("{}\n{}", header.join("\n"), rows.join("\n")))
+        };
+        assert_eq!(of_alone(&pages(16, page, None), Repeat), vec![(14, Level::Critical)]);
+        assert_eq!(of_alone(&pages(12, |_| page(0), None), Repeat), vec![(14, Level::Terminate)]);
+    }
 }

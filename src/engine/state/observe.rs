@@ -89,16 +89,20 @@ impl SessionState {
         facts.did = did | if learned { Did::LEARNED } else { 0 };
         // What a read showed: judged by its lines where it has enough of them to tell a
         // new page from the same one with a new clock or request id; else whether its
-        // answer is new to the run (a short answer's digest differs either way).
+        // answer is new to the run (a short answer's digest differs either way). Lines
+        // all seen in a sample that stopped at its most say nothing of the result's tail
+        // (an infinite scroll's new items come last, after a page's header and menus):
+        // such a read is judged as one too long to judge.
+        let judged_seen = content == Some(true) && obs.content.read_whole();
         rec.flags |= match content {
             Some(false) => CallRecord::NEW_LINES,
-            Some(true) => CallRecord::REREAD,
-            None if news == Some(false)
+            Some(true) if judged_seen => CallRecord::REREAD,
+            _ if news == Some(false)
                 && !(obs.is_error || obs.poll || obs.write || obs.wordless) =>
             {
                 CallRecord::NEW_ANSWER
             }
-            None => 0,
+            _ => 0,
         };
         facts.departed = self.run.push_call(rec);
         self.count_tool(tool, facts.pair_count > 1);
