@@ -274,13 +274,13 @@ pub fn sleeps(args: Option<&Json>) -> Option<Sleeps> {
 /// so (`ms`, `millis`, `milliseconds`), in seconds when it ends so (`_s`, `sec`, `secs`,
 /// `seconds`); one that ends in `timeout` or `wait` (`timeout`, `read_timeout`,
 /// `max_wait`) in milliseconds when it is whole seconds written so (30000), else in
-/// seconds (30, 1800). The call must have lasted a second at least, and 0.9 to 1.5 times that time
-/// (a second more for the round trip). Not a shell command (its `command`, `cmd` or
-/// `script`) nor code or a query (`code`, `query`, `sql`, `statement`, `expression`):
-/// a timeout there guards against a hang; nor a request whose `method` is other than
-/// `GET` or `HEAD` (a change waits for no news). Arguments over
-/// [`SLEEP_ARGS_MAX_BYTES`] are not read; arguments written as a JSON text are read as
-/// its JSON.
+/// seconds (30, 1800). The call must have lasted a second at least, and 0.9 to 1.5
+/// times that time (a second more for the round trip). Not a shell command (its
+/// `command`, `cmd` or `script`) nor code or a query (`code`, `query`, `sql`,
+/// `statement`, `expression`): a timeout there guards against a hang; nor a request
+/// whose `method` is other than `GET` or `HEAD` (a change waits for no news). Arguments
+/// over [`SLEEP_ARGS_MAX_BYTES`] are not read; arguments written as a JSON text are read
+/// as its JSON.
 pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> bool {
     let (Some(args), Some(duration)) = (args, duration_ms.filter(|d| *d >= 1000.0)) else {
         return false;
