@@ -256,14 +256,25 @@ pub enum Sleeps {
 /// is one (`["sleep", "900"]`). Arguments written as a JSON text are read as its JSON;
 /// arguments over [`SLEEP_ARGS_MAX_BYTES`] are a command of their own.
 pub fn sleeps(args: Option<&Json>) -> Option<Sleeps> {
+    let naming_sleep = |raw: &[u8]| memchr::memmem::find(raw, b"sleep").is_some();
+    read_args(args, naming_sleep).and_then(|v| sleeps_in(&v))
+}
+
+/// A call's arguments as JSON, for a rule about what they name: `None` where they are
+/// over [`SLEEP_ARGS_MAX_BYTES`] or `names` finds nothing in their text (most calls:
+/// they are not parsed). Arguments written as a JSON text (an object in a string) are
+/// read as its JSON.
+fn read_args(args: Option<&Json>, names: impl Fn(&[u8]) -> bool) -> Option<serde_json::Value> {
     let raw = args.map(|a| a.as_str())?;
-    if raw.len() > SLEEP_ARGS_MAX_BYTES || memchr::memmem::find(raw.as_bytes(), b"sleep").is_none()
-    {
+    if raw.len() > SLEEP_ARGS_MAX_BYTES || !names(raw.as_bytes()) {
         return None;
     }
-    serde_json::from_str::<serde_json::Value>(raw)
-        .ok()
-        .and_then(|v| sleeps_in(&v, true))
+    match serde_json::from_str(raw).ok()? {
+        serde_json::Value::String(text) if text.trim_start().starts_with('{') => {
+            serde_json::from_str(&text).ok()
+        }
+        value => Some(value),
+    }
 }
 
 /// Whether a call lasted the time its arguments let it block (`timeout_ms: 10000` and a
@@ -282,27 +293,15 @@ pub fn sleeps(args: Option<&Json>) -> Option<Sleeps> {
 /// over [`SLEEP_ARGS_MAX_BYTES`] are not read; arguments written as a JSON text are read
 /// as its JSON.
 pub fn waited_out_its_timeout(args: Option<&Json>, duration_ms: Option<f64>) -> bool {
-    let (Some(args), Some(duration)) = (args, duration_ms.filter(|d| *d >= 1000.0)) else {
+    let Some(duration) = duration_ms.filter(|d| *d >= 1000.0) else {
         return false;
     };
-    let raw = args.as_str();
-    if raw.len() > SLEEP_ARGS_MAX_BYTES {
-        return false;
-    }
-    // (Most calls' arguments name neither: they are not parsed.)
-    let names = |word: &[u8]| {
-        raw.as_bytes()
-            .windows(word.len())
+    let names = |raw: &[u8], word: &[u8]| {
+        raw.windows(word.len())
             .any(|w| w.eq_ignore_ascii_case(word))
     };
-    if !(names(b"timeout") || names(b"wait")) {
-        return false;
-    }
-    let parsed = match serde_json::from_str::<serde_json::Value>(raw) {
-        Ok(serde_json::Value::String(text)) => serde_json::from_str(&text).ok(),
-        other => other.ok(),
-    };
-    let Some(serde_json::Value::Object(keys)) = parsed else {
+    let naming_a_wait = |raw: &[u8]| names(raw, b"timeout") || names(raw, b"wait");
+    let Some(serde_json::Value::Object(keys)) = read_args(args, naming_a_wait) else {
         return false;
     };
     // A command's or a query's timeout guards against a hang (a test that deadlocks, a
@@ -358,7 +357,7 @@ pub const SLEEP_ARGS_MAX_BYTES: usize = 1024;
 /// Keys a shell tool names its command by.
 const COMMAND_KEYS: [&str; 3] = ["command", "cmd", "script"];
 
-fn sleeps_in(args: &serde_json::Value, outer: bool) -> Option<Sleeps> {
+fn sleeps_in(args: &serde_json::Value) -> Option<Sleeps> {
     use serde_json::Value;
     let argv = |words: &[Value]| {
         let last = words.last().and_then(Value::as_str);
@@ -368,11 +367,6 @@ fn sleeps_in(args: &serde_json::Value, outer: bool) -> Option<Sleeps> {
         })
     };
     match args {
-        Value::String(s) if outer && s.trim_start().starts_with('{') => {
-            serde_json::from_str::<Value>(s)
-                .ok()
-                .and_then(|v| sleeps_in(&v, false))
-        }
         Value::String(s) => command_sleeps(s),
         Value::Object(m) => COMMAND_KEYS.iter().find_map(|k| match m.get(*k) {
             Some(Value::String(s)) => command_sleeps(s),

@@ -121,20 +121,9 @@ mod tests {
         // `Next page` answers the same each time; the page read after it is new, so 40
         // pages waste nothing. A dead `Next page` (the same page each time) wastes both.
         let cfg = "mode = \"shadow\"\n[detectors.circuit_breaker]\nmode = \"enforce\"\n";
-        let pages = |n: usize, new: bool| {
-            let mut evs = Vec::new();
-            for p in 0..n {
-                evs.push(call("click", json!({"element": "Next page"}), json!("clicked")));
-                // Forty rows a page: enough lines to be judged by them.
-                let page = if new { words(p).to_string() } else { "first".into() };
-                let rows: Vec<String> = (0..40).map(|i| format!("row {page} {}", words(i))).collect();
-                evs.push(call("snapshot", json!({}), json!(rows.join("\n"))));
-            }
-            evs
-        };
-        assert!(of_with(cfg, &pages(40, true), CircuitBreaker).is_empty());
+        assert!(of_with(cfg, &pages(40, new_rows, None), CircuitBreaker).is_empty());
         // (From the second click on: the 30th wasted call is the 32nd call.)
-        let found = of_with(cfg, &pages(40, false), CircuitBreaker);
+        let found = of_with(cfg, &pages(40, |_| new_rows(0), None), CircuitBreaker);
         assert_eq!(found, vec![(31, Level::Terminate)], "{found:?}");
     }
 }

@@ -372,29 +372,6 @@ mod tests {
         assert_eq!(found.last(), Some(&(14, Level::Terminate)), "{found:?}");
     }
 
-    /// A `Next page` click answering the same words each time, and the page read after
-    /// it: `rows(p)` is page `p`'s answer; `between(p)`, if any, comes before the read.
-    fn pages(n: usize, rows: impl Fn(usize) -> Value, between: Option<&dyn Fn(usize) -> Value>) -> Vec<Value> {
-        let mut evs = Vec::new();
-        for p in 0..n {
-            evs.push(call("browser_click", json!({"element": "Next page"}), json!("Clicked \"Next page\"")));
-            if let Some(between) = between {
-                evs.push(between(p));
-            }
-            evs.push(call("browser_snapshot", json!({}), rows(p)));
-        }
-        evs
-    }
-
-    /// Page `p`'s forty rows: new words on each page (enough lines to be judged by
-    /// them, as a page of a real snapshot is).
-    fn new_rows(p: usize) -> Value {
-        let rows: Vec<String> = (0..40)
-            .map(|i| format!("- row \"{} {} invoice\" [ref=e{i}]", words(p), words(i)))
-            .collect();
-        json!(format!("- grid \"Invoices\":\n{}\n- text: Page {p}", rows.join("\n")))
-    }
-
     #[test]
     fn a_repeated_action_whose_next_read_shows_something_new_is_paging() {
         let evs = pages(24, new_rows, None);
